@@ -1,0 +1,76 @@
+# Helpers shared by every pipemat target. Target-only: nothing here touches global state.
+
+# pipemat_add_library(NAME SOURCES ... [DEPS ...])
+# A module library with its public headers in <dir>/include and private sources in <dir>/src.
+function(pipemat_add_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include
+                                     PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  target_compile_options(${name} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endfunction()
+
+# pipemat_add_test(NAME SOURCES ... LIBS ... [PCH header ...] [LABELS ...] [TIMEOUT s])
+# One gtest binary; every TEST is registered with ctest on its own (discovered before the test
+# runs, so the build never executes test binaries).
+function(pipemat_add_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;PCH;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_compile_options(${name} PRIVATE -Wall -Wno-unused-parameter)
+  if(ARG_PCH)
+    target_precompile_headers(${name} PRIVATE ${ARG_PCH})
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 120)
+  endif()
+  gtest_discover_tests(${name}
+    DISCOVERY_MODE PRE_TEST
+    DISCOVERY_TIMEOUT 60
+    PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "unit;${ARG_LABELS}"
+               ENVIRONMENT "OMP_NUM_THREADS=1")
+endfunction()
+
+# pipemat_add_mpi_test(NAME COMMAND exe args... NP n [TIMEOUT s] [LABELS ...])
+# A real multi-process test: `mpiexec -n NP exe args...`, labelled `mpi`.
+function(pipemat_add_mpi_test name)
+  cmake_parse_arguments(ARG "" "NP;TIMEOUT" "COMMAND;LABELS" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 120)
+  endif()
+  list(GET ARG_COMMAND 0 exe)
+  list(REMOVE_AT ARG_COMMAND 0)
+  if(TARGET ${exe})
+    set(exe $<TARGET_FILE:${exe}>)
+  endif()
+  add_test(NAME ${name}
+           COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ARG_NP} ${PIPEMAT_MPIEXEC_FLAGS}
+                   -x OMP_NUM_THREADS=1 ${exe} ${ARG_COMMAND})
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "mpi;${ARG_LABELS}"
+                       PROCESSORS ${ARG_NP} ENVIRONMENT "OMP_NUM_THREADS=1")
+endfunction()
+
+# pipemat_check_dependencies(TARGET ALLOWED dep ...)
+# Fails the configure step when a module links something outside its allowed set.
+function(pipemat_check_dependencies target)
+  cmake_parse_arguments(ARG "" "" "ALLOWED" ${ARGN})
+  if(NOT TARGET ${target})
+    return()
+  endif()
+  get_target_property(deps ${target} LINK_LIBRARIES)
+  if(NOT deps)
+    return()
+  endif()
+  foreach(dep IN LISTS deps)
+    if(dep MATCHES "^\\$<")
+      continue()
+    endif()
+    list(FIND ARG_ALLOWED "${dep}" found)
+    if(found EQUAL -1)
+      message(FATAL_ERROR "pipemat: ${target} links ${dep}, which breaks the module dependency "
+                          "direction (allowed: ${ARG_ALLOWED}). See DESIGN.md.")
+    endif()
+  endforeach()
+endfunction()

@@ -1,0 +1,3 @@
+#pragma once
+// Transport interface (filled in by the comm module).
+namespace pipemat::comm {}

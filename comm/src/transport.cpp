@@ -1,0 +1,1 @@
+#include "pipemat/comm/transport.h"

@@ -1,0 +1,22 @@
+#pragma once
+// Small text helpers shared by every module: byte sizes, lists, joined strings.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pipemat {
+
+// "1.50 MiB", "512 B": binary units, two decimals above 1 KiB.
+std::string format_bytes(int64_t bytes);
+
+// Parses "4KiB", "64kib", "1MiB", "16M", "123" into bytes. Throws ConfigError naming `what`.
+int64_t parse_bytes(const std::string& text, const std::string& what);
+
+// Joins items with a separator.
+std::string join(const std::vector<std::string>& items, const std::string& sep);
+
+// Splits on a single character; keeps empty fields.
+std::vector<std::string> split(const std::string& text, char sep);
+
+}  // namespace pipemat

@@ -1,0 +1,30 @@
+// The `pipemat` binary: CLI11 subcommands over the library. Every user-facing failure is a
+// pipemat::Error; it is printed as one `pipemat: error: ...` line and the exit code is 1.
+
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+
+#include "commands.h"
+#include "pipemat/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "pipemat: pipeline-parallel training for LibTorch with declarative selective recompute.\n"
+      "Run `pipemat <command> --help` for the flags of one command."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "pipemat 0.1.0");
+  pipemat::launch::add_demo_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const pipemat::Error& e) {
+    std::cerr << "pipemat: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "pipemat: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

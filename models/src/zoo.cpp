@@ -1,0 +1,1 @@
+#include "pipemat/models/zoo.h"

@@ -1,0 +1,1 @@
+#include "pipemat/pp/pp.h"

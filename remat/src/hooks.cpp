@@ -1,0 +1,1 @@
+#include "pipemat/remat/hooks.h"

@@ -1,0 +1,1 @@
+#include "pipemat/schedule/action.h"

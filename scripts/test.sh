@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs the whole test suite (unit, in-process multi-rank,
+# and real mpirun multi-process tests). Ends with ctest's summary.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/install-deps.sh"
+bash "$root/scripts/build.sh"
+build="${PIPEMAT_BUILD_DIR:-$root/build}"
+export OMP_NUM_THREADS=1
+cd "$build"
+ctest --output-on-failure -j "$(nproc)" "$@"
