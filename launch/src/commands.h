@@ -7,6 +7,12 @@
 
 namespace pipemat::launch {
 
-void add_demo_command(CLI::App& app);
+void add_demo_command(CLI::App& app);      // cmd_demo.cpp
+void add_schedule_command(CLI::App& app);  // cmd_schedule.cpp
+void add_train_command(CLI::App& app);     // cmd_train.cpp
+
+// `pipemat bench <what>`: benchmarks that print measured numbers.
+void add_bench_remat_command(CLI::App& bench);  // cmd_bench_remat.cpp
+void add_bench_p2p_command(CLI::App& bench);    // cmd_bench_p2p.cpp
 
 }  // namespace pipemat::launch

@@ -15,6 +15,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "pipemat 0.1.0");
   pipemat::launch::add_demo_command(app);
+  pipemat::launch::add_train_command(app);
+  pipemat::launch::add_schedule_command(app);
+  auto* bench = app.add_subcommand("bench", "Benchmarks that print measured numbers (JSON with --json)");
+  bench->require_subcommand(1);
+  pipemat::launch::add_bench_remat_command(*bench);
+  pipemat::launch::add_bench_p2p_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
