@@ -1,0 +1,76 @@
+#pragma once
+// Simulator: runs the per-rank action lists of a Schedule against a cost model and reports when
+// every action starts and ends, the makespan, the bubble ratio and the peak number of in-flight
+// activations per rank.
+//
+// Semantics (the Note [Executor contract] of schedule.h, with durations):
+//   - a rank runs its list in order, one action at a time; time starts at 0 on every rank;
+//   - F, B, I, W, R take cost F, B, I, W, R; with lazy recompute B and I also take R;
+//   - SEND_* / RECV_* take no rank time: SEND is issued, RECV is posted;
+//   - a message arrives at max(send issued, receive posted) + comm; the consuming F / B / I
+//     starts no earlier than its arrival. Without comm actions (a compute-only schedule) a
+//     cross-rank input arrives at producer end + comm. A local hand-off arrives at producer end.
+//   - busy time of a rank = sum of its compute durations; bubble_ratio =
+//     1 - sum(busy) / (ranks_count * makespan).
+//   - in-flight activations: F(s,i) adds one on its rank; the last of B(s,i) / W(s,i) removes it.
+// A schedule whose lists cannot all run to the end throws ScheduleError ("cross-rank deadlock")
+// naming, for every unfinished rank, the blocked action, its position and what it waits for.
+//
+// Thread safety: pure functions over values.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipemat/schedule/schedule.h"
+
+namespace pipemat::schedule {
+
+struct CostModel {
+  double forward = 1.0;                 // F
+  std::optional<double> backward;       // B; default backward_input + backward_weight
+  double backward_input = 1.0;          // I
+  double backward_weight = 1.0;         // W
+  std::optional<double> recompute;      // R; default 0 without recompute, F with it
+  double comm = 0.0;                    // latency of one message between ranks
+
+  double backward_cost() const { return backward.value_or(backward_input + backward_weight); }
+  double recompute_cost(RecomputeMode mode) const {
+    return recompute.value_or(mode == RecomputeMode::kNone ? 0.0 : forward);
+  }
+};
+
+// Parses "F=1,I=1,W=1,B=2,R=1,comm=0" (any subset, any order, keys case-insensitive for F/B/I/W/R).
+// Unset keys keep the defaults of CostModel. ConfigError naming the item for an unknown key, a
+// value that is not a non-negative number, or an empty item.
+CostModel parse_costs(const std::string& text);
+// "F=1,B=2,I=1,W=1,R=0,comm=0" with the resolved values for `mode`.
+std::string format_costs(const CostModel& costs, RecomputeMode mode);
+
+struct TimedAction {
+  Action action;
+  int position = 0;  // index in the rank's list
+  double start = 0.0;
+  double end = 0.0;
+};
+
+struct RankTimeline {
+  int rank = 0;
+  std::vector<TimedAction> actions;  // every action of the list, in list order
+  double busy = 0.0;                 // time in compute actions
+  double first_start = 0.0;          // start of the first compute action
+  double last_end = 0.0;             // end of the last compute action
+  int peak_activations = 0;
+};
+
+struct SimulationResult {
+  double makespan = 0.0;
+  double bubble_ratio = 0.0;
+  std::vector<RankTimeline> ranks;
+};
+
+// Simulates a structurally valid schedule (run validate_schedule's per-rank rules first;
+// build_schedule and import_torch_csv do). Throws ScheduleError on deadlock.
+SimulationResult simulate(const Schedule& schedule, const CostModel& costs = {});
+
+}  // namespace pipemat::schedule

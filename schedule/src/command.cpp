@@ -1,0 +1,87 @@
+#include "pipemat/schedule/command.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "pipemat/core/error.h"
+#include "pipemat/schedule/render.h"
+#include "pipemat/schedule/schedule.h"
+#include "pipemat/schedule/simulate.h"
+#include "pipemat/schedule/torch_csv.h"
+
+namespace pipemat::schedule {
+namespace {
+
+Schedule import_file(const ScheduleCommandOptions& o, RecomputeMode recompute) {
+  std::ifstream in(o.import_path, std::ios::binary);
+  PIPEMAT_CHECK(in.good(), ConfigError, "--import ", o.import_path,
+                ": cannot open the file; give the path of a torch.distributed.pipelining CSV "
+                "schedule (one row of actions per rank).");
+  std::ostringstream text;
+  text << in.rdbuf();
+  Schedule s = import_torch_csv(text.str(), o.import_path);
+  PIPEMAT_CHECK(o.stages == 0 || o.stages == s.ranks_count, ConfigError, "--stages ", o.stages,
+                " does not match --import ", o.import_path, ", which has ", s.ranks_count,
+                " ranks (rows); drop --stages or fix the file.");
+  PIPEMAT_CHECK(o.micro_batches == 0 || o.micro_batches == s.micro_batches, ConfigError,
+                "--micro-batches ", o.micro_batches, " does not match --import ", o.import_path,
+                ", which uses ", s.micro_batches, " micro-batches; drop --micro-batches or fix the file.");
+  if (s.recompute == RecomputeMode::kNone && !s.has_comms()) s = insert_recompute(std::move(s), recompute);
+  else if (recompute == RecomputeMode::kLazy && s.recompute == RecomputeMode::kNone) s.recompute = recompute;
+  s = lower_communication(s);
+  validate_schedule(s);
+  return s;
+}
+
+}  // namespace
+
+std::string render_schedule_command(const ScheduleCommandOptions& o) {
+  const RecomputeMode recompute = parse_recompute_mode(o.recompute);
+  const CostModel costs = parse_costs(o.costs);
+  PIPEMAT_CHECK(o.format == "text" || o.format == "csv" || o.format == "json" || o.format == "svg",
+                ConfigError, "--format '", o.format, "' is unknown; expected text, csv, json or svg.");
+  Schedule schedule;
+  if (!o.import_path.empty()) {
+    schedule = import_file(o, recompute);
+  } else {
+    PIPEMAT_CHECK(!o.kind.empty(), ConfigError,
+                  "--kind is required (gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zb-v), or give "
+                  "--import FILE.csv.");
+    PIPEMAT_CHECK(o.stages >= 1, ConfigError, "--stages (number of pipeline ranks) must be >= 1, found ",
+                  o.stages, "; e.g. --stages 4.");
+    PIPEMAT_CHECK(o.micro_batches >= 1, ConfigError,
+                  "--micro-batches must be >= 1, found ", o.micro_batches, "; e.g. --micro-batches 8.");
+    ScheduleOptions options;
+    options.kind = parse_schedule_kind(o.kind);
+    options.stages = o.stages;
+    options.micro_batches = o.micro_batches;
+    options.virtual_stages = o.virtual_stages;
+    options.recompute = recompute;
+    schedule = build_schedule(options);
+  }
+  const SimulationResult sim = simulate(schedule, costs);
+  RenderOptions render;
+  render.with_comms = o.with_comms;
+  render.costs_label = format_costs(costs, schedule.recompute);
+  if (o.format == "csv") return render_csv(schedule, render);
+  if (o.format == "json") return render_json(schedule, sim, render);
+  if (o.format == "svg") return render_svg(schedule, sim, render);
+  return render_text(schedule, sim, render);
+}
+
+void run_schedule_command(const ScheduleCommandOptions& options, std::ostream& out) {
+  const std::string document = render_schedule_command(options);
+  if (options.output.empty()) {
+    out << document;
+    return;
+  }
+  std::ofstream file(options.output, std::ios::binary | std::ios::trunc);
+  PIPEMAT_CHECK(file.good(), ConfigError, "--output ", options.output,
+                ": cannot open the file for writing; check that the directory exists and is "
+                "writable.");
+  file << document;
+  file.close();
+  PIPEMAT_CHECK(!file.fail(), ConfigError, "--output ", options.output, ": writing failed.");
+}
+
+}  // namespace pipemat::schedule

@@ -1,0 +1,235 @@
+#include "pipemat/schedule/render.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "pipemat/core/format.h"
+#include "pipemat/schedule/torch_csv.h"
+
+namespace pipemat::schedule {
+namespace {
+
+std::string num(double v) {
+  if (std::fabs(v - std::round(v)) < 1e-9) return std::to_string(static_cast<long long>(std::round(v)));
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
+
+std::string ratio(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6f", v);
+  return buf;
+}
+
+std::vector<Action> listed(const Schedule& s, int rank, const RenderOptions& o) {
+  return o.with_comms ? s.actions[rank] : s.compute_actions(rank);
+}
+
+std::string label(const Schedule& s, const Action& a) {
+  if (s.virtual_stages > 1 || s.layout == StageLayout::kCustom) return format_action(a);
+  return std::string(action_type_code(a.type)) + std::to_string(a.micro_batch);
+}
+
+std::string header(const Schedule& s, const SimulationResult& sim, const RenderOptions& o) {
+  std::ostringstream os;
+  os << "schedule " << to_string(s.kind) << ": " << s.ranks_count << " ranks, " << s.stages_count
+     << " stages (" << to_string(s.layout) << " layout, virtual " << s.virtual_stages << "), "
+     << s.micro_batches << " micro-batches, recompute " << to_string(s.recompute) << "\n";
+  if (!o.costs_label.empty()) os << "costs " << o.costs_label << "\n";
+  os << "makespan " << num(sim.makespan) << ", bubble_ratio " << ratio(sim.bubble_ratio)
+     << " (1 - sum(busy) / (ranks * makespan))\n";
+  return os.str();
+}
+
+// Escapes &, <, > for SVG text.
+std::string xml(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '&') out += "&amp;";
+    else if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else out += c;
+  }
+  return out;
+}
+
+const char* colour(ActionType t) {
+  switch (t) {
+    case ActionType::kForward: return "#4e79a7";
+    case ActionType::kBackward: return "#59a14f";
+    case ActionType::kBackwardInput: return "#f28e2b";
+    case ActionType::kBackwardWeight: return "#edc948";
+    case ActionType::kRecompute: return "#b07aa1";
+    default: return "#999999";
+  }
+}
+
+}  // namespace
+
+std::string render_text(const Schedule& s, const SimulationResult& sim, const RenderOptions& o) {
+  std::ostringstream os;
+  os << header(s, sim, o);
+  size_t width = 1;
+  double shortest = 0.0;
+  for (const auto& rank : sim.ranks) {
+    for (const auto& t : rank.actions) {
+      if (!is_compute(t.action.type) || t.end <= t.start) continue;
+      width = std::max(width, label(s, t.action).size());
+      shortest = shortest == 0.0 ? t.end - t.start : std::min(shortest, t.end - t.start);
+    }
+  }
+  const double scale = shortest > 0 ? static_cast<double>(width + 1) / shortest : 1.0;
+  const int columns = static_cast<int>(std::ceil(sim.makespan * scale - 1e-9));
+  const std::string prefix_pad(9, ' ');
+  // Axis: a tick mark every 5 time units (every unit when the makespan is short).
+  const int step = sim.makespan <= 40 ? 1 : (sim.makespan <= 200 ? 5 : 10);
+  std::string axis(columns + 1, ' ');
+  std::string marks(columns + 1, ' ');
+  for (int t = 0; t * scale <= columns + 1e-9; t += step) {
+    const int col = static_cast<int>(std::lround(t * scale));
+    if (col > columns) break;
+    marks[col] = '|';
+    const std::string tick = std::to_string(t);
+    if (col + tick.size() <= axis.size() && (col == 0 || axis[col - 1] == ' ')) {
+      axis.replace(col, tick.size(), tick);
+    }
+  }
+  os << "\n" << prefix_pad << axis << "\n" << prefix_pad << marks << "\n";
+  for (const auto& rank : sim.ranks) {
+    std::string row(columns, '.');
+    for (const auto& t : rank.actions) {
+      if (!is_compute(t.action.type)) continue;
+      const int a = static_cast<int>(std::lround(t.start * scale));
+      const int b = std::min(columns, static_cast<int>(std::lround(t.end * scale)));
+      if (b <= a) continue;
+      std::fill(row.begin() + a, row.begin() + b, ' ');
+      const std::string text = label(s, t.action).substr(0, b - a);
+      row.replace(a, text.size(), text);
+    }
+    char name[16];
+    std::snprintf(name, sizeof(name), "rank %-3d ", rank.rank);
+    os << name << row << "\n";
+  }
+  os << "\n";
+  for (const auto& rank : sim.ranks) {
+    os << "rank " << rank.rank << ": stages " << join([&] {
+      std::vector<std::string> v;
+      for (int st : s.stages_of(rank.rank)) v.push_back(std::to_string(st));
+      return v;
+    }(), ",") << ", busy " << num(rank.busy) << ", peak_activations " << rank.peak_activations
+       << ", actions: " << join(format_actions(listed(s, rank.rank, o)), " ") << "\n";
+  }
+  return os.str();
+}
+
+std::string render_csv(const Schedule& s, const RenderOptions& o) {
+  return export_torch_csv(s, TorchCsvOptions{o.with_comms});
+}
+
+std::string render_json(const Schedule& s, const SimulationResult& sim, const RenderOptions& o) {
+  std::ostringstream os;
+  os << "{\n  \"kind\": \"" << to_string(s.kind) << "\",\n  \"stages\": " << s.ranks_count
+     << ",\n  \"ranks_count\": " << s.ranks_count << ",\n  \"micro_batches\": " << s.micro_batches
+     << ",\n  \"virtual\": " << s.virtual_stages << ",\n  \"makespan\": " << num(sim.makespan)
+     << ",\n  \"bubble_ratio\": " << ratio(sim.bubble_ratio) << ",\n  \"ranks\": [";
+  for (size_t r = 0; r < sim.ranks.size(); ++r) {
+    const auto& rank = sim.ranks[r];
+    std::vector<std::string> quoted;
+    for (const auto& text : format_actions(listed(s, rank.rank, o))) quoted.push_back('"' + text + '"');
+    os << (r ? "," : "") << "\n    {\"rank\": " << rank.rank << ", \"actions\": ["
+       << join(quoted, ", ") << "], \"busy\": " << num(rank.busy)
+       << ", \"peak_activations\": " << rank.peak_activations << "}";
+  }
+  os << "\n  ]\n}\n";
+  return os.str();
+}
+
+std::string render_svg(const Schedule& s, const SimulationResult& sim, const RenderOptions& o) {
+  const double makespan = std::max(sim.makespan, 1e-9);
+  const double unit = std::clamp(1100.0 / makespan, 8.0, 48.0);  // px per time unit
+  const int left = 70, top = 58, row_h = 30, gap = 8;
+  const int ranks = s.ranks_count;
+  const int plot_w = static_cast<int>(std::ceil(makespan * unit));
+  const int width = left + plot_w + 20;
+  const int axis_y = top + ranks * (row_h + gap);
+  const int height = axis_y + 70;
+  std::ostringstream os;
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+     << "\" viewBox=\"0 0 " << width << " " << height
+     << "\" font-family=\"Helvetica, Arial, sans-serif\">\n";
+  os << "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
+  os << "<text x=\"" << left << "\" y=\"22\" font-size=\"15\" font-weight=\"bold\">"
+     << xml(to_string(s.kind)) << ": P=" << s.ranks_count << ", M=" << s.micro_batches
+     << ", V=" << s.virtual_stages << ", recompute " << to_string(s.recompute) << "</text>\n";
+  os << "<text x=\"" << left << "\" y=\"42\" font-size=\"12\" fill=\"#333\">makespan "
+     << num(sim.makespan) << ", bubble ratio " << ratio(sim.bubble_ratio)
+     << (o.costs_label.empty() ? "" : ", costs " + xml(o.costs_label)) << "</text>\n";
+  for (const auto& rank : sim.ranks) {
+    const int y = top + rank.rank * (row_h + gap);
+    os << "<text x=\"" << left - 8 << "\" y=\"" << y + row_h / 2 + 4
+       << "\" font-size=\"12\" text-anchor=\"end\">rank " << rank.rank << "</text>\n";
+    // Idle background: whatever no block covers stays this light grey.
+    os << "<rect x=\"" << left << "\" y=\"" << y << "\" width=\"" << plot_w << "\" height=\""
+       << row_h << "\" fill=\"#eeeeee\"/>\n";
+    const std::vector<int> own = s.stages_of(rank.rank);
+    for (const auto& t : rank.actions) {
+      if (!is_compute(t.action.type) || t.end <= t.start) continue;
+      const int chunk = static_cast<int>(
+          std::find(own.begin(), own.end(), t.action.stage) - own.begin());
+      const double x = left + t.start * unit, w = (t.end - t.start) * unit;
+      const double opacity = chunk == 0 ? 1.0 : std::max(0.35, 1.0 - 0.3 * chunk);
+      os << "<g><title>" << format_action(t.action) << " [" << num(t.start) << ", " << num(t.end)
+         << ")</title><rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\""
+         << row_h << "\" fill=\"" << colour(t.action.type) << "\" fill-opacity=\"" << opacity
+         << "\" stroke=\"#ffffff\" stroke-width=\"1\"/>";
+      if (w >= 9) {
+        const int font = w >= 16 ? 11 : 8;
+        os << "<text x=\"" << x + w / 2 << "\" y=\"" << y + row_h / 2 + 4 << "\" font-size=\""
+           << font << "\" text-anchor=\"middle\" fill=\"#111\">" << t.action.micro_batch
+           << "</text>";
+      }
+      os << "</g>\n";
+    }
+  }
+  // Time axis.
+  const int step = makespan <= 40 ? 1 : (makespan <= 120 ? 5 : 10);
+  os << "<line x1=\"" << left << "\" y1=\"" << axis_y << "\" x2=\"" << left + plot_w << "\" y2=\""
+     << axis_y << "\" stroke=\"#555\"/>\n";
+  for (int t = 0; t <= makespan + 1e-9; t += step) {
+    const double x = left + t * unit;
+    os << "<line x1=\"" << x << "\" y1=\"" << axis_y << "\" x2=\"" << x << "\" y2=\"" << axis_y + 4
+       << "\" stroke=\"#555\"/>";
+    if (t % (step * (unit * step < 18 ? 5 : 1)) == 0) {
+      os << "<text x=\"" << x << "\" y=\"" << axis_y + 16
+         << "\" font-size=\"10\" text-anchor=\"middle\">" << t << "</text>";
+    }
+    os << "\n";
+  }
+  // Legend.
+  const std::pair<ActionType, const char*> legend[] = {
+      {ActionType::kForward, "F forward"},        {ActionType::kBackward, "B backward"},
+      {ActionType::kBackwardInput, "I input grad"}, {ActionType::kBackwardWeight, "W weight grad"},
+      {ActionType::kRecompute, "R recompute"}};
+  int lx = left;
+  const int ly = axis_y + 32;
+  for (const auto& [type, name] : legend) {
+    os << "<rect x=\"" << lx << "\" y=\"" << ly << "\" width=\"14\" height=\"14\" fill=\""
+       << colour(type) << "\"/><text x=\"" << lx + 19 << "\" y=\"" << ly + 11
+       << "\" font-size=\"11\">" << name << "</text>\n";
+    lx += 110;
+  }
+  os << "<rect x=\"" << lx << "\" y=\"" << ly
+     << "\" width=\"14\" height=\"14\" fill=\"#eeeeee\"/><text x=\"" << lx + 19 << "\" y=\""
+     << ly + 11 << "\" font-size=\"11\">idle</text>\n";
+  if (s.virtual_stages > 1) {
+    os << "<text x=\"" << lx + 70 << "\" y=\"" << ly + 11
+       << "\" font-size=\"11\">(lighter = later chunk on the rank)</text>\n";
+  }
+  os << "</svg>\n";
+  return os.str();
+}
+
+}  // namespace pipemat::schedule

@@ -1,0 +1,300 @@
+// Event-free list simulation: each rank runs its list in order; an action starts when the rank
+// is free and its inputs have arrived. Evaluating ranks round-robin until nobody can move gives
+// the same times as any other evaluation order (times are a longest-path over a DAG) and finds
+// cross-rank cycles as "no rank can move".
+
+#include "pipemat/schedule/simulate.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+#include "pipemat/core/error.h"
+#include "pipemat/core/format.h"
+
+namespace pipemat::schedule {
+namespace {
+
+constexpr double kNotYet = -1.0;
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t");
+  size_t e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+std::string number(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+class Simulator {
+ public:
+  Simulator(const Schedule& s, const CostModel& c)
+      : s_(s), c_(c), comms_(s.has_comms()),
+        cells_(static_cast<size_t>(s.stages_count) * s.micro_batches) {}
+
+  SimulationResult run() {
+    const int p = s_.ranks_count;
+    std::vector<size_t> next(p, 0);
+    std::vector<double> clock(p, 0.0);
+    SimulationResult result;
+    result.ranks.resize(p);
+    for (int r = 0; r < p; ++r) result.ranks[r].rank = r;
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      for (int r = 0; r < p; ++r) {
+        const auto& list = s_.actions[r];
+        while (next[r] < list.size()) {
+          const Action& a = list[next[r]];
+          double ready = 0.0;
+          if (!inputs_ready(r, a, &ready)) break;
+          const double start = std::max(clock[r], ready);
+          const double end = start + duration(a.type);
+          record(a, start, end);
+          result.ranks[r].actions.push_back({a, static_cast<int>(next[r]), start, end});
+          clock[r] = end;
+          ++next[r];
+          progress = true;
+        }
+      }
+    }
+    bool finished = true;
+    for (int r = 0; r < p; ++r) finished = finished && next[r] == s_.actions[r].size();
+    if (!finished) report_deadlock(next);
+
+    double busy_total = 0.0;
+    for (auto& rank : result.ranks) {
+      bool first = true;
+      std::map<std::pair<int, int>, int> live;
+      int in_flight = 0;
+      for (const TimedAction& t : rank.actions) {
+        const Action& a = t.action;
+        if (!is_compute(a.type)) continue;
+        rank.busy += t.end - t.start;
+        if (first) rank.first_start = t.start;
+        first = false;
+        rank.last_end = std::max(rank.last_end, t.end);
+        result.makespan = std::max(result.makespan, t.end);
+        if (a.type == ActionType::kForward) {
+          rank.peak_activations = std::max(rank.peak_activations, ++in_flight);
+        } else if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight) {
+          --in_flight;
+        }
+      }
+      busy_total += rank.busy;
+    }
+    result.bubble_ratio =
+        result.makespan > 0 ? 1.0 - busy_total / (p * result.makespan) : 0.0;
+    return result;
+  }
+
+ private:
+  struct Cell {
+    double f = kNotYet, bwd = kNotYet, i = kNotYet, r = kNotYet;
+    double send_f = kNotYet, recv_f = kNotYet, send_b = kNotYet, recv_b = kNotYet;
+  };
+  Cell& cell(int stage, int mb) { return cells_[static_cast<size_t>(stage) * s_.micro_batches + mb]; }
+
+  double duration(ActionType t) const {
+    const double lazy = s_.recompute == RecomputeMode::kLazy ? c_.recompute_cost(s_.recompute) : 0.0;
+    switch (t) {
+      case ActionType::kForward: return c_.forward;
+      case ActionType::kBackward: return c_.backward_cost() + lazy;
+      case ActionType::kBackwardInput: return c_.backward_input + lazy;
+      case ActionType::kBackwardWeight: return c_.backward_weight;
+      case ActionType::kRecompute: return c_.recompute_cost(s_.recompute);
+      default: return 0.0;
+    }
+  }
+
+  // Arrival time of a message: sender stage's SEND and this stage's RECV both done.
+  static bool arrival(double send, double post, double comm, double* out) {
+    if (send == kNotYet || post == kNotYet) return false;
+    *out = std::max(send, post) + comm;
+    return true;
+  }
+
+  // Input of the pass `a` on rank r; false (with the reason in blocked_on_) when not there yet.
+  bool inputs_ready(int r, const Action& a, double* ready) {
+    const int st = a.stage, mb = a.micro_batch;
+    PIPEMAT_CHECK(st >= 0 && st < s_.stages_count && mb >= 0 && mb < s_.micro_batches,
+                  ScheduleError, "simulate: rank ", r, " action ", format_action(a),
+                  " names a stage or micro-batch outside the schedule (", s_.stages_count,
+                  " stages, ", s_.micro_batches, " micro-batches); run validate_schedule first.");
+    Cell& me = cell(st, mb);
+    auto need_local = [&](double t, ActionType type, int stage) {
+      if (t == kNotYet) {
+        blocked_on_ = format_action({stage, type, mb}) + " on rank " + std::to_string(s_.rank_of(stage));
+        return false;
+      }
+      *ready = std::max(*ready, t);
+      return true;
+    };
+    switch (a.type) {
+      case ActionType::kForward: {
+        if (st == 0) return true;
+        Cell& prev = cell(st - 1, mb);
+        if (s_.rank_of(st - 1) == r || !comms_) {
+          if (!need_local(prev.f, ActionType::kForward, st - 1)) return false;
+          if (s_.rank_of(st - 1) != r) *ready += c_.comm;
+          return true;
+        }
+        double t = 0.0;
+        if (!arrival(prev.send_f, me.recv_f, c_.comm, &t)) {
+          blocked_on_ = prev.send_f == kNotYet
+                            ? format_action({st - 1, ActionType::kSendForward, mb}) + " on rank " +
+                                  std::to_string(s_.rank_of(st - 1))
+                            : format_action({st, ActionType::kRecvForward, mb}) + " on rank " +
+                                  std::to_string(r);
+          return false;
+        }
+        *ready = std::max(*ready, t);
+        return true;
+      }
+      case ActionType::kBackward:
+      case ActionType::kBackwardInput: {
+        if (!need_local(me.f, ActionType::kForward, st)) return false;
+        if (st == s_.stages_count - 1) return true;
+        Cell& nxt = cell(st + 1, mb);
+        if (s_.rank_of(st + 1) == r || !comms_) {
+          double before = *ready;
+          *ready = 0.0;
+          if (!need_local(nxt.bwd, ActionType::kBackward, st + 1)) {
+            blocked_on_ = "the backward (B or I) of stage " + std::to_string(st + 1) +
+                          " micro-batch " + std::to_string(mb) + " on rank " +
+                          std::to_string(s_.rank_of(st + 1));
+            return false;
+          }
+          if (s_.rank_of(st + 1) != r) *ready += c_.comm;
+          *ready = std::max(*ready, before);
+          return true;
+        }
+        double t = 0.0;
+        if (!arrival(nxt.send_b, me.recv_b, c_.comm, &t)) {
+          blocked_on_ = nxt.send_b == kNotYet
+                            ? format_action({st + 1, ActionType::kSendBackward, mb}) + " on rank " +
+                                  std::to_string(s_.rank_of(st + 1))
+                            : format_action({st, ActionType::kRecvBackward, mb}) + " on rank " +
+                                  std::to_string(r);
+          return false;
+        }
+        *ready = std::max(*ready, t);
+        return true;
+      }
+      case ActionType::kBackwardWeight:
+        return need_local(me.i, ActionType::kBackwardInput, st);
+      case ActionType::kRecompute:
+      case ActionType::kSendForward:
+        return need_local(me.f, ActionType::kForward, st);
+      case ActionType::kSendBackward:
+        if (me.bwd == kNotYet) {
+          blocked_on_ = "the backward (B or I) of " + std::to_string(st) + " micro-batch " +
+                        std::to_string(mb);
+          return false;
+        }
+        return true;
+      case ActionType::kRecvForward:
+      case ActionType::kRecvBackward:
+        return true;
+    }
+    return true;
+  }
+
+  void record(const Action& a, double start, double end) {
+    Cell& c = cell(a.stage, a.micro_batch);
+    switch (a.type) {
+      case ActionType::kForward: c.f = end; break;
+      case ActionType::kBackward: c.bwd = end; break;
+      case ActionType::kBackwardInput: c.bwd = end; c.i = end; break;
+      case ActionType::kBackwardWeight: break;
+      case ActionType::kRecompute: c.r = end; break;
+      case ActionType::kSendForward: c.send_f = start; break;
+      case ActionType::kRecvForward: c.recv_f = start; break;
+      case ActionType::kSendBackward: c.send_b = start; break;
+      case ActionType::kRecvBackward: c.recv_b = start; break;
+    }
+  }
+
+  [[noreturn]] void report_deadlock(const std::vector<size_t>& next) {
+    std::vector<std::string> lines;
+    for (int r = 0; r < s_.ranks_count; ++r) {
+      const auto& list = s_.actions[r];
+      if (next[r] == list.size()) {
+        lines.push_back("rank " + std::to_string(r) + " finished its " +
+                        std::to_string(list.size()) + " actions");
+        continue;
+      }
+      double ignored = 0.0;
+      inputs_ready(r, list[next[r]], &ignored);  // fills blocked_on_
+      lines.push_back("rank " + std::to_string(r) + " is blocked at action " +
+                      format_action(list[next[r]]) + " (position " + std::to_string(next[r]) +
+                      ") waiting for " + blocked_on_);
+    }
+    PIPEMAT_THROW(ScheduleError, "invalid schedule: rule 'cross-rank deadlock' broken: no rank can "
+                  "make progress; ", join(lines, "; "),
+                  ". Reorder the lists so that every pass a rank waits for is not behind a pass "
+                  "that waits for this rank.");
+  }
+
+  const Schedule& s_;
+  const CostModel& c_;
+  bool comms_;
+  std::vector<Cell> cells_;
+  std::string blocked_on_;
+};
+
+}  // namespace
+
+CostModel parse_costs(const std::string& text) {
+  CostModel c;
+  if (trim(text).empty()) return c;
+  for (const std::string& raw : split(text, ',')) {
+    const std::string item = trim(raw);
+    const size_t eq = item.find('=');
+    PIPEMAT_CHECK(!item.empty() && eq != std::string::npos, ConfigError, "--costs item '", item,
+                  "' is not KEY=VALUE; expected e.g. F=1,I=1,W=1,B=2,R=1,comm=0.");
+    std::string key = trim(item.substr(0, eq));
+    const std::string value_text = trim(item.substr(eq + 1));
+    char* end = nullptr;
+    const double value = std::strtod(value_text.c_str(), &end);
+    PIPEMAT_CHECK(!value_text.empty() && end && *end == '\0' && std::isfinite(value) && value >= 0,
+                  ConfigError, "--costs ", key, "='", value_text,
+                  "' is not a non-negative number; expected e.g. ", key, "=1.5.");
+    std::string upper = key;
+    for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    if (upper == "F") c.forward = value;
+    else if (upper == "B") c.backward = value;
+    else if (upper == "I") c.backward_input = value;
+    else if (upper == "W") c.backward_weight = value;
+    else if (upper == "R") c.recompute = value;
+    else if (upper == "COMM") c.comm = value;
+    else
+      PIPEMAT_THROW(ConfigError, "--costs key '", key,
+                    "' is unknown; expected F, B, I, W, R or comm (e.g. F=1,I=1,W=1,B=2,R=1,comm=0).");
+  }
+  return c;
+}
+
+std::string format_costs(const CostModel& c, RecomputeMode mode) {
+  return "F=" + number(c.forward) + ",B=" + number(c.backward_cost()) + ",I=" +
+         number(c.backward_input) + ",W=" + number(c.backward_weight) + ",R=" +
+         number(c.recompute_cost(mode)) + ",comm=" + number(c.comm);
+}
+
+SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
+  PIPEMAT_CHECK(static_cast<int>(schedule.actions.size()) == schedule.ranks_count &&
+                    static_cast<int>(schedule.stage_to_rank.size()) == schedule.stages_count,
+                ScheduleError, "simulate: the schedule's shape is inconsistent (",
+                schedule.actions.size(), " lists for ", schedule.ranks_count, " ranks, ",
+                schedule.stage_to_rank.size(), " stage_to_rank entries for ",
+                schedule.stages_count, " stages); run validate_schedule first.");
+  return Simulator(schedule, costs).run();
+}
+
+}  // namespace pipemat::schedule

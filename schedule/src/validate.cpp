@@ -1,0 +1,273 @@
+// validate_schedule: per-rank, per-stage rules, then a simulated run for cross-rank deadlock.
+
+#include <string>
+#include <vector>
+
+#include "pipemat/core/error.h"
+#include "pipemat/schedule/schedule.h"
+#include "pipemat/schedule/simulate.h"
+
+namespace pipemat::schedule {
+namespace {
+
+constexpr int kUnseen = -1;
+
+// Where each action of a (stage, micro-batch) sits in its rank's list.
+struct Seen {
+  int f = kUnseen, b = kUnseen, i = kUnseen, w = kUnseen, r = kUnseen;
+  int send_f = kUnseen, recv_f = kUnseen, send_b = kUnseen, recv_b = kUnseen;
+  int backward() const { return b != kUnseen ? b : i; }
+};
+
+[[noreturn]] void fail(int rank, const std::string& action, const std::string& where,
+                       const char* rule, const std::string& detail, const std::string& fix) {
+  PIPEMAT_THROW(ScheduleError, "invalid schedule: rank ", rank, ", action ", action, " (", where,
+                "): rule '", rule, "' broken: ", detail, ". ", fix);
+}
+
+std::string at(int position) { return "position " + std::to_string(position); }
+
+class Validator {
+ public:
+  explicit Validator(const Schedule& s) : s_(s) {}
+
+  void run() {
+    check_shape();
+    comms_ = s_.has_comms();
+    seen_.assign(static_cast<size_t>(s_.stages_count) * s_.micro_batches, Seen{});
+    for (int r = 0; r < s_.ranks_count; ++r) {
+      const auto& list = s_.actions[r];
+      for (int k = 0; k < static_cast<int>(list.size()); ++k) check_action(r, k, list[k]);
+    }
+    check_complete();
+  }
+
+ private:
+  Seen& seen(int stage, int mb) { return seen_[static_cast<size_t>(stage) * s_.micro_batches + mb]; }
+
+  void check_shape() {
+    PIPEMAT_CHECK(s_.ranks_count >= 1 && static_cast<int>(s_.actions.size()) == s_.ranks_count,
+                  ScheduleError, "invalid schedule: expected one action list per rank (",
+                  s_.ranks_count, " ranks), found ", s_.actions.size(), " lists.");
+    PIPEMAT_CHECK(s_.micro_batches >= 1, ScheduleError,
+                  "invalid schedule: micro_batches must be >= 1, found ", s_.micro_batches, ".");
+    PIPEMAT_CHECK(s_.stages_count >= 1 &&
+                      static_cast<int>(s_.stage_to_rank.size()) == s_.stages_count,
+                  ScheduleError, "invalid schedule: stage_to_rank must name a rank for each of the ",
+                  s_.stages_count, " stages, found ", s_.stage_to_rank.size(), " entries.");
+    for (int st = 0; st < s_.stages_count; ++st) {
+      PIPEMAT_CHECK(s_.stage_to_rank[st] >= 0 && s_.stage_to_rank[st] < s_.ranks_count,
+                    ScheduleError, "invalid schedule: stage_to_rank[", st, "] = ",
+                    s_.stage_to_rank[st], " is not a rank in [0, ", s_.ranks_count, ").");
+    }
+  }
+
+  bool cross_prev(int stage, int rank) const { return stage > 0 && s_.rank_of(stage - 1) != rank; }
+  bool cross_next(int stage, int rank) const {
+    return stage < s_.stages_count - 1 && s_.rank_of(stage + 1) != rank;
+  }
+
+  // F(stage, mb) must come earlier on this rank; says whether it is missing or just late.
+  void require_forward(int r, int k, const Action& a, const Seen& sn, const char* rule) {
+    if (sn.f != kUnseen) return;
+    const auto& list = s_.actions[r];
+    const Action f{a.stage, ActionType::kForward, a.micro_batch};
+    for (int later = k + 1; later < static_cast<int>(list.size()); ++later) {
+      if (list[later] == f) {
+        fail(r, format_action(a), at(k), rule,
+             format_action(a) + " runs before " + format_action(f) + " (at position " +
+                 std::to_string(later) + ")",
+             "Move " + format_action(f) + " ahead of it.");
+      }
+    }
+    fail(r, format_action(a), at(k), "missing F",
+         "stage " + std::to_string(a.stage) + " never runs F for micro-batch " +
+             std::to_string(a.micro_batch),
+         "Add " + format_action(f) + " on rank " + std::to_string(r) + " before " +
+             format_action(a) + ".");
+  }
+
+  void duplicate(int r, int k, const Action& a, int first) {
+    fail(r, format_action(a), at(k), "duplicate micro-batch",
+         format_action(a) + " appears twice on stage " + std::to_string(a.stage) +
+             " (first at position " + std::to_string(first) + ")",
+         "Each micro-batch runs each pass once per stage; remove one of them.");
+  }
+
+  void check_action(int r, int k, const Action& a) {
+    const std::string text = format_action(a);
+    if (a.stage < 0 || a.stage >= s_.stages_count || a.micro_batch < 0 ||
+        a.micro_batch >= s_.micro_batches) {
+      fail(r, text, at(k), "action in range",
+           "stage must be in [0, " + std::to_string(s_.stages_count) + ") and micro-batch in [0, " +
+               std::to_string(s_.micro_batches) + ")",
+           "Fix the action or the schedule's stage / micro-batch counts.");
+    }
+    if (s_.rank_of(a.stage) != r) {
+      fail(r, text, at(k), "stage-to-rank consistency",
+           "stage " + std::to_string(a.stage) + " belongs to rank " +
+               std::to_string(s_.rank_of(a.stage)) + ", not rank " + std::to_string(r),
+           "Every action of a stage must be on the rank that holds the stage.");
+    }
+    Seen& sn = seen(a.stage, a.micro_batch);
+    switch (a.type) {
+      case ActionType::kForward:
+        if (sn.f != kUnseen) duplicate(r, k, a, sn.f);
+        if (comms_ && cross_prev(a.stage, r) && sn.recv_f == kUnseen) {
+          fail(r, text, at(k), "RECV before consumer",
+               "its input comes from rank " + std::to_string(s_.rank_of(a.stage - 1)) +
+                   " but no " + format_action({a.stage, ActionType::kRecvForward, a.micro_batch}) +
+                   " was posted before it",
+               "Post the receive ahead of the forward (lower_communication does).");
+        }
+        sn.f = k;
+        break;
+      case ActionType::kBackward:
+      case ActionType::kBackwardInput:
+        require_forward(r, k, a, sn, "F before B/I");
+        if (sn.b != kUnseen) duplicate(r, k, a, sn.b);
+        if (sn.i != kUnseen) {
+          if (a.type == ActionType::kBackwardInput) duplicate(r, k, a, sn.i);
+          fail(r, text, at(k), "B or I+W",
+               "micro-batch " + std::to_string(a.micro_batch) + " of stage " +
+                   std::to_string(a.stage) + " already ran I at position " + std::to_string(sn.i),
+               "Use either one B or an I followed by a W per micro-batch, not both.");
+        }
+        if (comms_ && cross_next(a.stage, r) && sn.recv_b == kUnseen) {
+          fail(r, text, at(k), "RECV before consumer",
+               "its output gradient comes from rank " + std::to_string(s_.rank_of(a.stage + 1)) +
+                   " but no " + format_action({a.stage, ActionType::kRecvBackward, a.micro_batch}) +
+                   " was posted before it",
+               "Post the receive ahead of the backward (lower_communication does).");
+        }
+        (a.type == ActionType::kBackward ? sn.b : sn.i) = k;
+        break;
+      case ActionType::kBackwardWeight:
+        if (sn.w != kUnseen) duplicate(r, k, a, sn.w);
+        if (sn.b != kUnseen) {
+          fail(r, text, at(k), "B or I+W",
+               "micro-batch " + std::to_string(a.micro_batch) + " of stage " +
+                   std::to_string(a.stage) + " already ran a full B at position " +
+                   std::to_string(sn.b),
+               "A W only follows an I; drop the W or split the B into I + W.");
+        }
+        if (sn.i == kUnseen) {
+          fail(r, text, at(k), "I before W",
+               "W of micro-batch " + std::to_string(a.micro_batch) + " on stage " +
+                   std::to_string(a.stage) + " runs before its I",
+               "Move " + format_action({a.stage, ActionType::kBackwardInput, a.micro_batch}) +
+                   " ahead of " + text + ".");
+        }
+        sn.w = k;
+        break;
+      case ActionType::kRecompute:
+        require_forward(r, k, a, sn, "F before R");
+        if (sn.r != kUnseen) duplicate(r, k, a, sn.r);
+        if (sn.backward() != kUnseen) {
+          fail(r, text, at(k), "R before B/I",
+               "the recompute runs after the backward of the same micro-batch (position " +
+                   std::to_string(sn.backward()) + ")",
+               "Place R between the F and the B / I of the micro-batch.");
+        }
+        sn.r = k;
+        break;
+      case ActionType::kSendForward:
+      case ActionType::kSendBackward: {
+        const bool fwd = a.type == ActionType::kSendForward;
+        if (!(fwd ? cross_next(a.stage, r) : cross_prev(a.stage, r))) {
+          fail(r, text, at(k), "no comm for local hand-off",
+               std::string("stage ") + std::to_string(a.stage) + " has no " +
+                   (fwd ? "next" : "previous") + " stage on another rank",
+               "Remove the SEND; adjacent stages on one rank hand over in memory.");
+        }
+        int& slot = fwd ? sn.send_f : sn.send_b;
+        if (slot != kUnseen) duplicate(r, k, a, slot);
+        const int producer = fwd ? sn.f : sn.backward();
+        if (producer == kUnseen) {
+          fail(r, text, at(k), "SEND after producer",
+               std::string("it sends the ") + (fwd ? "output of F" : "input gradient of B/I") +
+                   " before that pass ran",
+               "Move the SEND after the pass that produces it.");
+        }
+        slot = k;
+        break;
+      }
+      case ActionType::kRecvForward:
+      case ActionType::kRecvBackward: {
+        const bool fwd = a.type == ActionType::kRecvForward;
+        if (!(fwd ? cross_prev(a.stage, r) : cross_next(a.stage, r))) {
+          fail(r, text, at(k), "no comm for local hand-off",
+               std::string("stage ") + std::to_string(a.stage) + " has no " +
+                   (fwd ? "previous" : "next") + " stage on another rank",
+               "Remove the RECV; adjacent stages on one rank hand over in memory.");
+        }
+        int& slot = fwd ? sn.recv_f : sn.recv_b;
+        if (slot != kUnseen) duplicate(r, k, a, slot);
+        const int consumer = fwd ? sn.f : sn.backward();
+        if (consumer != kUnseen) {
+          fail(r, text, at(k), "RECV before consumer",
+               "the pass that consumes it already ran at position " + std::to_string(consumer),
+               "Move the RECV ahead of that pass.");
+        }
+        slot = k;
+        break;
+      }
+    }
+  }
+
+  void check_complete() {
+    for (int st = 0; st < s_.stages_count; ++st) {
+      const int r = s_.rank_of(st);
+      for (int mb = 0; mb < s_.micro_batches; ++mb) {
+        const Seen& sn = seen(st, mb);
+        auto missing = [&](ActionType t, const char* rule, const std::string& detail,
+                           const std::string& fix) {
+          fail(r, format_action({st, t, mb}), "missing", rule, detail, fix);
+        };
+        if (sn.f == kUnseen) {
+          missing(ActionType::kForward, "missing F",
+                  "stage " + std::to_string(st) + " never runs F for micro-batch " +
+                      std::to_string(mb),
+                  "Every stage runs F once for each of the " + std::to_string(s_.micro_batches) +
+                      " micro-batches.");
+        }
+        if (sn.backward() == kUnseen) {
+          missing(ActionType::kBackward, "B or I+W",
+                  "stage " + std::to_string(st) + " never runs a backward (B or I) for micro-batch " +
+                      std::to_string(mb),
+                  "Add a B, or an I and a W, after its F.");
+        }
+        if (sn.i != kUnseen && sn.w == kUnseen) {
+          missing(ActionType::kBackwardWeight, "B or I+W",
+                  "micro-batch " + std::to_string(mb) + " of stage " + std::to_string(st) +
+                      " ran I but never W",
+                  "Add the W after the I, or fuse them into one B.");
+        }
+        if (!comms_) continue;
+        auto need = [&](bool needed, int slot, ActionType t, const char* rule) {
+          if (needed && slot == kUnseen) {
+            missing(t, rule, "the cross-rank transfer has no " + std::string(action_type_code(t)),
+                    "Lower the compute schedule with lower_communication.");
+          }
+        };
+        need(cross_next(st, r), sn.send_f, ActionType::kSendForward, "SEND after producer");
+        need(cross_prev(st, r), sn.recv_f, ActionType::kRecvForward, "RECV before consumer");
+        need(cross_prev(st, r), sn.send_b, ActionType::kSendBackward, "SEND after producer");
+        need(cross_next(st, r), sn.recv_b, ActionType::kRecvBackward, "RECV before consumer");
+      }
+    }
+  }
+
+  const Schedule& s_;
+  bool comms_ = false;
+  std::vector<Seen> seen_;
+};
+
+}  // namespace
+
+void validate_schedule(const Schedule& schedule) {
+  Validator(schedule).run();
+  simulate(schedule, CostModel{});  // throws on cross-rank deadlock
+}
+
+}  // namespace pipemat::schedule

@@ -1,0 +1,281 @@
+// Generators: grid of (P, M, V), closed-form bubbles and peaks, golden per-rank orders.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+
+#include "pipemat/core/error.h"
+#include "pipemat/schedule/schedule.h"
+#include "pipemat/schedule/simulate.h"
+#include "test_util.h"
+
+namespace pipemat::schedule {
+namespace {
+
+using testing::compute_strings;
+using testing::options;
+
+constexpr ScheduleKind kAllKinds[] = {ScheduleKind::kGPipe,        ScheduleKind::kOneFOneB,
+                                      ScheduleKind::kInterleaved,  ScheduleKind::kZeroBubbleH1,
+                                      ScheduleKind::kZeroBubbleH2, ScheduleKind::kZeroBubbleV};
+
+bool splits_kind(ScheduleKind k) {
+  return k == ScheduleKind::kZeroBubbleH1 || k == ScheduleKind::kZeroBubbleH2 ||
+         k == ScheduleKind::kZeroBubbleV;
+}
+
+// Every (stage, micro-batch) has exactly one F and one B, or one I and one W.
+void expect_counts(const Schedule& s, const std::string& where) {
+  std::map<std::tuple<int, int, ActionType>, int> count;
+  int compute = 0;
+  for (int r = 0; r < s.ranks_count; ++r) {
+    for (const Action& a : s.compute_actions(r)) {
+      ++count[{a.stage, a.micro_batch, a.type}];
+      ++compute;
+    }
+  }
+  const bool split = splits_kind(s.kind);
+  const int per = split ? 3 : 2;
+  ASSERT_EQ(compute, per * s.stages_count * s.micro_batches) << where;
+  for (int st = 0; st < s.stages_count; ++st) {
+    for (int mb = 0; mb < s.micro_batches; ++mb) {
+      ASSERT_EQ((count[{st, mb, ActionType::kForward}]), 1) << where;
+      if (split) {
+        ASSERT_EQ((count[{st, mb, ActionType::kBackwardInput}]), 1) << where;
+        ASSERT_EQ((count[{st, mb, ActionType::kBackwardWeight}]), 1) << where;
+      } else {
+        ASSERT_EQ((count[{st, mb, ActionType::kBackward}]), 1) << where;
+      }
+    }
+  }
+}
+
+TEST(GeneratorsTest, GridValidatesSimulatesAndHasRightCounts) {
+  const auto start = std::chrono::steady_clock::now();
+  int built = 0, rejected = 0;
+  for (ScheduleKind kind : kAllKinds) {
+    for (int p = 1; p <= 8; ++p) {
+      for (int m = 1; m <= 24; ++m) {
+        const int max_v = kind == ScheduleKind::kInterleaved ? 4 : 1;
+        for (int v = 1; v <= max_v; ++v) {
+          const std::string where = std::string(to_string(kind)) + " P=" + std::to_string(p) +
+                                    " M=" + std::to_string(m) + " V=" + std::to_string(v);
+          Schedule s;
+          try {
+            s = build_schedule(options(kind, p, m, v));
+          } catch (const ConfigError& e) {
+            // Only interleaved has a constraint: M must split into equal rounds of >= P.
+            ASSERT_EQ(kind, ScheduleKind::kInterleaved) << where << ": " << e.what();
+            const int rounds = std::max(1, m / p);
+            ASSERT_NE(m % rounds, 0) << where << ": " << e.what();
+            EXPECT_NE(std::string(e.what()).find("--micro-batches"), std::string::npos);
+            ++rejected;
+            continue;
+          }
+          ASSERT_NO_THROW(validate_schedule(s)) << where;
+          const SimulationResult sim = simulate(s);
+          ASSERT_GT(sim.makespan, 0) << where;
+          ASSERT_GE(sim.bubble_ratio, -1e-12) << where;
+          expect_counts(s, where);
+          ++built;
+        }
+      }
+    }
+  }
+  EXPECT_GT(built, 1500);
+  EXPECT_GT(rejected, 0);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10.0);
+}
+
+TEST(GeneratorsTest, GpipeAnd1F1BBubbleClosedForm) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+    for (int p = 1; p <= 8; ++p) {
+      for (int m = 1; m <= 24; ++m) {
+        const SimulationResult sim = simulate(build_schedule(options(kind, p, m)));
+        EXPECT_NEAR(sim.bubble_ratio, double(p - 1) / (m + p - 1), 1e-9)
+            << to_string(kind) << " P=" << p << " M=" << m;
+        EXPECT_DOUBLE_EQ(sim.makespan, 3.0 * (m + p - 1));
+      }
+    }
+  }
+}
+
+TEST(GeneratorsTest, InterleavedBubbleClosedFormWhenMIsAMultipleOfP) {
+  for (int p = 1; p <= 8; ++p) {
+    for (int v = 1; v <= 4; ++v) {
+      for (int m = p; m <= 24; m += p) {
+        const SimulationResult sim =
+            simulate(build_schedule(options(ScheduleKind::kInterleaved, p, m, v)));
+        EXPECT_NEAR(sim.bubble_ratio, double(p - 1) / (v * m + p - 1), 1e-9)
+            << "P=" << p << " M=" << m << " V=" << v;
+      }
+    }
+  }
+}
+
+TEST(GeneratorsTest, ZeroBubbleH1BubbleClosedForm) {
+  // Holds once the pipeline fills (M >= P); below that one micro-batch's F-I chain through all
+  // stages is longer than 3M + P - 1 and the bubble is larger.
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = p; m <= 24; ++m) {
+      const SimulationResult sim = simulate(build_schedule(options(ScheduleKind::kZeroBubbleH1, p, m)));
+      EXPECT_NEAR(sim.bubble_ratio, double(p - 1) / (3 * m + p - 1), 1e-9) << "P=" << p << " M=" << m;
+    }
+  }
+}
+
+TEST(GeneratorsTest, ReferenceNumbersForP4M8) {
+  // Cross-checked against an independent unit-cost simulator (research notes, sim.py).
+  auto run = [](ScheduleKind k, int v = 1) { return simulate(build_schedule(options(k, 4, 8, v))); };
+  EXPECT_NEAR(run(ScheduleKind::kGPipe).bubble_ratio, 0.273, 5e-4);
+  EXPECT_NEAR(run(ScheduleKind::kOneFOneB).bubble_ratio, 0.273, 5e-4);
+  EXPECT_NEAR(run(ScheduleKind::kZeroBubbleH1).bubble_ratio, 0.111, 5e-4);
+  EXPECT_NEAR(run(ScheduleKind::kInterleaved, 2).bubble_ratio, 0.158, 5e-4);
+  EXPECT_NEAR(run(ScheduleKind::kZeroBubbleV).bubble_ratio, 0.059, 5e-4);
+  const SimulationResult interleaved = run(ScheduleKind::kInterleaved, 2);
+  std::vector<int> peaks;
+  for (const auto& r : interleaved.ranks) peaks.push_back(r.peak_activations);
+  EXPECT_EQ(peaks, (std::vector<int>{11, 9, 7, 5}));
+}
+
+TEST(GeneratorsTest, PeakActivationsMatchKnownFigures) {
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 24; ++m) {
+      const std::string where = "P=" + std::to_string(p) + " M=" + std::to_string(m);
+      const auto gpipe = simulate(build_schedule(options(ScheduleKind::kGPipe, p, m)));
+      const auto ofob = simulate(build_schedule(options(ScheduleKind::kOneFOneB, p, m)));
+      const auto h1 = simulate(build_schedule(options(ScheduleKind::kZeroBubbleH1, p, m)));
+      const auto h2 = simulate(build_schedule(options(ScheduleKind::kZeroBubbleH2, p, m)));
+      const auto zbv = simulate(build_schedule(options(ScheduleKind::kZeroBubbleV, p, m)));
+      for (int r = 0; r < p; ++r) {
+        EXPECT_EQ(gpipe.ranks[r].peak_activations, m) << where;                    // m
+        EXPECT_EQ(ofob.ranks[r].peak_activations, std::min(p - r, m)) << where;    // P - r
+        EXPECT_EQ(h1.ranks[r].peak_activations, std::min(p, m)) << where;          // P on every rank
+        EXPECT_LE(h2.ranks[r].peak_activations, 2 * p - 1) << where;               // <= 2P - 1
+        // ZB-V: two half-size chunks per rank; 2P of them = P full micro-batches (1x 1F1B).
+        EXPECT_LE(zbv.ranks[r].peak_activations, 2 * p) << where;
+        if (m >= 2 * p) {
+          EXPECT_EQ(zbv.ranks[r].peak_activations, 2 * p) << where;
+        }
+      }
+      EXPECT_EQ(h2.ranks[0].peak_activations, std::min(2 * p - 1, m)) << where;
+    }
+  }
+}
+
+TEST(GeneratorsTest, InterleavedPeakOnRankZero) {
+  // Rank 0 holds its warmup + 1 chunk activations: (V - 1) * P + 2 * (P - 1) + 1.
+  for (int p = 2; p <= 8; ++p) {
+    for (int v = 2; v <= 4; ++v) {
+      const auto sim = simulate(build_schedule(options(ScheduleKind::kInterleaved, p, 2 * p, v)));
+      EXPECT_EQ(sim.ranks[0].peak_activations, (v - 1) * p + 2 * (p - 1) + 1)
+          << "P=" << p << " V=" << v;
+    }
+  }
+}
+
+TEST(GeneratorsTest, ZeroBubbleH2HasNoBubbleInsideEachRanksSpan) {
+  // ZB-H2 turns the trapezoid into a parallelogram: each rank is busy from its first to its
+  // last action once M is large enough; the global bubble is only the start stagger.
+  for (int p = 2; p <= 6; ++p) {
+    const int m = 4 * p;
+    const auto sim = simulate(build_schedule(options(ScheduleKind::kZeroBubbleH2, p, m)));
+    for (const auto& rank : sim.ranks) {
+      EXPECT_NEAR(rank.busy, rank.last_end - rank.first_start, 1e-9) << "P=" << p << " rank " << rank.rank;
+    }
+  }
+}
+
+TEST(GeneratorsTest, OneFOneBGoldenOrderP3M4) {
+  // Warmup P - r - 1 forwards, then F/B pairs, then the cooldown backwards (hand-derived).
+  const Schedule s = build_schedule(options(ScheduleKind::kOneFOneB, 3, 4));
+  const std::vector<std::vector<std::string>> golden = {
+      {"0F0", "0F1", "0F2", "0B0", "0F3", "0B1", "0B2", "0B3"},
+      {"1F0", "1F1", "1B0", "1F2", "1B1", "1F3", "1B2", "1B3"},
+      {"2F0", "2B0", "2F1", "2B1", "2F2", "2B2", "2F3", "2B3"},
+  };
+  EXPECT_EQ(compute_strings(s), golden);
+  EXPECT_EQ(s.stage_to_rank, (std::vector<int>{0, 1, 2}));
+}
+
+TEST(GeneratorsTest, OneFOneBGoldenLoweredOrderP2M2) {
+  const Schedule s = build_schedule(options(ScheduleKind::kOneFOneB, 2, 2));
+  std::vector<std::vector<std::string>> lists;
+  for (const auto& l : s.actions) lists.push_back(format_actions(l));
+  const std::vector<std::vector<std::string>> golden = {
+      {"0F0", "0SEND_F0", "0RECV_B0", "0F1", "0SEND_F1", "0RECV_B1", "0B0", "0B1"},
+      {"1RECV_F0", "1F0", "1RECV_F1", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1"},
+  };
+  EXPECT_EQ(lists, golden);
+}
+
+TEST(GeneratorsTest, ZeroBubbleVGoldenOrderP2M4) {
+  // torch ScheduleZBVZeroBubble order, derived by hand for P=2, M=4 (n = max(2P-1, M) = 4).
+  // Rank 0 holds stages 0 and 3, rank 1 holds stages 1 and 2.
+  const Schedule s = build_schedule(options(ScheduleKind::kZeroBubbleV, 2, 4));
+  const std::vector<std::vector<std::string>> golden = {
+      {"0F0", "0F1", "0F2", "3F0", "3I0", "3W0", "3F1", "3I1", "3W1", "0F3", "0I0", "0W0",
+       "3F2", "3I2", "3W2", "0I1", "0W1", "3F3", "3I3", "3W3", "0I2", "0W2", "0I3", "0W3"},
+      {"1F0", "2F0", "1F1", "2F1", "2I0", "2W0", "1F2", "1I0", "1W0", "2F2", "2I1", "2W1",
+       "1F3", "1I1", "1W1", "2F3", "2I2", "2W2", "1I2", "2I3", "1I3", "1W2", "2W3", "1W3"},
+  };
+  EXPECT_EQ(compute_strings(s), golden);
+  EXPECT_EQ(s.stage_to_rank, (std::vector<int>{0, 1, 1, 0}));
+  EXPECT_EQ(s.layout, StageLayout::kV);
+  EXPECT_EQ(s.virtual_stages, 2);
+}
+
+TEST(GeneratorsTest, ZeroBubbleVDropsMicroBatchesAboveM) {
+  // With M < 2P - 1 torch generates 2P - 1 micro-batches and drops the extra ones.
+  const Schedule s = build_schedule(options(ScheduleKind::kZeroBubbleV, 4, 2));
+  for (int r = 0; r < 4; ++r) {
+    for (const Action& a : s.compute_actions(r)) EXPECT_LT(a.micro_batch, 2);
+  }
+}
+
+TEST(GeneratorsTest, InterleavedStageMapAndConstraintMessage) {
+  const Schedule s = build_schedule(options(ScheduleKind::kInterleaved, 2, 4, 3));
+  EXPECT_EQ(s.stages_count, 6);
+  EXPECT_EQ(s.stage_to_rank, (std::vector<int>{0, 1, 0, 1, 0, 1}));
+  EXPECT_EQ(s.stages_of(1), (std::vector<int>{1, 3, 5}));
+  try {
+    build_schedule(options(ScheduleKind::kInterleaved, 4, 9, 2));
+    FAIL() << "M=9 does not split into rounds of 4";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("--micro-batches 8 or 10"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("multiple of 4"), std::string::npos) << msg;
+  }
+}
+
+TEST(GeneratorsTest, RejectsBadOptionsNamingTheFlag) {
+  auto message = [](const ScheduleOptions& o) {
+    try {
+      build_schedule(o);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(options(ScheduleKind::kOneFOneB, 0, 4)).find("--stages"), std::string::npos);
+  EXPECT_NE(message(options(ScheduleKind::kOneFOneB, 4, 0)).find("--micro-batches"), std::string::npos);
+  EXPECT_NE(message(options(ScheduleKind::kOneFOneB, 4, 8, 2)).find("--kind interleaved"),
+            std::string::npos);
+  EXPECT_NE(message(options(ScheduleKind::kZeroBubbleV, 4, 8, 3)).find("exactly two"),
+            std::string::npos);
+  EXPECT_NO_THROW(build_schedule(options(ScheduleKind::kZeroBubbleV, 4, 8, 2)));
+}
+
+TEST(GeneratorsTest, ParsesKindAndRecomputeNames) {
+  EXPECT_EQ(parse_schedule_kind("zb-v"), ScheduleKind::kZeroBubbleV);
+  EXPECT_EQ(parse_schedule_kind("1f1b"), ScheduleKind::kOneFOneB);
+  EXPECT_EQ(parse_recompute_mode("pretrigger"), RecomputeMode::kPretrigger);
+  EXPECT_THROW(parse_schedule_kind("zb"), ConfigError);
+  EXPECT_THROW(parse_recompute_mode("eager"), ConfigError);
+}
+
+}  // namespace
+}  // namespace pipemat::schedule

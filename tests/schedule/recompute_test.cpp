@@ -1,0 +1,134 @@
+// Recompute placement: lazy folds R into B/I, pretrigger places R ahead of the gradient wait.
+
+#include <gtest/gtest.h>
+
+#include "pipemat/core/error.h"
+#include "pipemat/schedule/schedule.h"
+#include "pipemat/schedule/simulate.h"
+#include "test_util.h"
+
+namespace pipemat::schedule {
+namespace {
+
+using testing::options;
+
+double makespan(ScheduleKind kind, int p, int m, int v, RecomputeMode mode, const CostModel& c) {
+  return simulate(build_schedule(options(kind, p, m, v, mode)), c).makespan;
+}
+
+TEST(RecomputeTest, PretriggerNeverLengthensTheMakespanVersusLazy) {
+  const ScheduleKind kinds[] = {ScheduleKind::kGPipe,        ScheduleKind::kOneFOneB,
+                                ScheduleKind::kInterleaved,  ScheduleKind::kZeroBubbleH1,
+                                ScheduleKind::kZeroBubbleH2, ScheduleKind::kZeroBubbleV};
+  for (ScheduleKind kind : kinds) {
+    for (int p : {2, 3, 4, 8}) {
+      for (int m : {4, 8, 16}) {
+        const int v = kind == ScheduleKind::kInterleaved ? 2 : 1;
+        if (kind == ScheduleKind::kInterleaved && m % std::max(1, m / p) != 0) continue;
+        for (double comm : {0.25, 1.0, 3.0}) {
+          for (double r : {0.5, 1.0, 2.0}) {
+            CostModel c;
+            c.comm = comm;
+            c.recompute = r;
+            const double lazy = makespan(kind, p, m, v, RecomputeMode::kLazy, c);
+            const double pre = makespan(kind, p, m, v, RecomputeMode::kPretrigger, c);
+            EXPECT_LE(pre, lazy + 1e-9) << to_string(kind) << " P=" << p << " M=" << m
+                                        << " comm=" << comm << " R=" << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(RecomputeTest, PretriggerShortensTheMakespanWhenRFitsInTheWait) {
+  // P=2, M=1, 1F1B, comm c, R r, F 1, B 2. Lazy: rank 0 waits for the gradient (arrives at
+  // 4 + 2c + r) and then replays and runs B: 6 + 2c + 2r. Pretrigger: rank 0 replays during the
+  // wait (R ends at 1 + r), B starts on arrival: 6 + 2c + r.
+  CostModel c;
+  c.comm = 1.0;
+  c.recompute = 1.0;
+  EXPECT_DOUBLE_EQ(makespan(ScheduleKind::kOneFOneB, 2, 1, 1, RecomputeMode::kLazy, c), 10.0);
+  EXPECT_DOUBLE_EQ(makespan(ScheduleKind::kOneFOneB, 2, 1, 1, RecomputeMode::kPretrigger, c), 9.0);
+  // Larger pipelines: strictly shorter for every schedule with a gradient wait.
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1,
+                            ScheduleKind::kGPipe, ScheduleKind::kZeroBubbleV}) {
+    const double lazy = makespan(kind, 4, 8, 1, RecomputeMode::kLazy, c);
+    const double pre = makespan(kind, 4, 8, 1, RecomputeMode::kPretrigger, c);
+    EXPECT_LT(pre, lazy - 0.5) << to_string(kind);
+  }
+}
+
+TEST(RecomputeTest, LazyAddsRToEveryBackward) {
+  CostModel c;  // R defaults to F when recompute is on
+  const Schedule lazy = build_schedule(options(ScheduleKind::kOneFOneB, 1, 3, 1, RecomputeMode::kLazy));
+  EXPECT_EQ(lazy.recompute, RecomputeMode::kLazy);
+  for (const Action& a : lazy.actions[0]) EXPECT_NE(a.type, ActionType::kRecompute);
+  // One rank: 3 x (F + B + R) = 3 x 4.
+  EXPECT_DOUBLE_EQ(simulate(lazy, c).makespan, 12.0);
+  const Schedule none = build_schedule(options(ScheduleKind::kOneFOneB, 1, 3));
+  EXPECT_DOUBLE_EQ(simulate(none, c).makespan, 9.0);
+}
+
+TEST(RecomputeTest, PretriggerPlacesRAfterTheReceiveAndRightBeforeItsBackward) {
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1,
+                            ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleV}) {
+    const int v = kind == ScheduleKind::kInterleaved ? 2 : 1;
+    const Schedule s = build_schedule(options(kind, 4, 8, v, RecomputeMode::kPretrigger));
+    int recomputes = 0;
+    for (int r = 0; r < s.ranks_count; ++r) {
+      const auto& list = s.actions[r];
+      for (size_t k = 0; k < list.size(); ++k) {
+        if (list[k].type != ActionType::kRecompute) continue;
+        ++recomputes;
+        const Action& rc = list[k];
+        ASSERT_LT(k + 1, list.size());
+        const Action& next = list[k + 1];
+        EXPECT_TRUE(next.type == ActionType::kBackward || next.type == ActionType::kBackwardInput);
+        EXPECT_EQ(next.stage, rc.stage);
+        EXPECT_EQ(next.micro_batch, rc.micro_batch);
+        if (rc.stage + 1 < s.stages_count && !s.is_local_handoff(rc.stage, rc.stage + 1)) {
+          const Action recv{rc.stage, ActionType::kRecvBackward, rc.micro_batch};
+          const auto it = std::find(list.begin(), list.begin() + k, recv);
+          EXPECT_NE(it, list.begin() + k) << format_action(recv) << " not before " << format_action(rc);
+        }
+      }
+    }
+    EXPECT_EQ(recomputes, s.stages_count * s.micro_batches) << to_string(kind);
+  }
+}
+
+TEST(RecomputeTest, RecomputeCostDefaults) {
+  CostModel c;
+  EXPECT_DOUBLE_EQ(c.recompute_cost(RecomputeMode::kNone), 0.0);
+  EXPECT_DOUBLE_EQ(c.recompute_cost(RecomputeMode::kPretrigger), 1.0);
+  c.forward = 3.0;
+  EXPECT_DOUBLE_EQ(c.recompute_cost(RecomputeMode::kLazy), 3.0);
+  c.recompute = 0.5;
+  EXPECT_DOUBLE_EQ(c.recompute_cost(RecomputeMode::kLazy), 0.5);
+  EXPECT_DOUBLE_EQ(c.backward_cost(), 2.0);
+}
+
+TEST(RecomputeTest, ExistingRActionsNeedPretrigger) {
+  Schedule s = build_schedule(options(ScheduleKind::kOneFOneB, 2, 2, 1, RecomputeMode::kPretrigger));
+  EXPECT_THROW(insert_recompute(s, RecomputeMode::kLazy), ScheduleError);
+  const Schedule again = insert_recompute(s, RecomputeMode::kPretrigger);
+  EXPECT_EQ(again.actions, s.actions);  // no second R
+}
+
+TEST(RecomputeTest, ParseCosts) {
+  const CostModel c = parse_costs("F=2, i=1.5,W=0.5,comm=0.25,R=1");
+  EXPECT_DOUBLE_EQ(c.forward, 2.0);
+  EXPECT_DOUBLE_EQ(c.backward_input, 1.5);
+  EXPECT_DOUBLE_EQ(c.backward_cost(), 2.0);
+  EXPECT_DOUBLE_EQ(c.comm, 0.25);
+  EXPECT_DOUBLE_EQ(*c.recompute, 1.0);
+  EXPECT_DOUBLE_EQ(parse_costs("B=5").backward_cost(), 5.0);
+  EXPECT_EQ(format_costs(parse_costs(""), RecomputeMode::kLazy), "F=1,B=2,I=1,W=1,R=1,comm=0");
+  for (const char* bad : {"X=1", "F=-1", "F=abc", "F", "F=1,,B=2", "F=inf"}) {
+    EXPECT_THROW(parse_costs(bad), ConfigError) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace pipemat::schedule

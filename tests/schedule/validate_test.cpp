@@ -1,0 +1,136 @@
+// validate_schedule: bad schedules are rejected naming rank, action and rule.
+
+#include <gtest/gtest.h>
+
+#include "pipemat/core/error.h"
+#include "pipemat/schedule/schedule.h"
+#include "test_util.h"
+
+namespace pipemat::schedule {
+namespace {
+
+using testing::from_lists;
+
+std::string rejection(const Schedule& s) {
+  try {
+    validate_schedule(s);
+  } catch (const ScheduleError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+void expect_mentions(const std::string& msg, std::initializer_list<const char*> parts) {
+  for (const char* part : parts) {
+    EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' missing in: " << msg;
+  }
+}
+
+TEST(ValidateTest, AcceptsAHandWrittenSchedule) {
+  EXPECT_EQ(rejection(from_lists(2, 2, {{"0F0", "0F1", "0B0", "0B1"}, {"1F0", "1B0", "1F1", "1B1"}})),
+            "accepted");
+}
+
+TEST(ValidateTest, MissingForward) {
+  const std::string msg =
+      rejection(from_lists(2, 2, {{"0F0", "0B0", "0B1"}, {"1F0", "1B0", "1F1", "1B1"}}));
+  expect_mentions(msg, {"rank 0", "action 0B1", "rule 'missing F'", "micro-batch 1"});
+}
+
+TEST(ValidateTest, MissingForwardWithoutAnyBackwardIsNamedToo) {
+  const std::string msg =
+      rejection(from_lists(2, 2, {{"0F0", "0B0"}, {"1F0", "1B0", "1F1", "1B1"}}));
+  expect_mentions(msg, {"rank 0", "0F1", "rule 'missing F'"});
+}
+
+TEST(ValidateTest, BackwardBeforeForward) {
+  const std::string msg =
+      rejection(from_lists(2, 2, {{"0F0", "0B0", "0B1", "0F1"}, {"1F0", "1B0", "1F1", "1B1"}}));
+  expect_mentions(msg, {"rank 0", "action 0B1", "rule 'F before B/I'", "0F1"});
+}
+
+TEST(ValidateTest, WeightBeforeInput) {
+  const std::string msg = rejection(
+      from_lists(1, 2, {{"0F0", "0I0", "0W0", "0F1", "0W1", "0I1"}}));
+  expect_mentions(msg, {"rank 0", "action 0W1", "rule 'I before W'", "position 4"});
+}
+
+TEST(ValidateTest, DuplicateMicroBatch) {
+  const std::string msg = rejection(
+      from_lists(2, 2, {{"0F0", "0F1", "0B0", "0B1"}, {"1F0", "1B0", "1F0", "1F1", "1B1"}}));
+  expect_mentions(msg, {"rank 1", "action 1F0", "rule 'duplicate micro-batch'", "position 2",
+                        "first at position 0"});
+}
+
+TEST(ValidateTest, BothFullBackwardAndSplitBackward) {
+  const std::string msg = rejection(from_lists(1, 1, {{"0F0", "0I0", "0B0"}}));
+  expect_mentions(msg, {"rank 0", "action 0B0", "rule 'B or I+W'"});
+  const std::string missing_w = rejection(from_lists(1, 1, {{"0F0", "0I0"}}));
+  expect_mentions(missing_w, {"rank 0", "0W0", "rule 'B or I+W'", "never W"});
+}
+
+TEST(ValidateTest, StageOnTheWrongRank) {
+  const std::string msg =
+      rejection(from_lists(2, 1, {{"0F0", "1F0", "0B0"}, {"1B0"}}));
+  expect_mentions(msg, {"rank 0", "action 1F0", "rule 'stage-to-rank consistency'",
+                        "belongs to rank 1"});
+}
+
+TEST(ValidateTest, ActionOutOfRange) {
+  const std::string msg = rejection(from_lists(1, 1, {{"0F0", "0B0", "0F5"}}));
+  expect_mentions(msg, {"rank 0", "action 0F5", "rule 'action in range'"});
+}
+
+TEST(ValidateTest, CrossRankDeadlockNamesTheBlockedActionOfEachRank) {
+  // Rank 0 waits in 0B0 for 1B0, which rank 1 runs only after 1F1, which needs 0F1, which
+  // rank 0 runs after 0B0: a cycle across the two ranks.
+  const Schedule s =
+      from_lists(2, 2, {{"0F0", "0B0", "0F1", "0B1"}, {"1F1", "1B1", "1F0", "1B0"}});
+  const std::string msg = rejection(s);
+  expect_mentions(msg, {"rule 'cross-rank deadlock'", "rank 0 is blocked at action 0B0 (position 1)",
+                        "rank 1 is blocked at action 1F1 (position 0)"});
+  // Lowered, the deadlock is reported in terms of the messages.
+  const std::string lowered = rejection(lower_communication(s));
+  expect_mentions(lowered, {"rule 'cross-rank deadlock'", "rank 0 is blocked at action 0B0",
+                            "rank 1 is blocked at action 1F1", "waiting for 0SEND_F1 on rank 0"});
+}
+
+TEST(ValidateTest, CommRulesOnLoweredSchedules) {
+  Schedule good = lower_communication(
+      from_lists(2, 1, {{"0F0", "0B0"}, {"1F0", "1B0"}}));
+  EXPECT_EQ(rejection(good), "accepted");
+
+  Schedule missing_recv = good;
+  auto& r1 = missing_recv.actions[1];
+  r1.erase(r1.begin());  // drop 1RECV_F0
+  expect_mentions(rejection(missing_recv),
+                  {"rank 1", "action 1F0", "rule 'RECV before consumer'", "1RECV_F0"});
+
+  Schedule send_first = good;
+  auto& r0 = send_first.actions[0];
+  std::swap(r0[0], r0[1]);  // 0SEND_F0 before 0F0
+  expect_mentions(rejection(send_first), {"rank 0", "action 0SEND_F0", "rule 'SEND after producer'"});
+
+  Schedule local = from_lists(1, 1, {{"0F0", "0SEND_F0", "0B0"}});
+  expect_mentions(rejection(local), {"rank 0", "action 0SEND_F0", "rule 'no comm for local hand-off'"});
+}
+
+TEST(ValidateTest, RecomputeMustSitBetweenForwardAndBackward) {
+  expect_mentions(rejection(from_lists(1, 1, {{"0F0", "0B0", "0R0"}})),
+                  {"rank 0", "action 0R0", "rule 'R before B/I'"});
+  expect_mentions(rejection(from_lists(1, 1, {{"0R0", "0F0", "0B0"}})),
+                  {"rank 0", "action 0R0", "rule 'F before R'"});
+  EXPECT_EQ(rejection(from_lists(1, 1, {{"0F0", "0R0", "0B0"}})), "accepted");
+}
+
+TEST(ValidateTest, ShapeErrors) {
+  Schedule s = from_lists(2, 1, {{"0F0", "0B0"}, {"1F0", "1B0"}});
+  s.actions.pop_back();
+  EXPECT_THROW(validate_schedule(s), ScheduleError);
+  Schedule bad_map = from_lists(2, 1, {{"0F0", "0B0"}, {"1F0", "1B0"}});
+  bad_map.stage_to_rank[1] = 7;
+  expect_mentions(rejection(bad_map), {"stage_to_rank[1] = 7"});
+}
+
+}  // namespace
+}  // namespace pipemat::schedule
