@@ -1,0 +1,48 @@
+#pragma once
+// Declaring checkpoint units and SAVE regions by module path, from code or from YAML:
+//
+//   remat:
+//     checkpoint: ["layers.*"]
+//     exclude:
+//       - {path: "layers.*.gemm"}
+//       - {path: "layers.*.up", save_output: false}
+//
+// Paths are the names of torch::nn::Module::named_modules(). In a pattern `*` matches one path
+// component and `**` any number of components (including none).
+
+#include <torch/nn/module.h>
+
+#include <string>
+#include <vector>
+
+#include "pipemat/remat/options.h"
+
+namespace pipemat::remat {
+
+struct ExcludeRule {
+  std::string path;
+  bool save_output = true;
+};
+
+struct RematPolicy {
+  std::vector<std::string> checkpoint;
+  std::vector<ExcludeRule> exclude;
+  CheckpointOptions checkpoint_options;  // early_stop, preserve_rng_state for every unit
+};
+
+struct PolicyResult {
+  std::vector<std::string> checkpointed;  // module paths declared checkpoint units
+  std::vector<std::string> excluded;      // module paths declared SAVE regions
+};
+
+// Applies `policy` to the module tree under `root`: Sequential entries are rerouted in place;
+// modules held by Remat<H> or wrapped AnyModules get the declaration. Throws RematError naming
+// the path for: a pattern that matches no module, a module matched by two conflicting rules,
+// nested checkpoint units, and a matched module that its parent calls directly (declare that
+// member as Remat<H>, or put it in a Sequential).
+PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy);
+
+// True when `path` matches `pattern` (see above).
+bool path_matches(const std::string& pattern, const std::string& path);
+
+}  // namespace pipemat::remat

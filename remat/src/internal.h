@@ -1,0 +1,142 @@
+#pragma once
+// Private state of remat: invocations, SAVE entries and the per-thread region context.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/TensorImpl.h>
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "pipemat/core/error.h"
+#include "pipemat/remat/invocation.h"
+#include "pipemat/remat/region.h"
+
+namespace pipemat::remat::detail {
+
+using ::pipemat::detail::concat;
+
+// Thrown by the replay pack hook once every needed tensor has been regenerated (early stop).
+struct StopReplay {};
+
+// What forward recorded about one replay handle (or a replay marker).
+struct HandleMeta {
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes;
+  c10::VariableVersion version{c10::VariableVersion::DISABLED};  // shares the tensor's counter
+  uint32_t saved_version = 0;
+  bool is_marker = false;
+  bool alive = true;  // the SavedVariable that owns the handle still exists
+};
+
+// One forward call of one SAVE region inside one invocation.
+struct SaveEntry {
+  const RegionSlot* slot = nullptr;
+  std::string name;
+  // Output for replay (tensor leaves detached) or, with save_output=false, its leaf count.
+  c10::IValue cached_output;
+  std::vector<bool> output_requires_grad;
+  int64_t leaf_count = 0;
+  bool save_output = true;
+  std::optional<at::Tensor> rng_after;  // generator state right after the body
+  bool has_marker = false;
+};
+
+class Invocation : public std::enable_shared_from_this<Invocation> {
+ public:
+  Invocation(InvocationId id, const RegionSlot& unit, RegionBody body,
+             std::vector<c10::IValue> inputs);
+
+  const InvocationId& id() const { return id_; }
+  const std::string& unit_name() const { return unit_name_; }
+  std::string where() const;  // "checkpoint unit 'x' (invocation ...)"
+
+  // --- forward ---
+  // Runs the unit body once under the handle hooks. Called once, right after construction.
+  c10::IValue run_forward();
+  int64_t register_handle(const at::Tensor& saved);
+  void register_marker();
+  SaveEntry& new_save_entry(const RegionSlot& slot);
+  void finish_forward() { forward_done_ = true; }
+  const CheckpointOptions& options() const { return options_; }
+
+  // --- replay ---
+  void replay();  // idempotent for the current epoch
+  void on_replay_pack(const at::Tensor& saved);
+  void on_replay_marker();
+  SaveEntry& next_replay_entry(const RegionSlot& slot);
+  bool replaying() const { return replaying_; }
+
+  // --- backward ---
+  at::Tensor unpack(int64_t index);
+  void handle_released(int64_t index) noexcept;
+
+  void retain() { retained_ = true; }
+  void release() noexcept;
+  bool released() const { return released_; }
+  bool replayed() const { return replayed_; }
+  RematReport report() const;
+
+ private:
+  void check_inputs_unchanged() const;
+
+  InvocationId id_;
+  std::string unit_name_;
+  CheckpointOptions options_;
+  RegionBody body_;
+  std::vector<c10::IValue> inputs_;
+  std::vector<std::pair<c10::VariableVersion, uint32_t>> input_versions_;
+  std::optional<at::Tensor> rng_entry_;
+
+  std::vector<HandleMeta> handles_;
+  std::unordered_map<uint64_t, std::deque<SaveEntry>> save_entries_;
+  bool forward_done_ = false;
+
+  // Replay state (Note [Invocation lifetime]).
+  std::vector<at::Tensor> replayed_values_;
+  std::vector<bool> consumed_;
+  std::unordered_map<uint64_t, size_t> replay_cursor_;
+  int64_t replay_counter_ = 0;
+  int64_t replay_stop_after_ = -1;  // last index replay must produce
+  bool replaying_ = false;
+  bool replayed_ = false;
+  bool retained_ = false;
+  bool released_ = false;
+  int64_t replays_ = 0;
+  int64_t early_stops_ = 0;
+};
+
+// --- the per-thread region context --------------------------------------------------------------
+
+enum class ContextKind { kUnitForward, kUnitReplay, kSaveBody };
+
+struct Context {
+  ContextKind kind;
+  Invocation* invocation;
+};
+
+const Context* current_context();
+
+class ContextGuard {
+ public:
+  ContextGuard(ContextKind kind, Invocation* invocation);
+  ~ContextGuard();
+  ContextGuard(const ContextGuard&) = delete;
+  ContextGuard& operator=(const ContextGuard&) = delete;
+};
+
+// Next id for a checkpoint-unit call on this thread (scoped or standalone), and the group to join.
+InvocationId next_invocation_id(std::shared_ptr<InvocationGroup>* group);
+
+// The CPU generator state (a tensor copy) and its restore; serialized on the generator mutex.
+at::Tensor cpu_rng_state();
+void set_cpu_rng_state(const at::Tensor& state);
+
+// Bytes of the unique storages behind `tensors`.
+int64_t unique_storage_bytes(const std::vector<at::Tensor>& tensors);
+
+}  // namespace pipemat::remat::detail

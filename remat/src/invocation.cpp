@@ -1,0 +1,486 @@
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <torch/csrc/autograd/variable.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+#include <unordered_set>
+
+#include "internal.h"
+#include "pipemat/core/error.h"
+#include "pipemat/remat/hooks.h"
+#include "pipemat/remat/stats.h"
+#include "pipemat/remat/values.h"
+
+namespace pipemat::remat {
+
+// --- ids, phases, scopes ------------------------------------------------------------------------
+
+std::string InvocationId::str() const {
+  std::ostringstream os;
+  if (standalone) {
+    os << "standalone unit call #" << call;
+    return os.str();
+  }
+  bool first = true;
+  auto part = [&](const char* label, int64_t v) {
+    if (v < 0) return;
+    os << (first ? "" : ", ") << label << " " << v;
+    first = false;
+  };
+  part("step", key.step);
+  part("chunk", key.chunk);
+  part("micro-batch", key.micro_batch);
+  os << (first ? "" : ", ") << "unit call #" << call;
+  return os.str();
+}
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::kForward:
+      return "forward";
+    case Phase::kReplay:
+      return "replay";
+    case Phase::kBackward:
+      return "backward";
+    case Phase::kBackwardInput:
+      return "backward I";
+    case Phase::kBackwardWeight:
+      return "backward W";
+  }
+  return "?";
+}
+
+namespace {
+thread_local Phase tls_backward_phase = Phase::kBackward;
+thread_local InvocationScope* tls_scope = nullptr;
+thread_local int64_t tls_standalone_calls = 0;
+thread_local std::vector<detail::Context> tls_contexts;
+}  // namespace
+
+PhaseScope::PhaseScope(Phase phase) : previous_(tls_backward_phase) { tls_backward_phase = phase; }
+PhaseScope::~PhaseScope() { tls_backward_phase = previous_; }
+Phase PhaseScope::current_backward_phase() { return tls_backward_phase; }
+
+InvocationScope::InvocationScope(InvocationKey key)
+    : group_(std::make_shared<InvocationGroup>(key)), previous_(tls_scope) {
+  tls_scope = this;
+}
+
+InvocationScope::~InvocationScope() { tls_scope = previous_; }
+
+class InvocationScopeAccess {
+ public:
+  static InvocationId next(std::shared_ptr<InvocationGroup>* group) {
+    InvocationId id;
+    if (tls_scope == nullptr) {
+      id.call = tls_standalone_calls++;
+      id.standalone = true;
+      return id;
+    }
+    id.key = tls_scope->group_->key();
+    id.call = tls_scope->next_call_++;
+    id.standalone = false;
+    *group = tls_scope->group_;
+    return id;
+  }
+};
+
+RematReport& RematReport::operator+=(const RematReport& o) {
+  invocations += o.invocations;
+  saved_handles += o.saved_handles;
+  save_resident_bytes += o.save_resident_bytes;
+  cached_output_bytes += o.cached_output_bytes;
+  replayed_bytes += o.replayed_bytes;
+  replays += o.replays;
+  early_stops += o.early_stops;
+  return *this;
+}
+
+void InvocationGroup::add(std::shared_ptr<detail::Invocation> invocation) {
+  PIPEMAT_CHECK(!released_, RematError, "a checkpoint unit ran under invocation scope of ",
+                invocation->id().str(), " after the scope's group was released");
+  if (retained_) invocation->retain();
+  invocations_.push_back(std::move(invocation));
+}
+
+void InvocationGroup::pretrigger() {
+  PIPEMAT_CHECK(!released_, RematError,
+                "pre-triggered replay of a released invocation group (step ", key_.step,
+                ", chunk ", key_.chunk, ", micro-batch ", key_.micro_batch,
+                "): release() must come after the last backward");
+  retain();
+  for (auto it = invocations_.rbegin(); it != invocations_.rend(); ++it) (*it)->replay();
+}
+
+void InvocationGroup::retain() {
+  retained_ = true;
+  for (auto& inv : invocations_) inv->retain();
+}
+
+void InvocationGroup::release() noexcept {
+  for (auto& inv : invocations_) inv->release();
+  invocations_.clear();
+  released_ = true;
+}
+
+RematReport InvocationGroup::report() const {
+  RematReport total;
+  for (const auto& inv : invocations_) total += inv->report();
+  return total;
+}
+
+namespace detail {
+
+// --- context ------------------------------------------------------------------------------------
+
+const Context* current_context() { return tls_contexts.empty() ? nullptr : &tls_contexts.back(); }
+
+ContextGuard::ContextGuard(ContextKind kind, Invocation* invocation) {
+  tls_contexts.push_back(Context{kind, invocation});
+}
+ContextGuard::~ContextGuard() { tls_contexts.pop_back(); }
+
+InvocationId next_invocation_id(std::shared_ptr<InvocationGroup>* group) {
+  return InvocationScopeAccess::next(group);
+}
+
+at::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_cpu_rng_state(const at::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+int64_t unique_storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::unordered_set<const void*> seen;
+  int64_t bytes = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined() || !t.has_storage()) continue;
+    const void* key = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(key).second) bytes += static_cast<int64_t>(t.storage().nbytes());
+  }
+  return bytes;
+}
+
+// --- hooks of a checkpoint unit -----------------------------------------------------------------
+
+namespace {
+
+// Forward: a RECOMPUTE op saved a tensor. Keep only a handle (index + metadata); replay
+// regenerates the tensor when backward unpacks the handle.
+class UnitHandleHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit UnitHandleHooks(std::shared_ptr<Invocation> inv) : inv_(std::move(inv)) {}
+  ~UnitHandleHooks() override {
+    if (index_ >= 0) inv_->handle_released(index_);
+  }
+  void call_pack_hook(const at::Tensor& tensor) override {
+    index_ = inv_->register_handle(tensor);
+  }
+  at::Tensor call_unpack_hook() override { return inv_->unpack(index_); }
+
+ private:
+  std::shared_ptr<Invocation> inv_;
+  int64_t index_ = -1;
+};
+
+class UnitHandleFactory final : public HookFactory {
+ public:
+  explicit UnitHandleFactory(std::shared_ptr<Invocation> inv) : inv_(std::move(inv)) {}
+  std::unique_ptr<torch::autograd::SavedVariableHooks> make() override {
+    return std::make_unique<UnitHandleHooks>(inv_);
+  }
+
+ private:
+  std::shared_ptr<Invocation> inv_;
+};
+
+// Replay: each saved tensor is the regenerated value of the forward handle with the same index.
+// The replay graph itself stays usable (the hook hands the value back on unpack).
+class ReplayHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit ReplayHooks(Invocation* inv) : inv_(inv) {}
+  void call_pack_hook(const at::Tensor& tensor) override {
+    value_ = tensor.detach();
+    inv_->on_replay_pack(value_);
+  }
+  at::Tensor call_unpack_hook() override { return value_; }
+
+ private:
+  Invocation* inv_;
+  at::Tensor value_;
+};
+
+class ReplayFactory final : public HookFactory {
+ public:
+  explicit ReplayFactory(Invocation* inv) : inv_(inv) {}
+  std::unique_ptr<torch::autograd::SavedVariableHooks> make() override {
+    return std::make_unique<ReplayHooks>(inv_);
+  }
+
+ private:
+  Invocation* inv_;
+};
+
+}  // namespace
+
+// --- Invocation -----------------------------------------------------------------------------------
+
+Invocation::Invocation(InvocationId id, const RegionSlot& unit, RegionBody body,
+                       std::vector<c10::IValue> inputs)
+    : id_(std::move(id)),
+      unit_name_(unit.name()),
+      options_(unit.checkpoint_options()),
+      body_(std::move(body)),
+      inputs_(std::move(inputs)) {}
+
+std::string Invocation::where() const {
+  return concat("checkpoint unit '", unit_name_, "' (", id_.str(), ")");
+}
+
+c10::IValue Invocation::run_forward() {
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    for_each_tensor_leaf(inputs_[i], concat("args[", i, "]"),
+                         [&](const std::string&, const at::Tensor& t) {
+                           const auto& vc = torch::autograd::impl::version_counter(t);
+                           input_versions_.emplace_back(vc, vc.current_version());
+                         });
+  }
+  if (options_.preserve_rng_state) rng_entry_ = cpu_rng_state();
+  bump(Counter::kUnitCalls);
+  c10::IValue out;
+  {
+    UnitHandleFactory factory(shared_from_this());
+    HookScope hooks(&factory);
+    ContextGuard context(ContextKind::kUnitForward, this);
+    out = body_(inputs_);
+  }
+  forward_done_ = true;
+  return out;
+}
+
+int64_t Invocation::register_handle(const at::Tensor& saved) {
+  HandleMeta meta;
+  meta.dtype = saved.scalar_type();
+  meta.sizes = saved.sizes().vec();
+  meta.version = torch::autograd::impl::version_counter(saved);
+  meta.saved_version = meta.version.current_version();
+  handles_.push_back(std::move(meta));
+  bump(Counter::kPacks);
+  return static_cast<int64_t>(handles_.size()) - 1;
+}
+
+void Invocation::register_marker() {
+  HandleMeta meta;
+  meta.is_marker = true;
+  handles_.push_back(std::move(meta));
+}
+
+SaveEntry& Invocation::new_save_entry(const RegionSlot& slot) {
+  auto& fifo = save_entries_[slot.id()];
+  fifo.emplace_back();
+  fifo.back().slot = &slot;
+  fifo.back().name = slot.name();
+  return fifo.back();
+}
+
+void Invocation::check_inputs_unchanged() const {
+  size_t k = 0;
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    for_each_tensor_leaf(
+        inputs_[i], concat("args[", i, "]"), [&](const std::string& path, const at::Tensor& t) {
+          const auto& [counter, version] = input_versions_.at(k++);
+          PIPEMAT_CHECK(counter.current_version() == version, RematError, "input ", path, " (",
+                        describe_tensor(t), ") of ", where(),
+                        " was modified by an inplace operation after the unit's forward: it is "
+                        "at version ",
+                        counter.current_version(), "; expected version ", version,
+                        " instead. Replay needs the inputs as they were; clone the input before "
+                        "modifying it (phase: ",
+                        phase_name(Phase::kReplay), ")");
+        });
+  }
+}
+
+void Invocation::replay() {
+  PIPEMAT_CHECK(!released_, RematError, where(),
+                " was released before its backward used it (phase: ",
+                phase_name(PhaseScope::current_backward_phase()),
+                "); release an invocation group only after its last backward (B, or W)");
+  if (replayed_) return;
+  PIPEMAT_CHECK(!replaying_, RematError, "recursive replay of ", where());
+  PIPEMAT_INTERNAL_ASSERT(forward_done_, "replay before the end of forward of ", where());
+  check_inputs_unchanged();
+
+  // Only handles that some SavedVariable still owns need a value; replay may stop right after
+  // the last of them (early stop). Markers stand for SAVE regions whose slots replay must fill.
+  replay_stop_after_ = -1;
+  for (int64_t i = static_cast<int64_t>(handles_.size()) - 1; i >= 0; --i) {
+    if (handles_[i].alive || handles_[i].is_marker) {
+      replay_stop_after_ = i;
+      break;
+    }
+  }
+  replayed_values_.assign(handles_.size(), at::Tensor());
+  consumed_.assign(handles_.size(), false);
+  replay_cursor_.clear();
+  replay_counter_ = 0;
+  ++replays_;
+  bump(Counter::kReplays);
+  if (replay_stop_after_ < 0) {  // nothing to regenerate
+    replayed_ = true;
+    return;
+  }
+
+  std::optional<at::Tensor> rng_outside;
+  if (rng_entry_) {
+    rng_outside = cpu_rng_state();
+    set_cpu_rng_state(*rng_entry_);
+  }
+  bool stopped_early = false;
+  replaying_ = true;
+  try {
+    c10::AutoGradMode grad_on(true);
+    ReplayFactory factory(this);
+    HookScope hooks(&factory);
+    ContextGuard context(ContextKind::kUnitReplay, this);
+    (void)body_(inputs_);
+  } catch (const StopReplay&) {
+    stopped_early = true;
+  } catch (...) {
+    replaying_ = false;
+    replayed_values_.clear();
+    if (rng_outside) set_cpu_rng_state(*rng_outside);
+    throw;
+  }
+  replaying_ = false;
+  if (rng_outside) set_cpu_rng_state(*rng_outside);
+  if (stopped_early) {
+    ++early_stops_;
+    bump(Counter::kEarlyStops);
+  }
+  if (!stopped_early && replay_counter_ != static_cast<int64_t>(handles_.size())) {
+    replayed_values_.clear();
+    PIPEMAT_THROW(RematError, where(), ": forward saved ", handles_.size(),
+                  " tensors for backward but replay saved ", replay_counter_,
+                  ". Forward and replay must run the same ops: look for control flow that "
+                  "depends on data, on global state or on randomness that is not preserved "
+                  "(phase: replay)");
+  }
+  replayed_ = true;
+}
+
+void Invocation::on_replay_pack(const at::Tensor& saved) {
+  const int64_t index = replay_counter_++;
+  PIPEMAT_CHECK(index < static_cast<int64_t>(handles_.size()), RematError, where(),
+                ": replay saved more tensors for backward than forward (", handles_.size(),
+                "); forward and replay took different code paths (phase: replay)");
+  const HandleMeta& meta = handles_[index];
+  PIPEMAT_CHECK(!meta.is_marker, RematError, where(), ": replay saved a tensor (",
+                describe_tensor(saved), ") where forward passed a SAVE region; forward and "
+                "replay took different code paths (phase: replay)");
+  PIPEMAT_CHECK(meta.dtype == saved.scalar_type() && meta.sizes == saved.sizes().vec(),
+                RematError, where(), ": saved tensor #", index, " is ", describe_tensor(saved),
+                " in replay but was ", c10::toString(meta.dtype), " ", c10::IntArrayRef(meta.sizes),
+                " in forward; forward and replay must compute the same shapes (phase: replay)");
+  if (meta.alive) replayed_values_[index] = saved;
+  if (options_.early_stop && index == replay_stop_after_) throw StopReplay{};
+}
+
+void Invocation::on_replay_marker() {
+  const int64_t index = replay_counter_++;
+  PIPEMAT_CHECK(index < static_cast<int64_t>(handles_.size()) && handles_[index].is_marker,
+                RematError, where(),
+                ": replay reached a SAVE region at a different point than forward (saved "
+                "tensor #",
+                index, "); forward and replay took different code paths (phase: replay)");
+  if (options_.early_stop && index == replay_stop_after_) throw StopReplay{};
+}
+
+SaveEntry& Invocation::next_replay_entry(const RegionSlot& slot) {
+  auto it = save_entries_.find(slot.id());
+  size_t& cursor = replay_cursor_[slot.id()];
+  const size_t available = it == save_entries_.end() ? 0 : it->second.size();
+  PIPEMAT_CHECK(cursor < available, RematError, "SAVE region '", slot.name(), "' in ", where(),
+                " was called ", cursor + 1, " time(s) in replay but only ", available,
+                " time(s) in forward; forward and replay must call SAVE regions in the same "
+                "order (phase: replay)");
+  return it->second[cursor++];
+}
+
+at::Tensor Invocation::unpack(int64_t index) {
+  const Phase phase = PhaseScope::current_backward_phase();
+  PIPEMAT_CHECK(!released_, RematError, where(), " was released before its backward used it (",
+                "phase: ", phase_name(phase),
+                "); release an invocation group only after its last backward (B, or W)");
+  PIPEMAT_INTERNAL_ASSERT(index >= 0 && index < static_cast<int64_t>(handles_.size()));
+  if (!replayed_) check_inputs_unchanged();  // the more useful message when an input changed
+  const HandleMeta& meta = handles_[index];
+  const uint32_t now = meta.version.current_version();
+  PIPEMAT_CHECK(now == meta.saved_version, RematError, "one of the tensors saved for backward in ",
+                where(), " (saved tensor #", index, ", ", c10::toString(meta.dtype), " ",
+                c10::IntArrayRef(meta.sizes),
+                ") has been modified by an inplace operation: it is at version ", now,
+                "; expected version ", meta.saved_version,
+                " instead. Replay cannot regenerate what backward needs; clone the tensor "
+                "before modifying it (phase: ",
+                phase_name(phase), ")");
+  if (replayed_ && !retained_ && consumed_[index]) {
+    // A second backward over a retained graph: regenerate again.
+    replayed_ = false;
+  }
+  if (!replayed_) replay();
+  at::Tensor value = replayed_values_[index];
+  PIPEMAT_INTERNAL_ASSERT(value.defined(), "no replayed value for saved tensor #", index, " of ",
+                          where());
+  if (!retained_) {
+    replayed_values_[index] = at::Tensor();
+    consumed_[index] = true;
+  }
+  return value;
+}
+
+void Invocation::handle_released(int64_t index) noexcept {
+  if (index < 0 || index >= static_cast<int64_t>(handles_.size())) return;
+  handles_[index].alive = false;
+  if (index < static_cast<int64_t>(replayed_values_.size())) replayed_values_[index] = at::Tensor();
+}
+
+void Invocation::release() noexcept {
+  released_ = true;
+  replayed_values_.clear();
+  consumed_.clear();
+  save_entries_.clear();
+  inputs_.clear();
+  rng_entry_.reset();
+}
+
+RematReport Invocation::report() const {
+  RematReport r;
+  r.invocations = 1;
+  r.saved_handles = static_cast<int64_t>(
+      std::count_if(handles_.begin(), handles_.end(), [](const HandleMeta& m) { return !m.is_marker; }));
+  std::vector<at::Tensor> cached;
+  for (const auto& [id, fifo] : save_entries_) {
+    for (const auto& e : fifo) {
+      for_each_tensor_leaf(e.cached_output, "",
+                           [&](const std::string&, const at::Tensor& t) { cached.push_back(t); });
+    }
+  }
+  r.cached_output_bytes = unique_storage_bytes(cached);
+  r.replayed_bytes = unique_storage_bytes(replayed_values_);
+  r.replays = replays_;
+  r.early_stops = early_stops_;
+  return r;
+}
+
+}  // namespace detail
+}  // namespace pipemat::remat

@@ -1,0 +1,144 @@
+#include "pipemat/remat/policy.h"
+
+#include <torch/nn/modules/container/sequential.h>
+
+#include <map>
+
+#include "pipemat/core/error.h"
+#include "pipemat/core/format.h"
+#include "pipemat/remat/any_module.h"
+#include "pipemat/remat/wrappers.h"
+
+namespace pipemat::remat {
+namespace {
+
+bool match_parts(const std::vector<std::string>& pat, size_t i, const std::vector<std::string>& path,
+                 size_t j) {
+  if (i == pat.size()) return j == path.size();
+  if (pat[i] == "**") {
+    for (size_t k = j; k <= path.size(); ++k) {
+      if (match_parts(pat, i + 1, path, k)) return true;
+    }
+    return false;
+  }
+  if (j == path.size()) return false;
+  if (pat[i] != "*" && pat[i] != path[j]) return false;
+  return match_parts(pat, i + 1, path, j + 1);
+}
+
+std::string parent_of(const std::string& path) {
+  auto dot = path.rfind('.');
+  return dot == std::string::npos ? "" : path.substr(0, dot);
+}
+
+bool is_prefix_path(const std::string& outer, const std::string& inner) {
+  return inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 &&
+         inner[outer.size()] == '.';
+}
+
+}  // namespace
+
+bool path_matches(const std::string& pattern, const std::string& path) {
+  return match_parts(split(pattern, '.'), 0, split(path, '.'), 0);
+}
+
+PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
+  auto modules = root.named_modules("", /*include_self=*/false);
+  std::map<std::string, std::shared_ptr<torch::nn::Module>> by_path;
+  for (const auto& item : modules) by_path[item.key()] = item.value();
+
+  auto known_paths = [&] {
+    std::vector<std::string> names;
+    for (const auto& [p, m] : by_path) names.push_back(p);
+    if (names.size() > 20) {
+      names.resize(20);
+      names.push_back("...");
+    }
+    return join(names, ", ");
+  };
+
+  // path -> (kind, rule) with conflict detection.
+  struct Decl {
+    bool checkpoint = false;
+    bool save = false;
+    bool save_output = true;
+    std::string rule;
+  };
+  std::map<std::string, Decl> decls;
+  for (const auto& pattern : policy.checkpoint) {
+    bool any = false;
+    for (const auto& [path, m] : by_path) {
+      if (!path_matches(pattern, path)) continue;
+      any = true;
+      decls[path].checkpoint = true;
+      decls[path].rule = "checkpoint '" + pattern + "'";
+    }
+    PIPEMAT_CHECK(any, RematError, "remat policy: checkpoint path '", pattern,
+                  "' matches no module. Module paths are: ", known_paths());
+  }
+  for (const auto& rule : policy.exclude) {
+    bool any = false;
+    for (const auto& [path, m] : by_path) {
+      if (!path_matches(rule.path, path)) continue;
+      any = true;
+      Decl& d = decls[path];
+      PIPEMAT_CHECK(!d.checkpoint, RematError, "remat policy: module '", path,
+                    "' is matched by ", d.rule, " and by exclude '", rule.path,
+                    "'; a module is either a checkpoint unit or a SAVE region");
+      PIPEMAT_CHECK(!d.save || d.save_output == rule.save_output, RematError,
+                    "remat policy: module '", path, "' is matched by ", d.rule,
+                    " and by exclude '", rule.path, "' with a different save_output");
+      d.save = true;
+      d.save_output = rule.save_output;
+      d.rule = "exclude '" + rule.path + "'";
+    }
+    PIPEMAT_CHECK(any, RematError, "remat policy: exclude path '", rule.path,
+                  "' matches no module. Module paths are: ", known_paths());
+  }
+  // Nested units are not supported.
+  for (const auto& [outer, d1] : decls) {
+    if (!d1.checkpoint) continue;
+    for (const auto& [inner, d2] : decls) {
+      PIPEMAT_CHECK(!(d2.checkpoint && is_prefix_path(outer, inner)), RematError,
+                    "remat policy: checkpoint unit '", inner, "' is nested inside checkpoint unit '",
+                    outer, "'; nested checkpoint units are not supported");
+    }
+  }
+
+  PolicyResult result;
+  for (const auto& [path, d] : decls) {
+    auto module = by_path.at(path);
+    const std::string parent_path = parent_of(path);
+    torch::nn::Module* parent =
+        parent_path.empty() ? &root : by_path.count(parent_path) ? by_path[parent_path].get() : nullptr;
+    if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(parent)) {
+      for (auto& any : *seq) {
+        if (any.ptr().get() == module.get()) make_any_module_region(any);
+      }
+    }
+    PIPEMAT_CHECK(slot_is_interceptable(module.get()), RematError, "remat policy: module '", path,
+                  "' (", module->name(), ") matched ", d.rule,
+                  " but its parent calls it directly, so a declaration cannot take effect. "
+                  "Declare that member as pipemat::remat::Remat<...> (a one-line change of the "
+                  "member declaration), hold it in a torch::nn::Sequential, or wrap its "
+                  "AnyModule with checkpoint_wrapper / checkpoint_exclude_wrapper");
+    auto slot = find_slot(module.get());
+    slot->reset();
+    slot->set_name(path);
+    if (d.checkpoint) {
+      CheckpointOptions options = policy.checkpoint_options;
+      options.name = path;
+      slot->declare_checkpoint(options);
+      result.checkpointed.push_back(path);
+    } else {
+      SaveRegionOptions options;
+      options.save_output = d.save_output;
+      options.name = path;
+      slot->declare_save(options);
+      result.excluded.push_back(path);
+    }
+  }
+  return result;
+}
+
+}  // namespace pipemat::remat

@@ -1,0 +1,177 @@
+#include "pipemat/remat/region.h"
+
+#include <torch/csrc/autograd/variable.h>
+#include <c10/core/GradMode.h>
+
+#include <atomic>
+
+#include "internal.h"
+#include "pipemat/core/error.h"
+#include "pipemat/remat/hooks.h"
+#include "pipemat/remat/stats.h"
+#include "pipemat/remat/values.h"
+
+namespace pipemat::remat {
+
+uint64_t RegionSlot::next_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RegionSlot::declare_checkpoint(const CheckpointOptions& options) {
+  PIPEMAT_CHECK(kind_ != Kind::kSave, RematError, "'", name_,
+                "' is already a SAVE region (checkpoint_exclude_wrapper); it cannot also be a "
+                "checkpoint unit. Remove one of the two declarations");
+  kind_ = Kind::kCheckpoint;
+  checkpoint_ = options;
+  if (!options.name.empty()) name_ = options.name;
+}
+
+void RegionSlot::declare_save(const SaveRegionOptions& options) {
+  PIPEMAT_CHECK(kind_ != Kind::kCheckpoint, RematError, "'", name_,
+                "' is already a checkpoint unit (checkpoint_wrapper); it cannot also be a SAVE "
+                "region. Remove one of the two declarations");
+  kind_ = Kind::kSave;
+  save_ = options;
+  if (!options.name.empty()) name_ = options.name;
+}
+
+void RegionSlot::reset() {
+  kind_ = Kind::kPlain;
+  checkpoint_ = {};
+  save_ = {};
+}
+
+bool inside_checkpoint_unit() {
+  const auto* ctx = detail::current_context();
+  return ctx != nullptr && ctx->kind != detail::ContextKind::kSaveBody;
+}
+
+namespace detail {
+namespace {
+
+// SAVE body: every saved tensor is kept for real (detached, so a saved output does not own its
+// grad_fn) with its version, and checked at unpack (Note [Saved tensor hooks in pure C++]).
+class SaveKeepHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit SaveKeepHooks(std::shared_ptr<const std::string> where) : where_(std::move(where)) {}
+  void call_pack_hook(const at::Tensor& tensor) override {
+    kept_ = tensor.detach();
+    version_ = kept_._version();
+    bump(Counter::kSaveKept);
+  }
+  at::Tensor call_unpack_hook() override {
+    const auto now = static_cast<uint32_t>(kept_._version());
+    PIPEMAT_CHECK(now == version_, RematError, "one of the tensors saved for backward by ",
+                  *where_, ", ", describe_tensor(kept_),
+                  ", has been modified by an inplace operation: it is at version ", now,
+                  "; expected version ", version_,
+                  " instead. Clone the tensor before modifying it in place (phase: ",
+                  phase_name(PhaseScope::current_backward_phase()), ")");
+    return kept_;
+  }
+
+ private:
+  at::Tensor kept_;
+  uint32_t version_ = 0;
+  std::shared_ptr<const std::string> where_;
+};
+
+class SaveKeepFactory final : public HookFactory {
+ public:
+  explicit SaveKeepFactory(std::shared_ptr<const std::string> where) : where_(std::move(where)) {}
+  std::unique_ptr<torch::autograd::SavedVariableHooks> make() override {
+    return std::make_unique<SaveKeepHooks>(where_);
+  }
+
+ private:
+  std::shared_ptr<const std::string> where_;
+};
+
+c10::IValue run_unit(const RegionSlot& slot, std::vector<c10::IValue> args, RegionBody body) {
+  const Context* ctx = current_context();
+  if (ctx != nullptr) {
+    PIPEMAT_THROW(RematError, "checkpoint unit '", slot.name(), "' was called inside ",
+                  ctx->kind == ContextKind::kSaveBody ? "a SAVE region of " : "",
+                  ctx->invocation->where(),
+                  ": nested checkpoint units are not supported. Declare only the outer or only "
+                  "the inner module as a checkpoint unit");
+  }
+  if (!c10::GradMode::is_enabled()) {
+    // Nothing will be saved for backward: no hooks, no invocation, no replay.
+    return body(args);
+  }
+  std::shared_ptr<InvocationGroup> group;
+  InvocationId id = next_invocation_id(&group);
+  auto inv = std::make_shared<Invocation>(std::move(id), slot, std::move(body), std::move(args));
+  c10::IValue out = inv->run_forward();
+  if (group) group->add(inv);
+  return out;
+}
+
+// Forward of a SAVE region inside a checkpoint unit: run the body once, keep what its own
+// backward saves, cache its output (or its leaf count) in the invocation.
+c10::IValue run_save_forward(Invocation& inv, const RegionSlot& slot,
+                             const std::vector<c10::IValue>& args, const RegionBody& body) {
+  SaveEntry& entry = inv.new_save_entry(slot);
+  entry.save_output = slot.save_options().save_output;
+  c10::IValue out;
+  {
+    SaveKeepFactory factory(std::make_shared<const std::string>(
+        concat("SAVE region '", slot.name(), "' (", inv.id().str(), ")")));
+    HookScope hooks(&factory);
+    ContextGuard context(ContextKind::kSaveBody, &inv);
+    out = body(args);
+  }
+  bump(Counter::kSaveCalls);
+  if (inv.options().preserve_rng_state) entry.rng_after = cpu_rng_state();
+  if (entry.save_output) {
+    entry.cached_output = map_tensor_leaves(out, [&](const at::Tensor& t) {
+      entry.output_requires_grad.push_back(t.requires_grad());
+      return t.detach();
+    });
+  } else {
+    entry.leaf_count = count_tensor_leaves(out);
+  }
+  return out;
+}
+
+// Replay of a SAVE region: the body is skipped; the cached output is handed on with the
+// requires_grad it had, so the RECOMPUTE ops after it record the same saved tensors as in
+// forward (Note [Replay RNG alignment]: the generator is moved to where the body left it).
+c10::IValue run_save_replay(Invocation& inv, const RegionSlot& slot,
+                            const std::vector<c10::IValue>& args) {
+  SaveEntry& entry = inv.next_replay_entry(slot);
+  bump(Counter::kSaveSkips);
+  if (entry.rng_after) set_cpu_rng_state(*entry.rng_after);
+  if (entry.has_marker) inv.on_replay_marker();
+  size_t leaf = 0;
+  return map_tensor_leaves(entry.cached_output, [&](const at::Tensor& t) {
+    if (!entry.output_requires_grad[leaf++]) return t;
+    return t.detach().requires_grad_(true).view_as(t);
+  });
+}
+
+}  // namespace
+}  // namespace detail
+
+c10::IValue run_region(const RegionSlot& slot, std::vector<c10::IValue> args, RegionBody body) {
+  switch (slot.kind()) {
+    case RegionSlot::Kind::kPlain:
+      return body(args);
+    case RegionSlot::Kind::kCheckpoint:
+      return detail::run_unit(slot, std::move(args), std::move(body));
+    case RegionSlot::Kind::kSave: {
+      const detail::Context* ctx = detail::current_context();
+      // Outside a unit a SAVE wrapper is transparent; inside another SAVE body it is inert.
+      if (ctx == nullptr || ctx->kind == detail::ContextKind::kSaveBody) return body(args);
+      if (ctx->kind == detail::ContextKind::kUnitForward) {
+        return detail::run_save_forward(*ctx->invocation, slot, args, body);
+      }
+      return detail::run_save_replay(*ctx->invocation, slot, args);
+    }
+  }
+  return body(args);
+}
+
+}  // namespace pipemat::remat
