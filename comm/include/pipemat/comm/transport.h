@@ -1,3 +1,161 @@
 #pragma once
-// Transport interface (filled in by the comm module).
-namespace pipemat::comm {}
+// The byte transport of pipemat: asynchronous point-to-point messages between ranks.
+//
+// One abstract Transport with three backends (SPEC 5), each in comm/src/<backend>/transport.cpp:
+//   mpi    Open MPI; the default under mpirun. Duplicated communicator, MPI_ERRORS_RETURN.
+//   tcp    Boost.Asio sockets; ranks rendezvous at a master host:port. No MPI needed.
+//   local  ranks are threads of one process (tests); make_local_transports(n).
+//
+// Messages are matched by (peer, tag) and are delivered in posting order per (peer, tag): the
+// k-th send to rank d with tag t lands in the k-th receive rank d posts for (this rank, t).
+// Sizes must match exactly (or use recv_any). The tensor layer on top is pipemat/comm/tensor.h.
+//
+// Threading: every member of Transport is thread-safe; ops may be posted from several threads.
+// Blocking: send/recv never block (they return a Work); only Work::wait, barrier and the
+// constructors (rendezvous) block, each bounded by a timeout.
+// Errors: CommError for failures (naming this rank, the peer, the tag and the operation),
+// TimeoutError (a CommError) for deadlines, ConfigError for invalid arguments/options.
+// See docs/comm.md.
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipemat/comm/work.h"
+
+namespace pipemat::comm {
+
+enum class TransportKind {
+  kAuto,   // mpi when started by mpirun, tcp when PIPEMAT_MASTER is set, else ConfigError
+  kMpi,
+  kTcp,
+  kLocal,
+};
+
+std::string to_string(TransportKind kind);
+// "auto", "mpi", "tcp", "local"; throws ConfigError naming the accepted values.
+TransportKind parse_transport_kind(const std::string& text);
+
+// The timeout used when TransportOptions::timeout is zero and PIPEMAT_COMM_TIMEOUT is not set.
+inline constexpr std::chrono::milliseconds kDefaultTimeout{std::chrono::seconds(300)};
+
+// Largest tag users may pass; tags above are reserved for the transports (barrier, ...).
+inline constexpr int kMaxUserTag = (1 << 30) - 1;
+
+struct TransportOptions {
+  TransportKind kind = TransportKind::kAuto;
+
+  // Default deadline of Work::wait() and barrier(), and the rendezvous deadline of tcp.
+  // Zero: PIPEMAT_COMM_TIMEOUT (seconds, may be fractional) or kDefaultTimeout.
+  std::chrono::milliseconds timeout{0};
+
+  // tcp: this rank, the number of ranks and rank 0's "host:port". -1 / empty: taken from
+  // PIPEMAT_RANK, PIPEMAT_WORLD_SIZE, PIPEMAT_MASTER.
+  int rank = -1;
+  int world_size = -1;
+  std::string master;
+  // tcp: connection attempts to the master and to peers before giving up, and the pause between.
+  int connect_retries = 40;
+  std::chrono::milliseconds connect_retry_interval{250};
+  // tcp: how long the destructor waits for queued sends to drain and for peers to close.
+  std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(10)};
+
+  // local: sends up to this size are copied and complete at once; larger sends complete when
+  // the receiver matches them (like MPI's eager/rendezvous protocols).
+  size_t local_eager_limit = 64 * 1024;
+};
+
+// Resolves zero/unset fields from the environment: timeout from PIPEMAT_COMM_TIMEOUT, and
+// (for tcp and auto) rank/world_size/master from PIPEMAT_RANK/PIPEMAT_WORLD_SIZE/PIPEMAT_MASTER,
+// kind from PIPEMAT_TRANSPORT when kAuto. Throws ConfigError for malformed values.
+TransportOptions resolve_options(TransportOptions options);
+
+// A contiguous piece of a message (gather on send, scatter on recv).
+struct ConstSpan {
+  const void* data = nullptr;
+  size_t size = 0;
+};
+struct MutableSpan {
+  void* data = nullptr;
+  size_t size = 0;
+};
+
+class Transport {
+ public:
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+  // Clean shutdown: finishes queued sends (bounded), fails pending receives with kAborted,
+  // releases sockets / the MPI communicator. Never throws.
+  virtual ~Transport();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  TransportKind kind() const { return kind_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // "rank 0 of 2 (tcp)"
+  std::string describe() const;
+
+  // Sends `bytes` bytes to `peer` with `tag` (0..kMaxUserTag). Non-blocking; the caller keeps
+  // `data` alive and unchanged until the Work completes. Throws ConfigError for a bad peer/tag.
+  WorkPtr send(int peer, int tag, const void* data, size_t bytes);
+  // Gathers the spans into one message. `keep_alive` is held by the Work (see Work::hold).
+  WorkPtr send(int peer, int tag, std::vector<ConstSpan> spans,
+               std::shared_ptr<const void> keep_alive = nullptr);
+
+  // Receives the next message from `peer` with `tag` into `data`. The message must have exactly
+  // `bytes` bytes; otherwise the Work fails with kSizeMismatch (CommError naming both sizes) and
+  // the message is available in Work::buffer().
+  WorkPtr recv(int peer, int tag, void* data, size_t bytes);
+  // Scatters the message over the spans (same exact-size rule for their total).
+  WorkPtr recv(int peer, int tag, std::vector<MutableSpan> spans,
+               std::shared_ptr<const void> keep_alive = nullptr);
+  // Receives a message of any size into transport-allocated memory: Work::buffer().
+  WorkPtr recv_any(int peer, int tag);
+
+  // Blocks until every rank reached the barrier; TimeoutError naming the missing rank after
+  // `timeout` (default: timeout()).
+  void barrier();
+  void barrier(std::chrono::milliseconds timeout);
+
+ protected:
+  struct Request {
+    WorkInfo info;
+    std::vector<ConstSpan> send_spans;   // send
+    std::vector<MutableSpan> recv_spans; // recv (empty with info.any_size)
+    std::shared_ptr<const void> keep_alive;
+  };
+
+  Transport(TransportKind kind, int rank, int world_size, std::chrono::milliseconds timeout);
+
+  // The backend's two entry points (Gloo style: the minimal pure virtuals). Arguments are
+  // validated; the returned Work must already hold request.keep_alive.
+  virtual WorkPtr post_send(Request request) = 0;
+  virtual WorkPtr post_recv(Request request) = 0;
+
+ private:
+  WorkInfo make_info(OpKind op, int peer, int tag, size_t bytes, bool any_size,
+                     bool internal) const;
+  WorkPtr send_checked(int peer, int tag, std::vector<ConstSpan> spans,
+                       std::shared_ptr<const void> keep_alive, bool internal);
+  WorkPtr recv_checked(int peer, int tag, std::vector<MutableSpan> spans,
+                       std::shared_ptr<const void> keep_alive, bool internal);
+
+  const TransportKind kind_;
+  const int rank_;
+  const int world_size_;
+  const std::chrono::milliseconds timeout_;
+};
+
+// Creates this process's transport (mpi or tcp; kAuto resolved as documented). Blocks for the
+// tcp rendezvous. Throws ConfigError (bad options, kLocal) or CommError (rendezvous failed).
+std::unique_ptr<Transport> make_transport(const TransportOptions& options = {});
+
+// Creates `world_size` connected in-process transports; transports[r] is rank r. Each may be
+// used (and destroyed) by its own thread. Destroying one is seen by the others as that peer
+// shutting down: their pending and later receives from it fail with CommError.
+std::vector<std::unique_ptr<Transport>> make_local_transports(int world_size,
+                                                              const TransportOptions& options = {});
+
+}  // namespace pipemat::comm

@@ -1,0 +1,170 @@
+#pragma once
+// Completion handles of the comm module.
+//
+// Every send/recv of a Transport returns a `WorkPtr` at once; the bytes move in the background
+// (local: the peer's thread, tcp: the transport's I/O thread, mpi: the progress driven by any
+// wait/is_completed on that transport). A Work is finished exactly once, either successfully or
+// with an error status; the error is stored as a value and only turned into an exception by
+// `wait()` (Note [Work contract]).
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace pipemat::comm {
+
+using Clock = std::chrono::steady_clock;
+
+// Shared, 64-byte aligned byte storage allocated by a transport: the target of `recv_any` and
+// of receives whose size did not match. Cheap to copy (shared ownership); `storage()` can be
+// handed to other owners (e.g. a tensor deleter) to keep the bytes alive without copying them.
+class Buffer {
+ public:
+  static constexpr size_t kAlignment = 64;
+
+  Buffer() = default;
+  static Buffer allocate(size_t size);
+
+  uint8_t* data() const { return storage_.get(); }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const std::shared_ptr<uint8_t>& storage() const { return storage_; }
+
+ private:
+  std::shared_ptr<uint8_t> storage_;
+  size_t size_ = 0;
+};
+
+enum class OpKind { kSend, kRecv };
+
+// What a Work is doing; used in every message about it.
+struct WorkInfo {
+  OpKind op = OpKind::kSend;
+  int rank = -1;           // this rank
+  int peer = -1;           // the other rank
+  int tag = -1;
+  size_t bytes = 0;        // bytes sent, or bytes the receive was posted for
+  bool any_size = false;   // recv_any: size decided by the sender
+  std::string transport;   // "local", "tcp", "mpi"
+
+  // "recv of 4.00 KiB (4096 bytes) from rank 1 with tag 7 on rank 0 (tcp)"
+  std::string describe() const;
+};
+
+enum class StatusCode {
+  kOk,
+  kCommError,     // peer gone, connection broken, MPI error, ...
+  kSizeMismatch,  // the sender's message size differs from the posted receive
+  kTimeout,       // wait() passed its deadline (thrown as TimeoutError)
+  kAborted,       // abort() by the caller or transport shut down
+};
+
+struct Status {
+  StatusCode code = StatusCode::kOk;
+  std::string message;
+  bool ok() const { return code == StatusCode::kOk; }
+};
+
+class Work;
+using WorkPtr = std::shared_ptr<Work>;
+
+// Note [Work contract]
+// `wait(timeout)` is equivalent to
+//
+//     auto deadline = now() + timeout;
+//     while (!is_completed()) {
+//       if (now() >= deadline) { abort-with-timeout(); break; }   // see below
+//       block-or-yield();
+//     }
+//     if (!status().ok()) throw the stored error;   // CommError, or TimeoutError for kTimeout
+//
+// * A wait that times out aborts the operation (Note [Abort after timeout]) and throws
+//   TimeoutError naming the operation, the peer, the tag and this rank. If the operation finished
+//   in the race with the abort, wait() returns normally.
+// * Every later wait() rethrows the same stored error; is_completed() stays true.
+// * `abort()` withdraws an unfinished operation; on return the transport no longer writes into
+//   (recv) or reads from (send) the caller's memory — except for MPI sends, which MPI cannot
+//   withdraw; those keep the `hold()` objects alive until MPI releases the request.
+// * Threading: all members are thread-safe. Several threads may wait on the same Work.
+// * Ownership: for raw-pointer send/recv the caller keeps the memory alive and untouched until
+//   the Work is completed (or wait() threw). Objects passed to hold() live as long as the Work.
+//
+// Note [Abort after timeout]
+// On local and mpi a receive that has not started is simply withdrawn; the transport stays
+// usable. On tcp an operation that is mid-transfer cannot be withdrawn without desynchronising
+// the byte stream, so the connection to that peer is closed and later operations with that peer
+// fail with CommError.
+class Work {
+ public:
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  virtual ~Work();
+
+  // Non-blocking. True once the operation finished, successfully or not. On mpi it also drives
+  // the transport's progress.
+  bool is_completed();
+
+  // Blocks until completion or until the transport's default timeout (TransportOptions::timeout);
+  // see Note [Work contract]. Throws CommError / TimeoutError.
+  void wait();
+  void wait(std::chrono::milliseconds timeout);
+
+  // Withdraws the operation if it has not finished; the Work then holds kAborted. No-op when
+  // already completed. Never throws.
+  void abort() noexcept;
+
+  // kOk while pending or after success; the stored error after a failure.
+  Status status() const;
+
+  const WorkInfo& info() const { return info_; }
+  std::chrono::milliseconds default_timeout() const { return default_timeout_; }
+
+  // recv: the number of bytes that arrived (valid after completion, also on kSizeMismatch).
+  size_t received_bytes() const;
+  // recv_any, or a recv whose size did not match: the transport-allocated bytes. Empty otherwise.
+  Buffer buffer() const;
+
+  // Keeps `object` alive for the lifetime of this Work (e.g. the tensor whose bytes are sent).
+  void hold(std::shared_ptr<const void> object);
+
+  // ---- transport side (called by the backends, not by users) ----
+
+  // Completes the work; the first call wins and wakes all waiters. Returns true if this call
+  // completed it.
+  bool finish(Status status);
+  // Records what arrived (recv). Call before finish().
+  void set_received(size_t bytes, Buffer buffer = {});
+
+ protected:
+  Work(WorkInfo info, std::chrono::milliseconds default_timeout);
+
+  // Drives the backend's progress (mpi); default: nothing, completion comes from elsewhere.
+  virtual void progress() {}
+  // True when completion needs progress() calls from waiters (then waits poll with backoff).
+  virtual bool needs_progress() const { return false; }
+  // Withdraws the operation and finishes it with `reason` unless it finished meanwhile. On
+  // return the backend must no longer touch the caller's memory (Note [Work contract]).
+  virtual void abort_impl(const Status& reason) noexcept = 0;
+
+ private:
+  // Blocks until completed or the deadline; true when completed.
+  bool wait_until(Clock::time_point deadline);
+  [[noreturn]] void throw_status(const Status& status) const;
+
+  const WorkInfo info_;
+  const std::chrono::milliseconds default_timeout_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+  size_t received_bytes_ = 0;
+  Buffer buffer_;
+  std::vector<std::shared_ptr<const void>> held_;
+};
+
+}  // namespace pipemat::comm

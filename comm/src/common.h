@@ -1,0 +1,22 @@
+#pragma once
+// Shared wording of the comm error messages, so every backend says the same thing.
+
+#include <string>
+
+#include "pipemat/comm/work.h"
+#include "pipemat/core/error.h"
+
+namespace pipemat::comm::detail {
+
+using ::pipemat::detail::concat;
+
+// "rank 1 sent 4160 bytes with tag 3, but rank 0 posted a recv of 4096 bytes (tcp); ..."
+std::string size_mismatch_message(const WorkInfo& info, size_t sent_bytes);
+
+// "<what happened> while rank 0 was waiting for <info.describe()>"
+std::string peer_failure_message(const WorkInfo& info, const std::string& what_happened);
+
+// Work finished because the transport was destroyed first.
+std::string shutdown_message(const WorkInfo& info);
+
+}  // namespace pipemat::comm::detail

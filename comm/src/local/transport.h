@@ -1,0 +1,14 @@
+#pragma once
+// In-process backend: ranks are threads of one process, connected through a shared hub.
+
+#include <memory>
+#include <vector>
+
+#include "pipemat/comm/transport.h"
+
+namespace pipemat::comm::detail {
+
+std::vector<std::unique_ptr<Transport>> make_local_group(int world_size,
+                                                         const TransportOptions& options);
+
+}  // namespace pipemat::comm::detail

@@ -1,0 +1,770 @@
+// TCP backend on Boost.Asio.
+//
+// Rendezvous (constructor, on the calling thread): rank 0 listens on the master port; every other
+// rank opens its own listener, connects to the master and says hello (rank, world size, listen
+// port); rank 0 answers with the table of all listeners. Then rank r connects to every rank
+// 0 < s < r and accepts from every rank above it: exactly one connection per pair.
+//
+// Data path (one I/O thread): every message is a 16-byte frame header (magic, tag, size) plus the
+// payload. Each peer connection has a FIFO of sends (one async_write at a time, header and payload
+// gathered) and a read loop. A header is matched against the receives posted for its tag: a
+// match with the right size is read straight into the caller's memory; otherwise the payload goes
+// into a Buffer (unexpected message, any-size receive or size mismatch). All peer state is touched
+// only on the I/O thread; handlers carry error codes as values and the Work turns them into
+// exceptions at wait() (Note [Work contract]).
+
+#include "tcp/transport.h"
+
+#include <boost/asio.hpp>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <optional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "common.h"
+#include "pipemat/core/error.h"
+
+namespace pipemat::comm::detail {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+
+constexpr uint32_t kFrameMagic = 0x504d4331;  // "PMC1"
+constexpr uint32_t kHelloMagic = 0x504d4831;  // "PMH1"
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  int32_t tag = 0;
+  uint64_t size = 0;
+};
+static_assert(sizeof(FrameHeader) == 16, "frame header layout");
+
+struct Hello {
+  uint32_t magic = kHelloMagic;
+  int32_t rank = -1;
+  int32_t world_size = -1;
+  uint32_t listen_port = 0;
+};
+
+struct TableEntry {
+  uint32_t port = 0;
+  char host[60] = {};
+};
+static_assert(sizeof(TableEntry) == 64, "table entry layout");
+
+std::pair<std::string, uint16_t> parse_master(const std::string& master) {
+  auto colon = master.rfind(':');
+  PIPEMAT_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < master.size(),
+                ConfigError, "tcp transport: master address '", master,
+                "' is not host:port (e.g. 127.0.0.1:29500); set --master or PIPEMAT_MASTER");
+  std::string host = master.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  std::string port_text = master.substr(colon + 1);
+  char* end = nullptr;
+  long port = std::strtol(port_text.c_str(), &end, 10);
+  PIPEMAT_CHECK(*end == '\0' && port > 0 && port < 65536, ConfigError,
+                "tcp transport: port '", port_text, "' in master address '", master,
+                "' is not a port number 1..65535");
+  return {host, static_cast<uint16_t>(port)};
+}
+
+class TcpCore;
+
+class TcpWork final : public Work {
+ public:
+  TcpWork(WorkInfo info, std::chrono::milliseconds timeout, std::weak_ptr<TcpCore> core)
+      : Work(std::move(info), timeout), core_(std::move(core)) {}
+
+  std::vector<ConstSpan> send_spans;
+  std::vector<MutableSpan> recv_spans;
+  FrameHeader header;
+
+ protected:
+  void abort_impl(const Status& reason) noexcept override;
+
+ private:
+  std::weak_ptr<TcpCore> core_;
+};
+
+struct Peer {
+  explicit Peer(int rank, tcp::socket socket) : rank(rank), socket(std::move(socket)) {}
+  int rank;
+  tcp::socket socket;
+  bool broken = false;
+  std::string broken_reason;
+  bool eof = false;
+  bool send_shut = false;
+  // send side
+  std::deque<std::shared_ptr<TcpWork>> sends;
+  bool writing = false;
+  // receive side
+  FrameHeader in_header;
+  std::map<int, std::deque<std::shared_ptr<TcpWork>>> posted;
+  std::map<int, std::deque<Buffer>> unexpected;
+  bool payload_in_flight = false;
+  std::shared_ptr<TcpWork> reading;  // the receive the payload in flight belongs to, if any
+  Buffer reading_buffer;             // where the payload goes unless straight into `reading`
+};
+
+void scatter(const Buffer& from, const std::vector<MutableSpan>& to) {
+  size_t offset = 0;
+  for (const auto& span : to) {
+    if (span.size) std::memcpy(span.data, from.data() + offset, span.size);
+    offset += span.size;
+  }
+}
+
+// Finishes a receive whose bytes are in `buffer` (size `size`).
+void complete_from_buffer(const std::shared_ptr<TcpWork>& work, Buffer buffer, size_t size) {
+  const WorkInfo& info = work->info();
+  if (info.any_size) {
+    work->set_received(size, std::move(buffer));
+    work->finish(Status{});
+  } else if (size != info.bytes) {
+    work->set_received(size, std::move(buffer));
+    work->finish(Status{StatusCode::kSizeMismatch, size_mismatch_message(info, size)});
+  } else {
+    scatter(buffer, work->recv_spans);
+    work->set_received(size);
+    work->finish(Status{});
+  }
+}
+
+class TcpCore : public std::enable_shared_from_this<TcpCore> {
+ public:
+  TcpCore(int rank, int world_size) : rank_(rank) {
+    peers.resize(static_cast<size_t>(world_size));
+  }
+
+  asio::io_context io;
+  std::vector<std::unique_ptr<Peer>> peers;  // peers[rank]; null for self
+
+  // ---- called from user threads ----
+  void post_send(std::shared_ptr<TcpWork> work) {
+    asio::post(io, [self = shared_from_this(), work = std::move(work)] { self->do_send(work); });
+  }
+  void post_recv(std::shared_ptr<TcpWork> work) {
+    asio::post(io, [self = shared_from_this(), work = std::move(work)] { self->do_recv(work); });
+  }
+
+  // Runs `fn` on the I/O thread and waits for it; runs nothing once the thread has stopped.
+  bool run_on_io(std::function<void()> fn) {
+    std::promise<void> done;
+    auto future = done.get_future();
+    {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      if (!running_) return false;
+      asio::post(io, [&fn, &done] {
+        fn();
+        done.set_value();
+      });
+    }
+    future.wait();
+    return true;
+  }
+
+  void abort(TcpWork* work, const Status& reason) {
+    bool ran = run_on_io([&] { do_abort(work, reason); });
+    if (!ran) work->finish(reason);
+  }
+
+  void start() {
+    io.restart();  // the rendezvous may have run the context out of work
+    guard_.emplace(asio::make_work_guard(io));
+    for (auto& peer : peers) {
+      if (peer) read_header(*peer);
+    }
+    {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      running_ = true;
+    }
+    thread_ = std::thread([this] {
+      for (;;) {
+        try {
+          io.run();
+          return;
+        } catch (...) {
+          // Handlers do not throw; if one does, keep serving the others.
+        }
+      }
+    });
+  }
+
+  // Clean shutdown: drain sends, half-close, wait (bounded) for the peers to close, then stop.
+  void shutdown(std::chrono::milliseconds linger) noexcept {
+    if (!thread_.joinable()) return;
+    try {
+      run_on_io([this] {
+        closing_ = true;
+        for (auto& peer : peers) {
+          if (peer && !peer->broken && peer->sends.empty()) shut_send(*peer);
+        }
+      });
+      {
+        std::unique_lock<std::mutex> lock(state_mutex_);
+        state_cv_.wait_for(lock, linger, [&] { return all_closed_; });
+      }
+      run_on_io([this] {
+        for (auto& peer : peers) {
+          if (!peer) continue;
+          fail_peer(*peer, StatusCode::kAborted, "", /*shutdown=*/true);
+        }
+      });
+      {
+        std::lock_guard<std::mutex> lock(state_mutex_);
+        running_ = false;
+      }
+      guard_.reset();
+      thread_.join();
+    } catch (...) {
+      // Destructors never throw; a failure here leaves the sockets to the OS.
+      if (thread_.joinable()) {
+        io.stop();
+        thread_.join();
+      }
+    }
+  }
+
+ private:
+  void do_send(const std::shared_ptr<TcpWork>& work) {
+    const WorkInfo& info = work->info();
+    Peer& peer = *peers[static_cast<size_t>(info.peer)];
+    if (peer.broken || peer.send_shut) {
+      work->finish(Status{StatusCode::kCommError,
+                          concat("cannot ", info.describe(), ": ",
+                                 peer.broken ? peer.broken_reason : "the transport is closing")});
+      return;
+    }
+    work->header.tag = info.tag;
+    work->header.size = info.bytes;
+    peer.sends.push_back(work);
+    if (!peer.writing) write_next(peer);
+  }
+
+  void write_next(Peer& peer) {
+    auto& work = peer.sends.front();
+    std::vector<asio::const_buffer> buffers;
+    buffers.emplace_back(&work->header, sizeof(FrameHeader));
+    for (const auto& span : work->send_spans) {
+      if (span.size) buffers.emplace_back(span.data, span.size);
+    }
+    peer.writing = true;
+    asio::async_write(peer.socket, buffers,
+                      [self = shared_from_this(), p = &peer](const error_code& ec, size_t) {
+                        self->on_write(*p, ec);
+                      });
+  }
+
+  void on_write(Peer& peer, const error_code& ec) {
+    peer.writing = false;
+    if (peer.broken) return;  // already failed (and the queue emptied) by fail_peer
+    if (ec) {
+      fail_peer(peer, StatusCode::kCommError,
+                concat("sending to rank ", peer.rank, " failed (", ec.message(), ")"));
+      return;
+    }
+    auto work = peer.sends.front();
+    peer.sends.pop_front();
+    work->finish(Status{});
+    if (!peer.sends.empty()) {
+      write_next(peer);
+    } else if (closing_) {
+      shut_send(peer);
+    }
+  }
+
+  void shut_send(Peer& peer) {
+    if (peer.send_shut) return;
+    peer.send_shut = true;
+    error_code ignored;
+    peer.socket.shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  void do_recv(const std::shared_ptr<TcpWork>& work) {
+    const WorkInfo& info = work->info();
+    Peer& peer = *peers[static_cast<size_t>(info.peer)];
+    auto unexpected = peer.unexpected.find(info.tag);
+    if (unexpected != peer.unexpected.end() && !unexpected->second.empty()) {
+      Buffer buffer = std::move(unexpected->second.front());
+      unexpected->second.pop_front();
+      complete_from_buffer(work, buffer, buffer.size());
+      return;
+    }
+    if (peer.payload_in_flight && !peer.reading && peer.in_header.tag == info.tag) {
+      // The next message for this tag is arriving right now into a Buffer: it is ours.
+      peer.reading = work;
+      return;
+    }
+    if (peer.broken || peer.eof) {
+      work->finish(Status{StatusCode::kCommError,
+                          peer_failure_message(info, peer.broken_reason)});
+      return;
+    }
+    peer.posted[info.tag].push_back(work);
+  }
+
+  void do_abort(TcpWork* work, const Status& reason) {
+    const WorkInfo& info = work->info();
+    Peer& peer = *peers[static_cast<size_t>(info.peer)];
+    if (info.op == OpKind::kRecv) {
+      if (peer.reading.get() == work && peer.reading_buffer.data() != nullptr) {
+        // Arriving into a transport Buffer: detach; the message becomes unexpected.
+        peer.reading = nullptr;
+      } else if (peer.reading.get() == work) {
+        // Mid-transfer: the stream cannot be resynchronised (Note [Abort after timeout]).
+        work->finish(reason);
+        fail_peer(peer, StatusCode::kCommError,
+                  concat("the connection to rank ", peer.rank, " was closed because a ",
+                         "transfer from it was aborted mid-way (", info.describe(), ")"));
+        return;
+      }
+      auto it = peer.posted.find(info.tag);
+      if (it != peer.posted.end()) {
+        auto& queue = it->second;
+        for (auto i = queue.begin(); i != queue.end(); ++i) {
+          if (i->get() == work) {
+            queue.erase(i);
+            break;
+          }
+        }
+      }
+    } else {
+      if (!peer.sends.empty() && peer.sends.front().get() == work && peer.writing) {
+        work->finish(reason);
+        fail_peer(peer, StatusCode::kCommError,
+                  concat("the connection to rank ", peer.rank, " was closed because a ",
+                         "transfer to it was aborted mid-way (", info.describe(), ")"));
+        return;
+      }
+      for (auto i = peer.sends.begin(); i != peer.sends.end(); ++i) {
+        if (i->get() == work) {
+          peer.sends.erase(i);
+          break;
+        }
+      }
+    }
+    work->finish(reason);
+  }
+
+  void read_header(Peer& peer) {
+    asio::async_read(peer.socket, asio::buffer(&peer.in_header, sizeof(FrameHeader)),
+                     [self = shared_from_this(), p = &peer](const error_code& ec, size_t) {
+                       self->on_header(*p, ec);
+                     });
+  }
+
+  void on_header(Peer& peer, const error_code& ec) {
+    if (ec) return on_read_error(peer, ec);
+    if (peer.in_header.magic != kFrameMagic) {
+      fail_peer(peer, StatusCode::kCommError,
+                concat("corrupt stream from rank ", peer.rank,
+                       " (bad frame header); is another program connected to this port?"));
+      return;
+    }
+    const int tag = peer.in_header.tag;
+    const size_t size = peer.in_header.size;
+    std::vector<asio::mutable_buffer> buffers;
+    auto& queue = peer.posted[tag];
+    peer.reading = nullptr;
+    peer.reading_buffer = Buffer();
+    if (!queue.empty()) {
+      peer.reading = std::move(queue.front());
+      queue.pop_front();
+      const WorkInfo& info = peer.reading->info();
+      if (info.any_size || info.bytes != size) {
+        peer.reading_buffer = Buffer::allocate(size);
+        buffers.emplace_back(peer.reading_buffer.data(), size);
+      } else {
+        for (const auto& span : peer.reading->recv_spans) {
+          if (span.size) buffers.emplace_back(span.data, span.size);
+        }
+      }
+    } else {
+      peer.reading_buffer = Buffer::allocate(size);
+      buffers.emplace_back(peer.reading_buffer.data(), size);
+    }
+    if (size == 0) return on_payload(peer, error_code());
+    peer.payload_in_flight = true;
+    asio::async_read(peer.socket, buffers,
+                     [self = shared_from_this(), p = &peer](const error_code& ec, size_t) {
+                       self->on_payload(*p, ec);
+                     });
+  }
+
+  void on_payload(Peer& peer, const error_code& ec) {
+    peer.payload_in_flight = false;
+    if (ec) return on_read_error(peer, ec);
+    const size_t size = peer.in_header.size;
+    auto work = std::move(peer.reading);
+    Buffer buffer = std::move(peer.reading_buffer);
+    peer.reading = nullptr;
+    peer.reading_buffer = Buffer();
+    if (work) {
+      if (buffer.data() != nullptr) {
+        complete_from_buffer(work, buffer, size);
+      } else {
+        work->set_received(size);
+        work->finish(Status{});
+      }
+    } else {
+      peer.unexpected[peer.in_header.tag].push_back(std::move(buffer));
+    }
+    read_header(peer);
+  }
+
+  void on_read_error(Peer& peer, const error_code& ec) {
+    if (peer.broken) return;
+    if (ec == asio::error::eof) {
+      peer.eof = true;
+      fail_peer(peer, StatusCode::kCommError,
+                concat("rank ", peer.rank,
+                       " closed the connection (its transport was destroyed or its process "
+                       "exited)"),
+                closing_);
+      return;
+    }
+    fail_peer(peer, StatusCode::kCommError,
+              concat("the connection to rank ", peer.rank, " failed (", ec.message(), ")"),
+              closing_);
+  }
+
+  // Marks the connection dead and fails everything queued on it. With `shutdown` (our own
+  // transport is closing) pending work gets the shutdown message instead.
+  void fail_peer(Peer& peer, StatusCode code, const std::string& what, bool shutdown = false) {
+    if (!peer.broken) {
+      peer.broken = true;
+      peer.broken_reason = what;
+      error_code ignored;
+      peer.socket.close(ignored);
+    }
+    auto status_for = [&](const std::shared_ptr<TcpWork>& work) {
+      if (shutdown) return Status{StatusCode::kAborted, shutdown_message(work->info())};
+      if (work->info().op == OpKind::kRecv) {
+        return Status{code, peer_failure_message(work->info(), what)};
+      }
+      return Status{code, concat(what, "; could not complete ", work->info().describe())};
+    };
+    if (peer.reading) {
+      peer.reading->finish(status_for(peer.reading));
+      peer.reading = nullptr;
+    }
+    for (auto& [tag, queue] : peer.posted) {
+      for (auto& work : queue) work->finish(status_for(work));
+      queue.clear();
+    }
+    for (auto& work : peer.sends) work->finish(status_for(work));
+    peer.sends.clear();
+    bool all = true;
+    for (auto& p : peers) {
+      if (p && !p->broken) all = false;
+    }
+    if (all) {
+      std::lock_guard<std::mutex> lock(state_mutex_);
+      all_closed_ = true;
+      state_cv_.notify_all();
+    }
+  }
+
+  const int rank_;
+  bool closing_ = false;  // I/O thread only
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard_;
+  std::thread thread_;
+  std::mutex state_mutex_;
+  std::condition_variable state_cv_;
+  bool running_ = false;
+  bool all_closed_ = false;
+};
+
+void TcpWork::abort_impl(const Status& reason) noexcept {
+  auto core = core_.lock();
+  if (!core) {
+    finish(reason);
+    return;
+  }
+  try {
+    core->abort(this, reason);
+  } catch (...) {
+    finish(reason);
+  }
+}
+
+// Blocking rendezvous steps on the io_context of the core, each bounded by one deadline.
+class Rendezvous {
+ public:
+  Rendezvous(asio::io_context& io, const TransportOptions& options)
+      : io_(io), options_(options), deadline_(Clock::now() + options.timeout) {}
+
+  // Runs an async operation to completion; throws TimeoutError at the deadline.
+  template <typename Start, typename Cancel>
+  error_code await(Start&& start, Cancel&& cancel, const std::string& what,
+                   Clock::time_point deadline) {
+    bool done = false;
+    error_code result;
+    start([&](const error_code& ec, auto&&...) {
+      result = ec;
+      done = true;
+    });
+    io_.restart();
+    while (!done) {
+      io_.run_one_until(deadline);
+      if (!done && Clock::now() >= deadline) {
+        cancel();
+        io_.restart();
+        while (!done) io_.run_one();
+        if (result == asio::error::operation_aborted) result = asio::error::timed_out;
+        return result;
+      }
+    }
+    return result;
+  }
+
+  template <typename Start, typename Cancel>
+  error_code await(Start&& start, Cancel&& cancel, const std::string& what) {
+    return await(std::forward<Start>(start), std::forward<Cancel>(cancel), what, deadline_);
+  }
+
+  [[noreturn]] void fail(const std::string& what, const error_code& ec) const {
+    if (ec == asio::error::timed_out || Clock::now() >= deadline_) {
+      PIPEMAT_THROW(TimeoutError, "tcp rendezvous of rank ", options_.rank, " (world size ",
+                    options_.world_size, ", master ", options_.master, ") timed out after ",
+                    options_.timeout.count(), " ms ", what,
+                    ". Start every rank with the same PIPEMAT_WORLD_SIZE and PIPEMAT_MASTER, or "
+                    "raise the timeout (PIPEMAT_COMM_TIMEOUT).");
+    }
+    PIPEMAT_THROW(CommError, "tcp rendezvous of rank ", options_.rank, " failed ", what, ": ",
+                  ec.message());
+  }
+
+  tcp::socket connect(const std::string& host, uint16_t port, const std::string& whom) {
+    error_code last;
+    const auto start = Clock::now();
+    int attempt = 0;
+    for (attempt = 1; attempt <= options_.connect_retries; ++attempt) {
+      tcp::resolver resolver(io_);
+      error_code ec;
+      auto endpoints = resolver.resolve(host, std::to_string(port), ec);
+      if (!ec) {
+        for (const auto& entry : endpoints) {
+          tcp::socket socket(io_);
+          ec = await([&](auto handler) { socket.async_connect(entry.endpoint(), handler); },
+                     [&] {
+                       error_code ignored;
+                       socket.close(ignored);
+                     },
+                     "connecting");
+          if (!ec) {
+            socket.set_option(tcp::no_delay(true));
+            return socket;
+          }
+          if (Clock::now() >= deadline_) break;
+        }
+      }
+      last = ec;
+      if (attempt == options_.connect_retries ||
+          Clock::now() + options_.connect_retry_interval >= deadline_) {
+        break;
+      }
+      std::this_thread::sleep_for(options_.connect_retry_interval);
+    }
+    const double seconds =
+        std::chrono::duration<double>(Clock::now() - start).count();
+    PIPEMAT_THROW(CommError, "tcp transport: rank ", options_.rank, " could not connect to ", whom,
+                  " at ", host, ":", port, " after ", std::min(attempt, options_.connect_retries),
+                  " attempts over ", static_cast<int>(seconds * 10) / 10.0,
+                  " s (last error: ", last.message(),
+                  "). Check that rank 0 is running, that --master / PIPEMAT_MASTER names its "
+                  "host:port, and that the port is reachable.");
+  }
+
+  void write(tcp::socket& socket, const void* data, size_t size, const std::string& what) {
+    auto ec = await(
+        [&](auto handler) { asio::async_write(socket, asio::buffer(data, size), handler); },
+        [&] {
+          error_code ignored;
+          socket.close(ignored);
+        },
+        what);
+    if (ec) fail(what, ec);
+  }
+
+  void read(tcp::socket& socket, void* data, size_t size, const std::string& what) {
+    auto ec = await(
+        [&](auto handler) { asio::async_read(socket, asio::buffer(data, size), handler); },
+        [&] {
+          error_code ignored;
+          socket.close(ignored);
+        },
+        what);
+    if (ec) fail(what, ec);
+  }
+
+  tcp::socket accept(tcp::acceptor& acceptor, const std::string& what) {
+    tcp::socket socket(io_);
+    auto ec = await([&](auto handler) { acceptor.async_accept(socket, handler); },
+                    [&] {
+                      error_code ignored;
+                      acceptor.close(ignored);
+                    },
+                    what);
+    if (ec) fail(what, ec);
+    socket.set_option(tcp::no_delay(true));
+    return socket;
+  }
+
+ private:
+  asio::io_context& io_;
+  const TransportOptions& options_;
+  const Clock::time_point deadline_;
+};
+
+std::string missing_ranks(const std::vector<std::unique_ptr<Peer>>& peers, int self) {
+  std::vector<std::string> missing;
+  for (size_t r = 0; r < peers.size(); ++r) {
+    if (static_cast<int>(r) != self && !peers[r]) missing.push_back(std::to_string(r));
+  }
+  std::string out;
+  for (size_t i = 0; i < missing.size(); ++i) out += (i ? ", " : "") + missing[i];
+  return out;
+}
+
+void check_hello(const Hello& hello, const TransportOptions& options, const std::string& from) {
+  PIPEMAT_CHECK(hello.magic == kHelloMagic, CommError, "tcp rendezvous of rank ", options.rank,
+                ": ", from, " did not speak the pipemat protocol (bad hello); is another program "
+                "using the master port?");
+  PIPEMAT_CHECK(hello.world_size == options.world_size, CommError, "tcp rendezvous: rank ",
+                hello.rank, " was started with world size ", hello.world_size, " but rank ",
+                options.rank, " with world size ", options.world_size,
+                "; start every rank with the same PIPEMAT_WORLD_SIZE / --world-size");
+  PIPEMAT_CHECK(hello.rank >= 0 && hello.rank < options.world_size, CommError,
+                "tcp rendezvous: a peer announced rank ", hello.rank, ", outside 0..",
+                options.world_size - 1);
+}
+
+class TcpTransport final : public Transport {
+ public:
+  explicit TcpTransport(const TransportOptions& options)
+      : Transport(TransportKind::kTcp, options.rank, options.world_size, options.timeout),
+        shutdown_timeout_(options.shutdown_timeout),
+        core_(std::make_shared<TcpCore>(options.rank, options.world_size)) {
+    rendezvous(options);
+    core_->start();
+  }
+
+  ~TcpTransport() override { core_->shutdown(shutdown_timeout_); }
+
+ protected:
+  WorkPtr post_send(Request request) override {
+    auto work = std::make_shared<TcpWork>(request.info, timeout(), core_);
+    work->hold(std::move(request.keep_alive));
+    work->send_spans = std::move(request.send_spans);
+    core_->post_send(work);
+    return work;
+  }
+
+  WorkPtr post_recv(Request request) override {
+    auto work = std::make_shared<TcpWork>(request.info, timeout(), core_);
+    work->hold(std::move(request.keep_alive));
+    work->recv_spans = std::move(request.recv_spans);
+    core_->post_recv(work);
+    return work;
+  }
+
+ private:
+  void rendezvous(const TransportOptions& options) {
+    if (options.world_size == 1) return;
+    auto [host, port] = parse_master(options.master);
+    auto& io = core_->io;
+    auto& peers = core_->peers;
+    Rendezvous rv(io, options);
+    const int world = options.world_size;
+    const int me = options.rank;
+    if (me == 0) {
+      tcp::acceptor acceptor(io);
+      error_code ec;
+      tcp::endpoint endpoint(tcp::v4(), port);
+      acceptor.open(endpoint.protocol(), ec);
+      if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+      if (!ec) acceptor.bind(endpoint, ec);
+      if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+      PIPEMAT_CHECK(!ec, CommError, "tcp transport: rank 0 could not listen on port ", port,
+                    " of master ", options.master, " (", ec.message(),
+                    "); choose a free port in --master / PIPEMAT_MASTER");
+      std::vector<TableEntry> table(static_cast<size_t>(world));
+      for (int i = 1; i < world; ++i) {
+        const std::string what = concat("waiting for ranks ", missing_ranks(peers, me),
+                                        " to connect to port ", port);
+        tcp::socket socket = rv.accept(acceptor, what);
+        Hello hello;
+        rv.read(socket, &hello, sizeof(hello), "reading a hello on the master port");
+        check_hello(hello, options, "a process connecting to the master port");
+        PIPEMAT_CHECK(hello.rank != 0 && !peers[static_cast<size_t>(hello.rank)], CommError,
+                      "tcp rendezvous: two processes claim rank ", hello.rank,
+                      "; give every process a distinct PIPEMAT_RANK / --rank");
+        auto& entry = table[static_cast<size_t>(hello.rank)];
+        entry.port = hello.listen_port;
+        std::string address = socket.remote_endpoint().address().to_string();
+        std::strncpy(entry.host, address.c_str(), sizeof(entry.host) - 1);
+        peers[static_cast<size_t>(hello.rank)] =
+            std::make_unique<Peer>(hello.rank, std::move(socket));
+      }
+      for (int r = 1; r < world; ++r) {
+        rv.write(peers[static_cast<size_t>(r)]->socket, table.data(),
+                 table.size() * sizeof(TableEntry), "sending the rank table");
+      }
+      return;
+    }
+    // Rank > 0: own listener first, so lower ranks' table entries are connectable at once.
+    tcp::acceptor listener(io, tcp::endpoint(tcp::v4(), 0));
+    Hello hello;
+    hello.rank = me;
+    hello.world_size = world;
+    hello.listen_port = listener.local_endpoint().port();
+    tcp::socket master = rv.connect(host, port, "the master (rank 0)");
+    rv.write(master, &hello, sizeof(hello), "sending a hello to the master");
+    std::vector<TableEntry> table(static_cast<size_t>(world));
+    rv.read(master, table.data(), table.size() * sizeof(TableEntry),
+            "waiting for the rank table from the master (are all ranks started?)");
+    peers[0] = std::make_unique<Peer>(0, std::move(master));
+    for (int s = 1; s < me; ++s) {
+      const auto& entry = table[static_cast<size_t>(s)];
+      tcp::socket socket = rv.connect(entry.host, static_cast<uint16_t>(entry.port),
+                                      concat("rank ", s));
+      rv.write(socket, &hello, sizeof(hello), concat("sending a hello to rank ", s));
+      peers[static_cast<size_t>(s)] = std::make_unique<Peer>(s, std::move(socket));
+    }
+    for (int k = me + 1; k < world; ++k) {
+      const std::string what = concat("waiting for ranks ", missing_ranks(peers, me),
+                                      " to connect to rank ", me);
+      tcp::socket socket = rv.accept(listener, what);
+      Hello theirs;
+      rv.read(socket, &theirs, sizeof(theirs), "reading a hello from a peer");
+      check_hello(theirs, options, "a peer");
+      PIPEMAT_CHECK(theirs.rank > me && !peers[static_cast<size_t>(theirs.rank)], CommError,
+                    "tcp rendezvous: rank ", me, " got an unexpected connection from rank ",
+                    theirs.rank);
+      peers[static_cast<size_t>(theirs.rank)] =
+          std::make_unique<Peer>(theirs.rank, std::move(socket));
+    }
+  }
+
+  const std::chrono::milliseconds shutdown_timeout_;
+  std::shared_ptr<TcpCore> core_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_tcp_transport(const TransportOptions& options) {
+  return std::make_unique<TcpTransport>(options);
+}
+
+}  // namespace pipemat::comm::detail

@@ -1,0 +1,12 @@
+#pragma once
+// tcp backend (private). See pipemat/comm/transport.h for the contract.
+
+#include <memory>
+
+#include "pipemat/comm/transport.h"
+
+namespace pipemat::comm::detail {
+
+std::unique_ptr<Transport> make_tcp_transport(const TransportOptions& options);
+
+}  // namespace pipemat::comm::detail

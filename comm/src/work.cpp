@@ -1,0 +1,169 @@
+#include "pipemat/comm/work.h"
+
+#include <cstdlib>
+#include <new>
+#include <thread>
+
+#include "common.h"
+#include "pipemat/core/error.h"
+#include "pipemat/core/format.h"
+
+namespace pipemat::comm {
+
+Buffer Buffer::allocate(size_t size) {
+  Buffer buffer;
+  size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded == 0) rounded = kAlignment;
+  void* raw = std::aligned_alloc(kAlignment, rounded);
+  if (raw == nullptr) throw std::bad_alloc();
+  buffer.storage_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(raw), [](uint8_t* p) {
+    std::free(p);
+  });
+  buffer.size_ = size;
+  return buffer;
+}
+
+std::string WorkInfo::describe() const {
+  std::string what = op == OpKind::kSend ? "send" : "recv";
+  if (any_size) {
+    what += " (any size)";
+  } else {
+    what += " of " + std::to_string(bytes) + " bytes";
+    if (bytes >= 1024) what += " (" + format_bytes(static_cast<int64_t>(bytes)) + ")";
+  }
+  what += op == OpKind::kSend ? " to rank " : " from rank ";
+  what += std::to_string(peer) + " with tag " + std::to_string(tag);
+  what += (op == OpKind::kSend ? " from rank " : " on rank ") + std::to_string(rank);
+  what += " (" + transport + ")";
+  return what;
+}
+
+namespace detail {
+
+std::string size_mismatch_message(const WorkInfo& info, size_t sent_bytes) {
+  return concat("message size mismatch on tag ", info.tag, ": rank ", info.peer, " sent ",
+                sent_bytes, " bytes, but rank ", info.rank, " posted a recv of ", info.bytes,
+                " bytes (", info.transport,
+                "). Both ranks must agree on every message of a (peer, tag) pair; check the "
+                "shapes the two stages exchange, or receive with recv_any.");
+}
+
+std::string peer_failure_message(const WorkInfo& info, const std::string& what_happened) {
+  return concat(what_happened, " while rank ", info.rank, " was waiting for ", info.describe(),
+                ". The peer process probably exited or crashed; look at its log first.");
+}
+
+std::string shutdown_message(const WorkInfo& info) {
+  return concat("the transport of rank ", info.rank, " was destroyed before the ",
+                info.describe(), " finished");
+}
+
+}  // namespace detail
+
+Work::Work(WorkInfo info, std::chrono::milliseconds default_timeout)
+    : info_(std::move(info)), default_timeout_(default_timeout) {}
+
+Work::~Work() = default;
+
+bool Work::is_completed() {
+  if (needs_progress()) progress();
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+void Work::wait() { wait(default_timeout_); }
+
+void Work::wait(std::chrono::milliseconds timeout) {
+  // A year is "forever" and keeps now() + timeout from overflowing.
+  const auto cap = std::chrono::hours(24 * 365);
+  if (timeout > cap) timeout = std::chrono::duration_cast<std::chrono::milliseconds>(cap);
+  if (!wait_until(Clock::now() + timeout)) {
+    abort_impl(Status{
+        StatusCode::kTimeout,
+        detail::concat("timed out after ", timeout.count(), " ms waiting for ", info_.describe(),
+                       ". The peer is alive but did not ",
+                       info_.op == OpKind::kRecv ? "send" : "receive",
+                       " in time: check that both ranks post the matching operation with the "
+                       "same tag (a schedule mismatch or deadlock), or raise the timeout "
+                       "(TransportOptions::timeout, PIPEMAT_COMM_TIMEOUT seconds).")});
+  }
+  Status s = status();
+  if (!s.ok()) throw_status(s);
+}
+
+void Work::abort() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return;
+  }
+  abort_impl(Status{StatusCode::kAborted, "aborted by the caller: " + info_.describe()});
+}
+
+Status Work::status() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return status_;
+}
+
+size_t Work::received_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return received_bytes_;
+}
+
+Buffer Work::buffer() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return buffer_;
+}
+
+void Work::hold(std::shared_ptr<const void> object) {
+  if (!object) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  held_.push_back(std::move(object));
+}
+
+bool Work::finish(Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return false;
+    done_ = true;
+    status_ = std::move(status);
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void Work::set_received(size_t bytes, Buffer buffer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  received_bytes_ = bytes;
+  buffer_ = std::move(buffer);
+}
+
+bool Work::wait_until(Clock::time_point deadline) {
+  if (!needs_progress()) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_until(lock, deadline, [&] { return done_; });
+  }
+  // Progress-driven backends (mpi): spin briefly for latency, then back off so that an idle
+  // rank does not steal the core of a computing neighbour.
+  for (int iteration = 0;; ++iteration) {
+    progress();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (done_) return true;
+    }
+    if (Clock::now() >= deadline) return false;
+    if (iteration < 2000) {
+      continue;
+    } else if (iteration < 4000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(iteration < 8000 ? 20 : 200));
+    }
+  }
+}
+
+void Work::throw_status(const Status& status) const {
+  if (status.code == StatusCode::kTimeout) throw TimeoutError(status.message);
+  throw CommError(status.message);
+}
+
+}  // namespace pipemat::comm

@@ -1,0 +1,77 @@
+#pragma once
+// Helpers of the comm tests: N ranks as N threads over the local or tcp transport.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pipemat/comm/transport.h"
+
+namespace pipemat::comm::testing {
+
+// A port that was free a moment ago (the kernel picks it).
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+using Group = std::vector<std::unique_ptr<Transport>>;
+
+// Runs fn(rank) on one thread per rank and rethrows the first exception.
+inline void run_threads(int world_size, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  std::mutex mutex;
+  std::exception_ptr first;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        fn(rank);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+inline Group make_group(TransportKind kind, int world_size, TransportOptions options = {}) {
+  if (kind == TransportKind::kLocal) return make_local_transports(world_size, options);
+  Group group(static_cast<size_t>(world_size));
+  options.kind = kind;
+  options.connect_retry_interval = std::chrono::milliseconds(20);
+  options.world_size = world_size;
+  options.master = "127.0.0.1:" + std::to_string(free_port());
+  run_threads(world_size, [&](int rank) {
+    TransportOptions mine = options;
+    mine.rank = rank;
+    group[static_cast<size_t>(rank)] = make_transport(mine);
+  });
+  return group;
+}
+
+// Runs fn(transport) for every rank on its own thread.
+inline void run_ranks(Group& group, const std::function<void(Transport&)>& fn) {
+  run_threads(static_cast<int>(group.size()),
+              [&](int rank) { fn(*group[static_cast<size_t>(rank)]); });
+}
+
+}  // namespace pipemat::comm::testing

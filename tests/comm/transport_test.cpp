@@ -1,0 +1,294 @@
+// The byte transport contract, parameterized over transport x world size (ranks are threads).
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <numeric>
+
+#include "pipemat/core/error.h"
+#include "test_util.h"
+
+namespace pipemat::comm {
+namespace {
+
+using testing::Group;
+using testing::make_group;
+using testing::run_ranks;
+
+struct Param {
+  TransportKind kind;
+  int world_size;
+};
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  return to_string(info.param.kind) + std::to_string(info.param.world_size);
+}
+
+class TransportTest : public ::testing::TestWithParam<Param> {
+ protected:
+  Group make(TransportOptions options = {}) {
+    if (options.timeout.count() == 0) options.timeout = std::chrono::seconds(30);
+    return make_group(GetParam().kind, GetParam().world_size, options);
+  }
+};
+
+struct Stamp {
+  int32_t from, to, tag, seq;
+};
+
+TEST_P(TransportTest, DeliversInOrderPerPeerAndTag) {
+  Group group = make();
+  constexpr int kMessages = 24;
+  run_ranks(group, [&](Transport& t) {
+    const int world = t.world_size();
+    std::vector<Stamp> in(static_cast<size_t>(world * 2 * kMessages));
+    std::vector<Stamp> out(in.size());
+    std::vector<WorkPtr> works;
+    auto slot = [&](int peer, int tag, int seq) {
+      return static_cast<size_t>((peer * 2 + tag) * kMessages + seq);
+    };
+    // Half of the receives are posted before any send, half after (unexpected-message path).
+    for (int seq = 0; seq < kMessages / 2; ++seq) {
+      for (int peer = 0; peer < world; ++peer) {
+        if (peer == t.rank()) continue;
+        for (int tag : {1, 0}) {
+          works.push_back(t.recv(peer, tag, &in[slot(peer, tag, seq)], sizeof(Stamp)));
+        }
+      }
+    }
+    for (int seq = 0; seq < kMessages; ++seq) {
+      for (int tag : {0, 1}) {
+        for (int peer = 0; peer < world; ++peer) {
+          if (peer == t.rank()) continue;
+          Stamp& s = out[slot(peer, tag, seq)];
+          s = Stamp{t.rank(), peer, tag, seq};
+          works.push_back(t.send(peer, tag, &s, sizeof(Stamp)));
+        }
+      }
+    }
+    for (int seq = kMessages / 2; seq < kMessages; ++seq) {
+      for (int peer = world - 1; peer >= 0; --peer) {
+        if (peer == t.rank()) continue;
+        for (int tag : {0, 1}) {
+          works.push_back(t.recv(peer, tag, &in[slot(peer, tag, seq)], sizeof(Stamp)));
+        }
+      }
+    }
+    for (auto& w : works) w->wait();
+    for (int peer = 0; peer < world; ++peer) {
+      if (peer == t.rank()) continue;
+      for (int tag : {0, 1}) {
+        for (int seq = 0; seq < kMessages; ++seq) {
+          const Stamp& s = in[slot(peer, tag, seq)];
+          EXPECT_EQ(s.from, peer);
+          EXPECT_EQ(s.to, t.rank());
+          EXPECT_EQ(s.tag, tag);
+          EXPECT_EQ(s.seq, seq) << "rank " << t.rank() << " from " << peer << " tag " << tag;
+        }
+      }
+    }
+  });
+}
+
+TEST_P(TransportTest, ManyOutstandingMessagesOfMixedSizes) {
+  Group group = make();
+  const std::vector<size_t> sizes = {0, 1, 7, 4096, 65536, 65537, 300000};
+  constexpr int kRounds = 40;
+  run_ranks(group, [&](Transport& t) {
+    const int next = (t.rank() + 1) % t.world_size();
+    const int prev = (t.rank() + t.world_size() - 1) % t.world_size();
+    std::vector<std::vector<uint8_t>> in(kRounds), out(kRounds);
+    std::vector<WorkPtr> recvs, sends;
+    for (int i = 0; i < kRounds; ++i) {
+      size_t size = sizes[static_cast<size_t>(i) % sizes.size()];
+      in[static_cast<size_t>(i)].assign(size, 0);
+      recvs.push_back(t.recv(prev, 5, in[static_cast<size_t>(i)].data(), size));
+    }
+    for (int i = 0; i < kRounds; ++i) {
+      size_t size = sizes[static_cast<size_t>(i) % sizes.size()];
+      auto& buf = out[static_cast<size_t>(i)];
+      buf.resize(size);
+      for (size_t k = 0; k < size; ++k) buf[k] = static_cast<uint8_t>(k * 31 + i + t.rank());
+      sends.push_back(t.send(next, 5, buf.data(), size));
+    }
+    for (auto& w : sends) w->wait();
+    for (int i = 0; i < kRounds; ++i) {
+      recvs[static_cast<size_t>(i)]->wait();
+      const auto& buf = in[static_cast<size_t>(i)];
+      EXPECT_EQ(recvs[static_cast<size_t>(i)]->received_bytes(), buf.size());
+      for (size_t k = 0; k < buf.size(); ++k) {
+        if (buf[k] != static_cast<uint8_t>(k * 31 + i + prev)) {
+          ADD_FAILURE() << "rank " << t.rank() << " message " << i << " byte " << k;
+          break;
+        }
+      }
+    }
+  });
+}
+
+TEST_P(TransportTest, GatherScatterAndAnySize) {
+  Group group = make();
+  run_ranks(group, [&](Transport& t) {
+    if (t.rank() > 1) return;
+    const int peer = 1 - t.rank();
+    if (t.rank() == 0) {
+      std::string a = "pipe", b = "mat", c = "-comm";
+      t.send(peer, 3, {ConstSpan{a.data(), a.size()}, ConstSpan{b.data(), b.size()},
+                       ConstSpan{c.data(), c.size()}})
+          ->wait();
+      t.send(peer, 4, a.data(), a.size())->wait();
+    } else {
+      char x[5] = {}, y[7] = {};
+      auto w = t.recv(peer, 3, {MutableSpan{x, 5}, MutableSpan{y, 7}});
+      w->wait();
+      EXPECT_EQ(std::string(x, 5) + std::string(y, 7), "pipemat-comm");
+      auto any = t.recv_any(peer, 4);
+      any->wait();
+      Buffer buffer = any->buffer();
+      ASSERT_EQ(buffer.size(), 4u);
+      EXPECT_EQ(std::string(reinterpret_cast<char*>(buffer.data()), 4), "pipe");
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % Buffer::kAlignment, 0u);
+    }
+  });
+}
+
+TEST_P(TransportTest, SizeMismatchNamesBothSizesAndRanks) {
+  Group group = make();
+  run_ranks(group, [&](Transport& t) {
+    if (t.rank() == 1) {
+      uint64_t value = 42;
+      t.send(0, 6, &value, sizeof(value))->wait();
+    } else if (t.rank() == 0) {
+      uint32_t small = 0;
+      auto w = t.recv(1, 6, &small, sizeof(small));
+      try {
+        w->wait();
+        ADD_FAILURE() << "expected a size mismatch";
+      } catch (const CommError& e) {
+        std::string what = e.what();
+        EXPECT_NE(what.find("rank 1 sent 8 bytes"), std::string::npos) << what;
+        EXPECT_NE(what.find("rank 0 posted a recv of 4 bytes"), std::string::npos) << what;
+        EXPECT_NE(what.find("tag 6"), std::string::npos) << what;
+      }
+      EXPECT_EQ(w->status().code, StatusCode::kSizeMismatch);
+      EXPECT_EQ(w->buffer().size(), 8u);
+    }
+  });
+}
+
+TEST_P(TransportTest, SilentPeerTimesOutWithContextAndTransportStaysUsable) {
+  Group group = make();
+  run_ranks(group, [&](Transport& t) {
+    if (t.rank() == 0) {
+      int value = 0;
+      auto w = t.recv(1, 9, &value, sizeof(value));
+      const auto start = Clock::now();
+      try {
+        w->wait(std::chrono::milliseconds(300));
+        ADD_FAILURE() << "expected a timeout";
+      } catch (const TimeoutError& e) {
+        std::string what = e.what();
+        EXPECT_NE(what.find("timed out after 300 ms"), std::string::npos) << what;
+        EXPECT_NE(what.find("from rank 1 with tag 9 on rank 0"), std::string::npos) << what;
+      }
+      EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+      EXPECT_TRUE(w->is_completed());
+      EXPECT_EQ(w->status().code, StatusCode::kTimeout);
+      EXPECT_THROW(w->wait(), TimeoutError);  // the stored error is rethrown
+    }
+    t.barrier();
+    // Still usable after the withdrawn receive.
+    if (t.rank() == 1) {
+      int value = 77;
+      t.send(0, 10, &value, sizeof(value))->wait();
+    } else if (t.rank() == 0) {
+      int value = 0;
+      t.recv(1, 10, &value, sizeof(value))->wait();
+      EXPECT_EQ(value, 77);
+    }
+  });
+}
+
+TEST_P(TransportTest, AbortWithdrawsAPendingReceive) {
+  Group group = make();
+  run_ranks(group, [&](Transport& t) {
+    if (t.rank() != 0) return;
+    int value = 0;
+    auto w = t.recv(1, 11, &value, sizeof(value));
+    EXPECT_FALSE(w->is_completed());
+    w->abort();
+    EXPECT_TRUE(w->is_completed());
+    EXPECT_EQ(w->status().code, StatusCode::kAborted);
+    try {
+      w->wait();
+      ADD_FAILURE() << "expected CommError";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("aborted by the caller"), std::string::npos);
+    }
+  });
+}
+
+TEST_P(TransportTest, RepeatedBarriers) {
+  Group group = make();
+  run_ranks(group, [&](Transport& t) {
+    for (int i = 0; i < 20; ++i) t.barrier();
+  });
+}
+
+TEST_P(TransportTest, PeerShutdownFailsItsPendingReceivesPromptly) {
+  Group group = make();
+  testing::run_threads(GetParam().world_size, [&](int rank) {
+    auto& t = group[static_cast<size_t>(rank)];
+    if (rank == 1) {
+      int value = 5;
+      t->send(0, 12, &value, sizeof(value))->wait();
+      t->barrier();
+      t.reset();  // rank 1 leaves
+      return;
+    }
+    t->barrier();
+    if (rank != 0) return;
+    int value = 0;
+    t->recv(1, 12, &value, sizeof(value))->wait();  // sent before the shutdown: still delivered
+    EXPECT_EQ(value, 5);
+    auto w = t->recv(1, 13, &value, sizeof(value));
+    const auto start = Clock::now();
+    try {
+      w->wait(std::chrono::seconds(20));
+      ADD_FAILURE() << "expected CommError";
+    } catch (const TimeoutError& e) {
+      ADD_FAILURE() << "expected a prompt CommError, got a timeout: " << e.what();
+    } catch (const CommError& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("rank 1"), std::string::npos) << what;
+      EXPECT_NE(what.find("tag 13"), std::string::npos) << what;
+      EXPECT_TRUE(what.find("closed the connection") != std::string::npos ||
+                  what.find("shut down its transport") != std::string::npos)
+          << what;
+    }
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  });
+}
+
+TEST_P(TransportTest, RejectsBadPeersAndTags) {
+  Group group = make();
+  Transport& t = *group[0];
+  int value = 0;
+  EXPECT_THROW(t.send(0, 1, &value, sizeof(value)), ConfigError);
+  EXPECT_THROW(t.send(t.world_size(), 1, &value, sizeof(value)), ConfigError);
+  EXPECT_THROW(t.recv(1, -1, &value, sizeof(value)), ConfigError);
+  EXPECT_THROW(t.recv(1, kMaxUserTag + 1, &value, sizeof(value)), ConfigError);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, TransportTest,
+                         ::testing::Values(Param{TransportKind::kLocal, 2},
+                                           Param{TransportKind::kLocal, 3},
+                                           Param{TransportKind::kLocal, 4},
+                                           Param{TransportKind::kTcp, 2},
+                                           Param{TransportKind::kTcp, 3},
+                                           Param{TransportKind::kTcp, 4}),
+                         param_name);
+
+}  // namespace
+}  // namespace pipemat::comm
