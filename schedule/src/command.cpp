@@ -35,6 +35,20 @@ Schedule import_file(const ScheduleCommandOptions& o, RecomputeMode recompute) {
 
 }  // namespace
 
+int parse_int_flag(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  long value = 0;
+  bool ok = !text.empty();
+  try {
+    value = ok ? std::stol(text, &used) : 0;
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  ok = ok && used == text.size() && value >= -1000000000L && value <= 1000000000L;
+  PIPEMAT_CHECK(ok, ConfigError, flag, " '", text, "' is not a whole number; e.g. ", flag, " 4.");
+  return static_cast<int>(value);
+}
+
 std::string render_schedule_command(const ScheduleCommandOptions& o) {
   const RecomputeMode recompute = parse_recompute_mode(o.recompute);
   const CostModel costs = parse_costs(o.costs);

@@ -40,7 +40,8 @@ std::string header(const Schedule& s, const SimulationResult& sim, const RenderO
      << s.micro_batches << " micro-batches, recompute " << to_string(s.recompute) << "\n";
   if (!o.costs_label.empty()) os << "costs " << o.costs_label << "\n";
   os << "makespan " << num(sim.makespan) << ", bubble_ratio " << ratio(sim.bubble_ratio)
-     << " (1 - sum(busy) / (ranks * makespan))\n";
+     << " (1 - sum(busy) / (ranks * makespan)), span_bubble_ratio "
+     << ratio(span_bubble_ratio(sim)) << " (worst rank, from its first to its last action)\n";
   return os.str();
 }
 
@@ -54,6 +55,11 @@ std::string xml(const std::string& text) {
     else out += c;
   }
   return out;
+}
+
+// Label colour readable on the block colour.
+const char* ink(ActionType t) {
+  return t == ActionType::kBackwardInput || t == ActionType::kBackwardWeight ? "#111111" : "#ffffff";
 }
 
 const char* colour(ActionType t) {
@@ -153,7 +159,7 @@ std::string render_svg(const Schedule& s, const SimulationResult& sim, const Ren
   const int left = 70, top = 58, row_h = 30, gap = 8;
   const int ranks = s.ranks_count;
   const int plot_w = static_cast<int>(std::ceil(makespan * unit));
-  const int width = left + plot_w + 20;
+  const int width = std::max(left + plot_w + 20, 780);
   const int axis_y = top + ranks * (row_h + gap);
   const int height = axis_y + 70;
   std::ostringstream os;
@@ -188,7 +194,7 @@ std::string render_svg(const Schedule& s, const SimulationResult& sim, const Ren
       if (w >= 9) {
         const int font = w >= 16 ? 11 : 8;
         os << "<text x=\"" << x + w / 2 << "\" y=\"" << y + row_h / 2 + 4 << "\" font-size=\""
-           << font << "\" text-anchor=\"middle\" fill=\"#111\">" << t.action.micro_batch
+           << font << "\" text-anchor=\"middle\" fill=\"" << ink(t.action.type) << "\">" << t.action.micro_batch
            << "</text>";
       }
       os << "</g>\n";

@@ -287,6 +287,15 @@ std::string format_costs(const CostModel& c, RecomputeMode mode) {
          number(c.recompute_cost(mode)) + ",comm=" + number(c.comm);
 }
 
+double span_bubble_ratio(const SimulationResult& result) {
+  double worst = 0.0;
+  for (const RankTimeline& rank : result.ranks) {
+    const double span = rank.last_end - rank.first_start;
+    if (span > 0) worst = std::max(worst, 1.0 - rank.busy / span);
+  }
+  return worst;
+}
+
 SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
   PIPEMAT_CHECK(static_cast<int>(schedule.actions.size()) == schedule.ranks_count &&
                     static_cast<int>(schedule.stage_to_rank.size()) == schedule.stages_count,

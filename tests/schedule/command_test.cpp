@@ -152,3 +152,22 @@ TEST(CommandTest, BadInputIsAConfigOrScheduleErrorNamingTheFlag) {
 
 }  // namespace
 }  // namespace pipemat::schedule
+
+namespace pipemat::schedule {
+namespace {
+
+TEST(CommandTest, ParseIntFlag) {
+  EXPECT_EQ(parse_int_flag("--stages", "8"), 8);
+  EXPECT_EQ(parse_int_flag("--stages", "0"), 0);
+  for (const char* bad : {"", "x", "4x", "1.5", "99999999999"}) {
+    try {
+      parse_int_flag("--stages", bad);
+      FAIL() << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--stages '"), std::string::npos);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pipemat::schedule

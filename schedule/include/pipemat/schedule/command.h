@@ -24,6 +24,11 @@ struct ScheduleCommandOptions {
   bool with_comms = false;     // list SEND/RECV actions in text, csv and json
 };
 
+// The integer value of a flag ("--stages", "8"). ConfigError naming the flag and the text when it
+// is not a whole number (the CLI takes integers as text so that a typo is a pipemat error with
+// exit code 1, like every other bad value).
+int parse_int_flag(const std::string& flag, const std::string& text);
+
 // Builds (or imports), validates, lowers, simulates and renders; returns the document.
 std::string render_schedule_command(const ScheduleCommandOptions& options);
 

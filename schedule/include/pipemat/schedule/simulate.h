@@ -69,6 +69,11 @@ struct SimulationResult {
   std::vector<RankTimeline> ranks;
 };
 
+// The worst rank's idle share inside its own span: max over ranks of
+// 1 - busy / (last_end - first_start). Unlike bubble_ratio it ignores the start stagger and the
+// early finish of ranks, which is how the zero-bubble papers count ZB-H2 and ZB-V as bubble-free.
+double span_bubble_ratio(const SimulationResult& result);
+
 // Simulates a structurally valid schedule (run validate_schedule's per-rank rules first;
 // build_schedule and import_torch_csv do). Throws ScheduleError on deadlock.
 SimulationResult simulate(const Schedule& schedule, const CostModel& costs = {});
