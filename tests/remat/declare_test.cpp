@@ -172,3 +172,57 @@ TEST(Declare, CallablesWithSeveralNamedInputsAndTupleOutputs) {
 
 }  // namespace
 }  // namespace pipemat::remat::testing
+
+namespace pipemat::remat::testing {
+namespace {
+
+struct ListModelImpl : torch::nn::Module {
+  ListModelImpl() {
+    layers = register_module("layers", torch::nn::ModuleList(Block(kHidden), Block(kHidden)));
+    heads = register_module("heads", torch::nn::ModuleDict());
+    heads->update({{"out", Gemm(kHidden, kHidden).ptr()}});
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (auto& layer : *layers) x = layer->as<Block>()->forward(x);
+    return heads["out"]->as<Gemm>()->forward(x);
+  }
+  ModuleList layers{nullptr};  // was torch::nn::ModuleList
+  ModuleDict heads{nullptr};   // was torch::nn::ModuleDict
+};
+TORCH_MODULE(ListModel);
+
+TEST(Declare, ModuleListAndModuleDictChildrenFollowThePolicy) {
+  at::manual_seed(21);
+  ListModel plain;
+  at::manual_seed(21);
+  ListModel model;
+  RematPolicy policy;
+  policy.checkpoint = {"layers.*"};
+  policy.exclude = {{"layers.*.gemm", true}};
+  apply_policy(*model, policy);
+  Grads got = run_and_grad([&](const at::Tensor& x) { return model->forward(x); }, input(8),
+                           model->parameters());
+  Grads want = run_and_grad([&](const at::Tensor& x) { return plain->forward(x); }, input(8),
+                            plain->parameters());
+  expect_bitwise_equal(got, want);
+  for (size_t i = 0; i < 2; ++i) {
+    auto* block = model->layers[i]->as<Block>().get();
+    EXPECT_EQ(block->pre->calls, 2);
+    EXPECT_EQ(block->gemm->calls, 1);
+  }
+  try {
+    model->layers[0]->as<Gemm>();
+    FAIL() << "no error";
+  } catch (const RematError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not of the requested type"), std::string::npos);
+  }
+  RematPolicy dict_policy;
+  dict_policy.checkpoint = {"heads.out"};
+  apply_policy(*model, dict_policy);
+  reset_counters();
+  run_and_grad([&](const at::Tensor& x) { return model->forward(x); }, input(8), model->parameters());
+  EXPECT_EQ(counters().unit_calls, 3);  // two layers + the head
+}
+
+}  // namespace
+}  // namespace pipemat::remat::testing

@@ -1,6 +1,7 @@
 #pragma once
 // Everything a model author needs from remat.
 #include "pipemat/remat/any_module.h"
+#include "pipemat/remat/containers.h"
 #include "pipemat/remat/hooks.h"
 #include "pipemat/remat/invocation.h"
 #include "pipemat/remat/options.h"

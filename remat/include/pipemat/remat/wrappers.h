@@ -83,6 +83,16 @@ struct is_remat : std::false_type {};
 template <typename H>
 struct is_remat<Remat<H>> : std::true_type {};
 
+// The module class behind a holder type (torch::nn::Linear -> LinearImpl) or the class itself.
+template <typename T, typename = void>
+struct ImplOf {
+  using type = T;
+};
+template <typename T>
+struct ImplOf<T, std::void_t<typename T::ContainedType>> {
+  using type = typename T::ContainedType;
+};
+
 template <typename T>
 constexpr bool is_plain_callable_v = !is_module_holder<T>::value && !is_remat<T>::value &&
                                      !std::is_same_v<T, torch::nn::AnyModule>;
