@@ -26,8 +26,11 @@ Schedule import_file(const ScheduleCommandOptions& o, RecomputeMode recompute) {
   PIPEMAT_CHECK(o.micro_batches == 0 || o.micro_batches == s.micro_batches, ConfigError,
                 "--micro-batches ", o.micro_batches, " does not match --import ", o.import_path,
                 ", which uses ", s.micro_batches, " micro-batches; drop --micro-batches or fix the file.");
-  if (s.recompute == RecomputeMode::kNone && !s.has_comms()) s = insert_recompute(std::move(s), recompute);
-  else if (recompute == RecomputeMode::kLazy && s.recompute == RecomputeMode::kNone) s.recompute = recompute;
+  PIPEMAT_CHECK(o.virtual_stages == 1 || o.virtual_stages == s.virtual_stages, ConfigError,
+                "--virtual ", o.virtual_stages, " does not match --import ", o.import_path,
+                ", which has ", s.virtual_stages, " stages per rank; drop --virtual.");
+  // A CSV without R actions takes the requested placement; one with R actions is pretrigger.
+  if (s.recompute == RecomputeMode::kNone) s = insert_recompute(std::move(s), recompute);
   s = lower_communication(s);
   validate_schedule(s);
   return s;
@@ -56,6 +59,8 @@ std::string render_schedule_command(const ScheduleCommandOptions& o) {
                 ConfigError, "--format '", o.format, "' is unknown; expected text, csv, json or svg.");
   Schedule schedule;
   if (!o.import_path.empty()) {
+    PIPEMAT_CHECK(o.kind.empty(), ConfigError, "--kind ", o.kind, " and --import ", o.import_path,
+                  " exclude each other: the imported file already fixes the schedule. Drop one.");
     schedule = import_file(o, recompute);
   } else {
     PIPEMAT_CHECK(!o.kind.empty(), ConfigError,

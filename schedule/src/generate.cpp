@@ -216,6 +216,11 @@ Schedule generate_schedule(const ScheduleOptions& o) {
   check_range(o.micro_batches, 1, kMaxMicroBatches, "--micro-batches", "micro-batches per step");
   check_range(o.virtual_stages, 1, kMaxVirtual, "--virtual", "stages per rank");
   const int p = o.stages, m = o.micro_batches, v = o.virtual_stages;
+  const long long stages = static_cast<long long>(p) * (o.kind == ScheduleKind::kZeroBubbleV ? 2 : v);
+  PIPEMAT_CHECK(stages * m <= kMaxStageMicroBatches, ConfigError, "--stages ", p, " x --virtual ",
+                v, " x --micro-batches ", m, " = ", stages * m,
+                " (stage, micro-batch) pairs is more than the ", kMaxStageMicroBatches,
+                " pipemat schedules; use fewer micro-batches or stages.");
   switch (o.kind) {
     case ScheduleKind::kGPipe:
     case ScheduleKind::kOneFOneB:

@@ -87,7 +87,10 @@ std::string render_text(const Schedule& s, const SimulationResult& sim, const Re
       shortest = shortest == 0.0 ? t.end - t.start : std::min(shortest, t.end - t.start);
     }
   }
-  const double scale = shortest > 0 ? static_cast<double>(width + 1) / shortest : 1.0;
+  double scale = shortest > 0 ? static_cast<double>(width + 1) / shortest : 1.0;
+  // Very uneven costs would make the row thousands of columns wide: cap it (labels then clip).
+  constexpr double kMaxColumns = 600.0;
+  if (sim.makespan * scale > kMaxColumns) scale = std::max(kMaxColumns / sim.makespan, 1e-6);
   const int columns = static_cast<int>(std::ceil(sim.makespan * scale - 1e-9));
   const std::string prefix_pad(9, ' ');
   // Axis: a tick mark every 5 time units (every unit when the makespan is short).

@@ -303,6 +303,12 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
                 schedule.actions.size(), " lists for ", schedule.ranks_count, " ranks, ",
                 schedule.stage_to_rank.size(), " stage_to_rank entries for ",
                 schedule.stages_count, " stages); run validate_schedule first.");
+  PIPEMAT_CHECK(schedule.micro_batches >= 1 &&
+                    static_cast<long long>(schedule.stages_count) * schedule.micro_batches <=
+                        kMaxStageMicroBatches,
+                ScheduleError, "simulate: ", schedule.stages_count, " stages x ",
+                schedule.micro_batches, " micro-batches is outside what pipemat handles (1 to ",
+                kMaxStageMicroBatches, " pairs).");
   return Simulator(schedule, costs).run();
 }
 

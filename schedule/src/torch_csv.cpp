@@ -56,6 +56,10 @@ Schedule import_torch_csv(const std::string& text, const std::string& source) {
     }
   }
   PIPEMAT_CHECK(max_stage >= 0, ScheduleError, source, ": the CSV holds no actions.");
+  PIPEMAT_CHECK(static_cast<long long>(max_stage + 1) * (max_mb + 1) <= kMaxStageMicroBatches,
+                ScheduleError, source, ": stage ", max_stage, " and micro-batch ", max_mb,
+                " make more than the ", kMaxStageMicroBatches,
+                " (stage, micro-batch) pairs pipemat handles; check the numbers in the file.");
   s.stages_count = max_stage + 1;
   s.micro_batches = max_mb + 1;
   s.stage_to_rank.assign(s.stages_count, -1);

@@ -55,6 +55,11 @@ class Validator {
                       static_cast<int>(s_.stage_to_rank.size()) == s_.stages_count,
                   ScheduleError, "invalid schedule: stage_to_rank must name a rank for each of the ",
                   s_.stages_count, " stages, found ", s_.stage_to_rank.size(), " entries.");
+    PIPEMAT_CHECK(static_cast<long long>(s_.stages_count) * s_.micro_batches <=
+                      kMaxStageMicroBatches,
+                  ScheduleError, "invalid schedule: ", s_.stages_count, " stages x ",
+                  s_.micro_batches, " micro-batches is more than the ", kMaxStageMicroBatches,
+                  " (stage, micro-batch) pairs pipemat handles.");
     for (int st = 0; st < s_.stages_count; ++st) {
       PIPEMAT_CHECK(s_.stage_to_rank[st] >= 0 && s_.stage_to_rank[st] < s_.ranks_count,
                     ScheduleError, "invalid schedule: stage_to_rank[", st, "] = ",

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "pipemat/core/error.h"
+#include "pipemat/core/format.h"
 
 namespace pipemat::schedule {
 namespace {
@@ -155,6 +156,53 @@ TEST(CommandTest, BadInputIsAConfigOrScheduleErrorNamingTheFlag) {
 
 namespace pipemat::schedule {
 namespace {
+
+TEST(CommandTest, ImportChecksConflictingFlagsAndAppliesRecompute) {
+  const std::string csv_path = temp_path("comms.csv");
+  {
+    std::ofstream f(csv_path);
+    f << "0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n";
+  }
+  ScheduleCommandOptions o;
+  o.import_path = csv_path;
+  o.format = "csv";
+  o.with_comms = true;
+  o.recompute = "pretrigger";
+  EXPECT_EQ(render_schedule_command(o),
+            "0F0,0SEND_F0,0RECV_B0,0R0,0B0\n1RECV_F0,1F0,1R0,1B0,1SEND_B0\n");
+  o.kind = "1f1b";
+  EXPECT_THROW(render_schedule_command(o), ConfigError);
+  o.kind.clear();
+  o.stages = 3;
+  EXPECT_THROW(render_schedule_command(o), ConfigError);
+  o.stages = 0;
+  o.virtual_stages = 2;
+  EXPECT_THROW(render_schedule_command(o), ConfigError);
+  std::remove(csv_path.c_str());
+}
+
+TEST(CommandTest, HugeSizesAreRefusedNotAllocated) {
+  EXPECT_THROW(render_schedule_command(cli("1f1b", 1024, 65536, "json")), ConfigError);
+  ScheduleCommandOptions o;
+  o.import_path = temp_path("huge.csv");
+  {
+    std::ofstream f(o.import_path);
+    f << "999999999F0\n";
+  }
+  EXPECT_THROW(render_schedule_command(o), ScheduleError);
+  std::remove(o.import_path.c_str());
+}
+
+TEST(CommandTest, UnevenCostsKeepTheTextTimelineNarrow) {
+  ScheduleCommandOptions o = cli("1f1b", 4, 16, "text");
+  o.costs = "F=0.01,B=5";
+  const std::string text = render_schedule_command(o);
+  for (const std::string& line : split(text, '\n')) {
+    if (line.rfind("rank ", 0) == 0 && line.find("actions:") == std::string::npos) {
+      EXPECT_LE(line.size(), 620u);
+    }
+  }
+}
 
 TEST(CommandTest, ParseIntFlag) {
   EXPECT_EQ(parse_int_flag("--stages", "8"), 8);

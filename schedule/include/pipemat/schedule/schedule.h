@@ -115,6 +115,10 @@ Action matching_action(const Action& comm);
 // of the schedule; usable as a message tag. In [0, 2 * stages_count * micro_batches).
 int message_id(const Schedule& schedule, const Action& comm);
 
+// Size limits: generators and the validator refuse schedules with more (stage, micro-batch)
+// pairs than this, so that a typo cannot exhaust memory.
+constexpr long long kMaxStageMicroBatches = 1LL << 22;
+
 struct ScheduleOptions {
   ScheduleKind kind = ScheduleKind::kOneFOneB;
   int stages = 1;          // pipeline ranks P
