@@ -27,7 +27,8 @@ void add_schedule_command(CLI::App& app) {
   cmd->footer(
       "Examples:\n"
       "  pipemat schedule --kind 1f1b --stages 4 --micro-batches 8\n"
-      "  pipemat schedule --kind interleaved --stages 4 --micro-batches 8 --virtual 2 --format json\n"
+      "  pipemat schedule --kind interleaved --stages 4 --micro-batches 8 --virtual 2 --format "
+      "json\n"
       "  pipemat schedule --kind zb-v --stages 4 --micro-batches 8 --format svg --output zbv.svg\n"
       "  pipemat schedule --kind 1f1b --stages 4 --micro-batches 8 --recompute pretrigger "
       "--costs F=1,B=2,R=1,comm=0.5\n"
@@ -60,8 +61,7 @@ void add_schedule_command(CLI::App& app) {
       ->type_name("FILE.csv");
   cmd->add_option("--format", o.format, "text (default) | csv (torch CSV) | json | svg")
       ->type_name("FORMAT");
-  cmd->add_option("--output", o.output, "Write to this file instead of stdout")
-      ->type_name("FILE");
+  cmd->add_option("--output", o.output, "Write to this file instead of stdout")->type_name("FILE");
   cmd->add_flag("--with-comms", o.with_comms,
                 "Also list the lowered SEND_F/RECV_F/SEND_B/RECV_B actions (text, csv, json)");
   cmd->callback([flags] {

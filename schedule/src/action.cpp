@@ -8,9 +8,9 @@ namespace pipemat::schedule {
 namespace {
 
 constexpr ActionType kAllTypes[] = {
-    ActionType::kForward,      ActionType::kBackward,     ActionType::kBackwardInput,
-    ActionType::kBackwardWeight, ActionType::kRecompute,  ActionType::kSendForward,
-    ActionType::kRecvForward,  ActionType::kSendBackward, ActionType::kRecvBackward,
+    ActionType::kForward,        ActionType::kBackward,     ActionType::kBackwardInput,
+    ActionType::kBackwardWeight, ActionType::kRecompute,    ActionType::kSendForward,
+    ActionType::kRecvForward,    ActionType::kSendBackward, ActionType::kRecvBackward,
 };
 
 // Reads a non-negative decimal integer at text[pos...]; returns -1 when there is none or it
@@ -36,15 +36,24 @@ int read_int(const std::string& text, size_t& pos) {
 
 const char* action_type_code(ActionType type) {
   switch (type) {
-    case ActionType::kForward: return "F";
-    case ActionType::kBackward: return "B";
-    case ActionType::kBackwardInput: return "I";
-    case ActionType::kBackwardWeight: return "W";
-    case ActionType::kRecompute: return "R";
-    case ActionType::kSendForward: return "SEND_F";
-    case ActionType::kRecvForward: return "RECV_F";
-    case ActionType::kSendBackward: return "SEND_B";
-    case ActionType::kRecvBackward: return "RECV_B";
+    case ActionType::kForward:
+      return "F";
+    case ActionType::kBackward:
+      return "B";
+    case ActionType::kBackwardInput:
+      return "I";
+    case ActionType::kBackwardWeight:
+      return "W";
+    case ActionType::kRecompute:
+      return "R";
+    case ActionType::kSendForward:
+      return "SEND_F";
+    case ActionType::kRecvForward:
+      return "RECV_F";
+    case ActionType::kSendBackward:
+      return "SEND_B";
+    case ActionType::kRecvBackward:
+      return "RECV_B";
   }
   PIPEMAT_INTERNAL_ASSERT(false, "unknown ActionType ", static_cast<int>(type));
   return "";
@@ -85,7 +94,8 @@ Action parse_action(const std::string& raw) {
   action.stage = read_int(text, pos);
   if (action.stage < 0) throw_bad_action(text, "it does not start with a stage number");
   size_t type_begin = pos;
-  while (pos < text.size() && (std::isupper(static_cast<unsigned char>(text[pos])) || text[pos] == '_')) {
+  while (pos < text.size() &&
+         (std::isupper(static_cast<unsigned char>(text[pos])) || text[pos] == '_')) {
     ++pos;
   }
   const std::string code = text.substr(type_begin, pos - type_begin);

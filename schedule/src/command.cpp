@@ -25,7 +25,8 @@ Schedule import_file(const ScheduleCommandOptions& o, RecomputeMode recompute) {
                 " ranks (rows); drop --stages or fix the file.");
   PIPEMAT_CHECK(o.micro_batches == 0 || o.micro_batches == s.micro_batches, ConfigError,
                 "--micro-batches ", o.micro_batches, " does not match --import ", o.import_path,
-                ", which uses ", s.micro_batches, " micro-batches; drop --micro-batches or fix the file.");
+                ", which uses ", s.micro_batches,
+                " micro-batches; drop --micro-batches or fix the file.");
   PIPEMAT_CHECK(o.virtual_stages == 1 || o.virtual_stages == s.virtual_stages, ConfigError,
                 "--virtual ", o.virtual_stages, " does not match --import ", o.import_path,
                 ", which has ", s.virtual_stages, " stages per rank; drop --virtual.");
@@ -56,7 +57,8 @@ std::string render_schedule_command(const ScheduleCommandOptions& o) {
   const RecomputeMode recompute = parse_recompute_mode(o.recompute);
   const CostModel costs = parse_costs(o.costs);
   PIPEMAT_CHECK(o.format == "text" || o.format == "csv" || o.format == "json" || o.format == "svg",
-                ConfigError, "--format '", o.format, "' is unknown; expected text, csv, json or svg.");
+                ConfigError, "--format '", o.format,
+                "' is unknown; expected text, csv, json or svg.");
   Schedule schedule;
   if (!o.import_path.empty()) {
     PIPEMAT_CHECK(o.kind.empty(), ConfigError, "--kind ", o.kind, " and --import ", o.import_path,
@@ -66,10 +68,11 @@ std::string render_schedule_command(const ScheduleCommandOptions& o) {
     PIPEMAT_CHECK(!o.kind.empty(), ConfigError,
                   "--kind is required (gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zb-v), or give "
                   "--import FILE.csv.");
-    PIPEMAT_CHECK(o.stages >= 1, ConfigError, "--stages (number of pipeline ranks) must be >= 1, found ",
-                  o.stages, "; e.g. --stages 4.");
-    PIPEMAT_CHECK(o.micro_batches >= 1, ConfigError,
-                  "--micro-batches must be >= 1, found ", o.micro_batches, "; e.g. --micro-batches 8.");
+    PIPEMAT_CHECK(o.stages >= 1, ConfigError,
+                  "--stages (number of pipeline ranks) must be >= 1, found ", o.stages,
+                  "; e.g. --stages 4.");
+    PIPEMAT_CHECK(o.micro_batches >= 1, ConfigError, "--micro-batches must be >= 1, found ",
+                  o.micro_batches, "; e.g. --micro-batches 8.");
     ScheduleOptions options;
     options.kind = parse_schedule_kind(o.kind);
     options.stages = o.stages;

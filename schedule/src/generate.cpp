@@ -216,7 +216,8 @@ Schedule generate_schedule(const ScheduleOptions& o) {
   check_range(o.micro_batches, 1, kMaxMicroBatches, "--micro-batches", "micro-batches per step");
   check_range(o.virtual_stages, 1, kMaxVirtual, "--virtual", "stages per rank");
   const int p = o.stages, m = o.micro_batches, v = o.virtual_stages;
-  const long long stages = static_cast<long long>(p) * (o.kind == ScheduleKind::kZeroBubbleV ? 2 : v);
+  const long long stages =
+      static_cast<long long>(p) * (o.kind == ScheduleKind::kZeroBubbleV ? 2 : v);
   PIPEMAT_CHECK(stages * m <= kMaxStageMicroBatches, ConfigError, "--stages ", p, " x --virtual ",
                 v, " x --micro-batches ", m, " = ", stages * m,
                 " (stage, micro-batch) pairs is more than the ", kMaxStageMicroBatches,
@@ -248,11 +249,13 @@ Schedule generate_schedule(const ScheduleOptions& o) {
         int below = m - 1, above = m + 1;
         while (below >= 1 && below % std::max(1, below / p) != 0) --below;
         while (above % std::max(1, above / p) != 0) ++above;
-        PIPEMAT_THROW(ConfigError, "--kind interleaved with --stages ", p, " runs micro-batches in ",
-                      rounds, " rounds of at least ", p, " (one per rank), so --micro-batches must "
-                      "split into equal rounds; ", m, " does not (", m, " % ", rounds, " = ",
-                      m % rounds, "). Use --micro-batches ", below, " or ", above,
-                      " (any multiple of ", p, " works).");
+        PIPEMAT_THROW(ConfigError, "--kind interleaved with --stages ", p,
+                      " runs micro-batches in ", rounds, " rounds of at least ", p,
+                      " (one per rank), so --micro-batches must "
+                      "split into equal rounds; ",
+                      m, " does not (", m, " % ", rounds, " = ", m % rounds,
+                      "). Use --micro-batches ", below, " or ", above, " (any multiple of ", p,
+                      " works).");
       }
       interleaved(s);
       return s;
@@ -267,7 +270,8 @@ Schedule generate_schedule(const ScheduleOptions& o) {
       return s;
     }
     case ScheduleKind::kImported:
-      PIPEMAT_THROW(ConfigError, "kind 'imported' has no generator; read the schedule with "
+      PIPEMAT_THROW(ConfigError,
+                    "kind 'imported' has no generator; read the schedule with "
                     "import_torch_csv (`--import FILE.csv`) instead.");
   }
   PIPEMAT_INTERNAL_ASSERT(false, "unhandled ScheduleKind");

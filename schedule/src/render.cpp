@@ -12,7 +12,8 @@ namespace pipemat::schedule {
 namespace {
 
 std::string num(double v) {
-  if (std::fabs(v - std::round(v)) < 1e-9) return std::to_string(static_cast<long long>(std::round(v)));
+  if (std::fabs(v - std::round(v)) < 1e-9)
+    return std::to_string(static_cast<long long>(std::round(v)));
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.6g", v);
   return buf;
@@ -40,8 +41,8 @@ std::string header(const Schedule& s, const SimulationResult& sim, const RenderO
      << s.micro_batches << " micro-batches, recompute " << to_string(s.recompute) << "\n";
   if (!o.costs_label.empty()) os << "costs " << o.costs_label << "\n";
   os << "makespan " << num(sim.makespan) << ", bubble_ratio " << ratio(sim.bubble_ratio)
-     << " (1 - sum(busy) / (ranks * makespan)), span_bubble_ratio "
-     << ratio(span_bubble_ratio(sim)) << " (worst rank, from its first to its last action)\n";
+     << " (1 - sum(busy) / (ranks * makespan)), span_bubble_ratio " << ratio(span_bubble_ratio(sim))
+     << " (worst rank, from its first to its last action)\n";
   return os.str();
 }
 
@@ -49,27 +50,38 @@ std::string header(const Schedule& s, const SimulationResult& sim, const RenderO
 std::string xml(const std::string& text) {
   std::string out;
   for (char c : text) {
-    if (c == '&') out += "&amp;";
-    else if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else out += c;
+    if (c == '&')
+      out += "&amp;";
+    else if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else
+      out += c;
   }
   return out;
 }
 
 // Label colour readable on the block colour.
 const char* ink(ActionType t) {
-  return t == ActionType::kBackwardInput || t == ActionType::kBackwardWeight ? "#111111" : "#ffffff";
+  return t == ActionType::kBackwardInput || t == ActionType::kBackwardWeight ? "#111111"
+                                                                             : "#ffffff";
 }
 
 const char* colour(ActionType t) {
   switch (t) {
-    case ActionType::kForward: return "#4e79a7";
-    case ActionType::kBackward: return "#59a14f";
-    case ActionType::kBackwardInput: return "#f28e2b";
-    case ActionType::kBackwardWeight: return "#edc948";
-    case ActionType::kRecompute: return "#b07aa1";
-    default: return "#999999";
+    case ActionType::kForward:
+      return "#4e79a7";
+    case ActionType::kBackward:
+      return "#59a14f";
+    case ActionType::kBackwardInput:
+      return "#f28e2b";
+    case ActionType::kBackwardWeight:
+      return "#edc948";
+    case ActionType::kRecompute:
+      return "#b07aa1";
+    default:
+      return "#999999";
   }
 }
 
@@ -124,11 +136,15 @@ std::string render_text(const Schedule& s, const SimulationResult& sim, const Re
   }
   os << "\n";
   for (const auto& rank : sim.ranks) {
-    os << "rank " << rank.rank << ": stages " << join([&] {
-      std::vector<std::string> v;
-      for (int st : s.stages_of(rank.rank)) v.push_back(std::to_string(st));
-      return v;
-    }(), ",") << ", busy " << num(rank.busy) << ", peak_activations " << rank.peak_activations
+    os << "rank " << rank.rank << ": stages "
+       << join(
+              [&] {
+                std::vector<std::string> v;
+                for (int st : s.stages_of(rank.rank)) v.push_back(std::to_string(st));
+                return v;
+              }(),
+              ",")
+       << ", busy " << num(rank.busy) << ", peak_activations " << rank.peak_activations
        << ", actions: " << join(format_actions(listed(s, rank.rank, o)), " ") << "\n";
   }
   return os.str();
@@ -147,7 +163,8 @@ std::string render_json(const Schedule& s, const SimulationResult& sim, const Re
   for (size_t r = 0; r < sim.ranks.size(); ++r) {
     const auto& rank = sim.ranks[r];
     std::vector<std::string> quoted;
-    for (const auto& text : format_actions(listed(s, rank.rank, o))) quoted.push_back('"' + text + '"');
+    for (const auto& text : format_actions(listed(s, rank.rank, o)))
+      quoted.push_back('"' + text + '"');
     os << (r ? "," : "") << "\n    {\"rank\": " << rank.rank << ", \"actions\": ["
        << join(quoted, ", ") << "], \"busy\": " << num(rank.busy)
        << ", \"peak_activations\": " << rank.peak_activations << "}";
@@ -186,8 +203,8 @@ std::string render_svg(const Schedule& s, const SimulationResult& sim, const Ren
     const std::vector<int> own = s.stages_of(rank.rank);
     for (const auto& t : rank.actions) {
       if (!is_compute(t.action.type) || t.end <= t.start) continue;
-      const int chunk = static_cast<int>(
-          std::find(own.begin(), own.end(), t.action.stage) - own.begin());
+      const int chunk =
+          static_cast<int>(std::find(own.begin(), own.end(), t.action.stage) - own.begin());
       const double x = left + t.start * unit, w = (t.end - t.start) * unit;
       const double opacity = chunk == 0 ? 1.0 : std::max(0.35, 1.0 - 0.3 * chunk);
       os << "<g><title>" << format_action(t.action) << " [" << num(t.start) << ", " << num(t.end)
@@ -197,8 +214,8 @@ std::string render_svg(const Schedule& s, const SimulationResult& sim, const Ren
       if (w >= 9) {
         const int font = w >= 16 ? 11 : 8;
         os << "<text x=\"" << x + w / 2 << "\" y=\"" << y + row_h / 2 + 4 << "\" font-size=\""
-           << font << "\" text-anchor=\"middle\" fill=\"" << ink(t.action.type) << "\">" << t.action.micro_batch
-           << "</text>";
+           << font << "\" text-anchor=\"middle\" fill=\"" << ink(t.action.type) << "\">"
+           << t.action.micro_batch << "</text>";
       }
       os << "</g>\n";
     }
@@ -219,8 +236,10 @@ std::string render_svg(const Schedule& s, const SimulationResult& sim, const Ren
   }
   // Legend.
   const std::pair<ActionType, const char*> legend[] = {
-      {ActionType::kForward, "F forward"},        {ActionType::kBackward, "B backward"},
-      {ActionType::kBackwardInput, "I input grad"}, {ActionType::kBackwardWeight, "W weight grad"},
+      {ActionType::kForward, "F forward"},
+      {ActionType::kBackward, "B backward"},
+      {ActionType::kBackwardInput, "I input grad"},
+      {ActionType::kBackwardWeight, "W weight grad"},
       {ActionType::kRecompute, "R recompute"}};
   int lx = left;
   const int ly = axis_y + 32;

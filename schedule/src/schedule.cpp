@@ -13,39 +13,52 @@ namespace pipemat::schedule {
 
 const char* to_string(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::kGPipe: return "gpipe";
-    case ScheduleKind::kOneFOneB: return "1f1b";
-    case ScheduleKind::kInterleaved: return "interleaved";
-    case ScheduleKind::kZeroBubbleH1: return "zb-h1";
-    case ScheduleKind::kZeroBubbleH2: return "zb-h2";
-    case ScheduleKind::kZeroBubbleV: return "zb-v";
-    case ScheduleKind::kImported: return "imported";
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::kOneFOneB:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+    case ScheduleKind::kZeroBubbleH1:
+      return "zb-h1";
+    case ScheduleKind::kZeroBubbleH2:
+      return "zb-h2";
+    case ScheduleKind::kZeroBubbleV:
+      return "zb-v";
+    case ScheduleKind::kImported:
+      return "imported";
   }
   return "?";
 }
 
 const char* to_string(RecomputeMode mode) {
   switch (mode) {
-    case RecomputeMode::kNone: return "none";
-    case RecomputeMode::kLazy: return "lazy";
-    case RecomputeMode::kPretrigger: return "pretrigger";
+    case RecomputeMode::kNone:
+      return "none";
+    case RecomputeMode::kLazy:
+      return "lazy";
+    case RecomputeMode::kPretrigger:
+      return "pretrigger";
   }
   return "?";
 }
 
 const char* to_string(StageLayout layout) {
   switch (layout) {
-    case StageLayout::kLoop: return "loop";
-    case StageLayout::kV: return "v";
-    case StageLayout::kCustom: return "custom";
+    case StageLayout::kLoop:
+      return "loop";
+    case StageLayout::kV:
+      return "v";
+    case StageLayout::kCustom:
+      return "custom";
   }
   return "?";
 }
 
 ScheduleKind parse_schedule_kind(const std::string& text) {
-  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
-                         ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleH2,
-                         ScheduleKind::kZeroBubbleV}) {
+  for (ScheduleKind k :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+        ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleH2, ScheduleKind::kZeroBubbleV}) {
     if (text == to_string(k)) return k;
   }
   PIPEMAT_THROW(ConfigError, "--kind '", text,
@@ -69,7 +82,7 @@ std::vector<int> loop_stage_to_rank(int ranks, int stages) {
 }
 
 std::vector<int> v_stage_to_rank(int ranks) {
-  std::vector<int> map(2 * ranks);
+  std::vector<int> map(static_cast<size_t>(ranks) * 2);
   for (int r = 0; r < ranks; ++r) {
     map[r] = r;
     map[2 * ranks - 1 - r] = r;
@@ -116,10 +129,14 @@ std::vector<Action> Schedule::compute_actions(int rank) const {
 
 Action matching_action(const Action& comm) {
   switch (comm.type) {
-    case ActionType::kSendForward: return {comm.stage + 1, ActionType::kRecvForward, comm.micro_batch};
-    case ActionType::kRecvForward: return {comm.stage - 1, ActionType::kSendForward, comm.micro_batch};
-    case ActionType::kSendBackward: return {comm.stage - 1, ActionType::kRecvBackward, comm.micro_batch};
-    case ActionType::kRecvBackward: return {comm.stage + 1, ActionType::kSendBackward, comm.micro_batch};
+    case ActionType::kSendForward:
+      return {comm.stage + 1, ActionType::kRecvForward, comm.micro_batch};
+    case ActionType::kRecvForward:
+      return {comm.stage - 1, ActionType::kSendForward, comm.micro_batch};
+    case ActionType::kSendBackward:
+      return {comm.stage - 1, ActionType::kRecvBackward, comm.micro_batch};
+    case ActionType::kRecvBackward:
+      return {comm.stage + 1, ActionType::kSendBackward, comm.micro_batch};
     default:
       PIPEMAT_THROW(ScheduleError, "matching_action: ", format_action(comm),
                     " is a compute action; only SEND_F, RECV_F, SEND_B and RECV_B have a peer.");
@@ -134,7 +151,8 @@ int message_id(const Schedule& schedule, const Action& comm) {
   const Action other = matching_action(comm);
   const bool forward =
       comm.type == ActionType::kSendForward || comm.type == ActionType::kRecvForward;
-  const bool sending = comm.type == ActionType::kSendForward || comm.type == ActionType::kSendBackward;
+  const bool sending =
+      comm.type == ActionType::kSendForward || comm.type == ActionType::kSendBackward;
   const int sender_stage = sending ? comm.stage : other.stage;
   return ((forward ? 0 : schedule.stages_count) + sender_stage) * schedule.micro_batches +
          comm.micro_batch;
@@ -155,7 +173,8 @@ Schedule insert_recompute(Schedule schedule, RecomputeMode mode) {
   }
   PIPEMAT_CHECK(!has_r || mode == RecomputeMode::kPretrigger, ScheduleError,
                 "the schedule already holds R (recompute) actions, which only the 'pretrigger' "
-                "placement has, but recompute '", to_string(mode),
+                "placement has, but recompute '",
+                to_string(mode),
                 "' was asked for. Use --recompute pretrigger, or remove the R actions.");
   schedule.recompute = mode;
   if (mode != RecomputeMode::kPretrigger) return schedule;

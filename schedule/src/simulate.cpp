@@ -35,7 +35,9 @@ std::string number(double v) {
 class Simulator {
  public:
   Simulator(const Schedule& s, const CostModel& c)
-      : s_(s), c_(c), comms_(s.has_comms()),
+      : s_(s),
+        c_(c),
+        comms_(s.has_comms()),
         cells_(static_cast<size_t>(s.stages_count) * s.micro_batches) {}
 
   SimulationResult run() {
@@ -89,8 +91,7 @@ class Simulator {
       }
       busy_total += rank.busy;
     }
-    result.bubble_ratio =
-        result.makespan > 0 ? 1.0 - busy_total / (p * result.makespan) : 0.0;
+    result.bubble_ratio = result.makespan > 0 ? 1.0 - busy_total / (p * result.makespan) : 0.0;
     return result;
   }
 
@@ -99,17 +100,26 @@ class Simulator {
     double f = kNotYet, bwd = kNotYet, i = kNotYet, r = kNotYet;
     double send_f = kNotYet, recv_f = kNotYet, send_b = kNotYet, recv_b = kNotYet;
   };
-  Cell& cell(int stage, int mb) { return cells_[static_cast<size_t>(stage) * s_.micro_batches + mb]; }
+  Cell& cell(int stage, int mb) {
+    return cells_[static_cast<size_t>(stage) * s_.micro_batches + mb];
+  }
 
   double duration(ActionType t) const {
-    const double lazy = s_.recompute == RecomputeMode::kLazy ? c_.recompute_cost(s_.recompute) : 0.0;
+    const double lazy =
+        s_.recompute == RecomputeMode::kLazy ? c_.recompute_cost(s_.recompute) : 0.0;
     switch (t) {
-      case ActionType::kForward: return c_.forward;
-      case ActionType::kBackward: return c_.backward_cost() + lazy;
-      case ActionType::kBackwardInput: return c_.backward_input + lazy;
-      case ActionType::kBackwardWeight: return c_.backward_weight;
-      case ActionType::kRecompute: return c_.recompute_cost(s_.recompute);
-      default: return 0.0;
+      case ActionType::kForward:
+        return c_.forward;
+      case ActionType::kBackward:
+        return c_.backward_cost() + lazy;
+      case ActionType::kBackwardInput:
+        return c_.backward_input + lazy;
+      case ActionType::kBackwardWeight:
+        return c_.backward_weight;
+      case ActionType::kRecompute:
+        return c_.recompute_cost(s_.recompute);
+      default:
+        return 0.0;
     }
   }
 
@@ -130,7 +140,8 @@ class Simulator {
     Cell& me = cell(st, mb);
     auto need_local = [&](double t, ActionType type, int stage) {
       if (t == kNotYet) {
-        blocked_on_ = format_action({stage, type, mb}) + " on rank " + std::to_string(s_.rank_of(stage));
+        blocked_on_ =
+            format_action({stage, type, mb}) + " on rank " + std::to_string(s_.rank_of(stage));
         return false;
       }
       *ready = std::max(*ready, t);
@@ -209,15 +220,33 @@ class Simulator {
   void record(const Action& a, double start, double end) {
     Cell& c = cell(a.stage, a.micro_batch);
     switch (a.type) {
-      case ActionType::kForward: c.f = end; break;
-      case ActionType::kBackward: c.bwd = end; break;
-      case ActionType::kBackwardInput: c.bwd = end; c.i = end; break;
-      case ActionType::kBackwardWeight: break;
-      case ActionType::kRecompute: c.r = end; break;
-      case ActionType::kSendForward: c.send_f = start; break;
-      case ActionType::kRecvForward: c.recv_f = start; break;
-      case ActionType::kSendBackward: c.send_b = start; break;
-      case ActionType::kRecvBackward: c.recv_b = start; break;
+      case ActionType::kForward:
+        c.f = end;
+        break;
+      case ActionType::kBackward:
+        c.bwd = end;
+        break;
+      case ActionType::kBackwardInput:
+        c.bwd = end;
+        c.i = end;
+        break;
+      case ActionType::kBackwardWeight:
+        break;
+      case ActionType::kRecompute:
+        c.r = end;
+        break;
+      case ActionType::kSendForward:
+        c.send_f = start;
+        break;
+      case ActionType::kRecvForward:
+        c.recv_f = start;
+        break;
+      case ActionType::kSendBackward:
+        c.send_b = start;
+        break;
+      case ActionType::kRecvBackward:
+        c.recv_b = start;
+        break;
     }
   }
 
@@ -236,8 +265,10 @@ class Simulator {
                       format_action(list[next[r]]) + " (position " + std::to_string(next[r]) +
                       ") waiting for " + blocked_on_);
     }
-    PIPEMAT_THROW(ScheduleError, "invalid schedule: rule 'cross-rank deadlock' broken: no rank can "
-                  "make progress; ", join(lines, "; "),
+    PIPEMAT_THROW(ScheduleError,
+                  "invalid schedule: rule 'cross-rank deadlock' broken: no rank can "
+                  "make progress; ",
+                  join(lines, "; "),
                   ". Reorder the lists so that every pass a rank waits for is not behind a pass "
                   "that waits for this rank.");
   }
@@ -268,23 +299,30 @@ CostModel parse_costs(const std::string& text) {
                   "' is not a non-negative number; expected e.g. ", key, "=1.5.");
     std::string upper = key;
     for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-    if (upper == "F") c.forward = value;
-    else if (upper == "B") c.backward = value;
-    else if (upper == "I") c.backward_input = value;
-    else if (upper == "W") c.backward_weight = value;
-    else if (upper == "R") c.recompute = value;
-    else if (upper == "COMM") c.comm = value;
+    if (upper == "F")
+      c.forward = value;
+    else if (upper == "B")
+      c.backward = value;
+    else if (upper == "I")
+      c.backward_input = value;
+    else if (upper == "W")
+      c.backward_weight = value;
+    else if (upper == "R")
+      c.recompute = value;
+    else if (upper == "COMM")
+      c.comm = value;
     else
-      PIPEMAT_THROW(ConfigError, "--costs key '", key,
-                    "' is unknown; expected F, B, I, W, R or comm (e.g. F=1,I=1,W=1,B=2,R=1,comm=0).");
+      PIPEMAT_THROW(
+          ConfigError, "--costs key '", key,
+          "' is unknown; expected F, B, I, W, R or comm (e.g. F=1,I=1,W=1,B=2,R=1,comm=0).");
   }
   return c;
 }
 
 std::string format_costs(const CostModel& c, RecomputeMode mode) {
-  return "F=" + number(c.forward) + ",B=" + number(c.backward_cost()) + ",I=" +
-         number(c.backward_input) + ",W=" + number(c.backward_weight) + ",R=" +
-         number(c.recompute_cost(mode)) + ",comm=" + number(c.comm);
+  return "F=" + number(c.forward) + ",B=" + number(c.backward_cost()) +
+         ",I=" + number(c.backward_input) + ",W=" + number(c.backward_weight) +
+         ",R=" + number(c.recompute_cost(mode)) + ",comm=" + number(c.comm);
 }
 
 double span_bubble_ratio(const SimulationResult& result) {
@@ -301,8 +339,8 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
                     static_cast<int>(schedule.stage_to_rank.size()) == schedule.stages_count,
                 ScheduleError, "simulate: the schedule's shape is inconsistent (",
                 schedule.actions.size(), " lists for ", schedule.ranks_count, " ranks, ",
-                schedule.stage_to_rank.size(), " stage_to_rank entries for ",
-                schedule.stages_count, " stages); run validate_schedule first.");
+                schedule.stage_to_rank.size(), " stage_to_rank entries for ", schedule.stages_count,
+                " stages); run validate_schedule first.");
   PIPEMAT_CHECK(schedule.micro_batches >= 1 &&
                     static_cast<long long>(schedule.stages_count) * schedule.micro_batches <=
                         kMaxStageMicroBatches,

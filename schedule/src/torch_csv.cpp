@@ -81,7 +81,8 @@ Schedule import_torch_csv(const std::string& text, const std::string& source) {
   s.virtual_stages = std::max(1, s.stages_count / s.ranks_count);
   if (s.stage_to_rank == loop_stage_to_rank(s.ranks_count, s.stages_count)) {
     s.layout = StageLayout::kLoop;
-  } else if (s.stages_count == 2 * s.ranks_count && s.stage_to_rank == v_stage_to_rank(s.ranks_count)) {
+  } else if (s.stages_count == 2 * s.ranks_count &&
+             s.stage_to_rank == v_stage_to_rank(s.ranks_count)) {
     s.layout = StageLayout::kV;
   } else {
     s.layout = StageLayout::kCustom;

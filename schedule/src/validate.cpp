@@ -43,7 +43,9 @@ class Validator {
   }
 
  private:
-  Seen& seen(int stage, int mb) { return seen_[static_cast<size_t>(stage) * s_.micro_batches + mb]; }
+  Seen& seen(int stage, int mb) {
+    return seen_[static_cast<size_t>(stage) * s_.micro_batches + mb];
+  }
 
   void check_shape() {
     PIPEMAT_CHECK(s_.ranks_count >= 1 && static_cast<int>(s_.actions.size()) == s_.ranks_count,
@@ -51,19 +53,19 @@ class Validator {
                   s_.ranks_count, " ranks), found ", s_.actions.size(), " lists.");
     PIPEMAT_CHECK(s_.micro_batches >= 1, ScheduleError,
                   "invalid schedule: micro_batches must be >= 1, found ", s_.micro_batches, ".");
-    PIPEMAT_CHECK(s_.stages_count >= 1 &&
-                      static_cast<int>(s_.stage_to_rank.size()) == s_.stages_count,
-                  ScheduleError, "invalid schedule: stage_to_rank must name a rank for each of the ",
-                  s_.stages_count, " stages, found ", s_.stage_to_rank.size(), " entries.");
-    PIPEMAT_CHECK(static_cast<long long>(s_.stages_count) * s_.micro_batches <=
-                      kMaxStageMicroBatches,
-                  ScheduleError, "invalid schedule: ", s_.stages_count, " stages x ",
-                  s_.micro_batches, " micro-batches is more than the ", kMaxStageMicroBatches,
-                  " (stage, micro-batch) pairs pipemat handles.");
+    PIPEMAT_CHECK(
+        s_.stages_count >= 1 && static_cast<int>(s_.stage_to_rank.size()) == s_.stages_count,
+        ScheduleError, "invalid schedule: stage_to_rank must name a rank for each of the ",
+        s_.stages_count, " stages, found ", s_.stage_to_rank.size(), " entries.");
+    PIPEMAT_CHECK(
+        static_cast<long long>(s_.stages_count) * s_.micro_batches <= kMaxStageMicroBatches,
+        ScheduleError, "invalid schedule: ", s_.stages_count, " stages x ", s_.micro_batches,
+        " micro-batches is more than the ", kMaxStageMicroBatches,
+        " (stage, micro-batch) pairs pipemat handles.");
     for (int st = 0; st < s_.stages_count; ++st) {
       PIPEMAT_CHECK(s_.stage_to_rank[st] >= 0 && s_.stage_to_rank[st] < s_.ranks_count,
-                    ScheduleError, "invalid schedule: stage_to_rank[", st, "] = ",
-                    s_.stage_to_rank[st], " is not a rank in [0, ", s_.ranks_count, ").");
+                    ScheduleError, "invalid schedule: stage_to_rank[", st,
+                    "] = ", s_.stage_to_rank[st], " is not a rank in [0, ", s_.ranks_count, ").");
     }
   }
 
@@ -120,8 +122,8 @@ class Validator {
         if (sn.f != kUnseen) duplicate(r, k, a, sn.f);
         if (comms_ && cross_prev(a.stage, r) && sn.recv_f == kUnseen) {
           fail(r, text, at(k), "RECV before consumer",
-               "its input comes from rank " + std::to_string(s_.rank_of(a.stage - 1)) +
-                   " but no " + format_action({a.stage, ActionType::kRecvForward, a.micro_batch}) +
+               "its input comes from rank " + std::to_string(s_.rank_of(a.stage - 1)) + " but no " +
+                   format_action({a.stage, ActionType::kRecvForward, a.micro_batch}) +
                    " was posted before it",
                "Post the receive ahead of the forward (lower_communication does).");
         }
@@ -230,16 +232,16 @@ class Validator {
           fail(r, format_action({st, t, mb}), "missing", rule, detail, fix);
         };
         if (sn.f == kUnseen) {
-          missing(ActionType::kForward, "missing F",
-                  "stage " + std::to_string(st) + " never runs F for micro-batch " +
-                      std::to_string(mb),
-                  "Every stage runs F once for each of the " + std::to_string(s_.micro_batches) +
-                      " micro-batches.");
+          missing(
+              ActionType::kForward, "missing F",
+              "stage " + std::to_string(st) + " never runs F for micro-batch " + std::to_string(mb),
+              "Every stage runs F once for each of the " + std::to_string(s_.micro_batches) +
+                  " micro-batches.");
         }
         if (sn.backward() == kUnseen) {
           missing(ActionType::kBackward, "B or I+W",
-                  "stage " + std::to_string(st) + " never runs a backward (B or I) for micro-batch " +
-                      std::to_string(mb),
+                  "stage " + std::to_string(st) +
+                      " never runs a backward (B or I) for micro-batch " + std::to_string(mb),
                   "Add a B, or an I and a W, after its F.");
         }
         if (sn.i != kUnseen && sn.w == kUnseen) {

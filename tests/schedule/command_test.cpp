@@ -89,7 +89,8 @@ TEST(CommandTest, TextCsvAndSvg) {
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
   size_t blocks = 0;
-  for (size_t pos = svg.find("<title>"); pos != std::string::npos; pos = svg.find("<title>", pos + 1)) {
+  for (size_t pos = svg.find("<title>"); pos != std::string::npos;
+       pos = svg.find("<title>", pos + 1)) {
     ++blocks;
   }
   EXPECT_EQ(blocks, 4u * 8 * 3);  // one block per compute action

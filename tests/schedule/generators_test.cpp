@@ -121,15 +121,19 @@ TEST(GeneratorsTest, ZeroBubbleH1BubbleClosedForm) {
   // stages is longer than 3M + P - 1 and the bubble is larger.
   for (int p = 1; p <= 8; ++p) {
     for (int m = p; m <= 24; ++m) {
-      const SimulationResult sim = simulate(build_schedule(options(ScheduleKind::kZeroBubbleH1, p, m)));
-      EXPECT_NEAR(sim.bubble_ratio, double(p - 1) / (3 * m + p - 1), 1e-9) << "P=" << p << " M=" << m;
+      const SimulationResult sim =
+          simulate(build_schedule(options(ScheduleKind::kZeroBubbleH1, p, m)));
+      EXPECT_NEAR(sim.bubble_ratio, double(p - 1) / (3 * m + p - 1), 1e-9)
+          << "P=" << p << " M=" << m;
     }
   }
 }
 
 TEST(GeneratorsTest, ReferenceNumbersForP4M8) {
   // Cross-checked against an independent unit-cost simulator (research notes, sim.py).
-  auto run = [](ScheduleKind k, int v = 1) { return simulate(build_schedule(options(k, 4, 8, v))); };
+  auto run = [](ScheduleKind k, int v = 1) {
+    return simulate(build_schedule(options(k, 4, 8, v)));
+  };
   EXPECT_NEAR(run(ScheduleKind::kGPipe).bubble_ratio, 0.273, 5e-4);
   EXPECT_NEAR(run(ScheduleKind::kOneFOneB).bubble_ratio, 0.273, 5e-4);
   EXPECT_NEAR(run(ScheduleKind::kZeroBubbleH1).bubble_ratio, 0.111, 5e-4);
@@ -151,10 +155,10 @@ TEST(GeneratorsTest, PeakActivationsMatchKnownFigures) {
       const auto h2 = simulate(build_schedule(options(ScheduleKind::kZeroBubbleH2, p, m)));
       const auto zbv = simulate(build_schedule(options(ScheduleKind::kZeroBubbleV, p, m)));
       for (int r = 0; r < p; ++r) {
-        EXPECT_EQ(gpipe.ranks[r].peak_activations, m) << where;                    // m
-        EXPECT_EQ(ofob.ranks[r].peak_activations, std::min(p - r, m)) << where;    // P - r
-        EXPECT_EQ(h1.ranks[r].peak_activations, std::min(p, m)) << where;          // P on every rank
-        EXPECT_LE(h2.ranks[r].peak_activations, 2 * p - 1) << where;               // <= 2P - 1
+        EXPECT_EQ(gpipe.ranks[r].peak_activations, m) << where;                  // m
+        EXPECT_EQ(ofob.ranks[r].peak_activations, std::min(p - r, m)) << where;  // P - r
+        EXPECT_EQ(h1.ranks[r].peak_activations, std::min(p, m)) << where;        // P on every rank
+        EXPECT_LE(h2.ranks[r].peak_activations, 2 * p - 1) << where;             // <= 2P - 1
         // ZB-V: two half-size chunks per rank; 2P of them = P full micro-batches (1x 1F1B).
         EXPECT_LE(zbv.ranks[r].peak_activations, 2 * p) << where;
         if (m >= 2 * p) {
@@ -184,7 +188,8 @@ TEST(GeneratorsTest, ZeroBubbleH2HasNoBubbleInsideEachRanksSpan) {
     const int m = 4 * p;
     const auto sim = simulate(build_schedule(options(ScheduleKind::kZeroBubbleH2, p, m)));
     for (const auto& rank : sim.ranks) {
-      EXPECT_NEAR(rank.busy, rank.last_end - rank.first_start, 1e-9) << "P=" << p << " rank " << rank.rank;
+      EXPECT_NEAR(rank.busy, rank.last_end - rank.first_start, 1e-9)
+          << "P=" << p << " rank " << rank.rank;
     }
   }
 }
@@ -261,7 +266,8 @@ TEST(GeneratorsTest, RejectsBadOptionsNamingTheFlag) {
     return std::string("no error");
   };
   EXPECT_NE(message(options(ScheduleKind::kOneFOneB, 0, 4)).find("--stages"), std::string::npos);
-  EXPECT_NE(message(options(ScheduleKind::kOneFOneB, 4, 0)).find("--micro-batches"), std::string::npos);
+  EXPECT_NE(message(options(ScheduleKind::kOneFOneB, 4, 0)).find("--micro-batches"),
+            std::string::npos);
   EXPECT_NE(message(options(ScheduleKind::kOneFOneB, 4, 8, 2)).find("--kind interleaved"),
             std::string::npos);
   EXPECT_NE(message(options(ScheduleKind::kZeroBubbleV, 4, 8, 3)).find("exactly two"),

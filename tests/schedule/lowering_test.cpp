@@ -20,11 +20,11 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {ScheduleKind::kGPipe, 4, 8, 1},       {ScheduleKind::kOneFOneB, 4, 8, 1},
-    {ScheduleKind::kOneFOneB, 3, 2, 1},    {ScheduleKind::kInterleaved, 4, 8, 2},
-    {ScheduleKind::kInterleaved, 2, 6, 3}, {ScheduleKind::kInterleaved, 1, 4, 3},
+    {ScheduleKind::kGPipe, 4, 8, 1},        {ScheduleKind::kOneFOneB, 4, 8, 1},
+    {ScheduleKind::kOneFOneB, 3, 2, 1},     {ScheduleKind::kInterleaved, 4, 8, 2},
+    {ScheduleKind::kInterleaved, 2, 6, 3},  {ScheduleKind::kInterleaved, 1, 4, 3},
     {ScheduleKind::kZeroBubbleH1, 4, 8, 1}, {ScheduleKind::kZeroBubbleH2, 4, 8, 1},
-    {ScheduleKind::kZeroBubbleV, 4, 8, 1}, {ScheduleKind::kZeroBubbleV, 1, 3, 1},
+    {ScheduleKind::kZeroBubbleV, 4, 8, 1},  {ScheduleKind::kZeroBubbleV, 1, 3, 1},
 };
 
 TEST(LoweringTest, EverySendHasOneMatchingReceiveOnThePeer) {
@@ -39,7 +39,8 @@ TEST(LoweringTest, EverySendHasOneMatchingReceiveOnThePeer) {
           const int peer = peer_rank(s, a);
           EXPECT_NE(peer, r) << format_action(a);
           EXPECT_EQ(s.rank_of(matching_action(a).stage), peer);
-          const bool send = a.type == ActionType::kSendForward || a.type == ActionType::kSendBackward;
+          const bool send =
+              a.type == ActionType::kSendForward || a.type == ActionType::kSendBackward;
           const int id = message_id(s, a);
           EXPECT_EQ(id, message_id(s, matching_action(a)));
           EXPECT_GE(id, 0);

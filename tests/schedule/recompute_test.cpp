@@ -32,8 +32,8 @@ TEST(RecomputeTest, PretriggerNeverLengthensTheMakespanVersusLazy) {
             c.recompute = r;
             const double lazy = makespan(kind, p, m, v, RecomputeMode::kLazy, c);
             const double pre = makespan(kind, p, m, v, RecomputeMode::kPretrigger, c);
-            EXPECT_LE(pre, lazy + 1e-9) << to_string(kind) << " P=" << p << " M=" << m
-                                        << " comm=" << comm << " R=" << r;
+            EXPECT_LE(pre, lazy + 1e-9)
+                << to_string(kind) << " P=" << p << " M=" << m << " comm=" << comm << " R=" << r;
           }
         }
       }
@@ -61,7 +61,8 @@ TEST(RecomputeTest, PretriggerShortensTheMakespanWhenRFitsInTheWait) {
 
 TEST(RecomputeTest, LazyAddsRToEveryBackward) {
   CostModel c;  // R defaults to F when recompute is on
-  const Schedule lazy = build_schedule(options(ScheduleKind::kOneFOneB, 1, 3, 1, RecomputeMode::kLazy));
+  const Schedule lazy =
+      build_schedule(options(ScheduleKind::kOneFOneB, 1, 3, 1, RecomputeMode::kLazy));
   EXPECT_EQ(lazy.recompute, RecomputeMode::kLazy);
   for (const Action& a : lazy.actions[0]) EXPECT_NE(a.type, ActionType::kRecompute);
   // One rank: 3 x (F + B + R) = 3 x 4.
@@ -89,8 +90,9 @@ TEST(RecomputeTest, PretriggerPlacesRAfterTheReceiveAndRightBeforeItsBackward) {
         EXPECT_EQ(next.micro_batch, rc.micro_batch);
         if (rc.stage + 1 < s.stages_count && !s.is_local_handoff(rc.stage, rc.stage + 1)) {
           const Action recv{rc.stage, ActionType::kRecvBackward, rc.micro_batch};
-          const auto it = std::find(list.begin(), list.begin() + k, recv);
-          EXPECT_NE(it, list.begin() + k) << format_action(recv) << " not before " << format_action(rc);
+          const auto end = list.begin() + static_cast<std::ptrdiff_t>(k);
+          EXPECT_NE(std::find(list.begin(), end, recv), end)
+              << format_action(recv) << " not before " << format_action(rc);
         }
       }
     }
@@ -110,7 +112,8 @@ TEST(RecomputeTest, RecomputeCostDefaults) {
 }
 
 TEST(RecomputeTest, ExistingRActionsNeedPretrigger) {
-  Schedule s = build_schedule(options(ScheduleKind::kOneFOneB, 2, 2, 1, RecomputeMode::kPretrigger));
+  Schedule s =
+      build_schedule(options(ScheduleKind::kOneFOneB, 2, 2, 1, RecomputeMode::kPretrigger));
   EXPECT_THROW(insert_recompute(s, RecomputeMode::kLazy), ScheduleError);
   const Schedule again = insert_recompute(s, RecomputeMode::kPretrigger);
   EXPECT_EQ(again.actions, s.actions);  // no second R

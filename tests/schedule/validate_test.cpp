@@ -27,8 +27,9 @@ void expect_mentions(const std::string& msg, std::initializer_list<const char*> 
 }
 
 TEST(ValidateTest, AcceptsAHandWrittenSchedule) {
-  EXPECT_EQ(rejection(from_lists(2, 2, {{"0F0", "0F1", "0B0", "0B1"}, {"1F0", "1B0", "1F1", "1B1"}})),
-            "accepted");
+  EXPECT_EQ(
+      rejection(from_lists(2, 2, {{"0F0", "0F1", "0B0", "0B1"}, {"1F0", "1B0", "1F1", "1B1"}})),
+      "accepted");
 }
 
 TEST(ValidateTest, MissingForward) {
@@ -50,8 +51,7 @@ TEST(ValidateTest, BackwardBeforeForward) {
 }
 
 TEST(ValidateTest, WeightBeforeInput) {
-  const std::string msg = rejection(
-      from_lists(1, 2, {{"0F0", "0I0", "0W0", "0F1", "0W1", "0I1"}}));
+  const std::string msg = rejection(from_lists(1, 2, {{"0F0", "0I0", "0W0", "0F1", "0W1", "0I1"}}));
   expect_mentions(msg, {"rank 0", "action 0W1", "rule 'I before W'", "position 4"});
 }
 
@@ -70,10 +70,9 @@ TEST(ValidateTest, BothFullBackwardAndSplitBackward) {
 }
 
 TEST(ValidateTest, StageOnTheWrongRank) {
-  const std::string msg =
-      rejection(from_lists(2, 1, {{"0F0", "1F0", "0B0"}, {"1B0"}}));
-  expect_mentions(msg, {"rank 0", "action 1F0", "rule 'stage-to-rank consistency'",
-                        "belongs to rank 1"});
+  const std::string msg = rejection(from_lists(2, 1, {{"0F0", "1F0", "0B0"}, {"1B0"}}));
+  expect_mentions(
+      msg, {"rank 0", "action 1F0", "rule 'stage-to-rank consistency'", "belongs to rank 1"});
 }
 
 TEST(ValidateTest, ActionOutOfRange) {
@@ -84,11 +83,11 @@ TEST(ValidateTest, ActionOutOfRange) {
 TEST(ValidateTest, CrossRankDeadlockNamesTheBlockedActionOfEachRank) {
   // Rank 0 waits in 0B0 for 1B0, which rank 1 runs only after 1F1, which needs 0F1, which
   // rank 0 runs after 0B0: a cycle across the two ranks.
-  const Schedule s =
-      from_lists(2, 2, {{"0F0", "0B0", "0F1", "0B1"}, {"1F1", "1B1", "1F0", "1B0"}});
+  const Schedule s = from_lists(2, 2, {{"0F0", "0B0", "0F1", "0B1"}, {"1F1", "1B1", "1F0", "1B0"}});
   const std::string msg = rejection(s);
-  expect_mentions(msg, {"rule 'cross-rank deadlock'", "rank 0 is blocked at action 0B0 (position 1)",
-                        "rank 1 is blocked at action 1F1 (position 0)"});
+  expect_mentions(msg,
+                  {"rule 'cross-rank deadlock'", "rank 0 is blocked at action 0B0 (position 1)",
+                   "rank 1 is blocked at action 1F1 (position 0)"});
   // Lowered, the deadlock is reported in terms of the messages.
   const std::string lowered = rejection(lower_communication(s));
   expect_mentions(lowered, {"rule 'cross-rank deadlock'", "rank 0 is blocked at action 0B0",
@@ -96,8 +95,7 @@ TEST(ValidateTest, CrossRankDeadlockNamesTheBlockedActionOfEachRank) {
 }
 
 TEST(ValidateTest, CommRulesOnLoweredSchedules) {
-  Schedule good = lower_communication(
-      from_lists(2, 1, {{"0F0", "0B0"}, {"1F0", "1B0"}}));
+  Schedule good = lower_communication(from_lists(2, 1, {{"0F0", "0B0"}, {"1F0", "1B0"}}));
   EXPECT_EQ(rejection(good), "accepted");
 
   Schedule missing_recv = good;
@@ -109,10 +107,12 @@ TEST(ValidateTest, CommRulesOnLoweredSchedules) {
   Schedule send_first = good;
   auto& r0 = send_first.actions[0];
   std::swap(r0[0], r0[1]);  // 0SEND_F0 before 0F0
-  expect_mentions(rejection(send_first), {"rank 0", "action 0SEND_F0", "rule 'SEND after producer'"});
+  expect_mentions(rejection(send_first),
+                  {"rank 0", "action 0SEND_F0", "rule 'SEND after producer'"});
 
   Schedule local = from_lists(1, 1, {{"0F0", "0SEND_F0", "0B0"}});
-  expect_mentions(rejection(local), {"rank 0", "action 0SEND_F0", "rule 'no comm for local hand-off'"});
+  expect_mentions(rejection(local),
+                  {"rank 0", "action 0SEND_F0", "rule 'no comm for local hand-off'"});
 }
 
 TEST(ValidateTest, RecomputeMustSitBetweenForwardAndBackward) {

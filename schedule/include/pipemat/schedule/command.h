@@ -12,16 +12,16 @@
 namespace pipemat::schedule {
 
 struct ScheduleCommandOptions {
-  std::string kind;            // gpipe|1f1b|interleaved|zb-h1|zb-h2|zb-v; unused with import_path
-  int stages = 0;              // pipeline ranks P (required without import_path)
-  int micro_batches = 0;       // M (required without import_path)
-  int virtual_stages = 1;      // V, chunks per rank (interleaved)
+  std::string kind;        // gpipe|1f1b|interleaved|zb-h1|zb-h2|zb-v; unused with import_path
+  int stages = 0;          // pipeline ranks P (required without import_path)
+  int micro_batches = 0;   // M (required without import_path)
+  int virtual_stages = 1;  // V, chunks per rank (interleaved)
   std::string recompute = "none";  // none|lazy|pretrigger
-  std::string costs;           // "F=1,I=1,W=1,B=2,R=1,comm=0", any subset
-  std::string import_path;     // torch CSV to read instead of generating
-  std::string format = "text"; // text|csv|json|svg
-  std::string output;          // file to write; empty = the stream given to run_schedule_command
-  bool with_comms = false;     // list SEND/RECV actions in text, csv and json
+  std::string costs;               // "F=1,I=1,W=1,B=2,R=1,comm=0", any subset
+  std::string import_path;         // torch CSV to read instead of generating
+  std::string format = "text";     // text|csv|json|svg
+  std::string output;       // file to write; empty = the stream given to run_schedule_command
+  bool with_comms = false;  // list SEND/RECV actions in text, csv and json
 };
 
 // The integer value of a flag ("--stages", "8"). ConfigError naming the flag and the text when it

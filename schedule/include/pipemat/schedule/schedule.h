@@ -57,13 +57,13 @@
 namespace pipemat::schedule {
 
 enum class ScheduleKind {
-  kGPipe,           // "gpipe"
-  kOneFOneB,        // "1f1b"
-  kInterleaved,     // "interleaved" (interleaved 1F1B, v chunks per rank)
-  kZeroBubbleH1,    // "zb-h1"
-  kZeroBubbleH2,    // "zb-h2"
-  kZeroBubbleV,     // "zb-v" (two chunks per rank in a V)
-  kImported,        // "imported" (read from a torch CSV)
+  kGPipe,         // "gpipe"
+  kOneFOneB,      // "1f1b"
+  kInterleaved,   // "interleaved" (interleaved 1F1B, v chunks per rank)
+  kZeroBubbleH1,  // "zb-h1"
+  kZeroBubbleH2,  // "zb-h2"
+  kZeroBubbleV,   // "zb-v" (two chunks per rank in a V)
+  kImported,      // "imported" (read from a torch CSV)
 };
 
 enum class RecomputeMode { kNone, kLazy, kPretrigger };
@@ -85,14 +85,14 @@ std::vector<int> v_stage_to_rank(int ranks);  // 2 * ranks stages
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::kOneFOneB;
-  int ranks_count = 1;     // pipeline ranks (`--stages` on the CLI)
-  int stages_count = 1;    // model stages = ranks_count * virtual_stages
+  int ranks_count = 1;   // pipeline ranks (`--stages` on the CLI)
+  int stages_count = 1;  // model stages = ranks_count * virtual_stages
   int micro_batches = 1;
   int virtual_stages = 1;  // stages per rank (v); 2 for zb-v
   StageLayout layout = StageLayout::kLoop;
   RecomputeMode recompute = RecomputeMode::kNone;
-  std::vector<int> stage_to_rank;             // size stages_count
-  std::vector<std::vector<Action>> actions;   // size ranks_count; executed in order per rank
+  std::vector<int> stage_to_rank;            // size stages_count
+  std::vector<std::vector<Action>> actions;  // size ranks_count; executed in order per rank
 
   int rank_of(int stage) const;
   // Stages held by `rank`, ascending.

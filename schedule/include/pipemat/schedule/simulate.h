@@ -27,12 +27,12 @@
 namespace pipemat::schedule {
 
 struct CostModel {
-  double forward = 1.0;                 // F
-  std::optional<double> backward;       // B; default backward_input + backward_weight
-  double backward_input = 1.0;          // I
-  double backward_weight = 1.0;         // W
-  std::optional<double> recompute;      // R; default 0 without recompute, F with it
-  double comm = 0.0;                    // latency of one message between ranks
+  double forward = 1.0;             // F
+  std::optional<double> backward;   // B; default backward_input + backward_weight
+  double backward_input = 1.0;      // I
+  double backward_weight = 1.0;     // W
+  std::optional<double> recompute;  // R; default 0 without recompute, F with it
+  double comm = 0.0;                // latency of one message between ranks
 
   double backward_cost() const { return backward.value_or(backward_input + backward_weight); }
   double recompute_cost(RecomputeMode mode) const {
