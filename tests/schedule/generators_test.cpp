@@ -194,6 +194,40 @@ TEST(GeneratorsTest, ZeroBubbleH2HasNoBubbleInsideEachRanksSpan) {
   }
 }
 
+TEST(GeneratorsTest, OneFOneBWarmupIsPMinusRMinusOne) {
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 24; ++m) {
+      const Schedule s = build_schedule(options(ScheduleKind::kOneFOneB, p, m));
+      for (int r = 0; r < p; ++r) {
+        const auto list = s.compute_actions(r);
+        int forwards = 0;
+        while (forwards < static_cast<int>(list.size()) &&
+               list[forwards].type == ActionType::kForward) {
+          ++forwards;
+        }
+        // Warmup forwards plus the first steady forward come before the first backward.
+        EXPECT_EQ(forwards, std::min(p - r - 1, m) + (m > p - r - 1 ? 1 : 0))
+            << "P=" << p << " M=" << m << " rank " << r;
+        // Then strict alternation B, F, B, F ... until the forwards run out.
+        for (int k = forwards; k + 1 < static_cast<int>(list.size()); k += 2) {
+          if (list[k + 1].type != ActionType::kForward) break;
+          EXPECT_EQ(list[k].type, ActionType::kBackward);
+          EXPECT_EQ(list[k + 1].micro_batch, list[k].micro_batch + forwards);
+        }
+      }
+    }
+  }
+}
+
+TEST(GeneratorsTest, StageMaps) {
+  EXPECT_EQ(v_stage_to_rank(4), (std::vector<int>{0, 1, 2, 3, 3, 2, 1, 0}));
+  EXPECT_EQ(loop_stage_to_rank(3, 6), (std::vector<int>{0, 1, 2, 0, 1, 2}));
+  const Schedule v = build_schedule(options(ScheduleKind::kZeroBubbleV, 4, 8));
+  EXPECT_EQ(v.stages_of(0), (std::vector<int>{0, 7}));
+  EXPECT_EQ(v.stages_of(3), (std::vector<int>{3, 4}));
+  EXPECT_EQ(v.rank_of(5), 2);
+}
+
 TEST(GeneratorsTest, OneFOneBGoldenOrderP3M4) {
   // Warmup P - r - 1 forwards, then F/B pairs, then the cooldown backwards (hand-derived).
   const Schedule s = build_schedule(options(ScheduleKind::kOneFOneB, 3, 4));
