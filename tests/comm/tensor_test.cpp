@@ -190,14 +190,14 @@ TEST_P(TensorTest, MismatchesNameBothSidesAndBothRanks) {
   });
 }
 
-TEST(TensorMetaTest, FormatsLikeTorch) {
+TEST(commTensorMeta, FormatsLikeTorch) {
   EXPECT_EQ((TensorMeta{at::kFloat, {4, 8}}).to_string(), "float32 [4, 8]");
   EXPECT_EQ((TensorMeta{at::kBFloat16, {}}).to_string(), "bfloat16 []");
   EXPECT_EQ(TensorMeta::of(at::zeros({2, 3}, at::kLong)).to_string(), "int64 [2, 3]");
   EXPECT_EQ((TensorMeta{at::kDouble, {2, 3}}).nbytes(), 48u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, TensorTest,
+INSTANTIATE_TEST_SUITE_P(comm, TensorTest,
                          ::testing::Values(Param{TransportKind::kLocal, 2},
                                            Param{TransportKind::kLocal, 3},
                                            Param{TransportKind::kLocal, 4},

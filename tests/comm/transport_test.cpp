@@ -281,7 +281,7 @@ TEST_P(TransportTest, RejectsBadPeersAndTags) {
   EXPECT_THROW(t.recv(1, kMaxUserTag + 1, &value, sizeof(value)), ConfigError);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, TransportTest,
+INSTANTIATE_TEST_SUITE_P(comm, TransportTest,
                          ::testing::Values(Param{TransportKind::kLocal, 2},
                                            Param{TransportKind::kLocal, 3},
                                            Param{TransportKind::kLocal, 4},

@@ -15,6 +15,13 @@
 
 #include "tcp/transport.h"
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <boost/asio.hpp>
 #include <condition_variable>
 #include <cstring>
@@ -28,6 +35,7 @@
 #include <thread>
 
 #include "common.h"
+#include "pipemat/comm/raw_bench.h"
 #include "pipemat/core/error.h"
 
 namespace pipemat::comm::detail {
@@ -662,6 +670,8 @@ class TcpTransport final : public Transport {
 
   ~TcpTransport() override { core_->shutdown(shutdown_timeout_); }
 
+  const std::string& master_host() const { return master_host_; }
+
  protected:
   WorkPtr post_send(Request request) override {
     auto work = std::make_shared<TcpWork>(request.info, timeout(), core_);
@@ -683,6 +693,7 @@ class TcpTransport final : public Transport {
   void rendezvous(const TransportOptions& options) {
     if (options.world_size == 1) return;
     auto [host, port] = parse_master(options.master);
+    master_host_ = host;
     auto& io = core_->io;
     auto& peers = core_->peers;
     Rendezvous rv(io, options);
@@ -759,9 +770,117 @@ class TcpTransport final : public Transport {
 
   const std::chrono::milliseconds shutdown_timeout_;
   std::shared_ptr<TcpCore> core_;
+  std::string master_host_;
 };
 
+// RAII file descriptor of the raw baseline.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  void reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_;
+};
+
+void raw_check(bool ok, const char* call, int peer) {
+  PIPEMAT_CHECK(ok, CommError, "tcp raw ping-pong with rank ", peer, ": ", call, " failed: ",
+                std::strerror(errno));
+}
+
+void write_all(int fd, const uint8_t* data, size_t size, int peer) {
+  while (size > 0) {
+    ssize_t n = ::send(fd, data, size, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    raw_check(n > 0, "send", peer);
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void read_all(int fd, uint8_t* data, size_t size, int peer) {
+  while (size > 0) {
+    ssize_t n = ::recv(fd, data, size, 0);
+    if (n < 0 && errno == EINTR) continue;
+    PIPEMAT_CHECK(n != 0, CommError, "tcp raw ping-pong: rank ", peer, " closed the socket");
+    raw_check(n > 0, "recv", peer);
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
 }  // namespace
+
+double tcp_raw_pingpong(Transport& transport, int peer, size_t bytes, int iterations,
+                        int warmup) {
+  auto* tcp_transport = dynamic_cast<TcpTransport*>(&transport);
+  PIPEMAT_INTERNAL_ASSERT(tcp_transport != nullptr, "tcp_raw_pingpong on a non-tcp transport");
+  const bool lower = transport.rank() < peer;
+  PIPEMAT_CHECK(std::min(transport.rank(), peer) == 0, ConfigError,
+                "tcp raw ping-pong runs between rank 0 and another rank, not ", transport.rank(),
+                " and ", peer);
+  Fd connection;
+  const int timeout_ms = static_cast<int>(std::min<long long>(transport.timeout().count(), 1 << 30));
+  if (lower) {
+    Fd listener(::socket(AF_INET, SOCK_STREAM, 0));
+    raw_check(listener.get() >= 0, "socket", peer);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    raw_check(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0,
+              "bind", peer);
+    raw_check(::listen(listener.get(), 1) == 0, "listen", peer);
+    socklen_t len = sizeof(addr);
+    ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+    uint32_t port = ntohs(addr.sin_port);
+    transport.send(peer, kRawBenchTag, &port, sizeof(port))->wait();
+    pollfd pfd{listener.get(), POLLIN, 0};
+    int ready = ::poll(&pfd, 1, timeout_ms);
+    PIPEMAT_CHECK(ready == 1, TimeoutError, "tcp raw ping-pong: rank ", peer,
+                  " did not connect within ", timeout_ms, " ms");
+    connection.reset(::accept(listener.get(), nullptr, nullptr));
+    raw_check(connection.get() >= 0, "accept", peer);
+  } else {
+    uint32_t port = 0;
+    transport.recv(peer, kRawBenchTag, &port, sizeof(port))->wait();
+    addrinfo hints{};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    int rc = ::getaddrinfo(tcp_transport->master_host().c_str(), std::to_string(port).c_str(),
+                           &hints, &found);
+    PIPEMAT_CHECK(rc == 0 && found, CommError, "tcp raw ping-pong: cannot resolve ",
+                  tcp_transport->master_host(), ": ", ::gai_strerror(rc));
+    connection.reset(::socket(AF_INET, SOCK_STREAM, 0));
+    rc = ::connect(connection.get(), found->ai_addr, found->ai_addrlen);
+    ::freeaddrinfo(found);
+    raw_check(rc == 0, "connect", peer);
+  }
+  int one = 1;
+  ::setsockopt(connection.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::vector<uint8_t> buffer(std::max<size_t>(bytes, 1), 1);
+  Clock::time_point start;
+  for (int i = 0; i < warmup + iterations; ++i) {
+    if (i == warmup) start = Clock::now();
+    if (lower) {
+      write_all(connection.get(), buffer.data(), bytes, peer);
+      read_all(connection.get(), buffer.data(), bytes, peer);
+    } else {
+      read_all(connection.get(), buffer.data(), bytes, peer);
+      write_all(connection.get(), buffer.data(), bytes, peer);
+    }
+  }
+  return std::chrono::duration<double>(Clock::now() - start).count() / iterations;
+}
 
 std::unique_ptr<Transport> make_tcp_transport(const TransportOptions& options) {
   return std::make_unique<TcpTransport>(options);

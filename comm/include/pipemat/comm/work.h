@@ -7,6 +7,7 @@
 // with an error status; the error is stored as a value and only turned into an exception by
 // `wait()` (Note [Work contract]).
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -160,7 +161,7 @@ class Work {
   const std::chrono::milliseconds default_timeout_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};  // written under mutex_, read lock-free by spinning waiters
   Status status_;
   size_t received_bytes_ = 0;
   Buffer buffer_;

@@ -1,0 +1,40 @@
+#pragma once
+// Starting N local processes as the ranks of a tcp job (tests, `pipemat bench p2p --transport
+// tcp` without --rank). Each child gets PIPEMAT_RANK, PIPEMAT_WORLD_SIZE and
+// PIPEMAT_MASTER=host:port (a free port) in its environment.
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace pipemat::comm {
+
+struct SpawnOptions {
+  int world_size = 2;
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: a free port picked by the kernel
+  // The program and its arguments. An empty program means this executable (/proc/self/exe).
+  std::vector<std::string> argv;
+  // The whole job is killed (SIGKILL) after this long.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // After the first rank fails (non-zero exit or signal), the others get this long to finish
+  // on their own (they normally see the failure as a CommError), then SIGTERM.
+  std::chrono::milliseconds grace{std::chrono::seconds(20)};
+};
+
+struct SpawnResult {
+  std::vector<int> exit_codes;  // per rank: exit status, or 128 + signal number
+  bool timed_out = false;
+  bool ok() const;
+  // "rank 0: exit 0, rank 1: exit 3" (+ " (timed out)")
+  std::string describe() const;
+};
+
+// Forks/execs the ranks and waits for all of them. Blocking; not thread-safe with other
+// fork()s in the process. Throws CommError if a process cannot be started.
+SpawnResult spawn_local_ranks(const SpawnOptions& options);
+
+// A TCP port on `host` that was free when asked (the kernel's choice).
+int pick_free_port(const std::string& host = "127.0.0.1");
+
+}  // namespace pipemat::comm

@@ -1,0 +1,27 @@
+#include "pipemat/comm/raw_bench.h"
+
+#include "local/transport.h"
+#include "mpi/transport.h"
+#include "pipemat/core/error.h"
+#include "tcp/transport.h"
+
+namespace pipemat::comm {
+
+double raw_pingpong_seconds(Transport& transport, int peer, size_t bytes, int iterations,
+                            int warmup) {
+  PIPEMAT_CHECK(iterations >= 1, ConfigError, "raw ping-pong needs at least 1 iteration");
+  switch (transport.kind()) {
+    case TransportKind::kMpi:
+      transport.barrier();
+      return detail::mpi_raw_pingpong(peer, bytes, iterations, warmup);
+    case TransportKind::kTcp:
+      return detail::tcp_raw_pingpong(transport, peer, bytes, iterations, warmup);
+    case TransportKind::kLocal:
+      return detail::local_raw_pingpong(transport, peer, bytes, iterations, warmup);
+    case TransportKind::kAuto:
+      break;
+  }
+  PIPEMAT_THROW(ConfigError, "raw ping-pong: unknown transport kind");
+}
+
+}  // namespace pipemat::comm

@@ -1,0 +1,279 @@
+// comm_multiproc: real multi-process tests of the comm module (one process per rank).
+//
+//   mpiexec -n N comm_multiproc <scenario> --transport mpi
+//   comm_multiproc <scenario> --transport tcp --spawn N      (starts N local processes)
+//   comm_multiproc expect-failure <seconds> -- <command...> (the command must fail, in time)
+//
+// Scenarios: exchange, mismatch, silent, peer_exit, bench. Exit code 0 = pass. Every check
+// prints "rank R: ..." on failure.
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "pipemat/comm/bench.h"
+#include "pipemat/comm/launcher.h"
+#include "pipemat/comm/tensor.h"
+#include "pipemat/comm/transport.h"
+#include "pipemat/core/error.h"
+
+namespace pc = pipemat::comm;
+using pc::Clock;
+
+namespace {
+
+int g_rank = -1;
+int g_failures = 0;
+
+#define CHECK_THAT(cond, msg)                                                       \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::cerr << "rank " << g_rank << ": check failed: " #cond " -- " << msg << "\n"; \
+      ++g_failures;                                                                 \
+    }                                                                               \
+  } while (false)
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void scenario_exchange(pc::Transport& t) {
+  const int world = t.world_size();
+  const int me = t.rank();
+  // 1. Every pair, in order, 16 messages per (peer, tag), receives posted before the sends.
+  constexpr int kCount = 16;
+  std::vector<int> in(static_cast<size_t>(world * 2 * kCount), -1), out(in.size());
+  std::vector<pc::WorkPtr> works;
+  for (int peer = 0; peer < world; ++peer) {
+    if (peer == me) continue;
+    for (int tag = 0; tag < 2; ++tag) {
+      for (int i = 0; i < kCount; ++i) {
+        size_t slot = static_cast<size_t>((peer * 2 + tag) * kCount + i);
+        works.push_back(t.recv(peer, tag, &in[slot], sizeof(int)));
+      }
+    }
+  }
+  for (int i = 0; i < kCount; ++i) {
+    for (int peer = 0; peer < world; ++peer) {
+      if (peer == me) continue;
+      for (int tag = 0; tag < 2; ++tag) {
+        size_t slot = static_cast<size_t>((peer * 2 + tag) * kCount + i);
+        out[slot] = me * 100000 + tag * 1000 + i;
+        works.push_back(t.send(peer, tag, &out[slot], sizeof(int)));
+      }
+    }
+  }
+  for (auto& w : works) w->wait();
+  for (int peer = 0; peer < world; ++peer) {
+    if (peer == me) continue;
+    for (int tag = 0; tag < 2; ++tag) {
+      for (int i = 0; i < kCount; ++i) {
+        size_t slot = static_cast<size_t>((peer * 2 + tag) * kCount + i);
+        CHECK_THAT(in[slot] == peer * 100000 + tag * 1000 + i,
+                   "pair message from " << peer << " tag " << tag << " #" << i << " got "
+                                        << in[slot]);
+      }
+    }
+  }
+  // 2. Tensors around the ring: several dtypes, shapes, layouts, all receive flavours.
+  const int next = (me + 1) % world;
+  const int prev = (me + world - 1) % world;
+  auto make = [](int r, int i) {
+    at::Tensor base = at::arange(48, at::kDouble).reshape({4, 12}) * (r + 1) + i;
+    switch (i % 4) {
+      case 0: return base.to(at::kFloat);
+      case 1: return base.to(at::kLong).t();  // non-contiguous
+      case 2: return base.to(at::kBFloat16).slice(1, 0, 12, 2);
+      default: return base.to(at::kInt).reshape({2, 2, 12});
+    }
+  };
+  constexpr int kTensors = 40;
+  std::vector<pc::TensorWork> recvs, sends;
+  for (int i = 0; i < kTensors; ++i) {
+    at::Tensor expect = make(prev, i);
+    if (i % 3 == 0) {
+      recvs.push_back(pc::recv_tensor(t, prev, 100 + i % 5));
+    } else if (i % 3 == 1) {
+      recvs.push_back(pc::recv_tensor(t, prev, 100 + i % 5, pc::TensorMeta::of(expect)));
+    } else {
+      recvs.push_back(pc::recv_tensor_into(t, prev, 100 + i % 5, at::empty_like(expect)));
+    }
+  }
+  for (int i = 0; i < kTensors; ++i) sends.push_back(pc::send_tensor(t, next, 100 + i % 5, make(me, i)));
+  for (int i = 0; i < kTensors; ++i) {
+    at::Tensor got = recvs[static_cast<size_t>(i)].wait();
+    CHECK_THAT(at::equal(got, make(prev, i)), "tensor #" << i << " from rank " << prev);
+  }
+  for (auto& s : sends) s.wait();
+  // 3. A large message (rendezvous protocols).
+  at::Tensor big = at::full({1 << 20}, float(me));
+  auto r = pc::recv_tensor(t, prev, 200, pc::TensorMeta{at::kFloat, {1 << 20}});
+  pc::send_tensor(t, next, 200, big).wait();
+  at::Tensor got = r.wait();
+  CHECK_THAT(got[12345].item<float>() == float(prev), "big tensor from rank " << prev);
+  t.barrier();
+}
+
+void scenario_mismatch(pc::Transport& t) {
+  if (t.rank() == 0) {
+    pc::send_tensor(t, 1, 5, at::ones({4, 8})).wait();
+  } else if (t.rank() == 1) {
+    try {
+      pc::recv_tensor(t, 0, 5, pc::TensorMeta{at::kFloat, {4, 16}}).wait();
+      CHECK_THAT(false, "expected a tensor mismatch");
+    } catch (const pipemat::CommError& e) {
+      std::cerr << "rank 1 got the expected error: " << e.what() << "\n";
+      CHECK_THAT(contains(e.what(), "tensor mismatch on tag 5: rank 0 sent float32 [4, 8], rank 1 "
+                                    "expected float32 [4, 16]"),
+                 e.what());
+    }
+  }
+  t.barrier();
+}
+
+void scenario_silent(pc::Transport& t) {
+  if (t.rank() == 0) {
+    int value = 0;
+    auto w = t.recv(1, 9, &value, sizeof(value));
+    const auto start = Clock::now();
+    try {
+      w->wait(std::chrono::milliseconds(1000));
+      CHECK_THAT(false, "expected a timeout");
+    } catch (const pipemat::TimeoutError& e) {
+      std::cerr << "rank 0 got the expected error: " << e.what() << "\n";
+      CHECK_THAT(contains(e.what(), "timed out after 1000 ms waiting for recv of 4 bytes from "
+                                    "rank 1 with tag 9 on rank 0"),
+                 e.what());
+    }
+    const double waited = seconds_since(start);
+    CHECK_THAT(waited >= 0.9 && waited < 5.0, "waited " << waited << " s");
+  }
+  t.barrier();
+}
+
+int scenario_peer_exit(pc::Transport& t) {
+  if (t.rank() == 1) {
+    for (int i = 0; i < 3; ++i) pc::send_tensor(t, 0, 3, at::full({256}, float(i))).wait();
+    std::cerr << "rank 1: exiting abruptly mid-exchange\n";
+    ::_exit(0);  // no transport shutdown, no MPI_Finalize: as if the process died
+  }
+  if (t.rank() != 0) return 0;
+  for (int i = 0; i < 3; ++i) {
+    at::Tensor got = pc::recv_tensor(t, 1, 3).wait();
+    CHECK_THAT(got[0].item<float>() == float(i), "message " << i);
+  }
+  const auto start = Clock::now();
+  try {
+    pc::recv_tensor(t, 1, 3).wait(std::chrono::seconds(30));
+    CHECK_THAT(false, "expected CommError after rank 1 exited");
+  } catch (const pipemat::TimeoutError& e) {
+    CHECK_THAT(false, "expected a prompt CommError, got a timeout: " << e.what());
+  } catch (const pipemat::CommError& e) {
+    std::cerr << "rank 0 got the expected error after " << seconds_since(start)
+              << " s: " << e.what() << "\n";
+    CHECK_THAT(contains(e.what(), "rank 1 closed the connection"), e.what());
+    CHECK_THAT(contains(e.what(), "while rank 0 was waiting for recv (any size) from rank 1 with "
+                                  "tag 3"),
+               e.what());
+  }
+  CHECK_THAT(seconds_since(start) < 10.0, "took " << seconds_since(start) << " s");
+  return 0;
+}
+
+void scenario_bench(pc::Transport& t) {
+  pc::P2PBenchOptions options;
+  options.sizes = {4096, 1 << 20};
+  options.iters = 20;
+  auto results = pc::run_p2p_bench(t, options);
+  if (t.rank() == 0) {
+    std::cout << pc::format_p2p_json(pc::to_string(t.kind()), results) << "\n";
+    CHECK_THAT(results.size() == 2, "results");
+    for (const auto& r : results) {
+      CHECK_THAT(r.gbps > 0 && r.raw_gbps > 0 && r.latency_us > 0, "bytes " << r.bytes);
+    }
+  }
+}
+
+int usage() {
+  std::cerr << "usage: comm_multiproc <exchange|mismatch|silent|peer_exit|bench> "
+               "--transport mpi|tcp [--spawn N]\n"
+               "       comm_multiproc expect-failure <seconds> -- <command...>\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) return usage();
+  if (args[0] == "expect-failure") {
+    if (args.size() < 4 || args[2] != "--") return usage();
+    pc::SpawnOptions spawn;
+    spawn.world_size = 1;
+    spawn.argv.assign(args.begin() + 3, args.end());
+    spawn.timeout = std::chrono::milliseconds(static_cast<long long>(std::stod(args[1]) * 1000));
+    const auto start = Clock::now();
+    pc::SpawnResult result = pc::spawn_local_ranks(spawn);
+    std::cerr << "expect-failure: command ended after " << seconds_since(start) << " s with "
+              << result.describe() << "\n";
+    if (result.timed_out) {
+      std::cerr << "expect-failure: FAIL, the job hung\n";
+      return 1;
+    }
+    return result.exit_codes[0] != 0 ? 0 : 1;
+  }
+  const std::string scenario = args[0];
+  std::string kind = "mpi";
+  int spawn = 0;
+  for (size_t i = 1; i + 1 < args.size(); ++i) {
+    if (args[i] == "--transport") kind = args[i + 1];
+    if (args[i] == "--spawn") spawn = std::stoi(args[i + 1]);
+  }
+  try {
+    if (spawn > 0) {
+      pc::SpawnOptions options;
+      options.world_size = spawn;
+      options.timeout = std::chrono::seconds(100);
+      options.argv = {"/proc/self/exe", scenario, "--transport", kind};
+      pc::SpawnResult result = pc::spawn_local_ranks(options);
+      std::cerr << "comm_multiproc " << scenario << " x" << spawn << ": " << result.describe()
+                << "\n";
+      return result.ok() ? 0 : 1;
+    }
+    pc::TransportOptions options;
+    options.kind = pc::parse_transport_kind(kind);
+    options.timeout = std::chrono::seconds(60);
+    options.connect_retry_interval = std::chrono::milliseconds(50);
+    auto transport = pc::make_transport(options);
+    g_rank = transport->rank();
+    if (scenario == "exchange") {
+      scenario_exchange(*transport);
+    } else if (scenario == "mismatch") {
+      scenario_mismatch(*transport);
+    } else if (scenario == "silent") {
+      scenario_silent(*transport);
+    } else if (scenario == "peer_exit") {
+      scenario_peer_exit(*transport);
+    } else if (scenario == "bench") {
+      scenario_bench(*transport);
+    } else {
+      return usage();
+    }
+    std::cerr << "rank " << g_rank << ": " << scenario << " " << (g_failures ? "FAILED" : "ok")
+              << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << g_rank << ": " << scenario << " threw: " << e.what() << "\n";
+    return 1;
+  }
+  return g_failures == 0 ? 0 : 1;
+}
