@@ -5,6 +5,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/TensorImpl.h>
 
+#include <array>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -33,10 +34,55 @@ struct HandleMeta {
   bool alive = true;  // the SavedVariable that owns the handle still exists
 };
 
+// Why a saved tensor that aliases a SAVE region input was kept instead of rederived (SPEC 2.4).
+enum class Fallback {
+  kSaveSourced,  // the input is (a view of) another SAVE region's output: replay does not rerun it
+  kUnitInput,    // the input is (a view of) a checkpoint-unit input: kept by the unit anyway
+  kLeaf,         // the input is a leaf: a parameter, a buffer or a constant
+  kInplace,      // the input was modified in place inside the region before it was saved
+  kDtype,        // the saved tensor reinterprets the input's storage with another dtype
+  kView,         // the saved tensor is a view that cannot be rebuilt from the input
+  kDisabled,     // rederivation is switched off (measurement only)
+};
+constexpr int kNumFallbacks = 7;
+const char* fallback_name(Fallback reason);
+
+// A direct tensor input of a SAVE region call, as forward saw it.
+struct InputRecord {
+  std::string path;
+  const c10::StorageImpl* storage = nullptr;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  uint32_t version = 0;
+  int64_t storage_nbytes = 0;
+  bool rederivable = false;
+  Fallback reason = Fallback::kLeaf;
+};
+
+// One saved tensor of a SAVE region that replay rederives from an input instead of keeping it.
+struct SlotRecipe {
+  std::string region;
+  std::string input_path;
+  size_t input = 0;  // index into the entry's inputs
+  std::vector<int64_t> sizes, strides;
+  int64_t relative_offset = 0;
+  bool exact = true;  // the input itself, not a view of it
+  c10::VariableVersion version{c10::VariableVersion::DISABLED};
+  uint32_t saved_version = 0;
+  at::Tensor value;  // filled by replay
+  bool consumed = false;
+  bool alive = true;
+};
+
 // One forward call of one SAVE region inside one invocation.
 struct SaveEntry {
   const RegionSlot* slot = nullptr;
   std::string name;
+  std::vector<InputRecord> inputs;
+  bool any_rederivable = false;
+  std::vector<int64_t> slots;  // indices into the invocation's slots
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> kept;  // saved for real (reports)
   // Output for replay (tensor leaves detached) or, with save_output=false, its leaf count.
   c10::IValue cached_output;
   std::vector<bool> output_requires_grad;
@@ -71,6 +117,15 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
   SaveEntry& next_replay_entry(const RegionSlot& slot);
   bool replaying() const { return replaying_; }
 
+  // --- SAVE regions and rederivation (SPEC 2.4) ---
+  void record_save_inputs(SaveEntry& entry, const std::vector<c10::IValue>& args);
+  void note_save_output(const c10::IValue& output);
+  // Slot for `saved` (an alias of entry.inputs[input]) or -1 when it must be kept (fallback).
+  int64_t try_rederive(SaveEntry& entry, const at::Tensor& saved);
+  void fill_slots(SaveEntry& entry, const std::vector<c10::IValue>& args);
+  at::Tensor unpack_slot(int64_t index);
+  void slot_released(int64_t index) noexcept;
+
   // --- backward ---
   at::Tensor unpack(int64_t index);
   void handle_released(int64_t index) noexcept;
@@ -83,6 +138,8 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
 
  private:
   void check_inputs_unchanged() const;
+  void ensure_replayed_for_unpack(bool consumed);
+  void note_fallback(Fallback reason, const InputRecord& input, const SaveEntry& entry);
 
   InvocationId id_;
   std::string unit_name_;
@@ -95,6 +152,12 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
   std::vector<HandleMeta> handles_;
   std::unordered_map<uint64_t, std::deque<SaveEntry>> save_entries_;
   bool forward_done_ = false;
+  int64_t first_allocation_ = 0;  // tracking-allocator sequence at unit entry
+  std::vector<SlotRecipe> slots_;
+  std::vector<const c10::StorageImpl*> unit_input_storages_;
+  std::vector<const c10::StorageImpl*> save_output_storages_;
+  std::array<int64_t, kNumFallbacks> fallbacks_{};
+  int64_t replay_peak_bytes_ = 0;
 
   // Replay state (Note [Invocation lifetime]).
   std::vector<at::Tensor> replayed_values_;
@@ -135,6 +198,10 @@ InvocationId next_invocation_id(std::shared_ptr<InvocationGroup>* group);
 // The CPU generator state (a tensor copy) and its restore; serialized on the generator mutex.
 at::Tensor cpu_rng_state();
 void set_cpu_rng_state(const at::Tensor& state);
+
+// Debug trace of pack / unpack / rederive / fallback decisions (Note [remat trace]).
+bool trace_enabled();
+void trace_line(const std::string& line);
 
 // Bytes of the unique storages behind `tensors`.
 int64_t unique_storage_bytes(const std::vector<at::Tensor>& tensors);

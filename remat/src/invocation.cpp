@@ -4,6 +4,9 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
 #include <mutex>
 #include <sstream>
 #include <unordered_set>
@@ -11,6 +14,7 @@
 #include "internal.h"
 #include "pipemat/core/error.h"
 #include "pipemat/remat/hooks.h"
+#include "pipemat/remat/memory.h"
 #include "pipemat/remat/stats.h"
 #include "pipemat/remat/values.h"
 
@@ -88,12 +92,48 @@ class InvocationScopeAccess {
   }
 };
 
+const std::vector<std::string>& fallback_names() {
+  static const std::vector<std::string> names = {"save_sourced", "unit_input", "leaf", "inplace",
+                                                 "dtype",        "view",       "disabled"};
+  return names;
+}
+
+int64_t RematReport::fallback_total() const {
+  int64_t n = 0;
+  for (auto f : fallbacks) n += f;
+  return n;
+}
+
+std::string RematReport::str() const {
+  std::ostringstream os;
+  os << "invocations " << invocations << ", handles " << saved_handles << ", SAVE resident "
+     << save_resident_bytes << " B, cached outputs " << cached_output_bytes << " B, rederived "
+     << rederived_bytes << " B in " << rederived_slots << " slot(s), replayed " << replayed_bytes
+     << " B, replay peak " << replay_peak_bytes << " B, replays " << replays << ", early stops "
+     << early_stops << ", fallbacks " << fallback_total();
+  if (fallback_total() > 0) {
+    os << " (";
+    bool first = true;
+    for (size_t i = 0; i < fallbacks.size(); ++i) {
+      if (fallbacks[i] == 0) continue;
+      os << (first ? "" : ", ") << fallback_names()[i] << " " << fallbacks[i];
+      first = false;
+    }
+    os << ")";
+  }
+  return os.str();
+}
+
 RematReport& RematReport::operator+=(const RematReport& o) {
   invocations += o.invocations;
   saved_handles += o.saved_handles;
   save_resident_bytes += o.save_resident_bytes;
   cached_output_bytes += o.cached_output_bytes;
   replayed_bytes += o.replayed_bytes;
+  rederived_bytes += o.rederived_bytes;
+  rederived_slots += o.rederived_slots;
+  replay_peak_bytes = std::max(replay_peak_bytes, o.replay_peak_bytes);
+  for (size_t i = 0; i < fallbacks.size() && i < o.fallbacks.size(); ++i) fallbacks[i] += o.fallbacks[i];
   replays += o.replays;
   early_stops += o.early_stops;
   return *this;
@@ -157,6 +197,44 @@ void set_cpu_rng_state(const at::Tensor& state) {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
+}
+
+std::atomic<bool> g_rederivation{true};
+namespace {
+}  // namespace
+std::mutex g_trace_mutex;
+std::function<void(const std::string&)> g_trace_sink;
+std::atomic<bool> g_trace_on{[] {
+  const char* env = std::getenv("PIPEMAT_REMAT_TRACE");
+  return env != nullptr && env[0] != '\0' && env[0] != '0';
+}()};
+
+bool trace_enabled() { return g_trace_on.load(std::memory_order_relaxed); }
+
+void trace_line(const std::string& line) {
+  std::lock_guard<std::mutex> lock(g_trace_mutex);
+  if (g_trace_sink) {
+    g_trace_sink(line);
+  } else {
+    std::cerr << "[pipemat remat] " << line << "\n";
+  }
+}
+
+}  // namespace detail
+
+void set_rederivation_enabled(bool enabled) { detail::g_rederivation.store(enabled); }
+bool rederivation_enabled() { return detail::g_rederivation.load(); }
+
+void set_trace_sink(std::function<void(const std::string&)> sink) {
+  std::lock_guard<std::mutex> lock(detail::g_trace_mutex);
+  detail::g_trace_on.store(sink != nullptr);
+  detail::g_trace_sink = std::move(sink);
+}
+
+namespace detail {
+
+const char* fallback_name(Fallback reason) {
+  return fallback_names()[static_cast<size_t>(reason)].c_str();
 }
 
 int64_t unique_storage_bytes(const std::vector<at::Tensor>& tensors) {
@@ -252,9 +330,13 @@ c10::IValue Invocation::run_forward() {
                          [&](const std::string&, const at::Tensor& t) {
                            const auto& vc = torch::autograd::impl::version_counter(t);
                            input_versions_.emplace_back(vc, vc.current_version());
+                           if (t.has_storage()) {
+                             unit_input_storages_.push_back(t.storage().unsafeGetStorageImpl());
+                           }
                          });
   }
   if (options_.preserve_rng_state) rng_entry_ = cpu_rng_state();
+  first_allocation_ = memory_stats().allocations;
   bump(Counter::kUnitCalls);
   c10::IValue out;
   {
@@ -331,6 +413,10 @@ void Invocation::replay() {
   }
   replayed_values_.assign(handles_.size(), at::Tensor());
   consumed_.assign(handles_.size(), false);
+  for (auto& slot : slots_) {
+    slot.value = at::Tensor();
+    slot.consumed = false;
+  }
   replay_cursor_.clear();
   replay_counter_ = 0;
   ++replays_;
@@ -347,6 +433,8 @@ void Invocation::replay() {
   }
   bool stopped_early = false;
   replaying_ = true;
+  const int64_t bytes_before = begin_peak_window();
+  if (trace_enabled()) trace_line(concat("replay start: ", where()));
   try {
     c10::AutoGradMode grad_on(true);
     ReplayFactory factory(this);
@@ -362,7 +450,12 @@ void Invocation::replay() {
     throw;
   }
   replaying_ = false;
+  replay_peak_bytes_ = std::max<int64_t>(0, window_peak_bytes() - bytes_before);
   if (rng_outside) set_cpu_rng_state(*rng_outside);
+  if (trace_enabled()) {
+    trace_line(concat("replay end: ", where(), stopped_early ? " (early stop after #" : " (full, ",
+                      replay_counter_, stopped_early ? ")" : " saved)"));
+  }
   if (stopped_early) {
     ++early_stops_;
     bump(Counter::kEarlyStops);
@@ -433,11 +526,7 @@ at::Tensor Invocation::unpack(int64_t index) {
                 " instead. Replay cannot regenerate what backward needs; clone the tensor "
                 "before modifying it (phase: ",
                 phase_name(phase), ")");
-  if (replayed_ && !retained_ && consumed_[index]) {
-    // A second backward over a retained graph: regenerate again.
-    replayed_ = false;
-  }
-  if (!replayed_) replay();
+  ensure_replayed_for_unpack(replayed_ && consumed_[index]);
   at::Tensor value = replayed_values_[index];
   PIPEMAT_INTERNAL_ASSERT(value.defined(), "no replayed value for saved tensor #", index, " of ",
                           where());
@@ -446,6 +535,219 @@ at::Tensor Invocation::unpack(int64_t index) {
     consumed_[index] = true;
   }
   return value;
+}
+
+void Invocation::ensure_replayed_for_unpack(bool consumed) {
+  // A value already consumed means a second backward over a retained graph: regenerate again.
+  if (replayed_ && !retained_ && consumed) replayed_ = false;
+  if (!replayed_) replay();
+}
+
+// --- SAVE regions and rederivation ----------------------------------------------------------------
+
+void Invocation::record_save_inputs(SaveEntry& entry, const std::vector<c10::IValue>& args) {
+  const bool enabled = g_rederivation.load(std::memory_order_relaxed);
+  for (size_t i = 0; i < args.size(); ++i) {
+    for_each_tensor_leaf(args[i], concat("args[", i, "]"),
+                         [&](const std::string& path, const at::Tensor& t) {
+      InputRecord rec;
+      rec.path = path;
+      rec.dtype = t.scalar_type();
+      rec.sizes = t.sizes().vec();
+      rec.strides = t.strides().vec();
+      rec.offset = t.storage_offset();
+      rec.version = static_cast<uint32_t>(t._version());
+      if (t.has_storage()) {
+        rec.storage = t.storage().unsafeGetStorageImpl();
+        rec.storage_nbytes = static_cast<int64_t>(t.storage().nbytes());
+      }
+      auto contains = [&](const std::vector<const c10::StorageImpl*>& v) {
+        return std::find(v.begin(), v.end(), rec.storage) != v.end();
+      };
+      if (rec.storage == nullptr || t.grad_fn() == nullptr) {
+        rec.reason = Fallback::kLeaf;
+      } else if (contains(save_output_storages_)) {
+        rec.reason = Fallback::kSaveSourced;
+      } else if (contains(unit_input_storages_)) {
+        rec.reason = Fallback::kUnitInput;
+      } else if (!enabled) {
+        rec.reason = Fallback::kDisabled;
+      } else {
+        rec.rederivable = true;
+        entry.any_rederivable = true;
+      }
+      entry.inputs.push_back(std::move(rec));
+    });
+  }
+}
+
+void Invocation::note_save_output(const c10::IValue& output) {
+  for_each_tensor_leaf(output, "", [&](const std::string&, const at::Tensor& t) {
+    if (t.has_storage()) save_output_storages_.push_back(t.storage().unsafeGetStorageImpl());
+  });
+}
+
+void Invocation::note_fallback(Fallback reason, const InputRecord& input, const SaveEntry& entry) {
+  ++fallbacks_[static_cast<size_t>(reason)];
+  if (trace_enabled()) {
+    trace_line(concat("fallback ", fallback_name(reason), ": SAVE region '", entry.name, "' keeps ",
+                      input.path, " (", where(), ")"));
+  }
+}
+
+namespace {
+
+// The element-offset range [lo, hi] a layout touches (strides must be non-negative).
+bool footprint(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+               int64_t offset, int64_t* lo, int64_t* hi) {
+  *lo = offset;
+  *hi = offset;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (strides[d] < 0) return false;
+    if (sizes[d] == 0) {
+      *hi = offset - 1;  // empty
+      return true;
+    }
+    *hi += (sizes[d] - 1) * strides[d];
+  }
+  return true;
+}
+
+}  // namespace
+
+int64_t Invocation::try_rederive(SaveEntry& entry, const at::Tensor& saved) {
+  if (!saved.has_storage()) return -1;
+  const c10::StorageImpl* storage = saved.storage().unsafeGetStorageImpl();
+  for (size_t i = 0; i < entry.inputs.size(); ++i) {
+    const InputRecord& rec = entry.inputs[i];
+    if (rec.storage != storage) continue;
+    if (!rec.rederivable) {
+      note_fallback(rec.reason, rec, entry);
+      return -1;
+    }
+    if (saved.scalar_type() != rec.dtype) {
+      note_fallback(Fallback::kDtype, rec, entry);
+      return -1;
+    }
+    if (static_cast<uint32_t>(saved._version()) != rec.version) {
+      note_fallback(Fallback::kInplace, rec, entry);
+      return -1;
+    }
+    const bool exact = saved.sizes().vec() == rec.sizes && saved.strides().vec() == rec.strides &&
+                       saved.storage_offset() == rec.offset;
+    if (!exact) {
+      int64_t lo, hi, in_lo, in_hi;
+      const bool ok = footprint(saved.sizes().vec(), saved.strides().vec(), saved.storage_offset(),
+                                &lo, &hi) &&
+                      footprint(rec.sizes, rec.strides, rec.offset, &in_lo, &in_hi) &&
+                      (hi < lo || (lo >= in_lo && hi <= in_hi));
+      if (!ok) {
+        note_fallback(Fallback::kView, rec, entry);
+        return -1;
+      }
+    }
+    SlotRecipe slot;
+    slot.region = entry.name;
+    slot.input_path = rec.path;
+    slot.input = i;
+    slot.sizes = saved.sizes().vec();
+    slot.strides = saved.strides().vec();
+    slot.relative_offset = saved.storage_offset() - rec.offset;
+    slot.exact = exact;
+    slot.version = torch::autograd::impl::version_counter(saved);
+    slot.saved_version = slot.version.current_version();
+    slots_.push_back(std::move(slot));
+    const auto index = static_cast<int64_t>(slots_.size()) - 1;
+    entry.slots.push_back(index);
+    if (trace_enabled()) {
+      trace_line(concat("rederive: SAVE region '", entry.name, "' saves ", rec.path,
+                        exact ? "" : " (a view)", " as slot #", index, ", ",
+                        describe_tensor(saved), " not kept (", where(), ")"));
+    }
+    return index;
+  }
+  return -1;
+}
+
+void Invocation::fill_slots(SaveEntry& entry, const std::vector<c10::IValue>& args) {
+  if (entry.slots.empty()) return;
+  std::vector<std::pair<std::string, at::Tensor>> leaves;
+  for (size_t i = 0; i < args.size(); ++i) {
+    for_each_tensor_leaf(args[i], concat("args[", i, "]"),
+                         [&](const std::string& path, const at::Tensor& t) {
+                           leaves.emplace_back(path, t);
+                         });
+  }
+  for (int64_t index : entry.slots) {
+    SlotRecipe& slot = slots_[index];
+    const InputRecord& rec = entry.inputs[slot.input];
+    const at::Tensor* replayed = nullptr;
+    for (const auto& [path, t] : leaves) {
+      if (path == rec.path) replayed = &t;
+    }
+    PIPEMAT_CHECK(replayed != nullptr, RematError, "SAVE region '", entry.name, "' in ", where(),
+                  ": input ", rec.path, " was a tensor in forward but is missing in replay; "
+                  "forward and replay must pass the same inputs (phase: replay)");
+    const at::Tensor& t = *replayed;
+    PIPEMAT_CHECK(t.scalar_type() == rec.dtype && t.sizes().vec() == rec.sizes &&
+                      t.strides().vec() == rec.strides && t.storage_offset() == rec.offset,
+                  RematError, "SAVE region '", entry.name, "' in ", where(), ": input ", rec.path,
+                  " has a different layout in replay (", c10::toString(t.scalar_type()), " ",
+                  t.sizes(), " strides ", t.strides(), " offset ", t.storage_offset(),
+                  ") than in forward (", c10::toString(rec.dtype), " ",
+                  c10::IntArrayRef(rec.sizes), " strides ", c10::IntArrayRef(rec.strides),
+                  " offset ", rec.offset,
+                  "); its saved data was not kept, so backward cannot proceed (phase: replay)");
+    if (!slot.alive) continue;
+    at::Tensor base = t.detach();
+    slot.value = slot.exact ? base
+                            : base.as_strided(slot.sizes, slot.strides,
+                                              base.storage_offset() + slot.relative_offset);
+    slot.consumed = false;
+    if (trace_enabled()) {
+      trace_line(concat("fill slot #", index, " of SAVE region '", entry.name, "' from replayed ",
+                        rec.path, " (", where(), ")"));
+    }
+  }
+}
+
+at::Tensor Invocation::unpack_slot(int64_t index) {
+  const Phase phase = PhaseScope::current_backward_phase();
+  PIPEMAT_INTERNAL_ASSERT(index >= 0 && index < static_cast<int64_t>(slots_.size()));
+  PIPEMAT_CHECK(!released_, RematError, where(), " was released before the backward of SAVE "
+                "region '", slots_[index].region, "' used its rederived input ",
+                slots_[index].input_path, " (phase: ", phase_name(phase),
+                "); release an invocation group only after its last backward (B, or W)");
+  if (!replayed_) check_inputs_unchanged();
+  {
+    const SlotRecipe& slot = slots_[index];
+    const uint32_t now = slot.version.current_version();
+    PIPEMAT_CHECK(now == slot.saved_version, RematError, "input ", slot.input_path,
+                  " of SAVE region '", slot.region, "' in ", where(),
+                  ", saved for backward, has been modified by an inplace operation: it is at "
+                  "version ", now, "; expected version ", slot.saved_version,
+                  " instead. Clone it before modifying it (phase: ", phase_name(phase), ")");
+  }
+  ensure_replayed_for_unpack(replayed_ && slots_[index].consumed);
+  SlotRecipe& slot = slots_[index];
+  PIPEMAT_INTERNAL_ASSERT(slot.value.defined(), "replay did not fill slot #", index, " (",
+                          slot.input_path, " of SAVE region '", slot.region, "') of ", where());
+  at::Tensor value = slot.value;
+  if (!retained_) {
+    slot.value = at::Tensor();
+    slot.consumed = true;
+  }
+  if (trace_enabled()) {
+    trace_line(concat("unpack slot #", index, " of SAVE region '", slot.region, "' (", where(),
+                      ", phase: ", phase_name(phase), ")"));
+  }
+  return value;
+}
+
+void Invocation::slot_released(int64_t index) noexcept {
+  if (index < 0 || index >= static_cast<int64_t>(slots_.size())) return;
+  slots_[index].alive = false;
+  slots_[index].value = at::Tensor();
 }
 
 void Invocation::handle_released(int64_t index) noexcept {
@@ -459,6 +761,7 @@ void Invocation::release() noexcept {
   replayed_values_.clear();
   consumed_.clear();
   save_entries_.clear();
+  for (auto& slot : slots_) slot.value = at::Tensor();
   inputs_.clear();
   rng_entry_.reset();
 }
@@ -476,7 +779,35 @@ RematReport Invocation::report() const {
     }
   }
   r.cached_output_bytes = unique_storage_bytes(cached);
-  r.replayed_bytes = unique_storage_bytes(replayed_values_);
+  std::vector<at::Tensor> replayed = replayed_values_;
+  for (const auto& slot : slots_) replayed.push_back(slot.value);
+  r.replayed_bytes = unique_storage_bytes(replayed);
+  // SAVE-resident bytes: storages kept for the regions' own backward that are still alive and
+  // were allocated during this forward (parameters a region saves are not activations).
+  std::unordered_set<const c10::StorageImpl*> seen;
+  const bool tracked = tracking_allocator_installed();
+  for (const auto& [id, fifo] : save_entries_) {
+    for (const auto& e : fifo) {
+      for (const auto& weak : e.kept) {
+        auto storage = weak.lock();
+        if (!storage || !seen.insert(storage.get()).second) continue;
+        if (tracked && allocation_sequence(storage.get()) < first_allocation_) continue;
+        r.save_resident_bytes += static_cast<int64_t>(storage->nbytes());
+      }
+    }
+  }
+  std::unordered_set<const c10::StorageImpl*> rederived_storages;
+  for (const auto& [id, fifo] : save_entries_) {
+    for (const auto& e : fifo) {
+      for (int64_t index : e.slots) {
+        const InputRecord& rec = e.inputs[slots_[index].input];
+        ++r.rederived_slots;
+        if (rederived_storages.insert(rec.storage).second) r.rederived_bytes += rec.storage_nbytes;
+      }
+    }
+  }
+  r.replay_peak_bytes = replay_peak_bytes_;
+  r.fallbacks.assign(fallbacks_.begin(), fallbacks_.end());
   r.replays = replays_;
   r.early_stops = early_stops_;
   return r;

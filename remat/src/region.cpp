@@ -50,17 +50,34 @@ bool inside_checkpoint_unit() {
 namespace detail {
 namespace {
 
-// SAVE body: every saved tensor is kept for real (detached, so a saved output does not own its
-// grad_fn) with its version, and checked at unpack (Note [Saved tensor hooks in pure C++]).
-class SaveKeepHooks final : public torch::autograd::SavedVariableHooks {
+// SAVE body: a saved tensor that is (a verifiable view of) a RECOMPUTE-sourced direct input of
+// the region becomes a slot that replay fills (SPEC 2.4); every other saved tensor is kept for
+// real (detached, so a saved output does not own its grad_fn) with its version, checked at
+// unpack (Note [Saved tensor hooks in pure C++]).
+class SaveHooks final : public torch::autograd::SavedVariableHooks {
  public:
-  explicit SaveKeepHooks(std::shared_ptr<const std::string> where) : where_(std::move(where)) {}
+  SaveHooks(std::shared_ptr<Invocation> inv, SaveEntry* entry,
+            std::shared_ptr<const std::string> where)
+      : inv_(std::move(inv)), entry_(entry), where_(std::move(where)) {}
+  ~SaveHooks() override {
+    if (slot_ >= 0) inv_->slot_released(slot_);
+  }
   void call_pack_hook(const at::Tensor& tensor) override {
+    if (entry_->any_rederivable) {
+      slot_ = inv_->try_rederive(*entry_, tensor);
+      if (slot_ >= 0) {
+        entry_ = nullptr;  // the entry may be released before this handle
+        return;
+      }
+    }
     kept_ = tensor.detach();
-    version_ = kept_._version();
+    version_ = static_cast<uint32_t>(kept_._version());
+    if (kept_.has_storage()) entry_->kept.push_back(kept_.storage().getWeakStorageImpl());
+    entry_ = nullptr;
     bump(Counter::kSaveKept);
   }
   at::Tensor call_unpack_hook() override {
+    if (slot_ >= 0) return inv_->unpack_slot(slot_);
     const auto now = static_cast<uint32_t>(kept_._version());
     PIPEMAT_CHECK(now == version_, RematError, "one of the tensors saved for backward by ",
                   *where_, ", ", describe_tensor(kept_),
@@ -72,19 +89,26 @@ class SaveKeepHooks final : public torch::autograd::SavedVariableHooks {
   }
 
  private:
+  std::shared_ptr<Invocation> inv_;
+  SaveEntry* entry_;
+  int64_t slot_ = -1;
   at::Tensor kept_;
   uint32_t version_ = 0;
   std::shared_ptr<const std::string> where_;
 };
 
-class SaveKeepFactory final : public HookFactory {
+class SaveFactory final : public HookFactory {
  public:
-  explicit SaveKeepFactory(std::shared_ptr<const std::string> where) : where_(std::move(where)) {}
+  SaveFactory(std::shared_ptr<Invocation> inv, SaveEntry* entry,
+              std::shared_ptr<const std::string> where)
+      : inv_(std::move(inv)), entry_(entry), where_(std::move(where)) {}
   std::unique_ptr<torch::autograd::SavedVariableHooks> make() override {
-    return std::make_unique<SaveKeepHooks>(where_);
+    return std::make_unique<SaveHooks>(inv_, entry_, where_);
   }
 
  private:
+  std::shared_ptr<Invocation> inv_;
+  SaveEntry* entry_;
   std::shared_ptr<const std::string> where_;
 };
 
@@ -115,10 +139,12 @@ c10::IValue run_save_forward(Invocation& inv, const RegionSlot& slot,
                              const std::vector<c10::IValue>& args, const RegionBody& body) {
   SaveEntry& entry = inv.new_save_entry(slot);
   entry.save_output = slot.save_options().save_output;
+  inv.record_save_inputs(entry, args);
   c10::IValue out;
   {
-    SaveKeepFactory factory(std::make_shared<const std::string>(
-        concat("SAVE region '", slot.name(), "' (", inv.id().str(), ")")));
+    SaveFactory factory(inv.shared_from_this(), &entry,
+                        std::make_shared<const std::string>(
+                            concat("SAVE region '", slot.name(), "' (", inv.id().str(), ")")));
     HookScope hooks(&factory);
     ContextGuard context(ContextKind::kSaveBody, &inv);
     out = body(args);
@@ -133,6 +159,13 @@ c10::IValue run_save_forward(Invocation& inv, const RegionSlot& slot,
   } else {
     entry.leaf_count = count_tensor_leaves(out);
   }
+  inv.note_save_output(out);
+  if (!entry.slots.empty()) {
+    // Replay must reach this region to fill its slots even when nothing after it saves a
+    // tensor: a marker in the handle sequence keeps early stop from ending replay before it.
+    entry.has_marker = true;
+    inv.register_marker();
+  }
   return out;
 }
 
@@ -143,6 +176,7 @@ c10::IValue run_save_replay(Invocation& inv, const RegionSlot& slot,
                             const std::vector<c10::IValue>& args) {
   SaveEntry& entry = inv.next_replay_entry(slot);
   bump(Counter::kSaveSkips);
+  inv.fill_slots(entry, args);
   if (entry.rng_after) set_cpu_rng_state(*entry.rng_after);
   if (entry.has_marker) inv.on_replay_marker();
   size_t leaf = 0;

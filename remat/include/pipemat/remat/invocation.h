@@ -68,10 +68,21 @@ struct RematReport {
   int64_t save_resident_bytes = 0;  // kept for SAVE regions' own backward
   int64_t cached_output_bytes = 0;  // SAVE outputs cached for replay
   int64_t replayed_bytes = 0;       // replay results currently held
+  int64_t rederived_bytes = 0;      // SAVE inputs not kept thanks to rederivation (SPEC 2.4)
+  int64_t rederived_slots = 0;
+  int64_t replay_peak_bytes = 0;    // allocator peak above the start of replay (tracking allocator)
   int64_t replays = 0;
   int64_t early_stops = 0;
+  // Saved tensors kept although they alias a SAVE input, by reason (see fallback_names()).
+  std::vector<int64_t> fallbacks = std::vector<int64_t>(7, 0);
+  int64_t fallback_total() const;
+  std::string str() const;
   RematReport& operator+=(const RematReport& other);
 };
+
+// Names of RematReport::fallbacks entries, in order: save_sourced, unit_input, leaf, inplace,
+// dtype, view, disabled.
+const std::vector<std::string>& fallback_names();
 
 // The checkpoint-unit calls made inside one InvocationScope.
 class InvocationGroup {

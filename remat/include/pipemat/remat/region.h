@@ -54,6 +54,15 @@ using RegionBody = std::function<c10::IValue(const std::vector<c10::IValue>& arg
 // for replay, so it must stay callable until the invocation is released.
 c10::IValue run_region(const RegionSlot& slot, std::vector<c10::IValue> args, RegionBody body);
 
+// Rederivation of RECOMPUTE-sourced SAVE inputs (SPEC 2.4) is always on; this process-wide switch
+// exists only so benchmarks can measure the "legacy" behaviour that keeps those inputs.
+void set_rederivation_enabled(bool enabled);
+bool rederivation_enabled();
+
+// Debug trace of pack / unpack / rederive / fallback decisions, one line per event, to `sink`
+// (nullptr: off). Also switched on by the environment variable PIPEMAT_REMAT_TRACE=1 (stderr).
+void set_trace_sink(std::function<void(const std::string&)> sink);
+
 // True while this thread runs the forward or the replay of a checkpoint unit (a SAVE wrapper is
 // transparent otherwise, and typed wrappers skip the IValue conversion).
 bool inside_checkpoint_unit();

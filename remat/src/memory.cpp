@@ -1,0 +1,96 @@
+#include "pipemat/remat/memory.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/StorageImpl.h>
+
+#include <atomic>
+#include <mutex>
+
+namespace pipemat::remat {
+namespace {
+
+std::atomic<int64_t> g_current{0};
+std::atomic<int64_t> g_peak{0};
+std::atomic<int64_t> g_window{0};
+std::atomic<int64_t> g_sequence{0};
+
+void raise_to(std::atomic<int64_t>& peak, int64_t now) {
+  int64_t seen = peak.load(std::memory_order_relaxed);
+  while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+  }
+}
+std::atomic<bool> g_installed{false};
+
+struct Record {
+  c10::DataPtr inner;
+  int64_t bytes;
+  int64_t sequence;
+};
+
+void release(void* ctx) {
+  auto* record = static_cast<Record*>(ctx);
+  g_current.fetch_sub(record->bytes, std::memory_order_relaxed);
+  delete record;  // frees `inner` through the default allocator's deleter
+}
+
+class TrackingAllocator final : public c10::Allocator {
+ public:
+  explicit TrackingAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t n) const override {
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    auto* record = new Record{std::move(inner), static_cast<int64_t>(n),
+                              g_sequence.fetch_add(1, std::memory_order_relaxed)};
+    const int64_t now = g_current.fetch_add(record->bytes, std::memory_order_relaxed) + record->bytes;
+    raise_to(g_peak, now);
+    raise_to(g_window, now);
+    return c10::DataPtr(data, record, &release, device);
+  }
+
+ private:
+  c10::Allocator* base_;
+};
+
+}  // namespace
+
+void install_tracking_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static TrackingAllocator allocator(c10::GetDefaultCPUAllocator());
+    c10::SetCPUAllocator(&allocator, /*priority=*/100);
+    g_installed.store(true);
+  });
+}
+
+bool tracking_allocator_installed() { return g_installed.load(); }
+
+MemoryStats memory_stats() {
+  MemoryStats s;
+  s.current_bytes = g_current.load(std::memory_order_relaxed);
+  s.peak_bytes = g_peak.load(std::memory_order_relaxed);
+  s.allocations = g_sequence.load(std::memory_order_relaxed);
+  return s;
+}
+
+int64_t reset_peak_bytes() {
+  return g_peak.exchange(g_current.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+int64_t begin_peak_window() {
+  const int64_t now = g_current.load(std::memory_order_relaxed);
+  g_window.store(now, std::memory_order_relaxed);
+  return now;
+}
+
+int64_t window_peak_bytes() { return g_window.load(std::memory_order_relaxed); }
+
+int64_t allocation_sequence(const c10::StorageImpl* storage) {
+  if (storage == nullptr) return -1;
+  const c10::DataPtr& ptr = storage->data_ptr();
+  if (ptr.get_deleter() != &release) return -1;
+  return static_cast<Record*>(ptr.get_context())->sequence;
+}
+
+}  // namespace pipemat::remat
