@@ -8,6 +8,7 @@
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
+#include "pipemat/schedule/simulate.h"
 
 namespace pipemat::schedule {
 
@@ -200,65 +201,114 @@ Schedule insert_recompute(Schedule schedule, RecomputeMode mode) {
   return schedule;
 }
 
+namespace {
+
+bool glued_recompute(const std::vector<Action>& list, int r_index) {
+  // list[r_index] is a pre-triggered R immediately followed by the B / I it prepares.
+  const int n = static_cast<int>(list.size());
+  return r_index >= 0 && r_index + 1 < n && list[r_index].type == ActionType::kRecompute &&
+         is_backward_pass(list[r_index + 1].type) &&
+         list[r_index].stage == list[r_index + 1].stage &&
+         list[r_index].micro_batch == list[r_index + 1].micro_batch;
+}
+
+}  // namespace
+
 Schedule lower_communication(const Schedule& schedule) {
   if (schedule.has_comms()) return schedule;
+  // Note [Receive placement]
+  // A receive is posted at the earlier of two points: (a) one compute action ahead of its
+  // consumer, so the transfer overlaps that compute; (b) right after the last compute action
+  // that starts before the sender issues the send in a unit-cost run of the compute schedule,
+  // ahead of that action's own sends. (b) makes the order safe even for sends that block until
+  // the receive is posted (rendezvous): every send waits at most for compute that the receiver
+  // can already run. Posting earlier never creates a wait, so taking the earlier point keeps
+  // both properties. A gradient receive stays after the micro-batch's own F, and never splits
+  // a pre-triggered R from its B / I (Note [Recompute placement]). Recompute costs nothing in
+  // the reference run, so lazy and pretrigger schedules get the same placement.
+  Schedule reference = schedule;
+  reference.recompute = RecomputeMode::kNone;
+  CostModel unit;
+  unit.recompute = 0.0;
+  const SimulationResult timeline = simulate(reference, unit);
+  const int stages = schedule.stages_count, mbs = schedule.micro_batches;
+  // End time of the forward and of the backward (B or I) of every (stage, micro-batch).
+  std::vector<double> forward_end(static_cast<size_t>(stages) * mbs, 0.0);
+  std::vector<double> backward_end(forward_end.size(), 0.0);
+  for (const RankTimeline& rank : timeline.ranks) {
+    for (const TimedAction& t : rank.actions) {
+      const size_t key = static_cast<size_t>(t.action.stage) * mbs + t.action.micro_batch;
+      if (t.action.type == ActionType::kForward) forward_end[key] = t.end;
+      if (is_backward_pass(t.action.type)) backward_end[key] = t.end;
+    }
+  }
   Schedule out = schedule;
-  const int stages = schedule.stages_count;
   for (int r = 0; r < schedule.ranks_count; ++r) {
     const auto& list = schedule.actions[r];
+    const auto& timed = timeline.ranks[r].actions;  // same positions: the list is compute-only
     const int n = static_cast<int>(list.size());
-    std::vector<std::vector<Action>> before(n + 1), after(n);
+    // Slot 2j: before list[j]; slot 2j + 1: right after list[j], ahead of its sends.
+    std::vector<std::vector<Action>> slots(2 * static_cast<size_t>(n) + 1);
+    std::vector<std::vector<Action>> sends(n);
     for (int j = 0; j < n; ++j) {
       const Action& a = list[j];
       const int s = a.stage, i = a.micro_batch;
       std::optional<Action> recv;
+      double send_time = 0.0;
       if (a.type == ActionType::kForward && s > 0 && schedule.rank_of(s - 1) != r) {
         recv = Action{s, ActionType::kRecvForward, i};
+        send_time = forward_end[static_cast<size_t>(s - 1) * mbs + i];
       }
       if (is_backward_pass(a.type) && s < stages - 1 && schedule.rank_of(s + 1) != r) {
         recv = Action{s, ActionType::kRecvBackward, i};
+        send_time = backward_end[static_cast<size_t>(s + 1) * mbs + i];
       }
       if (recv) {
-        // Post one compute action ahead of the consumer, skipping its own pre-triggered R, so
-        // the transfer overlaps that compute (and the replay). A gradient receive never goes
-        // ahead of the micro-batch's own F on this stage.
-        int k = j - 1;
-        while (k >= 0 && list[k].type == ActionType::kRecompute && list[k].stage == s &&
-               list[k].micro_batch == i) {
-          --k;
+        int previous = j - 1;
+        while (glued_recompute(list, previous)) --previous;
+        const int ahead = 2 * std::max(previous, 0);
+        int last_started = -1;
+        for (int x = 0; x < j; ++x) {
+          if (timed[x].start < send_time) last_started = x;
         }
-        int pos = std::max(k, 0);
-        // Keep a pre-triggered R glued to its B / I: post ahead of the R instead.
-        while (pos > 0 && list[pos - 1].type == ActionType::kRecompute &&
-               is_backward_pass(list[pos].type) && list[pos - 1].stage == list[pos].stage &&
-               list[pos - 1].micro_batch == list[pos].micro_batch) {
-          --pos;
-        }
+        const int in_time = last_started >= 0 ? 2 * last_started + 1 : 0;
+        int slot = std::min({ahead, in_time, 2 * j});
         if (recv->type == ActionType::kRecvBackward) {
           for (int f = 0; f < j; ++f) {
             if (list[f].type == ActionType::kForward && list[f].stage == s &&
-                list[f].micro_batch == i && pos <= f) {
-              pos = f + 1;
+                list[f].micro_batch == i) {
+              slot = std::max(slot, 2 * f + 1);
             }
           }
         }
-        before[pos].push_back(*recv);
+        for (bool moved = true; moved;) {
+          moved = false;
+          if (slot % 2 == 1 && glued_recompute(list, slot / 2)) {
+            slot -= 1;
+            moved = true;
+          } else if (slot % 2 == 0 && slot > 0 && glued_recompute(list, slot / 2 - 1)) {
+            slot -= 2;
+            moved = true;
+          }
+        }
+        slots[slot].push_back(*recv);
       }
       if (a.type == ActionType::kForward && s < stages - 1 && schedule.rank_of(s + 1) != r) {
-        after[j].push_back({s, ActionType::kSendForward, i});
+        sends[j].push_back({s, ActionType::kSendForward, i});
       }
       if (is_backward_pass(a.type) && s > 0 && schedule.rank_of(s - 1) != r) {
-        after[j].push_back({s, ActionType::kSendBackward, i});
+        sends[j].push_back({s, ActionType::kSendBackward, i});
       }
     }
     auto& lowered = out.actions[r];
     lowered.clear();
     for (int j = 0; j < n; ++j) {
-      lowered.insert(lowered.end(), before[j].begin(), before[j].end());
+      lowered.insert(lowered.end(), slots[2 * j].begin(), slots[2 * j].end());
       lowered.push_back(list[j]);
-      lowered.insert(lowered.end(), after[j].begin(), after[j].end());
+      lowered.insert(lowered.end(), slots[2 * j + 1].begin(), slots[2 * j + 1].end());
+      lowered.insert(lowered.end(), sends[j].begin(), sends[j].end());
     }
-    lowered.insert(lowered.end(), before[n].begin(), before[n].end());
+    lowered.insert(lowered.end(), slots[2 * n].begin(), slots[2 * n].end());
   }
   return out;
 }
@@ -274,6 +324,16 @@ Schedule build_schedule(const ScheduleOptions& options) {
   validate_schedule(generated);
   Schedule lowered = lower_communication(insert_recompute(std::move(generated), options.recompute));
   validate_schedule(lowered);
+  // Note [Receive placement] promises more than the executor contract needs: the order also
+  // survives sends that block until the receive is posted.
+  SimulateOptions rendezvous;
+  rendezvous.rendezvous_sends = true;
+  try {
+    simulate(lowered, CostModel{}, rendezvous);
+  } catch (const ScheduleError& e) {
+    PIPEMAT_INTERNAL_ASSERT(false, "the lowered ", to_string(options.kind),
+                            " schedule hangs with rendezvous sends: ", e.what());
+  }
   return lowered;
 }
 

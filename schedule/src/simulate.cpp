@@ -34,9 +34,10 @@ std::string number(double v) {
 
 class Simulator {
  public:
-  Simulator(const Schedule& s, const CostModel& c)
+  Simulator(const Schedule& s, const CostModel& c, const SimulateOptions& o)
       : s_(s),
         c_(c),
+        o_(o),
         comms_(s.has_comms()),
         cells_(static_cast<size_t>(s.stages_count) * s.micro_batches) {}
 
@@ -201,19 +202,36 @@ class Simulator {
       case ActionType::kBackwardWeight:
         return need_local(me.i, ActionType::kBackwardInput, st);
       case ActionType::kRecompute:
-      case ActionType::kSendForward:
         return need_local(me.f, ActionType::kForward, st);
+      case ActionType::kSendForward:
+        if (!need_local(me.f, ActionType::kForward, st)) return false;
+        return receiver_posted(a, ready);
       case ActionType::kSendBackward:
         if (me.bwd == kNotYet) {
           blocked_on_ = "the backward (B or I) of " + std::to_string(st) + " micro-batch " +
                         std::to_string(mb);
           return false;
         }
-        return true;
+        return receiver_posted(a, ready);
       case ActionType::kRecvForward:
       case ActionType::kRecvBackward:
         return true;
     }
+    return true;
+  }
+
+  // With rendezvous sends a SEND completes only once the peer has posted the matching RECV.
+  bool receiver_posted(const Action& send, double* ready) {
+    if (!o_.rendezvous_sends) return true;
+    const Action recv = matching_action(send);
+    const Cell& peer = cell(recv.stage, recv.micro_batch);
+    const double posted = send.type == ActionType::kSendForward ? peer.recv_f : peer.recv_b;
+    if (posted == kNotYet) {
+      blocked_on_ = format_action(recv) + " on rank " + std::to_string(s_.rank_of(recv.stage)) +
+                    " (rendezvous send)";
+      return false;
+    }
+    *ready = std::max(*ready, posted);
     return true;
   }
 
@@ -275,6 +293,7 @@ class Simulator {
 
   const Schedule& s_;
   const CostModel& c_;
+  const SimulateOptions& o_;
   bool comms_;
   std::vector<Cell> cells_;
   std::string blocked_on_;
@@ -334,7 +353,8 @@ double span_bubble_ratio(const SimulationResult& result) {
   return worst;
 }
 
-SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
+SimulationResult simulate(const Schedule& schedule, const CostModel& costs,
+                          const SimulateOptions& options) {
   PIPEMAT_CHECK(static_cast<int>(schedule.actions.size()) == schedule.ranks_count &&
                     static_cast<int>(schedule.stage_to_rank.size()) == schedule.stages_count,
                 ScheduleError, "simulate: the schedule's shape is inconsistent (",
@@ -347,7 +367,7 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs) {
                 ScheduleError, "simulate: ", schedule.stages_count, " stages x ",
                 schedule.micro_batches, " micro-batches is outside what pipemat handles (1 to ",
                 kMaxStageMicroBatches, " pairs).");
-  return Simulator(schedule, costs).run();
+  return Simulator(schedule, costs, options).run();
 }
 
 }  // namespace pipemat::schedule

@@ -89,7 +89,7 @@ TEST(LoweringTest, ZeroBubbleVHandsOffLocallyAtTheTipOfTheV) {
   EXPECT_FALSE(one.has_comms());
 }
 
-TEST(LoweringTest, ReceivesArePostedBeforeConsumersAndSendsFollowProducers) {
+TEST(LoweringTest, ReceivesArePostedEarlyAndSendsFollowProducers) {
   for (const Case& c : kCases) {
     const Schedule s = build_schedule(options(c.kind, c.p, c.m, c.v, RecomputeMode::kPretrigger));
     for (int r = 0; r < s.ranks_count; ++r) {
@@ -97,31 +97,96 @@ TEST(LoweringTest, ReceivesArePostedBeforeConsumersAndSendsFollowProducers) {
       for (size_t k = 0; k < list.size(); ++k) {
         const Action& a = list[k];
         if (a.type == ActionType::kSendForward || a.type == ActionType::kSendBackward) {
-          // Right after the producer, possibly after another SEND of the same producer.
+          // Right after the producer (receives and other sends of it may sit in between).
           size_t j = k - 1;
           while (is_comm(list[j].type)) --j;
           EXPECT_EQ(list[j].stage, a.stage);
           EXPECT_EQ(list[j].micro_batch, a.micro_batch);
         }
-        if (a.type == ActionType::kRecvForward || a.type == ActionType::kRecvBackward) {
-          // At most one compute action (the one the transfer overlaps) before the consumer,
-          // not counting pre-triggered R actions, which stay glued to their B / I.
-          int computes = 0;
-          size_t j = k + 1;
-          auto consumes = [&](const Action& x) {
-            return x.stage == a.stage && x.micro_batch == a.micro_batch &&
-                   (a.type == ActionType::kRecvForward
-                        ? x.type == ActionType::kForward
-                        : x.type == ActionType::kBackward || x.type == ActionType::kBackwardInput);
-          };
-          for (; j < list.size() && !consumes(list[j]); ++j) {
-            computes += is_compute(list[j].type) && list[j].type != ActionType::kRecompute;
-          }
-          ASSERT_LT(j, list.size()) << format_action(a) << " has no consumer";
-          EXPECT_LE(computes, 1) << format_action(a);
+        if (a.type != ActionType::kRecvForward && a.type != ActionType::kRecvBackward) continue;
+        auto consumes = [&](const Action& x) {
+          return x.stage == a.stage && x.micro_batch == a.micro_batch &&
+                 (a.type == ActionType::kRecvForward
+                      ? x.type == ActionType::kForward
+                      : x.type == ActionType::kBackward || x.type == ActionType::kBackwardInput);
+        };
+        // Compute actions (other than pre-triggered R) the transfer overlaps before its consumer.
+        int between = 0;
+        size_t j = k + 1;
+        for (; j < list.size() && !consumes(list[j]); ++j) {
+          between += is_compute(list[j].type) && list[j].type != ActionType::kRecompute;
+        }
+        ASSERT_LT(j, list.size()) << format_action(a) << " has no consumer";
+        // Posted at least one compute ahead unless nothing earlier can host it: the consumer
+        // is the rank's first compute, or a gradient receive right after its own F.
+        int computes_before = 0;
+        for (size_t x = 0; x < k; ++x) computes_before += is_compute(list[x].type);
+        const bool after_own_forward =
+            a.type == ActionType::kRecvBackward && k > 0 &&
+            list[k - 1] == Action{a.stage, ActionType::kForward, a.micro_batch};
+        if (computes_before > 0 && !after_own_forward) {
+          EXPECT_GE(between, 1) << format_action(a) << " on rank " << r;
+        }
+        // A receive never sits between a pre-triggered R and its B / I.
+        if (k > 0 && list[k - 1].type == ActionType::kRecompute) {
+          EXPECT_FALSE(k + 1 < list.size() && is_compute(list[k + 1].type) &&
+                       list[k + 1].stage == list[k - 1].stage &&
+                       list[k + 1].micro_batch == list[k - 1].micro_batch)
+              << format_action(a);
         }
       }
     }
+  }
+}
+
+TEST(LoweringTest, LoweredSchedulesCannotDeadlockEvenWithRendezvousSends) {
+  // Sends that block until the peer posted the receive (large MPI messages) must not hang any
+  // lowered schedule of the grid (Note [Receive placement]).
+  SimulateOptions rendezvous;
+  rendezvous.rendezvous_sends = true;
+  int checked = 0;
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+        ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleH2, ScheduleKind::kZeroBubbleV}) {
+    for (int p = 1; p <= 8; ++p) {
+      for (int m = 1; m <= 24; m += (m < 8 ? 1 : 3)) {
+        for (int v = 1; v <= (kind == ScheduleKind::kInterleaved ? 4 : 1); ++v) {
+          if (kind == ScheduleKind::kInterleaved && m % std::max(1, m / p) != 0) continue;
+          for (RecomputeMode mode : {RecomputeMode::kNone, RecomputeMode::kPretrigger}) {
+            const Schedule s = build_schedule(options(kind, p, m, v, mode));
+            EXPECT_NO_THROW(simulate(s, CostModel{}, rendezvous))
+                << to_string(kind) << " P=" << p << " M=" << m << " V=" << v;
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
+}
+
+TEST(LoweringTest, RendezvousSimulationDetectsSendSendCycles) {
+  // Both ranks send before posting their receive: fine with non-blocking sends, a hang when
+  // sends block until the receive is posted.
+  Schedule s = testing::from_lists(
+      2, 1, {{"0F0", "0SEND_F0", "0RECV_B0", "0B0"}, {"1RECV_F0", "1F0", "1B0", "1SEND_B0"}});
+  EXPECT_NO_THROW(simulate(s));
+  s.micro_batches = 2;
+  s.actions = {testing::parse_list(
+                   {"0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0RECV_B1", "0B0", "0B1"}),
+               testing::parse_list(
+                   {"1RECV_F0", "1F0", "1B0", "1SEND_B0", "1RECV_F1", "1F1", "1B1", "1SEND_B1"})};
+  EXPECT_NO_THROW(simulate(s));
+  SimulateOptions rendezvous;
+  rendezvous.rendezvous_sends = true;
+  try {
+    simulate(s, CostModel{}, rendezvous);
+    FAIL() << "expected a rendezvous deadlock";
+  } catch (const ScheduleError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("rank 0 is blocked at action 0SEND_F1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1 is blocked at action 1SEND_B0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(rendezvous send)"), std::string::npos) << msg;
   }
 }
 

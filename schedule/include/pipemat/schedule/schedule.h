@@ -35,6 +35,10 @@
 // rely on per-peer FIFO order. Under these semantics a schedule that validate_schedule accepts
 // cannot deadlock: every receive is posted before its consumer, every send is issued right after
 // its producer, and the simulator has checked that the compute order has no cross-rank cycle.
+// Schedules from build_schedule / lower_communication are stronger still: they also cannot hang
+// when a send blocks until the peer has posted the receive (MPI rendezvous), see
+// Note [Receive placement] in schedule.cpp; build_schedule checks this with
+// SimulateOptions::rendezvous_sends.
 //
 // Note [Recompute placement]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -112,7 +116,9 @@ int peer_rank(const Schedule& schedule, const Action& comm);
 // SEND_B(s,i) <-> RECV_B(s-1,i).
 Action matching_action(const Action& comm);
 // A number that is equal for a SEND and its matching RECV and different for every other message
-// of the schedule; usable as a message tag. In [0, 2 * stages_count * micro_batches).
+// of the schedule; usable as a message tag. In [0, 2 * stages_count * micro_batches). MPI only
+// guarantees tags up to 32767 (MPI_TAG_UB), i.e. stages_count * micro_batches < 16384; a
+// transport with a smaller tag space must map ids itself.
 int message_id(const Schedule& schedule, const Action& comm);
 
 // Size limits: generators and the validator refuse schedules with more (stage, micro-batch)
@@ -149,9 +155,11 @@ void validate_schedule(const Schedule& schedule);
 Schedule insert_recompute(Schedule schedule, RecomputeMode mode);
 
 // Adds SEND_*/RECV_* actions for every cross-rank edge of a compute-only schedule: the SEND
-// right after its producer, the RECV one compute action ahead of its consumer (ahead of a
-// pre-triggered R of the same micro-batch as well). Local hand-offs get no actions.
-// Returns the schedule unchanged if it already has comms.
+// right after its producer; the RECV at the earlier of "one compute action ahead of its
+// consumer" and "when the sender sends in a unit-cost run", never between a pre-triggered R and
+// its B / I, a gradient receive after the micro-batch's own F (Note [Receive placement]).
+// Local hand-offs get no actions. Returns the schedule unchanged if it already has comms.
+// ScheduleError (cross-rank deadlock) when the compute order cannot run.
 Schedule lower_communication(const Schedule& schedule);
 
 // Drops SEND_* / RECV_* actions: the compute-only form.

@@ -74,8 +74,16 @@ struct SimulationResult {
 // early finish of ranks, which is how the zero-bubble papers count ZB-H2 and ZB-V as bubble-free.
 double span_bubble_ratio(const SimulationResult& result);
 
+struct SimulateOptions {
+  // Model sends that block until the peer has posted the matching receive (MPI rendezvous for
+  // large messages, or a runtime that waits on each send). The default models the executor
+  // contract: sends are issued and completed later, never waited on before the next action.
+  bool rendezvous_sends = false;
+};
+
 // Simulates a structurally valid schedule (run validate_schedule's per-rank rules first;
 // build_schedule and import_torch_csv do). Throws ScheduleError on deadlock.
-SimulationResult simulate(const Schedule& schedule, const CostModel& costs = {});
+SimulationResult simulate(const Schedule& schedule, const CostModel& costs = {},
+                          const SimulateOptions& options = {});
 
 }  // namespace pipemat::schedule
