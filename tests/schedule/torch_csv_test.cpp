@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "pipemat/core/error.h"
 #include "test_util.h"
 
@@ -102,6 +104,27 @@ TEST(TorchCsvTest, ImportedSchedulesGoThroughTheValidator) {
   }
   EXPECT_THROW(import_torch_csv("\n\n", "empty.csv"), ScheduleError);
   EXPECT_THROW(import_torch_csv("0F0,0B0\n2F0,2B0\n", "gap.csv"), ScheduleError);  // no stage 1
+}
+
+}  // namespace
+}  // namespace pipemat::schedule
+
+namespace pipemat::schedule {
+namespace {
+
+TEST(TorchCsvTest, GarbageIsAScheduleErrorNeverACrash) {
+  std::mt19937 rng(7);
+  const std::string alphabet = "0123456789FBIWRSEND_RCV,\n \"x-";
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string text;
+    const int length = static_cast<int>(rng() % 40);
+    for (int k = 0; k < length; ++k) text += alphabet[rng() % alphabet.size()];
+    try {
+      import_torch_csv(text, "fuzz.csv");
+    } catch (const ScheduleError& e) {
+      EXPECT_NE(std::string(e.what()).find("fuzz.csv"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 
 #include "pipemat/core/error.h"
 #include "pipemat/schedule/schedule.h"
+#include "pipemat/schedule/simulate.h"
 #include "test_util.h"
 
 namespace pipemat::schedule {
@@ -145,6 +147,56 @@ TEST(ValidateTest, ShapeErrors) {
   Schedule bad_map = from_lists(2, 1, {{"0F0", "0B0"}, {"1F0", "1B0"}});
   bad_map.stage_to_rank[1] = 7;
   expect_mentions(rejection(bad_map), {"stage_to_rank[1] = 7"});
+}
+
+}  // namespace
+}  // namespace pipemat::schedule
+
+namespace pipemat::schedule {
+namespace {
+
+TEST(ValidateTest, RandomSchedulesAreAcceptedOrRejectedNeverCrash) {
+  // Mutations of real schedules (drop, duplicate, swap, retarget an action) must give a clean
+  // ScheduleError or a schedule that runs; never another exception or a crash.
+  std::mt19937 rng(12345);
+  int accepted = 0, rejected = 0;
+  const ScheduleKind kinds[] = {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+                                ScheduleKind::kZeroBubbleV, ScheduleKind::kZeroBubbleH1};
+  for (int trial = 0; trial < 3000; ++trial) {
+    const ScheduleKind kind = kinds[trial % 4];
+    const int p = 1 + static_cast<int>(rng() % 3), m = 1 + static_cast<int>(rng() % 4);
+    const int v = kind == ScheduleKind::kInterleaved ? 2 : 1;
+    Schedule s = trial % 2 ? build_schedule(testing::options(kind, p, m, v))
+                           : generate_schedule(testing::options(kind, p, m, v));
+    auto& list = s.actions[rng() % p];
+    if (list.empty()) continue;
+    const size_t at = rng() % list.size();
+    switch (rng() % 4) {
+      case 0:
+        list.erase(list.begin() + static_cast<std::ptrdiff_t>(at));
+        break;
+      case 1:
+        list.push_back(list[at]);
+        break;
+      case 2:
+        std::swap(list[at], list[rng() % list.size()]);
+        break;
+      default:
+        list[at].stage = static_cast<int>(rng() % (s.stages_count + 1));
+        list[at].micro_batch = static_cast<int>(rng() % (m + 1));
+        list[at].type = static_cast<ActionType>(rng() % 9);
+    }
+    try {
+      validate_schedule(s);
+      simulate(s);
+      ++accepted;
+    } catch (const ScheduleError& e) {
+      EXPECT_NE(std::string(e.what()).find("rule '"), std::string::npos) << e.what();
+      ++rejected;
+    }
+  }
+  EXPECT_GT(rejected, 1000);
+  EXPECT_GT(accepted, 10);  // e.g. swaps of independent actions
 }
 
 }  // namespace
