@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
@@ -182,17 +184,13 @@ Schedule insert_recompute(Schedule schedule, RecomputeMode mode) {
   for (auto& list : schedule.actions) {
     std::vector<Action> out;
     out.reserve(list.size() + list.size() / 2);
-    std::vector<std::pair<int, int>> has_recompute;
+    std::set<std::pair<int, int>> has_recompute;
     for (const Action& a : list) {
-      if (a.type == ActionType::kRecompute) has_recompute.emplace_back(a.stage, a.micro_batch);
+      if (a.type == ActionType::kRecompute) has_recompute.emplace(a.stage, a.micro_batch);
     }
     for (const Action& a : list) {
-      if (is_backward_pass(a.type)) {
-        const std::pair<int, int> key{a.stage, a.micro_batch};
-        if (std::find(has_recompute.begin(), has_recompute.end(), key) == has_recompute.end()) {
-          out.push_back({a.stage, ActionType::kRecompute, a.micro_batch});
-          has_recompute.push_back(key);
-        }
+      if (is_backward_pass(a.type) && has_recompute.emplace(a.stage, a.micro_batch).second) {
+        out.push_back({a.stage, ActionType::kRecompute, a.micro_batch});
       }
       out.push_back(a);
     }
@@ -247,6 +245,13 @@ Schedule lower_communication(const Schedule& schedule) {
     const auto& list = schedule.actions[r];
     const auto& timed = timeline.ranks[r].actions;  // same positions: the list is compute-only
     const int n = static_cast<int>(list.size());
+    std::vector<double> starts(n);
+    std::map<std::pair<int, int>, int> forward_index;
+    for (int x = 0; x < n; ++x) {
+      starts[x] = timed[x].start;
+      if (list[x].type == ActionType::kForward)
+        forward_index[{list[x].stage, list[x].micro_batch}] = x;
+    }
     // Slot 2j: before list[j]; slot 2j + 1: right after list[j], ahead of its sends.
     std::vector<std::vector<Action>> slots(2 * static_cast<size_t>(n) + 1);
     std::vector<std::vector<Action>> sends(n);
@@ -267,18 +272,17 @@ Schedule lower_communication(const Schedule& schedule) {
         int previous = j - 1;
         while (glued_recompute(list, previous)) --previous;
         const int ahead = 2 * std::max(previous, 0);
-        int last_started = -1;
-        for (int x = 0; x < j; ++x) {
-          if (timed[x].start < send_time) last_started = x;
-        }
+        // Starts are non-decreasing along the list: the last one before the send is a search.
+        const int last_started =
+            static_cast<int>(std::lower_bound(starts.begin(), starts.begin() + j, send_time) -
+                             starts.begin()) -
+            1;
         const int in_time = last_started >= 0 ? 2 * last_started + 1 : 0;
         int slot = std::min({ahead, in_time, 2 * j});
         if (recv->type == ActionType::kRecvBackward) {
-          for (int f = 0; f < j; ++f) {
-            if (list[f].type == ActionType::kForward && list[f].stage == s &&
-                list[f].micro_batch == i) {
-              slot = std::max(slot, 2 * f + 1);
-            }
+          const auto own_forward = forward_index.find({s, i});
+          if (own_forward != forward_index.end() && own_forward->second < j) {
+            slot = std::max(slot, 2 * own_forward->second + 1);
           }
         }
         for (bool moved = true; moved;) {

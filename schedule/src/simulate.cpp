@@ -74,7 +74,6 @@ class Simulator {
     double busy_total = 0.0;
     for (auto& rank : result.ranks) {
       bool first = true;
-      std::map<std::pair<int, int>, int> live;
       int in_flight = 0;
       for (const TimedAction& t : rank.actions) {
         const Action& a = t.action;

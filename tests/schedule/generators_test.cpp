@@ -319,3 +319,23 @@ TEST(GeneratorsTest, ParsesKindAndRecomputeNames) {
 
 }  // namespace
 }  // namespace pipemat::schedule
+
+namespace pipemat::schedule {
+namespace {
+
+TEST(GeneratorsTest, LargeSchedulesBuildInLinearishTime) {
+  const auto start = std::chrono::steady_clock::now();
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH2,
+                            ScheduleKind::kZeroBubbleV, ScheduleKind::kInterleaved}) {
+    const int v = kind == ScheduleKind::kInterleaved ? 4 : 1;
+    const Schedule s =
+        build_schedule(testing::options(kind, 8, 2048, v, RecomputeMode::kPretrigger));
+    EXPECT_GT(simulate(s).makespan, 0);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10.0);
+}
+
+}  // namespace
+}  // namespace pipemat::schedule
