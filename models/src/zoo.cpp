@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <cmath>
+
 namespace pipemat::models {
 
 RMSNormImpl::RMSNormImpl(int64_t hidden, double eps_) : eps(eps_) {
@@ -28,6 +30,62 @@ RmsNormGemmStackImpl::RmsNormGemmStackImpl(int64_t num_layers, int64_t hidden) {
 
 at::Tensor RmsNormGemmStackImpl::forward(at::Tensor x) {
   for (auto& layer : *layers) x = layer->as<SiluBlock>()->forward(x);
+  return x;
+}
+
+GroupedGemmImpl::GroupedGemmImpl(int64_t experts, int64_t hidden) {
+  weight = register_parameter("weight", at::randn({experts, hidden, hidden}) / std::sqrt(hidden));
+}
+
+at::Tensor GroupedGemmImpl::forward(const at::Tensor& packed, std::vector<int64_t> counts) {
+  std::vector<at::Tensor> outs;
+  int64_t offset = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] == 0) continue;
+    outs.push_back(at::matmul(packed.narrow(0, offset, counts[e]), weight[e].t()));
+    offset += counts[e];
+  }
+  return at::cat(outs, 0);
+}
+
+MoELayerImpl::MoELayerImpl(int64_t hidden, int64_t experts_, int64_t top_k_)
+    : num_experts(experts_), top_k(top_k_) {
+  norm = register_module("norm", RMSNorm(hidden));
+  router = register_module("router", torch::nn::Linear(hidden, experts_));
+  experts = register_module("experts", GroupedGemm(experts_, hidden));
+}
+
+Dispatch MoELayerImpl::dispatch(const at::Tensor& h) {
+  const int64_t tokens = h.size(0);
+  auto scores = at::softmax(router(h), -1);
+  auto [gate, expert] = at::topk(scores, top_k, -1);  // [tokens, k]
+  auto flat_expert = expert.reshape({-1});
+  auto order = at::argsort(flat_expert * (tokens * top_k) + at::arange(tokens * top_k));
+  Dispatch d;
+  d.token_index = at::div(order, top_k, "floor");
+  d.packed = h.index_select(0, d.token_index);
+  d.gate = gate.reshape({-1}).index_select(0, order).unsqueeze(1);
+  auto counts = at::bincount(flat_expert, {}, num_experts);
+  d.counts.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
+  return d;
+}
+
+at::Tensor MoELayerImpl::forward(const at::Tensor& x) {
+  auto h = norm(x);
+  Dispatch d = dispatch(h);
+  auto y = experts(d.packed, d.counts);
+  auto combined = at::zeros_like(x).index_add(0, d.token_index, y * d.gate);
+  return x + combined;
+}
+
+MoEStackImpl::MoEStackImpl(int64_t num_layers, int64_t hidden, int64_t experts, int64_t top_k) {
+  torch::nn::ModuleList list;
+  for (int64_t i = 0; i < num_layers; ++i) list->push_back(MoELayer(hidden, experts, top_k));
+  layers = register_module("layers", list);
+}
+
+at::Tensor MoEStackImpl::forward(at::Tensor x) {
+  for (auto& layer : *layers) x = layer->as<MoELayer>()->forward(x);
   return x;
 }
 

@@ -564,12 +564,12 @@ void Invocation::record_save_inputs(SaveEntry& entry, const std::vector<c10::IVa
       auto contains = [&](const std::vector<const c10::StorageImpl*>& v) {
         return std::find(v.begin(), v.end(), rec.storage) != v.end();
       };
-      if (rec.storage == nullptr || t.grad_fn() == nullptr) {
-        rec.reason = Fallback::kLeaf;
-      } else if (contains(save_output_storages_)) {
-        rec.reason = Fallback::kSaveSourced;
-      } else if (contains(unit_input_storages_)) {
+      if (rec.storage != nullptr && contains(unit_input_storages_)) {
         rec.reason = Fallback::kUnitInput;
+      } else if (rec.storage != nullptr && contains(save_output_storages_)) {
+        rec.reason = Fallback::kSaveSourced;
+      } else if (rec.storage == nullptr || t.grad_fn() == nullptr) {
+        rec.reason = Fallback::kLeaf;
       } else if (!enabled) {
         rec.reason = Fallback::kDisabled;
       } else {

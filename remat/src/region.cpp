@@ -63,7 +63,7 @@ class SaveHooks final : public torch::autograd::SavedVariableHooks {
     if (slot_ >= 0) inv_->slot_released(slot_);
   }
   void call_pack_hook(const at::Tensor& tensor) override {
-    if (entry_->any_rederivable) {
+    if (!entry_->inputs.empty()) {
       slot_ = inv_->try_rederive(*entry_, tensor);
       if (slot_ >= 0) {
         entry_ = nullptr;  // the entry may be released before this handle

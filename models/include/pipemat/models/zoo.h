@@ -9,6 +9,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "pipemat/remat/remat.h"
 
@@ -39,5 +40,43 @@ struct RmsNormGemmStackImpl : torch::nn::Module {
   remat::ModuleList layers{nullptr};
 };
 TORCH_MODULE(RmsNormGemmStack);
+
+// Top-k routing of tokens to experts, packed by expert: the RECOMPUTE part of an MoE layer.
+struct Dispatch {
+  at::Tensor packed;                // [tokens * top_k, hidden], rows grouped by expert
+  at::Tensor token_index;           // [tokens * top_k] source token of each packed row
+  at::Tensor gate;                  // [tokens * top_k, 1] routing weight of each packed row
+  std::vector<int64_t> counts;      // rows per expert
+};
+
+// Expert weights applied group by group to the packed rows: slices of `packed` per expert, one
+// GEMM each (the SAVE region of an MoE layer: it saves the slices, views of its input).
+struct GroupedGemmImpl : torch::nn::Module {
+  GroupedGemmImpl(int64_t experts, int64_t hidden);
+  at::Tensor forward(const at::Tensor& packed, std::vector<int64_t> counts);
+  at::Tensor weight;  // [experts, hidden, hidden]
+};
+TORCH_MODULE(GroupedGemm);
+
+// RMSNorm -> router + top-k dispatch (RECOMPUTE) -> grouped expert GEMM (SAVE) -> combine.
+// Paths: norm, router, experts.
+struct MoELayerImpl : torch::nn::Module {
+  MoELayerImpl(int64_t hidden, int64_t experts, int64_t top_k);
+  at::Tensor forward(const at::Tensor& x);
+  Dispatch dispatch(const at::Tensor& h);
+  remat::Remat<RMSNorm> norm{nullptr};
+  torch::nn::Linear router{nullptr};
+  remat::Remat<GroupedGemm> experts{nullptr};
+  int64_t num_experts, top_k;
+};
+TORCH_MODULE(MoELayer);
+
+// L MoE layers with residuals. Paths: layers.<i>, layers.<i>.experts, ...
+struct MoEStackImpl : torch::nn::Module {
+  MoEStackImpl(int64_t layers, int64_t hidden, int64_t experts, int64_t top_k);
+  at::Tensor forward(at::Tensor x);
+  remat::ModuleList layers{nullptr};
+};
+TORCH_MODULE(MoEStack);
 
 }  // namespace pipemat::models

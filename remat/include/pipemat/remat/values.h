@@ -7,7 +7,7 @@
 // A tensor leaf is addressed by a path such as `args[1]['mask']` or `output[0][2]`.
 //
 // Supported typed forms (ValueTraits): at::Tensor, c10::optional<at::Tensor>,
-// std::vector<at::Tensor>, std::tuple<...> of supported forms, c10::Dict<std::string,
+// std::vector<at::Tensor>, std::vector<int64_t>, std::tuple<...> of supported forms, c10::Dict<std::string,
 // at::Tensor> (keyword-style named inputs), c10::IValue, bool, integral and floating scalars,
 // std::string. Any other type is carried as an opaque value: tensors hidden inside it are not
 // seen by remat (they are neither rederived nor detached), which is always safe for inputs.
@@ -73,6 +73,12 @@ template <>
 struct ValueTraits<std::vector<at::Tensor>> {
   static c10::IValue to(std::vector<at::Tensor> v) { return c10::IValue(c10::List<at::Tensor>(v)); }
   static std::vector<at::Tensor> from(const c10::IValue& v) { return v.toTensorVector(); }
+};
+
+template <>
+struct ValueTraits<std::vector<int64_t>> {
+  static c10::IValue to(std::vector<int64_t> v) { return c10::IValue(c10::List<int64_t>(v)); }
+  static std::vector<int64_t> from(const c10::IValue& v) { return v.toIntVector(); }
 };
 
 template <>
