@@ -5,11 +5,14 @@
 #include <cstdio>
 #include <sstream>
 
+#include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
 #include "pipemat/schedule/torch_csv.h"
 
 namespace pipemat::schedule {
 namespace {
+
+constexpr size_t kMaxSvgActions = 100000;
 
 std::string num(double v) {
   if (std::fabs(v - std::round(v)) < 1e-9)
@@ -174,8 +177,15 @@ std::string render_json(const Schedule& s, const SimulationResult& sim, const Re
 }
 
 std::string render_svg(const Schedule& s, const SimulationResult& sim, const RenderOptions& o) {
+  size_t blocks = 0;
+  for (const auto& rank : sim.ranks) blocks += rank.actions.size();
+  PIPEMAT_CHECK(blocks <= kMaxSvgActions, ConfigError,
+                "--format svg draws one block per action, and ", blocks, " actions (more than ",
+                kMaxSvgActions,
+                ") would make a picture nobody can open. Use --format json or text, or fewer "
+                "--micro-batches / --stages.");
   const double makespan = std::max(sim.makespan, 1e-9);
-  const double unit = std::clamp(1100.0 / makespan, 8.0, 48.0);  // px per time unit
+  const double unit = std::clamp(1100.0 / makespan, 2.0, 48.0);  // px per time unit
   const int left = 70, top = 58, row_h = 30, gap = 8;
   const int ranks = s.ranks_count;
   const int plot_w = static_cast<int>(std::ceil(makespan * unit));

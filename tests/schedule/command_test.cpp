@@ -194,6 +194,11 @@ TEST(CommandTest, HugeSizesAreRefusedNotAllocated) {
   std::remove(o.import_path.c_str());
 }
 
+TEST(CommandTest, HugeSvgIsRefused) {
+  EXPECT_THROW(render_schedule_command(cli("1f1b", 64, 1024, "svg")), ConfigError);
+  EXPECT_NO_THROW(render_schedule_command(cli("1f1b", 8, 64, "svg")));
+}
+
 TEST(CommandTest, UnevenCostsKeepTheTextTimelineNarrow) {
   ScheduleCommandOptions o = cli("1f1b", 4, 16, "text");
   o.costs = "F=0.01,B=5";

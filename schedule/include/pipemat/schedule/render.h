@@ -38,6 +38,7 @@ std::string render_json(const Schedule& schedule, const SimulationResult& sim,
 // A standalone SVG: one row per rank, a coloured block per compute action (F blue, B green,
 // I orange, W yellow, R purple; later chunks of a rank lighter) labelled with its micro-batch,
 // idle time left as a light background so bubbles stay visible, a time axis and a legend.
+// ConfigError for more than 100000 actions (use JSON or text for such schedules).
 std::string render_svg(const Schedule& schedule, const SimulationResult& sim,
                        const RenderOptions& options = {});
 
