@@ -142,7 +142,11 @@ bool Work::wait_until(Clock::time_point deadline) {
   if (!needs_progress()) {
     const auto spin_until = std::min(deadline, start + std::chrono::microseconds(200));
     for (int i = 0; !done_.load(std::memory_order_acquire); ++i) {
-      if ((i & 63) == 0 && Clock::now() >= spin_until) break;
+      if ((i & 63) == 0) {
+        if (Clock::now() >= spin_until) break;
+        // The completing thread may be waiting for this very core (oversubscribed machines).
+        if (i > 0) std::this_thread::yield();
+      }
     }
     std::unique_lock<std::mutex> lock(mutex_);
     return cv_.wait_until(lock, deadline, [&] { return done_.load(); });

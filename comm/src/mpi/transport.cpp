@@ -14,6 +14,9 @@
 
 #include "mpi/transport.h"
 
+// The C API only; the deprecated C++ bindings would add link dependencies for nothing.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
 #include <algorithm>
