@@ -35,14 +35,14 @@ std::string number(double v) {
 class Simulator {
  public:
   Simulator(const Schedule& s, const CostModel& c, const SimulateOptions& o)
-      : s_(s),
-        c_(c),
-        o_(o),
+      : schedule_(s),
+        costs_(c),
+        options_(o),
         comms_(s.has_comms()),
         cells_(static_cast<size_t>(s.stages_count) * s.micro_batches) {}
 
   SimulationResult run() {
-    const int p = s_.ranks_count;
+    const int p = schedule_.ranks_count;
     std::vector<size_t> next(p, 0);
     std::vector<double> clock(p, 0.0);
     SimulationResult result;
@@ -52,7 +52,7 @@ class Simulator {
     while (progress) {
       progress = false;
       for (int r = 0; r < p; ++r) {
-        const auto& list = s_.actions[r];
+        const auto& list = schedule_.actions[r];
         while (next[r] < list.size()) {
           const Action& a = list[next[r]];
           double ready = 0.0;
@@ -68,7 +68,7 @@ class Simulator {
       }
     }
     bool finished = true;
-    for (int r = 0; r < p; ++r) finished = finished && next[r] == s_.actions[r].size();
+    for (int r = 0; r < p; ++r) finished = finished && next[r] == schedule_.actions[r].size();
     if (!finished) report_deadlock(next);
 
     double busy_total = 0.0;
@@ -101,23 +101,24 @@ class Simulator {
     double send_f = kNotYet, recv_f = kNotYet, send_b = kNotYet, recv_b = kNotYet;
   };
   Cell& cell(int stage, int mb) {
-    return cells_[static_cast<size_t>(stage) * s_.micro_batches + mb];
+    return cells_[static_cast<size_t>(stage) * schedule_.micro_batches + mb];
   }
 
   double duration(ActionType t) const {
-    const double lazy =
-        s_.recompute == RecomputeMode::kLazy ? c_.recompute_cost(s_.recompute) : 0.0;
+    const double lazy = schedule_.recompute == RecomputeMode::kLazy
+                            ? costs_.recompute_cost(schedule_.recompute)
+                            : 0.0;
     switch (t) {
       case ActionType::kForward:
-        return c_.forward;
+        return costs_.forward;
       case ActionType::kBackward:
-        return c_.backward_cost() + lazy;
+        return costs_.backward_cost() + lazy;
       case ActionType::kBackwardInput:
-        return c_.backward_input + lazy;
+        return costs_.backward_input + lazy;
       case ActionType::kBackwardWeight:
-        return c_.backward_weight;
+        return costs_.backward_weight;
       case ActionType::kRecompute:
-        return c_.recompute_cost(s_.recompute);
+        return costs_.recompute_cost(schedule_.recompute);
       default:
         return 0.0;
     }
@@ -133,15 +134,16 @@ class Simulator {
   // Input of the pass `a` on rank r; false (with the reason in blocked_on_) when not there yet.
   bool inputs_ready(int r, const Action& a, double* ready) {
     const int st = a.stage, mb = a.micro_batch;
-    PIPEMAT_CHECK(st >= 0 && st < s_.stages_count && mb >= 0 && mb < s_.micro_batches,
+    PIPEMAT_CHECK(st >= 0 && st < schedule_.stages_count && mb >= 0 && mb < schedule_.micro_batches,
                   ScheduleError, "simulate: rank ", r, " action ", format_action(a),
-                  " names a stage or micro-batch outside the schedule (", s_.stages_count,
-                  " stages, ", s_.micro_batches, " micro-batches); run validate_schedule first.");
+                  " names a stage or micro-batch outside the schedule (", schedule_.stages_count,
+                  " stages, ", schedule_.micro_batches,
+                  " micro-batches); run validate_schedule first.");
     Cell& me = cell(st, mb);
     auto need_local = [&](double t, ActionType type, int stage) {
       if (t == kNotYet) {
-        blocked_on_ =
-            format_action({stage, type, mb}) + " on rank " + std::to_string(s_.rank_of(stage));
+        blocked_on_ = format_action({stage, type, mb}) + " on rank " +
+                      std::to_string(schedule_.rank_of(stage));
         return false;
       }
       *ready = std::max(*ready, t);
@@ -151,16 +153,16 @@ class Simulator {
       case ActionType::kForward: {
         if (st == 0) return true;
         Cell& prev = cell(st - 1, mb);
-        if (s_.rank_of(st - 1) == r || !comms_) {
+        if (schedule_.rank_of(st - 1) == r || !comms_) {
           if (!need_local(prev.f, ActionType::kForward, st - 1)) return false;
-          if (s_.rank_of(st - 1) != r) *ready += c_.comm;
+          if (schedule_.rank_of(st - 1) != r) *ready += costs_.comm;
           return true;
         }
         double t = 0.0;
-        if (!arrival(prev.send_f, me.recv_f, c_.comm, &t)) {
+        if (!arrival(prev.send_f, me.recv_f, costs_.comm, &t)) {
           blocked_on_ = prev.send_f == kNotYet
                             ? format_action({st - 1, ActionType::kSendForward, mb}) + " on rank " +
-                                  std::to_string(s_.rank_of(st - 1))
+                                  std::to_string(schedule_.rank_of(st - 1))
                             : format_action({st, ActionType::kRecvForward, mb}) + " on rank " +
                                   std::to_string(r);
           return false;
@@ -171,26 +173,26 @@ class Simulator {
       case ActionType::kBackward:
       case ActionType::kBackwardInput: {
         if (!need_local(me.f, ActionType::kForward, st)) return false;
-        if (st == s_.stages_count - 1) return true;
+        if (st == schedule_.stages_count - 1) return true;
         Cell& nxt = cell(st + 1, mb);
-        if (s_.rank_of(st + 1) == r || !comms_) {
+        if (schedule_.rank_of(st + 1) == r || !comms_) {
           double before = *ready;
           *ready = 0.0;
           if (!need_local(nxt.bwd, ActionType::kBackward, st + 1)) {
             blocked_on_ = "the backward (B or I) of stage " + std::to_string(st + 1) +
                           " micro-batch " + std::to_string(mb) + " on rank " +
-                          std::to_string(s_.rank_of(st + 1));
+                          std::to_string(schedule_.rank_of(st + 1));
             return false;
           }
-          if (s_.rank_of(st + 1) != r) *ready += c_.comm;
+          if (schedule_.rank_of(st + 1) != r) *ready += costs_.comm;
           *ready = std::max(*ready, before);
           return true;
         }
         double t = 0.0;
-        if (!arrival(nxt.send_b, me.recv_b, c_.comm, &t)) {
+        if (!arrival(nxt.send_b, me.recv_b, costs_.comm, &t)) {
           blocked_on_ = nxt.send_b == kNotYet
                             ? format_action({st + 1, ActionType::kSendBackward, mb}) + " on rank " +
-                                  std::to_string(s_.rank_of(st + 1))
+                                  std::to_string(schedule_.rank_of(st + 1))
                             : format_action({st, ActionType::kRecvBackward, mb}) + " on rank " +
                                   std::to_string(r);
           return false;
@@ -221,13 +223,13 @@ class Simulator {
 
   // With rendezvous sends a SEND completes only once the peer has posted the matching RECV.
   bool receiver_posted(const Action& send, double* ready) {
-    if (!o_.rendezvous_sends) return true;
+    if (!options_.rendezvous_sends) return true;
     const Action recv = matching_action(send);
     const Cell& peer = cell(recv.stage, recv.micro_batch);
     const double posted = send.type == ActionType::kSendForward ? peer.recv_f : peer.recv_b;
     if (posted == kNotYet) {
-      blocked_on_ = format_action(recv) + " on rank " + std::to_string(s_.rank_of(recv.stage)) +
-                    " (rendezvous send)";
+      blocked_on_ = format_action(recv) + " on rank " +
+                    std::to_string(schedule_.rank_of(recv.stage)) + " (rendezvous send)";
       return false;
     }
     *ready = std::max(*ready, posted);
@@ -269,8 +271,8 @@ class Simulator {
 
   [[noreturn]] void report_deadlock(const std::vector<size_t>& next) {
     std::vector<std::string> lines;
-    for (int r = 0; r < s_.ranks_count; ++r) {
-      const auto& list = s_.actions[r];
+    for (int r = 0; r < schedule_.ranks_count; ++r) {
+      const auto& list = schedule_.actions[r];
       if (next[r] == list.size()) {
         lines.push_back("rank " + std::to_string(r) + " finished its " +
                         std::to_string(list.size()) + " actions");
@@ -290,9 +292,9 @@ class Simulator {
                   "that waits for this rank.");
   }
 
-  const Schedule& s_;
-  const CostModel& c_;
-  const SimulateOptions& o_;
+  const Schedule& schedule_;
+  const CostModel& costs_;
+  const SimulateOptions& options_;
   bool comms_;
   std::vector<Cell> cells_;
   std::string blocked_on_;

@@ -29,14 +29,14 @@ std::string at(int position) { return "position " + std::to_string(position); }
 
 class Validator {
  public:
-  explicit Validator(const Schedule& s) : s_(s) {}
+  explicit Validator(const Schedule& s) : schedule_(s) {}
 
   void run() {
     check_shape();
-    comms_ = s_.has_comms();
-    seen_.assign(static_cast<size_t>(s_.stages_count) * s_.micro_batches, Seen{});
-    for (int r = 0; r < s_.ranks_count; ++r) {
-      const auto& list = s_.actions[r];
+    comms_ = schedule_.has_comms();
+    seen_.assign(static_cast<size_t>(schedule_.stages_count) * schedule_.micro_batches, Seen{});
+    for (int r = 0; r < schedule_.ranks_count; ++r) {
+      const auto& list = schedule_.actions[r];
       for (int k = 0; k < static_cast<int>(list.size()); ++k) check_action(r, k, list[k]);
     }
     check_complete();
@@ -44,40 +44,47 @@ class Validator {
 
  private:
   Seen& seen(int stage, int mb) {
-    return seen_[static_cast<size_t>(stage) * s_.micro_batches + mb];
+    return seen_[static_cast<size_t>(stage) * schedule_.micro_batches + mb];
   }
 
   void check_shape() {
-    PIPEMAT_CHECK(s_.ranks_count >= 1 && static_cast<int>(s_.actions.size()) == s_.ranks_count,
+    PIPEMAT_CHECK(schedule_.ranks_count >= 1 &&
+                      static_cast<int>(schedule_.actions.size()) == schedule_.ranks_count,
                   ScheduleError, "invalid schedule: expected one action list per rank (",
-                  s_.ranks_count, " ranks), found ", s_.actions.size(), " lists.");
-    PIPEMAT_CHECK(s_.micro_batches >= 1, ScheduleError,
-                  "invalid schedule: micro_batches must be >= 1, found ", s_.micro_batches, ".");
+                  schedule_.ranks_count, " ranks), found ", schedule_.actions.size(), " lists.");
+    PIPEMAT_CHECK(schedule_.micro_batches >= 1, ScheduleError,
+                  "invalid schedule: micro_batches must be >= 1, found ", schedule_.micro_batches,
+                  ".");
     PIPEMAT_CHECK(
-        s_.stages_count >= 1 && static_cast<int>(s_.stage_to_rank.size()) == s_.stages_count,
+        schedule_.stages_count >= 1 &&
+            static_cast<int>(schedule_.stage_to_rank.size()) == schedule_.stages_count,
         ScheduleError, "invalid schedule: stage_to_rank must name a rank for each of the ",
-        s_.stages_count, " stages, found ", s_.stage_to_rank.size(), " entries.");
-    PIPEMAT_CHECK(
-        static_cast<long long>(s_.stages_count) * s_.micro_batches <= kMaxStageMicroBatches,
-        ScheduleError, "invalid schedule: ", s_.stages_count, " stages x ", s_.micro_batches,
-        " micro-batches is more than the ", kMaxStageMicroBatches,
-        " (stage, micro-batch) pairs pipemat handles.");
-    for (int st = 0; st < s_.stages_count; ++st) {
-      PIPEMAT_CHECK(s_.stage_to_rank[st] >= 0 && s_.stage_to_rank[st] < s_.ranks_count,
-                    ScheduleError, "invalid schedule: stage_to_rank[", st,
-                    "] = ", s_.stage_to_rank[st], " is not a rank in [0, ", s_.ranks_count, ").");
+        schedule_.stages_count, " stages, found ", schedule_.stage_to_rank.size(), " entries.");
+    PIPEMAT_CHECK(static_cast<long long>(schedule_.stages_count) * schedule_.micro_batches <=
+                      kMaxStageMicroBatches,
+                  ScheduleError, "invalid schedule: ", schedule_.stages_count, " stages x ",
+                  schedule_.micro_batches, " micro-batches is more than the ",
+                  kMaxStageMicroBatches, " (stage, micro-batch) pairs pipemat handles.");
+    for (int st = 0; st < schedule_.stages_count; ++st) {
+      PIPEMAT_CHECK(
+          schedule_.stage_to_rank[st] >= 0 && schedule_.stage_to_rank[st] < schedule_.ranks_count,
+          ScheduleError, "invalid schedule: stage_to_rank[", st,
+          "] = ", schedule_.stage_to_rank[st], " is not a rank in [0, ", schedule_.ranks_count,
+          ").");
     }
   }
 
-  bool cross_prev(int stage, int rank) const { return stage > 0 && s_.rank_of(stage - 1) != rank; }
+  bool cross_prev(int stage, int rank) const {
+    return stage > 0 && schedule_.rank_of(stage - 1) != rank;
+  }
   bool cross_next(int stage, int rank) const {
-    return stage < s_.stages_count - 1 && s_.rank_of(stage + 1) != rank;
+    return stage < schedule_.stages_count - 1 && schedule_.rank_of(stage + 1) != rank;
   }
 
   // F(stage, mb) must come earlier on this rank; says whether it is missing or just late.
   void require_forward(int r, int k, const Action& a, const Seen& sn, const char* rule) {
     if (sn.f != kUnseen) return;
-    const auto& list = s_.actions[r];
+    const auto& list = schedule_.actions[r];
     const Action f{a.stage, ActionType::kForward, a.micro_batch};
     for (int later = k + 1; later < static_cast<int>(list.size()); ++later) {
       if (list[later] == f) {
@@ -103,17 +110,17 @@ class Validator {
 
   void check_action(int r, int k, const Action& a) {
     const std::string text = format_action(a);
-    if (a.stage < 0 || a.stage >= s_.stages_count || a.micro_batch < 0 ||
-        a.micro_batch >= s_.micro_batches) {
+    if (a.stage < 0 || a.stage >= schedule_.stages_count || a.micro_batch < 0 ||
+        a.micro_batch >= schedule_.micro_batches) {
       fail(r, text, at(k), "action in range",
-           "stage must be in [0, " + std::to_string(s_.stages_count) + ") and micro-batch in [0, " +
-               std::to_string(s_.micro_batches) + ")",
+           "stage must be in [0, " + std::to_string(schedule_.stages_count) +
+               ") and micro-batch in [0, " + std::to_string(schedule_.micro_batches) + ")",
            "Fix the action or the schedule's stage / micro-batch counts.");
     }
-    if (s_.rank_of(a.stage) != r) {
+    if (schedule_.rank_of(a.stage) != r) {
       fail(r, text, at(k), "stage-to-rank consistency",
            "stage " + std::to_string(a.stage) + " belongs to rank " +
-               std::to_string(s_.rank_of(a.stage)) + ", not rank " + std::to_string(r),
+               std::to_string(schedule_.rank_of(a.stage)) + ", not rank " + std::to_string(r),
            "Every action of a stage must be on the rank that holds the stage.");
     }
     Seen& sn = seen(a.stage, a.micro_batch);
@@ -122,8 +129,8 @@ class Validator {
         if (sn.f != kUnseen) duplicate(r, k, a, sn.f);
         if (comms_ && cross_prev(a.stage, r) && sn.recv_f == kUnseen) {
           fail(r, text, at(k), "RECV before consumer",
-               "its input comes from rank " + std::to_string(s_.rank_of(a.stage - 1)) + " but no " +
-                   format_action({a.stage, ActionType::kRecvForward, a.micro_batch}) +
+               "its input comes from rank " + std::to_string(schedule_.rank_of(a.stage - 1)) +
+                   " but no " + format_action({a.stage, ActionType::kRecvForward, a.micro_batch}) +
                    " was posted before it",
                "Post the receive ahead of the forward (lower_communication does).");
         }
@@ -142,8 +149,9 @@ class Validator {
         }
         if (comms_ && cross_next(a.stage, r) && sn.recv_b == kUnseen) {
           fail(r, text, at(k), "RECV before consumer",
-               "its output gradient comes from rank " + std::to_string(s_.rank_of(a.stage + 1)) +
-                   " but no " + format_action({a.stage, ActionType::kRecvBackward, a.micro_batch}) +
+               "its output gradient comes from rank " +
+                   std::to_string(schedule_.rank_of(a.stage + 1)) + " but no " +
+                   format_action({a.stage, ActionType::kRecvBackward, a.micro_batch}) +
                    " was posted before it",
                "Post the receive ahead of the backward (lower_communication does).");
         }
@@ -223,9 +231,9 @@ class Validator {
   }
 
   void check_complete() {
-    for (int st = 0; st < s_.stages_count; ++st) {
-      const int r = s_.rank_of(st);
-      for (int mb = 0; mb < s_.micro_batches; ++mb) {
+    for (int st = 0; st < schedule_.stages_count; ++st) {
+      const int r = schedule_.rank_of(st);
+      for (int mb = 0; mb < schedule_.micro_batches; ++mb) {
         const Seen& sn = seen(st, mb);
         auto missing = [&](ActionType t, const char* rule, const std::string& detail,
                            const std::string& fix) {
@@ -235,7 +243,7 @@ class Validator {
           missing(
               ActionType::kForward, "missing F",
               "stage " + std::to_string(st) + " never runs F for micro-batch " + std::to_string(mb),
-              "Every stage runs F once for each of the " + std::to_string(s_.micro_batches) +
+              "Every stage runs F once for each of the " + std::to_string(schedule_.micro_batches) +
                   " micro-batches.");
         }
         if (sn.backward() == kUnseen) {
@@ -265,7 +273,7 @@ class Validator {
     }
   }
 
-  const Schedule& s_;
+  const Schedule& schedule_;
   bool comms_ = false;
   std::vector<Seen> seen_;
 };
