@@ -7,7 +7,7 @@
 namespace pipemat::schedule {
 namespace {
 
-TEST(ActionTest, FormatsTorchTextForm) {
+TEST(ScheduleActionTest, FormatsTorchTextForm) {
   EXPECT_EQ(format_action({2, ActionType::kForward, 0}), "2F0");
   EXPECT_EQ(format_action({1, ActionType::kBackwardInput, 3}), "1I3");
   EXPECT_EQ(format_action({0, ActionType::kRecvBackward, 2}), "0RECV_B2");
@@ -15,7 +15,7 @@ TEST(ActionTest, FormatsTorchTextForm) {
   EXPECT_EQ(format_action({3, ActionType::kRecompute, 1}), "3R1");
 }
 
-TEST(ActionTest, ParseFormatRoundTripForEveryType) {
+TEST(ScheduleActionTest, ParseFormatRoundTripForEveryType) {
   for (const char* text : {"0F0", "1B2", "2I3", "3W4", "4R5", "5SEND_F6", "6RECV_F7", "7SEND_B8",
                            "8RECV_B9", "123F4567"}) {
     EXPECT_EQ(format_action(parse_action(text)), text);
@@ -26,14 +26,14 @@ TEST(ActionTest, ParseFormatRoundTripForEveryType) {
   EXPECT_EQ(a.micro_batch, 2);
 }
 
-TEST(ActionTest, ComputeVersusComm) {
+TEST(ScheduleActionTest, ComputeVersusComm) {
   EXPECT_TRUE(is_compute(ActionType::kForward));
   EXPECT_TRUE(is_compute(ActionType::kRecompute));
   EXPECT_TRUE(is_comm(ActionType::kSendBackward));
   EXPECT_TRUE(is_comm(ActionType::kRecvForward));
 }
 
-TEST(ActionTest, RejectsMalformedTextWithTheAcceptedForm) {
+TEST(ScheduleActionTest, RejectsMalformedTextWithTheAcceptedForm) {
   for (const char* text : {"", "F0", "0X1", "0F", "0F1x", "-1F0", "0f0", "0SEND1"}) {
     try {
       parse_action(text);

@@ -29,7 +29,7 @@ std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "pipemat_schedule_" + std::to_string(::getpid()) + "_" + name;
 }
 
-TEST(CommandTest, JsonHasTheDocumentedKeys) {
+TEST(ScheduleCommandTest, JsonHasTheDocumentedKeys) {
   ScheduleCommandOptions o = cli("interleaved", 4, 8, "json");
   o.virtual_stages = 2;
   const auto j = nlohmann::json::parse(render_schedule_command(o));
@@ -60,7 +60,7 @@ TEST(CommandTest, JsonHasTheDocumentedKeys) {
   EXPECT_NEAR(j["bubble_ratio"].get<double>(), 3.0 / 19.0, 1e-6);
 }
 
-TEST(CommandTest, JsonWithCommsListsTheLoweredActions) {
+TEST(ScheduleCommandTest, JsonWithCommsListsTheLoweredActions) {
   ScheduleCommandOptions o = cli("1f1b", 2, 2, "json");
   o.with_comms = true;
   const auto j = nlohmann::json::parse(render_schedule_command(o));
@@ -69,14 +69,14 @@ TEST(CommandTest, JsonWithCommsListsTheLoweredActions) {
   EXPECT_EQ(j["virtual"], 1);
 }
 
-TEST(CommandTest, ZeroBubbleVReportsTwoChunksPerRank) {
+TEST(ScheduleCommandTest, ZeroBubbleVReportsTwoChunksPerRank) {
   const auto j = nlohmann::json::parse(render_schedule_command(cli("zb-v", 4, 8, "json")));
   EXPECT_EQ(j["virtual"], 2);
   EXPECT_EQ(j["stages"], 4);
   EXPECT_EQ(j["makespan"], 51);
 }
 
-TEST(CommandTest, TextCsvAndSvg) {
+TEST(ScheduleCommandTest, TextCsvAndSvg) {
   const std::string text = render_schedule_command(cli("1f1b", 4, 8, "text"));
   EXPECT_NE(text.find("makespan 33, bubble_ratio 0.272727"), std::string::npos) << text;
   EXPECT_NE(text.find("rank 3   .........F0 B0    F1"), std::string::npos) << text;
@@ -96,7 +96,7 @@ TEST(CommandTest, TextCsvAndSvg) {
   EXPECT_EQ(blocks, 4u * 8 * 3);  // one block per compute action
 }
 
-TEST(CommandTest, ImportAndOutputFile) {
+TEST(ScheduleCommandTest, ImportAndOutputFile) {
   const std::string csv_path = temp_path("in.csv");
   {
     std::ofstream f(csv_path);
@@ -123,7 +123,7 @@ TEST(CommandTest, ImportAndOutputFile) {
   std::remove(temp_path("out.json").c_str());
 }
 
-TEST(CommandTest, BadInputIsAConfigOrScheduleErrorNamingTheFlag) {
+TEST(ScheduleCommandTest, BadInputIsAConfigOrScheduleErrorNamingTheFlag) {
   auto error = [](const ScheduleCommandOptions& o) -> std::string {
     try {
       render_schedule_command(o);
@@ -158,7 +158,7 @@ TEST(CommandTest, BadInputIsAConfigOrScheduleErrorNamingTheFlag) {
 namespace pipemat::schedule {
 namespace {
 
-TEST(CommandTest, ImportChecksConflictingFlagsAndAppliesRecompute) {
+TEST(ScheduleCommandTest, ImportChecksConflictingFlagsAndAppliesRecompute) {
   const std::string csv_path = temp_path("comms.csv");
   {
     std::ofstream f(csv_path);
@@ -182,7 +182,7 @@ TEST(CommandTest, ImportChecksConflictingFlagsAndAppliesRecompute) {
   std::remove(csv_path.c_str());
 }
 
-TEST(CommandTest, HugeSizesAreRefusedNotAllocated) {
+TEST(ScheduleCommandTest, HugeSizesAreRefusedNotAllocated) {
   EXPECT_THROW(render_schedule_command(cli("1f1b", 1024, 65536, "json")), ConfigError);
   ScheduleCommandOptions o;
   o.import_path = temp_path("huge.csv");
@@ -194,12 +194,12 @@ TEST(CommandTest, HugeSizesAreRefusedNotAllocated) {
   std::remove(o.import_path.c_str());
 }
 
-TEST(CommandTest, HugeSvgIsRefused) {
+TEST(ScheduleCommandTest, HugeSvgIsRefused) {
   EXPECT_THROW(render_schedule_command(cli("1f1b", 64, 1024, "svg")), ConfigError);
   EXPECT_NO_THROW(render_schedule_command(cli("1f1b", 8, 64, "svg")));
 }
 
-TEST(CommandTest, UnevenCostsKeepTheTextTimelineNarrow) {
+TEST(ScheduleCommandTest, UnevenCostsKeepTheTextTimelineNarrow) {
   ScheduleCommandOptions o = cli("1f1b", 4, 16, "text");
   o.costs = "F=0.01,B=5";
   const std::string text = render_schedule_command(o);
@@ -210,7 +210,7 @@ TEST(CommandTest, UnevenCostsKeepTheTextTimelineNarrow) {
   }
 }
 
-TEST(CommandTest, ParseIntFlag) {
+TEST(ScheduleCommandTest, ParseIntFlag) {
   EXPECT_EQ(parse_int_flag("--stages", "8"), 8);
   EXPECT_EQ(parse_int_flag("--stages", "0"), 0);
   for (const char* bad : {"", "x", "4x", "1.5", "99999999999"}) {

@@ -51,7 +51,7 @@ void expect_counts(const Schedule& s, const std::string& where) {
   }
 }
 
-TEST(GeneratorsTest, GridValidatesSimulatesAndHasRightCounts) {
+TEST(ScheduleGeneratorsTest, GridValidatesSimulatesAndHasRightCounts) {
   const auto start = std::chrono::steady_clock::now();
   int built = 0, rejected = 0;
   for (ScheduleKind kind : kAllKinds) {
@@ -90,7 +90,7 @@ TEST(GeneratorsTest, GridValidatesSimulatesAndHasRightCounts) {
   EXPECT_LT(seconds, 10.0);
 }
 
-TEST(GeneratorsTest, GpipeAnd1F1BBubbleClosedForm) {
+TEST(ScheduleGeneratorsTest, GpipeAnd1F1BBubbleClosedForm) {
   for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
     for (int p = 1; p <= 8; ++p) {
       for (int m = 1; m <= 24; ++m) {
@@ -103,7 +103,7 @@ TEST(GeneratorsTest, GpipeAnd1F1BBubbleClosedForm) {
   }
 }
 
-TEST(GeneratorsTest, InterleavedBubbleClosedFormWhenMIsAMultipleOfP) {
+TEST(ScheduleGeneratorsTest, InterleavedBubbleClosedFormWhenMIsAMultipleOfP) {
   for (int p = 1; p <= 8; ++p) {
     for (int v = 1; v <= 4; ++v) {
       for (int m = p; m <= 24; m += p) {
@@ -116,7 +116,7 @@ TEST(GeneratorsTest, InterleavedBubbleClosedFormWhenMIsAMultipleOfP) {
   }
 }
 
-TEST(GeneratorsTest, ZeroBubbleH1BubbleClosedForm) {
+TEST(ScheduleGeneratorsTest, ZeroBubbleH1BubbleClosedForm) {
   // Holds once the pipeline fills (M >= P); below that one micro-batch's F-I chain through all
   // stages is longer than 3M + P - 1 and the bubble is larger.
   for (int p = 1; p <= 8; ++p) {
@@ -129,7 +129,7 @@ TEST(GeneratorsTest, ZeroBubbleH1BubbleClosedForm) {
   }
 }
 
-TEST(GeneratorsTest, ReferenceNumbersForP4M8) {
+TEST(ScheduleGeneratorsTest, ReferenceNumbersForP4M8) {
   // Cross-checked against an independent unit-cost simulator (research notes, sim.py).
   auto run = [](ScheduleKind k, int v = 1) {
     return simulate(build_schedule(options(k, 4, 8, v)));
@@ -145,7 +145,7 @@ TEST(GeneratorsTest, ReferenceNumbersForP4M8) {
   EXPECT_EQ(peaks, (std::vector<int>{11, 9, 7, 5}));
 }
 
-TEST(GeneratorsTest, PeakActivationsMatchKnownFigures) {
+TEST(ScheduleGeneratorsTest, PeakActivationsMatchKnownFigures) {
   for (int p = 1; p <= 8; ++p) {
     for (int m = 1; m <= 24; ++m) {
       const std::string where = "P=" + std::to_string(p) + " M=" + std::to_string(m);
@@ -170,7 +170,7 @@ TEST(GeneratorsTest, PeakActivationsMatchKnownFigures) {
   }
 }
 
-TEST(GeneratorsTest, InterleavedPeakOnRankZero) {
+TEST(ScheduleGeneratorsTest, InterleavedPeakOnRankZero) {
   // Rank 0 holds its warmup + 1 chunk activations: (V - 1) * P + 2 * (P - 1) + 1.
   for (int p = 2; p <= 8; ++p) {
     for (int v = 2; v <= 4; ++v) {
@@ -181,7 +181,7 @@ TEST(GeneratorsTest, InterleavedPeakOnRankZero) {
   }
 }
 
-TEST(GeneratorsTest, ZeroBubbleH2HasNoBubbleInsideEachRanksSpan) {
+TEST(ScheduleGeneratorsTest, ZeroBubbleH2HasNoBubbleInsideEachRanksSpan) {
   // ZB-H2 turns the trapezoid into a parallelogram: each rank is busy from its first to its
   // last action once M is large enough; the global bubble is only the start stagger.
   for (int p = 2; p <= 6; ++p) {
@@ -194,7 +194,7 @@ TEST(GeneratorsTest, ZeroBubbleH2HasNoBubbleInsideEachRanksSpan) {
   }
 }
 
-TEST(GeneratorsTest, OneFOneBWarmupIsPMinusRMinusOne) {
+TEST(ScheduleGeneratorsTest, OneFOneBWarmupIsPMinusRMinusOne) {
   for (int p = 1; p <= 8; ++p) {
     for (int m = 1; m <= 24; ++m) {
       const Schedule s = build_schedule(options(ScheduleKind::kOneFOneB, p, m));
@@ -219,7 +219,7 @@ TEST(GeneratorsTest, OneFOneBWarmupIsPMinusRMinusOne) {
   }
 }
 
-TEST(GeneratorsTest, StageMaps) {
+TEST(ScheduleGeneratorsTest, StageMaps) {
   EXPECT_EQ(v_stage_to_rank(4), (std::vector<int>{0, 1, 2, 3, 3, 2, 1, 0}));
   EXPECT_EQ(loop_stage_to_rank(3, 6), (std::vector<int>{0, 1, 2, 0, 1, 2}));
   const Schedule v = build_schedule(options(ScheduleKind::kZeroBubbleV, 4, 8));
@@ -228,7 +228,7 @@ TEST(GeneratorsTest, StageMaps) {
   EXPECT_EQ(v.rank_of(5), 2);
 }
 
-TEST(GeneratorsTest, OneFOneBGoldenOrderP3M4) {
+TEST(ScheduleGeneratorsTest, OneFOneBGoldenOrderP3M4) {
   // Warmup P - r - 1 forwards, then F/B pairs, then the cooldown backwards (hand-derived).
   const Schedule s = build_schedule(options(ScheduleKind::kOneFOneB, 3, 4));
   const std::vector<std::vector<std::string>> golden = {
@@ -240,7 +240,7 @@ TEST(GeneratorsTest, OneFOneBGoldenOrderP3M4) {
   EXPECT_EQ(s.stage_to_rank, (std::vector<int>{0, 1, 2}));
 }
 
-TEST(GeneratorsTest, OneFOneBGoldenLoweredOrderP2M2) {
+TEST(ScheduleGeneratorsTest, OneFOneBGoldenLoweredOrderP2M2) {
   const Schedule s = build_schedule(options(ScheduleKind::kOneFOneB, 2, 2));
   std::vector<std::vector<std::string>> lists;
   for (const auto& l : s.actions) lists.push_back(format_actions(l));
@@ -251,7 +251,7 @@ TEST(GeneratorsTest, OneFOneBGoldenLoweredOrderP2M2) {
   EXPECT_EQ(lists, golden);
 }
 
-TEST(GeneratorsTest, ZeroBubbleVGoldenOrderP2M4) {
+TEST(ScheduleGeneratorsTest, ZeroBubbleVGoldenOrderP2M4) {
   // torch ScheduleZBVZeroBubble order, derived by hand for P=2, M=4 (n = max(2P-1, M) = 4).
   // Rank 0 holds stages 0 and 3, rank 1 holds stages 1 and 2.
   const Schedule s = build_schedule(options(ScheduleKind::kZeroBubbleV, 2, 4));
@@ -267,7 +267,7 @@ TEST(GeneratorsTest, ZeroBubbleVGoldenOrderP2M4) {
   EXPECT_EQ(s.virtual_stages, 2);
 }
 
-TEST(GeneratorsTest, ZeroBubbleVDropsMicroBatchesAboveM) {
+TEST(ScheduleGeneratorsTest, ZeroBubbleVDropsMicroBatchesAboveM) {
   // With M < 2P - 1 torch generates 2P - 1 micro-batches and drops the extra ones.
   const Schedule s = build_schedule(options(ScheduleKind::kZeroBubbleV, 4, 2));
   for (int r = 0; r < 4; ++r) {
@@ -275,7 +275,7 @@ TEST(GeneratorsTest, ZeroBubbleVDropsMicroBatchesAboveM) {
   }
 }
 
-TEST(GeneratorsTest, InterleavedStageMapAndConstraintMessage) {
+TEST(ScheduleGeneratorsTest, InterleavedStageMapAndConstraintMessage) {
   const Schedule s = build_schedule(options(ScheduleKind::kInterleaved, 2, 4, 3));
   EXPECT_EQ(s.stages_count, 6);
   EXPECT_EQ(s.stage_to_rank, (std::vector<int>{0, 1, 0, 1, 0, 1}));
@@ -290,7 +290,7 @@ TEST(GeneratorsTest, InterleavedStageMapAndConstraintMessage) {
   }
 }
 
-TEST(GeneratorsTest, RejectsBadOptionsNamingTheFlag) {
+TEST(ScheduleGeneratorsTest, RejectsBadOptionsNamingTheFlag) {
   auto message = [](const ScheduleOptions& o) {
     try {
       build_schedule(o);
@@ -309,7 +309,7 @@ TEST(GeneratorsTest, RejectsBadOptionsNamingTheFlag) {
   EXPECT_NO_THROW(build_schedule(options(ScheduleKind::kZeroBubbleV, 4, 8, 2)));
 }
 
-TEST(GeneratorsTest, ParsesKindAndRecomputeNames) {
+TEST(ScheduleGeneratorsTest, ParsesKindAndRecomputeNames) {
   EXPECT_EQ(parse_schedule_kind("zb-v"), ScheduleKind::kZeroBubbleV);
   EXPECT_EQ(parse_schedule_kind("1f1b"), ScheduleKind::kOneFOneB);
   EXPECT_EQ(parse_recompute_mode("pretrigger"), RecomputeMode::kPretrigger);
@@ -323,7 +323,7 @@ TEST(GeneratorsTest, ParsesKindAndRecomputeNames) {
 namespace pipemat::schedule {
 namespace {
 
-TEST(GeneratorsTest, LargeSchedulesBuildInLinearishTime) {
+TEST(ScheduleGeneratorsTest, LargeSchedulesBuildInLinearishTime) {
   const auto start = std::chrono::steady_clock::now();
   for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH2,
                             ScheduleKind::kZeroBubbleV, ScheduleKind::kInterleaved}) {

@@ -27,7 +27,7 @@ const Case kCases[] = {
     {ScheduleKind::kZeroBubbleV, 4, 8, 1},  {ScheduleKind::kZeroBubbleV, 1, 3, 1},
 };
 
-TEST(LoweringTest, EverySendHasOneMatchingReceiveOnThePeer) {
+TEST(ScheduleLoweringTest, EverySendHasOneMatchingReceiveOnThePeer) {
   for (const Case& c : kCases) {
     for (RecomputeMode mode : {RecomputeMode::kNone, RecomputeMode::kPretrigger}) {
       const Schedule s = build_schedule(options(c.kind, c.p, c.m, c.v, mode));
@@ -58,7 +58,7 @@ TEST(LoweringTest, EverySendHasOneMatchingReceiveOnThePeer) {
   }
 }
 
-TEST(LoweringTest, CrossRankEdgesAreExactlyTheCommunicatedOnes) {
+TEST(ScheduleLoweringTest, CrossRankEdgesAreExactlyTheCommunicatedOnes) {
   for (const Case& c : kCases) {
     const Schedule s = build_schedule(options(c.kind, c.p, c.m, c.v));
     int expected = 0;
@@ -73,7 +73,7 @@ TEST(LoweringTest, CrossRankEdgesAreExactlyTheCommunicatedOnes) {
   }
 }
 
-TEST(LoweringTest, ZeroBubbleVHandsOffLocallyAtTheTipOfTheV) {
+TEST(ScheduleLoweringTest, ZeroBubbleVHandsOffLocallyAtTheTipOfTheV) {
   const int p = 4;
   const Schedule s = build_schedule(options(ScheduleKind::kZeroBubbleV, p, 8));
   EXPECT_TRUE(s.is_local_handoff(p - 1, p));
@@ -89,7 +89,7 @@ TEST(LoweringTest, ZeroBubbleVHandsOffLocallyAtTheTipOfTheV) {
   EXPECT_FALSE(one.has_comms());
 }
 
-TEST(LoweringTest, ReceivesArePostedEarlyAndSendsFollowProducers) {
+TEST(ScheduleLoweringTest, ReceivesArePostedEarlyAndSendsFollowProducers) {
   for (const Case& c : kCases) {
     const Schedule s = build_schedule(options(c.kind, c.p, c.m, c.v, RecomputeMode::kPretrigger));
     for (int r = 0; r < s.ranks_count; ++r) {
@@ -139,7 +139,7 @@ TEST(LoweringTest, ReceivesArePostedEarlyAndSendsFollowProducers) {
   }
 }
 
-TEST(LoweringTest, LoweredSchedulesCannotDeadlockEvenWithRendezvousSends) {
+TEST(ScheduleLoweringTest, LoweredSchedulesCannotDeadlockEvenWithRendezvousSends) {
   // Sends that block until the peer posted the receive (large MPI messages) must not hang any
   // lowered schedule of the grid (Note [Receive placement]).
   SimulateOptions rendezvous;
@@ -165,7 +165,7 @@ TEST(LoweringTest, LoweredSchedulesCannotDeadlockEvenWithRendezvousSends) {
   EXPECT_GT(checked, 1000);
 }
 
-TEST(LoweringTest, RendezvousSimulationDetectsSendSendCycles) {
+TEST(ScheduleLoweringTest, RendezvousSimulationDetectsSendSendCycles) {
   // Both ranks send before posting their receive: fine with non-blocking sends, a hang when
   // sends block until the receive is posted.
   Schedule s = testing::from_lists(
@@ -190,7 +190,7 @@ TEST(LoweringTest, RendezvousSimulationDetectsSendSendCycles) {
   }
 }
 
-TEST(LoweringTest, LoweredAndComputeOnlySimulationsAgreeWithoutLatency) {
+TEST(ScheduleLoweringTest, LoweredAndComputeOnlySimulationsAgreeWithoutLatency) {
   for (const Case& c : kCases) {
     const Schedule compute = generate_schedule(options(c.kind, c.p, c.m, c.v));
     const Schedule lowered = lower_communication(compute);
@@ -202,7 +202,7 @@ TEST(LoweringTest, LoweredAndComputeOnlySimulationsAgreeWithoutLatency) {
   }
 }
 
-TEST(LoweringTest, CommLatencyDelaysEachCrossRankHop) {
+TEST(ScheduleLoweringTest, CommLatencyDelaysEachCrossRankHop) {
   // 1F1B P=2 M=1: F0 [0,1] -> +c -> F0 [1+c, 2+c], B0 [2+c, 4+c] -> +c -> B0 [4+2c, 6+2c].
   CostModel c;
   c.comm = 0.5;
@@ -214,7 +214,7 @@ TEST(LoweringTest, CommLatencyDelaysEachCrossRankHop) {
   EXPECT_NEAR(sim.bubble_ratio, 1.0 - 6.0 / 14.0, 1e-12);
 }
 
-TEST(LoweringTest, PeerOfAComputeActionIsAnError) {
+TEST(ScheduleLoweringTest, PeerOfAComputeActionIsAnError) {
   const Schedule s = build_schedule(options(ScheduleKind::kOneFOneB, 2, 1));
   EXPECT_THROW(peer_rank(s, Action{0, ActionType::kForward, 0}), ScheduleError);
 }

@@ -16,7 +16,7 @@ double makespan(ScheduleKind kind, int p, int m, int v, RecomputeMode mode, cons
   return simulate(build_schedule(options(kind, p, m, v, mode)), c).makespan;
 }
 
-TEST(RecomputeTest, PretriggerNeverLengthensTheMakespanVersusLazy) {
+TEST(ScheduleRecomputeTest, PretriggerNeverLengthensTheMakespanVersusLazy) {
   const ScheduleKind kinds[] = {ScheduleKind::kGPipe,        ScheduleKind::kOneFOneB,
                                 ScheduleKind::kInterleaved,  ScheduleKind::kZeroBubbleH1,
                                 ScheduleKind::kZeroBubbleH2, ScheduleKind::kZeroBubbleV};
@@ -41,7 +41,7 @@ TEST(RecomputeTest, PretriggerNeverLengthensTheMakespanVersusLazy) {
   }
 }
 
-TEST(RecomputeTest, PretriggerShortensTheMakespanWhenRFitsInTheWait) {
+TEST(ScheduleRecomputeTest, PretriggerShortensTheMakespanWhenRFitsInTheWait) {
   // P=2, M=1, 1F1B, comm c, R r, F 1, B 2. Lazy: rank 0 waits for the gradient (arrives at
   // 4 + 2c + r) and then replays and runs B: 6 + 2c + 2r. Pretrigger: rank 0 replays during the
   // wait (R ends at 1 + r), B starts on arrival: 6 + 2c + r.
@@ -59,7 +59,7 @@ TEST(RecomputeTest, PretriggerShortensTheMakespanWhenRFitsInTheWait) {
   }
 }
 
-TEST(RecomputeTest, LazyAddsRToEveryBackward) {
+TEST(ScheduleRecomputeTest, LazyAddsRToEveryBackward) {
   CostModel c;  // R defaults to F when recompute is on
   const Schedule lazy =
       build_schedule(options(ScheduleKind::kOneFOneB, 1, 3, 1, RecomputeMode::kLazy));
@@ -71,7 +71,7 @@ TEST(RecomputeTest, LazyAddsRToEveryBackward) {
   EXPECT_DOUBLE_EQ(simulate(none, c).makespan, 9.0);
 }
 
-TEST(RecomputeTest, PretriggerPlacesRAfterTheReceiveAndRightBeforeItsBackward) {
+TEST(ScheduleRecomputeTest, PretriggerPlacesRAfterTheReceiveAndRightBeforeItsBackward) {
   for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1,
                             ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleV}) {
     const int v = kind == ScheduleKind::kInterleaved ? 2 : 1;
@@ -100,7 +100,7 @@ TEST(RecomputeTest, PretriggerPlacesRAfterTheReceiveAndRightBeforeItsBackward) {
   }
 }
 
-TEST(RecomputeTest, RecomputeCostDefaults) {
+TEST(ScheduleRecomputeTest, RecomputeCostDefaults) {
   CostModel c;
   EXPECT_DOUBLE_EQ(c.recompute_cost(RecomputeMode::kNone), 0.0);
   EXPECT_DOUBLE_EQ(c.recompute_cost(RecomputeMode::kPretrigger), 1.0);
@@ -111,7 +111,7 @@ TEST(RecomputeTest, RecomputeCostDefaults) {
   EXPECT_DOUBLE_EQ(c.backward_cost(), 2.0);
 }
 
-TEST(RecomputeTest, ExistingRActionsNeedPretrigger) {
+TEST(ScheduleRecomputeTest, ExistingRActionsNeedPretrigger) {
   Schedule s =
       build_schedule(options(ScheduleKind::kOneFOneB, 2, 2, 1, RecomputeMode::kPretrigger));
   EXPECT_THROW(insert_recompute(s, RecomputeMode::kLazy), ScheduleError);
@@ -119,7 +119,7 @@ TEST(RecomputeTest, ExistingRActionsNeedPretrigger) {
   EXPECT_EQ(again.actions, s.actions);  // no second R
 }
 
-TEST(RecomputeTest, ParseCosts) {
+TEST(ScheduleRecomputeTest, ParseCosts) {
   const CostModel c = parse_costs("F=2, i=1.5,W=0.5,comm=0.25,R=1");
   EXPECT_DOUBLE_EQ(c.forward, 2.0);
   EXPECT_DOUBLE_EQ(c.backward_input, 1.5);

@@ -24,7 +24,7 @@ void expect_same_schedule(const Schedule& a, const Schedule& b, const std::strin
   EXPECT_EQ(a.layout, b.layout) << where;
 }
 
-TEST(TorchCsvTest, RoundTripIsLossless) {
+TEST(ScheduleTorchCsvTest, RoundTripIsLossless) {
   const struct {
     ScheduleKind kind;
     int p, m, v;
@@ -52,7 +52,7 @@ TEST(TorchCsvTest, RoundTripIsLossless) {
   }
 }
 
-TEST(TorchCsvTest, ReadsTorchIdleCellsQuotesAndCrLf) {
+TEST(ScheduleTorchCsvTest, ReadsTorchIdleCellsQuotesAndCrLf) {
   const std::string text = "0F0,0F1,,0B0,0B1\r\n,\"1F0\",1B0,1F1,1B1\r\n\r\n";
   const Schedule s = import_torch_csv(text, "two.csv");
   EXPECT_EQ(s.ranks_count, 2);
@@ -63,14 +63,14 @@ TEST(TorchCsvTest, ReadsTorchIdleCellsQuotesAndCrLf) {
   EXPECT_EQ(s.layout, StageLayout::kLoop);
 }
 
-TEST(TorchCsvTest, InfersTheVLayout) {
+TEST(ScheduleTorchCsvTest, InfersTheVLayout) {
   const Schedule v = build_schedule(options(ScheduleKind::kZeroBubbleV, 3, 6));
   const Schedule back = import_torch_csv(export_torch_csv(v));
   EXPECT_EQ(back.layout, StageLayout::kV);
   EXPECT_EQ(back.virtual_stages, 2);
 }
 
-TEST(TorchCsvTest, BadCellNamesRowAndColumn) {
+TEST(ScheduleTorchCsvTest, BadCellNamesRowAndColumn) {
   try {
     import_torch_csv("0F0,0B0\n1F0,1X0\n", "bad.csv");
     FAIL();
@@ -81,7 +81,7 @@ TEST(TorchCsvTest, BadCellNamesRowAndColumn) {
   }
 }
 
-TEST(TorchCsvTest, StageOnTwoRanksIsRejectedNamingBoth) {
+TEST(ScheduleTorchCsvTest, StageOnTwoRanksIsRejectedNamingBoth) {
   try {
     import_torch_csv("0F0,0B0,1F0\n1B0\n", "dup.csv");
     FAIL();
@@ -92,7 +92,7 @@ TEST(TorchCsvTest, StageOnTwoRanksIsRejectedNamingBoth) {
   }
 }
 
-TEST(TorchCsvTest, ImportedSchedulesGoThroughTheValidator) {
+TEST(ScheduleTorchCsvTest, ImportedSchedulesGoThroughTheValidator) {
   try {
     import_torch_csv("0F0,0W0,0I0\n", "order.csv");
     FAIL();
@@ -112,7 +112,7 @@ TEST(TorchCsvTest, ImportedSchedulesGoThroughTheValidator) {
 namespace pipemat::schedule {
 namespace {
 
-TEST(TorchCsvTest, GarbageIsAScheduleErrorNeverACrash) {
+TEST(ScheduleTorchCsvTest, GarbageIsAScheduleErrorNeverACrash) {
   std::mt19937 rng(7);
   const std::string alphabet = "0123456789FBIWRSEND_RCV,\n \"x-";
   for (int trial = 0; trial < 2000; ++trial) {

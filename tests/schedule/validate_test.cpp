@@ -30,61 +30,61 @@ void expect_mentions(const std::string& msg, std::initializer_list<const char*> 
   }
 }
 
-TEST(ValidateTest, AcceptsAHandWrittenSchedule) {
+TEST(ScheduleValidateTest, AcceptsAHandWrittenSchedule) {
   EXPECT_EQ(
       rejection(from_lists(2, 2, {{"0F0", "0F1", "0B0", "0B1"}, {"1F0", "1B0", "1F1", "1B1"}})),
       "accepted");
 }
 
-TEST(ValidateTest, MissingForward) {
+TEST(ScheduleValidateTest, MissingForward) {
   const std::string msg =
       rejection(from_lists(2, 2, {{"0F0", "0B0", "0B1"}, {"1F0", "1B0", "1F1", "1B1"}}));
   expect_mentions(msg, {"rank 0", "action 0B1", "rule 'missing F'", "micro-batch 1"});
 }
 
-TEST(ValidateTest, MissingForwardWithoutAnyBackwardIsNamedToo) {
+TEST(ScheduleValidateTest, MissingForwardWithoutAnyBackwardIsNamedToo) {
   const std::string msg =
       rejection(from_lists(2, 2, {{"0F0", "0B0"}, {"1F0", "1B0", "1F1", "1B1"}}));
   expect_mentions(msg, {"rank 0", "0F1", "rule 'missing F'"});
 }
 
-TEST(ValidateTest, BackwardBeforeForward) {
+TEST(ScheduleValidateTest, BackwardBeforeForward) {
   const std::string msg =
       rejection(from_lists(2, 2, {{"0F0", "0B0", "0B1", "0F1"}, {"1F0", "1B0", "1F1", "1B1"}}));
   expect_mentions(msg, {"rank 0", "action 0B1", "rule 'F before B/I'", "0F1"});
 }
 
-TEST(ValidateTest, WeightBeforeInput) {
+TEST(ScheduleValidateTest, WeightBeforeInput) {
   const std::string msg = rejection(from_lists(1, 2, {{"0F0", "0I0", "0W0", "0F1", "0W1", "0I1"}}));
   expect_mentions(msg, {"rank 0", "action 0W1", "rule 'I before W'", "position 4"});
 }
 
-TEST(ValidateTest, DuplicateMicroBatch) {
+TEST(ScheduleValidateTest, DuplicateMicroBatch) {
   const std::string msg = rejection(
       from_lists(2, 2, {{"0F0", "0F1", "0B0", "0B1"}, {"1F0", "1B0", "1F0", "1F1", "1B1"}}));
   expect_mentions(msg, {"rank 1", "action 1F0", "rule 'duplicate micro-batch'", "position 2",
                         "first at position 0"});
 }
 
-TEST(ValidateTest, BothFullBackwardAndSplitBackward) {
+TEST(ScheduleValidateTest, BothFullBackwardAndSplitBackward) {
   const std::string msg = rejection(from_lists(1, 1, {{"0F0", "0I0", "0B0"}}));
   expect_mentions(msg, {"rank 0", "action 0B0", "rule 'B or I+W'"});
   const std::string missing_w = rejection(from_lists(1, 1, {{"0F0", "0I0"}}));
   expect_mentions(missing_w, {"rank 0", "0W0", "rule 'B or I+W'", "never W"});
 }
 
-TEST(ValidateTest, StageOnTheWrongRank) {
+TEST(ScheduleValidateTest, StageOnTheWrongRank) {
   const std::string msg = rejection(from_lists(2, 1, {{"0F0", "1F0", "0B0"}, {"1B0"}}));
   expect_mentions(
       msg, {"rank 0", "action 1F0", "rule 'stage-to-rank consistency'", "belongs to rank 1"});
 }
 
-TEST(ValidateTest, ActionOutOfRange) {
+TEST(ScheduleValidateTest, ActionOutOfRange) {
   const std::string msg = rejection(from_lists(1, 1, {{"0F0", "0B0", "0F5"}}));
   expect_mentions(msg, {"rank 0", "action 0F5", "rule 'action in range'"});
 }
 
-TEST(ValidateTest, CrossRankDeadlockNamesTheBlockedActionOfEachRank) {
+TEST(ScheduleValidateTest, CrossRankDeadlockNamesTheBlockedActionOfEachRank) {
   // Rank 0 waits in 0B0 for 1B0, which rank 1 runs only after 1F1, which needs 0F1, which
   // rank 0 runs after 0B0: a cycle across the two ranks.
   const Schedule s = from_lists(2, 2, {{"0F0", "0B0", "0F1", "0B1"}, {"1F1", "1B1", "1F0", "1B0"}});
@@ -109,7 +109,7 @@ TEST(ValidateTest, CrossRankDeadlockNamesTheBlockedActionOfEachRank) {
                    "rank 1 is blocked at action 1F1", "waiting for 0SEND_F1 on rank 0"});
 }
 
-TEST(ValidateTest, CommRulesOnLoweredSchedules) {
+TEST(ScheduleValidateTest, CommRulesOnLoweredSchedules) {
   Schedule good = lower_communication(from_lists(2, 1, {{"0F0", "0B0"}, {"1F0", "1B0"}}));
   EXPECT_EQ(rejection(good), "accepted");
 
@@ -132,7 +132,7 @@ TEST(ValidateTest, CommRulesOnLoweredSchedules) {
                   {"rank 0", "action 0SEND_F0", "rule 'no comm for local hand-off'"});
 }
 
-TEST(ValidateTest, RecomputeMustSitBetweenForwardAndBackward) {
+TEST(ScheduleValidateTest, RecomputeMustSitBetweenForwardAndBackward) {
   expect_mentions(rejection(from_lists(1, 1, {{"0F0", "0B0", "0R0"}})),
                   {"rank 0", "action 0R0", "rule 'R before B/I'"});
   expect_mentions(rejection(from_lists(1, 1, {{"0R0", "0F0", "0B0"}})),
@@ -140,7 +140,7 @@ TEST(ValidateTest, RecomputeMustSitBetweenForwardAndBackward) {
   EXPECT_EQ(rejection(from_lists(1, 1, {{"0F0", "0R0", "0B0"}})), "accepted");
 }
 
-TEST(ValidateTest, ShapeErrors) {
+TEST(ScheduleValidateTest, ShapeErrors) {
   Schedule s = from_lists(2, 1, {{"0F0", "0B0"}, {"1F0", "1B0"}});
   s.actions.pop_back();
   EXPECT_THROW(validate_schedule(s), ScheduleError);
@@ -155,7 +155,7 @@ TEST(ValidateTest, ShapeErrors) {
 namespace pipemat::schedule {
 namespace {
 
-TEST(ValidateTest, RandomSchedulesAreAcceptedOrRejectedNeverCrash) {
+TEST(ScheduleValidateTest, RandomSchedulesAreAcceptedOrRejectedNeverCrash) {
   // Mutations of real schedules (drop, duplicate, swap, retarget an action) must give a clean
   // ScheduleError or a schedule that runs; never another exception or a crash.
   std::mt19937 rng(12345);
