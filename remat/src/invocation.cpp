@@ -147,6 +147,7 @@ void InvocationGroup::add(std::shared_ptr<detail::Invocation> invocation) {
 }
 
 void InvocationGroup::pretrigger() {
+  detail::RematCode remat_code;
   PIPEMAT_CHECK(!released_, RematError,
                 "pre-triggered replay of a released invocation group (step ", key_.step,
                 ", chunk ", key_.chunk, ", micro-batch ", key_.micro_batch,
@@ -261,9 +262,13 @@ class UnitHandleHooks final : public torch::autograd::SavedVariableHooks {
     if (index_ >= 0) inv_->handle_released(index_);
   }
   void call_pack_hook(const at::Tensor& tensor) override {
+    RematCode remat_code;
     index_ = inv_->register_handle(tensor);
   }
-  at::Tensor call_unpack_hook() override { return inv_->unpack(index_); }
+  at::Tensor call_unpack_hook() override {
+    RematCode remat_code;
+    return inv_->unpack(index_);
+  }
 
  private:
   std::shared_ptr<Invocation> inv_;
@@ -287,6 +292,7 @@ class ReplayHooks final : public torch::autograd::SavedVariableHooks {
  public:
   explicit ReplayHooks(Invocation* inv) : inv_(inv) {}
   void call_pack_hook(const at::Tensor& tensor) override {
+    RematCode remat_code;
     value_ = tensor.detach();
     inv_->on_replay_pack(value_);
   }
@@ -343,6 +349,7 @@ c10::IValue Invocation::run_forward() {
     UnitHandleFactory factory(shared_from_this());
     HookScope hooks(&factory);
     ContextGuard context(ContextKind::kUnitForward, this);
+    UserCode user;
     out = body_(inputs_);
   }
   forward_done_ = true;
@@ -440,6 +447,7 @@ void Invocation::replay() {
     ReplayFactory factory(this);
     HookScope hooks(&factory);
     ContextGuard context(ContextKind::kUnitReplay, this);
+    UserCode user;
     (void)body_(inputs_);
   } catch (const StopReplay&) {
     stopped_early = true;

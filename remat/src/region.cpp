@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 
 #include <atomic>
+#include <chrono>
 
 #include "internal.h"
 #include "pipemat/core/error.h"
@@ -42,6 +43,33 @@ void RegionSlot::reset() {
   save_ = {};
 }
 
+namespace {
+thread_local bool tls_in_remat = false;
+thread_local int64_t tls_overhead_ns = 0;
+thread_local std::chrono::steady_clock::time_point tls_since;
+
+void switch_clock(bool to_remat) {
+  if (tls_in_remat == to_remat) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (tls_in_remat) {
+    tls_overhead_ns +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now - tls_since).count();
+  }
+  tls_since = now;
+  tls_in_remat = to_remat;
+}
+}  // namespace
+
+int64_t host_overhead_ns() { return tls_overhead_ns; }
+void reset_host_overhead() { tls_overhead_ns = 0; }
+
+namespace detail {
+RematCode::RematCode() : previous_(tls_in_remat) { switch_clock(true); }
+RematCode::~RematCode() { switch_clock(previous_); }
+UserCode::UserCode() : previous_(tls_in_remat) { switch_clock(false); }
+UserCode::~UserCode() { switch_clock(previous_); }
+}  // namespace detail
+
 bool inside_checkpoint_unit() {
   const auto* ctx = detail::current_context();
   return ctx != nullptr && ctx->kind != detail::ContextKind::kSaveBody;
@@ -63,6 +91,7 @@ class SaveHooks final : public torch::autograd::SavedVariableHooks {
     if (slot_ >= 0) inv_->slot_released(slot_);
   }
   void call_pack_hook(const at::Tensor& tensor) override {
+    RematCode remat_code;
     if (!entry_->inputs.empty()) {
       slot_ = inv_->try_rederive(*entry_, tensor);
       if (slot_ >= 0) {
@@ -77,6 +106,7 @@ class SaveHooks final : public torch::autograd::SavedVariableHooks {
     bump(Counter::kSaveKept);
   }
   at::Tensor call_unpack_hook() override {
+    RematCode remat_code;
     if (slot_ >= 0) return inv_->unpack_slot(slot_);
     const auto now = static_cast<uint32_t>(kept_._version());
     PIPEMAT_CHECK(now == version_, RematError, "one of the tensors saved for backward by ",
@@ -123,6 +153,7 @@ c10::IValue run_unit(const RegionSlot& slot, std::vector<c10::IValue> args, Regi
   }
   if (!c10::GradMode::is_enabled()) {
     // Nothing will be saved for backward: no hooks, no invocation, no replay.
+    UserCode user;
     return body(args);
   }
   std::shared_ptr<InvocationGroup> group;
@@ -147,6 +178,7 @@ c10::IValue run_save_forward(Invocation& inv, const RegionSlot& slot,
                             concat("SAVE region '", slot.name(), "' (", inv.id().str(), ")")));
     HookScope hooks(&factory);
     ContextGuard context(ContextKind::kSaveBody, &inv);
+    UserCode user;
     out = body(args);
   }
   bump(Counter::kSaveCalls);
@@ -190,15 +222,21 @@ c10::IValue run_save_replay(Invocation& inv, const RegionSlot& slot,
 }  // namespace detail
 
 c10::IValue run_region(const RegionSlot& slot, std::vector<c10::IValue> args, RegionBody body) {
+  detail::RematCode remat_code;
   switch (slot.kind()) {
-    case RegionSlot::Kind::kPlain:
+    case RegionSlot::Kind::kPlain: {
+      detail::UserCode user;
       return body(args);
+    }
     case RegionSlot::Kind::kCheckpoint:
       return detail::run_unit(slot, std::move(args), std::move(body));
     case RegionSlot::Kind::kSave: {
       const detail::Context* ctx = detail::current_context();
       // Outside a unit a SAVE wrapper is transparent; inside another SAVE body it is inert.
-      if (ctx == nullptr || ctx->kind == detail::ContextKind::kSaveBody) return body(args);
+      if (ctx == nullptr || ctx->kind == detail::ContextKind::kSaveBody) {
+        detail::UserCode user;
+        return body(args);
+      }
       if (ctx->kind == detail::ContextKind::kUnitForward) {
         return detail::run_save_forward(*ctx->invocation, slot, args, body);
       }

@@ -63,6 +63,36 @@ bool rederivation_enabled();
 // (nullptr: off). Also switched on by the environment variable PIPEMAT_REMAT_TRACE=1 (stderr).
 void set_trace_sink(std::function<void(const std::string&)> sink);
 
+// Host time this thread spent in remat's own code (wrappers, hooks, replay bookkeeping; not the
+// wrapped bodies, not autograd), in nanoseconds since the last reset. Measured by switching a
+// thread-local clock between "remat" and "user code" at every boundary.
+int64_t host_overhead_ns();
+void reset_host_overhead();
+
+namespace detail {
+// RAII markers of the two clock states; they nest in any order.
+class RematCode {
+ public:
+  RematCode();
+  ~RematCode();
+  RematCode(const RematCode&) = delete;
+  RematCode& operator=(const RematCode&) = delete;
+
+ private:
+  bool previous_;
+};
+class UserCode {
+ public:
+  UserCode();
+  ~UserCode();
+  UserCode(const UserCode&) = delete;
+  UserCode& operator=(const UserCode&) = delete;
+
+ private:
+  bool previous_;
+};
+}  // namespace detail
+
 // True while this thread runs the forward or the replay of a checkpoint unit (a SAVE wrapper is
 // transparent otherwise, and typed wrappers skip the IValue conversion).
 bool inside_checkpoint_unit();

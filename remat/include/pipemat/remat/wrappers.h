@@ -62,6 +62,7 @@ auto invoke(const RegionSlot& slot, const Fn& fn, Args&&... args)
       (slot.kind() == RegionSlot::Kind::kSave && !inside_checkpoint_unit())) {
     return fn(std::forward<Args>(args)...);
   }
+  RematCode remat_code;
   std::vector<c10::IValue> values;
   values.reserve(sizeof...(Args));
   (values.push_back(to_ivalue(std::decay_t<Args>(args))), ...);
