@@ -244,7 +244,22 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
     thread_ = std::thread([this] {
       for (;;) {
         try {
-          io.run();
+          // Poll for a short while after each burst of activity before sleeping in the
+          // reactor: a pipeline exchange is a burst of messages, and a sleeping I/O thread adds
+          // a wake-up to every one of them.
+          while (!io.stopped()) {
+            if (io.poll() > 0) continue;
+            bool busy = false;
+            const auto until = Clock::now() + std::chrono::microseconds(50);
+            while (Clock::now() < until) {
+              if (io.poll() > 0) {
+                busy = true;
+                break;
+              }
+              std::this_thread::yield();
+            }
+            if (!busy) io.run_one();
+          }
           return;
         } catch (...) {
           // Handlers do not throw; if one does, keep serving the others.
