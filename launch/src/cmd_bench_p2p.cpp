@@ -22,7 +22,7 @@ struct P2PFlags {
   int rank = -1;
   int world_size = -1;
   std::string master;
-  double timeout_s = 120;
+  double timeout_s = 0;  // 0: PIPEMAT_COMM_TIMEOUT or the transport default
   bool no_spawn = false;
 };
 
@@ -48,8 +48,8 @@ void add_bench_p2p_command(CLI::App& bench) {
   cmd->add_option("--world-size", flags->world_size,
                   "tcp: number of ranks (default PIPEMAT_WORLD_SIZE)");
   cmd->add_option("--master", flags->master, "tcp: rank 0's host:port (default PIPEMAT_MASTER)");
-  cmd->add_option("--timeout", flags->timeout_s, "comm timeout in seconds")
-      ->capture_default_str();
+  cmd->add_option("--timeout", flags->timeout_s,
+                  "comm timeout in seconds (default: PIPEMAT_COMM_TIMEOUT, else 300)");
   cmd->add_flag("--no-spawn", flags->no_spawn,
                 "tcp: fail instead of starting the second process when no rank is given");
   cmd->callback([flags, cmd] {

@@ -45,8 +45,12 @@ Status mpi_failure(const char* call, int code, const WorkInfo& info) {
                        mpi_error_string(code), " (MPI error code ", code, ")")};
 }
 
-// Process-wide MPI initialization (RAII; Note [MPI lifetime]): kept alive by every transport
-// and by a static reference until exit.
+// Note [MPI lifetime]
+// MPI can be initialized once per process and never again after MPI_Finalize. So the
+// environment is one process-wide RAII object, created on first use and kept alive by every
+// transport and by a static reference until static destruction at exit; only then, and only if
+// pipemat was the one to call MPI_Init_thread, is MPI finalized. A program that initializes MPI
+// itself keeps full control: pipemat never finalizes it.
 class MpiEnvironment {
  public:
   static std::shared_ptr<MpiEnvironment> acquire() {
