@@ -3,7 +3,9 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/core/MT19937RNGEngine.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/util/Optional.h>
 
 #include <array>
 #include <deque>
@@ -32,6 +34,13 @@ struct HandleMeta {
   uint32_t saved_version = 0;
   bool is_marker = false;
   bool alive = true;  // the SavedVariable that owns the handle still exists
+};
+
+// The CPU generator state, copied by value (no tensor allocation): Note [Replay RNG alignment].
+struct RngState {
+  at::mt19937 engine;
+  c10::optional<float> next_float_normal;
+  c10::optional<double> next_double_normal;
 };
 
 // Why a saved tensor that aliases a SAVE region input was kept instead of rederived (SPEC 2.4).
@@ -88,7 +97,7 @@ struct SaveEntry {
   std::vector<bool> output_requires_grad;
   int64_t leaf_count = 0;
   bool save_output = true;
-  std::optional<at::Tensor> rng_after;  // generator state right after the body
+  std::optional<RngState> rng_after;  // generator state right after the body
   bool has_marker = false;
 };
 
@@ -147,7 +156,7 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
   RegionBody body_;
   std::vector<c10::IValue> inputs_;
   std::vector<std::pair<c10::VariableVersion, uint32_t>> input_versions_;
-  std::optional<at::Tensor> rng_entry_;
+  std::optional<RngState> rng_entry_;
 
   std::vector<HandleMeta> handles_;
   std::unordered_map<uint64_t, std::deque<SaveEntry>> save_entries_;
@@ -195,9 +204,15 @@ class ContextGuard {
 // Next id for a checkpoint-unit call on this thread (scoped or standalone), and the group to join.
 InvocationId next_invocation_id(std::shared_ptr<InvocationGroup>* group);
 
-// The CPU generator state (a tensor copy) and its restore; serialized on the generator mutex.
-at::Tensor cpu_rng_state();
-void set_cpu_rng_state(const at::Tensor& state);
+// Note [Replay RNG alignment]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Replay must draw the same random numbers as forward. The unit records the CPU generator at
+// entry and replay starts from it; each SAVE region records the generator right after its body
+// and replay, which skips the body, jumps the generator there, so RECOMPUTE ops after a SAVE
+// region (e.g. dropout) see the stream they saw in forward. Replay forks: the generator state
+// from before replay is restored afterwards. Access is serialized on the generator's mutex.
+RngState cpu_rng_state();
+void set_cpu_rng_state(const RngState& state);
 
 // Debug trace of pack / unpack / rederive / fallback decisions (Note [remat trace]).
 bool trace_enabled();

@@ -188,16 +188,21 @@ InvocationId next_invocation_id(std::shared_ptr<InvocationGroup>* group) {
   return InvocationScopeAccess::next(group);
 }
 
-at::Tensor cpu_rng_state() {
+RngState cpu_rng_state() {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
+  return RngState{impl->engine(), impl->next_float_normal_sample(),
+                  impl->next_double_normal_sample()};
 }
 
-void set_cpu_rng_state(const at::Tensor& state) {
+void set_cpu_rng_state(const RngState& state) {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
+  impl->set_engine(state.engine);
+  impl->set_next_float_normal_sample(state.next_float_normal);
+  impl->set_next_double_normal_sample(state.next_double_normal);
 }
 
 std::atomic<bool> g_rederivation{true};
@@ -332,7 +337,7 @@ std::string Invocation::where() const {
 
 c10::IValue Invocation::run_forward() {
   for (size_t i = 0; i < inputs_.size(); ++i) {
-    for_each_tensor_leaf(inputs_[i], concat("args[", i, "]"),
+    for_each_tensor_leaf(inputs_[i], "args[" + std::to_string(i) + "]",
                          [&](const std::string&, const at::Tensor& t) {
                            const auto& vc = torch::autograd::impl::version_counter(t);
                            input_versions_.emplace_back(vc, vc.current_version());
@@ -385,7 +390,7 @@ void Invocation::check_inputs_unchanged() const {
   size_t k = 0;
   for (size_t i = 0; i < inputs_.size(); ++i) {
     for_each_tensor_leaf(
-        inputs_[i], concat("args[", i, "]"), [&](const std::string& path, const at::Tensor& t) {
+        inputs_[i], "args[" + std::to_string(i) + "]", [&](const std::string& path, const at::Tensor& t) {
           const auto& [counter, version] = input_versions_.at(k++);
           PIPEMAT_CHECK(counter.current_version() == version, RematError, "input ", path, " (",
                         describe_tensor(t), ") of ", where(),
@@ -433,7 +438,7 @@ void Invocation::replay() {
     return;
   }
 
-  std::optional<at::Tensor> rng_outside;
+  std::optional<RngState> rng_outside;
   if (rng_entry_) {
     rng_outside = cpu_rng_state();
     set_cpu_rng_state(*rng_entry_);
@@ -556,7 +561,7 @@ void Invocation::ensure_replayed_for_unpack(bool consumed) {
 void Invocation::record_save_inputs(SaveEntry& entry, const std::vector<c10::IValue>& args) {
   const bool enabled = g_rederivation.load(std::memory_order_relaxed);
   for (size_t i = 0; i < args.size(); ++i) {
-    for_each_tensor_leaf(args[i], concat("args[", i, "]"),
+    for_each_tensor_leaf(args[i], "args[" + std::to_string(i) + "]",
                          [&](const std::string& path, const at::Tensor& t) {
       InputRecord rec;
       rec.path = path;
@@ -681,7 +686,7 @@ void Invocation::fill_slots(SaveEntry& entry, const std::vector<c10::IValue>& ar
   if (entry.slots.empty()) return;
   std::vector<std::pair<std::string, at::Tensor>> leaves;
   for (size_t i = 0; i < args.size(); ++i) {
-    for_each_tensor_leaf(args[i], concat("args[", i, "]"),
+    for_each_tensor_leaf(args[i], "args[" + std::to_string(i) + "]",
                          [&](const std::string& path, const at::Tensor& t) {
                            leaves.emplace_back(path, t);
                          });

@@ -20,21 +20,21 @@ uint64_t RegionSlot::next_id() {
 }
 
 void RegionSlot::declare_checkpoint(const CheckpointOptions& options) {
-  PIPEMAT_CHECK(kind_ != Kind::kSave, RematError, "'", name_,
+  PIPEMAT_CHECK(kind_ != Kind::kSave, RematError, "'", *name_,
                 "' is already a SAVE region (checkpoint_exclude_wrapper); it cannot also be a "
                 "checkpoint unit. Remove one of the two declarations");
   kind_ = Kind::kCheckpoint;
   checkpoint_ = options;
-  if (!options.name.empty()) name_ = options.name;
+  if (!options.name.empty()) set_name(options.name);
 }
 
 void RegionSlot::declare_save(const SaveRegionOptions& options) {
-  PIPEMAT_CHECK(kind_ != Kind::kCheckpoint, RematError, "'", name_,
+  PIPEMAT_CHECK(kind_ != Kind::kCheckpoint, RematError, "'", *name_,
                 "' is already a checkpoint unit (checkpoint_wrapper); it cannot also be a SAVE "
                 "region. Remove one of the two declarations");
   kind_ = Kind::kSave;
   save_ = options;
-  if (!options.name.empty()) name_ = options.name;
+  if (!options.name.empty()) set_name(options.name);
 }
 
 void RegionSlot::reset() {
@@ -85,8 +85,8 @@ namespace {
 class SaveHooks final : public torch::autograd::SavedVariableHooks {
  public:
   SaveHooks(std::shared_ptr<Invocation> inv, SaveEntry* entry,
-            std::shared_ptr<const std::string> where)
-      : inv_(std::move(inv)), entry_(entry), where_(std::move(where)) {}
+            std::shared_ptr<const std::string> region)
+      : inv_(std::move(inv)), entry_(entry), region_(std::move(region)) {}
   ~SaveHooks() override {
     if (slot_ >= 0) inv_->slot_released(slot_);
   }
@@ -109,8 +109,8 @@ class SaveHooks final : public torch::autograd::SavedVariableHooks {
     RematCode remat_code;
     if (slot_ >= 0) return inv_->unpack_slot(slot_);
     const auto now = static_cast<uint32_t>(kept_._version());
-    PIPEMAT_CHECK(now == version_, RematError, "one of the tensors saved for backward by ",
-                  *where_, ", ", describe_tensor(kept_),
+    PIPEMAT_CHECK(now == version_, RematError, "one of the tensors saved for backward by SAVE "
+                  "region '", *region_, "' in ", inv_->where(), ", ", describe_tensor(kept_),
                   ", has been modified by an inplace operation: it is at version ", now,
                   "; expected version ", version_,
                   " instead. Clone the tensor before modifying it in place (phase: ",
@@ -124,7 +124,7 @@ class SaveHooks final : public torch::autograd::SavedVariableHooks {
   int64_t slot_ = -1;
   at::Tensor kept_;
   uint32_t version_ = 0;
-  std::shared_ptr<const std::string> where_;
+  std::shared_ptr<const std::string> region_;
 };
 
 class SaveFactory final : public HookFactory {
@@ -173,9 +173,7 @@ c10::IValue run_save_forward(Invocation& inv, const RegionSlot& slot,
   inv.record_save_inputs(entry, args);
   c10::IValue out;
   {
-    SaveFactory factory(inv.shared_from_this(), &entry,
-                        std::make_shared<const std::string>(
-                            concat("SAVE region '", slot.name(), "' (", inv.id().str(), ")")));
+    SaveFactory factory(inv.shared_from_this(), &entry, slot.shared_name());
     HookScope hooks(&factory);
     ContextGuard context(ContextKind::kSaveBody, &inv);
     UserCode user;

@@ -21,15 +21,25 @@ struct RMSNormImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
   double eps;
+  int64_t calls = 0;  // forward calls (replays included), for benchmarks and tests
 };
 TORCH_MODULE(RMSNorm);
+
+// y = x W^T + b, counting its forward calls: the GEMM that SAVE regions exclude from replay.
+struct GemmImpl : torch::nn::Module {
+  GemmImpl(int64_t in, int64_t out);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight, bias;
+  int64_t calls = 0;
+};
+TORCH_MODULE(Gemm);
 
 // RMSNorm -> Linear(H -> H) (the GEMM) -> SiLU. Paths: norm, gemm, act.
 struct SiluBlockImpl : torch::nn::Module {
   explicit SiluBlockImpl(int64_t hidden);
   at::Tensor forward(const at::Tensor& x);
   remat::Remat<RMSNorm> norm{nullptr};
-  remat::Remat<torch::nn::Linear> gemm{nullptr};
+  remat::Remat<Gemm> gemm{nullptr};
 };
 TORCH_MODULE(SiluBlock);
 
@@ -55,6 +65,7 @@ struct GroupedGemmImpl : torch::nn::Module {
   GroupedGemmImpl(int64_t experts, int64_t hidden);
   at::Tensor forward(const at::Tensor& packed, std::vector<int64_t> counts);
   at::Tensor weight;  // [experts, hidden, hidden]
+  int64_t calls = 0;
 };
 TORCH_MODULE(GroupedGemm);
 

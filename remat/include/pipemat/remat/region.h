@@ -22,10 +22,12 @@ class RegionSlot {
  public:
   enum class Kind { kPlain, kCheckpoint, kSave };
 
-  explicit RegionSlot(std::string default_name) : name_(std::move(default_name)) {}
+  explicit RegionSlot(std::string default_name)
+      : name_(std::make_shared<const std::string>(std::move(default_name))) {}
 
   Kind kind() const { return kind_; }
-  const std::string& name() const { return name_; }
+  const std::string& name() const { return *name_; }
+  const std::shared_ptr<const std::string>& shared_name() const { return name_; }
   const CheckpointOptions& checkpoint_options() const { return checkpoint_; }
   const SaveRegionOptions& save_options() const { return save_; }
 
@@ -34,14 +36,14 @@ class RegionSlot {
   void declare_checkpoint(const CheckpointOptions& options);
   void declare_save(const SaveRegionOptions& options);
   void reset();
-  void set_name(std::string name) { name_ = std::move(name); }
+  void set_name(std::string name) { name_ = std::make_shared<const std::string>(std::move(name)); }
 
   // Process-unique id; keys the FIFO of SAVE entries inside an invocation.
   uint64_t id() const { return id_; }
 
  private:
   Kind kind_ = Kind::kPlain;
-  std::string name_;
+  std::shared_ptr<const std::string> name_;
   CheckpointOptions checkpoint_;
   SaveRegionOptions save_;
   uint64_t id_ = next_id();

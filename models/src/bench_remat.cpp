@@ -1,0 +1,259 @@
+#include "pipemat/models/bench_remat.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "pipemat/core/error.h"
+#include "pipemat/models/zoo.h"
+#include "pipemat/remat/memory.h"
+
+namespace pipemat::models {
+namespace {
+
+const std::vector<std::string> kModes = {"none", "full", "legacy", "rederive"};
+
+// One model of one scenario with its forward, its counters and the remat policy of a mode.
+struct Scenario {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  std::function<int64_t()> save_body_calls;       // bodies of the regions a policy excludes
+  std::function<int64_t()> recompute_body_calls;  // bodies of the RECOMPUTE regions
+  remat::RematPolicy policy(const std::string& mode) const {
+    remat::RematPolicy p;
+    if (mode == "none") return p;
+    p.checkpoint = {"layers.*"};
+    if (mode == "full") return p;
+    p.exclude = exclude;
+    return p;
+  }
+  std::vector<remat::ExcludeRule> exclude;
+};
+
+Scenario make_scenario(const BenchRematOptions& o) {
+  Scenario s;
+  if (o.scenario == "rmsnorm-gemm") {
+    auto model = std::make_shared<RmsNormGemmStackImpl>(o.layers, o.hidden);
+    s.module = model;
+    s.forward = [model](const at::Tensor& x) { return model->forward(x); };
+    s.save_body_calls = [model] {
+      int64_t n = 0;
+      for (auto& l : *model->layers) n += l->as<SiluBlock>().get()->gemm->calls;
+      return n;
+    };
+    s.recompute_body_calls = [model] {
+      int64_t n = 0;
+      for (auto& l : *model->layers) n += l->as<SiluBlock>().get()->norm->calls;
+      return n;
+    };
+    s.exclude = {{"layers.*.gemm", true}};
+  } else if (o.scenario == "moe") {
+    auto model = std::make_shared<MoEStackImpl>(o.layers, o.hidden, o.experts, o.top_k);
+    s.module = model;
+    s.forward = [model](const at::Tensor& x) { return model->forward(x); };
+    s.save_body_calls = [model] {
+      int64_t n = 0;
+      for (auto& l : *model->layers) n += l->as<MoELayer>().get()->experts->calls;
+      return n;
+    };
+    s.recompute_body_calls = [model] {
+      int64_t n = 0;
+      for (auto& l : *model->layers) n += l->as<MoELayer>().get()->norm->calls;
+      return n;
+    };
+    s.exclude = {{"layers.*.experts", true}};
+  } else {
+    PIPEMAT_THROW(ConfigError, "bench remat: unknown --scenario '", o.scenario,
+                  "'; allowed: rmsnorm-gemm, moe");
+  }
+  return s;
+}
+
+struct StepResult {
+  double step_ms = 0, host_overhead_us = 0, loss = 0, grad_norm = 0;
+  int64_t resident_bytes = 0, replay_peak_bytes = 0, peak_bytes = 0;
+  int64_t save_body_calls = 0, recompute_body_calls = 0;
+};
+
+std::vector<StepResult> run_mode(const BenchRematOptions& o, const std::string& mode) {
+  at::manual_seed(o.seed);
+  Scenario s = make_scenario(o);
+  auto policy = s.policy(mode);
+  if (!policy.checkpoint.empty()) remat::apply_policy(*s.module, policy);
+  remat::set_rederivation_enabled(mode != "legacy");
+  auto params = s.module->parameters();
+  std::vector<StepResult> results;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    at::manual_seed(o.seed + 7919 * static_cast<uint64_t>(step + 1));
+    auto x = at::randn({o.tokens, o.hidden}).requires_grad_(true);
+    StepResult r;
+    const int64_t save0 = s.save_body_calls(), rec0 = s.recompute_body_calls();
+    remat::reset_host_overhead();
+    remat::reset_peak_bytes();
+    const int64_t baseline = remat::memory_stats().current_bytes;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::shared_ptr<remat::InvocationGroup> group;
+    at::Tensor loss;
+    {
+      remat::InvocationScope scope({step, 0, 0});
+      loss = s.forward(x).pow(2).mean();
+      group = scope.group();
+    }
+    r.resident_bytes = remat::memory_stats().current_bytes - baseline;
+    std::vector<at::Tensor> inputs{x};
+    inputs.insert(inputs.end(), params.begin(), params.end());
+    auto grads = torch::autograd::grad({loss}, inputs);
+    const auto t1 = std::chrono::steady_clock::now();
+    r.replay_peak_bytes = group->report().replay_peak_bytes;
+    group->release();
+    r.peak_bytes = remat::memory_stats().peak_bytes - baseline;
+    r.step_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    r.host_overhead_us = static_cast<double>(remat::host_overhead_ns()) / 1000.0;
+    r.loss = loss.item<double>();
+    double sq = 0;
+    for (const auto& g : grads) sq += g.pow(2).sum().item<double>();
+    r.grad_norm = std::sqrt(sq);
+    r.save_body_calls = s.save_body_calls() - save0;
+    r.recompute_body_calls = s.recompute_body_calls() - rec0;
+    results.push_back(r);
+  }
+  remat::set_rederivation_enabled(true);
+  return results;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Host cost of one call of an empty SAVE region (returns its input) inside a checkpoint unit,
+// minus the same call without the wrapper.
+double empty_save_call_us() {
+  struct Identity : torch::nn::Module {
+    at::Tensor forward(const at::Tensor& x) { return x; }
+  };
+  auto region = remat::checkpoint_exclude_wrapper(
+      remat::Remat<torch::nn::ModuleHolder<Identity>>(std::make_shared<Identity>()));
+  const int kCalls = 20000;
+  auto x = at::ones({1}).requires_grad_(true);
+  auto timed = [&](bool wrapped) {
+    auto unit = remat::checkpoint_wrapper(
+        [&](const at::Tensor& in) {
+          at::Tensor y = in;
+          for (int i = 0; i < kCalls; ++i) y = wrapped ? region(y) : region->forward(y);
+          return y;
+        },
+        remat::CheckpointOptions{});
+    const auto t0 = std::chrono::steady_clock::now();
+    auto out = unit(x);
+    const auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::micro>(t1 - t0).count() / kCalls;
+  };
+  std::vector<double> diffs;
+  for (int r = 0; r < 5; ++r) diffs.push_back(timed(true) - timed(false));
+  return median(diffs);
+}
+
+}  // namespace
+
+void run_bench_remat(const BenchRematOptions& o, std::ostream& out) {
+  PIPEMAT_CHECK(o.layers > 0 && o.tokens > 0 && o.hidden > 0 && o.steps > 0 && o.repeat > 0,
+                ConfigError,
+                "bench remat: --layers, --tokens, --hidden, --steps and --repeat must be positive");
+  PIPEMAT_CHECK(o.experts > 0 && o.top_k > 0 && o.top_k <= o.experts, ConfigError,
+                "bench remat: need 0 < --top-k <= --experts, got --experts ", o.experts,
+                " --top-k ", o.top_k);
+  (void)make_scenario(o);  // validates the scenario name before any work
+  remat::install_tracking_allocator();
+  std::map<std::string, std::vector<StepResult>> all;
+  for (int64_t rep = 0; rep < o.repeat; ++rep) {
+    for (const auto& mode : kModes) {
+      auto steps = run_mode(o, mode);
+      all[mode].insert(all[mode].end(), steps.begin(), steps.end());
+      if (!o.json) {
+        std::fprintf(stderr, "bench remat: repetition %lld/%lld, mode %s done\n",
+                     static_cast<long long>(rep + 1), static_cast<long long>(o.repeat),
+                     mode.c_str());
+      }
+    }
+  }
+  nlohmann::ordered_json j;
+  j["scenario"] = o.scenario;
+  j["layers"] = o.layers;
+  j["tokens"] = o.tokens;
+  j["hidden"] = o.hidden;
+  if (o.scenario == "moe") {
+    j["experts"] = o.experts;
+    j["top_k"] = o.top_k;
+  }
+  j["dtype"] = "float32";
+  j["steps"] = o.steps;
+  j["repeat"] = o.repeat;
+  nlohmann::ordered_json modes;
+  for (const auto& mode : kModes) {
+    const auto& rs = all[mode];
+    auto pick = [&](auto field) {
+      std::vector<double> v;
+      for (const auto& r : rs) v.push_back(static_cast<double>(field(r)));
+      return v;
+    };
+    auto max_of = [&](auto field) {
+      int64_t m = 0;
+      for (const auto& r : rs) m = std::max<int64_t>(m, field(r));
+      return m;
+    };
+    nlohmann::ordered_json m;
+    m["resident_bytes"] = max_of([](const StepResult& r) { return r.resident_bytes; });
+    m["replay_peak_bytes"] = max_of([](const StepResult& r) { return r.replay_peak_bytes; });
+    m["peak_bytes"] = max_of([](const StepResult& r) { return r.peak_bytes; });
+    m["step_ms"] = median(pick([](const StepResult& r) { return r.step_ms; }));
+    m["host_overhead_us"] = median(pick([](const StepResult& r) { return r.host_overhead_us; }));
+    m["loss"] = rs.back().loss;
+    m["grad_norm"] = rs.back().grad_norm;
+    m["save_body_calls"] = rs.back().save_body_calls;
+    m["recompute_body_calls"] = rs.back().recompute_body_calls;
+    modes[mode] = m;
+  }
+  j["modes"] = modes;
+  j["empty_save_region_call_us"] = empty_save_call_us();
+  if (o.json) {
+    out << j.dump() << "\n";
+    return;
+  }
+  char line[256];
+  std::snprintf(line, sizeof(line), "bench remat: %s, %lld layers, %lld tokens, hidden %lld, float32\n",
+                o.scenario.c_str(), static_cast<long long>(o.layers),
+                static_cast<long long>(o.tokens), static_cast<long long>(o.hidden));
+  out << line;
+  std::snprintf(line, sizeof(line), "%-9s %14s %14s %14s %9s %10s %6s %6s %12s\n", "mode",
+                "resident B", "replay peak B", "step peak B", "step ms", "host us", "save",
+                "recomp", "loss");
+  out << line;
+  for (const auto& mode : kModes) {
+    const auto& m = j["modes"][mode];
+    std::snprintf(line, sizeof(line), "%-9s %14lld %14lld %14lld %9.2f %10.1f %6lld %6lld %12.6f\n",
+                  mode.c_str(), static_cast<long long>(m["resident_bytes"].get<int64_t>()),
+                  static_cast<long long>(m["replay_peak_bytes"].get<int64_t>()),
+                  static_cast<long long>(m["peak_bytes"].get<int64_t>()),
+                  m["step_ms"].get<double>(), m["host_overhead_us"].get<double>(),
+                  static_cast<long long>(m["save_body_calls"].get<int64_t>()),
+                  static_cast<long long>(m["recompute_body_calls"].get<int64_t>()),
+                  m["loss"].get<double>());
+    out << line;
+  }
+  std::snprintf(line, sizeof(line), "empty SAVE region call inside a unit: %.3f us host overhead\n",
+                j["empty_save_region_call_us"].get<double>());
+  out << line;
+}
+
+}  // namespace pipemat::models
