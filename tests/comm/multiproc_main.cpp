@@ -254,6 +254,7 @@ int main(int argc, char** argv) {
     options.kind = pc::parse_transport_kind(kind);
     options.timeout = std::chrono::seconds(60);
     options.connect_retry_interval = std::chrono::milliseconds(50);
+    options.connect_retries = 600;  // rank 0 may load libtorch slowly on a loaded machine
     auto transport = pc::make_transport(options);
     g_rank = transport->rank();
     if (scenario == "exchange") {

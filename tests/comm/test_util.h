@@ -58,6 +58,7 @@ inline Group make_group(TransportKind kind, int world_size, TransportOptions opt
   Group group(static_cast<size_t>(world_size));
   options.kind = kind;
   options.connect_retry_interval = std::chrono::milliseconds(20);
+  options.connect_retries = 500;  // up to 10 s for a slow-starting rank 0 on a loaded machine
   options.world_size = world_size;
   options.master = "127.0.0.1:" + std::to_string(free_port());
   run_threads(world_size, [&](int rank) {
