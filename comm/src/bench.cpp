@@ -21,8 +21,7 @@ constexpr int kBenchTag = 7;
 
 // Mean round trip (seconds) of the pipemat tensor path: preallocated receive posted before the
 // send, as the stage runtime does.
-double pipemat_pingpong_seconds(Transport& t, int peer, int64_t bytes, int iterations,
-                                int warmup) {
+double pipemat_pingpong_seconds(Transport& t, int peer, int64_t bytes, int iterations, int warmup) {
   at::Tensor out = at::ones({bytes}, at::kByte);
   at::Tensor in = at::empty({bytes}, at::kByte);
   const bool lower = t.rank() < peer;
@@ -71,8 +70,8 @@ std::vector<P2PResult> run_p2p_bench(Transport& transport, const P2PBenchOptions
     const int iters = p2p_iterations(options, bytes);
     double raw = 0, ours = 0;
     if (me <= 1) {
-      raw = raw_pingpong_seconds(transport, peer, static_cast<size_t>(bytes), iters,
-                                 options.warmup);
+      raw =
+          raw_pingpong_seconds(transport, peer, static_cast<size_t>(bytes), iters, options.warmup);
       ours = pipemat_pingpong_seconds(transport, peer, bytes, iters, options.warmup);
     }
     transport.barrier();
@@ -95,10 +94,11 @@ std::string format_p2p_json(const std::string& transport, const std::vector<P2PR
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
     if (i) out += ", ";
-    out += "{\"bytes\": " + std::to_string(r.bytes) + ", \"latency_us\": " +
-           fixed(r.latency_us, 3) + ", \"gbps\": " + fixed(r.gbps, 4) +
-           ", \"raw_gbps\": " + fixed(r.raw_gbps, 4) + ", \"raw_latency_us\": " +
-           fixed(r.raw_latency_us, 3) + ", \"iters\": " + std::to_string(r.iters) + "}";
+    out += "{\"bytes\": " + std::to_string(r.bytes) +
+           ", \"latency_us\": " + fixed(r.latency_us, 3) + ", \"gbps\": " + fixed(r.gbps, 4) +
+           ", \"raw_gbps\": " + fixed(r.raw_gbps, 4) +
+           ", \"raw_latency_us\": " + fixed(r.raw_latency_us, 3) +
+           ", \"iters\": " + std::to_string(r.iters) + "}";
   }
   return out + "]}";
 }
@@ -167,8 +167,8 @@ int bench_p2p_main(const P2PBenchOptions& options, const std::vector<std::string
   }
   auto transport = make_transport(topts);
   PIPEMAT_CHECK(transport->world_size() == 2, ConfigError, "bench p2p needs exactly 2 ranks, got ",
-                transport->world_size(), " (",
-                to_string(transport->kind()), "); run `mpirun -np 2 pipemat bench p2p "
+                transport->world_size(), " (", to_string(transport->kind()),
+                "); run `mpirun -np 2 pipemat bench p2p "
                 "--transport mpi`, or `pipemat bench p2p --transport tcp` which starts both ranks");
   auto results = run_p2p_bench(*transport, options);
   if (transport->rank() == 0) print(to_string(transport->kind()), results);

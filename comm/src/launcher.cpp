@@ -58,12 +58,13 @@ SpawnResult spawn_local_ranks(const SpawnOptions& options) {
   PIPEMAT_CHECK(options.world_size >= 1, ConfigError, "spawn_local_ranks: world size ",
                 options.world_size, " must be at least 1");
   const int port = options.port > 0 ? options.port : pick_free_port(options.host);
-  std::string program = options.argv.empty() || options.argv[0].empty() ? "/proc/self/exe"
-                                                                        : options.argv[0];
+  std::string program =
+      options.argv.empty() || options.argv[0].empty() ? "/proc/self/exe" : options.argv[0];
   // Everything the children need is built before fork(): only async-signal-safe calls after.
   std::vector<std::string> args = options.argv;
   if (args.empty()) args.push_back(program);
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::vector<std::string> base_env;

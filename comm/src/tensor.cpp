@@ -74,9 +74,8 @@ std::string mismatch_message(const WorkInfo& info, const TensorMeta& sent,
 void check_cpu(const at::Tensor& tensor, const char* what, int peer, int tag) {
   PIPEMAT_CHECK(tensor.defined(), ConfigError, what, " to/from rank ", peer, " with tag ", tag,
                 ": the tensor is undefined");
-  PIPEMAT_CHECK(tensor.device().is_cpu(), ConfigError, what, " to/from rank ", peer,
-                " with tag ", tag, ": only CPU tensors are supported, got a tensor on ",
-                tensor.device().str());
+  PIPEMAT_CHECK(tensor.device().is_cpu(), ConfigError, what, " to/from rank ", peer, " with tag ",
+                tag, ": only CPU tensors are supported, got a tensor on ", tensor.device().str());
   PIPEMAT_CHECK(tensor.layout() == at::kStrided, ConfigError, what, " to/from rank ", peer,
                 " with tag ", tag, ": only strided (dense) tensors are supported");
 }
@@ -98,25 +97,36 @@ int64_t TensorMeta::numel() const {
   return n;
 }
 
-size_t TensorMeta::nbytes() const {
-  return static_cast<size_t>(numel()) * c10::elementSize(dtype);
-}
+size_t TensorMeta::nbytes() const { return static_cast<size_t>(numel()) * c10::elementSize(dtype); }
 
 std::string dtype_name(at::ScalarType dtype) {
   switch (dtype) {
-    case at::ScalarType::Float: return "float32";
-    case at::ScalarType::Double: return "float64";
-    case at::ScalarType::Half: return "float16";
-    case at::ScalarType::BFloat16: return "bfloat16";
-    case at::ScalarType::Long: return "int64";
-    case at::ScalarType::Int: return "int32";
-    case at::ScalarType::Short: return "int16";
-    case at::ScalarType::Char: return "int8";
-    case at::ScalarType::Byte: return "uint8";
-    case at::ScalarType::Bool: return "bool";
-    case at::ScalarType::ComplexFloat: return "complex64";
-    case at::ScalarType::ComplexDouble: return "complex128";
-    default: return c10::toString(dtype);
+    case at::ScalarType::Float:
+      return "float32";
+    case at::ScalarType::Double:
+      return "float64";
+    case at::ScalarType::Half:
+      return "float16";
+    case at::ScalarType::BFloat16:
+      return "bfloat16";
+    case at::ScalarType::Long:
+      return "int64";
+    case at::ScalarType::Int:
+      return "int32";
+    case at::ScalarType::Short:
+      return "int16";
+    case at::ScalarType::Char:
+      return "int8";
+    case at::ScalarType::Byte:
+      return "uint8";
+    case at::ScalarType::Bool:
+      return "bool";
+    case at::ScalarType::ComplexFloat:
+      return "complex64";
+    case at::ScalarType::ComplexDouble:
+      return "complex128";
+    default:
+      return c10::toString(dtype);
   }
 }
 
@@ -134,12 +144,12 @@ struct TensorWork::State {
   WorkPtr work;
   TensorMeta expected;
   std::shared_ptr<std::vector<uint8_t>> header;  // send header / expected-recv header target
-  at::Tensor tensor;   // send: the tensor; recv: the destination (contiguous)
-  at::Tensor out;      // recv_tensor_into with non-contiguous out: copy target
+  at::Tensor tensor;  // send: the tensor; recv: the destination (contiguous)
+  at::Tensor out;     // recv_tensor_into with non-contiguous out: copy target
   std::mutex mutex;
   bool finalized = false;
   at::Tensor result;
-  std::string error;   // set when finalize failed
+  std::string error;  // set when finalize failed
   bool timeout_error = false;
 };
 
@@ -193,10 +203,10 @@ void finalize(TensorWork::State& s) {
   }
   // recv any: wrap the transport buffer without copying.
   if (size != header_bytes + sent.nbytes()) {
-    s.error = ::pipemat::detail::concat("rank ", info.peer, " sent a corrupt tensor message on tag ",
-                                        info.tag, ": header says ", sent.to_string(), " (",
-                                        sent.nbytes(), " bytes) but ", size - header_bytes,
-                                        " bytes followed");
+    s.error =
+        ::pipemat::detail::concat("rank ", info.peer, " sent a corrupt tensor message on tag ",
+                                  info.tag, ": header says ", sent.to_string(), " (", sent.nbytes(),
+                                  " bytes) but ", size - header_bytes, " bytes followed");
     return;
   }
   auto storage = buffer.storage();
@@ -274,7 +284,7 @@ TensorWork recv_tensor(Transport& transport, int peer, int tag) {
 namespace {
 
 TensorWork recv_expected(Transport& transport, int peer, int tag, const TensorMeta& expected,
-                         at::Tensor destination, at::Tensor out) {
+                         const at::Tensor& destination, at::Tensor out) {
   auto state = std::make_shared<TensorWork::State>();
   state->mode = Mode::kRecvExpected;
   state->expected = expected;
@@ -303,13 +313,14 @@ TensorWork recv_tensor(Transport& transport, int peer, int tag, const TensorMeta
   return recv_expected(transport, peer, tag, expected, destination, at::Tensor());
 }
 
-TensorWork recv_tensor_into(Transport& transport, int peer, int tag, at::Tensor out) {
+TensorWork recv_tensor_into(Transport& transport, int peer, int tag, const at::Tensor& out) {
   check_cpu(out, "recv_tensor_into", peer, tag);
   TensorMeta expected = TensorMeta::of(out);
   if (out.is_contiguous()) {
     return recv_expected(transport, peer, tag, expected, out, at::Tensor());
   }
-  at::Tensor staging = at::empty(expected.shape, out.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor staging =
+      at::empty(expected.shape, out.options().memory_format(at::MemoryFormat::Contiguous));
   return recv_expected(transport, peer, tag, expected, staging, out);
 }
 

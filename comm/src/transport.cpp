@@ -2,9 +2,9 @@
 
 #include <cstdlib>
 
+#include "common.h"
 #include "local/transport.h"
 #include "mpi/transport.h"
-#include "common.h"
 #include "pipemat/core/error.h"
 #include "tcp/transport.h"
 
@@ -153,8 +153,8 @@ WorkPtr Transport::send_checked(int peer, int tag, std::vector<ConstSpan> spans,
   size_t total = 0;
   for (const auto& span : spans) {
     PIPEMAT_CHECK(span.data != nullptr || span.size == 0, ConfigError, describe(),
-                  ": send to rank ", peer, " with tag ", tag, " got a null pointer for ",
-                  span.size, " bytes");
+                  ": send to rank ", peer, " with tag ", tag, " got a null pointer for ", span.size,
+                  " bytes");
     total += span.size;
   }
   Request request;
@@ -210,7 +210,8 @@ void Transport::barrier(std::chrono::milliseconds timeout) {
     std::vector<uint8_t> sink(static_cast<size_t>(world_size_));
     std::vector<WorkPtr> arrivals;
     for (int peer = 1; peer < world_size_; ++peer) {
-      arrivals.push_back(recv_checked(peer, kBarrierTag, {MutableSpan{&sink[static_cast<size_t>(peer)], 1}}, nullptr, true));
+      arrivals.push_back(recv_checked(
+          peer, kBarrierTag, {MutableSpan{&sink[static_cast<size_t>(peer)], 1}}, nullptr, true));
     }
     for (auto& work : arrivals) work->wait(remaining());
     std::vector<WorkPtr> releases;

@@ -16,9 +16,8 @@ Buffer Buffer::allocate(size_t size) {
   if (rounded == 0) rounded = kAlignment;
   void* raw = std::aligned_alloc(kAlignment, rounded);
   if (raw == nullptr) throw std::bad_alloc();
-  buffer.storage_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(raw), [](uint8_t* p) {
-    std::free(p);
-  });
+  buffer.storage_ =
+      std::shared_ptr<uint8_t>(static_cast<uint8_t*>(raw), [](uint8_t* p) { std::free(p); });
   buffer.size_ = size;
   return buffer;
 }
@@ -54,8 +53,8 @@ std::string peer_failure_message(const WorkInfo& info, const std::string& what_h
 }
 
 std::string shutdown_message(const WorkInfo& info) {
-  return concat("the transport of rank ", info.rank, " was destroyed before the ",
-                info.describe(), " finished");
+  return concat("the transport of rank ", info.rank, " was destroyed before the ", info.describe(),
+                " finished");
 }
 
 }  // namespace detail

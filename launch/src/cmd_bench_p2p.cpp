@@ -41,8 +41,7 @@ void add_bench_p2p_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--iters", flags->iters,
                   "timed round trips per size (default: 256 MiB / size, in [10, 1000])");
-  cmd->add_option("--warmup", flags->warmup, "untimed round trips per size")
-      ->capture_default_str();
+  cmd->add_option("--warmup", flags->warmup, "untimed round trips per size")->capture_default_str();
   cmd->add_flag("--json", flags->json, "print one JSON object on rank 0");
   cmd->add_option("--rank", flags->rank, "tcp: this rank (default PIPEMAT_RANK)");
   cmd->add_option("--world-size", flags->world_size,
@@ -69,9 +68,16 @@ void add_bench_p2p_command(CLI::App& bench) {
     options.json = flags->json;
     options.spawn = !flags->no_spawn;
     // The spawned ranks rerun this very command line.
-    std::vector<std::string> argv = {"/proc/self/exe", "bench", "p2p", "--transport",
-                                     flags->transport, "--sizes", flags->sizes, "--warmup",
-                                     std::to_string(flags->warmup), "--timeout",
+    std::vector<std::string> argv = {"/proc/self/exe",
+                                     "bench",
+                                     "p2p",
+                                     "--transport",
+                                     flags->transport,
+                                     "--sizes",
+                                     flags->sizes,
+                                     "--warmup",
+                                     std::to_string(flags->warmup),
+                                     "--timeout",
                                      std::to_string(flags->timeout_s)};
     if (flags->iters > 0) argv.insert(argv.end(), {"--iters", std::to_string(flags->iters)});
     if (flags->json) argv.push_back("--json");

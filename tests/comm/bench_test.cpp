@@ -18,8 +18,9 @@ TEST(commP2PBench, LocalRunPrintsTheDocumentedJson) {
   std::ostringstream out;
   EXPECT_EQ(bench_p2p_main(options, {}, out), 0);
   const std::string json = out.str();
-  EXPECT_EQ(json.rfind("{\"transport\": \"local\", \"results\": [{\"bytes\": 4096, \"latency_us\": ", 0),
-            0u)
+  EXPECT_EQ(
+      json.rfind("{\"transport\": \"local\", \"results\": [{\"bytes\": 4096, \"latency_us\": ", 0),
+      0u)
       << json;
   for (const char* key : {"\"gbps\": ", "\"raw_gbps\": ", "\"bytes\": 65536"}) {
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;

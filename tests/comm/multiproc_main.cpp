@@ -31,12 +31,12 @@ namespace {
 int g_rank = -1;
 int g_failures = 0;
 
-#define CHECK_THAT(cond, msg)                                                       \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
+#define CHECK_THAT(cond, msg)                                                           \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
       std::cerr << "rank " << g_rank << ": check failed: " #cond " -- " << msg << "\n"; \
-      ++g_failures;                                                                 \
-    }                                                                               \
+      ++g_failures;                                                                     \
+    }                                                                                   \
   } while (false)
 
 bool contains(const std::string& text, const std::string& part) {
@@ -79,9 +79,9 @@ void scenario_exchange(pc::Transport& t) {
     for (int tag = 0; tag < 2; ++tag) {
       for (int i = 0; i < kCount; ++i) {
         size_t slot = static_cast<size_t>((peer * 2 + tag) * kCount + i);
-        CHECK_THAT(in[slot] == peer * 100000 + tag * 1000 + i,
-                   "pair message from " << peer << " tag " << tag << " #" << i << " got "
-                                        << in[slot]);
+        CHECK_THAT(in[slot] == peer * 100000 + tag * 1000 + i, "pair message from "
+                                                                   << peer << " tag " << tag << " #"
+                                                                   << i << " got " << in[slot]);
       }
     }
   }
@@ -91,10 +91,14 @@ void scenario_exchange(pc::Transport& t) {
   auto make = [](int r, int i) {
     at::Tensor base = at::arange(48, at::kDouble).reshape({4, 12}) * (r + 1) + i;
     switch (i % 4) {
-      case 0: return base.to(at::kFloat);
-      case 1: return base.to(at::kLong).t();  // non-contiguous
-      case 2: return base.to(at::kBFloat16).slice(1, 0, 12, 2);
-      default: return base.to(at::kInt).reshape({2, 2, 12});
+      case 0:
+        return base.to(at::kFloat);
+      case 1:
+        return base.to(at::kLong).t();  // non-contiguous
+      case 2:
+        return base.to(at::kBFloat16).slice(1, 0, 12, 2);
+      default:
+        return base.to(at::kInt).reshape({2, 2, 12});
     }
   };
   constexpr int kTensors = 40;
@@ -109,7 +113,8 @@ void scenario_exchange(pc::Transport& t) {
       recvs.push_back(pc::recv_tensor_into(t, prev, 100 + i % 5, at::empty_like(expect)));
     }
   }
-  for (int i = 0; i < kTensors; ++i) sends.push_back(pc::send_tensor(t, next, 100 + i % 5, make(me, i)));
+  for (int i = 0; i < kTensors; ++i)
+    sends.push_back(pc::send_tensor(t, next, 100 + i % 5, make(me, i)));
   for (int i = 0; i < kTensors; ++i) {
     at::Tensor got = recvs[static_cast<size_t>(i)].wait();
     CHECK_THAT(at::equal(got, make(prev, i)), "tensor #" << i << " from rank " << prev);
@@ -133,8 +138,9 @@ void scenario_mismatch(pc::Transport& t) {
       CHECK_THAT(false, "expected a tensor mismatch");
     } catch (const pipemat::CommError& e) {
       std::cerr << "rank 1 got the expected error: " << e.what() << "\n";
-      CHECK_THAT(contains(e.what(), "tensor mismatch on tag 5: rank 0 sent float32 [4, 8], rank 1 "
-                                    "expected float32 [4, 16]"),
+      CHECK_THAT(contains(e.what(),
+                          "tensor mismatch on tag 5: rank 0 sent float32 [4, 8], rank 1 "
+                          "expected float32 [4, 16]"),
                  e.what());
     }
   }
@@ -151,8 +157,9 @@ void scenario_silent(pc::Transport& t) {
       CHECK_THAT(false, "expected a timeout");
     } catch (const pipemat::TimeoutError& e) {
       std::cerr << "rank 0 got the expected error: " << e.what() << "\n";
-      CHECK_THAT(contains(e.what(), "timed out after 1000 ms waiting for recv of 4 bytes from "
-                                    "rank 1 with tag 9 on rank 0"),
+      CHECK_THAT(contains(e.what(),
+                          "timed out after 1000 ms waiting for recv of 4 bytes from "
+                          "rank 1 with tag 9 on rank 0"),
                  e.what());
     }
     const double waited = seconds_since(start);
@@ -182,8 +189,9 @@ int scenario_peer_exit(pc::Transport& t) {
     std::cerr << "rank 0 got the expected error after " << seconds_since(start)
               << " s: " << e.what() << "\n";
     CHECK_THAT(contains(e.what(), "rank 1 closed the connection"), e.what());
-    CHECK_THAT(contains(e.what(), "while rank 0 was waiting for recv (any size) from rank 1 with "
-                                  "tag 3"),
+    CHECK_THAT(contains(e.what(),
+                        "while rank 0 was waiting for recv (any size) from rank 1 with "
+                        "tag 3"),
                e.what());
   }
   CHECK_THAT(seconds_since(start) < 10.0, "took " << seconds_since(start) << " s");

@@ -68,8 +68,8 @@ TEST_P(TensorTest, RoundTripsDtypesAndShapesThroughEveryReceiveFlavour) {
       into.push_back(recv_tensor_into(t, prev, tag + 2, prealloc.back()));
       if (theirs[i].dim() == 2) {
         // A non-contiguous destination: the transpose of a fresh buffer.
-        strided.push_back(at::zeros({theirs[i].size(1), theirs[i].size(0)},
-                                    theirs[i].options()).t());
+        strided.push_back(
+            at::zeros({theirs[i].size(1), theirs[i].size(0)}, theirs[i].options()).t());
         into_strided.push_back(recv_tensor_into(t, prev, tag + 3, strided.back()));
       }
     }
@@ -197,14 +197,12 @@ TEST(commTensorMeta, FormatsLikeTorch) {
   EXPECT_EQ((TensorMeta{at::kDouble, {2, 3}}).nbytes(), 48u);
 }
 
-INSTANTIATE_TEST_SUITE_P(comm, TensorTest,
-                         ::testing::Values(Param{TransportKind::kLocal, 2},
-                                           Param{TransportKind::kLocal, 3},
-                                           Param{TransportKind::kLocal, 4},
-                                           Param{TransportKind::kTcp, 2},
-                                           Param{TransportKind::kTcp, 3},
-                                           Param{TransportKind::kTcp, 4}),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(
+    comm, TensorTest,
+    ::testing::Values(Param{TransportKind::kLocal, 2}, Param{TransportKind::kLocal, 3},
+                      Param{TransportKind::kLocal, 4}, Param{TransportKind::kTcp, 2},
+                      Param{TransportKind::kTcp, 3}, Param{TransportKind::kTcp, 4}),
+    param_name);
 
 }  // namespace
 }  // namespace pipemat::comm

@@ -134,8 +134,9 @@ TEST_P(TransportTest, GatherScatterAndAnySize) {
     const int peer = 1 - t.rank();
     if (t.rank() == 0) {
       std::string a = "pipe", b = "mat", c = "-comm";
-      t.send(peer, 3, {ConstSpan{a.data(), a.size()}, ConstSpan{b.data(), b.size()},
-                       ConstSpan{c.data(), c.size()}})
+      t.send(peer, 3,
+             {ConstSpan{a.data(), a.size()}, ConstSpan{b.data(), b.size()},
+              ConstSpan{c.data(), c.size()}})
           ->wait();
       t.send(peer, 4, a.data(), a.size())->wait();
     } else {
@@ -281,14 +282,12 @@ TEST_P(TransportTest, RejectsBadPeersAndTags) {
   EXPECT_THROW(t.recv(1, kMaxUserTag + 1, &value, sizeof(value)), ConfigError);
 }
 
-INSTANTIATE_TEST_SUITE_P(comm, TransportTest,
-                         ::testing::Values(Param{TransportKind::kLocal, 2},
-                                           Param{TransportKind::kLocal, 3},
-                                           Param{TransportKind::kLocal, 4},
-                                           Param{TransportKind::kTcp, 2},
-                                           Param{TransportKind::kTcp, 3},
-                                           Param{TransportKind::kTcp, 4}),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(
+    comm, TransportTest,
+    ::testing::Values(Param{TransportKind::kLocal, 2}, Param{TransportKind::kLocal, 3},
+                      Param{TransportKind::kLocal, 4}, Param{TransportKind::kTcp, 2},
+                      Param{TransportKind::kTcp, 3}, Param{TransportKind::kTcp, 4}),
+    param_name);
 
 }  // namespace
 }  // namespace pipemat::comm

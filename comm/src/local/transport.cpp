@@ -5,11 +5,11 @@
 
 #include "local/transport.h"
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
-#include <atomic>
-#include <chrono>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -78,9 +78,9 @@ class LocalHub : public std::enable_shared_from_this<LocalHub> {
     std::unique_lock<std::mutex> lock(mutex_);
     if (closed_[static_cast<size_t>(info.peer)]) {
       lock.unlock();
-      work->finish(Status{StatusCode::kCommError,
-                          concat("rank ", info.peer, " has shut down its transport; cannot ",
-                                 info.describe())});
+      work->finish(Status{
+          StatusCode::kCommError,
+          concat("rank ", info.peer, " has shut down its transport; cannot ", info.describe())});
       return;
     }
     Channel& channel = channels_[Key{info.peer, info.rank, info.tag}];
@@ -125,9 +125,9 @@ class LocalHub : public std::enable_shared_from_this<LocalHub> {
     }
     if (closed_[static_cast<size_t>(info.peer)]) {
       lock.unlock();
-      work->finish(Status{StatusCode::kCommError,
-                          peer_failure_message(info, concat("rank ", info.peer,
-                                                            " shut down its transport"))});
+      work->finish(Status{
+          StatusCode::kCommError,
+          peer_failure_message(info, concat("rank ", info.peer, " shut down its transport"))});
       return;
     }
     channel.recvs.push_back(work);
@@ -172,8 +172,8 @@ class LocalHub : public std::enable_shared_from_this<LocalHub> {
       for (auto& [key, channel] : channels_) {
         if (key.receiver == rank) {
           for (auto& recv : channel.recvs) {
-            to_finish.emplace_back(recv, Status{StatusCode::kAborted,
-                                                shutdown_message(recv->info())});
+            to_finish.emplace_back(recv,
+                                   Status{StatusCode::kAborted, shutdown_message(recv->info())});
           }
           channel.recvs.clear();
           for (auto& pending : channel.sends) {
@@ -182,8 +182,7 @@ class LocalHub : public std::enable_shared_from_this<LocalHub> {
                   pending.send,
                   Status{StatusCode::kCommError,
                          peer_failure_message(pending.send->info(),
-                                              concat("rank ", rank,
-                                                     " shut down its transport"))});
+                                              concat("rank ", rank, " shut down its transport"))});
             }
           }
           channel.sends.clear();
@@ -191,9 +190,8 @@ class LocalHub : public std::enable_shared_from_this<LocalHub> {
           for (auto& recv : channel.recvs) {
             to_finish.emplace_back(
                 recv, Status{StatusCode::kCommError,
-                             peer_failure_message(recv->info(),
-                                                  concat("rank ", rank,
-                                                         " shut down its transport"))});
+                             peer_failure_message(
+                                 recv->info(), concat("rank ", rank, " shut down its transport"))});
           }
           channel.recvs.clear();
           std::deque<Pending> kept;
@@ -236,9 +234,9 @@ class LocalHub : public std::enable_shared_from_this<LocalHub> {
       Buffer buffer = Buffer::allocate(size);
       scatter_copy(from, {MutableSpan{buffer.data(), size}});
       recv->set_received(size, buffer);
-      recv->finish(info.any_size ? Status{}
-                                 : Status{StatusCode::kSizeMismatch,
-                                          size_mismatch_message(info, size)});
+      recv->finish(info.any_size
+                       ? Status{}
+                       : Status{StatusCode::kSizeMismatch, size_mismatch_message(info, size)});
       return;
     }
     scatter_copy(from, recv->recv_spans);
@@ -264,8 +262,7 @@ class LocalTransport final : public Transport {
  public:
   LocalTransport(int rank, int world_size, const TransportOptions& options,
                  std::shared_ptr<LocalHub> hub)
-      : Transport(TransportKind::kLocal, rank, world_size, options.timeout),
-        hub_(std::move(hub)) {}
+      : Transport(TransportKind::kLocal, rank, world_size, options.timeout), hub_(std::move(hub)) {}
 
   ~LocalTransport() override { hub_->close(rank()); }
 
@@ -333,6 +330,7 @@ std::vector<std::unique_ptr<Transport>> make_local_group(int world_size,
                                                          const TransportOptions& options) {
   auto hub = std::make_shared<LocalHub>(world_size, options.local_eager_limit);
   std::vector<std::unique_ptr<Transport>> group;
+  group.reserve(static_cast<size_t>(world_size));
   for (int rank = 0; rank < world_size; ++rank) {
     group.push_back(std::make_unique<LocalTransport>(rank, world_size, options, hub));
   }

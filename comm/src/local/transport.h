@@ -16,7 +16,6 @@ std::vector<std::unique_ptr<Transport>> make_local_group(int world_size,
 namespace pipemat::comm::detail {
 
 // The local baseline of raw_pingpong_seconds (see pipemat/comm/raw_bench.h).
-double local_raw_pingpong(Transport& transport, int peer, size_t bytes, int iterations,
-                          int warmup);
+double local_raw_pingpong(Transport& transport, int peer, size_t bytes, int iterations, int warmup);
 
 }  // namespace pipemat::comm::detail

@@ -81,8 +81,7 @@ class MpiEnvironment {
     int provided = 0;
     if (!initialized) {
       int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-      PIPEMAT_CHECK(rc == MPI_SUCCESS, CommError, "MPI_Init_thread failed: ",
-                    mpi_error_string(rc));
+      PIPEMAT_CHECK(rc == MPI_SUCCESS, CommError, "MPI_Init_thread failed: ", mpi_error_string(rc));
       owns_ = true;
     } else {
       MPI_Query_thread(&provided);
@@ -108,7 +107,7 @@ class MpiWork final : public Work {
   std::vector<ConstSpan> send_spans;
   std::vector<MutableSpan> recv_spans;
   MPI_Request request = MPI_REQUEST_NULL;
-  Buffer target;      // recv into transport memory (any size / size mismatch)
+  Buffer target;  // recv into transport memory (any size / size mismatch)
   size_t incoming = 0;
 
  protected:
@@ -124,8 +123,7 @@ class MpiWork final : public Work {
 // an hindexed type over absolute addresses (MPI_BOTTOM) for several. Returns MPI_SUCCESS or a
 // code; `type` must be freed with MPI_Type_free when it is not MPI_BYTE.
 template <typename Span>
-int describe_spans(const std::vector<Span>& spans, void*& base, int& count,
-                   MPI_Datatype& type) {
+int describe_spans(const std::vector<Span>& spans, void*& base, int& count, MPI_Datatype& type) {
   std::vector<const Span*> used;
   for (const auto& s : spans) {
     if (s.size) used.push_back(&s);
@@ -232,9 +230,8 @@ class MpiCore {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         progress_locked();
-        bool sends_left = std::any_of(active_.begin(), active_.end(), [](const auto& w) {
-          return w->info().op == OpKind::kSend;
-        });
+        bool sends_left = std::any_of(active_.begin(), active_.end(),
+                                      [](const auto& w) { return w->info().op == OpKind::kSend; });
         if (!sends_left || Clock::now() >= deadline) break;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -403,8 +400,7 @@ CommInfo world_info(const std::shared_ptr<MpiEnvironment>&) {
 
 class MpiTransport final : public Transport {
  public:
-  MpiTransport(const TransportOptions& options, std::shared_ptr<MpiEnvironment> env,
-               CommInfo world)
+  MpiTransport(const TransportOptions& options, std::shared_ptr<MpiEnvironment> env, CommInfo world)
       : Transport(TransportKind::kMpi, world.rank, world.world_size, options.timeout),
         env_(std::move(env)),
         shutdown_timeout_(options.shutdown_timeout),

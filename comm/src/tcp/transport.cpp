@@ -29,9 +29,9 @@
 #include <deque>
 #include <functional>
 #include <future>
-#include <optional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -71,8 +71,8 @@ static_assert(sizeof(TableEntry) == 64, "table entry layout");
 
 std::pair<std::string, uint16_t> parse_master(const std::string& master) {
   auto colon = master.rfind(':');
-  PIPEMAT_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < master.size(),
-                ConfigError, "tcp transport: master address '", master,
+  PIPEMAT_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < master.size(), ConfigError,
+                "tcp transport: master address '", master,
                 "' is not host:port (e.g. 127.0.0.1:29500); set --master or PIPEMAT_MASTER");
   std::string host = master.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
@@ -81,9 +81,8 @@ std::pair<std::string, uint16_t> parse_master(const std::string& master) {
   std::string port_text = master.substr(colon + 1);
   char* end = nullptr;
   long port = std::strtol(port_text.c_str(), &end, 10);
-  PIPEMAT_CHECK(*end == '\0' && port > 0 && port < 65536, ConfigError,
-                "tcp transport: port '", port_text, "' in master address '", master,
-                "' is not a port number 1..65535");
+  PIPEMAT_CHECK(*end == '\0' && port > 0 && port < 65536, ConfigError, "tcp transport: port '",
+                port_text, "' in master address '", master, "' is not a port number 1..65535");
   return {host, static_cast<uint16_t>(port)};
 }
 
@@ -156,9 +155,7 @@ void complete_from_buffer(const std::shared_ptr<TcpWork>& work, Buffer buffer, s
 
 class TcpCore : public std::enable_shared_from_this<TcpCore> {
  public:
-  TcpCore(int rank, int world_size) : rank_(rank) {
-    peers.resize(static_cast<size_t>(world_size));
-  }
+  TcpCore(int rank, int world_size) : rank_(rank) { peers.resize(static_cast<size_t>(world_size)); }
 
   asio::io_context io;
   std::vector<std::unique_ptr<Peer>> peers;  // peers[rank]; null for self
@@ -168,7 +165,7 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
   // frame itself with a non-blocking sendmsg (one thread hop less for small messages); what
   // does not fit into the socket buffer is finished by the I/O thread. The stream is written by
   // at most one party at a time (send_mutex + the `writing` invariant).
-  void post_send(std::shared_ptr<TcpWork> work) {
+  void post_send(const std::shared_ptr<TcpWork>& work) {
     const WorkInfo& info = work->info();
     Peer& peer = *peers[static_cast<size_t>(info.peer)];
     work->header.tag = info.tag;
@@ -179,8 +176,8 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
       if (peer.send_closed) {
         std::string reason = peer.send_closed_reason;
         lock.unlock();
-        work->finish(Status{StatusCode::kCommError,
-                            concat("cannot ", info.describe(), ": ", reason)});
+        work->finish(
+            Status{StatusCode::kCommError, concat("cannot ", info.describe(), ": ", reason)});
         return;
       }
       if (peer.sends.empty()) {
@@ -409,8 +406,7 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
       return;
     }
     if (peer.broken || peer.eof) {
-      work->finish(Status{StatusCode::kCommError,
-                          peer_failure_message(info, peer.broken_reason)});
+      work->finish(Status{StatusCode::kCommError, peer_failure_message(info, peer.broken_reason)});
       return;
     }
     peer.posted[info.tag].push_back(work);
@@ -640,7 +636,7 @@ class Rendezvous {
       if (!done && Clock::now() >= deadline) {
         cancel();
         io_.restart();
-        while (!done) io_.run_one();
+        while (!done) io_.run_one();  // NOLINT(bugprone-infinite-loop): set by the handler
         if (result == asio::error::operation_aborted) result = asio::error::timed_out;
         return result;
       }
@@ -696,8 +692,7 @@ class Rendezvous {
       }
       std::this_thread::sleep_for(options_.connect_retry_interval);
     }
-    const double seconds =
-        std::chrono::duration<double>(Clock::now() - start).count();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     PIPEMAT_THROW(CommError, "tcp transport: rank ", options_.rank, " could not connect to ", whom,
                   " at ", host, ":", port, " after ", std::min(attempt, options_.connect_retries),
                   " attempts over ", static_cast<int>(seconds * 10) / 10.0,
@@ -707,24 +702,24 @@ class Rendezvous {
   }
 
   void write(tcp::socket& socket, const void* data, size_t size, const std::string& what) {
-    auto ec = await(
-        [&](auto handler) { asio::async_write(socket, asio::buffer(data, size), handler); },
-        [&] {
-          error_code ignored;
-          socket.close(ignored);
-        },
-        what);
+    auto ec =
+        await([&](auto handler) { asio::async_write(socket, asio::buffer(data, size), handler); },
+              [&] {
+                error_code ignored;
+                socket.close(ignored);
+              },
+              what);
     if (ec) fail(what, ec);
   }
 
   void read(tcp::socket& socket, void* data, size_t size, const std::string& what) {
-    auto ec = await(
-        [&](auto handler) { asio::async_read(socket, asio::buffer(data, size), handler); },
-        [&] {
-          error_code ignored;
-          socket.close(ignored);
-        },
-        what);
+    auto ec =
+        await([&](auto handler) { asio::async_read(socket, asio::buffer(data, size), handler); },
+              [&] {
+                error_code ignored;
+                socket.close(ignored);
+              },
+              what);
     if (ec) fail(what, ec);
   }
 
@@ -759,7 +754,8 @@ std::string missing_ranks(const std::vector<std::unique_ptr<Peer>>& peers, int s
 
 void check_hello(const Hello& hello, const TransportOptions& options, const std::string& from) {
   PIPEMAT_CHECK(hello.magic == kHelloMagic, CommError, "tcp rendezvous of rank ", options.rank,
-                ": ", from, " did not speak the pipemat protocol (bad hello); is another program "
+                ": ", from,
+                " did not speak the pipemat protocol (bad hello); is another program "
                 "using the master port?");
   PIPEMAT_CHECK(hello.world_size == options.world_size, CommError, "tcp rendezvous: rank ",
                 hello.rank, " was started with world size ", hello.world_size, " but rank ",
@@ -824,8 +820,8 @@ class TcpTransport final : public Transport {
                     "); choose a free port in --master / PIPEMAT_MASTER");
       std::vector<TableEntry> table(static_cast<size_t>(world));
       for (int i = 1; i < world; ++i) {
-        const std::string what = concat("waiting for ranks ", missing_ranks(peers, me),
-                                        " to connect to port ", port);
+        const std::string what =
+            concat("waiting for ranks ", missing_ranks(peers, me), " to connect to port ", port);
         tcp::socket socket = rv.accept(acceptor, what);
         Hello hello;
         rv.read(socket, &hello, sizeof(hello), "reading a hello on the master port");
@@ -860,14 +856,14 @@ class TcpTransport final : public Transport {
     peers[0] = std::make_unique<Peer>(0, std::move(master));
     for (int s = 1; s < me; ++s) {
       const auto& entry = table[static_cast<size_t>(s)];
-      tcp::socket socket = rv.connect(entry.host, static_cast<uint16_t>(entry.port),
-                                      concat("rank ", s));
+      tcp::socket socket =
+          rv.connect(entry.host, static_cast<uint16_t>(entry.port), concat("rank ", s));
       rv.write(socket, &hello, sizeof(hello), concat("sending a hello to rank ", s));
       peers[static_cast<size_t>(s)] = std::make_unique<Peer>(s, std::move(socket));
     }
     for (int k = me + 1; k < world; ++k) {
-      const std::string what = concat("waiting for ranks ", missing_ranks(peers, me),
-                                      " to connect to rank ", me);
+      const std::string what =
+          concat("waiting for ranks ", missing_ranks(peers, me), " to connect to rank ", me);
       tcp::socket socket = rv.accept(listener, what);
       Hello theirs;
       rv.read(socket, &theirs, sizeof(theirs), "reading a hello from a peer");
@@ -905,8 +901,8 @@ class Fd {
 };
 
 void raw_check(bool ok, const char* call, int peer) {
-  PIPEMAT_CHECK(ok, CommError, "tcp raw ping-pong with rank ", peer, ": ", call, " failed: ",
-                std::strerror(errno));
+  PIPEMAT_CHECK(ok, CommError, "tcp raw ping-pong with rank ", peer, ": ", call,
+                " failed: ", std::strerror(errno));
 }
 
 void write_all(int fd, const uint8_t* data, size_t size, int peer) {
@@ -932,8 +928,7 @@ void read_all(int fd, uint8_t* data, size_t size, int peer) {
 
 }  // namespace
 
-double tcp_raw_pingpong(Transport& transport, int peer, size_t bytes, int iterations,
-                        int warmup) {
+double tcp_raw_pingpong(Transport& transport, int peer, size_t bytes, int iterations, int warmup) {
   auto* tcp_transport = dynamic_cast<TcpTransport*>(&transport);
   PIPEMAT_INTERNAL_ASSERT(tcp_transport != nullptr, "tcp_raw_pingpong on a non-tcp transport");
   const bool lower = transport.rank() < peer;
@@ -941,15 +936,16 @@ double tcp_raw_pingpong(Transport& transport, int peer, size_t bytes, int iterat
                 "tcp raw ping-pong runs between rank 0 and another rank, not ", transport.rank(),
                 " and ", peer);
   Fd connection;
-  const int timeout_ms = static_cast<int>(std::min<long long>(transport.timeout().count(), 1 << 30));
+  const int timeout_ms =
+      static_cast<int>(std::min<long long>(transport.timeout().count(), 1 << 30));
   if (lower) {
     Fd listener(::socket(AF_INET, SOCK_STREAM, 0));
     raw_check(listener.get() >= 0, "socket", peer);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    raw_check(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0,
-              "bind", peer);
+    raw_check(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "bind",
+              peer);
     raw_check(::listen(listener.get(), 1) == 0, "listen", peer);
     socklen_t len = sizeof(addr);
     ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len);

@@ -15,7 +15,6 @@ namespace pipemat::comm::detail {
 
 // The tcp baseline of raw_pingpong_seconds (see pipemat/comm/raw_bench.h). One of the two
 // ranks must be rank 0 (the peer connects to the master host).
-double tcp_raw_pingpong(Transport& transport, int peer, size_t bytes, int iterations,
-                        int warmup);
+double tcp_raw_pingpong(Transport& transport, int peer, size_t bytes, int iterations, int warmup);
 
 }  // namespace pipemat::comm::detail

@@ -16,7 +16,7 @@ struct P2PBenchOptions {
   TransportOptions transport;  // kind mpi|tcp|local; tcp rank/world/master or env
   std::vector<int64_t> sizes = {int64_t{4} << 10, int64_t{64} << 10, int64_t{1} << 20,
                                 int64_t{16} << 20};
-  int iters = 0;   // timed round trips per size; 0: 256 MiB / size, clamped to [10, 1000]
+  int iters = 0;  // timed round trips per size; 0: 256 MiB / size, clamped to [10, 1000]
   int warmup = 3;
   bool json = false;
   // tcp without a rank (no --rank, no PIPEMAT_RANK): start two local processes of this

@@ -86,6 +86,6 @@ TensorWork recv_tensor(Transport& transport, int peer, int tag, const TensorMeta
 
 // Receives into `out` (preallocated, CPU; its dtype and shape are the expectation). Contiguous
 // `out` is written in place; otherwise via a contiguous temporary copied in at wait().
-TensorWork recv_tensor_into(Transport& transport, int peer, int tag, at::Tensor out);
+TensorWork recv_tensor_into(Transport& transport, int peer, int tag, const at::Tensor& out);
 
 }  // namespace pipemat::comm

@@ -28,7 +28,7 @@
 namespace pipemat::comm {
 
 enum class TransportKind {
-  kAuto,   // mpi when started by mpirun, tcp when PIPEMAT_MASTER is set, else ConfigError
+  kAuto,  // mpi when started by mpirun, tcp when PIPEMAT_MASTER is set, else ConfigError
   kMpi,
   kTcp,
   kLocal,
@@ -64,7 +64,7 @@ struct TransportOptions {
 
   // local: sends up to this size are copied and complete at once; larger sends complete when
   // the receiver matches them (like MPI's eager/rendezvous protocols).
-  size_t local_eager_limit = 64 * 1024;
+  size_t local_eager_limit = size_t{64} * 1024;
 };
 
 // Resolves zero/unset fields from the environment: timeout from PIPEMAT_COMM_TIMEOUT, and
@@ -122,8 +122,8 @@ class Transport {
  protected:
   struct Request {
     WorkInfo info;
-    std::vector<ConstSpan> send_spans;   // send
-    std::vector<MutableSpan> recv_spans; // recv (empty with info.any_size)
+    std::vector<ConstSpan> send_spans;    // send
+    std::vector<MutableSpan> recv_spans;  // recv (empty with info.any_size)
     std::shared_ptr<const void> keep_alive;
   };
 

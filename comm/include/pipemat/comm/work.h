@@ -46,12 +46,12 @@ enum class OpKind { kSend, kRecv };
 // What a Work is doing; used in every message about it.
 struct WorkInfo {
   OpKind op = OpKind::kSend;
-  int rank = -1;           // this rank
-  int peer = -1;           // the other rank
+  int rank = -1;  // this rank
+  int peer = -1;  // the other rank
   int tag = -1;
-  size_t bytes = 0;        // bytes sent, or bytes the receive was posted for
-  bool any_size = false;   // recv_any: size decided by the sender
-  std::string transport;   // "local", "tcp", "mpi"
+  size_t bytes = 0;       // bytes sent, or bytes the receive was posted for
+  bool any_size = false;  // recv_any: size decided by the sender
+  std::string transport;  // "local", "tcp", "mpi"
 
   // "recv of 4.00 KiB (4096 bytes) from rank 1 with tag 7 on rank 0 (tcp)"
   std::string describe() const;
