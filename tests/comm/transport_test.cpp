@@ -272,6 +272,63 @@ TEST_P(TransportTest, PeerShutdownFailsItsPendingReceivesPromptly) {
   });
 }
 
+TEST_P(TransportTest, SeveralThreadsPostAndWaitConcurrently) {
+  Group group = make();
+  constexpr int kThreads = 3;
+  constexpr int kPerThread = 30;
+  run_ranks(group, [&](Transport& t) {
+    if (t.rank() > 1) return;
+    const int peer = 1 - t.rank();
+    // Each thread owns one tag: order per (peer, tag) must hold while threads interleave.
+    testing::run_threads(kThreads, [&](int thread) {
+      std::vector<int> in(kPerThread, -1), out(kPerThread);
+      std::vector<WorkPtr> works;
+      for (int i = 0; i < kPerThread; ++i) {
+        works.push_back(t.recv(peer, 20 + thread, &in[static_cast<size_t>(i)], sizeof(int)));
+        out[static_cast<size_t>(i)] = thread * 1000 + i;
+        works.push_back(t.send(peer, 20 + thread, &out[static_cast<size_t>(i)], sizeof(int)));
+      }
+      for (auto& w : works) w->wait();
+      for (int i = 0; i < kPerThread; ++i) EXPECT_EQ(in[static_cast<size_t>(i)], thread * 1000 + i);
+    });
+  });
+}
+
+TEST_P(TransportTest, ManyWaitersOnOneWorkSeeTheSameOutcome) {
+  Group group = make();
+  run_ranks(group, [&](Transport& t) {
+    if (t.rank() > 1) return;
+    int value = 0;
+    if (t.rank() == 0) {
+      auto w = t.recv(1, 14, &value, sizeof(value));
+      testing::run_threads(4, [&](int) { w->wait(); });
+      EXPECT_EQ(value, 99);
+    } else {
+      value = 99;
+      t.send(0, 14, &value, sizeof(value))->wait();
+    }
+  });
+}
+
+TEST_P(TransportTest, DestroyingATransportFailsItsOwnPendingReceives) {
+  Group group = make();
+  int value = 0;
+  // Rank 0 goes first while its peers are alive, so the receive fails because of its own
+  // shutdown and not because a peer closed.
+  WorkPtr pending = group[0]->recv(1, 15, &value, sizeof(value));
+  group[0].reset();
+  ASSERT_TRUE(pending->is_completed());
+  EXPECT_EQ(pending->status().code, StatusCode::kAborted);
+  try {
+    pending->wait();
+    ADD_FAILURE() << "expected CommError";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("was destroyed before the recv of 4 bytes from rank 1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_P(TransportTest, RejectsBadPeersAndTags) {
   Group group = make();
   Transport& t = *group[0];
