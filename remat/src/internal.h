@@ -128,7 +128,10 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
 
   // --- SAVE regions and rederivation (SPEC 2.4) ---
   void record_save_inputs(SaveEntry& entry, const std::vector<c10::IValue>& args);
-  void note_save_output(const c10::IValue& output);
+  void note_save_output(const SaveEntry& entry, const c10::IValue& output);
+  // Zero-element placeholders for the `leaf_count` tensor leaves of a save_output=false region.
+  c10::IValue make_placeholders(const SaveEntry& entry);
+  void check_unit_output(const c10::IValue& output) const;
   // Slot for `saved` (an alias of entry.inputs[input]) or -1 when it must be kept (fallback).
   int64_t try_rederive(SaveEntry& entry, const at::Tensor& saved);
   void fill_slots(SaveEntry& entry, const std::vector<c10::IValue>& args);
@@ -147,6 +150,9 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
 
  private:
   void check_inputs_unchanged() const;
+  std::string placeholder_producers() const;
+  std::string placeholder_hint() const;
+  void abandon_replay(const std::optional<RngState>& rng_outside);
   void ensure_replayed_for_unpack(bool consumed);
   void note_fallback(Fallback reason, const InputRecord& input, const SaveEntry& entry);
 
@@ -166,6 +172,10 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
   std::vector<const c10::StorageImpl*> unit_input_storages_;
   std::vector<const c10::StorageImpl*> save_output_storages_;
   std::array<int64_t, kNumFallbacks> fallbacks_{};
+  // Note [Placeholder leaf count]: outputs of save_output=false regions seen in forward, and the
+  // placeholders handed out in the current replay, with the region that produced them.
+  std::vector<std::pair<const c10::StorageImpl*, std::string>> no_cache_outputs_;
+  std::vector<std::pair<const c10::TensorImpl*, std::string>> placeholders_;
   int64_t replay_peak_bytes_ = 0;
 
   // Replay state (Note [Invocation lifetime]).
@@ -213,6 +223,10 @@ InvocationId next_invocation_id(std::shared_ptr<InvocationGroup>* group);
 // from before replay is restored afterwards. Access is serialized on the generator's mutex.
 RngState cpu_rng_state();
 void set_cpu_rng_state(const RngState& state);
+
+// The one cached zero-element tensor every placeholder aliases.
+const at::Tensor& placeholder_tensor();
+bool is_placeholder(const at::Tensor& t);
 
 // Debug trace of pack / unpack / rederive / fallback decisions (Note [remat trace]).
 bool trace_enabled();

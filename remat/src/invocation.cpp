@@ -1,4 +1,5 @@
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/empty.h>
 #include <ATen/core/Generator.h>
 #include <torch/csrc/autograd/variable.h>
 #include <c10/core/GradMode.h>
@@ -357,11 +358,22 @@ c10::IValue Invocation::run_forward() {
     UserCode user;
     out = body_(inputs_);
   }
+  check_unit_output(out);
   forward_done_ = true;
   return out;
 }
 
 int64_t Invocation::register_handle(const at::Tensor& saved) {
+  if (!no_cache_outputs_.empty() && saved.has_storage()) {
+    for (const auto& [storage, region] : no_cache_outputs_) {
+      PIPEMAT_CHECK(storage != saved.storage().unsafeGetStorageImpl(), RematError,
+                    "a RECOMPUTE op in ", where(), " saves the output of SAVE region '", region,
+                    "' (", describe_tensor(saved),
+                    "), which has save_output = false: replay only has a placeholder for it. "
+                    "Pass that output whole to the next SAVE region, or set save_output = true "
+                    "(phase: forward)");
+    }
+  }
   HandleMeta meta;
   meta.dtype = saved.scalar_type();
   meta.sizes = saved.sizes().vec();
@@ -430,6 +442,7 @@ void Invocation::replay() {
     slot.consumed = false;
   }
   replay_cursor_.clear();
+  placeholders_.clear();
   replay_counter_ = 0;
   ++replays_;
   bump(Counter::kReplays);
@@ -456,11 +469,17 @@ void Invocation::replay() {
     (void)body_(inputs_);
   } catch (const StopReplay&) {
     stopped_early = true;
-  } catch (...) {
-    replaying_ = false;
-    replayed_values_.clear();
-    if (rng_outside) set_cpu_rng_state(*rng_outside);
+  } catch (const RematError&) {
+    abandon_replay(rng_outside);
     throw;
+  } catch (const std::exception& e) {
+    abandon_replay(rng_outside);
+    if (placeholders_.empty()) throw;
+    // Note [Placeholder leaf count]: a placeholder reached an op that reads data.
+    PIPEMAT_THROW(RematError, "replay of ", where(), " failed after SAVE region(s) ",
+                  placeholder_producers(), " returned placeholders (save_output = false): a "
+                  "placeholder must go whole, as one argument, straight into the next SAVE "
+                  "region; an op read it instead (phase: replay). The op said: ", e.what());
   }
   replaying_ = false;
   replay_peak_bytes_ = std::max<int64_t>(0, window_peak_bytes() - bytes_before);
@@ -475,16 +494,53 @@ void Invocation::replay() {
   }
   if (!stopped_early && replay_counter_ != static_cast<int64_t>(handles_.size())) {
     replayed_values_.clear();
+    replayed_ = false;
     PIPEMAT_THROW(RematError, where(), ": forward saved ", handles_.size(),
                   " tensors for backward but replay saved ", replay_counter_,
                   ". Forward and replay must run the same ops: look for control flow that "
-                  "depends on data, on global state or on randomness that is not preserved "
-                  "(phase: replay)");
+                  "depends on data, on global state or on randomness that is not preserved",
+                  placeholder_hint(), " (phase: replay)");
   }
   replayed_ = true;
 }
 
+std::string Invocation::placeholder_producers() const {
+  std::vector<std::string> names;
+  for (const auto& [impl, region] : placeholders_) {
+    if (std::find(names.begin(), names.end(), "'" + region + "'") == names.end()) {
+      names.push_back("'" + region + "'");
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + names[i];
+  return out;
+}
+
+std::string Invocation::placeholder_hint() const {
+  if (placeholders_.empty()) return "";
+  return concat(". Placeholders from SAVE region(s) ", placeholder_producers(),
+                " (save_output = false) were handed out in this replay: one was probably read "
+                "by an op instead of going whole into the next SAVE region");
+}
+
+void Invocation::abandon_replay(const std::optional<RngState>& rng_outside) {
+  replaying_ = false;
+  replayed_values_.clear();
+  for (auto& slot : slots_) slot.value = at::Tensor();
+  if (rng_outside) set_cpu_rng_state(*rng_outside);
+}
+
 void Invocation::on_replay_pack(const at::Tensor& saved) {
+  if (!placeholders_.empty() && is_placeholder(saved)) {
+    std::string producer = placeholder_producers();
+    for (const auto& [impl, region] : placeholders_) {
+      if (impl == saved.unsafeGetTensorImpl()) producer = "'" + region + "'";
+    }
+    PIPEMAT_THROW(RematError, "a RECOMPUTE op in ", where(),
+                  " saves a placeholder returned by SAVE region ", producer,
+                  " (save_output = false): the output of such a region must go whole, as one "
+                  "argument, straight into the next SAVE region (phase: replay)");
+  }
   const int64_t index = replay_counter_++;
   PIPEMAT_CHECK(index < static_cast<int64_t>(handles_.size()), RematError, where(),
                 ": replay saved more tensors for backward than forward (", handles_.size(),
@@ -496,7 +552,8 @@ void Invocation::on_replay_pack(const at::Tensor& saved) {
   PIPEMAT_CHECK(meta.dtype == saved.scalar_type() && meta.sizes == saved.sizes().vec(),
                 RematError, where(), ": saved tensor #", index, " is ", describe_tensor(saved),
                 " in replay but was ", c10::toString(meta.dtype), " ", c10::IntArrayRef(meta.sizes),
-                " in forward; forward and replay must compute the same shapes (phase: replay)");
+                " in forward; forward and replay must compute the same shapes",
+                placeholder_hint(), " (phase: replay)");
   if (meta.alive) replayed_values_[index] = saved;
   if (options_.early_stop && index == replay_stop_after_) throw StopReplay{};
 }
@@ -594,9 +651,51 @@ void Invocation::record_save_inputs(SaveEntry& entry, const std::vector<c10::IVa
   }
 }
 
-void Invocation::note_save_output(const c10::IValue& output) {
+void Invocation::note_save_output(const SaveEntry& entry, const c10::IValue& output) {
   for_each_tensor_leaf(output, "", [&](const std::string&, const at::Tensor& t) {
-    if (t.has_storage()) save_output_storages_.push_back(t.storage().unsafeGetStorageImpl());
+    if (!t.has_storage()) return;
+    save_output_storages_.push_back(t.storage().unsafeGetStorageImpl());
+    if (!entry.save_output) {
+      no_cache_outputs_.emplace_back(t.storage().unsafeGetStorageImpl(), entry.name);
+    }
+  });
+}
+
+const at::Tensor& placeholder_tensor() {
+  static const at::Tensor placeholder = at::empty({0});
+  return placeholder;
+}
+
+bool is_placeholder(const at::Tensor& t) {
+  return t.defined() && t.has_storage() &&
+         t.storage().unsafeGetStorageImpl() == placeholder_tensor().storage().unsafeGetStorageImpl();
+}
+
+c10::IValue Invocation::make_placeholders(const SaveEntry& entry) {
+  bump(Counter::kPlaceholders, entry.leaf_count);
+  auto one = [&] {
+    at::Tensor p = placeholder_tensor().detach();
+    placeholders_.emplace_back(p.unsafeGetTensorImpl(), entry.name);
+    return p;
+  };
+  if (entry.leaf_count == 0) return c10::IValue();
+  if (entry.leaf_count == 1) return one();
+  c10::List<at::Tensor> list;
+  for (int64_t i = 0; i < entry.leaf_count; ++i) list.push_back(one());
+  return list;
+}
+
+void Invocation::check_unit_output(const c10::IValue& output) const {
+  if (no_cache_outputs_.empty()) return;
+  for_each_tensor_leaf(output, "output", [&](const std::string& path, const at::Tensor& t) {
+    if (!t.has_storage()) return;
+    for (const auto& [storage, region] : no_cache_outputs_) {
+      PIPEMAT_CHECK(storage != t.storage().unsafeGetStorageImpl(), RematError, where(),
+                    " returns (as ", path, ") the output of SAVE region '", region,
+                    "', which has save_output = false: replay would only have a placeholder "
+                    "for it. The last SAVE region of a chain keeps save_output = true (phase: "
+                    "forward)");
+    }
   });
 }
 

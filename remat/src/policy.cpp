@@ -66,6 +66,7 @@ PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
   };
   std::map<std::string, Decl> decls;
   for (const auto& pattern : policy.checkpoint) {
+    PIPEMAT_CHECK(!pattern.empty(), RematError, "remat policy: a checkpoint path is empty");
     bool any = false;
     for (const auto& [path, m] : by_path) {
       if (!path_matches(pattern, path)) continue;
@@ -77,6 +78,7 @@ PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
                   "' matches no module. Module paths are: ", known_paths());
   }
   for (const auto& rule : policy.exclude) {
+    PIPEMAT_CHECK(!rule.path.empty(), RematError, "remat policy: an exclude path is empty");
     bool any = false;
     for (const auto& [path, m] : by_path) {
       if (!path_matches(rule.path, path)) continue;

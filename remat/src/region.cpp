@@ -32,6 +32,10 @@ void RegionSlot::declare_save(const SaveRegionOptions& options) {
   PIPEMAT_CHECK(kind_ != Kind::kCheckpoint, RematError, "'", *name_,
                 "' is already a checkpoint unit (checkpoint_wrapper); it cannot also be a SAVE "
                 "region. Remove one of the two declarations");
+  PIPEMAT_CHECK(kind_ != Kind::kSave || save_.save_output == options.save_output, RematError,
+                "'", *name_, "' is already a SAVE region with save_output = ",
+                save_.save_output ? "true" : "false", "; it cannot also be declared with "
+                "save_output = ", options.save_output ? "true" : "false");
   kind_ = Kind::kSave;
   save_ = options;
   if (!options.name.empty()) set_name(options.name);
@@ -188,8 +192,9 @@ c10::IValue run_save_forward(Invocation& inv, const RegionSlot& slot,
     });
   } else {
     entry.leaf_count = count_tensor_leaves(out);
+    bump(Counter::kOutputLeaves, entry.leaf_count);
   }
-  inv.note_save_output(out);
+  inv.note_save_output(entry, out);
   if (!entry.slots.empty()) {
     // Replay must reach this region to fill its slots even when nothing after it saves a
     // tensor: a marker in the handle sequence keeps early stop from ending replay before it.
@@ -209,6 +214,7 @@ c10::IValue run_save_replay(Invocation& inv, const RegionSlot& slot,
   inv.fill_slots(entry, args);
   if (entry.rng_after) set_cpu_rng_state(*entry.rng_after);
   if (entry.has_marker) inv.on_replay_marker();
+  if (!entry.save_output) return inv.make_placeholders(entry);
   size_t leaf = 0;
   return map_tensor_leaves(entry.cached_output, [&](const at::Tensor& t) {
     if (!entry.output_requires_grad[leaf++]) return t;

@@ -5,7 +5,7 @@
 
 namespace pipemat::remat {
 namespace {
-constexpr int kNumCounters = 7;
+constexpr int kNumCounters = 9;
 std::atomic<int64_t> g_counters[kNumCounters];
 }  // namespace
 
@@ -27,6 +27,8 @@ RematCounters counters() {
   out.save_skips = get(detail::Counter::kSaveSkips);
   out.packs = get(detail::Counter::kPacks);
   out.save_kept = get(detail::Counter::kSaveKept);
+  out.output_leaves = get(detail::Counter::kOutputLeaves);
+  out.placeholders = get(detail::Counter::kPlaceholders);
   return out;
 }
 
@@ -38,7 +40,8 @@ std::string RematCounters::str() const {
   std::ostringstream os;
   os << "units=" << unit_calls << " replays=" << replays << " early_stops=" << early_stops
      << " save_calls=" << save_calls << " save_skips=" << save_skips << " handles=" << packs
-     << " save_kept=" << save_kept;
+     << " save_kept=" << save_kept << " output_leaves=" << output_leaves
+     << " placeholders=" << placeholders;
   return os.str();
 }
 

@@ -17,6 +17,22 @@ struct CheckpointOptions {
   std::string name;
 };
 
+// Note [Placeholder leaf count]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Consecutive SAVE regions all skip their bodies in replay, so the outputs inside a chain
+// RECOMPUTE -> SAVE1(false) -> ... -> SAVEn(true) need not survive until backward. A region with
+// save_output = false keeps no output: forward records only how many tensor leaves its output
+// has, and replay returns that many zero-element placeholders, all aliases of one cached tensor
+// (none for 0 leaves, a tensor for 1, a list for n; typed callers get their tuple or vector).
+// The count must equal forward's: the placeholders stand exactly where the real leaves stood, so
+// the next SAVE region receives the same arguments and the unit's pack/unpack sequence (the
+// replay handles and markers) is unchanged. Tensors saved for the region's own backward are kept
+// as usual; only the output cache is dropped.
+// A placeholder is valid only as a whole argument of the next SAVE region. Every other use is an
+// error naming the producing region and the invocation, never a silent wrong number: a
+// RECOMPUTE op saving the output (caught in forward), the unit returning it (forward), and in
+// replay an op saving a placeholder or failing on its data.
+
 // A SAVE region inside a checkpoint unit: see checkpoint_exclude_wrapper().
 struct SaveRegionOptions {
   // Cache the region's output for replay (true), or keep only its tensor-leaf count and return

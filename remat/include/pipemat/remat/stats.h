@@ -14,6 +14,8 @@ struct RematCounters {
   int64_t save_skips = 0;        // SAVE bodies skipped in replay
   int64_t packs = 0;             // tensors saved as replay handles
   int64_t save_kept = 0;         // tensors kept for SAVE regions' own backward
+  int64_t output_leaves = 0;     // tensor leaves of save_output=false outputs in forward
+  int64_t placeholders = 0;      // placeholders handed out in replay for them
   std::string str() const;
 };
 
@@ -21,7 +23,17 @@ RematCounters counters();
 void reset_counters();
 
 namespace detail {
-enum class Counter { kUnitCalls, kReplays, kEarlyStops, kSaveCalls, kSaveSkips, kPacks, kSaveKept };
+enum class Counter {
+  kUnitCalls,
+  kReplays,
+  kEarlyStops,
+  kSaveCalls,
+  kSaveSkips,
+  kPacks,
+  kSaveKept,
+  kOutputLeaves,
+  kPlaceholders,
+};
 void bump(Counter c, int64_t n = 1);
 }  // namespace detail
 

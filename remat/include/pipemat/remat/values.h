@@ -72,7 +72,11 @@ struct ValueTraits<c10::optional<at::Tensor>> {
 template <>
 struct ValueTraits<std::vector<at::Tensor>> {
   static c10::IValue to(std::vector<at::Tensor> v) { return c10::IValue(c10::List<at::Tensor>(v)); }
-  static std::vector<at::Tensor> from(const c10::IValue& v) { return v.toTensorVector(); }
+  static std::vector<at::Tensor> from(const c10::IValue& v) {
+    if (v.isTensor()) return {v.toTensor()};  // one placeholder (Note [Placeholder leaf count])
+    if (v.isNone()) return {};
+    return v.toTensorVector();
+  }
 };
 
 template <>
@@ -129,6 +133,14 @@ struct ValueTraits<std::tuple<Ts...>> {
         std::move(v));
   }
   static std::tuple<Ts...> from(const c10::IValue& v) {
+    if (v.isTensorList()) {  // placeholders of a save_output=false region: one per tensor leaf
+      std::vector<c10::IValue> elems;
+      for (const at::Tensor& t : v.toTensorList()) elems.emplace_back(t);
+      TORCH_CHECK(elems.size() == sizeof...(Ts), "pipemat remat: ", elems.size(),
+                  " placeholders for a tuple of ", sizeof...(Ts),
+                  " (Note [Placeholder leaf count])");
+      return from_impl(elems, std::index_sequence_for<Ts...>{});
+    }
     const auto& elems = v.toTupleRef().elements();
     return from_impl(elems, std::index_sequence_for<Ts...>{});
   }
