@@ -152,8 +152,6 @@ int describe_spans(const std::vector<Span>& spans, void*& base, int& count, MPI_
 
 class MpiCore {
  public:
-  MpiCore(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
-
   MPI_Comm comm = MPI_COMM_NULL;
   long tag_upper_bound = 32767;
 
@@ -368,8 +366,6 @@ class MpiCore {
     work->finish(Status{});
   }
 
-  const int rank_;
-  const int world_size_;
   std::mutex mutex_;
   std::map<std::pair<int, int>, std::deque<std::shared_ptr<MpiWork>>> unmatched_;
   std::vector<std::shared_ptr<MpiWork>> active_;
@@ -404,7 +400,7 @@ class MpiTransport final : public Transport {
       : Transport(TransportKind::kMpi, world.rank, world.world_size, options.timeout),
         env_(std::move(env)),
         shutdown_timeout_(options.shutdown_timeout),
-        core_(std::make_shared<MpiCore>(world.rank, world.world_size)) {
+        core_(std::make_shared<MpiCore>()) {
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &core_->comm);
     PIPEMAT_CHECK(rc == MPI_SUCCESS, CommError, "MPI_Comm_dup failed on rank ", rank(), ": ",
                   mpi_error_string(rc));

@@ -155,7 +155,7 @@ void complete_from_buffer(const std::shared_ptr<TcpWork>& work, Buffer buffer, s
 
 class TcpCore : public std::enable_shared_from_this<TcpCore> {
  public:
-  TcpCore(int rank, int world_size) : rank_(rank) { peers.resize(static_cast<size_t>(world_size)); }
+  explicit TcpCore(int world_size) { peers.resize(static_cast<size_t>(world_size)); }
 
   asio::io_context io;
   std::vector<std::unique_ptr<Peer>> peers;  // peers[rank]; null for self
@@ -591,7 +591,6 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
     }
   }
 
-  const int rank_;
   bool closing_ = false;  // I/O thread only
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard_;
   std::thread thread_;
@@ -771,7 +770,7 @@ class TcpTransport final : public Transport {
   explicit TcpTransport(const TransportOptions& options)
       : Transport(TransportKind::kTcp, options.rank, options.world_size, options.timeout),
         shutdown_timeout_(options.shutdown_timeout),
-        core_(std::make_shared<TcpCore>(options.rank, options.world_size)) {
+        core_(std::make_shared<TcpCore>(options.world_size)) {
     rendezvous(options);
     core_->start();
   }
