@@ -33,10 +33,12 @@ struct Scenario {
     if (mode == "none") return p;
     p.checkpoint = {"layers.*"};
     if (mode == "full") return p;
-    p.exclude = exclude;
+    p.exclude = mode == "legacy" && !exclude_legacy.empty() ? exclude_legacy : exclude;
     return p;
   }
   std::vector<remat::ExcludeRule> exclude;
+  std::vector<remat::ExcludeRule> exclude_legacy;  // when legacy differs by policy, not switch
+  bool legacy_disables_rederivation = true;
 };
 
 Scenario make_scenario(const BenchRematOptions& o) {
@@ -71,9 +73,31 @@ Scenario make_scenario(const BenchRematOptions& o) {
       return n;
     };
     s.exclude = {{"layers.*.experts", true}};
+  } else if (o.scenario == "save-chain") {
+    auto model = std::make_shared<SaveChainStackImpl>(o.layers);
+    s.module = model;
+    s.forward = [model](const at::Tensor& x) { return model->forward(x); };
+    s.save_body_calls = [model] {
+      int64_t n = 0;
+      for (auto& l : *model->layers) {
+        auto* c = l->as<SaveChain>().get();
+        n += c->s1->calls + c->s2->calls + c->s3->calls + c->s4->calls;
+      }
+      return n;
+    };
+    s.recompute_body_calls = [model] {
+      int64_t n = 0;
+      for (auto& l : *model->layers) n += l->as<SaveChain>().get()->calls;
+      return n;
+    };
+    // legacy: all four regions cache their output; rederive: the chain of SPEC 2.5.
+    s.exclude_legacy = {{"layers.*.s*", true}};
+    s.exclude = {{"layers.*.s1", false}, {"layers.*.s2", false}, {"layers.*.s3", false},
+                 {"layers.*.s4", true}};
+    s.legacy_disables_rederivation = false;
   } else {
     PIPEMAT_THROW(ConfigError, "bench remat: unknown --scenario '", o.scenario,
-                  "'; allowed: rmsnorm-gemm, moe");
+                  "'; allowed: rmsnorm-gemm, moe, save-chain");
   }
   return s;
 }
@@ -89,7 +113,7 @@ std::vector<StepResult> run_mode(const BenchRematOptions& o, const std::string& 
   Scenario s = make_scenario(o);
   auto policy = s.policy(mode);
   if (!policy.checkpoint.empty()) remat::apply_policy(*s.module, policy);
-  remat::set_rederivation_enabled(mode != "legacy");
+  remat::set_rederivation_enabled(!(mode == "legacy" && s.legacy_disables_rederivation));
   auto params = s.module->parameters();
   std::vector<StepResult> results;
   for (int64_t step = 0; step < o.steps; ++step) {

@@ -101,4 +101,27 @@ at::Tensor MoEStackImpl::forward(at::Tensor x) {
   return x;
 }
 
+SaveChainImpl::SaveChainImpl() {
+  s1 = register_module("s1", Lambda([](const at::Tensor& x) { return at::relu(x * x); }));
+  s2 = register_module("s2", Lambda([](const at::Tensor& x) { return x + 0.125; }));
+  s3 = register_module("s3", Lambda([](const at::Tensor& x) { return x * 1.5; }));
+  s4 = register_module("s4", Lambda([](const at::Tensor& x) { return x + 0.25; }));
+}
+
+at::Tensor SaveChainImpl::forward(const at::Tensor& x) {
+  ++calls;
+  return s4(s3(s2(s1(x * 2.0))));
+}
+
+SaveChainStackImpl::SaveChainStackImpl(int64_t num_layers) {
+  torch::nn::ModuleList list;
+  for (int64_t i = 0; i < num_layers; ++i) list->push_back(SaveChain());
+  layers = register_module("layers", list);
+}
+
+at::Tensor SaveChainStackImpl::forward(at::Tensor x) {
+  for (auto& layer : *layers) x = layer->as<SaveChain>()->forward(x);
+  return x;
+}
+
 }  // namespace pipemat::models

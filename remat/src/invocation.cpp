@@ -549,7 +549,7 @@ void Invocation::on_replay_pack(const at::Tensor& saved) {
   PIPEMAT_CHECK(!meta.is_marker, RematError, where(), ": replay saved a tensor (",
                 describe_tensor(saved), ") where forward passed a SAVE region; forward and "
                 "replay took different code paths (phase: replay)");
-  PIPEMAT_CHECK(meta.dtype == saved.scalar_type() && meta.sizes == saved.sizes().vec(),
+  PIPEMAT_CHECK(meta.dtype == saved.scalar_type() && saved.sizes().equals(meta.sizes),
                 RematError, where(), ": saved tensor #", index, " is ", describe_tensor(saved),
                 " in replay but was ", c10::toString(meta.dtype), " ", c10::IntArrayRef(meta.sizes),
                 " in forward; forward and replay must compute the same shapes",

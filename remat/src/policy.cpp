@@ -2,6 +2,8 @@
 
 #include <torch/nn/modules/container/sequential.h>
 
+#include <fnmatch.h>
+
 #include <map>
 
 #include "pipemat/core/error.h"
@@ -22,7 +24,7 @@ bool match_parts(const std::vector<std::string>& pat, size_t i, const std::vecto
     return false;
   }
   if (j == path.size()) return false;
-  if (pat[i] != "*" && pat[i] != path[j]) return false;
+  if (fnmatch(pat[i].c_str(), path[j].c_str(), 0) != 0) return false;
   return match_parts(pat, i + 1, path, j + 1);
 }
 

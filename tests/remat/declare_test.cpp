@@ -226,3 +226,20 @@ TEST(Declare, ModuleListAndModuleDictChildrenFollowThePolicy) {
 
 }  // namespace
 }  // namespace pipemat::remat::testing
+
+namespace pipemat::remat::testing {
+namespace {
+
+TEST(Declare, PathPatternsMatchComponentWise) {
+  EXPECT_TRUE(path_matches("layers.*", "layers.0"));
+  EXPECT_FALSE(path_matches("layers.*", "layers.0.gemm"));
+  EXPECT_TRUE(path_matches("layers.*.s*", "layers.3.s1"));
+  EXPECT_FALSE(path_matches("layers.*.s*", "layers.3.gemm"));
+  EXPECT_TRUE(path_matches("**.gemm", "encoder.layers.1.gemm"));
+  EXPECT_TRUE(path_matches("**.gemm", "gemm"));
+  EXPECT_TRUE(path_matches("layers.[01].gemm", "layers.1.gemm"));
+  EXPECT_FALSE(path_matches("layers.[01].gemm", "layers.2.gemm"));
+}
+
+}  // namespace
+}  // namespace pipemat::remat::testing

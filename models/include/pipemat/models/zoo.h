@@ -9,6 +9,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "pipemat/remat/remat.h"
@@ -89,5 +90,34 @@ struct MoEStackImpl : torch::nn::Module {
   remat::ModuleList layers{nullptr};
 };
 TORCH_MODULE(MoEStack);
+
+// y = fn(x) as a module, counting its calls: the four regions of the save-chain scenario.
+struct LambdaImpl : torch::nn::Module {
+  explicit LambdaImpl(std::function<at::Tensor(const at::Tensor&)> fn) : fn_(std::move(fn)) {}
+  at::Tensor forward(const at::Tensor& x) {
+    ++calls;
+    return fn_(x);
+  }
+  std::function<at::Tensor(const at::Tensor&)> fn_;
+  int64_t calls = 0;
+};
+TORCH_MODULE(Lambda);
+
+// x * 2 (RECOMPUTE) -> s1 relu(x * x) -> s2 + 0.125 -> s3 * 1.5 -> s4 + 0.25: the SAVE -> SAVE
+// chain of SPEC 2.5 (s1..s3 save_output = false, s4 true when optimized). Paths: layers.<i>.s1..
+struct SaveChainImpl : torch::nn::Module {
+  SaveChainImpl();
+  at::Tensor forward(const at::Tensor& x);
+  remat::Remat<Lambda> s1{nullptr}, s2{nullptr}, s3{nullptr}, s4{nullptr};
+  int64_t calls = 0;  // RECOMPUTE part (x * 2)
+};
+TORCH_MODULE(SaveChain);
+
+struct SaveChainStackImpl : torch::nn::Module {
+  explicit SaveChainStackImpl(int64_t layers);
+  at::Tensor forward(at::Tensor x);
+  remat::ModuleList layers{nullptr};
+};
+TORCH_MODULE(SaveChainStack);
 
 }  // namespace pipemat::models

@@ -7,8 +7,10 @@
 //       - {path: "layers.*.gemm"}
 //       - {path: "layers.*.up", save_output: false}
 //
-// Paths are the names of torch::nn::Module::named_modules(). In a pattern `*` matches one path
-// component and `**` any number of components (including none).
+// Paths are the names of torch::nn::Module::named_modules(). A pattern is matched component by
+// component (split at '.') with shell wildcards inside a component (`*`, `?`, `[...]`), so `*`
+// matches one whole component and `s*` the components starting with s; a component `**` matches
+// any number of components (including none).
 
 #include <torch/nn/module.h>
 
