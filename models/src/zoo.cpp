@@ -101,6 +101,47 @@ at::Tensor MoEStackImpl::forward(at::Tensor x) {
   return x;
 }
 
+MlpBlockImpl::MlpBlockImpl(int64_t hidden, int64_t ffn) {
+  norm = register_module("norm", RMSNorm(hidden));
+  up = register_module("up", Gemm(hidden, ffn));
+  down = register_module("down", Gemm(ffn, hidden));
+}
+
+at::Tensor MlpBlockImpl::forward(const at::Tensor& x) { return x + down(at::silu(up(norm(x)))); }
+
+AttentionImpl::AttentionImpl(int64_t hidden, int64_t heads_) : heads(heads_) {
+  qkv = register_module("qkv", Gemm(hidden, 3 * hidden));
+  proj = register_module("proj", Gemm(hidden, hidden));
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x) {
+  const int64_t tokens = x.size(0), hidden = x.size(1), dim = hidden / heads;
+  auto parts = qkv(x).view({tokens, 3, heads, dim}).permute({1, 2, 0, 3});  // [3, h, T, d]
+  auto q = parts[0], k = parts[1], v = parts[2];
+  auto scores = at::softmax(at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dim)), -1);
+  auto context = at::matmul(scores, v).permute({1, 0, 2}).reshape({tokens, hidden});
+  return proj(context);
+}
+
+FeedForwardImpl::FeedForwardImpl(int64_t hidden, int64_t ffn) {
+  up = register_module("up", Gemm(hidden, ffn));
+  down = register_module("down", Gemm(ffn, hidden));
+}
+
+at::Tensor FeedForwardImpl::forward(const at::Tensor& x) { return down(at::silu(up(x))); }
+
+TransformerBlockImpl::TransformerBlockImpl(int64_t hidden, int64_t heads, int64_t ffn) {
+  norm1 = register_module("norm1", RMSNorm(hidden));
+  attn = register_module("attn", Attention(hidden, heads));
+  norm2 = register_module("norm2", RMSNorm(hidden));
+  mlp = register_module("mlp", FeedForward(hidden, ffn));
+}
+
+at::Tensor TransformerBlockImpl::forward(const at::Tensor& x) {
+  auto h = x + attn(norm1(x));
+  return h + mlp(norm2(h));
+}
+
 SaveChainImpl::SaveChainImpl() {
   s1 = register_module("s1", Lambda([](const at::Tensor& x) { return at::relu(x * x); }));
   s2 = register_module("s2", Lambda([](const at::Tensor& x) { return x + 0.125; }));

@@ -89,6 +89,6 @@ std::string concat(const Parts&... parts) {
   do {                                                                      \
     if (!(cond)) {                                                          \
       ::pipemat::detail::throw_internal(__FILE__, __LINE__, #cond,          \
-                                        ::pipemat::detail::concat("" __VA_ARGS__)); \
+                                        ::pipemat::detail::concat("", ##__VA_ARGS__)); \
     }                                                                       \
   } while (false)

@@ -91,6 +91,43 @@ struct MoEStackImpl : torch::nn::Module {
 };
 TORCH_MODULE(MoEStack);
 
+// x + down(silu(up(norm(x)))). Paths: norm, up, down.
+struct MlpBlockImpl : torch::nn::Module {
+  MlpBlockImpl(int64_t hidden, int64_t ffn);
+  at::Tensor forward(const at::Tensor& x);
+  remat::Remat<RMSNorm> norm{nullptr};
+  remat::Remat<Gemm> up{nullptr}, down{nullptr};
+};
+TORCH_MODULE(MlpBlock);
+
+// Multi-head self-attention over the rows of x ([tokens, hidden]). Paths: qkv, proj.
+struct AttentionImpl : torch::nn::Module {
+  AttentionImpl(int64_t hidden, int64_t heads);
+  at::Tensor forward(const at::Tensor& x);
+  remat::Remat<Gemm> qkv{nullptr}, proj{nullptr};
+  int64_t heads;
+};
+TORCH_MODULE(Attention);
+
+// up -> SiLU -> down. Paths: up, down.
+struct FeedForwardImpl : torch::nn::Module {
+  FeedForwardImpl(int64_t hidden, int64_t ffn);
+  at::Tensor forward(const at::Tensor& x);
+  remat::Remat<Gemm> up{nullptr}, down{nullptr};
+};
+TORCH_MODULE(FeedForward);
+
+// Pre-norm transformer block: x + attn(norm1(x)), then + mlp(norm2(.)).
+// Paths: norm1, attn, attn.qkv, attn.proj, norm2, mlp, mlp.up, mlp.down.
+struct TransformerBlockImpl : torch::nn::Module {
+  TransformerBlockImpl(int64_t hidden, int64_t heads, int64_t ffn);
+  at::Tensor forward(const at::Tensor& x);
+  remat::Remat<RMSNorm> norm1{nullptr}, norm2{nullptr};
+  remat::Remat<Attention> attn{nullptr};
+  remat::Remat<FeedForward> mlp{nullptr};
+};
+TORCH_MODULE(TransformerBlock);
+
 // y = fn(x) as a module, counting its calls: the four regions of the save-chain scenario.
 struct LambdaImpl : torch::nn::Module {
   explicit LambdaImpl(std::function<at::Tensor(const at::Tensor&)> fn) : fn_(std::move(fn)) {}

@@ -1,0 +1,57 @@
+#pragma once
+// The YAML config of a training run (docs/config.md lists every key):
+//
+//   model:     {kind: rmsnorm-gemm, layers: 8, hidden: 64, tokens: 32}
+//   partition: {layers_per_stage: [4, 4]}
+//   schedule:  {kind: 1f1b, stages: 2, micro_batches: 4, recompute: pretrigger}
+//   remat:     {policy: custom, checkpoint: ["layers.*"], exclude: [{path: "layers.*.gemm"}]}
+//   transport: {kind: auto, timeout: 300}
+//   training:  {steps: 5, optimizer: sgd, lr: 0.05}
+//   output:    {metrics: "", timeline_svg: "", progress: true}
+//
+// Every key is optional; a missing key (or one given as null, `key:` or `key: ~`) keeps the
+// default of options.h. Overrides ("key.path=value", the `--set` flag of `pipemat train`) are
+// applied on top of the document before validation; the value is parsed as a YAML scalar or flow
+// collection, so `partition.layers_per_stage=[2,6]` and `remat.exclude=[{path: layers.*.gemm}]`
+// work. Only leaf keys of config_keys() without "[]" can be overridden.
+//
+// Validation covers each value on its own (type, range, enum spelling) and the checks inside one
+// config (partition sum vs model.layers, moe top_k vs experts, transformer hidden vs heads,
+// checkpoint / exclude only with remat.policy custom). Checks that need the world size or the
+// built schedule (stages vs ranks, micro-batches vs stages, partition entries vs stages) are left
+// to the runtime.
+//
+// Errors: every function throws pipemat::ConfigError whose message starts with where the bad
+// value is and names the key path, the value found and what is allowed:
+//   configs/x.yaml:7: schedule.kind: 'zb-x' is not allowed; allowed: gpipe, 1f1b, interleaved, ...
+//   configs/x.yaml:3:9: malformed YAML: end of map flow not found
+//   --set: model.layer: unknown key; did you mean 'model.layers'?
+// Lines (and columns) are 1-based. A value that came from an override is located as "--set".
+// Threading: all functions are pure (no global state) and may be called concurrently.
+
+#include <string>
+#include <vector>
+
+#include "pipemat/pp/options.h"
+
+namespace pipemat::pp {
+
+// Parses and validates `yaml_text`, then returns the config. `source_name` names the text in
+// errors (usually the file path). An empty document gives the defaults of options.h.
+TrainConfig parse_config(const std::string& yaml_text, const std::string& source_name,
+                         const std::vector<std::string>& overrides = {});
+
+// Reads `path` and calls parse_config with it as the source name. ConfigError naming the path
+// when the file cannot be read.
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The config as a YAML document holding every key of config_keys() (the effective config a run
+// echoes). parse_config(config_to_yaml(c), ...) returns a config equal to `c` for every config
+// parse_config can return (transport.timeout is kept in whole milliseconds).
+std::string config_to_yaml(const TrainConfig& config);
+
+// Every key path parse_config accepts, in document order: "model.kind", ..., with list entries
+// of remat.exclude as "remat.exclude[].path" and "remat.exclude[].save_output".
+std::vector<std::string> config_keys();
+
+}  // namespace pipemat::pp

@@ -1,3 +1,0 @@
-#pragma once
-// Stage runtime (filled in by the pp module).
-namespace pipemat::pp {}

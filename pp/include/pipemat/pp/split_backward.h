@@ -1,0 +1,68 @@
+#pragma once
+// Split backward of a pipeline stage for any LibTorch module: I (gradient w.r.t. the stage input,
+// needed at once by the previous stage) and W (parameter gradients, deferrable into bubbles).
+//
+// Note [Split backward]
+// ~~~~~~~~~~~~~~~~~~~~~
+// Let X be the autograd nodes of the stage graph from which the stage input's gradient
+// accumulator is reachable (the dx chain). I runs the engine from the stage outputs with the
+// input as the only requested output and the graph retained: only X runs, and each node of X
+// computes only the outputs the dx chain needs (for a GEMM: dX, not dW). Before I, a pre-hook is
+// put on every node u of X that has an edge to a node outside X from which a parameter is
+// reachable; it captures the gradients u receives. W then cuts u's edges into X (the graph is
+// not used again after W) and runs the engine from those nodes (roots = their inputs, with the
+// captured gradients) with the parameters as the requested outputs: u recomputes only its
+// parameter-side outputs (dW) and the parameter branches run, never the dx chain again. Nodes
+// outside X never lead into X (they would reach the input), so the cut is complete. The parameter gradients are accumulated into `.grad` like
+// AccumulateGrad does (first: set, then: add). Each parameter gradient is computed once (no
+// double counting) and I + W equals the fused backward bitwise for the GEMMs of the zoo.
+// A stage whose input does not require grad (the first stage) has an empty X: I does nothing and
+// W is the whole backward. Saved tensors are unpacked by both passes, so checkpointed stages
+// keep their replay between I and W (remat InvocationGroup::retain / pretrigger).
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/edge.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <memory>
+#include <vector>
+
+namespace pipemat::pp {
+
+class SplitBackward {
+ public:
+  // `roots`: gradient edges of the stage outputs (or of the loss); `input`: the stage input (a
+  // leaf; may not require grad); `params`: the stage's parameters.
+  SplitBackward(std::vector<torch::autograd::Edge> roots, at::Tensor input,
+                std::vector<at::Tensor> params);
+  ~SplitBackward();
+  SplitBackward(const SplitBackward&) = delete;
+  SplitBackward& operator=(const SplitBackward&) = delete;
+
+  // I: returns the gradient w.r.t. the input (undefined when the input needs none). Call once.
+  at::Tensor run_input(const std::vector<at::Tensor>& root_grads);
+  // W: accumulates parameter gradients into `.grad`. Call once, after run_input.
+  void run_weight();
+
+  // Number of W roots found by the graph analysis (for tests).
+  size_t weight_roots() const { return boundary_.size(); }
+
+  struct Capture;  // gradients a W root received during I
+
+ private:
+  std::vector<torch::autograd::Edge> roots_;
+  std::vector<at::Tensor> root_grads_;
+  at::Tensor input_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> boundary_;
+  std::vector<const torch::autograd::Node*> dx_chain_;  // X, sorted
+  std::vector<std::shared_ptr<Capture>> captures_;
+  bool input_done_ = false;
+  bool weight_done_ = false;
+};
+
+// Accumulates `grad` into `param.grad()` the way AccumulateGrad does: set when undefined, else
+// add in place. Undefined `grad` is ignored.
+void accumulate_grad(at::Tensor& param, const at::Tensor& grad);
+
+}  // namespace pipemat::pp

@@ -1,0 +1,922 @@
+#include "pipemat/pp/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipemat/core/error.h"
+
+namespace pipemat::pp {
+namespace {
+
+using Names = std::vector<std::string>;
+
+constexpr const char* kOverrideSource = "--set";
+
+// The accepted keys, section by section, in document order. The readers below handle exactly
+// these names (an unhandled one trips an internal assert in the tests' full-config parse).
+struct Section {
+  std::string name;
+  Names keys;
+};
+
+bool contains(const Names& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+const std::vector<Section>& schema() {
+  static const std::vector<Section> kSchema = {
+      {"model", {"kind", "layers", "hidden", "tokens", "heads", "ffn", "experts", "top_k"}},
+      {"partition", {"layers_per_stage"}},
+      {"schedule", {"kind", "stages", "micro_batches", "virtual_stages", "recompute"}},
+      {"remat", {"policy", "early_stop", "checkpoint", "exclude"}},
+      {"transport", {"kind", "timeout", "master", "connect_retries"}},
+      {"training", {"steps", "optimizer", "lr", "momentum", "weight_decay", "seed"}},
+      {"output", {"metrics", "timeline_svg", "progress"}},
+  };
+  return kSchema;
+}
+
+const Names& exclude_keys() {
+  static const Names kKeys = {"path", "save_output"};
+  return kKeys;
+}
+
+const Names& section_names() {
+  static const Names kNames = [] {
+    Names names;
+    for (const Section& section : schema()) names.push_back(section.name);
+    return names;
+  }();
+  return kNames;
+}
+
+const Names& section_keys(const std::string& section) {
+  for (const Section& s : schema()) {
+    if (s.name == section) return s.keys;
+  }
+  PIPEMAT_INTERNAL_ASSERT(false, "no config section '", section, "'");
+}
+
+// "training.steps" for "steps" when `path` is not "training": a key given in the wrong section.
+std::string key_in_other_section(const std::string& name, const std::string& path) {
+  for (const Section& section : schema()) {
+    if (section.name != path && contains(section.keys, name)) return section.name + "." + name;
+  }
+  return "";
+}
+
+// Keys that `--set` accepts: every leaf key of a section (lists are set whole).
+Names overridable_keys() {
+  Names keys;
+  for (const Section& section : schema()) {
+    for (const std::string& key : section.keys) keys.push_back(section.name + "." + key);
+  }
+  return keys;
+}
+
+const Names& model_kinds() {
+  static const Names kNames = {"mlp", "rmsnorm-gemm", "transformer", "moe", "save-chain"};
+  return kNames;
+}
+const Names& remat_policies() {
+  static const Names kNames = {"none", "full", "selective", "custom"};
+  return kNames;
+}
+const Names& optimizers() {
+  static const Names kNames = {"sgd", "adamw"};
+  return kNames;
+}
+
+// Enum spellings come from the modules that own the enums, so a rename there shows up here.
+const std::vector<schedule::ScheduleKind>& schedule_kinds() {
+  // kImported is read from a torch CSV, not configurable by name.
+  static const std::vector<schedule::ScheduleKind> kKinds = {
+      schedule::ScheduleKind::kGPipe,        schedule::ScheduleKind::kOneFOneB,
+      schedule::ScheduleKind::kInterleaved,  schedule::ScheduleKind::kZeroBubbleH1,
+      schedule::ScheduleKind::kZeroBubbleH2, schedule::ScheduleKind::kZeroBubbleV,
+  };
+  return kKinds;
+}
+const std::vector<schedule::RecomputeMode>& recompute_modes() {
+  static const std::vector<schedule::RecomputeMode> kModes = {
+      schedule::RecomputeMode::kNone, schedule::RecomputeMode::kLazy,
+      schedule::RecomputeMode::kPretrigger};
+  return kModes;
+}
+const std::vector<comm::TransportKind>& transport_kinds() {
+  static const std::vector<comm::TransportKind> kKinds = {
+      comm::TransportKind::kAuto, comm::TransportKind::kMpi, comm::TransportKind::kTcp,
+      comm::TransportKind::kLocal};
+  return kKinds;
+}
+
+template <typename Enum>
+Names spellings(const std::vector<Enum>& values) {
+  Names names;
+  for (Enum value : values) names.emplace_back(to_string(value));
+  return names;
+}
+
+std::string join(const Names& names, const char* separator = ", ") {
+  std::string out;
+  for (const std::string& name : names) {
+    if (!out.empty()) out += separator;
+    out += name;
+  }
+  return out;
+}
+
+// Edits (insert, delete, substitute, swap two neighbours) that turn `a` into `b`: the optimal
+// string alignment distance, so the common typo "modle" is one edit from "model".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// The candidate closest to `name` when it is close enough to be a typo (at most one edit per
+// three characters, at least one), else "".
+std::string closest(const std::string& name, const Names& candidates) {
+  const size_t limit = std::max<size_t>(1, name.size() / 3);
+  std::string best;
+  size_t best_distance = limit + 1;
+  for (const std::string& candidate : candidates) {
+    const size_t distance = edit_distance(name, candidate);
+    if (distance < best_distance) {
+      best = candidate;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+std::string trim(const std::string& text) {
+  const auto first = text.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  const auto last = text.find_last_not_of(" \t");
+  return text.substr(first, last - first + 1);
+}
+
+// How a value shows up in messages: scalars quoted as written, collections by their kind.
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar:
+      return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Null:
+      return "null";
+    case YAML::NodeType::Undefined:
+      break;
+  }
+  return "nothing";
+}
+
+// A quoted scalar ("8", '8') is a string in YAML even when it spells a number.
+bool is_quoted(const YAML::Node& node) { return node.Tag() == "!"; }
+
+enum class IntParse { kOk, kNotANumber, kOverflow };
+
+IntParse parse_int64(const std::string& text, int64_t* value) {
+  size_t digits_start = (!text.empty() && (text[0] == '-' || text[0] == '+')) ? 1 : 0;
+  if (text.size() == digits_start) return IntParse::kNotANumber;
+  for (size_t i = digits_start; i < text.size(); ++i) {
+    if (text[i] < '0' || text[i] > '9') return IntParse::kNotANumber;
+  }
+  errno = 0;
+  const long long parsed = std::strtoll(text.c_str(), nullptr, 10);
+  if (errno == ERANGE) return IntParse::kOverflow;
+  *value = parsed;
+  return IntParse::kOk;
+}
+
+IntParse parse_uint64(const std::string& text, uint64_t* value) {
+  size_t digits_start = (!text.empty() && text[0] == '+') ? 1 : 0;
+  if (text.size() == digits_start) return IntParse::kNotANumber;
+  for (size_t i = digits_start; i < text.size(); ++i) {
+    if (text[i] < '0' || text[i] > '9') return IntParse::kNotANumber;
+  }
+  errno = 0;
+  const unsigned long long parsed = std::strtoull(text.c_str(), nullptr, 10);
+  if (errno == ERANGE) return IntParse::kOverflow;
+  *value = parsed;
+  return IntParse::kOk;
+}
+
+bool parse_double(const std::string& text, double* value) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
+  char* end = nullptr;
+  const double parsed = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || !std::isfinite(parsed)) return false;
+  *value = parsed;
+  return true;
+}
+
+// The shortest decimal text that reads back as exactly `value`; whole numbers without exponent.
+std::string format_number(double value) {
+  char buffer[40];
+  if (value == std::floor(value) && std::fabs(value) < 1e15) {
+    std::snprintf(buffer, sizeof(buffer), "%.0f", value);
+    return buffer;
+  }
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buffer, sizeof(buffer), "%.*g", precision, value);
+    if (std::strtod(buffer, nullptr) == value) break;
+  }
+  return buffer;
+}
+
+std::string int_range_text(int64_t min, int64_t max) {
+  if (max == std::numeric_limits<int64_t>::max()) return "an integer >= " + std::to_string(min);
+  return "an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+}
+
+// Walks a parsed (and overridden) document into a TrainConfig, checking every value on the way.
+// Errors name the source and line of the offending node, or "--set" for overridden keys.
+class ConfigReader {
+ public:
+  ConfigReader(std::string source, Names overridden)
+      : source_(std::move(source)), overridden_(std::move(overridden)) {}
+
+  TrainConfig read(const YAML::Node& root) {
+    TrainConfig config;
+    for_each_entry(root, "", section_names(), [&](const std::string& name, const std::string& key,
+                                                  const YAML::Node& value) {
+      if (name == "model") {
+        read_model(value, key, config.model);
+      } else if (name == "partition") {
+        read_partition(value, key, config.partition);
+      } else if (name == "schedule") {
+        read_schedule(value, key, config.schedule);
+      } else if (name == "remat") {
+        read_remat(value, key, config.remat);
+      } else if (name == "transport") {
+        read_transport(value, key, config.transport);
+      } else if (name == "training") {
+        read_training(value, key, config.training);
+      } else if (name == "output") {
+        read_output(value, key, config.output);
+      } else {
+        PIPEMAT_INTERNAL_ASSERT(false, "config section '", name, "' has no reader");
+      }
+    });
+    check_consistency(config);
+    return config;
+  }
+
+ private:
+  bool from_override(const std::string& key) const {
+    for (const std::string& path : overridden_) {
+      if (key == path) return true;
+      if (key.size() > path.size() && key.compare(0, path.size(), path) == 0 &&
+          (key[path.size()] == '.' || key[path.size()] == '[')) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  std::string where(const std::string& key, const YAML::Mark& mark) const {
+    if (from_override(key)) return kOverrideSource;
+    if (mark.is_null() || mark.line < 0) return source_;
+    return source_ + ":" + std::to_string(mark.line + 1);
+  }
+
+  [[noreturn]] void fail(const std::string& key, const YAML::Mark& mark,
+                         const std::string& message) const {
+    if (key.empty()) PIPEMAT_THROW(ConfigError, where(key, mark), ": ", message);
+    PIPEMAT_THROW(ConfigError, where(key, mark), ": ", key, ": ", message);
+  }
+
+  // A failure about a key read earlier (checks across keys): located at that key's value, or at
+  // the source alone when the key was not given.
+  [[noreturn]] void fail_at(const std::string& key, const std::string& message) const {
+    const auto it = marks_.find(key);
+    fail(key, it == marks_.end() ? YAML::Mark::null_mark() : it->second, message);
+  }
+
+  bool given(const std::string& key) const { return marks_.count(key) != 0; }
+
+  // Calls fn(name, key path, value) for every entry of the mapping `node` (the value at `path`;
+  // "" for the document) whose value is not null, after checking that the key is one of
+  // `allowed` and is not repeated.
+  template <typename Fn>
+  void for_each_entry(const YAML::Node& node, const std::string& path, const Names& allowed,
+                      Fn&& fn) {
+    if (!node.IsDefined() || node.IsNull()) return;
+    if (!node.IsMap()) {
+      fail(path, node.Mark(),
+           (path.empty() ? "the document is " + describe(node) + ", not a mapping"
+                         : describe(node) + " is not a mapping") +
+               "; expected a mapping with keys " + join(allowed));
+    }
+    std::map<std::string, int> first_line;
+    for (const auto& entry : node) {
+      const YAML::Node& key_node = entry.first;
+      const YAML::Node& value = entry.second;
+      if (!key_node.IsScalar()) {
+        fail(path, key_node.Mark(),
+             "a key is " + describe(key_node) + "; expected one of " + join(allowed));
+      }
+      const std::string& name = key_node.Scalar();
+      const std::string key = path.empty() ? name : path + "." + name;
+      if (!contains(allowed, name)) {
+        std::string message = "unknown key; ";
+        std::string suggestion = closest(name, allowed);
+        if (!suggestion.empty()) {
+          suggestion = path.empty() ? suggestion : path + "." + suggestion;
+        } else {
+          suggestion = key_in_other_section(name, path);
+        }
+        if (!suggestion.empty()) message += "did you mean '" + suggestion + "'? ";
+        message += (path.empty() ? std::string("allowed top-level keys: ")
+                                 : "allowed in " + path + ": ") +
+                   join(allowed);
+        fail(key, key_node.Mark(), message);
+      }
+      const auto [it, inserted] = first_line.emplace(name, key_node.Mark().line + 1);
+      if (!inserted) {
+        fail(key, key_node.Mark(),
+             "given twice (first on line " + std::to_string(it->second) + "); keep one");
+      }
+      const YAML::Mark mark = value.Mark().is_null() ? key_node.Mark() : value.Mark();
+      marks_[key] = mark;
+      if (value.IsNull()) continue;
+      fn(name, key, value);
+    }
+  }
+
+  // Calls fn(index, item key path, item) for every entry of the list `node`.
+  template <typename Fn>
+  void for_each_item(const YAML::Node& node, const std::string& key, const std::string& expected,
+                     Fn&& fn) {
+    if (!node.IsSequence()) fail(key, node.Mark(), describe(node) + " is not a list; expected " + expected);
+    size_t index = 0;
+    for (const YAML::Node& item : node) {
+      fn(index, key + "[" + std::to_string(index) + "]", item);
+      ++index;
+    }
+  }
+
+  int64_t read_int(const YAML::Node& node, const std::string& key, int64_t min,
+                   int64_t max = std::numeric_limits<int64_t>::max()) {
+    const std::string expected = int_range_text(min, max);
+    if (!node.IsScalar()) fail(key, node.Mark(), describe(node) + " is not an integer; expected " + expected);
+    int64_t value = 0;
+    const IntParse result = parse_int64(node.Scalar(), &value);
+    if (result == IntParse::kNotANumber) {
+      fail(key, node.Mark(), describe(node) + " is not an integer; expected " + expected);
+    }
+    if (is_quoted(node)) {
+      fail(key, node.Mark(),
+           describe(node) + " is a quoted string, not an integer; drop the quotes");
+    }
+    if (result == IntParse::kOverflow || value < min || value > max) {
+      fail(key, node.Mark(), describe(node) + " is out of range; expected " + expected);
+    }
+    return value;
+  }
+
+  uint64_t read_uint64(const YAML::Node& node, const std::string& key) {
+    const std::string expected = "an integer >= 0";
+    if (!node.IsScalar()) fail(key, node.Mark(), describe(node) + " is not an integer; expected " + expected);
+    uint64_t value = 0;
+    const IntParse result = parse_uint64(node.Scalar(), &value);
+    if (result == IntParse::kNotANumber) {
+      int64_t negative = 0;
+      const bool is_negative = parse_int64(node.Scalar(), &negative) != IntParse::kNotANumber;
+      fail(key, node.Mark(),
+           describe(node) + (is_negative ? " is out of range" : " is not an integer") +
+               "; expected " + expected);
+    }
+    if (result == IntParse::kOverflow) {
+      fail(key, node.Mark(), describe(node) + " is out of range; expected an integer in [0, " +
+                                 std::to_string(std::numeric_limits<uint64_t>::max()) + "]");
+    }
+    if (is_quoted(node)) {
+      fail(key, node.Mark(),
+           describe(node) + " is a quoted string, not an integer; drop the quotes");
+    }
+    return value;
+  }
+
+  // A finite number >= min (> min when `exclusive`) and <= max.
+  double read_number(const YAML::Node& node, const std::string& key, double min, bool exclusive,
+                     double max = std::numeric_limits<double>::infinity()) {
+    std::string expected = std::string("a number ") + (exclusive ? "> " : ">= ") + format_number(min);
+    if (std::isfinite(max)) {
+      expected = std::string("a number in ") + (exclusive ? "(" : "[") + format_number(min) +
+                 ", " + format_number(max) + "]";
+    }
+    if (!node.IsScalar()) fail(key, node.Mark(), describe(node) + " is not a number; expected " + expected);
+    double value = 0;
+    if (!parse_double(node.Scalar(), &value)) {
+      fail(key, node.Mark(), describe(node) + " is not a number; expected " + expected);
+    }
+    if (is_quoted(node)) {
+      fail(key, node.Mark(), describe(node) + " is a quoted string, not a number; drop the quotes");
+    }
+    if (value < min || (exclusive && value == min) || value > max) {
+      fail(key, node.Mark(), describe(node) + " is out of range; expected " + expected);
+    }
+    return value;
+  }
+
+  bool read_bool(const YAML::Node& node, const std::string& key) {
+    if (node.IsScalar() && !is_quoted(node)) {
+      const std::string& text = node.Scalar();
+      if (text == "true" || text == "True" || text == "TRUE") return true;
+      if (text == "false" || text == "False" || text == "FALSE") return false;
+    }
+    fail(key, node.Mark(), describe(node) + " is not a boolean; expected true or false");
+  }
+
+  std::string read_string(const YAML::Node& node, const std::string& key,
+                          const std::string& expected) {
+    if (!node.IsScalar()) fail(key, node.Mark(), describe(node) + " is not a string; expected " + expected);
+    return node.Scalar();
+  }
+
+  std::string read_choice(const YAML::Node& node, const std::string& key, const Names& allowed) {
+    if (!node.IsScalar() || !contains(allowed, node.Scalar())) {
+      fail(key, node.Mark(), describe(node) + " is not allowed; allowed: " + join(allowed));
+    }
+    return node.Scalar();
+  }
+
+  template <typename Enum>
+  Enum read_enum(const YAML::Node& node, const std::string& key,
+                 const std::vector<Enum>& values) {
+    const std::string text = read_choice(node, key, spellings(values));
+    for (Enum value : values) {
+      if (text == to_string(value)) return value;
+    }
+    PIPEMAT_INTERNAL_ASSERT(false, "spelling '", text, "' of ", key, " has no value");
+  }
+
+  void read_model(const YAML::Node& node, const std::string& path, ModelOptions& model) {
+    for_each_entry(node, path, section_keys("model"), [&](const std::string& name,
+                                                          const std::string& key,
+                                                          const YAML::Node& value) {
+      if (name == "kind") {
+        model.kind = read_choice(value, key, model_kinds());
+      } else if (name == "layers") {
+        model.layers = read_int(value, key, 1);
+      } else if (name == "hidden") {
+        model.hidden = read_int(value, key, 1);
+      } else if (name == "tokens") {
+        model.tokens = read_int(value, key, 1);
+      } else if (name == "heads") {
+        model.heads = read_int(value, key, 1);
+      } else if (name == "ffn") {
+        model.ffn = read_int(value, key, 0);
+      } else if (name == "experts") {
+        model.experts = read_int(value, key, 1);
+      } else if (name == "top_k") {
+        model.top_k = read_int(value, key, 1);
+      } else {
+        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+      }
+    });
+  }
+
+  void read_partition(const YAML::Node& node, const std::string& path,
+                      PartitionOptions& partition) {
+    for_each_entry(node, path, section_keys("partition"), [&](const std::string& name,
+                                                              const std::string& key,
+                                                              const YAML::Node& value) {
+      PIPEMAT_INTERNAL_ASSERT(name == "layers_per_stage", "config key '", key, "' has no reader");
+      partition.layers_per_stage.clear();
+      for_each_item(value, key, "a list of layer counts, one per stage, e.g. [4, 4]",
+                    [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                      partition.layers_per_stage.push_back(read_int(item, item_key, 1));
+                    });
+    });
+  }
+
+  void read_schedule(const YAML::Node& node, const std::string& path,
+                     schedule::ScheduleOptions& options) {
+    constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+    for_each_entry(node, path, section_keys("schedule"), [&](const std::string& name,
+                                                             const std::string& key,
+                                                             const YAML::Node& value) {
+      if (name == "kind") {
+        options.kind = read_enum(value, key, schedule_kinds());
+      } else if (name == "stages") {
+        options.stages = static_cast<int>(read_int(value, key, 1, kIntMax));
+      } else if (name == "micro_batches") {
+        options.micro_batches = static_cast<int>(read_int(value, key, 1, kIntMax));
+      } else if (name == "virtual_stages") {
+        options.virtual_stages = static_cast<int>(read_int(value, key, 1, kIntMax));
+      } else if (name == "recompute") {
+        options.recompute = read_enum(value, key, recompute_modes());
+      } else {
+        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+      }
+    });
+  }
+
+  void read_remat(const YAML::Node& node, const std::string& path, RematConfig& remat) {
+    for_each_entry(node, path, section_keys("remat"), [&](const std::string& name,
+                                                          const std::string& key,
+                                                          const YAML::Node& value) {
+      if (name == "policy") {
+        remat.policy = read_choice(value, key, remat_policies());
+      } else if (name == "early_stop") {
+        remat.early_stop = read_bool(value, key);
+      } else if (name == "checkpoint") {
+        remat.custom.checkpoint.clear();
+        for_each_item(value, key, "a list of module path patterns, e.g. [\"layers.*\"]",
+                      [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                        remat.custom.checkpoint.push_back(read_pattern(item, item_key));
+                      });
+      } else if (name == "exclude") {
+        remat.custom.exclude.clear();
+        for_each_item(value, key, "a list of {path: PATTERN, save_output: BOOL}",
+                      [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                        remat.custom.exclude.push_back(read_exclude_rule(item, item_key));
+                      });
+      } else {
+        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+      }
+    });
+    remat.custom.checkpoint_options.early_stop = remat.early_stop;
+  }
+
+  std::string read_pattern(const YAML::Node& node, const std::string& key) {
+    const std::string pattern =
+        read_string(node, key, "a module path pattern, e.g. \"layers.*.gemm\"");
+    if (pattern.empty()) {
+      fail(key, node.Mark(), "'' is empty; expected a module path pattern, e.g. \"layers.*.gemm\"");
+    }
+    return pattern;
+  }
+
+  remat::ExcludeRule read_exclude_rule(const YAML::Node& node, const std::string& path) {
+    const std::string expected = "{path: PATTERN, save_output: BOOL}, e.g. {path: \"layers.*.gemm\"}";
+    if (!node.IsMap()) fail(path, node.Mark(), describe(node) + " is not a mapping; expected " + expected);
+    remat::ExcludeRule rule;
+    bool has_path = false;
+    for_each_entry(node, path, exclude_keys(), [&](const std::string& name, const std::string& key,
+                                                   const YAML::Node& value) {
+      if (name == "path") {
+        rule.path = read_pattern(value, key);
+        has_path = true;
+      } else {
+        rule.save_output = read_bool(value, key);
+      }
+    });
+    if (!has_path) fail(path, node.Mark(), "'path' is missing; expected " + expected);
+    return rule;
+  }
+
+  void read_transport(const YAML::Node& node, const std::string& path,
+                      comm::TransportOptions& transport) {
+    // A year: far beyond any sensible deadline, far below clock overflow.
+    constexpr double kMaxTimeoutSeconds = 365.0 * 24 * 3600;
+    for_each_entry(node, path, section_keys("transport"), [&](const std::string& name,
+                                                              const std::string& key,
+                                                              const YAML::Node& value) {
+      if (name == "kind") {
+        transport.kind = read_enum(value, key, transport_kinds());
+      } else if (name == "timeout") {
+        const double seconds = read_number(value, key, 0, false, kMaxTimeoutSeconds);
+        const auto ms = static_cast<int64_t>(std::llround(seconds * 1000.0));
+        if (seconds > 0 && ms == 0) {
+          fail(key, value.Mark(),
+               describe(value) + " is below the 1 ms resolution; expected 0 (the default) or " +
+                   "at least 0.001 seconds");
+        }
+        transport.timeout = std::chrono::milliseconds(ms);
+      } else if (name == "master") {
+        transport.master = read_master(value, key);
+      } else if (name == "connect_retries") {
+        transport.connect_retries =
+            static_cast<int>(read_int(value, key, 1, std::numeric_limits<int>::max()));
+      } else {
+        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+      }
+    });
+  }
+
+  std::string read_master(const YAML::Node& node, const std::string& key) {
+    const std::string expected =
+        "host:port with a port in [1, 65535], e.g. \"127.0.0.1:29500\" (empty: PIPEMAT_MASTER)";
+    const std::string master = read_string(node, key, expected);
+    if (master.empty()) return master;
+    const auto colon = master.rfind(':');
+    int64_t port = 0;
+    if (colon == std::string::npos || colon == 0 ||
+        parse_int64(master.substr(colon + 1), &port) != IntParse::kOk || port < 1 ||
+        port > 65535) {
+      fail(key, node.Mark(), describe(node) + " is not host:port; expected " + expected);
+    }
+    return master;
+  }
+
+  void read_training(const YAML::Node& node, const std::string& path, TrainingOptions& training) {
+    for_each_entry(node, path, section_keys("training"), [&](const std::string& name,
+                                                             const std::string& key,
+                                                             const YAML::Node& value) {
+      if (name == "steps") {
+        training.steps = read_int(value, key, 1);
+      } else if (name == "optimizer") {
+        training.optimizer = read_choice(value, key, optimizers());
+      } else if (name == "lr") {
+        training.lr = read_number(value, key, 0, true);
+      } else if (name == "momentum") {
+        training.momentum = read_number(value, key, 0, false);
+      } else if (name == "weight_decay") {
+        training.weight_decay = read_number(value, key, 0, false);
+      } else if (name == "seed") {
+        training.seed = read_uint64(value, key);
+      } else {
+        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+      }
+    });
+  }
+
+  void read_output(const YAML::Node& node, const std::string& path, OutputOptions& output) {
+    for_each_entry(node, path, section_keys("output"), [&](const std::string& name,
+                                                           const std::string& key,
+                                                           const YAML::Node& value) {
+      if (name == "metrics") {
+        output.metrics = read_string(value, key, "a file path (empty: no metrics file)");
+      } else if (name == "timeline_svg") {
+        output.timeline_svg = read_string(value, key, "a file path (empty: no timeline)");
+      } else if (name == "progress") {
+        output.progress = read_bool(value, key);
+      } else {
+        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+      }
+    });
+  }
+
+  // Checks between keys of one config; world size and schedule checks belong to the runtime.
+  void check_consistency(const TrainConfig& config) const {
+    const ModelOptions& model = config.model;
+    if (model.kind == "moe" && model.top_k > model.experts) {
+      fail_at(given("model.top_k") ? "model.top_k" : "model.experts",
+              "top_k " + std::to_string(model.top_k) + " is larger than experts " +
+                  std::to_string(model.experts) + "; expected 1 <= model.top_k <= model.experts");
+    }
+    if (model.kind == "transformer" && model.hidden % model.heads != 0) {
+      fail_at(given("model.heads") ? "model.heads" : "model.hidden",
+              "hidden " + std::to_string(model.hidden) + " is not divisible by heads " +
+                  std::to_string(model.heads) + "; expected model.hidden % model.heads == 0");
+    }
+
+    const std::vector<int64_t>& per_stage = config.partition.layers_per_stage;
+    if (!per_stage.empty()) {
+      const int64_t sum = std::accumulate(per_stage.begin(), per_stage.end(), int64_t{0});
+      if (sum != model.layers) {
+        fail_at("partition.layers_per_stage",
+                "the entries sum to " + std::to_string(sum) + " but model.layers is " +
+                    std::to_string(model.layers) + "; give one entry per stage summing to " +
+                    std::to_string(model.layers) + ", or no list for a balanced split");
+      }
+    }
+
+    const RematConfig& remat = config.remat;
+    if (remat.policy != "custom") {
+      for (const char* key : {"remat.checkpoint", "remat.exclude"}) {
+        const bool is_set = std::string(key) == "remat.checkpoint" ? !remat.custom.checkpoint.empty()
+                                                                   : !remat.custom.exclude.empty();
+        if (is_set) {
+          fail_at(key, std::string("only allowed with remat.policy custom, but the policy is '") +
+                           remat.policy + "'; set remat.policy: custom or remove " + key);
+        }
+      }
+    } else if (remat.custom.checkpoint.empty()) {
+      fail_at("remat.policy",
+              "'custom' needs at least one remat.checkpoint pattern, e.g. checkpoint: "
+              "[\"layers.*\"]");
+    }
+  }
+
+  const std::string source_;
+  const Names overridden_;
+  std::map<std::string, YAML::Mark> marks_;  // key path -> where its value was given
+};
+
+[[noreturn]] void throw_yaml_error(const std::string& source, const YAML::Exception& error,
+                                   const std::string& what) {
+  std::string where = source;
+  if (!error.mark.is_null()) {
+    where += ":" + std::to_string(error.mark.line + 1) + ":" + std::to_string(error.mark.column + 1);
+  }
+  PIPEMAT_THROW(ConfigError, where, ": ", what, ": ", error.msg);
+}
+
+// Applies "key.path=value" overrides to `root` (a mapping); returns the key paths set.
+Names apply_overrides(YAML::Node& root, const std::vector<std::string>& overrides) {
+  const Names keys = overridable_keys();
+  Names applied;
+  for (const std::string& text : overrides) {
+    const auto equals = text.find('=');
+    const std::string key = equals == std::string::npos ? "" : trim(text.substr(0, equals));
+    PIPEMAT_CHECK(!key.empty(), ConfigError, kOverrideSource, ": '", text,
+                  "' is not key.path=value; expected e.g. --set schedule.kind=zb-v");
+    PIPEMAT_CHECK(key.find('[') == std::string::npos, ConfigError, kOverrideSource, ": ", key,
+                  ": list entries cannot be set one by one; set the whole list, e.g. --set "
+                  "remat.exclude=[{path: layers.*.gemm}]");
+    if (!contains(keys, key)) {
+      std::string suggestion = closest(key, keys);
+      const auto dot = key.rfind('.');
+      if (suggestion.empty() && dot != std::string::npos) {
+        suggestion = key_in_other_section(key.substr(dot + 1), key.substr(0, dot));
+      }
+      PIPEMAT_THROW(ConfigError, kOverrideSource, ": ", key, ": unknown key; ",
+                    suggestion.empty() ? "allowed: " + join(keys)
+                                       : "did you mean '" + suggestion + "'?");
+    }
+    const std::string value_text = text.substr(equals + 1);
+    YAML::Node value;
+    try {
+      value = YAML::Load(value_text);
+    } catch (const YAML::Exception& error) {
+      PIPEMAT_THROW(ConfigError, kOverrideSource, ": ", key, ": '", value_text,
+                    "' is not a YAML value (", error.msg,
+                    "); expected a scalar or a flow list/mapping, e.g. [2, 6]");
+    }
+    const auto dot = key.find('.');
+    const std::string section = key.substr(0, dot);
+    const std::string field = key.substr(dot + 1);
+    // A section that is not a mapping cannot take the key; the reader reports the section.
+    YAML::Node section_node = root[section];
+    if (section_node.IsDefined() && !section_node.IsNull() && !section_node.IsMap()) continue;
+    root[section][field] = value;
+    applied.push_back(key);
+  }
+  return applied;
+}
+
+}  // namespace
+
+TrainConfig parse_config(const std::string& yaml_text, const std::string& source_name,
+                         const std::vector<std::string>& overrides) {
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(yaml_text);
+  } catch (const YAML::Exception& error) {
+    throw_yaml_error(source_name, error, "malformed YAML");
+  }
+  if (documents.size() > 1) {
+    const YAML::Mark mark = documents[1].Mark();
+    PIPEMAT_THROW(ConfigError, source_name,
+                  mark.is_null() ? std::string() : ":" + std::to_string(mark.line + 1),
+                  ": a second YAML document starts here; expected the whole config in one "
+                  "document (remove the '---')");
+  }
+  YAML::Node root = documents.empty() ? YAML::Node() : documents[0];
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  try {
+    Names overridden;
+    if (root.IsMap()) overridden = apply_overrides(root, overrides);
+    return ConfigReader(source_name, std::move(overridden)).read(root);
+  } catch (const YAML::Exception& error) {
+    // Not expected for a document that parsed; kept so that no yaml-cpp type escapes.
+    throw_yaml_error(source_name, error, "cannot read the YAML");
+  }
+}
+
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code error;
+  PIPEMAT_CHECK(!std::filesystem::is_directory(path, error), ConfigError, path,
+                ": is a directory; expected a YAML config file, e.g. configs/default.yaml");
+  std::ifstream in(path, std::ios::binary);
+  PIPEMAT_CHECK(in.is_open(), ConfigError, path, ": cannot open the config file (",
+                std::strerror(errno), "); expected a readable YAML file, e.g. configs/default.yaml");
+  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  PIPEMAT_CHECK(!in.bad(), ConfigError, path, ": reading the config file failed (",
+                std::strerror(errno), ")");
+  return parse_config(text, path, overrides);
+}
+
+std::string config_to_yaml(const TrainConfig& config) {
+  YAML::Emitter out;
+  const auto key = [&out](const char* name) -> YAML::Emitter& {
+    return out << YAML::Key << name << YAML::Value;
+  };
+  out << YAML::BeginMap;
+
+  const ModelOptions& model = config.model;
+  key("model") << YAML::BeginMap;
+  key("kind") << model.kind;
+  key("layers") << model.layers;
+  key("hidden") << model.hidden;
+  key("tokens") << model.tokens;
+  key("heads") << model.heads;
+  key("ffn") << model.ffn;
+  key("experts") << model.experts;
+  key("top_k") << model.top_k;
+  out << YAML::EndMap;
+
+  key("partition") << YAML::BeginMap;
+  key("layers_per_stage") << YAML::Flow << YAML::BeginSeq;
+  for (int64_t layers : config.partition.layers_per_stage) out << layers;
+  out << YAML::EndSeq << YAML::EndMap;
+
+  const schedule::ScheduleOptions& schedule = config.schedule;
+  key("schedule") << YAML::BeginMap;
+  key("kind") << schedule::to_string(schedule.kind);
+  key("stages") << schedule.stages;
+  key("micro_batches") << schedule.micro_batches;
+  key("virtual_stages") << schedule.virtual_stages;
+  key("recompute") << schedule::to_string(schedule.recompute);
+  out << YAML::EndMap;
+
+  const RematConfig& remat = config.remat;
+  key("remat") << YAML::BeginMap;
+  key("policy") << remat.policy;
+  key("early_stop") << remat.early_stop;
+  key("checkpoint") << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& pattern : remat.custom.checkpoint) out << YAML::DoubleQuoted << pattern;
+  out << YAML::EndSeq;
+  key("exclude");
+  if (remat.custom.exclude.empty()) out << YAML::Flow;
+  out << YAML::BeginSeq;
+  for (const remat::ExcludeRule& rule : remat.custom.exclude) {
+    out << YAML::Flow << YAML::BeginMap;
+    key("path") << YAML::DoubleQuoted << rule.path;
+    key("save_output") << rule.save_output;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq << YAML::EndMap;
+
+  const comm::TransportOptions& transport = config.transport;
+  key("transport") << YAML::BeginMap;
+  key("kind") << comm::to_string(transport.kind);
+  key("timeout") << format_number(static_cast<double>(transport.timeout.count()) / 1000.0);
+  key("master") << YAML::DoubleQuoted << transport.master;
+  key("connect_retries") << transport.connect_retries;
+  out << YAML::EndMap;
+
+  const TrainingOptions& training = config.training;
+  key("training") << YAML::BeginMap;
+  key("steps") << training.steps;
+  key("optimizer") << training.optimizer;
+  key("lr") << format_number(training.lr);
+  key("momentum") << format_number(training.momentum);
+  key("weight_decay") << format_number(training.weight_decay);
+  key("seed") << std::to_string(training.seed);
+  out << YAML::EndMap;
+
+  const OutputOptions& output = config.output;
+  key("output") << YAML::BeginMap;
+  key("metrics") << YAML::DoubleQuoted << output.metrics;
+  key("timeline_svg") << YAML::DoubleQuoted << output.timeline_svg;
+  key("progress") << output.progress;
+  out << YAML::EndMap;
+
+  out << YAML::EndMap;
+  PIPEMAT_INTERNAL_ASSERT(out.good(), "emitting the config failed: ", out.GetLastError());
+  return std::string(out.c_str()) + "\n";
+}
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  for (const Section& section : schema()) {
+    for (const std::string& key : section.keys) {
+      keys.push_back(section.name + "." + key);
+      if (section.name == "remat" && key == "exclude") {
+        for (const std::string& rule_key : exclude_keys()) {
+          keys.push_back("remat.exclude[]." + rule_key);
+        }
+      }
+    }
+  }
+  return keys;
+}
+
+}  // namespace pipemat::pp

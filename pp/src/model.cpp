@@ -1,0 +1,130 @@
+#include "pipemat/pp/model.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <mutex>
+#include <numeric>
+
+#include "pipemat/core/error.h"
+#include "pipemat/models/zoo.h"
+
+namespace pipemat::pp {
+
+std::vector<torch::nn::AnyModule> build_layers(const ModelOptions& m, uint64_t seed) {
+  static std::mutex init_mutex;
+  std::lock_guard<std::mutex> lock(init_mutex);
+  at::manual_seed(seed);
+  const int64_t ffn = m.ffn > 0 ? m.ffn : 4 * m.hidden;
+  std::vector<torch::nn::AnyModule> layers;
+  for (int64_t i = 0; i < m.layers; ++i) {
+    if (m.kind == "rmsnorm-gemm") {
+      layers.emplace_back(models::SiluBlock(m.hidden));
+    } else if (m.kind == "mlp") {
+      layers.emplace_back(models::MlpBlock(m.hidden, ffn));
+    } else if (m.kind == "transformer") {
+      PIPEMAT_CHECK(m.heads > 0 && m.hidden % m.heads == 0, ConfigError, "model.heads: ", m.heads,
+                    " does not divide model.hidden ", m.hidden);
+      layers.emplace_back(models::TransformerBlock(m.hidden, m.heads, ffn));
+    } else if (m.kind == "moe") {
+      layers.emplace_back(models::MoELayer(m.hidden, m.experts, m.top_k));
+    } else if (m.kind == "save-chain") {
+      layers.emplace_back(models::SaveChain());
+    } else {
+      PIPEMAT_THROW(ConfigError, "model.kind: '", m.kind,
+                    "' is not allowed; allowed: mlp, rmsnorm-gemm, transformer, moe, save-chain");
+    }
+  }
+  return layers;
+}
+
+std::vector<int64_t> partition_layers(const std::vector<torch::nn::AnyModule>& layers,
+                                      const PartitionOptions& partition, int stages) {
+  const auto n = static_cast<int64_t>(layers.size());
+  PIPEMAT_CHECK(n >= stages, ConfigError, "the model has ", n, " layers but the schedule has ",
+                stages, " stages; every stage needs at least one layer (raise model.layers or "
+                "lower schedule.stages / schedule.virtual_stages)");
+  std::vector<int64_t> bounds{0};
+  if (!partition.layers_per_stage.empty()) {
+    PIPEMAT_CHECK(static_cast<int>(partition.layers_per_stage.size()) == stages, ConfigError,
+                  "partition.layers_per_stage has ", partition.layers_per_stage.size(),
+                  " entries but the schedule has ", stages, " stages");
+    for (int64_t c : partition.layers_per_stage) bounds.push_back(bounds.back() + c);
+    PIPEMAT_CHECK(bounds.back() == n, ConfigError, "partition.layers_per_stage sums to ",
+                  bounds.back(), " but model.layers is ", n);
+    return bounds;
+  }
+  // Balanced by parameter count: stage s ends where the running count first reaches
+  // (s + 1) / stages of the total, leaving at least one layer for every later stage.
+  std::vector<double> sizes;
+  for (const auto& l : layers) {
+    double p = 0;
+    for (const auto& t : l.ptr()->parameters()) p += static_cast<double>(t.numel());
+    sizes.push_back(p);
+  }
+  const double total = std::accumulate(sizes.begin(), sizes.end(), 0.0);
+  double running = 0;
+  int64_t i = 0;
+  for (int s = 0; s < stages - 1; ++s) {
+    const double target = total * (s + 1) / stages;
+    do {
+      running += sizes[i++];
+    } while (i < n - (stages - 1 - s) && running + 0.5 * sizes[i] <= target);
+    bounds.push_back(i);
+  }
+  bounds.push_back(n);
+  return bounds;
+}
+
+StageImpl::StageImpl(const std::vector<torch::nn::AnyModule>& stage_layers) {
+  torch::nn::Sequential seq;
+  for (const auto& l : stage_layers) seq->push_back(l);
+  layers = register_module("layers", seq);
+}
+
+at::Tensor StageImpl::forward(const at::Tensor& x) { return layers->forward(x); }
+
+remat::RematPolicy stage_policy(const ModelOptions& model, const RematConfig& config) {
+  remat::RematPolicy p;
+  p.checkpoint_options.early_stop = config.early_stop;
+  if (config.policy == "none") return p;
+  if (config.policy == "custom") {
+    p = config.custom;
+    p.checkpoint_options.early_stop = config.early_stop;
+    return p;
+  }
+  p.checkpoint = {"layers.*"};
+  if (config.policy == "full") return p;
+  PIPEMAT_CHECK(config.policy == "selective", ConfigError, "remat.policy: '", config.policy,
+                "' is not allowed; allowed: none, full, selective, custom");
+  if (model.kind == "rmsnorm-gemm") {
+    p.exclude = {{"layers.*.gemm", true}};
+  } else if (model.kind == "mlp") {
+    p.exclude = {{"layers.*.up", true}};
+  } else if (model.kind == "transformer") {
+    p.exclude = {{"layers.*.attn.qkv", true}, {"layers.*.mlp.up", true}};
+  } else if (model.kind == "moe") {
+    p.exclude = {{"layers.*.experts", true}};
+  } else if (model.kind == "save-chain") {
+    p.exclude = {{"layers.*.s1", false}, {"layers.*.s2", false}, {"layers.*.s3", false},
+                 {"layers.*.s4", true}};
+  }
+  return p;
+}
+
+std::pair<at::Tensor, at::Tensor> micro_batch_data(const ModelOptions& m, uint64_t seed,
+                                                   int64_t step, int64_t micro_batch) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ULL +
+                                                      static_cast<uint64_t>(step) * 4099ULL +
+                                                      static_cast<uint64_t>(micro_batch) + 17ULL);
+  auto input = at::randn({m.tokens, m.hidden}, gen);
+  auto target = at::randn({m.tokens, m.hidden}, gen);
+  return {input, target};
+}
+
+at::Tensor micro_batch_loss(const at::Tensor& output, const at::Tensor& target,
+                            int64_t micro_batches) {
+  return (output - target).pow(2).mean() / static_cast<double>(micro_batches);
+}
+
+}  // namespace pipemat::pp

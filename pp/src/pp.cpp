@@ -1,1 +1,0 @@
-#include "pipemat/pp/pp.h"

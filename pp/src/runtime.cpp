@@ -1,0 +1,343 @@
+#include "pipemat/pp/runtime.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <chrono>
+#include <map>
+
+#include "pipemat/comm/tensor.h"
+#include "pipemat/core/error.h"
+#include "pipemat/pp/split_backward.h"
+#include "pipemat/remat/invocation.h"
+#include "pipemat/remat/memory.h"
+#include "pipemat/remat/policy.h"
+
+namespace pipemat::pp {
+
+using schedule::Action;
+using schedule::ActionType;
+using Key = std::pair<int, int>;  // (stage, micro-batch)
+
+namespace {
+
+double since_us(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainingOptions& t,
+                                                        std::vector<at::Tensor> params) {
+  if (t.optimizer == "sgd") {
+    return std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(t.weight_decay));
+  }
+  PIPEMAT_CHECK(t.optimizer == "adamw", ConfigError, "training.optimizer: '", t.optimizer,
+                "' is not allowed; allowed: sgd, adamw");
+  return std::make_unique<torch::optim::AdamW>(
+      params, torch::optim::AdamWOptions(t.lr).weight_decay(t.weight_decay));
+}
+
+void clear_grads(const std::vector<at::Tensor>& params) {
+  for (auto p : params) p.mutable_grad().reset();
+}
+
+}  // namespace
+
+struct PipelineRuntime::Impl {
+  struct MicroBatch {
+    at::Tensor input;
+    at::Tensor output;  // until sent or handed off
+    torch::autograd::Edge root;
+    at::Tensor loss;
+    std::shared_ptr<remat::InvocationGroup> group;
+    std::unique_ptr<SplitBackward> split;
+  };
+
+  TrainConfig config;
+  comm::Transport& transport;
+  schedule::Schedule plan;
+  int rank;
+  int last_stage;
+  std::map<int, Stage> stages;
+  std::map<int, std::vector<at::Tensor>> stage_params;
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  comm::TensorMeta activation_meta;
+
+  Impl(const TrainConfig& c, comm::Transport& t) : config(c), transport(t) {
+    plan = schedule::build_schedule(config.schedule);
+    rank = transport.rank();
+    PIPEMAT_CHECK(plan.ranks_count == transport.world_size(), ConfigError, "schedule.stages is ",
+                  plan.ranks_count, " but the job has ", transport.world_size(),
+                  " ranks; start as many ranks as schedule.stages (e.g. pipemat-run -n ",
+                  plan.ranks_count, " ...) or set schedule.stages=", transport.world_size());
+    last_stage = plan.stages_count - 1;
+    auto layers = build_layers(config.model, config.training.seed);
+    auto bounds = partition_layers(layers, config.partition, plan.stages_count);
+    const auto policy = stage_policy(config.model, config.remat);
+    std::vector<at::Tensor> all_params;
+    for (int s : plan.stages_of(rank)) {
+      std::vector<torch::nn::AnyModule> mine(layers.begin() + bounds[s],
+                                             layers.begin() + bounds[s + 1]);
+      Stage stage(mine);
+      if (!policy.checkpoint.empty()) remat::apply_policy(*stage, policy);
+      for (const auto& item : stage->named_parameters()) {
+        // "layers.<local>.<rest>" -> "layers.<global>.<rest>"
+        const std::string& key = item.key();
+        const auto first = key.find('.'), second = key.find('.', first + 1);
+        const int64_t local = std::stoll(key.substr(first + 1, second - first - 1));
+        named.emplace_back("layers." + std::to_string(bounds[s] + local) + key.substr(second),
+                           item.value());
+        stage_params[s].push_back(item.value());
+        all_params.push_back(item.value());
+      }
+      stages.emplace(s, stage);
+    }
+    optimizer = make_optimizer(config.training, all_params);
+    activation_meta.dtype = at::kFloat;
+    activation_meta.shape = {config.model.tokens, config.model.hidden};
+  }
+
+  int tag_of(const Action& a) const { return schedule::message_id(plan, a); }
+  int metrics_tag() const { return 2 * plan.stages_count * plan.micro_batches; }
+
+  StepMetrics run_step(int64_t step) {
+    StepMetrics m;
+    m.step = step;
+    std::map<Key, MicroBatch> mbs;
+    std::map<Key, comm::TensorWork> recv_f, recv_b;
+    std::map<Key, at::Tensor> handoff_f, handoff_b, pending_dx;
+    std::map<int, double> losses;
+    std::vector<comm::TensorWork> sends;
+    std::vector<at::Tensor> params;
+    for (auto& [s, ps] : stage_params) params.insert(params.end(), ps.begin(), ps.end());
+    clear_grads(params);
+    remat::reset_counters();
+    transport.barrier(transport.timeout());
+    remat::reset_peak_bytes();
+    const int64_t bytes0 = remat::memory_stats().current_bytes;
+    auto& engine = torch::autograd::Engine::get_default_engine();
+    const auto t0 = std::chrono::steady_clock::now();
+    double busy_us = 0;
+
+    auto incoming_grad = [&](const Action& a, MicroBatch& mb) {
+      if (a.stage == last_stage) return at::ones_like(mb.loss);
+      auto h = handoff_b.find({a.stage, a.micro_batch});
+      if (h != handoff_b.end()) {
+        at::Tensor g = h->second;
+        handoff_b.erase(h);
+        return g;
+      }
+      auto r = recv_b.find({a.stage, a.micro_batch});
+      PIPEMAT_INTERNAL_ASSERT(r != recv_b.end(), "no gradient source for ", schedule::format_action(a),
+                              " on rank ", rank);
+      at::Tensor g = r->second.wait();
+      recv_b.erase(r);
+      return g;
+    };
+    auto deliver_dx = [&](const Action& a, const at::Tensor& dx) {
+      if (a.stage == 0) return;
+      if (plan.is_local_handoff(a.stage - 1, a.stage)) {
+        handoff_b[{a.stage - 1, a.micro_batch}] = dx;
+      } else {
+        pending_dx[{a.stage, a.micro_batch}] = dx;
+      }
+    };
+    auto state = [&](const Action& a) -> MicroBatch& {
+      auto it = mbs.find({a.stage, a.micro_batch});
+      PIPEMAT_INTERNAL_ASSERT(it != mbs.end(), schedule::format_action(a), " on rank ", rank,
+                              " before its forward");
+      return it->second;
+    };
+
+    for (const Action& a : plan.actions[rank]) {
+      const double a0 = since_us(t0);
+      const Key key{a.stage, a.micro_batch};
+      switch (a.type) {
+        case ActionType::kRecvForward:
+          recv_f[key] = comm::recv_tensor(transport, schedule::peer_rank(plan, a), tag_of(a),
+                                          activation_meta);
+          break;
+        case ActionType::kRecvBackward:
+          recv_b[key] = comm::recv_tensor(transport, schedule::peer_rank(plan, a), tag_of(a),
+                                          activation_meta);
+          break;
+        case ActionType::kForward: {
+          at::Tensor in;
+          if (a.stage == 0) {
+            in = micro_batch_data(config.model, config.training.seed, step, a.micro_batch).first;
+          } else if (handoff_f.count(key)) {
+            in = handoff_f[key];
+            handoff_f.erase(key);
+          } else {
+            in = recv_f.at(key).wait();
+            recv_f.erase(key);
+          }
+          MicroBatch mb;
+          mb.input = in.detach().requires_grad_(a.stage > 0);
+          at::Tensor out;
+          {
+            remat::InvocationScope scope({step, a.stage, a.micro_batch});
+            out = stages.at(a.stage)->forward(mb.input);
+            mb.group = scope.group();
+          }
+          if (a.stage == last_stage) {
+            auto target =
+                micro_batch_data(config.model, config.training.seed, step, a.micro_batch).second;
+            mb.loss = micro_batch_loss(out, target, plan.micro_batches);
+            mb.root = torch::autograd::impl::gradient_edge(mb.loss);
+            losses[a.micro_batch] = mb.loss.item<double>();
+          } else {
+            mb.root = torch::autograd::impl::gradient_edge(out);
+            if (plan.is_local_handoff(a.stage, a.stage + 1)) {
+              handoff_f[{a.stage + 1, a.micro_batch}] = out.detach();
+            } else {
+              mb.output = out;
+            }
+          }
+          mbs.emplace(key, std::move(mb));
+          break;
+        }
+        case ActionType::kSendForward: {
+          MicroBatch& mb = state(a);
+          sends.push_back(comm::send_tensor(transport, schedule::peer_rank(plan, a), tag_of(a),
+                                            mb.output.detach()));
+          mb.output = at::Tensor();  // freed once the send is done; the graph keeps its edge
+          break;
+        }
+        case ActionType::kRecompute:
+          state(a).group->pretrigger();
+          break;
+        case ActionType::kBackward: {
+          MicroBatch& mb = state(a);
+          at::Tensor grad = incoming_grad(a, mb);
+          {
+            remat::PhaseScope phase(remat::Phase::kBackward);
+            engine.execute({mb.root}, {grad}, /*keep_graph=*/false, /*create_graph=*/false,
+                           /*accumulate_grad=*/true);
+          }
+          if (a.stage > 0) deliver_dx(a, mb.input.grad());
+          mb.group->release();
+          mbs.erase(key);
+          break;
+        }
+        case ActionType::kBackwardInput: {
+          MicroBatch& mb = state(a);
+          at::Tensor grad = incoming_grad(a, mb);
+          mb.group->retain();  // I and W unpack the same replay
+          mb.split = std::make_unique<SplitBackward>(std::vector<torch::autograd::Edge>{mb.root},
+                                                     mb.input, stage_params.at(a.stage));
+          at::Tensor dx;
+          {
+            remat::PhaseScope phase(remat::Phase::kBackwardInput);
+            dx = mb.split->run_input({grad});
+          }
+          if (a.stage > 0) deliver_dx(a, dx);
+          break;
+        }
+        case ActionType::kBackwardWeight: {
+          MicroBatch& mb = state(a);
+          {
+            remat::PhaseScope phase(remat::Phase::kBackwardWeight);
+            mb.split->run_weight();
+          }
+          mb.group->release();
+          mbs.erase(key);
+          break;
+        }
+        case ActionType::kSendBackward: {
+          auto it = pending_dx.find(key);
+          PIPEMAT_INTERNAL_ASSERT(it != pending_dx.end(), schedule::format_action(a), " before its I/B");
+          sends.push_back(comm::send_tensor(transport, schedule::peer_rank(plan, a), tag_of(a),
+                                            it->second));
+          pending_dx.erase(it);
+          break;
+        }
+      }
+      if (schedule::is_compute(a.type)) {
+        const double a1 = since_us(t0);
+        busy_us += a1 - a0;
+        m.timeline.push_back({a, a0, a1});
+      }
+    }
+    for (auto& w : sends) w.wait();
+    optimizer->step();
+    m.step_ms = since_us(t0) / 1000.0;
+    m.busy_ms = busy_us / 1000.0;
+    m.peak_bytes = remat::memory_stats().peak_bytes - bytes0;
+    m.remat = remat::counters();
+    for (const auto& [mb, l] : losses) m.loss += l;
+    exchange_metrics(m);
+    return m;
+  }
+
+  // Every rank sends (busy_ms, step_ms) to the last stage's rank, which computes the bubble.
+  void exchange_metrics(StepMetrics& m) {
+    const int last_rank = plan.rank_of(last_stage);
+    if (rank != last_rank) {
+      comm::send_tensor(transport, last_rank, metrics_tag(),
+                        at::tensor({m.busy_ms, m.step_ms}, at::kDouble))
+          .wait();
+      return;
+    }
+    double busy = m.busy_ms, makespan = m.step_ms;
+    for (int r = 0; r < plan.ranks_count; ++r) {
+      if (r == rank) continue;
+      auto t = comm::recv_tensor(transport, r, metrics_tag()).wait();
+      busy += t[0].item<double>();
+      makespan = std::max(makespan, t[1].item<double>());
+    }
+    m.step_ms = makespan;
+    m.bubble = makespan > 0 ? 1.0 - busy / (plan.ranks_count * makespan) : 0.0;
+  }
+};
+
+PipelineRuntime::PipelineRuntime(const TrainConfig& config, comm::Transport& transport)
+    : impl_(std::make_unique<Impl>(config, transport)) {}
+PipelineRuntime::~PipelineRuntime() = default;
+StepMetrics PipelineRuntime::run_step(int64_t step) { return impl_->run_step(step); }
+bool PipelineRuntime::is_last_stage_rank() const {
+  return impl_->plan.rank_of(impl_->last_stage) == impl_->rank;
+}
+int PipelineRuntime::rank() const { return impl_->rank; }
+const schedule::Schedule& PipelineRuntime::schedule() const { return impl_->plan; }
+std::vector<std::pair<std::string, at::Tensor>> PipelineRuntime::named_parameters() const {
+  return impl_->named;
+}
+
+std::vector<StepMetrics> run_reference(const TrainConfig& config,
+                                       std::vector<std::pair<std::string, at::Tensor>>* params) {
+  auto layers = build_layers(config.model, config.training.seed);
+  Stage model(layers);
+  auto optimizer = make_optimizer(config.training, model->parameters());
+  std::vector<StepMetrics> out;
+  for (int64_t step = 0; step < config.training.steps; ++step) {
+    StepMetrics m;
+    m.step = step;
+    clear_grads(model->parameters());
+    remat::reset_peak_bytes();
+    const int64_t bytes0 = remat::memory_stats().current_bytes;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < config.schedule.micro_batches; ++i) {
+      auto [in, target] = micro_batch_data(config.model, config.training.seed, step, i);
+      auto loss = micro_batch_loss(model->forward(in), target, config.schedule.micro_batches);
+      m.loss += loss.item<double>();
+      loss.backward();
+    }
+    optimizer->step();
+    m.step_ms = since_us(t0) / 1000.0;
+    m.busy_ms = m.step_ms;
+    m.peak_bytes = remat::memory_stats().peak_bytes - bytes0;
+    out.push_back(std::move(m));
+  }
+  if (params) {
+    params->clear();
+    for (const auto& item : model->named_parameters()) params->emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+}  // namespace pipemat::pp

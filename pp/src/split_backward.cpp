@@ -1,0 +1,197 @@
+#include "pipemat/pp/split_backward.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "pipemat/core/error.h"
+
+namespace pipemat::pp {
+
+using torch::autograd::Edge;
+using torch::autograd::Node;
+
+struct SplitBackward::Capture {
+  std::vector<at::Tensor> grads;
+  bool seen = false;
+};
+
+namespace {
+
+class CaptureHook final : public torch::autograd::FunctionPreHook {
+ public:
+  explicit CaptureHook(std::shared_ptr<SplitBackward::Capture> capture)
+      : capture_(std::move(capture)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    capture_->grads = grads;
+    capture_->seen = true;
+    return grads;
+  }
+
+ private:
+  std::shared_ptr<SplitBackward::Capture> capture_;
+};
+
+// Node::set_next_edge refuses to change a node that already has a parent (it would have to
+// update the topological number). Cutting an edge to nothing never needs that, so W writes the
+// protected edge list directly, through the one access path C++ gives a derived class.
+struct EdgeAccess : Node {
+  static torch::autograd::edge_list& edges(Node* node) {
+    return node->*(&EdgeAccess::next_edges_);
+  }
+};
+
+// Nodes reachable from `roots` (iterative DFS, each node once).
+std::vector<Node*> reachable(const std::vector<Edge>& roots) {
+  std::vector<Node*> order;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack;
+  for (const auto& e : roots) {
+    if (e.function && seen.insert(e.function.get()).second) stack.push_back(e.function.get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    order.push_back(n);
+    for (const auto& e : n->next_edges()) {
+      if (e.function && seen.insert(e.function.get()).second) stack.push_back(e.function.get());
+    }
+  }
+  return order;
+}
+
+// Nodes of `nodes` from which one of `targets` is reachable (fixpoint over the edges).
+std::unordered_set<Node*> reaching(const std::vector<Node*>& nodes,
+                                   const std::unordered_set<Node*>& targets) {
+  std::unordered_set<Node*> out(targets.begin(), targets.end());
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    for (Node* n : nodes) {
+      if (out.count(n)) continue;
+      for (const auto& e : n->next_edges()) {
+        if (e.function && out.count(e.function.get())) {
+          out.insert(n);
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void accumulate_grad(at::Tensor& param, const at::Tensor& grad) {
+  if (!grad.defined()) return;
+  at::Tensor& g = param.mutable_grad();
+  if (!g.defined()) {
+    g = grad.detach();
+  } else {
+    g.add_(grad);
+  }
+}
+
+SplitBackward::SplitBackward(std::vector<Edge> roots, at::Tensor input,
+                             std::vector<at::Tensor> params)
+    : roots_(std::move(roots)), input_(std::move(input)), params_(std::move(params)) {
+  const auto nodes = reachable(roots_);
+  std::unordered_set<Node*> x_targets;
+  if (input_.defined() && input_.requires_grad()) {
+    x_targets.insert(torch::autograd::impl::gradient_edge(input_).function.get());
+  }
+  std::unordered_set<Node*> p_targets;
+  for (const auto& p : params_) {
+    if (p.requires_grad()) p_targets.insert(torch::autograd::impl::gradient_edge(p).function.get());
+  }
+  if (x_targets.empty()) return;  // first stage: W does the whole backward from the roots
+  const auto x_nodes = reaching(nodes, x_targets);
+  const auto p_nodes = reaching(nodes, p_targets);
+  dx_chain_.assign(x_nodes.begin(), x_nodes.end());
+  std::sort(dx_chain_.begin(), dx_chain_.end());
+  for (Node* n : nodes) {
+    if (!x_nodes.count(n) || x_targets.count(n)) continue;
+    bool boundary = false;
+    for (const auto& e : n->next_edges()) {
+      Node* v = e.function.get();
+      if (v && !x_nodes.count(v) && p_nodes.count(v)) boundary = true;
+    }
+    if (!boundary) continue;
+    auto capture = std::make_shared<Capture>();
+    n->add_pre_hook(std::make_unique<CaptureHook>(capture));
+    boundary_.push_back(n->shared_from_this());
+    captures_.push_back(std::move(capture));
+  }
+}
+
+SplitBackward::~SplitBackward() {
+  // Remove our capture hooks (the graph may outlive us).
+  for (size_t i = 0; i < boundary_.size(); ++i) {
+    auto& hooks = boundary_[i]->pre_hooks();
+    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                               [](const std::unique_ptr<torch::autograd::FunctionPreHook>& h) {
+                                 return dynamic_cast<CaptureHook*>(h.get()) != nullptr;
+                               }),
+                hooks.end());
+  }
+}
+
+at::Tensor SplitBackward::run_input(const std::vector<at::Tensor>& root_grads) {
+  PIPEMAT_INTERNAL_ASSERT(!input_done_, "SplitBackward::run_input called twice");
+  input_done_ = true;
+  root_grads_ = root_grads;
+  if (!input_.defined() || !input_.requires_grad()) return at::Tensor();
+  auto& engine = torch::autograd::Engine::get_default_engine();
+  auto out = engine.execute(roots_, root_grads_, /*keep_graph=*/true, /*create_graph=*/false,
+                            /*accumulate_grad=*/false,
+                            {torch::autograd::impl::gradient_edge(input_)});
+  return out.at(0);
+}
+
+void SplitBackward::run_weight() {
+  PIPEMAT_INTERNAL_ASSERT(input_done_ && !weight_done_, "SplitBackward::run_weight out of order");
+  weight_done_ = true;
+  std::vector<Edge> outputs;
+  std::vector<at::Tensor*> targets;
+  for (auto& p : params_) {
+    if (!p.requires_grad()) continue;
+    outputs.push_back(torch::autograd::impl::gradient_edge(p));
+    targets.push_back(&p);
+  }
+  if (outputs.empty()) return;
+  std::vector<Edge> roots;
+  std::vector<at::Tensor> grads;
+  if (!input_.defined() || !input_.requires_grad()) {
+    roots = roots_;
+    grads = root_grads_;
+  } else {
+    for (size_t i = 0; i < boundary_.size(); ++i) {
+      if (!captures_[i]->seen) continue;
+      Node* u = boundary_[i].get();
+      for (size_t e = 0; e < u->num_outputs(); ++e) {
+        const Node* next = u->next_edge(e).function.get();
+        if (next && std::binary_search(dx_chain_.begin(), dx_chain_.end(), next)) {
+          EdgeAccess::edges(u)[e] = Edge();  // the dx chain already ran in I
+        }
+      }
+      for (size_t k = 0; k < captures_[i]->grads.size(); ++k) {
+        if (!captures_[i]->grads[k].defined()) continue;
+        roots.emplace_back(boundary_[i], static_cast<uint32_t>(k));
+        grads.push_back(captures_[i]->grads[k]);
+      }
+    }
+    captures_.clear();
+  }
+  if (roots.empty()) return;
+  auto& engine = torch::autograd::Engine::get_default_engine();
+  auto out = engine.execute(roots, grads, /*keep_graph=*/false, /*create_graph=*/false,
+                            /*accumulate_grad=*/false, outputs);
+  for (size_t i = 0; i < targets.size(); ++i) accumulate_grad(*targets[i], out[i]);
+}
+
+}  // namespace pipemat::pp
