@@ -6,4 +6,6 @@ bash "$root/scripts/install-deps.sh"
 bash "$root/scripts/build.sh"
 build="${PIPEMAT_BUILD_DIR:-$root/build}"
 export OMP_NUM_THREADS=1
-exec "$build/launch/pipemat" demo "$@"
+config="${1:-$root/configs/default.yaml}"
+[ $# -gt 0 ] && shift
+exec "$build/launch/pipemat-run" -n 2 "$config" -- "$@"

@@ -116,9 +116,9 @@ const std::vector<schedule::ScheduleKind>& schedule_kinds() {
   return kKinds;
 }
 const std::vector<schedule::RecomputeMode>& recompute_modes() {
-  static const std::vector<schedule::RecomputeMode> kModes = {
-      schedule::RecomputeMode::kNone, schedule::RecomputeMode::kLazy,
-      schedule::RecomputeMode::kPretrigger};
+  static const std::vector<schedule::RecomputeMode> kModes = {schedule::RecomputeMode::kNone,
+                                                              schedule::RecomputeMode::kLazy,
+                                                              schedule::RecomputeMode::kPretrigger};
   return kModes;
 }
 const std::vector<comm::TransportKind>& transport_kinds() {
@@ -176,6 +176,15 @@ std::string closest(const std::string& name, const Names& candidates) {
     }
   }
   return best;
+}
+
+// "model.layers" from "model" and "layers"; "model" from "" and "model" (the document level).
+std::string child_key(const std::string& path, const std::string& name) {
+  if (path.empty()) return name;
+  std::string key = path;
+  key += '.';
+  key += name;
+  return key;
 }
 
 std::string trim(const std::string& text) {
@@ -270,26 +279,26 @@ class ConfigReader {
 
   TrainConfig read(const YAML::Node& root) {
     TrainConfig config;
-    for_each_entry(root, "", section_names(), [&](const std::string& name, const std::string& key,
-                                                  const YAML::Node& value) {
-      if (name == "model") {
-        read_model(value, key, config.model);
-      } else if (name == "partition") {
-        read_partition(value, key, config.partition);
-      } else if (name == "schedule") {
-        read_schedule(value, key, config.schedule);
-      } else if (name == "remat") {
-        read_remat(value, key, config.remat);
-      } else if (name == "transport") {
-        read_transport(value, key, config.transport);
-      } else if (name == "training") {
-        read_training(value, key, config.training);
-      } else if (name == "output") {
-        read_output(value, key, config.output);
-      } else {
-        PIPEMAT_INTERNAL_ASSERT(false, "config section '", name, "' has no reader");
-      }
-    });
+    for_each_entry(root, "", section_names(),
+                   [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+                     if (name == "model") {
+                       read_model(value, key, config.model);
+                     } else if (name == "partition") {
+                       read_partition(value, key, config.partition);
+                     } else if (name == "schedule") {
+                       read_schedule(value, key, config.schedule);
+                     } else if (name == "remat") {
+                       read_remat(value, key, config.remat);
+                     } else if (name == "transport") {
+                       read_transport(value, key, config.transport);
+                     } else if (name == "training") {
+                       read_training(value, key, config.training);
+                     } else if (name == "output") {
+                       read_output(value, key, config.output);
+                     } else {
+                       PIPEMAT_INTERNAL_ASSERT(false, "config section '", name, "' has no reader");
+                     }
+                   });
     check_consistency(config);
     return config;
   }
@@ -349,19 +358,19 @@ class ConfigReader {
              "a key is " + describe(key_node) + "; expected one of " + join(allowed));
       }
       const std::string& name = key_node.Scalar();
-      const std::string key = path.empty() ? name : path + "." + name;
+      const std::string key = child_key(path, name);
       if (!contains(allowed, name)) {
         std::string message = "unknown key; ";
         std::string suggestion = closest(name, allowed);
         if (!suggestion.empty()) {
-          suggestion = path.empty() ? suggestion : path + "." + suggestion;
+          suggestion = child_key(path, suggestion);
         } else {
           suggestion = key_in_other_section(name, path);
         }
         if (!suggestion.empty()) message += "did you mean '" + suggestion + "'? ";
-        message += (path.empty() ? std::string("allowed top-level keys: ")
-                                 : "allowed in " + path + ": ") +
-                   join(allowed);
+        message +=
+            (path.empty() ? std::string("allowed top-level keys: ") : "allowed in " + path + ": ") +
+            join(allowed);
         fail(key, key_node.Mark(), message);
       }
       const auto [it, inserted] = first_line.emplace(name, key_node.Mark().line + 1);
@@ -380,7 +389,8 @@ class ConfigReader {
   template <typename Fn>
   void for_each_item(const YAML::Node& node, const std::string& key, const std::string& expected,
                      Fn&& fn) {
-    if (!node.IsSequence()) fail(key, node.Mark(), describe(node) + " is not a list; expected " + expected);
+    if (!node.IsSequence())
+      fail(key, node.Mark(), describe(node) + " is not a list; expected " + expected);
     size_t index = 0;
     for (const YAML::Node& item : node) {
       fn(index, key + "[" + std::to_string(index) + "]", item);
@@ -391,7 +401,8 @@ class ConfigReader {
   int64_t read_int(const YAML::Node& node, const std::string& key, int64_t min,
                    int64_t max = std::numeric_limits<int64_t>::max()) {
     const std::string expected = int_range_text(min, max);
-    if (!node.IsScalar()) fail(key, node.Mark(), describe(node) + " is not an integer; expected " + expected);
+    if (!node.IsScalar())
+      fail(key, node.Mark(), describe(node) + " is not an integer; expected " + expected);
     int64_t value = 0;
     const IntParse result = parse_int64(node.Scalar(), &value);
     if (result == IntParse::kNotANumber) {
@@ -409,7 +420,8 @@ class ConfigReader {
 
   uint64_t read_uint64(const YAML::Node& node, const std::string& key) {
     const std::string expected = "an integer >= 0";
-    if (!node.IsScalar()) fail(key, node.Mark(), describe(node) + " is not an integer; expected " + expected);
+    if (!node.IsScalar())
+      fail(key, node.Mark(), describe(node) + " is not an integer; expected " + expected);
     uint64_t value = 0;
     const IntParse result = parse_uint64(node.Scalar(), &value);
     if (result == IntParse::kNotANumber) {
@@ -420,8 +432,9 @@ class ConfigReader {
                "; expected " + expected);
     }
     if (result == IntParse::kOverflow) {
-      fail(key, node.Mark(), describe(node) + " is out of range; expected an integer in [0, " +
-                                 std::to_string(std::numeric_limits<uint64_t>::max()) + "]");
+      fail(key, node.Mark(),
+           describe(node) + " is out of range; expected an integer in [0, " +
+               std::to_string(std::numeric_limits<uint64_t>::max()) + "]");
     }
     if (is_quoted(node)) {
       fail(key, node.Mark(),
@@ -433,12 +446,14 @@ class ConfigReader {
   // A finite number >= min (> min when `exclusive`) and <= max.
   double read_number(const YAML::Node& node, const std::string& key, double min, bool exclusive,
                      double max = std::numeric_limits<double>::infinity()) {
-    std::string expected = std::string("a number ") + (exclusive ? "> " : ">= ") + format_number(min);
+    std::string expected =
+        std::string("a number ") + (exclusive ? "> " : ">= ") + format_number(min);
     if (std::isfinite(max)) {
-      expected = std::string("a number in ") + (exclusive ? "(" : "[") + format_number(min) +
-                 ", " + format_number(max) + "]";
+      expected = std::string("a number in ") + (exclusive ? "(" : "[") + format_number(min) + ", " +
+                 format_number(max) + "]";
     }
-    if (!node.IsScalar()) fail(key, node.Mark(), describe(node) + " is not a number; expected " + expected);
+    if (!node.IsScalar())
+      fail(key, node.Mark(), describe(node) + " is not a number; expected " + expected);
     double value = 0;
     if (!parse_double(node.Scalar(), &value)) {
       fail(key, node.Mark(), describe(node) + " is not a number; expected " + expected);
@@ -463,7 +478,8 @@ class ConfigReader {
 
   std::string read_string(const YAML::Node& node, const std::string& key,
                           const std::string& expected) {
-    if (!node.IsScalar()) fail(key, node.Mark(), describe(node) + " is not a string; expected " + expected);
+    if (!node.IsScalar())
+      fail(key, node.Mark(), describe(node) + " is not a string; expected " + expected);
     return node.Scalar();
   }
 
@@ -475,8 +491,7 @@ class ConfigReader {
   }
 
   template <typename Enum>
-  Enum read_enum(const YAML::Node& node, const std::string& key,
-                 const std::vector<Enum>& values) {
+  Enum read_enum(const YAML::Node& node, const std::string& key, const std::vector<Enum>& values) {
     const std::string text = read_choice(node, key, spellings(values));
     for (Enum value : values) {
       if (text == to_string(value)) return value;
@@ -485,97 +500,95 @@ class ConfigReader {
   }
 
   void read_model(const YAML::Node& node, const std::string& path, ModelOptions& model) {
-    for_each_entry(node, path, section_keys("model"), [&](const std::string& name,
-                                                          const std::string& key,
-                                                          const YAML::Node& value) {
-      if (name == "kind") {
-        model.kind = read_choice(value, key, model_kinds());
-      } else if (name == "layers") {
-        model.layers = read_int(value, key, 1);
-      } else if (name == "hidden") {
-        model.hidden = read_int(value, key, 1);
-      } else if (name == "tokens") {
-        model.tokens = read_int(value, key, 1);
-      } else if (name == "heads") {
-        model.heads = read_int(value, key, 1);
-      } else if (name == "ffn") {
-        model.ffn = read_int(value, key, 0);
-      } else if (name == "experts") {
-        model.experts = read_int(value, key, 1);
-      } else if (name == "top_k") {
-        model.top_k = read_int(value, key, 1);
-      } else {
-        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
-      }
-    });
+    for_each_entry(node, path, section_keys("model"),
+                   [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+                     if (name == "kind") {
+                       model.kind = read_choice(value, key, model_kinds());
+                     } else if (name == "layers") {
+                       model.layers = read_int(value, key, 1);
+                     } else if (name == "hidden") {
+                       model.hidden = read_int(value, key, 1);
+                     } else if (name == "tokens") {
+                       model.tokens = read_int(value, key, 1);
+                     } else if (name == "heads") {
+                       model.heads = read_int(value, key, 1);
+                     } else if (name == "ffn") {
+                       model.ffn = read_int(value, key, 0);
+                     } else if (name == "experts") {
+                       model.experts = read_int(value, key, 1);
+                     } else if (name == "top_k") {
+                       model.top_k = read_int(value, key, 1);
+                     } else {
+                       PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+                     }
+                   });
   }
 
   void read_partition(const YAML::Node& node, const std::string& path,
                       PartitionOptions& partition) {
-    for_each_entry(node, path, section_keys("partition"), [&](const std::string& name,
-                                                              const std::string& key,
-                                                              const YAML::Node& value) {
-      PIPEMAT_INTERNAL_ASSERT(name == "layers_per_stage", "config key '", key, "' has no reader");
-      partition.layers_per_stage.clear();
-      for_each_item(value, key, "a list of layer counts, one per stage, e.g. [4, 4]",
-                    [&](size_t, const std::string& item_key, const YAML::Node& item) {
-                      partition.layers_per_stage.push_back(read_int(item, item_key, 1));
-                    });
-    });
+    for_each_entry(node, path, section_keys("partition"),
+                   [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+                     PIPEMAT_INTERNAL_ASSERT(name == "layers_per_stage", "config key '", key,
+                                             "' has no reader");
+                     partition.layers_per_stage.clear();
+                     for_each_item(
+                         value, key, "a list of layer counts, one per stage, e.g. [4, 4]",
+                         [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                           partition.layers_per_stage.push_back(read_int(item, item_key, 1));
+                         });
+                   });
   }
 
   void read_schedule(const YAML::Node& node, const std::string& path,
                      schedule::ScheduleOptions& options) {
     constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-    for_each_entry(node, path, section_keys("schedule"), [&](const std::string& name,
-                                                             const std::string& key,
-                                                             const YAML::Node& value) {
-      if (name == "kind") {
-        options.kind = read_enum(value, key, schedule_kinds());
-      } else if (name == "stages") {
-        options.stages = static_cast<int>(read_int(value, key, 1, kIntMax));
-      } else if (name == "micro_batches") {
-        options.micro_batches = static_cast<int>(read_int(value, key, 1, kIntMax));
-      } else if (name == "virtual_stages") {
-        options.virtual_stages = static_cast<int>(read_int(value, key, 1, kIntMax));
-      } else if (name == "recompute") {
-        options.recompute = read_enum(value, key, recompute_modes());
-      } else {
-        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
-      }
-    });
+    for_each_entry(node, path, section_keys("schedule"),
+                   [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+                     if (name == "kind") {
+                       options.kind = read_enum(value, key, schedule_kinds());
+                     } else if (name == "stages") {
+                       options.stages = static_cast<int>(read_int(value, key, 1, kIntMax));
+                     } else if (name == "micro_batches") {
+                       options.micro_batches = static_cast<int>(read_int(value, key, 1, kIntMax));
+                     } else if (name == "virtual_stages") {
+                       options.virtual_stages = static_cast<int>(read_int(value, key, 1, kIntMax));
+                     } else if (name == "recompute") {
+                       options.recompute = read_enum(value, key, recompute_modes());
+                     } else {
+                       PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+                     }
+                   });
   }
 
   void read_remat(const YAML::Node& node, const std::string& path, RematConfig& remat) {
-    for_each_entry(node, path, section_keys("remat"), [&](const std::string& name,
-                                                          const std::string& key,
-                                                          const YAML::Node& value) {
-      if (name == "policy") {
-        remat.policy = read_choice(value, key, remat_policies());
-      } else if (name == "early_stop") {
-        remat.early_stop = read_bool(value, key);
-      } else if (name == "checkpoint") {
-        remat.custom.checkpoint.clear();
-        for_each_item(value, key, "a list of module path patterns, e.g. [\"layers.*\"]",
-                      [&](size_t, const std::string& item_key, const YAML::Node& item) {
-                        remat.custom.checkpoint.push_back(read_pattern(item, item_key));
-                      });
-      } else if (name == "exclude") {
-        remat.custom.exclude.clear();
-        for_each_item(value, key, "a list of {path: PATTERN, save_output: BOOL}",
-                      [&](size_t, const std::string& item_key, const YAML::Node& item) {
-                        remat.custom.exclude.push_back(read_exclude_rule(item, item_key));
-                      });
-      } else {
-        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
-      }
-    });
+    for_each_entry(
+        node, path, section_keys("remat"),
+        [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+          if (name == "policy") {
+            remat.policy = read_choice(value, key, remat_policies());
+          } else if (name == "early_stop") {
+            remat.early_stop = read_bool(value, key);
+          } else if (name == "checkpoint") {
+            remat.custom.checkpoint.clear();
+            for_each_item(value, key, "a list of module path patterns, e.g. [\"layers.*\"]",
+                          [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                            remat.custom.checkpoint.push_back(read_pattern(item, item_key));
+                          });
+          } else if (name == "exclude") {
+            remat.custom.exclude.clear();
+            for_each_item(value, key, "a list of {path: PATTERN, save_output: BOOL}",
+                          [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                            remat.custom.exclude.push_back(read_exclude_rule(item, item_key));
+                          });
+          } else {
+            PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+          }
+        });
     remat.custom.checkpoint_options.early_stop = remat.early_stop;
   }
 
   std::string read_pattern(const YAML::Node& node, const std::string& key) {
-    const std::string pattern =
-        read_string(node, key, "a module path pattern, e.g. \"layers.*.gemm\"");
+    std::string pattern = read_string(node, key, "a module path pattern, e.g. \"layers.*.gemm\"");
     if (pattern.empty()) {
       fail(key, node.Mark(), "'' is empty; expected a module path pattern, e.g. \"layers.*.gemm\"");
     }
@@ -583,19 +596,21 @@ class ConfigReader {
   }
 
   remat::ExcludeRule read_exclude_rule(const YAML::Node& node, const std::string& path) {
-    const std::string expected = "{path: PATTERN, save_output: BOOL}, e.g. {path: \"layers.*.gemm\"}";
-    if (!node.IsMap()) fail(path, node.Mark(), describe(node) + " is not a mapping; expected " + expected);
+    const std::string expected =
+        "{path: PATTERN, save_output: BOOL}, e.g. {path: \"layers.*.gemm\"}";
+    if (!node.IsMap())
+      fail(path, node.Mark(), describe(node) + " is not a mapping; expected " + expected);
     remat::ExcludeRule rule;
     bool has_path = false;
-    for_each_entry(node, path, exclude_keys(), [&](const std::string& name, const std::string& key,
-                                                   const YAML::Node& value) {
-      if (name == "path") {
-        rule.path = read_pattern(value, key);
-        has_path = true;
-      } else {
-        rule.save_output = read_bool(value, key);
-      }
-    });
+    for_each_entry(node, path, exclude_keys(),
+                   [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+                     if (name == "path") {
+                       rule.path = read_pattern(value, key);
+                       has_path = true;
+                     } else {
+                       rule.save_output = read_bool(value, key);
+                     }
+                   });
     if (!has_path) fail(path, node.Mark(), "'path' is missing; expected " + expected);
     return rule;
   }
@@ -604,82 +619,80 @@ class ConfigReader {
                       comm::TransportOptions& transport) {
     // A year: far beyond any sensible deadline, far below clock overflow.
     constexpr double kMaxTimeoutSeconds = 365.0 * 24 * 3600;
-    for_each_entry(node, path, section_keys("transport"), [&](const std::string& name,
-                                                              const std::string& key,
-                                                              const YAML::Node& value) {
-      if (name == "kind") {
-        transport.kind = read_enum(value, key, transport_kinds());
-      } else if (name == "timeout") {
-        const double seconds = read_number(value, key, 0, false, kMaxTimeoutSeconds);
-        const auto ms = static_cast<int64_t>(std::llround(seconds * 1000.0));
-        if (seconds > 0 && ms == 0) {
-          fail(key, value.Mark(),
-               describe(value) + " is below the 1 ms resolution; expected 0 (the default) or " +
-                   "at least 0.001 seconds");
-        }
-        transport.timeout = std::chrono::milliseconds(ms);
-      } else if (name == "master") {
-        transport.master = read_master(value, key);
-      } else if (name == "connect_retries") {
-        transport.connect_retries =
-            static_cast<int>(read_int(value, key, 1, std::numeric_limits<int>::max()));
-      } else {
-        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
-      }
-    });
+    for_each_entry(
+        node, path, section_keys("transport"),
+        [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+          if (name == "kind") {
+            transport.kind = read_enum(value, key, transport_kinds());
+          } else if (name == "timeout") {
+            const double seconds = read_number(value, key, 0, false, kMaxTimeoutSeconds);
+            const auto ms = static_cast<int64_t>(std::llround(seconds * 1000.0));
+            if (seconds > 0 && ms == 0) {
+              fail(key, value.Mark(),
+                   describe(value) + " is below the 1 ms resolution; expected 0 (the default) or " +
+                       "at least 0.001 seconds");
+            }
+            transport.timeout = std::chrono::milliseconds(ms);
+          } else if (name == "master") {
+            transport.master = read_master(value, key);
+          } else if (name == "connect_retries") {
+            transport.connect_retries =
+                static_cast<int>(read_int(value, key, 1, std::numeric_limits<int>::max()));
+          } else {
+            PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+          }
+        });
   }
 
   std::string read_master(const YAML::Node& node, const std::string& key) {
     const std::string expected =
         "host:port with a port in [1, 65535], e.g. \"127.0.0.1:29500\" (empty: PIPEMAT_MASTER)";
-    const std::string master = read_string(node, key, expected);
+    std::string master = read_string(node, key, expected);
     if (master.empty()) return master;
     const auto colon = master.rfind(':');
     int64_t port = 0;
     if (colon == std::string::npos || colon == 0 ||
-        parse_int64(master.substr(colon + 1), &port) != IntParse::kOk || port < 1 ||
-        port > 65535) {
+        parse_int64(master.substr(colon + 1), &port) != IntParse::kOk || port < 1 || port > 65535) {
       fail(key, node.Mark(), describe(node) + " is not host:port; expected " + expected);
     }
     return master;
   }
 
   void read_training(const YAML::Node& node, const std::string& path, TrainingOptions& training) {
-    for_each_entry(node, path, section_keys("training"), [&](const std::string& name,
-                                                             const std::string& key,
-                                                             const YAML::Node& value) {
-      if (name == "steps") {
-        training.steps = read_int(value, key, 1);
-      } else if (name == "optimizer") {
-        training.optimizer = read_choice(value, key, optimizers());
-      } else if (name == "lr") {
-        training.lr = read_number(value, key, 0, true);
-      } else if (name == "momentum") {
-        training.momentum = read_number(value, key, 0, false);
-      } else if (name == "weight_decay") {
-        training.weight_decay = read_number(value, key, 0, false);
-      } else if (name == "seed") {
-        training.seed = read_uint64(value, key);
-      } else {
-        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
-      }
-    });
+    for_each_entry(node, path, section_keys("training"),
+                   [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+                     if (name == "steps") {
+                       training.steps = read_int(value, key, 1);
+                     } else if (name == "optimizer") {
+                       training.optimizer = read_choice(value, key, optimizers());
+                     } else if (name == "lr") {
+                       training.lr = read_number(value, key, 0, true);
+                     } else if (name == "momentum") {
+                       training.momentum = read_number(value, key, 0, false);
+                     } else if (name == "weight_decay") {
+                       training.weight_decay = read_number(value, key, 0, false);
+                     } else if (name == "seed") {
+                       training.seed = read_uint64(value, key);
+                     } else {
+                       PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+                     }
+                   });
   }
 
   void read_output(const YAML::Node& node, const std::string& path, OutputOptions& output) {
-    for_each_entry(node, path, section_keys("output"), [&](const std::string& name,
-                                                           const std::string& key,
-                                                           const YAML::Node& value) {
-      if (name == "metrics") {
-        output.metrics = read_string(value, key, "a file path (empty: no metrics file)");
-      } else if (name == "timeline_svg") {
-        output.timeline_svg = read_string(value, key, "a file path (empty: no timeline)");
-      } else if (name == "progress") {
-        output.progress = read_bool(value, key);
-      } else {
-        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
-      }
-    });
+    for_each_entry(
+        node, path, section_keys("output"),
+        [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+          if (name == "metrics") {
+            output.metrics = read_string(value, key, "a file path (empty: no metrics file)");
+          } else if (name == "timeline_svg") {
+            output.timeline_svg = read_string(value, key, "a file path (empty: no timeline)");
+          } else if (name == "progress") {
+            output.progress = read_bool(value, key);
+          } else {
+            PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+          }
+        });
   }
 
   // Checks between keys of one config; world size and schedule checks belong to the runtime.
@@ -710,8 +723,9 @@ class ConfigReader {
     const RematConfig& remat = config.remat;
     if (remat.policy != "custom") {
       for (const char* key : {"remat.checkpoint", "remat.exclude"}) {
-        const bool is_set = std::string(key) == "remat.checkpoint" ? !remat.custom.checkpoint.empty()
-                                                                   : !remat.custom.exclude.empty();
+        const bool is_set = std::string(key) == "remat.checkpoint"
+                                ? !remat.custom.checkpoint.empty()
+                                : !remat.custom.exclude.empty();
         if (is_set) {
           fail_at(key, std::string("only allowed with remat.policy custom, but the policy is '") +
                            remat.policy + "'; set remat.policy: custom or remove " + key);
@@ -733,7 +747,8 @@ class ConfigReader {
                                    const std::string& what) {
   std::string where = source;
   if (!error.mark.is_null()) {
-    where += ":" + std::to_string(error.mark.line + 1) + ":" + std::to_string(error.mark.column + 1);
+    where +=
+        ":" + std::to_string(error.mark.line + 1) + ":" + std::to_string(error.mark.column + 1);
   }
   PIPEMAT_THROW(ConfigError, where, ": ", what, ": ", error.msg);
 }
@@ -756,9 +771,9 @@ Names apply_overrides(YAML::Node& root, const std::vector<std::string>& override
       if (suggestion.empty() && dot != std::string::npos) {
         suggestion = key_in_other_section(key.substr(dot + 1), key.substr(0, dot));
       }
-      PIPEMAT_THROW(ConfigError, kOverrideSource, ": ", key, ": unknown key; ",
-                    suggestion.empty() ? "allowed: " + join(keys)
-                                       : "did you mean '" + suggestion + "'?");
+      PIPEMAT_THROW(
+          ConfigError, kOverrideSource, ": ", key, ": unknown key; ",
+          suggestion.empty() ? "allowed: " + join(keys) : "did you mean '" + suggestion + "'?");
     }
     const std::string value_text = text.substr(equals + 1);
     YAML::Node value;
@@ -816,7 +831,8 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
                 ": is a directory; expected a YAML config file, e.g. configs/default.yaml");
   std::ifstream in(path, std::ios::binary);
   PIPEMAT_CHECK(in.is_open(), ConfigError, path, ": cannot open the config file (",
-                std::strerror(errno), "); expected a readable YAML file, e.g. configs/default.yaml");
+                std::strerror(errno),
+                "); expected a readable YAML file, e.g. configs/default.yaml");
   std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   PIPEMAT_CHECK(!in.bad(), ConfigError, path, ": reading the config file failed (",
                 std::strerror(errno), ")");

@@ -278,8 +278,12 @@ struct PipelineRuntime::Impl {
   void exchange_metrics(StepMetrics& m) {
     const int last_rank = plan.rank_of(last_stage);
     if (rank != last_rank) {
+      const auto& c = m.remat;
       comm::send_tensor(transport, last_rank, metrics_tag(),
-                        at::tensor({m.busy_ms, m.step_ms}, at::kDouble))
+                        at::tensor({m.busy_ms, m.step_ms, double(c.unit_calls), double(c.replays),
+                                    double(c.early_stops), double(c.save_calls),
+                                    double(c.save_skips), double(c.packs)},
+                                   at::kDouble))
           .wait();
       return;
     }
@@ -287,8 +291,17 @@ struct PipelineRuntime::Impl {
     for (int r = 0; r < plan.ranks_count; ++r) {
       if (r == rank) continue;
       auto t = comm::recv_tensor(transport, r, metrics_tag()).wait();
-      busy += t[0].item<double>();
-      makespan = std::max(makespan, t[1].item<double>());
+      auto v = [&](int i) { return t[i].item<double>(); };
+      busy += v(0);
+      makespan = std::max(makespan, v(1));
+      remat::RematCounters c;
+      c.unit_calls = static_cast<int64_t>(v(2));
+      c.replays = static_cast<int64_t>(v(3));
+      c.early_stops = static_cast<int64_t>(v(4));
+      c.save_calls = static_cast<int64_t>(v(5));
+      c.save_skips = static_cast<int64_t>(v(6));
+      c.packs = static_cast<int64_t>(v(7));
+      m.remat += c;
     }
     m.step_ms = makespan;
     m.bubble = makespan > 0 ? 1.0 - busy / (plan.ranks_count * makespan) : 0.0;

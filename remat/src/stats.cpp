@@ -1,23 +1,24 @@
 #include "pipemat/remat/stats.h"
 
-#include <atomic>
 #include <sstream>
 
 namespace pipemat::remat {
 namespace {
 constexpr int kNumCounters = 9;
-std::atomic<int64_t> g_counters[kNumCounters];
+// Per thread: a pipeline rank is a process (mpi, tcp) or a thread (in-process runs), and every
+// rank counts its own work.
+thread_local int64_t g_counters[kNumCounters];
 }  // namespace
 
 namespace detail {
 void bump(Counter c, int64_t n) {
-  g_counters[static_cast<int>(c)].fetch_add(n, std::memory_order_relaxed);
+  g_counters[static_cast<int>(c)] += n;
 }
 }  // namespace detail
 
 RematCounters counters() {
   auto get = [](detail::Counter c) {
-    return g_counters[static_cast<int>(c)].load(std::memory_order_relaxed);
+    return g_counters[static_cast<int>(c)];
   };
   RematCounters out;
   out.unit_calls = get(detail::Counter::kUnitCalls);
@@ -33,7 +34,20 @@ RematCounters counters() {
 }
 
 void reset_counters() {
-  for (auto& c : g_counters) c.store(0, std::memory_order_relaxed);
+  for (auto& c : g_counters) c = 0;
+}
+
+RematCounters& RematCounters::operator+=(const RematCounters& o) {
+  unit_calls += o.unit_calls;
+  replays += o.replays;
+  early_stops += o.early_stops;
+  save_calls += o.save_calls;
+  save_skips += o.save_skips;
+  packs += o.packs;
+  save_kept += o.save_kept;
+  output_leaves += o.output_leaves;
+  placeholders += o.placeholders;
+  return *this;
 }
 
 std::string RematCounters::str() const {

@@ -45,7 +45,7 @@ struct StepMetrics {
   double busy_ms = 0;       // time in compute actions on this rank
   double bubble = 0;        // 1 - sum(busy) / (ranks * makespan), on the last stage's rank
   int64_t peak_bytes = 0;   // tracking-allocator peak during the step (this process)
-  remat::RematCounters remat;
+  remat::RematCounters remat;  // this rank's; on the last stage's rank summed over all ranks
   std::vector<ActionTiming> timeline;  // this rank's actions
 };
 

@@ -1,5 +1,6 @@
 #pragma once
-// Process-wide remat counters: cheap relaxed atomics, for progress lines, tests and benchmarks.
+// remat counters of the calling thread (a pipeline rank counts its own work; in-process runs
+// have one thread per rank), for progress lines, tests and benchmarks.
 
 #include <cstdint>
 #include <string>
@@ -17,6 +18,7 @@ struct RematCounters {
   int64_t output_leaves = 0;     // tensor leaves of save_output=false outputs in forward
   int64_t placeholders = 0;      // placeholders handed out in replay for them
   std::string str() const;
+  RematCounters& operator+=(const RematCounters& other);
 };
 
 RematCounters counters();
