@@ -176,9 +176,12 @@ TEST(ConfigParse, EveryKeyIsRead) {
 
 TEST(ConfigParse, EveryEnumSpellingIsAccepted) {
   const std::vector<std::pair<std::string, ScheduleKind>> kinds = {
-      {"gpipe", ScheduleKind::kGPipe},         {"1f1b", ScheduleKind::kOneFOneB},
-      {"interleaved", ScheduleKind::kInterleaved}, {"zb-h1", ScheduleKind::kZeroBubbleH1},
-      {"zb-h2", ScheduleKind::kZeroBubbleH2},  {"zb-v", ScheduleKind::kZeroBubbleV}};
+      {"gpipe", ScheduleKind::kGPipe},
+      {"1f1b", ScheduleKind::kOneFOneB},
+      {"interleaved", ScheduleKind::kInterleaved},
+      {"zb-h1", ScheduleKind::kZeroBubbleH1},
+      {"zb-h2", ScheduleKind::kZeroBubbleH2},
+      {"zb-v", ScheduleKind::kZeroBubbleV}};
   for (const auto& [text, kind] : kinds) {
     EXPECT_EQ(parse_config("schedule: {kind: " + text + "}", kSource).schedule.kind, kind) << text;
   }
@@ -225,8 +228,9 @@ TEST(ConfigParse, ChecksWithinOneConfigPass) {
   EXPECT_TRUE(parse_config("partition: {layers_per_stage: []}", kSource)
                   .partition.layers_per_stage.empty());
   // Empty lists are fine with any policy.
-  EXPECT_EQ(parse_config("remat: {policy: none, checkpoint: [], exclude: []}", kSource).remat.policy,
-            "none");
+  EXPECT_EQ(
+      parse_config("remat: {policy: none, checkpoint: [], exclude: []}", kSource).remat.policy,
+      "none");
 }
 
 // ---- errors ------------------------------------------------------------------------------
@@ -468,11 +472,10 @@ TEST(ConfigErrors, ErrorsAreConfigErrors) {
 
 TEST(ConfigOverrides, ApplyOnTopOfTheDocument) {
   const std::string yaml = "model: {layers: 8, hidden: 64}\nschedule: {kind: 1f1b, stages: 2}\n";
-  const TrainConfig config =
-      parse_config(yaml, kSource,
-                   {"schedule.kind=zb-v", "model.layers=4", "training.lr=0.5",
-                    "output.metrics=out/m.jsonl", "transport.timeout=1.5",
-                    "transport.master=127.0.0.1:29500", "remat.early_stop=false"});
+  const TrainConfig config = parse_config(
+      yaml, kSource,
+      {"schedule.kind=zb-v", "model.layers=4", "training.lr=0.5", "output.metrics=out/m.jsonl",
+       "transport.timeout=1.5", "transport.master=127.0.0.1:29500", "remat.early_stop=false"});
   EXPECT_EQ(config.schedule.kind, ScheduleKind::kZeroBubbleV);
   EXPECT_EQ(config.schedule.stages, 2);
   EXPECT_EQ(config.model.layers, 4);
@@ -536,8 +539,7 @@ TEST(ConfigOverrides, Errors) {
       "transport.master, transport.connect_retries, training.steps, training.optimizer, "
       "training.lr, training.momentum, training.weight_decay, training.seed, output.metrics, "
       "output.timeline_svg, output.progress";
-  EXPECT_EQ(error_of("", {"model={layers: 4}"}),
-            "--set: model: unknown key; allowed: " + all_keys);
+  EXPECT_EQ(error_of("", {"model={layers: 4}"}), "--set: model: unknown key; allowed: " + all_keys);
   EXPECT_EQ(error_of("", {"partition.layers_per_stage=[2,6"}),
             "--set: partition.layers_per_stage: '[2,6' is not a YAML value (end of sequence flow "
             "not found); expected a scalar or a flow list/mapping, e.g. [2, 6]");
@@ -552,10 +554,10 @@ TEST(ConfigOverrides, Errors) {
   EXPECT_EQ(error_of("", {"model.layers=[4]"}),
             "--set: model.layers: a list is not an integer; expected an integer >= 1");
   // A check across keys is located at the key it names.
-  EXPECT_EQ(error_of("model: {layers: 8}\npartition: {layers_per_stage: [4, 4]}\n",
-                     {"model.layers=9"}),
-            "x.yaml:2: partition.layers_per_stage: the entries sum to 8 but model.layers is 9; "
-            "give one entry per stage summing to 9, or no list for a balanced split");
+  EXPECT_EQ(
+      error_of("model: {layers: 8}\npartition: {layers_per_stage: [4, 4]}\n", {"model.layers=9"}),
+      "x.yaml:2: partition.layers_per_stage: the entries sum to 8 but model.layers is 9; "
+      "give one entry per stage summing to 9, or no list for a balanced split");
   // A section that is not a mapping is reported at its line, not hidden by the override.
   EXPECT_EQ(error_of("model: 3\n", {"model.layers=4"}),
             "x.yaml:1: model: '3' is not a mapping; expected a mapping with keys kind, layers, "
@@ -646,9 +648,9 @@ TEST(ConfigFiles, EveryShippedConfigParsesAndStartsWithAComment) {
     std::getline(in, first_line);
     EXPECT_EQ(first_line.rfind("# ", 0), 0u) << entry.path() << ": " << first_line;
   }
-  EXPECT_EQ(names, (std::set<std::string>{"default.yaml", "gpipe.yaml", "1f1b.yaml",
-                                          "interleaved.yaml", "zb-h1.yaml", "zb-h2.yaml",
-                                          "zb-v.yaml", "zb-v-4rank.yaml"}));
+  EXPECT_EQ(names,
+            (std::set<std::string>{"default.yaml", "gpipe.yaml", "1f1b.yaml", "interleaved.yaml",
+                                   "zb-h1.yaml", "zb-h2.yaml", "zb-v.yaml", "zb-v-4rank.yaml"}));
 }
 
 TEST(ConfigFiles, DefaultIsTheTwoStageRun) {
@@ -671,9 +673,12 @@ TEST(ConfigFiles, DefaultIsTheTwoStageRun) {
 
 TEST(ConfigFiles, OneConfigPerScheduleKind) {
   const std::vector<std::pair<std::string, ScheduleKind>> files = {
-      {"gpipe", ScheduleKind::kGPipe},         {"1f1b", ScheduleKind::kOneFOneB},
-      {"interleaved", ScheduleKind::kInterleaved}, {"zb-h1", ScheduleKind::kZeroBubbleH1},
-      {"zb-h2", ScheduleKind::kZeroBubbleH2},  {"zb-v", ScheduleKind::kZeroBubbleV}};
+      {"gpipe", ScheduleKind::kGPipe},
+      {"1f1b", ScheduleKind::kOneFOneB},
+      {"interleaved", ScheduleKind::kInterleaved},
+      {"zb-h1", ScheduleKind::kZeroBubbleH1},
+      {"zb-h2", ScheduleKind::kZeroBubbleH2},
+      {"zb-v", ScheduleKind::kZeroBubbleV}};
   for (const auto& [name, kind] : files) {
     const TrainConfig config = load_config((configs_dir() / (name + ".yaml")).string());
     EXPECT_EQ(config.schedule.kind, kind) << name;
@@ -706,8 +711,9 @@ TEST(ConfigFiles, ErrorsNameThePath) {
     FAIL() << "no error";
   } catch (const ConfigError& error) {
     EXPECT_EQ(std::string(error.what()),
-              missing + ": cannot open the config file (No such file or directory); expected a "
-                        "readable YAML file, e.g. configs/default.yaml");
+              missing +
+                  ": cannot open the config file (No such file or directory); expected a "
+                  "readable YAML file, e.g. configs/default.yaml");
   }
   try {
     load_config(configs_dir().string());
@@ -718,10 +724,9 @@ TEST(ConfigFiles, ErrorsNameThePath) {
                   ": is a directory; expected a YAML config file, e.g. configs/default.yaml");
   }
   const std::filesystem::path bad =
-      std::filesystem::temp_directory_path() / ("pipemat_config_test_" +
-                                                std::to_string(::testing::UnitTest::GetInstance()
-                                                                   ->random_seed()) +
-                                                ".yaml");
+      std::filesystem::temp_directory_path() /
+      ("pipemat_config_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+       ".yaml");
   {
     std::ofstream out(bad);
     out << "# bad\nschedule:\n  kind: zb-x\n";
@@ -731,8 +736,9 @@ TEST(ConfigFiles, ErrorsNameThePath) {
     FAIL() << "no error";
   } catch (const ConfigError& error) {
     EXPECT_EQ(std::string(error.what()),
-              bad.string() + ":3: schedule.kind: 'zb-x' is not allowed; allowed: gpipe, 1f1b, "
-                             "interleaved, zb-h1, zb-h2, zb-v");
+              bad.string() +
+                  ":3: schedule.kind: 'zb-x' is not allowed; allowed: gpipe, 1f1b, "
+                  "interleaved, zb-h1, zb-h2, zb-v");
   }
   std::filesystem::remove(bad);
 }
@@ -740,17 +746,39 @@ TEST(ConfigFiles, ErrorsNameThePath) {
 // ---- keys and docs -----------------------------------------------------------------------
 
 TEST(ConfigKeys, EveryKeyInDocumentOrder) {
-  EXPECT_EQ(config_keys(),
-            (std::vector<std::string>{
-                "model.kind", "model.layers", "model.hidden", "model.tokens", "model.heads",
-                "model.ffn", "model.experts", "model.top_k", "partition.layers_per_stage",
-                "schedule.kind", "schedule.stages", "schedule.micro_batches",
-                "schedule.virtual_stages", "schedule.recompute", "remat.policy",
-                "remat.early_stop", "remat.checkpoint", "remat.exclude", "remat.exclude[].path",
-                "remat.exclude[].save_output", "transport.kind", "transport.timeout",
-                "transport.master", "transport.connect_retries", "training.steps",
-                "training.optimizer", "training.lr", "training.momentum", "training.weight_decay",
-                "training.seed", "output.metrics", "output.timeline_svg", "output.progress"}));
+  EXPECT_EQ(config_keys(), (std::vector<std::string>{"model.kind",
+                                                     "model.layers",
+                                                     "model.hidden",
+                                                     "model.tokens",
+                                                     "model.heads",
+                                                     "model.ffn",
+                                                     "model.experts",
+                                                     "model.top_k",
+                                                     "partition.layers_per_stage",
+                                                     "schedule.kind",
+                                                     "schedule.stages",
+                                                     "schedule.micro_batches",
+                                                     "schedule.virtual_stages",
+                                                     "schedule.recompute",
+                                                     "remat.policy",
+                                                     "remat.early_stop",
+                                                     "remat.checkpoint",
+                                                     "remat.exclude",
+                                                     "remat.exclude[].path",
+                                                     "remat.exclude[].save_output",
+                                                     "transport.kind",
+                                                     "transport.timeout",
+                                                     "transport.master",
+                                                     "transport.connect_retries",
+                                                     "training.steps",
+                                                     "training.optimizer",
+                                                     "training.lr",
+                                                     "training.momentum",
+                                                     "training.weight_decay",
+                                                     "training.seed",
+                                                     "output.metrics",
+                                                     "output.timeline_svg",
+                                                     "output.progress"}));
 }
 
 TEST(ConfigKeys, EveryKeyIsDocumented) {
