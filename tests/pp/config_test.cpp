@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pipemat/core/error.h"
+#include "pipemat/schedule/schedule.h"
 
 namespace pipemat::pp {
 namespace {
@@ -651,6 +652,22 @@ TEST(ConfigFiles, EveryShippedConfigParsesAndStartsWithAComment) {
   EXPECT_EQ(names,
             (std::set<std::string>{"default.yaml", "gpipe.yaml", "1f1b.yaml", "interleaved.yaml",
                                    "zb-h1.yaml", "zb-h2.yaml", "zb-v.yaml", "zb-v-4rank.yaml"}));
+}
+
+TEST(ConfigFiles, EveryShippedScheduleBuilds) {
+  // The runtime's schedule checks (M vs P, virtual stages) pass for every shipped config, and an
+  // explicit partition has one entry per model stage.
+  for (const auto& entry : std::filesystem::directory_iterator(configs_dir())) {
+    if (entry.path().extension() != ".yaml") continue;
+    const TrainConfig config = load_config(entry.path().string());
+    schedule::Schedule built;
+    EXPECT_NO_THROW(built = schedule::build_schedule(config.schedule)) << entry.path();
+    if (!config.partition.layers_per_stage.empty()) {
+      EXPECT_EQ(static_cast<int>(config.partition.layers_per_stage.size()), built.stages_count)
+          << entry.path();
+    }
+    EXPECT_GE(config.model.layers, built.stages_count) << entry.path();
+  }
 }
 
 TEST(ConfigFiles, DefaultIsTheTwoStageRun) {
