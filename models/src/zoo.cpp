@@ -142,7 +142,8 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x) {
   return h + mlp(norm2(h));
 }
 
-SaveChainImpl::SaveChainImpl() {
+SaveChainImpl::SaveChainImpl(double scale_init) {
+  scale = register_parameter("scale", at::full({}, scale_init));
   s1 = register_module("s1", Lambda([](const at::Tensor& x) { return at::relu(x * x); }));
   s2 = register_module("s2", Lambda([](const at::Tensor& x) { return x + 0.125; }));
   s3 = register_module("s3", Lambda([](const at::Tensor& x) { return x * 1.5; }));
@@ -151,12 +152,12 @@ SaveChainImpl::SaveChainImpl() {
 
 at::Tensor SaveChainImpl::forward(const at::Tensor& x) {
   ++calls;
-  return s4(s3(s2(s1(x * 2.0))));
+  return s4(s3(s2(s1(x * scale))));
 }
 
-SaveChainStackImpl::SaveChainStackImpl(int64_t num_layers) {
+SaveChainStackImpl::SaveChainStackImpl(int64_t num_layers, double scale_init) {
   torch::nn::ModuleList list;
-  for (int64_t i = 0; i < num_layers; ++i) list->push_back(SaveChain());
+  for (int64_t i = 0; i < num_layers; ++i) list->push_back(SaveChain(scale_init));
   layers = register_module("layers", list);
 }
 

@@ -29,7 +29,8 @@ std::vector<torch::nn::AnyModule> build_layers(const ModelOptions& m, uint64_t s
     } else if (m.kind == "moe") {
       layers.emplace_back(models::MoELayer(m.hidden, m.experts, m.top_k));
     } else if (m.kind == "save-chain") {
-      layers.emplace_back(models::SaveChain());
+      // A small scale keeps the squaring chain bounded over many layers and steps.
+      layers.emplace_back(models::SaveChain(0.25));
     } else {
       PIPEMAT_THROW(ConfigError, "model.kind: '", m.kind,
                     "' is not allowed; allowed: mlp, rmsnorm-gemm, transformer, moe, save-chain");

@@ -214,12 +214,15 @@ struct PipelineRuntime::Impl {
         case ActionType::kBackward: {
           MicroBatch& mb = state(a);
           at::Tensor grad = incoming_grad(a, mb);
-          {
+          if (mb.root.is_valid()) {  // an output that needs no gradient has no backward
             remat::PhaseScope phase(remat::Phase::kBackward);
             engine.execute({mb.root}, {grad}, /*keep_graph=*/false, /*create_graph=*/false,
                            /*accumulate_grad=*/true);
           }
-          if (a.stage > 0) deliver_dx(a, mb.input.grad());
+          if (a.stage > 0) {
+            at::Tensor dx = mb.input.grad();
+            deliver_dx(a, dx.defined() ? dx : at::zeros_like(mb.input));
+          }
           mb.group->release();
           mbs.erase(key);
           break;
@@ -228,14 +231,16 @@ struct PipelineRuntime::Impl {
           MicroBatch& mb = state(a);
           at::Tensor grad = incoming_grad(a, mb);
           mb.group->retain();  // I and W unpack the same replay
-          mb.split = std::make_unique<SplitBackward>(std::vector<torch::autograd::Edge>{mb.root},
-                                                     mb.input, stage_params.at(a.stage));
+          std::vector<torch::autograd::Edge> roots;
+          if (mb.root.is_valid()) roots.push_back(mb.root);
+          mb.split = std::make_unique<SplitBackward>(roots, mb.input, stage_params[a.stage]);
           at::Tensor dx;
           {
             remat::PhaseScope phase(remat::Phase::kBackwardInput);
-            dx = mb.split->run_input({grad});
+            dx = mb.split->run_input(roots.empty() ? std::vector<at::Tensor>{}
+                                                   : std::vector<at::Tensor>{grad});
           }
-          if (a.stage > 0) deliver_dx(a, dx);
+          if (a.stage > 0) deliver_dx(a, dx.defined() ? dx : at::zeros_like(mb.input));
           break;
         }
         case ActionType::kBackwardWeight: {

@@ -145,7 +145,7 @@ at::Tensor SplitBackward::run_input(const std::vector<at::Tensor>& root_grads) {
   PIPEMAT_INTERNAL_ASSERT(!input_done_, "SplitBackward::run_input called twice");
   input_done_ = true;
   root_grads_ = root_grads;
-  if (!input_.defined() || !input_.requires_grad()) return at::Tensor();
+  if (roots_.empty() || !input_.defined() || !input_.requires_grad()) return at::Tensor();
   auto& engine = torch::autograd::Engine::get_default_engine();
   auto out = engine.execute(roots_, root_grads_, /*keep_graph=*/true, /*create_graph=*/false,
                             /*accumulate_grad=*/false,
@@ -163,7 +163,7 @@ void SplitBackward::run_weight() {
     outputs.push_back(torch::autograd::impl::gradient_edge(p));
     targets.push_back(&p);
   }
-  if (outputs.empty()) return;
+  if (outputs.empty() || roots_.empty()) return;
   std::vector<Edge> roots;
   std::vector<at::Tensor> grads;
   if (!input_.defined() || !input_.requires_grad()) {
@@ -176,6 +176,7 @@ void SplitBackward::run_weight() {
       for (size_t e = 0; e < u->num_outputs(); ++e) {
         const Node* next = u->next_edge(e).function.get();
         if (next && std::binary_search(dx_chain_.begin(), dx_chain_.end(), next)) {
+          cut_.push_back(u->next_edge(e).function);
           EdgeAccess::edges(u)[e] = Edge();  // the dx chain already ran in I
         }
       }

@@ -140,18 +140,19 @@ struct LambdaImpl : torch::nn::Module {
 };
 TORCH_MODULE(Lambda);
 
-// x * 2 (RECOMPUTE) -> s1 relu(x * x) -> s2 + 0.125 -> s3 * 1.5 -> s4 + 0.25: the SAVE -> SAVE
+// x * scale (RECOMPUTE; scale a parameter, 2 in the benchmark) -> s1 relu(x * x) -> s2 + 0.125 -> s3 * 1.5 -> s4 + 0.25: the SAVE -> SAVE
 // chain of SPEC 2.5 (s1..s3 save_output = false, s4 true when optimized). Paths: layers.<i>.s1..
 struct SaveChainImpl : torch::nn::Module {
-  SaveChainImpl();
+  explicit SaveChainImpl(double scale_init = 2.0);
   at::Tensor forward(const at::Tensor& x);
   remat::Remat<Lambda> s1{nullptr}, s2{nullptr}, s3{nullptr}, s4{nullptr};
-  int64_t calls = 0;  // RECOMPUTE part (x * 2)
+  at::Tensor scale;
+  int64_t calls = 0;  // RECOMPUTE part (x * scale)
 };
 TORCH_MODULE(SaveChain);
 
 struct SaveChainStackImpl : torch::nn::Module {
-  explicit SaveChainStackImpl(int64_t layers);
+  explicit SaveChainStackImpl(int64_t layers, double scale_init = 2.0);
   at::Tensor forward(at::Tensor x);
   remat::ModuleList layers{nullptr};
 };

@@ -56,6 +56,8 @@ class SplitBackward {
   std::vector<at::Tensor> params_;
   std::vector<std::shared_ptr<torch::autograd::Node>> boundary_;
   std::vector<const torch::autograd::Node*> dx_chain_;  // X, sorted
+  // Nodes W cut off (kept alive: saved leaves hold their accumulators only weakly).
+  std::vector<std::shared_ptr<torch::autograd::Node>> cut_;
   std::vector<std::shared_ptr<Capture>> captures_;
   bool input_done_ = false;
   bool weight_done_ = false;
