@@ -88,3 +88,58 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace pipemat::pp
+
+#include "pipemat/remat/memory.h"
+
+namespace pipemat::pp {
+namespace {
+
+TEST(SplitBackwardMemory, RederivedGemmInputLivesOnlyFromRToW) {
+  remat::install_tracking_allocator();
+  ModelOptions m;
+  m.kind = "rmsnorm-gemm";
+  m.layers = 3;
+  m.hidden = 32;
+  m.tokens = 16;
+  const int64_t act = m.tokens * m.hidden * 4;  // one [tokens, hidden] float32 activation
+  Stage stage(build_layers(m, 5));
+  RematConfig rc;
+  rc.policy = "selective";
+  remat::apply_policy(*stage, stage_policy(m, rc));
+  auto params = stage->parameters();
+  int64_t param_bytes = 0;
+  for (const auto& p : params) param_bytes += p.numel() * 4;
+  auto [in, target] = micro_batch_data(m, 5, 0, 0);
+  auto x = in.requires_grad_(true);
+  const int64_t baseline = remat::memory_stats().current_bytes;
+  std::shared_ptr<remat::InvocationGroup> group;
+  at::Tensor dx;
+  {
+    at::Tensor loss;
+    {
+      remat::InvocationScope scope({0, 1, 0});
+      loss = micro_batch_loss(stage->forward(x), target, 1);
+      group = scope.group();
+    }
+    auto after_forward = group->report();
+    EXPECT_EQ(after_forward.rederived_slots, m.layers);
+    EXPECT_EQ(after_forward.rederived_bytes, m.layers * act) << "the GEMM inputs are not kept";
+    EXPECT_EQ(after_forward.replayed_bytes, 0) << "nothing regenerated before R";
+
+    group->pretrigger();  // R
+    auto after_r = group->report();
+    EXPECT_GE(after_r.replayed_bytes, m.layers * act) << "R regenerated the GEMM inputs";
+
+    SplitBackward split({torch::autograd::impl::gradient_edge(loss)}, x, params);
+    dx = split.run_input({at::ones_like(loss)});  // I
+    EXPECT_EQ(group->report().replayed_bytes, after_r.replayed_bytes) << "kept for W";
+    split.run_weight();  // W
+    group->release();
+    EXPECT_EQ(group->report().replayed_bytes, 0);
+  }
+  // Everything of the micro-batch is gone: only the parameter gradients and dx remain.
+  EXPECT_EQ(remat::memory_stats().current_bytes - baseline, param_bytes + act);
+}
+
+}  // namespace
+}  // namespace pipemat::pp
