@@ -279,6 +279,66 @@ struct PipelineRuntime::Impl {
     return m;
   }
 
+  // [n, 5] doubles: stage, type, micro-batch, start ms, end ms.
+  static at::Tensor timeline_tensor(const std::vector<ActionTiming>& timeline) {
+    auto t = at::zeros({static_cast<int64_t>(timeline.size()), 5}, at::kDouble);
+    auto acc = t.accessor<double, 2>();
+    for (size_t i = 0; i < timeline.size(); ++i) {
+      acc[i][0] = timeline[i].action.stage;
+      acc[i][1] = static_cast<double>(timeline[i].action.type);
+      acc[i][2] = timeline[i].action.micro_batch;
+      acc[i][3] = timeline[i].start_us / 1000.0;
+      acc[i][4] = timeline[i].end_us / 1000.0;
+    }
+    return t;
+  }
+
+  // The measured timeline as a SimulationResult, and the simulator's prediction with the
+  // measured mean cost per action type.
+  void build_measured(StepMetrics& m, const std::vector<at::Tensor>& timelines) const {
+    std::map<ActionType, std::pair<double, int>> cost;
+    m.measured = schedule::SimulationResult{};
+    m.measured.ranks.resize(plan.ranks_count);
+    double makespan = 0, busy = 0;
+    for (int r = 0; r < plan.ranks_count; ++r) {
+      auto& out = m.measured.ranks[r];
+      out.rank = r;
+      auto acc = timelines[r].accessor<double, 2>();
+      for (int64_t i = 0; i < timelines[r].size(0); ++i) {
+        schedule::TimedAction ta;
+        ta.action.stage = static_cast<int>(acc[i][0]);
+        ta.action.type = static_cast<ActionType>(static_cast<int>(acc[i][1]));
+        ta.action.micro_batch = static_cast<int>(acc[i][2]);
+        ta.position = static_cast<int>(i);
+        ta.start = acc[i][3];
+        ta.end = acc[i][4];
+        out.busy += ta.end - ta.start;
+        if (i == 0) out.first_start = ta.start;
+        out.last_end = ta.end;
+        auto& c = cost[ta.action.type];
+        c.first += ta.end - ta.start;
+        c.second += 1;
+        out.actions.push_back(ta);
+      }
+      makespan = std::max(makespan, out.last_end);
+      busy += out.busy;
+    }
+    m.measured.makespan = makespan;
+    m.measured.bubble_ratio = makespan > 0 ? 1.0 - busy / (plan.ranks_count * makespan) : 0.0;
+    auto mean = [&](ActionType t, double fallback) {
+      auto it = cost.find(t);
+      return it == cost.end() || it->second.second == 0 ? fallback
+                                                         : it->second.first / it->second.second;
+    };
+    schedule::CostModel model;
+    model.forward = mean(ActionType::kForward, 1.0);
+    model.backward_input = mean(ActionType::kBackwardInput, model.forward);
+    model.backward_weight = mean(ActionType::kBackwardWeight, model.forward);
+    if (cost.count(ActionType::kBackward)) model.backward = mean(ActionType::kBackward, 2.0);
+    if (cost.count(ActionType::kRecompute)) model.recompute = mean(ActionType::kRecompute, 0.0);
+    m.simulated_bubble = schedule::simulate(plan, model).bubble_ratio;
+  }
+
   // Every rank sends (busy_ms, step_ms) to the last stage's rank, which computes the bubble.
   void exchange_metrics(StepMetrics& m) {
     const int last_rank = plan.rank_of(last_stage);
@@ -290,9 +350,12 @@ struct PipelineRuntime::Impl {
                                     double(c.save_skips), double(c.packs)},
                                    at::kDouble))
           .wait();
+      comm::send_tensor(transport, last_rank, metrics_tag() + 1, timeline_tensor(m.timeline))
+          .wait();
       return;
     }
     double busy = m.busy_ms, makespan = m.step_ms;
+    std::vector<at::Tensor> timelines(plan.ranks_count);
     for (int r = 0; r < plan.ranks_count; ++r) {
       if (r == rank) continue;
       auto t = comm::recv_tensor(transport, r, metrics_tag()).wait();
@@ -307,7 +370,10 @@ struct PipelineRuntime::Impl {
       c.save_skips = static_cast<int64_t>(v(6));
       c.packs = static_cast<int64_t>(v(7));
       m.remat += c;
+      timelines[r] = comm::recv_tensor(transport, r, metrics_tag() + 1).wait();
     }
+    timelines[rank] = timeline_tensor(m.timeline);
+    build_measured(m, timelines);
     m.step_ms = makespan;
     m.bubble = makespan > 0 ? 1.0 - busy / (plan.ranks_count * makespan) : 0.0;
   }

@@ -10,6 +10,7 @@
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
 #include "pipemat/remat/memory.h"
+#include "pipemat/schedule/render.h"
 
 namespace pipemat::pp {
 namespace {
@@ -18,10 +19,11 @@ void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& 
   char line[320];
   if (pipeline) {
     std::snprintf(line, sizeof(line),
-                  "step %lld/%lld  loss %.6f  %.1f ms  bubble %.3f  peak %s  remat: units %lld "
-                  "replays %lld early-stops %lld save %lld skipped %lld\n",
+                  "step %lld/%lld  loss %.6f  %.1f ms  bubble %.3f (simulated %.3f)  peak %s  "
+                  "remat: units %lld replays %lld early-stops %lld save %lld skipped %lld\n",
                   static_cast<long long>(m.step + 1), static_cast<long long>(c.training.steps),
-                  m.loss, m.step_ms, m.bubble, format_bytes(m.peak_bytes).c_str(),
+                  m.loss, m.step_ms, m.bubble, m.simulated_bubble,
+                  format_bytes(m.peak_bytes).c_str(),
                   static_cast<long long>(m.remat.unit_calls),
                   static_cast<long long>(m.remat.replays),
                   static_cast<long long>(m.remat.early_stops),
@@ -50,6 +52,18 @@ class MetricsFile {
   std::ofstream file_;
 };
 
+// The measured timeline of a step next to the simulator's prediction with the measured costs.
+void write_timeline_svg(const TrainConfig& config, const schedule::Schedule& plan,
+                        const StepMetrics& m) {
+  schedule::RenderOptions measured_options;
+  measured_options.costs_label = "measured (ms)";
+  const std::string measured = schedule::render_svg(plan, m.measured, measured_options);
+  std::ofstream file(config.output.timeline_svg);
+  PIPEMAT_CHECK(file.good(), ConfigError, "output.timeline_svg: cannot write '",
+                config.output.timeline_svg, "'");
+  file << measured;
+}
+
 }  // namespace
 
 std::string metrics_json(const StepMetrics& m) {
@@ -58,6 +72,7 @@ std::string metrics_json(const StepMetrics& m) {
   j["loss"] = m.loss;
   j["step_ms"] = m.step_ms;
   j["bubble"] = m.bubble;
+  j["simulated_bubble"] = m.simulated_bubble;
   j["peak_bytes"] = m.peak_bytes;
   j["replays"] = m.remat.replays;
   j["early_stops"] = m.remat.early_stops;
@@ -80,6 +95,9 @@ TrainResult train_on(const TrainConfig& config, comm::Transport& transport,
       if (progress && config.output.progress) print_progress(*progress, config, m, true);
     }
     result.steps.push_back(std::move(m));
+  }
+  if (result.last_stage_rank && !config.output.timeline_svg.empty() && !result.steps.empty()) {
+    write_timeline_svg(config, runtime.schedule(), result.steps.back());
   }
   result.params = runtime.named_parameters();
   return result;

@@ -28,6 +28,7 @@
 #include "pipemat/pp/options.h"
 #include "pipemat/remat/stats.h"
 #include "pipemat/schedule/schedule.h"
+#include "pipemat/schedule/simulate.h"
 
 namespace pipemat::pp {
 
@@ -47,6 +48,11 @@ struct StepMetrics {
   int64_t peak_bytes = 0;   // tracking-allocator peak during the step (this process)
   remat::RematCounters remat;  // this rank's; on the last stage's rank summed over all ranks
   std::vector<ActionTiming> timeline;  // this rank's actions
+  // On the last stage's rank: every rank's measured timeline (ms) as a simulation result, and
+  // the simulator's prediction for the same schedule with the measured mean cost of each action
+  // type (F, B, I, W, R; zero comm latency).
+  schedule::SimulationResult measured;
+  double simulated_bubble = 0;
 };
 
 class PipelineRuntime {
