@@ -123,6 +123,7 @@ struct PipelineRuntime::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     double busy_us = 0;
 
+    double a0_after_wait = -1;
     auto incoming_grad = [&](const Action& a, MicroBatch& mb) {
       if (a.stage == last_stage) return at::ones_like(mb.loss);
       auto h = handoff_b.find({a.stage, a.micro_batch});
@@ -136,6 +137,7 @@ struct PipelineRuntime::Impl {
                               " on rank ", rank);
       at::Tensor g = r->second.wait();
       recv_b.erase(r);
+      a0_after_wait = since_us(t0);
       return g;
     };
     auto deliver_dx = [&](const Action& a, const at::Tensor& dx) {
@@ -154,7 +156,8 @@ struct PipelineRuntime::Impl {
     };
 
     for (const Action& a : plan.actions[rank]) {
-      const double a0 = since_us(t0);
+      // Compute time starts once the action's input is here: waiting for a receive is bubble.
+      double a0 = since_us(t0);
       const Key key{a.stage, a.micro_batch};
       switch (a.type) {
         case ActionType::kRecvForward:
@@ -175,6 +178,7 @@ struct PipelineRuntime::Impl {
           } else {
             in = recv_f.at(key).wait();
             recv_f.erase(key);
+            a0 = since_us(t0);
           }
           MicroBatch mb;
           mb.input = in.detach().requires_grad_(a.stage > 0);
@@ -261,6 +265,10 @@ struct PipelineRuntime::Impl {
           pending_dx.erase(it);
           break;
         }
+      }
+      if (a0_after_wait >= 0) {
+        a0 = a0_after_wait;
+        a0_after_wait = -1;
       }
       if (schedule::is_compute(a.type)) {
         const double a1 = since_us(t0);
