@@ -344,6 +344,7 @@ struct PipelineRuntime::Impl {
     model.backward_weight = mean(ActionType::kBackwardWeight, model.forward);
     if (cost.count(ActionType::kBackward)) model.backward = mean(ActionType::kBackward, 2.0);
     if (cost.count(ActionType::kRecompute)) model.recompute = mean(ActionType::kRecompute, 0.0);
+    m.measured_costs = model;
     m.simulated_bubble = schedule::simulate(plan, model).bubble_ratio;
   }
 

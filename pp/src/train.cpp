@@ -11,6 +11,7 @@
 #include "pipemat/core/format.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/schedule/render.h"
+#include "pipemat/schedule/simulate.h"
 
 namespace pipemat::pp {
 namespace {
@@ -52,6 +53,16 @@ class MetricsFile {
   std::ofstream file_;
 };
 
+// "run.svg" -> "run.predicted.svg".
+std::string predicted_svg_path(const std::string& path) {
+  const auto dot = path.rfind('.');
+  const auto slash = path.rfind('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) {
+    return path + ".predicted.svg";
+  }
+  return path.substr(0, dot) + ".predicted" + path.substr(dot);
+}
+
 // The measured timeline of a step next to the simulator's prediction with the measured costs.
 void write_timeline_svg(const TrainConfig& config, const schedule::Schedule& plan,
                         const StepMetrics& m) {
@@ -62,6 +73,14 @@ void write_timeline_svg(const TrainConfig& config, const schedule::Schedule& pla
   PIPEMAT_CHECK(file.good(), ConfigError, "output.timeline_svg: cannot write '",
                 config.output.timeline_svg, "'");
   file << measured;
+  // Next to it: the simulator's prediction for the same schedule with the measured costs.
+  schedule::RenderOptions predicted_options;
+  predicted_options.costs_label = "simulated with the measured mean costs (ms)";
+  const std::string path = predicted_svg_path(config.output.timeline_svg);
+  std::ofstream predicted(path);
+  PIPEMAT_CHECK(predicted.good(), ConfigError, "output.timeline_svg: cannot write '", path, "'");
+  predicted << schedule::render_svg(plan, schedule::simulate(plan, m.measured_costs),
+                                    predicted_options);
 }
 
 }  // namespace

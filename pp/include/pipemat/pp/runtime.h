@@ -52,6 +52,7 @@ struct StepMetrics {
   // the simulator's prediction for the same schedule with the measured mean cost of each action
   // type (F, B, I, W, R; zero comm latency).
   schedule::SimulationResult measured;
+  schedule::CostModel measured_costs;
   double simulated_bubble = 0;
 };
 
