@@ -7,6 +7,24 @@
 
 namespace pipemat::models {
 
+namespace {
+
+// A ModuleList of `n` layers built as Layer(args...), and a forward through all of them.
+template <typename Layer, typename... Args>
+torch::nn::ModuleList make_layers(int64_t n, const Args&... args) {
+  torch::nn::ModuleList list;
+  for (int64_t i = 0; i < n; ++i) list->push_back(Layer(args...));
+  return list;
+}
+
+template <typename Layer>
+at::Tensor run_layers(remat::ModuleList& layers, at::Tensor x) {
+  for (auto& layer : *layers) x = layer->as<Layer>()->forward(x);
+  return x;
+}
+
+}  // namespace
+
 RMSNormImpl::RMSNormImpl(int64_t hidden, double eps_) : eps(eps_) {
   weight = register_parameter("weight", at::ones({hidden}));
 }
@@ -34,18 +52,16 @@ SiluBlockImpl::SiluBlockImpl(int64_t hidden) {
 at::Tensor SiluBlockImpl::forward(const at::Tensor& x) { return at::silu(gemm(norm(x))); }
 
 RmsNormGemmStackImpl::RmsNormGemmStackImpl(int64_t num_layers, int64_t hidden) {
-  torch::nn::ModuleList list;
-  for (int64_t i = 0; i < num_layers; ++i) list->push_back(SiluBlock(hidden));
-  layers = register_module("layers", list);
+  layers = register_module("layers", make_layers<SiluBlock>(num_layers, hidden));
 }
 
 at::Tensor RmsNormGemmStackImpl::forward(at::Tensor x) {
-  for (auto& layer : *layers) x = layer->as<SiluBlock>()->forward(x);
-  return x;
+  return run_layers<SiluBlock>(layers, std::move(x));
 }
 
 GroupedGemmImpl::GroupedGemmImpl(int64_t experts, int64_t hidden) {
-  weight = register_parameter("weight", at::randn({experts, hidden, hidden}) / std::sqrt(static_cast<double>(hidden)));
+  weight = register_parameter(
+      "weight", at::randn({experts, hidden, hidden}) / std::sqrt(static_cast<double>(hidden)));
 }
 
 at::Tensor GroupedGemmImpl::forward(const at::Tensor& packed, std::vector<int64_t> counts) {
@@ -91,14 +107,11 @@ at::Tensor MoELayerImpl::forward(const at::Tensor& x) {
 }
 
 MoEStackImpl::MoEStackImpl(int64_t num_layers, int64_t hidden, int64_t experts, int64_t top_k) {
-  torch::nn::ModuleList list;
-  for (int64_t i = 0; i < num_layers; ++i) list->push_back(MoELayer(hidden, experts, top_k));
-  layers = register_module("layers", list);
+  layers = register_module("layers", make_layers<MoELayer>(num_layers, hidden, experts, top_k));
 }
 
 at::Tensor MoEStackImpl::forward(at::Tensor x) {
-  for (auto& layer : *layers) x = layer->as<MoELayer>()->forward(x);
-  return x;
+  return run_layers<MoELayer>(layers, std::move(x));
 }
 
 MlpBlockImpl::MlpBlockImpl(int64_t hidden, int64_t ffn) {
@@ -118,7 +131,8 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   const int64_t tokens = x.size(0), hidden = x.size(1), dim = hidden / heads;
   auto parts = qkv(x).view({tokens, 3, heads, dim}).permute({1, 2, 0, 3});  // [3, h, T, d]
   auto q = parts[0], k = parts[1], v = parts[2];
-  auto scores = at::softmax(at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dim)), -1);
+  auto scores =
+      at::softmax(at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(dim)), -1);
   auto context = at::matmul(scores, v).permute({1, 0, 2}).reshape({tokens, hidden});
   return proj(context);
 }
@@ -156,14 +170,11 @@ at::Tensor SaveChainImpl::forward(const at::Tensor& x) {
 }
 
 SaveChainStackImpl::SaveChainStackImpl(int64_t num_layers, double scale_init) {
-  torch::nn::ModuleList list;
-  for (int64_t i = 0; i < num_layers; ++i) list->push_back(SaveChain(scale_init));
-  layers = register_module("layers", list);
+  layers = register_module("layers", make_layers<SaveChain>(num_layers, scale_init));
 }
 
 at::Tensor SaveChainStackImpl::forward(at::Tensor x) {
-  for (auto& layer : *layers) x = layer->as<SaveChain>()->forward(x);
-  return x;
+  return run_layers<SaveChain>(layers, std::move(x));
 }
 
 }  // namespace pipemat::models

@@ -123,7 +123,7 @@ struct PipelineRuntime::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     double busy_us = 0;
 
-    double a0_after_wait = -1;
+    double a0 = 0;  // start of the current action's compute (after its receive, if any)
     auto incoming_grad = [&](const Action& a, MicroBatch& mb) {
       if (a.stage == last_stage) return at::ones_like(mb.loss);
       auto h = handoff_b.find({a.stage, a.micro_batch});
@@ -133,11 +133,11 @@ struct PipelineRuntime::Impl {
         return g;
       }
       auto r = recv_b.find({a.stage, a.micro_batch});
-      PIPEMAT_INTERNAL_ASSERT(r != recv_b.end(), "no gradient source for ", schedule::format_action(a),
-                              " on rank ", rank);
+      PIPEMAT_INTERNAL_ASSERT(r != recv_b.end(), "no gradient source for ",
+                              schedule::format_action(a), " on rank ", rank);
       at::Tensor g = r->second.wait();
       recv_b.erase(r);
-      a0_after_wait = since_us(t0);
+      a0 = since_us(t0);
       return g;
     };
     auto deliver_dx = [&](const Action& a, const at::Tensor& dx) {
@@ -157,7 +157,7 @@ struct PipelineRuntime::Impl {
 
     for (const Action& a : plan.actions[rank]) {
       // Compute time starts once the action's input is here: waiting for a receive is bubble.
-      double a0 = since_us(t0);
+      a0 = since_us(t0);
       const Key key{a.stage, a.micro_batch};
       switch (a.type) {
         case ActionType::kRecvForward:
@@ -169,13 +169,15 @@ struct PipelineRuntime::Impl {
                                           activation_meta);
           break;
         case ActionType::kForward: {
-          at::Tensor in;
-          if (a.stage == 0) {
-            in = micro_batch_data(config.model, config.training.seed, step, a.micro_batch).first;
-          } else if (handoff_f.count(key)) {
+          at::Tensor in, target;
+          if (a.stage == 0 || a.stage == last_stage) {
+            std::tie(in, target) =
+                micro_batch_data(config.model, config.training.seed, step, a.micro_batch);
+          }
+          if (a.stage > 0 && handoff_f.count(key)) {
             in = handoff_f[key];
             handoff_f.erase(key);
-          } else {
+          } else if (a.stage > 0) {
             in = recv_f.at(key).wait();
             recv_f.erase(key);
             a0 = since_us(t0);
@@ -189,8 +191,6 @@ struct PipelineRuntime::Impl {
             mb.group = scope.group();
           }
           if (a.stage == last_stage) {
-            auto target =
-                micro_batch_data(config.model, config.training.seed, step, a.micro_batch).second;
             mb.loss = micro_batch_loss(out, target, plan.micro_batches);
             mb.root = torch::autograd::impl::gradient_edge(mb.loss);
             losses[a.micro_batch] = mb.loss.item<double>();
@@ -259,16 +259,13 @@ struct PipelineRuntime::Impl {
         }
         case ActionType::kSendBackward: {
           auto it = pending_dx.find(key);
-          PIPEMAT_INTERNAL_ASSERT(it != pending_dx.end(), schedule::format_action(a), " before its I/B");
-          sends.push_back(comm::send_tensor(transport, schedule::peer_rank(plan, a), tag_of(a),
-                                            it->second));
+          PIPEMAT_INTERNAL_ASSERT(it != pending_dx.end(), schedule::format_action(a),
+                                  " before its I/B");
+          sends.push_back(
+              comm::send_tensor(transport, schedule::peer_rank(plan, a), tag_of(a), it->second));
           pending_dx.erase(it);
           break;
         }
-      }
-      if (a0_after_wait >= 0) {
-        a0 = a0_after_wait;
-        a0_after_wait = -1;
       }
       if (schedule::is_compute(a.type)) {
         const double a1 = since_us(t0);
@@ -336,7 +333,7 @@ struct PipelineRuntime::Impl {
     auto mean = [&](ActionType t, double fallback) {
       auto it = cost.find(t);
       return it == cost.end() || it->second.second == 0 ? fallback
-                                                         : it->second.first / it->second.second;
+                                                        : it->second.first / it->second.second;
     };
     schedule::CostModel model;
     model.forward = mean(ActionType::kForward, 1.0);
@@ -395,7 +392,6 @@ StepMetrics PipelineRuntime::run_step(int64_t step) { return impl_->run_step(ste
 bool PipelineRuntime::is_last_stage_rank() const {
   return impl_->plan.rank_of(impl_->last_stage) == impl_->rank;
 }
-int PipelineRuntime::rank() const { return impl_->rank; }
 const schedule::Schedule& PipelineRuntime::schedule() const { return impl_->plan; }
 std::vector<std::pair<std::string, at::Tensor>> PipelineRuntime::named_parameters() const {
   return impl_->named;
@@ -428,7 +424,8 @@ std::vector<StepMetrics> run_reference(const TrainConfig& config,
   }
   if (params) {
     params->clear();
-    for (const auto& item : model->named_parameters()) params->emplace_back(item.key(), item.value());
+    for (const auto& item : model->named_parameters())
+      params->emplace_back(item.key(), item.value());
   }
   return out;
 }

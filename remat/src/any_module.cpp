@@ -133,15 +133,6 @@ std::shared_ptr<RegionSlot> make_any_module_region(torch::nn::AnyModule& module)
   return slot;
 }
 
-size_t make_sequential_regions(torch::nn::SequentialImpl& sequential) {
-  size_t n = 0;
-  for (auto& any : sequential) {
-    make_any_module_region(any);
-    ++n;
-  }
-  return n;
-}
-
 torch::nn::AnyModule checkpoint_wrapper(const torch::nn::AnyModule& module,
                                         const CheckpointOptions& options) {
   torch::nn::AnyModule out = module;

@@ -55,6 +55,4 @@ HookScope::~HookScope() {
   if (!tls_hook_stack.empty() && tls_hook_stack.back() == factory_) tls_hook_stack.pop_back();
 }
 
-size_t hook_stack_depth() { return tls_hook_stack.size(); }
-
 }  // namespace pipemat::remat

@@ -145,7 +145,6 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
   void retain() { retained_ = true; }
   void release() noexcept;
   bool released() const { return released_; }
-  bool replayed() const { return replayed_; }
   RematReport report() const;
 
  private:

@@ -14,14 +14,8 @@ namespace {
 
 using testing::Group;
 
-struct Param {
-  TransportKind kind;
-  int world_size;
-};
-
-std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  return to_string(info.param.kind) + std::to_string(info.param.world_size);
-}
+using Param = testing::TransportParam;
+using testing::param_name;
 
 class TensorTest : public ::testing::TestWithParam<Param> {
  protected:

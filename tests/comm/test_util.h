@@ -12,6 +12,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include <gtest/gtest.h>
 #include <vector>
 
 #include "pipemat/comm/transport.h"
@@ -73,6 +75,16 @@ inline Group make_group(TransportKind kind, int world_size, TransportOptions opt
 inline void run_ranks(Group& group, const std::function<void(Transport&)>& fn) {
   run_threads(static_cast<int>(group.size()),
               [&](int rank) { fn(*group[static_cast<size_t>(rank)]); });
+}
+
+// Parameter of the tests that run over transport x world size.
+struct TransportParam {
+  TransportKind kind;
+  int world_size;
+};
+
+inline std::string param_name(const ::testing::TestParamInfo<TransportParam>& info) {
+  return to_string(info.param.kind) + std::to_string(info.param.world_size);
 }
 
 }  // namespace pipemat::comm::testing

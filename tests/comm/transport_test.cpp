@@ -16,14 +16,8 @@ using testing::Group;
 using testing::make_group;
 using testing::run_ranks;
 
-struct Param {
-  TransportKind kind;
-  int world_size;
-};
-
-std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  return to_string(info.param.kind) + std::to_string(info.param.world_size);
-}
+using Param = testing::TransportParam;
+using testing::param_name;
 
 class TransportTest : public ::testing::TestWithParam<Param> {
  protected:

@@ -70,7 +70,6 @@ class PipelineRuntime {
   StepMetrics run_step(int64_t step);
 
   bool is_last_stage_rank() const;
-  int rank() const;
   const schedule::Schedule& schedule() const;
   // Parameters of this rank's stages, by global name "layers.<global index>.<name>".
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;

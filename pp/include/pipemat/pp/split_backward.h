@@ -44,9 +44,6 @@ class SplitBackward {
   // W: accumulates parameter gradients into `.grad`. Call once, after run_input.
   void run_weight();
 
-  // Number of W roots found by the graph analysis (for tests).
-  size_t weight_roots() const { return boundary_.size(); }
-
   struct Capture;  // gradients a W root received during I
 
  private:

@@ -14,7 +14,4 @@ namespace pipemat::remat {
 // Idempotent. The module tree is unchanged: same child, same parameter names.
 std::shared_ptr<RegionSlot> make_any_module_region(torch::nn::AnyModule& module);
 
-// make_any_module_region() for every entry of a Sequential; returns the number of entries.
-size_t make_sequential_regions(torch::nn::SequentialImpl& sequential);
-
 }  // namespace pipemat::remat

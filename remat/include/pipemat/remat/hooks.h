@@ -55,7 +55,4 @@ class HookScope {
   HookFactory* factory_;
 };
 
-// Number of factories on this thread's stack (for tests and assertions).
-size_t hook_stack_depth();
-
 }  // namespace pipemat::remat

@@ -107,7 +107,6 @@ class InvocationGroup {
 
   // Used by the unit wrapper.
   void add(std::shared_ptr<detail::Invocation> invocation);
-  const std::vector<std::shared_ptr<detail::Invocation>>& invocations() const { return invocations_; }
 
  private:
   InvocationKey key_;
