@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "commands.h"
-#include "pipemat/pp/config.h"
-#include "pipemat/pp/train.h"
+#include "pipemat/models/config.h"
+#include "pipemat/models/train.h"
 
 namespace pipemat::launch {
 
@@ -35,13 +35,13 @@ void add_train_command(CLI::App& app) {
                 "remat: the oracle for correctness");
   cmd->add_flag("--print-config", f->print_config, "Print the effective config and exit");
   cmd->callback([f] {
-    pp::TrainConfig config = pp::load_config(f->config, f->overrides);
+    models::TrainConfig config = models::load_config(f->config, f->overrides);
     if (!f->metrics.empty()) config.output.metrics = f->metrics;
     if (f->print_config) {
-      std::cout << pp::config_to_yaml(config);
+      std::cout << models::config_to_yaml(config);
       return;
     }
-    const int rc = pp::run_train(config, f->reference, std::cout);
+    const int rc = models::run_train(config, f->reference, std::cout);
     if (rc != 0) std::exit(rc);
   });
 }

@@ -97,13 +97,15 @@ void accumulate_grad(at::Tensor& param, const at::Tensor& grad) {
   }
 }
 
-SplitBackward::SplitBackward(std::vector<Edge> roots, at::Tensor input,
+SplitBackward::SplitBackward(std::vector<Edge> roots, std::vector<at::Tensor> inputs,
                              std::vector<at::Tensor> params)
-    : roots_(std::move(roots)), input_(std::move(input)), params_(std::move(params)) {
+    : roots_(std::move(roots)), inputs_(std::move(inputs)), params_(std::move(params)) {
   const auto nodes = reachable(roots_);
   std::unordered_set<Node*> x_targets;
-  if (input_.defined() && input_.requires_grad()) {
-    x_targets.insert(torch::autograd::impl::gradient_edge(input_).function.get());
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    if (!inputs_[i].defined() || !inputs_[i].requires_grad()) continue;
+    grad_inputs_.push_back(i);
+    x_targets.insert(torch::autograd::impl::gradient_edge(inputs_[i]).function.get());
   }
   std::unordered_set<Node*> p_targets;
   for (const auto& p : params_) {
@@ -141,16 +143,19 @@ SplitBackward::~SplitBackward() {
   }
 }
 
-at::Tensor SplitBackward::run_input(const std::vector<at::Tensor>& root_grads) {
+std::vector<at::Tensor> SplitBackward::run_input(const std::vector<at::Tensor>& root_grads) {
   PIPEMAT_INTERNAL_ASSERT(!input_done_, "SplitBackward::run_input called twice");
   input_done_ = true;
   root_grads_ = root_grads;
-  if (roots_.empty() || !input_.defined() || !input_.requires_grad()) return at::Tensor();
+  std::vector<at::Tensor> dx(inputs_.size());
+  if (roots_.empty() || grad_inputs_.empty()) return dx;
+  std::vector<Edge> outputs;
+  for (size_t i : grad_inputs_) outputs.push_back(torch::autograd::impl::gradient_edge(inputs_[i]));
   auto& engine = torch::autograd::Engine::get_default_engine();
   auto out = engine.execute(roots_, root_grads_, /*keep_graph=*/true, /*create_graph=*/false,
-                            /*accumulate_grad=*/false,
-                            {torch::autograd::impl::gradient_edge(input_)});
-  return out.at(0);
+                            /*accumulate_grad=*/false, outputs);
+  for (size_t k = 0; k < grad_inputs_.size(); ++k) dx[grad_inputs_[k]] = out.at(k);
+  return dx;
 }
 
 void SplitBackward::run_weight() {
@@ -166,7 +171,7 @@ void SplitBackward::run_weight() {
   if (outputs.empty() || roots_.empty()) return;
   std::vector<Edge> roots;
   std::vector<at::Tensor> grads;
-  if (!input_.defined() || !input_.requires_grad()) {
+  if (grad_inputs_.empty()) {
     roots = roots_;
     grads = root_grads_;
   } else {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 
 namespace pipemat::remat {
 namespace {
@@ -28,10 +29,26 @@ struct Record {
   int64_t sequence;
 };
 
-void release(void* ctx) {
-  auto* record = static_cast<Record*>(ctx);
-  g_current.fetch_sub(record->bytes, std::memory_order_relaxed);
-  delete record;  // frees `inner` through the default allocator's deleter
+// Records by data pointer. The DataPtr's context is the data pointer itself (not the record),
+// because c10::Allocator::raw_allocate, which some kernels use for scratch memory (e.g. gelu),
+// requires context == data and frees through raw_deleter() with only that pointer.
+std::mutex g_records_mutex;
+std::unordered_map<void*, Record>& records() {
+  static auto* map = new std::unordered_map<void*, Record>();  // outlives static destructors
+  return *map;
+}
+
+void release(void* data) {
+  c10::DataPtr inner;
+  {
+    std::lock_guard<std::mutex> lock(g_records_mutex);
+    auto it = records().find(data);
+    if (it == records().end()) return;
+    g_current.fetch_sub(it->second.bytes, std::memory_order_relaxed);
+    inner = std::move(it->second.inner);
+    records().erase(it);
+  }
+  // `inner` frees the block through the default allocator's deleter here, outside the lock.
 }
 
 class TrackingAllocator final : public c10::Allocator {
@@ -41,13 +58,19 @@ class TrackingAllocator final : public c10::Allocator {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     const c10::Device device = inner.device();
-    auto* record = new Record{std::move(inner), static_cast<int64_t>(n),
-                              g_sequence.fetch_add(1, std::memory_order_relaxed)};
-    const int64_t now = g_current.fetch_add(record->bytes, std::memory_order_relaxed) + record->bytes;
+    if (data == nullptr) return inner;  // zero-byte allocations
+    const auto bytes = static_cast<int64_t>(n);
+    {
+      std::lock_guard<std::mutex> lock(g_records_mutex);
+      records().emplace(
+          data, Record{std::move(inner), bytes, g_sequence.fetch_add(1, std::memory_order_relaxed)});
+    }
+    const int64_t now = g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     raise_to(g_peak, now);
     raise_to(g_window, now);
-    return c10::DataPtr(data, record, &release, device);
+    return c10::DataPtr(data, data, &release, device);
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
  private:
   c10::Allocator* base_;
@@ -90,7 +113,9 @@ int64_t allocation_sequence(const c10::StorageImpl* storage) {
   if (storage == nullptr) return -1;
   const c10::DataPtr& ptr = storage->data_ptr();
   if (ptr.get_deleter() != &release) return -1;
-  return static_cast<Record*>(ptr.get_context())->sequence;
+  std::lock_guard<std::mutex> lock(g_records_mutex);
+  auto it = records().find(ptr.get());
+  return it == records().end() ? -1 : it->second.sequence;
 }
 
 }  // namespace pipemat::remat

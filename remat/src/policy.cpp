@@ -76,7 +76,7 @@ PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
       decls[path].checkpoint = true;
       decls[path].rule = "checkpoint '" + pattern + "'";
     }
-    PIPEMAT_CHECK(any, RematError, "remat policy: checkpoint path '", pattern,
+    PIPEMAT_CHECK(any || policy.allow_unmatched, RematError, "remat policy: checkpoint path '", pattern,
                   "' matches no module. Module paths are: ", known_paths());
   }
   for (const auto& rule : policy.exclude) {
@@ -96,7 +96,7 @@ PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
       d.save_output = rule.save_output;
       d.rule = "exclude '" + rule.path + "'";
     }
-    PIPEMAT_CHECK(any, RematError, "remat policy: exclude path '", rule.path,
+    PIPEMAT_CHECK(any || policy.allow_unmatched, RematError, "remat policy: exclude path '", rule.path,
                   "' matches no module. Module paths are: ", known_paths());
   }
   // Nested units are not supported.

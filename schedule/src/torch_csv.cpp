@@ -1,11 +1,84 @@
 #include "pipemat/schedule/torch_csv.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
 
 namespace pipemat::schedule {
+namespace {
+
+// torch's FSDP / data-parallel actions (torch.distributed.pipelining _ComputationType UNSHARD,
+// RESHARD, REDUCE_GRAD). torch creates them with microbatch_index None, so `_Action.__repr__`
+// writes `0UNSHARD`; `_Action.from_str` reads `(\d+)(...)(\d*)` and so would also take
+// `0UNSHARD3`.
+enum class FsdpCell { kNone, kUnshard, kReshard, kReduceGrad };
+
+// The run of decimal digits at text[pos...] (advancing pos); "" when there is none.
+std::string read_digits(const std::string& text, size_t& pos) {
+  const size_t start = pos;
+  while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
+  return text.substr(start, pos - start);
+}
+
+// The bound of parse_action: numbers up to 1e9.
+bool in_range(const std::string& digits) {
+  const size_t first = std::min(digits.find_first_not_of('0'), digits.size());
+  return digits.size() - first < 10 || digits.substr(first) == "1000000000";
+}
+
+// kNone when `raw` is not `<stage>UNSHARD|RESHARD|REDUCE_GRAD...` (parse_action then decides);
+// ScheduleError when it is one of these words with a bad number or text after it.
+FsdpCell classify_fsdp_cell(const std::string& raw) {
+  const size_t begin = raw.find_first_not_of(" \t\r\n");
+  if (begin == std::string::npos) return FsdpCell::kNone;
+  const size_t end = raw.find_last_not_of(" \t\r\n");
+  const std::string text = raw.substr(begin, end - begin + 1);
+  size_t pos = 0;
+  const std::string stage = read_digits(text, pos);
+  if (stage.empty()) return FsdpCell::kNone;
+  const size_t word_begin = pos;
+  while (pos < text.size() &&
+         (std::isupper(static_cast<unsigned char>(text[pos])) || text[pos] == '_')) {
+    ++pos;
+  }
+  const std::string word = text.substr(word_begin, pos - word_begin);
+  FsdpCell kind = FsdpCell::kNone;
+  if (word == "UNSHARD") kind = FsdpCell::kUnshard;
+  if (word == "RESHARD") kind = FsdpCell::kReshard;
+  if (word == "REDUCE_GRAD") kind = FsdpCell::kReduceGrad;
+  if (kind == FsdpCell::kNone) return kind;
+  const char* expected =
+      ". torch writes these FSDP cells as <stage>UNSHARD, <stage>RESHARD or <stage>REDUCE_GRAD "
+      "(e.g. 0UNSHARD), optionally followed by a micro-batch number";
+  const std::string micro_batch = read_digits(text, pos);
+  PIPEMAT_CHECK(pos == text.size(), ScheduleError, "cannot parse action '", text,
+                "': unexpected text '", text.substr(pos), "' after ", word, expected);
+  PIPEMAT_CHECK(in_range(stage) && in_range(micro_batch), ScheduleError, "cannot parse action '",
+                text, "': a number is larger than 1000000000", expected);
+  return kind;
+}
+
+// "4 UNSHARD", "4 UNSHARD and 2 REDUCE_GRAD", "4 UNSHARD, 4 RESHARD and 2 REDUCE_GRAD".
+std::string fsdp_note(const TorchCsvImport& import, const std::string& source) {
+  std::vector<std::string> parts;
+  if (import.unshard > 0) parts.push_back(std::to_string(import.unshard) + " UNSHARD");
+  if (import.reshard > 0) parts.push_back(std::to_string(import.reshard) + " RESHARD");
+  if (import.reduce_grad > 0) parts.push_back(std::to_string(import.reduce_grad) + " REDUCE_GRAD");
+  if (parts.empty()) return "";
+  std::string list = parts.back();
+  if (parts.size() > 1) {
+    parts.pop_back();
+    list = join(parts, ", ") + " and " + list;
+  }
+  const bool one = import.unshard + import.reshard + import.reduce_grad == 1;
+  return "ignored " + list + (one ? " cell" : " cells") + " of " + source +
+         ": pipemat has no sharding or data parallelism, so " +
+         (one ? "it is a no-op" : "they are no-ops");
+}
+
+}  // namespace
 
 std::string export_torch_csv(const Schedule& schedule, const TorchCsvOptions& options) {
   std::string out;
@@ -20,6 +93,11 @@ std::string export_torch_csv(const Schedule& schedule, const TorchCsvOptions& op
 }
 
 Schedule import_torch_csv(const std::string& text, const std::string& source) {
+  return import_torch_csv_report(text, source).schedule;
+}
+
+TorchCsvImport import_torch_csv_report(const std::string& text, const std::string& source) {
+  TorchCsvImport import;
   std::vector<std::string> lines = split(text, '\n');
   for (auto& line : lines) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -30,7 +108,7 @@ Schedule import_torch_csv(const std::string& text, const std::string& source) {
   PIPEMAT_CHECK(!lines.empty(), ScheduleError, source,
                 ": the CSV has no rows; expected one row of action strings per rank "
                 "(e.g. `0F0,0F1,0B0,0B1`).");
-  Schedule s;
+  Schedule& s = import.schedule;
   s.kind = ScheduleKind::kImported;
   s.ranks_count = static_cast<int>(lines.size());
   s.actions.resize(lines.size());
@@ -44,6 +122,11 @@ Schedule import_torch_csv(const std::string& text, const std::string& source) {
       if (cell.find_first_not_of(" \t") == std::string::npos) continue;  // idle slot
       Action a;
       try {
+        const FsdpCell fsdp = classify_fsdp_cell(cell);
+        if (fsdp == FsdpCell::kUnshard) ++import.unshard;
+        if (fsdp == FsdpCell::kReshard) ++import.reshard;
+        if (fsdp == FsdpCell::kReduceGrad) ++import.reduce_grad;
+        if (fsdp != FsdpCell::kNone) continue;  // a no-op here (see torch_csv.h)
         a = parse_action(cell);
       } catch (const ScheduleError& e) {
         PIPEMAT_THROW(ScheduleError, source, ": row ", row + 1, " (rank ", row, "), column ",
@@ -93,7 +176,8 @@ Schedule import_torch_csv(const std::string& text, const std::string& source) {
   } catch (const ScheduleError& e) {
     PIPEMAT_THROW(ScheduleError, source, ": ", e.what());
   }
-  return s;
+  import.note = fsdp_note(import, source);
+  return import;
 }
 
 }  // namespace pipemat::schedule

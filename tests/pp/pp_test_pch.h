@@ -1,6 +1,6 @@
 #pragma once
-// Precompiled for every pp test file: gtest, yaml-cpp and the torch module header that
-// pipemat/pp/options.h pulls in through the remat policy.
+// Precompiled for every pp test file: gtest and the torch headers the pipeline API pulls in.
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
-#include <yaml-cpp/yaml.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/optim/optimizer.h>

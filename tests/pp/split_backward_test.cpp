@@ -7,12 +7,20 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "pipemat/pp/model.h"
+#include "pipemat/models/zoo_stages.h"
 #include "pipemat/pp/split_backward.h"
 #include "pipemat/remat/remat.h"
 
 namespace pipemat::pp {
 namespace {
+
+using models::build_layers;
+using models::micro_batch_data;
+using models::micro_batch_loss;
+using models::ModelOptions;
+using models::RematConfig;
+using models::Stage;
+using models::stage_policy;
 
 struct Case {
   std::string kind;
@@ -48,8 +56,8 @@ TEST_P(SplitBackwardEquality, InputThenWeightEqualsFusedBackward) {
     at::Tensor dx;
     if (split) {
       group->retain();
-      SplitBackward sb({torch::autograd::impl::gradient_edge(loss)}, x, params);
-      dx = sb.run_input({at::ones_like(loss)});
+      SplitBackward sb({torch::autograd::impl::gradient_edge(loss)}, {x}, params);
+      dx = sb.run_input({at::ones_like(loss)}).at(0);
       for (const auto& p : params) EXPECT_FALSE(p.grad().defined()) << "I computed a dW";
       sb.run_weight();
     } else {
@@ -94,6 +102,14 @@ INSTANTIATE_TEST_SUITE_P(
 namespace pipemat::pp {
 namespace {
 
+using models::build_layers;
+using models::micro_batch_data;
+using models::micro_batch_loss;
+using models::ModelOptions;
+using models::RematConfig;
+using models::Stage;
+using models::stage_policy;
+
 TEST(SplitBackwardMemory, RederivedGemmInputLivesOnlyFromRToW) {
   remat::install_tracking_allocator();
   ModelOptions m;
@@ -130,8 +146,8 @@ TEST(SplitBackwardMemory, RederivedGemmInputLivesOnlyFromRToW) {
     auto after_r = group->report();
     EXPECT_GE(after_r.replayed_bytes, m.layers * act) << "R regenerated the GEMM inputs";
 
-    SplitBackward split({torch::autograd::impl::gradient_edge(loss)}, x, params);
-    dx = split.run_input({at::ones_like(loss)});  // I
+    SplitBackward split({torch::autograd::impl::gradient_edge(loss)}, {x}, params);
+    dx = split.run_input({at::ones_like(loss)}).at(0);  // I
     EXPECT_EQ(group->report().replayed_bytes, after_r.replayed_bytes) << "kept for W";
     split.run_weight();  // W
     group->release();

@@ -19,10 +19,33 @@
 // dtype, any layout (strided); the send keeps its tensor alive until the message left; the
 // receive owns its destination until wait() returned it.
 // Errors: CommError (mismatch, peer failure), TimeoutError, ConfigError (e.g. non-CPU tensor).
+//
+// Tensor lists (send_tensors / recv_tensors) carry several tensors, some possibly undefined, as
+// ONE transport message whose shapes may change from message to message. Wire format (all
+// integers little-endian as in memory; every block starts at a 64-byte offset, so with the
+// transport's 64-byte aligned receive buffer every tensor's data is 64-byte aligned):
+//   list header, 64 bytes:  u32 magic "PML1" (0x504d4c31), i32 sender rank, u32 count
+//                           (<= kMaxListTensors), u32 reserved (0), u64 total message bytes,
+//                           zero padding
+//   then per entry:         the single-tensor header above (u32 magic "PMT1", i32 dtype code
+//                           (at::ScalarType), i32 ndim, i32 sender, u64 nbytes, u64 flags
+//                           (bit 0 requires_grad, bit 1 undefined entry), ndim x i64 dims;
+//                           zero padded to a multiple of 64 bytes), then nbytes of contiguous
+//                           data, zero padded to a multiple of 64 bytes. An undefined entry has
+//                           dtype Undefined, ndim 0, nbytes 0 and no data.
+// The receiver checks every field against the bytes that arrived (a hostile or buggy peer
+// cannot make it crash, over-allocate or read out of bounds): magic, count, sender, known
+// non-quantized dtype, ndim in [0, 64], dims >= 0, no int64 overflow in the shape's product or
+// numel * element size, nbytes, flags (requires_grad only on floating/complex), and that the
+// blocks add up to exactly the message size. Each failure is a CommError naming both ranks
+// and the tag:
+//   "rank 1 sent a corrupt tensor list on tag 7: entry 2 has dtype code 99, which is not a
+//    dtype (received by rank 0, local). ..."
 
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,5 +110,50 @@ TensorWork recv_tensor(Transport& transport, int peer, int tag, const TensorMeta
 // Receives into `out` (preallocated, CPU; its dtype and shape are the expectation). Contiguous
 // `out` is written in place; otherwise via a contiguous temporary copied in at wait().
 TensorWork recv_tensor_into(Transport& transport, int peer, int tag, const at::Tensor& out);
+
+// ---- lists of tensors ----
+
+// Most entries one tensor-list message may carry (more: ConfigError in send_tensors, CommError
+// in recv_tensors).
+constexpr size_t kMaxListTensors = 4096;
+
+// Handle of a send or receive of a list of tensors (one transport message). Same contract as
+// TensorWork; cheap to copy (shared state).
+class TensorListWork {
+ public:
+  TensorListWork() = default;
+
+  bool valid() const;
+  bool is_completed() const;
+  // Receive: the received tensors, in order. Send: the tensors sent (the caller's tensors, not
+  // contiguous copies). CommError (corrupt or non-list message, peer failure) / TimeoutError
+  // like TensorWork::wait. Every later call returns the same list or rethrows the same error.
+  std::vector<at::Tensor> wait() const;
+  std::vector<at::Tensor> wait(std::chrono::milliseconds timeout) const;
+  void abort() const noexcept;
+  // The byte-level handle (status, info).
+  const WorkPtr& work() const;
+
+  struct State;
+  explicit TensorListWork(std::shared_ptr<State> state);
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Sends `tensors` (CPU, any dtype/shape/strides; entries may be undefined) as one message: each
+// entry's dtype, shape and requires_grad travel with its bytes. Non-contiguous entries are made
+// contiguous first; the work keeps the bytes alive until the message left. ConfigError (at the
+// call) for more than kMaxListTensors entries, a non-CPU or non-strided tensor, a quantized
+// dtype or more than 64 dimensions, naming the entry.
+TensorListWork send_tensors(Transport& transport, int peer, int tag,
+                            const std::vector<at::Tensor>& tensors);
+
+// Receives a list sent by send_tensors. Each defined entry is a fresh CPU tensor (a leaf) with
+// the sender's dtype and shape, and requires_grad set when the sent tensor required grad;
+// undefined entries stay undefined. No copy beyond the transport buffer: the tensors wrap it
+// (from_blob, 64-byte aligned data) and share ownership of it, so the buffer lives as long as
+// any of them.
+TensorListWork recv_tensors(Transport& transport, int peer, int tag);
 
 }  // namespace pipemat::comm

@@ -50,6 +50,14 @@ class RematError : public Error {
   using Error::Error;
 };
 
+// A pipeline stage or the pipeline API used wrongly: a stage returning a different number of
+// tensors or other dtypes than its boundary carried, inputs that do not fit a stage's forward, a
+// loss that is not a scalar, a batch that does not split into the micro-batches.
+class PipelineError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A pipemat invariant did not hold: a bug in pipemat, not in the caller.
 class InternalError : public Error {
  public:

@@ -4,9 +4,9 @@
 //
 // Note [Split backward]
 // ~~~~~~~~~~~~~~~~~~~~~
-// Let X be the autograd nodes of the stage graph from which the stage input's gradient
+// Let X be the autograd nodes of the stage graph from which a stage input's gradient
 // accumulator is reachable (the dx chain). I runs the engine from the stage outputs with the
-// input as the only requested output and the graph retained: only X runs, and each node of X
+// inputs as the only requested outputs and the graph retained: only X runs, and each node of X
 // computes only the outputs the dx chain needs (for a GEMM: dX, not dW). Before I, a pre-hook is
 // put on every node u of X that has an edge to a node outside X from which a parameter is
 // reachable; it captures the gradients u receives. W then cuts u's edges into X (the graph is
@@ -16,7 +16,7 @@
 // outside X never lead into X (they would reach the input), so the cut is complete. The parameter gradients are accumulated into `.grad` like
 // AccumulateGrad does (first: set, then: add). Each parameter gradient is computed once (no
 // double counting) and I + W equals the fused backward bitwise for the GEMMs of the zoo.
-// A stage whose input does not require grad (the first stage) has an empty X: I does nothing and
+// A stage whose inputs do not require grad (the first stage) has an empty X: I does nothing and
 // W is the whole backward. Saved tensors are unpacked by both passes, so checkpointed stages
 // keep their replay between I and W (remat InvocationGroup::retain / pretrigger).
 
@@ -31,16 +31,17 @@ namespace pipemat::pp {
 
 class SplitBackward {
  public:
-  // `roots`: gradient edges of the stage outputs (or of the loss); `input`: the stage input (a
-  // leaf; may not require grad); `params`: the stage's parameters.
-  SplitBackward(std::vector<torch::autograd::Edge> roots, at::Tensor input,
+  // `roots`: gradient edges of the stage outputs (or of the loss); `inputs`: the stage inputs
+  // (leaves; any may be undefined or not require grad); `params`: the stage's parameters.
+  SplitBackward(std::vector<torch::autograd::Edge> roots, std::vector<at::Tensor> inputs,
                 std::vector<at::Tensor> params);
   ~SplitBackward();
   SplitBackward(const SplitBackward&) = delete;
   SplitBackward& operator=(const SplitBackward&) = delete;
 
-  // I: returns the gradient w.r.t. the input (undefined when the input needs none). Call once.
-  at::Tensor run_input(const std::vector<at::Tensor>& root_grads);
+  // I: returns the gradient w.r.t. each input (undefined for an input that needs none or that
+  // the outputs do not depend on). Call once.
+  std::vector<at::Tensor> run_input(const std::vector<at::Tensor>& root_grads);
   // W: accumulates parameter gradients into `.grad`. Call once, after run_input.
   void run_weight();
 
@@ -49,7 +50,8 @@ class SplitBackward {
  private:
   std::vector<torch::autograd::Edge> roots_;
   std::vector<at::Tensor> root_grads_;
-  at::Tensor input_;
+  std::vector<at::Tensor> inputs_;
+  std::vector<size_t> grad_inputs_;  // indices of the inputs that require grad
   std::vector<at::Tensor> params_;
   std::vector<std::shared_ptr<torch::autograd::Node>> boundary_;
   std::vector<const torch::autograd::Node*> dx_chain_;  // X, sorted

@@ -30,6 +30,9 @@ struct RematPolicy {
   std::vector<std::string> checkpoint;
   std::vector<ExcludeRule> exclude;
   CheckpointOptions checkpoint_options;  // early_stop, preserve_rng_state for every unit
+  // Skip patterns that match no module instead of failing: for one policy of a whole model
+  // applied to each of its pipeline stages, which hold only some of the modules.
+  bool allow_unmatched = false;
 };
 
 struct PolicyResult {
@@ -39,7 +42,7 @@ struct PolicyResult {
 
 // Applies `policy` to the module tree under `root`: Sequential entries are rerouted in place;
 // modules held by Remat<H> or wrapped AnyModules get the declaration. Throws RematError naming
-// the path for: a pattern that matches no module, a module matched by two conflicting rules,
+// the path for: a pattern that matches no module (unless allow_unmatched), a module matched by two conflicting rules,
 // nested checkpoint units, and a matched module that its parent calls directly (declare that
 // member as Remat<H>, or put it in a Sequential).
 PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy);

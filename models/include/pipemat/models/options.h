@@ -10,7 +10,7 @@
 #include "pipemat/remat/policy.h"
 #include "pipemat/schedule/schedule.h"
 
-namespace pipemat::pp {
+namespace pipemat::models {
 
 // The model: a stack of `layers` identical layers of one kind from the model zoo, fed with
 // synthetic data (fixed seeds, no downloads). Input and target of a micro-batch are
@@ -51,6 +51,7 @@ struct TrainingOptions {
   double lr = 0.01;
   double momentum = 0.0;       // sgd
   double weight_decay = 0.0;   // sgd, adamw
+  double clip_grad_norm = 0.0; // global L2 norm over all ranks; 0: no clipping
   uint64_t seed = 0;
 };
 
@@ -65,10 +66,12 @@ struct TrainConfig {
   PartitionOptions partition;
   schedule::ScheduleOptions schedule;  // kind, stages (= ranks), micro_batches, virtual_stages,
                                        // recompute (none | lazy | pretrigger)
+  std::string schedule_csv;            // schedule.csv: a torch CSV action list replacing the
+                                       // generated schedule (kind, stages, micro-batches)
   RematConfig remat;
   comm::TransportOptions transport;    // kind (auto | mpi | tcp | local), timeout, tcp rendezvous
   TrainingOptions training;
   OutputOptions output;
 };
 
-}  // namespace pipemat::pp
+}  // namespace pipemat::models

@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "pipemat/pp/options.h"
+#include "pipemat/models/options.h"
 
-namespace pipemat::pp {
+namespace pipemat::models {
 
 // Builds the layers of the model in order. Deterministic for a seed; serialized process-wide
 // (initialization draws from the global generator), so threads-as-ranks get equal weights.
@@ -52,4 +52,4 @@ std::pair<at::Tensor, at::Tensor> micro_batch_data(const ModelOptions& model, ui
 at::Tensor micro_batch_loss(const at::Tensor& output, const at::Tensor& target,
                             int64_t micro_batches);
 
-}  // namespace pipemat::pp
+}  // namespace pipemat::models

@@ -32,9 +32,9 @@
 #include <string>
 #include <vector>
 
-#include "pipemat/pp/options.h"
+#include "pipemat/models/options.h"
 
-namespace pipemat::pp {
+namespace pipemat::models {
 
 // Parses and validates `yaml_text`, then returns the config. `source_name` names the text in
 // errors (usually the file path). An empty document gives the defaults of options.h.
@@ -54,4 +54,4 @@ std::string config_to_yaml(const TrainConfig& config);
 // of remat.exclude as "remat.exclude[].path" and "remat.exclude[].save_output".
 std::vector<std::string> config_keys();
 
-}  // namespace pipemat::pp
+}  // namespace pipemat::models

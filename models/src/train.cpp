@@ -1,19 +1,27 @@
-#include "pipemat/pp/train.h"
+#include "pipemat/models/train.h"
 
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
+#include "pipemat/models/zoo_stages.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/schedule/render.h"
 #include "pipemat/schedule/simulate.h"
+#include "pipemat/schedule/torch_csv.h"
 
-namespace pipemat::pp {
+namespace pipemat::models {
 namespace {
 
 void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& m, bool pipeline) {
@@ -100,15 +108,81 @@ std::string metrics_json(const StepMetrics& m) {
   return j.dump();
 }
 
-TrainResult train_on(const TrainConfig& config, comm::Transport& transport,
+namespace {
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainingOptions& t,
+                                                        const std::vector<at::Tensor>& params) {
+  if (t.optimizer == "sgd") {
+    return std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(t.weight_decay));
+  }
+  PIPEMAT_CHECK(t.optimizer == "adamw", ConfigError, "training.optimizer: '", t.optimizer,
+                "' is not allowed; allowed: sgd, adamw");
+  return std::make_unique<torch::optim::AdamW>(
+      params, torch::optim::AdamWOptions(t.lr).weight_decay(t.weight_decay));
+}
+
+at::Tensor mse(const at::Tensor& output, const at::Tensor& target) {
+  return (output - target).pow(2).mean();
+}
+
+double since_ms(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+ResolvedSchedule resolve_schedule(const TrainConfig& config) {
+  ResolvedSchedule out{config, std::nullopt, ""};
+  if (config.schedule_csv.empty()) return out;
+  std::ifstream in(config.schedule_csv, std::ios::binary);
+  PIPEMAT_CHECK(in.is_open(), ConfigError, "schedule.csv: cannot open '", config.schedule_csv,
+                "'; expected a torch.distributed.pipelining CSV schedule (one row per rank)");
+  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  schedule::TorchCsvImport imported = schedule::import_torch_csv_report(text, config.schedule_csv);
+  schedule::ScheduleOptions& s = out.config.schedule;
+  s.kind = schedule::ScheduleKind::kImported;
+  s.stages = imported.schedule.ranks_count;
+  s.micro_batches = imported.schedule.micro_batches;
+  s.virtual_stages = imported.schedule.virtual_stages;
+  out.actions = std::move(imported.schedule);
+  out.note = std::move(imported.note);
+  return out;
+}
+
+TrainResult train_on(const TrainConfig& given, comm::Transport& transport,
                      std::ostream* progress) {
   remat::install_tracking_allocator();
-  PipelineRuntime runtime(config, transport);
+  ResolvedSchedule resolved = resolve_schedule(given);
+  const TrainConfig& config = resolved.config;
+  pp::PipelineOptions options;
+  options.schedule = config.schedule;
+  options.actions = resolved.actions;
+  options.remat = stage_policy(config.model, config.remat);
+  options.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
+    return mse(out.at(0), target.at(0));
+  };
+  options.optimizer = [training = config.training](const std::vector<at::Tensor>& params) {
+    return make_optimizer(training, params);
+  };
+  options.clip_grad_norm = config.training.clip_grad_norm;
+  // Every rank builds all layers from the same seed, so the pipeline and the reference hold
+  // bit-identical weights, and keeps those of its own stages.
+  const auto layers = build_layers(config.model, config.training.seed);
+  const auto bounds = partition_layers(layers, config.partition, pp::stage_count(options));
+  pp::Pipeline pipeline(transport, options, [&](int s) {
+    return pp::make_stage(s, Stage(std::vector<torch::nn::AnyModule>(
+                                 layers.begin() + bounds[s], layers.begin() + bounds[s + 1])));
+  });
+  const pp::DataSource data = [&](int64_t step, int64_t micro_batch) {
+    auto [input, target] = micro_batch_data(config.model, config.training.seed, step, micro_batch);
+    return pp::MicroBatch{{input}, {target}};
+  };
   TrainResult result;
-  result.last_stage_rank = runtime.is_last_stage_rank();
+  result.last_stage_rank = pipeline.is_last_stage_rank();
   MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "");
   for (int64_t step = 0; step < config.training.steps; ++step) {
-    StepMetrics m = runtime.run_step(step);
+    StepMetrics m = pipeline.train_step(data);
     if (result.last_stage_rank) {
       metrics.write(m);
       if (progress && config.output.progress) print_progress(*progress, config, m, true);
@@ -116,14 +190,62 @@ TrainResult train_on(const TrainConfig& config, comm::Transport& transport,
     result.steps.push_back(std::move(m));
   }
   if (result.last_stage_rank && !config.output.timeline_svg.empty() && !result.steps.empty()) {
-    write_timeline_svg(config, runtime.schedule(), result.steps.back());
+    write_timeline_svg(config, pipeline.schedule(), result.steps.back());
   }
-  result.params = runtime.named_parameters();
+  for (int s : pipeline.stages()) {
+    for (const auto& item : pipeline.stage(s).module->named_parameters()) {
+      // "layers.<local>.<rest>" -> "layers.<global>.<rest>"
+      const std::string& key = item.key();
+      const auto first = key.find('.'), second = key.find('.', first + 1);
+      const int64_t local = std::stoll(key.substr(first + 1, second - first - 1));
+      result.params.emplace_back(
+          "layers." + std::to_string(bounds[s] + local) + key.substr(second), item.value());
+    }
+  }
   return result;
 }
 
+std::vector<StepMetrics> run_reference(const TrainConfig& given,
+                                       std::vector<std::pair<std::string, at::Tensor>>* params) {
+  const TrainConfig config = resolve_schedule(given).config;
+  auto layers = build_layers(config.model, config.training.seed);
+  Stage model(layers);
+  auto optimizer = make_optimizer(config.training, model->parameters());
+  std::vector<StepMetrics> out;
+  const int64_t M = config.schedule.micro_batches;
+  for (int64_t step = 0; step < config.training.steps; ++step) {
+    StepMetrics m;
+    m.step = step;
+    for (auto p : model->parameters()) p.mutable_grad().reset();
+    remat::reset_peak_bytes();
+    const int64_t bytes0 = remat::memory_stats().current_bytes;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < M; ++i) {
+      auto [in, target] = micro_batch_data(config.model, config.training.seed, step, i);
+      auto loss = micro_batch_loss(model->forward(in), target, M);
+      m.loss += loss.item<double>();
+      loss.backward();
+    }
+    if (config.training.clip_grad_norm > 0) {
+      m.grad_norm =
+          torch::nn::utils::clip_grad_norm_(model->parameters(), config.training.clip_grad_norm);
+    }
+    optimizer->step();
+    m.step_ms = since_ms(t0);
+    m.busy_ms = m.step_ms;
+    m.peak_bytes = remat::memory_stats().peak_bytes - bytes0;
+    out.push_back(std::move(m));
+  }
+  if (params) {
+    params->clear();
+    for (const auto& item : model->named_parameters())
+      params->emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
 TrainResult train_in_process(const TrainConfig& config, std::ostream* progress) {
-  const int ranks = config.schedule.stages;
+  const int ranks = resolve_schedule(config).config.schedule.stages;
   PIPEMAT_CHECK(ranks >= 1, ConfigError, "schedule.stages must be at least 1");
   comm::TransportOptions options = config.transport;
   options.kind = comm::TransportKind::kLocal;
@@ -181,6 +303,8 @@ TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {
 }
 
 int run_train(const TrainConfig& config, bool reference, std::ostream& out) {
+  const std::string note = resolve_schedule(config).note;
+  if (!note.empty()) out << note << "\n";
   if (reference) {
     train_reference(config, &out);
     return 0;
@@ -195,4 +319,4 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out) {
   return 0;
 }
 
-}  // namespace pipemat::pp
+}  // namespace pipemat::models

@@ -14,10 +14,10 @@
 #include <sstream>
 
 #include "pipemat/core/error.h"
-#include "pipemat/pp/train.h"
+#include "pipemat/models/train.h"
 #include "pipemat/remat/remat.h"
 
-namespace pipemat::pp {
+namespace pipemat::models {
 namespace {
 
 TrainConfig small_config(const std::string& kind, int ranks, const std::string& model,
@@ -199,4 +199,4 @@ TEST(PipelineTrain, ProgressAndMetricsLines) {
 }
 
 }  // namespace
-}  // namespace pipemat::pp
+}  // namespace pipemat::models

@@ -1,15 +1,15 @@
-#include "pipemat/pp/model.h"
+#include "pipemat/models/zoo_stages.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <mutex>
-#include <numeric>
 
 #include "pipemat/core/error.h"
 #include "pipemat/models/zoo.h"
+#include "pipemat/pp/pipeline.h"
 
-namespace pipemat::pp {
+namespace pipemat::models {
 
 std::vector<torch::nn::AnyModule> build_layers(const ModelOptions& m, uint64_t seed) {
   static std::mutex init_mutex;
@@ -55,26 +55,13 @@ std::vector<int64_t> partition_layers(const std::vector<torch::nn::AnyModule>& l
                   bounds.back(), " but model.layers is ", n);
     return bounds;
   }
-  // Balanced by parameter count: stage s ends where the running count first reaches
-  // (s + 1) / stages of the total, leaving at least one layer for every later stage.
   std::vector<double> sizes;
   for (const auto& l : layers) {
     double p = 0;
     for (const auto& t : l.ptr()->parameters()) p += static_cast<double>(t.numel());
     sizes.push_back(p);
   }
-  const double total = std::accumulate(sizes.begin(), sizes.end(), 0.0);
-  double running = 0;
-  int64_t i = 0;
-  for (int s = 0; s < stages - 1; ++s) {
-    const double target = total * (s + 1) / stages;
-    do {
-      running += sizes[i++];
-    } while (i < n - (stages - 1 - s) && running + 0.5 * sizes[i] <= target);
-    bounds.push_back(i);
-  }
-  bounds.push_back(n);
-  return bounds;
+  return pp::balance_by_size(sizes, stages);
 }
 
 StageImpl::StageImpl(const std::vector<torch::nn::AnyModule>& stage_layers) {
@@ -128,4 +115,4 @@ at::Tensor micro_batch_loss(const at::Tensor& output, const at::Tensor& target,
   return (output - target).pow(2).mean() / static_cast<double>(micro_batches);
 }
 
-}  // namespace pipemat::pp
+}  // namespace pipemat::models

@@ -1,4 +1,4 @@
-#include "pipemat/pp/config.h"
+#include "pipemat/models/config.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -23,7 +23,7 @@
 
 #include "pipemat/core/error.h"
 
-namespace pipemat::pp {
+namespace pipemat::models {
 namespace {
 
 using Names = std::vector<std::string>;
@@ -45,10 +45,11 @@ const std::vector<Section>& schema() {
   static const std::vector<Section> kSchema = {
       {"model", {"kind", "layers", "hidden", "tokens", "heads", "ffn", "experts", "top_k"}},
       {"partition", {"layers_per_stage"}},
-      {"schedule", {"kind", "stages", "micro_batches", "virtual_stages", "recompute"}},
+      {"schedule", {"kind", "stages", "micro_batches", "virtual_stages", "recompute", "csv"}},
       {"remat", {"policy", "early_stop", "checkpoint", "exclude"}},
       {"transport", {"kind", "timeout", "master", "connect_retries"}},
-      {"training", {"steps", "optimizer", "lr", "momentum", "weight_decay", "seed"}},
+      {"training",
+       {"steps", "optimizer", "lr", "momentum", "weight_decay", "clip_grad_norm", "seed"}},
       {"output", {"metrics", "timeline_svg", "progress"}},
   };
   return kSchema;
@@ -286,7 +287,7 @@ class ConfigReader {
                      } else if (name == "partition") {
                        read_partition(value, key, config.partition);
                      } else if (name == "schedule") {
-                       read_schedule(value, key, config.schedule);
+                       read_schedule(value, key, config.schedule, config.schedule_csv);
                      } else if (name == "remat") {
                        read_remat(value, key, config.remat);
                      } else if (name == "transport") {
@@ -540,7 +541,7 @@ class ConfigReader {
   }
 
   void read_schedule(const YAML::Node& node, const std::string& path,
-                     schedule::ScheduleOptions& options) {
+                     schedule::ScheduleOptions& options, std::string& csv) {
     constexpr int64_t kIntMax = std::numeric_limits<int>::max();
     for_each_entry(node, path, section_keys("schedule"),
                    [&](const std::string& name, const std::string& key, const YAML::Node& value) {
@@ -554,6 +555,9 @@ class ConfigReader {
                        options.virtual_stages = static_cast<int>(read_int(value, key, 1, kIntMax));
                      } else if (name == "recompute") {
                        options.recompute = read_enum(value, key, recompute_modes());
+                     } else if (name == "csv") {
+                       csv = read_string(value, key, "the path of a torch.distributed.pipelining "
+                                                     "CSV schedule, e.g. \"my-schedule.csv\"");
                      } else {
                        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
                      }
@@ -671,6 +675,8 @@ class ConfigReader {
                        training.momentum = read_number(value, key, 0, false);
                      } else if (name == "weight_decay") {
                        training.weight_decay = read_number(value, key, 0, false);
+                     } else if (name == "clip_grad_norm") {
+                       training.clip_grad_norm = read_number(value, key, 0, false);
                      } else if (name == "seed") {
                        training.seed = read_uint64(value, key);
                      } else {
@@ -870,6 +876,7 @@ std::string config_to_yaml(const TrainConfig& config) {
   key("micro_batches") << schedule.micro_batches;
   key("virtual_stages") << schedule.virtual_stages;
   key("recompute") << schedule::to_string(schedule.recompute);
+  key("csv") << YAML::DoubleQuoted << config.schedule_csv;
   out << YAML::EndMap;
 
   const RematConfig& remat = config.remat;
@@ -905,6 +912,7 @@ std::string config_to_yaml(const TrainConfig& config) {
   key("lr") << format_number(training.lr);
   key("momentum") << format_number(training.momentum);
   key("weight_decay") << format_number(training.weight_decay);
+  key("clip_grad_norm") << format_number(training.clip_grad_norm);
   key("seed") << std::to_string(training.seed);
   out << YAML::EndMap;
 
@@ -935,4 +943,4 @@ std::vector<std::string> config_keys() {
   return keys;
 }
 
-}  // namespace pipemat::pp
+}  // namespace pipemat::models

@@ -13,8 +13,8 @@
 #include <ATen/ATen.h>
 
 #include "pipemat/core/error.h"
-#include "pipemat/pp/config.h"
-#include "pipemat/pp/train.h"
+#include "pipemat/models/config.h"
+#include "pipemat/models/train.h"
 
 int main(int argc, char** argv) {
   std::string config_path;
@@ -29,12 +29,12 @@ int main(int argc, char** argv) {
   }
   int passed = 0, failed = 0;
   try {
-    auto config = pipemat::pp::load_config(config_path, overrides);
+    auto config = pipemat::models::load_config(config_path, overrides);
     config.output.progress = false;
     auto transport = pipemat::comm::make_transport(pipemat::comm::resolve_options(config.transport));
     const int rank = transport->rank();
-    auto result = pipemat::pp::train_on(config, *transport, nullptr);
-    auto reference = pipemat::pp::train_reference(config, nullptr);
+    auto result = pipemat::models::train_on(config, *transport, nullptr);
+    auto reference = pipemat::models::train_reference(config, nullptr);
     std::map<std::string, at::Tensor> want(reference.params.begin(), reference.params.end());
     for (const auto& [name, value] : result.params) {
       if (want.count(name) && at::equal(value, want[name])) {

@@ -1,21 +1,25 @@
 #pragma once
-// Training drivers: a pipeline run on this process's transport (mpirun / tcp), the same run
-// with ranks as threads over the local transport (tests), and the single-process reference.
+// Training drivers of the zoo (`pipemat train`), clients of the public pp API (pipeline.h): a
+// pipeline run on this process's transport (mpirun / tcp), the same run with ranks as threads
+// over the local transport (tests), and the single-process reference (the oracle).
 // Progress: one human-readable line per step and one JSON line per step (metrics file), both
 // from the last stage's rank.
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "pipemat/comm/transport.h"
-#include "pipemat/pp/options.h"
-#include "pipemat/pp/runtime.h"
+#include "pipemat/models/options.h"
+#include "pipemat/pp/pipeline.h"
 
-namespace pipemat::pp {
+namespace pipemat::models {
+
+using pp::StepMetrics;
 
 struct TrainResult {
   std::vector<StepMetrics> steps;                          // the last stage's rank's view
@@ -37,7 +41,22 @@ TrainResult train_reference(const TrainConfig& config, std::ostream* progress);
 // writes progress to `out` and metrics to config.output.metrics. Returns the exit code.
 int run_train(const TrainConfig& config, bool reference, std::ostream& out);
 
+// The oracle: the same model, data and steps in one process, no pipeline and no remat.
+// Returns one StepMetrics per step (loss and step time); `params` receives the final parameters.
+std::vector<StepMetrics> run_reference(const TrainConfig& config,
+                                       std::vector<std::pair<std::string, at::Tensor>>* params);
+
+// schedule.csv resolved: the imported action list, the config with schedule.kind / stages /
+// micro_batches / virtual_stages taken from it, and the importer's note on ignored cells.
+// Without schedule.csv: the config as is and no action list. ConfigError naming the file.
+struct ResolvedSchedule {
+  TrainConfig config;
+  std::optional<schedule::Schedule> actions;
+  std::string note;
+};
+ResolvedSchedule resolve_schedule(const TrainConfig& config);
+
 // The JSON line of one step: {"step":..,"loss":..,"step_ms":..,"bubble":..,"peak_bytes":..,...}
 std::string metrics_json(const StepMetrics& m);
 
-}  // namespace pipemat::pp
+}  // namespace pipemat::models

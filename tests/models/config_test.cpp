@@ -1,7 +1,7 @@
 // The YAML config loader: values, defaults, overrides, round trip, shipped configs, and the exact
 // text of every kind of error (source, line, key, value found, values allowed).
 
-#include "pipemat/pp/config.h"
+#include "pipemat/models/config.h"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@
 #include "pipemat/core/error.h"
 #include "pipemat/schedule/schedule.h"
 
-namespace pipemat::pp {
+namespace pipemat::models {
 namespace {
 
 using schedule::RecomputeMode;
@@ -80,7 +80,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
 const char* const kFullConfig = R"(# every key
 model: {kind: moe, layers: 6, hidden: 48, tokens: 16, heads: 3, ffn: 96, experts: 8, top_k: 3}
 partition: {layers_per_stage: [1, 2, 3]}
-schedule: {kind: zb-h2, stages: 3, micro_batches: 6, virtual_stages: 2, recompute: lazy}
+schedule: {kind: zb-h2, stages: 3, micro_batches: 6, virtual_stages: 2, recompute: lazy, csv: "s.csv"}
 remat:
   policy: custom
   early_stop: false
@@ -89,7 +89,7 @@ remat:
     - {path: "layers.*.experts"}
     - {path: "layers.*.router", save_output: false}
 transport: {kind: tcp, timeout: 2.5, master: "10.0.0.1:1234", connect_retries: 7}
-training: {steps: 11, optimizer: adamw, lr: 0.003, momentum: 0.9, weight_decay: 0.1, seed: 18446744073709551615}
+training: {steps: 11, optimizer: adamw, lr: 0.003, momentum: 0.9, weight_decay: 0.1, clip_grad_norm: 1.5, seed: 18446744073709551615}
 output: {metrics: "out/m.jsonl", timeline_svg: "t.svg", progress: false}
 )";
 
@@ -151,6 +151,7 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.schedule.micro_batches, 6);
   EXPECT_EQ(config.schedule.virtual_stages, 2);
   EXPECT_EQ(config.schedule.recompute, RecomputeMode::kLazy);
+  EXPECT_EQ(config.schedule_csv, "s.csv");
   EXPECT_EQ(config.remat.policy, "custom");
   EXPECT_FALSE(config.remat.early_stop);
   EXPECT_FALSE(config.remat.custom.checkpoint_options.early_stop);
@@ -168,6 +169,7 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.training.optimizer, "adamw");
   EXPECT_EQ(config.training.lr, 0.003);
   EXPECT_EQ(config.training.momentum, 0.9);
+  EXPECT_EQ(config.training.clip_grad_norm, 1.5);
   EXPECT_EQ(config.training.weight_decay, 0.1);
   EXPECT_EQ(config.training.seed, 18446744073709551615u);
   EXPECT_EQ(config.output.metrics, "out/m.jsonl");
@@ -256,7 +258,7 @@ TEST(ConfigErrors, DocumentShape) {
             "hidden, tokens, heads, ffn, experts, top_k");
   EXPECT_EQ(error_of("schedule: [1f1b]\n"),
             "x.yaml:1: schedule: a list is not a mapping; expected a mapping with keys kind, "
-            "stages, micro_batches, virtual_stages, recompute");
+            "stages, micro_batches, virtual_stages, recompute, csv");
 }
 
 TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
@@ -277,10 +279,10 @@ TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
             "model: kind, layers, hidden, tokens, heads, ffn, experts, top_k");
   EXPECT_EQ(error_of("schedule:\n  kind: 1f1b\n  micro_batch: 4\n"),
             "x.yaml:3: schedule.micro_batch: unknown key; did you mean 'schedule.micro_batches'? "
-            "allowed in schedule: kind, stages, micro_batches, virtual_stages, recompute");
+            "allowed in schedule: kind, stages, micro_batches, virtual_stages, recompute, csv");
   EXPECT_EQ(error_of("training: {steps: 2, batch_size: 4}\n"),
             "x.yaml:1: training.batch_size: unknown key; allowed in training: steps, optimizer, "
-            "lr, momentum, weight_decay, seed");
+            "lr, momentum, weight_decay, clip_grad_norm, seed");
   EXPECT_EQ(error_of("remat:\n  policy: custom\n  checkpoint: [a]\n  exclude:\n"
                      "    - {path: a.b}\n    - {path: a.c, save_ouput: false}\n"),
             "x.yaml:6: remat.exclude[1].save_ouput: unknown key; did you mean "
@@ -535,10 +537,12 @@ TEST(ConfigOverrides, Errors) {
   const std::string all_keys =
       "model.kind, model.layers, model.hidden, model.tokens, model.heads, model.ffn, "
       "model.experts, model.top_k, partition.layers_per_stage, schedule.kind, schedule.stages, "
-      "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, remat.policy, "
+      "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, schedule.csv, "
+      "remat.policy, "
       "remat.early_stop, remat.checkpoint, remat.exclude, transport.kind, transport.timeout, "
       "transport.master, transport.connect_retries, training.steps, training.optimizer, "
-      "training.lr, training.momentum, training.weight_decay, training.seed, output.metrics, "
+      "training.lr, training.momentum, training.weight_decay, training.clip_grad_norm, "
+      "training.seed, output.metrics, "
       "output.timeline_svg, output.progress";
   EXPECT_EQ(error_of("", {"model={layers: 4}"}), "--set: model: unknown key; allowed: " + all_keys);
   EXPECT_EQ(error_of("", {"partition.layers_per_stage=[2,6"}),
@@ -586,6 +590,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  micro_batches: 1\n"
             "  virtual_stages: 1\n"
             "  recompute: none\n"
+            "  csv: \"\"\n"
             "remat:\n"
             "  policy: selective\n"
             "  early_stop: true\n"
@@ -602,6 +607,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  lr: 0.01\n"
             "  momentum: 0\n"
             "  weight_decay: 0\n"
+            "  clip_grad_norm: 0\n"
             "  seed: 0\n"
             "output:\n"
             "  metrics: \"\"\n"
@@ -777,6 +783,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "schedule.micro_batches",
                                                      "schedule.virtual_stages",
                                                      "schedule.recompute",
+                                                     "schedule.csv",
                                                      "remat.policy",
                                                      "remat.early_stop",
                                                      "remat.checkpoint",
@@ -792,6 +799,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "training.lr",
                                                      "training.momentum",
                                                      "training.weight_decay",
+                                                     "training.clip_grad_norm",
                                                      "training.seed",
                                                      "output.metrics",
                                                      "output.timeline_svg",
@@ -809,4 +817,4 @@ TEST(ConfigKeys, EveryKeyIsDocumented) {
 }
 
 }  // namespace
-}  // namespace pipemat::pp
+}  // namespace pipemat::models

@@ -1,0 +1,319 @@
+#pragma once
+// pp as a library: pipeline-train your own LibTorch model.
+//
+//   pipemat::pp::PipelineOptions options;
+//   options.schedule = {schedule::ScheduleKind::kOneFOneB, /*stages=*/2, /*micro_batches=*/4};
+//   options.loss = [](const Tensors& out, const Tensors& target) {
+//     return torch::cross_entropy_loss(out[0], target[0]);
+//   };
+//   options.optimizer = [](const std::vector<at::Tensor>& params) {
+//     return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3));
+//   };
+//   options.clip_grad_norm = 1.0;
+//   auto transport = comm::make_transport();               // mpirun / tcp / local
+//   Pipeline pipe(*transport, options, [&](int stage) {    // only this rank's stages are built
+//     return stage == 0 ? make_stage(stage, Embed(...)) : make_stage(stage, Head(...));
+//   });
+//   for (int64_t step = 0; step < steps; ++step) {
+//     StepMetrics m = pipe.train_step([&](int64_t step, int64_t micro_batch) {
+//       return MicroBatch{{ids(step, micro_batch)}, {targets(step, micro_batch)}};
+//     });
+//   }
+//
+// Stages. A stage is any module (for its parameters, buffers, train/eval mode and remat paths)
+// plus a forward `Tensors -> Tensors`. make_stage adapts a module whose forward takes one tensor,
+// 2-4 tensors or a std::vector<at::Tensor>, and returns a tensor, a std::tuple / std::pair of
+// tensors or a std::vector<at::Tensor>; any other signature goes through a callable. The
+// tensors a stage returns are the next stage's inputs in the same order; the first stage gets
+// MicroBatch::inputs, the last stage's outputs go to the loss with MicroBatch::targets.
+//
+// Stage boundaries (Note [Stage boundary signature]). A boundary carries any number of tensors
+// of any dtype (int64 ids, bool masks, float32 / bfloat16 activations); shapes may change from
+// micro-batch to micro-batch and step to step (sequence length), and travel with the data. The
+// number of tensors and their dtypes are learned from the first micro-batch that crosses the
+// boundary and must stay the same: a stage that returns another count or dtype later gets a
+// PipelineError on its own rank (naming the stage, step, micro-batch and both signatures), and
+// the next stage's rank, which still receives the message, reports the same mismatch naming
+// both ranks, so neither side hangs. A received tensor requires grad exactly when the sent one
+// did; gradients flow back only for those (a mask gets none).
+//
+// Loss scaling. The user loss of micro-batch i is divided by the number of micro-batches M
+// before backward, so the accumulated gradients are those of the mean of the micro-batch losses
+// (for equal-sized micro-batches and a mean-reduced loss: the loss of the whole batch). The loss
+// a step reports is that mean (the sum of the scaled losses in micro-batch order). A plain
+// single-process loop that matches pipemat bitwise computes `(loss(out_i, t_i) / M).backward()`
+// per micro-batch.
+//
+// Gradient clipping. clip_grad_norm > 0 clips by the global L2 norm over the parameters of all
+// stages on all ranks, identical to torch::nn::utils::clip_grad_norm_ over the parameters of the
+// whole model in stage order (every rank gathers every parameter's gradient norm, in stage
+// order, and reduces them the same way clip_grad_norm_ does).
+//
+// Collectives and threading. train_step and evaluate are collective: every rank of the pipeline
+// calls them, in the same order, with the same step. One thread drives one Pipeline; several
+// Pipelines (ranks) may live in one process on local transports, one thread each. The
+// transport must outlive the Pipeline. Errors: ConfigError (options that do not fit the
+// transport or schedule), PipelineError (stage I/O, loss, batch), CommError / TimeoutError (a
+// peer failed or went silent: the step is lost and the Pipeline should be destroyed), and
+// whatever the user's forward, loss or data source throws (the peers then see this rank go away).
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "pipemat/comm/transport.h"
+#include "pipemat/core/error.h"
+#include "pipemat/remat/policy.h"
+#include "pipemat/remat/stats.h"
+#include "pipemat/schedule/schedule.h"
+#include "pipemat/schedule/simulate.h"
+
+namespace pipemat::pp {
+
+using Tensors = std::vector<at::Tensor>;
+
+// The forward of one stage.
+using StageForward = std::function<Tensors(const Tensors& inputs)>;
+
+struct PipelineStage {
+  int index = -1;                              // stage index in [0, stages)
+  std::shared_ptr<torch::nn::Module> module;   // parameters, buffers, mode, remat paths
+  StageForward forward;
+};
+
+// Builds stage `stage`; called once for every stage the schedule puts on this rank.
+using StageFactory = std::function<PipelineStage(int stage)>;
+
+// One micro-batch: the first stage's inputs and the last stage's targets. A rank that holds
+// neither may return empty vectors; a rank that holds only one of them may leave the other empty.
+struct MicroBatch {
+  Tensors inputs;
+  Tensors targets;
+};
+using DataSource = std::function<MicroBatch(int64_t step, int64_t micro_batch)>;
+
+// Loss of one micro-batch on the last stage: a scalar tensor.
+using LossFn = std::function<at::Tensor(const Tensors& outputs, const Tensors& targets)>;
+
+// Creates the optimizer over this rank's parameters (its stages in ascending order, each in
+// module->parameters() order).
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(const std::vector<at::Tensor>& params)>;
+
+// Called before the optimizer step of every training step (e.g. set each param group's lr).
+using LrSchedule = std::function<void(torch::optim::Optimizer& optimizer, int64_t step)>;
+
+struct PipelineOptions {
+  // The generated schedule (kind, ranks, micro-batches, virtual stages, recompute placement).
+  schedule::ScheduleOptions schedule;
+  // Any action list instead (e.g. schedule::import_torch_csv): validated, and when it has no
+  // SEND/RECV actions, given R actions for schedule.recompute and lowered to communication.
+  std::optional<schedule::Schedule> actions;
+  // Applied to every stage's module by path (remat::apply_policy; paths relative to the stage
+  // module; a pattern that matches nothing on a stage is skipped there); empty: no recompute.
+  remat::RematPolicy remat;
+  LossFn loss;                  // required
+  OptimizerFactory optimizer;   // required
+  LrSchedule lr_schedule;       // optional
+  double clip_grad_norm = 0;    // max global L2 norm of the gradients; 0: no clipping
+  // Every rank sends its step time, busy time, remat counters and action timeline to the last
+  // stage's rank, which fills the bubble and timeline fields of StepMetrics.
+  bool collect_timelines = true;
+};
+
+// Start and end of one executed action, microseconds from the start of the step.
+struct ActionTiming {
+  schedule::Action action;
+  double start_us = 0;
+  double end_us = 0;
+};
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0;         // mean micro-batch loss; the same on every rank
+  double grad_norm = 0;    // global gradient norm before clipping (0 without clipping)
+  double step_ms = 0;      // wall time of the step on this rank (max over ranks on the last)
+  double busy_ms = 0;      // time in compute actions on this rank
+  double bubble = 0;       // 1 - sum(busy) / (ranks * makespan), on the last stage's rank
+  int64_t peak_bytes = 0;  // tracking-allocator peak during the step (this process)
+  remat::RematCounters remat;  // this rank's; on the last stage's rank summed over all ranks
+  std::vector<ActionTiming> timeline;  // this rank's actions
+  // On the last stage's rank (with collect_timelines): every rank's measured timeline (ms) as a
+  // simulation result, and the simulator's prediction for the same schedule with the measured
+  // mean cost of each action type (F, B, I, W, R; zero comm latency).
+  schedule::SimulationResult measured;
+  schedule::CostModel measured_costs;
+  double simulated_bubble = 0;
+};
+
+struct EvalOptions {
+  int64_t micro_batches = 1;
+  bool keep_outputs = false;  // return the last stage's outputs (on its rank)
+  int64_t step = 0;           // passed to the data source
+};
+
+struct EvalResult {
+  double loss = 0;                   // mean micro-batch loss; the same on every rank
+  std::vector<Tensors> outputs;      // per micro-batch, on the last stage's rank (keep_outputs)
+};
+
+class Pipeline {
+ public:
+  // Builds the schedule, calls `build` for each stage of this rank, applies the remat policy to
+  // each stage module and creates the optimizer. Not collective (no messages). ConfigError when
+  // the schedule's ranks differ from the transport's world size, a required option is missing,
+  // or `build` returns a stage with another index, no module or no forward.
+  Pipeline(comm::Transport& transport, PipelineOptions options, const StageFactory& build);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // One training step: the action list of this rank with micro-batches from `data` (called on
+  // the ranks of the first and of the last stage, with this step's index and the micro-batch),
+  // then clipping, the LR schedule and the optimizer step; gradients are reset first.
+  StepMetrics train_step(const DataSource& data);
+  // The same with the step's batch split along dim 0 into schedule micro-batches (every tensor
+  // of `inputs` on the first stage's rank and of `targets` on the last's; others may be empty).
+  // PipelineError when dim 0 does not divide into the micro-batches.
+  StepMetrics train_step(const MicroBatch& batch);
+
+  // Forward only, in eval mode (train mode is restored after), with no autograd graph and no
+  // remat state: each micro-batch flows through the stages in order. Collective.
+  EvalResult evaluate(const DataSource& data, const EvalOptions& options);
+  EvalResult evaluate(const MicroBatch& batch, const EvalOptions& options);
+
+  // Completed training steps: the next train_step is step `step()`. set_step is for resuming.
+  int64_t step() const;
+  void set_step(int64_t step);
+
+  const schedule::Schedule& schedule() const;
+  int rank() const;
+  bool is_first_stage_rank() const;
+  bool is_last_stage_rank() const;
+  // This rank's stages, ascending.
+  std::vector<int> stages() const;
+  const PipelineStage& stage(int index) const;
+  // This rank's parameters (as the optimizer got them).
+  const std::vector<at::Tensor>& parameters() const;
+  torch::optim::Optimizer& optimizer();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- Stages from modules ----------------------------------------------------------------------
+
+namespace detail {
+
+template <typename M, typename = void>
+struct TakesTensors : std::false_type {};
+template <typename M>
+struct TakesTensors<M, std::void_t<decltype(std::declval<M&>().forward(std::declval<const Tensors&>()))>>
+    : std::true_type {};
+
+template <typename M, typename Seq, typename = void>
+struct TakesN : std::false_type {};
+template <typename M, size_t... I>
+struct TakesN<M, std::index_sequence<I...>,
+              std::void_t<decltype(std::declval<M&>().forward(
+                  (static_cast<void>(I), std::declval<at::Tensor>())...))>> : std::true_type {};
+
+inline Tensors to_tensors(at::Tensor t) { return {std::move(t)}; }
+inline Tensors to_tensors(Tensors v) { return v; }
+template <typename... T>
+Tensors to_tensors(std::tuple<T...> t) {
+  return std::apply([](auto&&... x) { return Tensors{at::Tensor(x)...}; }, std::move(t));
+}
+template <typename A, typename B>
+Tensors to_tensors(std::pair<A, B> p) {
+  return {at::Tensor(p.first), at::Tensor(p.second)};
+}
+
+[[noreturn]] void throw_arity(int stage, size_t expected, size_t got);
+
+template <typename M, size_t... I>
+Tensors call_n(M& m, const Tensors& in, int stage, std::index_sequence<I...>) {
+  if (in.size() != sizeof...(I)) throw_arity(stage, sizeof...(I), in.size());
+  return to_tensors(m.forward(in[I]...));
+}
+
+template <typename M>
+StageForward forward_of(std::shared_ptr<M> m, int stage) {
+  if constexpr (TakesTensors<M>::value) {
+    return [m](const Tensors& in) { return to_tensors(m->forward(in)); };
+  } else if constexpr (TakesN<M, std::make_index_sequence<1>>::value) {
+    return [m, stage](const Tensors& in) {
+      return call_n(*m, in, stage, std::make_index_sequence<1>());
+    };
+  } else if constexpr (TakesN<M, std::make_index_sequence<2>>::value) {
+    return [m, stage](const Tensors& in) {
+      return call_n(*m, in, stage, std::make_index_sequence<2>());
+    };
+  } else if constexpr (TakesN<M, std::make_index_sequence<3>>::value) {
+    return [m, stage](const Tensors& in) {
+      return call_n(*m, in, stage, std::make_index_sequence<3>());
+    };
+  } else {
+    static_assert(TakesN<M, std::make_index_sequence<4>>::value,
+                  "make_stage: the module's forward must take 1-4 tensors or a "
+                  "std::vector<at::Tensor>; pass a callable for other signatures");
+    return [m, stage](const Tensors& in) {
+      return call_n(*m, in, stage, std::make_index_sequence<4>());
+    };
+  }
+}
+
+}  // namespace detail
+
+// A stage from a module holder (`Block(...)` of TORCH_MODULE) or a shared_ptr to a module; its
+// forward is adapted as the top of this file says.
+template <typename M>
+PipelineStage make_stage(int index, std::shared_ptr<M> module) {
+  PipelineStage s;
+  s.index = index;
+  s.forward = detail::forward_of(module, index);
+  s.module = std::move(module);
+  return s;
+}
+template <typename M>
+PipelineStage make_stage(int index, torch::nn::ModuleHolder<M> module) {
+  return make_stage(index, module.ptr());
+}
+// A stage from a callable; `module` owns the parameters the callable uses.
+PipelineStage make_stage(int index, std::shared_ptr<torch::nn::Module> module,
+                         StageForward forward);
+
+// ---- Stages from a Sequential -----------------------------------------------------------------
+
+// Stage boundaries ("first entry of every stage, then the end": stages + 1 ascending values)
+// for contiguous parts of items with the given sizes, balanced by size: stage s ends where the
+// running total first reaches (s + 1) / stages of the sum, every stage keeps at least one item.
+// ConfigError when there are fewer items than stages.
+std::vector<int64_t> balance_by_size(const std::vector<double>& sizes, int stages);
+// balance_by_size over the parameter counts of the Sequential's entries.
+std::vector<int64_t> balance_by_parameters(const torch::nn::Sequential& model, int stages);
+// Stage s is a Sequential of the entries [bounds[s], bounds[s + 1]) of `model` under their names
+// (the modules are shared, not copied). Its first entry gets at::Tensor when the stage receives
+// one tensor and std::vector<at::Tensor> when it receives several; its last entry returns
+// at::Tensor, std::vector<at::Tensor> or a tuple of 2 or 3 tensors. ConfigError for bounds that
+// are not strictly ascending from 0 to model->size().
+StageFactory split_sequential(torch::nn::Sequential model, std::vector<int64_t> bounds);
+
+// Number of model stages the options give (ranks x virtual stages, or the imported list's).
+int stage_count(const PipelineOptions& options);
+
+}  // namespace pipemat::pp

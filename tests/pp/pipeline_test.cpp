@@ -1,0 +1,355 @@
+// The public pipeline API with a user model that is not in the zoo (user_model.h): every loss,
+// gradient norm and parameter after every step equal a plain single-process LibTorch loop
+// bitwise, for every schedule kind, with ranks as threads over the local transport. Also the
+// stage I/O errors, evaluation, batch splitting and imported torch CSV schedules.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <exception>
+#include <functional>
+#include <thread>
+
+#include "pipemat/comm/transport.h"
+#include "pipemat/core/error.h"
+#include "pipemat/pp/pipeline.h"
+#include "pipemat/remat/stats.h"
+#include "pipemat/schedule/torch_csv.h"
+#include "user_model.h"
+#include "user_pipeline.h"
+
+namespace pipemat::pp {
+namespace {
+
+using schedule::ScheduleKind;
+using user_model::PipelineCase;
+
+// Runs `body(transport)` on `ranks` threads; returns each rank's error message ("" for none).
+std::vector<std::string> run_ranks(int ranks,
+                                   const std::function<void(comm::Transport&)>& body) {
+  comm::TransportOptions options;
+  options.timeout = std::chrono::seconds(30);
+  auto transports = comm::make_local_transports(ranks, options);
+  std::vector<std::string> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(*transports[r]);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+      transports[r].reset();  // peers waiting on this rank fail fast
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+void expect_equals_plain(const PipelineCase& c) {
+  const auto plain = user_model::plain_training(c.blocks, c.micro_batches, c.steps);
+  std::vector<user_model::RankRun> runs(c.ranks);
+  auto errors = run_ranks(c.ranks, [&](comm::Transport& t) { runs[t.rank()] = run_rank(t, c); });
+  std::size_t params = 0;
+  for (int r = 0; r < c.ranks; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    for (const auto& d : user_model::differences(runs[r], plain, r)) ADD_FAILURE() << d;
+    params += runs[r].params.back().size();
+  }
+  EXPECT_EQ(params, plain.params.back().size()) << "every parameter lives on exactly one rank";
+  // Clipping was active: the norm is above the threshold in the first step.
+  EXPECT_GT(plain.grad_norms[0], user_model::kClip);
+}
+
+struct Case {
+  std::string name;
+  PipelineCase c;
+};
+
+class UserModelPipeline : public ::testing::TestWithParam<Case> {};
+
+TEST_P(UserModelPipeline, LossesNormsAndParametersEqualAPlainLoopBitwise) {
+  expect_equals_plain(GetParam().c);
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  const std::pair<const char*, ScheduleKind> kinds[] = {
+      {"gpipe", ScheduleKind::kGPipe},         {"1f1b", ScheduleKind::kOneFOneB},
+      {"interleaved", ScheduleKind::kInterleaved}, {"zb_h1", ScheduleKind::kZeroBubbleH1},
+      {"zb_h2", ScheduleKind::kZeroBubbleH2},  {"zb_v", ScheduleKind::kZeroBubbleV}};
+  for (const auto& [name, kind] : kinds) {
+    PipelineCase c;
+    c.kind = kind;
+    out.push_back({std::string(name) + "_2ranks_remat", c});
+  }
+  PipelineCase plain;
+  plain.remat = false;
+  out.push_back({"1f1b_2ranks_no_remat", plain});
+  PipelineCase lazy;
+  lazy.kind = ScheduleKind::kZeroBubbleH1;
+  lazy.recompute = schedule::RecomputeMode::kLazy;
+  out.push_back({"zb_h1_2ranks_lazy", lazy});
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleV}) {
+    PipelineCase c;
+    c.kind = kind;
+    c.ranks = 4;
+    c.micro_batches = 8;
+    c.steps = 2;
+    out.push_back({std::string(kind == ScheduleKind::kOneFOneB ? "1f1b" : "zb_v") + "_4ranks", c});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, UserModelPipeline, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+TEST(Pipeline, ImportedTorchCsvScheduleRunsAndEqualsThePlainLoop) {
+  // A 1F1B schedule written as torch.distributed.pipelining writes it, with FSDP cells.
+  schedule::ScheduleOptions so;
+  so.kind = ScheduleKind::kOneFOneB;
+  so.stages = 2;
+  so.micro_batches = 4;
+  std::string csv = schedule::export_torch_csv(schedule::generate_schedule(so));
+  std::string with_fsdp;
+  int row = 0;
+  for (size_t start = 0; start < csv.size();) {
+    const size_t end = csv.find('\n', start);
+    with_fsdp += std::to_string(row) + "UNSHARD," + csv.substr(start, end - start) + "," +
+                 std::to_string(row) + "RESHARD," + std::to_string(row) + "REDUCE_GRAD\n";
+    start = end + 1;
+    ++row;
+  }
+  auto imported = schedule::import_torch_csv_report(with_fsdp, "test.csv");
+  EXPECT_EQ(imported.unshard, 2);
+  EXPECT_EQ(imported.reshard, 2);
+  EXPECT_EQ(imported.reduce_grad, 2);
+  EXPECT_NE(imported.note.find("test.csv"), std::string::npos) << imported.note;
+
+  PipelineCase c;
+  c.micro_batches = 4;
+  const auto plain = user_model::plain_training(c.blocks, c.micro_batches, c.steps);
+  std::vector<user_model::RankRun> runs(2);
+  auto errors = run_ranks(2, [&](comm::Transport& t) {
+    torch::nn::Sequential model = user_model::make_model(c.blocks, 7);
+    auto options = user_model::pipeline_options(c);
+    options.actions = imported.schedule;
+    Pipeline pipe(t, options, split_sequential(model, balance_by_parameters(model, 2)));
+    EXPECT_EQ(pipe.schedule().kind, ScheduleKind::kImported);
+    EXPECT_TRUE(pipe.schedule().has_comms());
+    user_model::RankRun& run = runs[t.rank()];
+    for (int64_t step = 0; step < c.steps; ++step) {
+      auto m = pipe.train_step([](int64_t s, int64_t i) {
+        auto [ids, targets] = user_model::data(s, i);
+        return MicroBatch{{ids}, {targets}};
+      });
+      run.losses.push_back(m.loss);
+      run.grad_norms.push_back(m.grad_norm);
+      std::map<std::string, at::Tensor> ps;
+      for (int s : pipe.stages()) {
+        for (const auto& p : pipe.stage(s).module->named_parameters()) ps[p.key()] = p.value().clone();
+      }
+      run.params.push_back(std::move(ps));
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    for (const auto& d : user_model::differences(runs[r], plain, r)) ADD_FAILURE() << d;
+  }
+}
+
+TEST(Pipeline, BatchSplitAlongDimZeroEqualsTheDataSource) {
+  PipelineCase c;
+  c.steps = 2;
+  const auto plain = user_model::plain_training(c.blocks, c.micro_batches, c.steps);
+  std::vector<double> losses(2 * c.steps);
+  auto errors = run_ranks(2, [&](comm::Transport& t) {
+    torch::nn::Sequential model = user_model::make_model(c.blocks, 7);
+    Pipeline pipe(t, user_model::pipeline_options(c),
+                  split_sequential(model, balance_by_parameters(model, 2)));
+    for (int64_t step = 0; step < c.steps; ++step) {
+      std::vector<at::Tensor> ids, targets;
+      for (int i = 0; i < c.micro_batches; ++i) {
+        auto [x, y] = user_model::data(step, i);
+        ids.push_back(x);
+        targets.push_back(y);
+      }
+      MicroBatch batch{{at::cat(ids)}, {at::cat(targets)}};
+      losses[t.rank() * c.steps + step] = pipe.train_step(batch).loss;
+    }
+    // A batch whose dim 0 does not split into the micro-batches.
+    MicroBatch bad{{at::zeros({7, 6}, at::kLong)}, {at::zeros({7, 6}, at::kLong)}};
+    try {
+      pipe.train_step(bad);
+      ADD_FAILURE() << "no error for a batch of 7 rows";
+    } catch (const PipelineError& e) {
+      EXPECT_NE(std::string(e.what()).find("int64 [7, 6], whose dim 0 does not split into 4 "
+                                           "micro-batches"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    for (int64_t s = 0; s < c.steps; ++s) {
+      EXPECT_EQ(losses[r * c.steps + s], plain.losses[s]) << "rank " << r << " step " << s;
+    }
+  }
+}
+
+TEST(Pipeline, EvaluateIsForwardOnlyInEvalModeAndEqualsThePlainForward) {
+  PipelineCase c;
+  c.kind = ScheduleKind::kZeroBubbleV;  // 4 stages, V layout: rank 0 holds the first and last
+  torch::nn::Sequential reference = user_model::make_model(c.blocks, 7);
+  reference->eval();
+  double want = 0;
+  {
+    c10::NoGradGuard no_grad;
+    for (int i = 0; i < 3; ++i) {
+      auto [ids, targets] = user_model::data(5, i);
+      want += (user_model::loss_of(reference->forward<at::Tensor>(ids), targets) / 3.0).item<double>();
+    }
+  }
+  std::vector<double> got(2);
+  std::vector<int64_t> units(2), outputs(2);
+  std::vector<bool> training_after(2);
+  auto errors = run_ranks(2, [&](comm::Transport& t) {
+    torch::nn::Sequential model = user_model::make_model(c.blocks, 7);
+    Pipeline pipe(t, user_model::pipeline_options(c),
+                  split_sequential(model, balance_by_parameters(model, 4)));
+    remat::reset_counters();
+    EvalOptions eo;
+    eo.micro_batches = 3;
+    eo.step = 5;
+    eo.keep_outputs = true;
+    EvalResult r = pipe.evaluate(
+        [](int64_t s, int64_t i) {
+          auto [ids, targets] = user_model::data(s, i);
+          return MicroBatch{{ids}, {targets}};
+        },
+        eo);
+    got[t.rank()] = r.loss;
+    units[t.rank()] = remat::counters().unit_calls;
+    outputs[t.rank()] = static_cast<int64_t>(r.outputs.size());
+    training_after[t.rank()] = pipe.stage(pipe.stages()[0]).module->is_training();
+    EXPECT_EQ(pipe.step(), 0) << "evaluation is not a training step";
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(got[r], want) << "rank " << r << ": the loss is shared with every rank";
+    EXPECT_EQ(units[r], 0) << "no checkpoint unit state in evaluation";
+    EXPECT_TRUE(training_after[r]) << "train mode is restored";
+  }
+  EXPECT_EQ(outputs[0], 3) << "rank 0 holds the last stage under zb-v";
+  EXPECT_EQ(outputs[1], 0);
+}
+
+// A stage that returns (hidden, mask) for the first micro-batches, then something else.
+void expect_boundary_error(const std::function<Tensors(const Tensors&)>& late_output,
+                           const std::string& sender_text, const std::string& receiver_text) {
+  auto errors = run_ranks(2, [&](comm::Transport& t) {
+    PipelineOptions o;
+    o.schedule.kind = ScheduleKind::kOneFOneB;
+    o.schedule.stages = 2;
+    o.schedule.micro_batches = 4;
+    o.loss = [](const Tensors& out, const Tensors&) { return out.at(0).sum(); };
+    o.optimizer = [](const std::vector<at::Tensor>& p) {
+      return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.1));
+    };
+    auto first = std::make_shared<torch::nn::Module>();
+    auto w = first->register_parameter("w", at::ones({3}));
+    auto last = std::make_shared<torch::nn::Module>();
+    auto v = last->register_parameter("v", at::ones({3}));
+    int calls = 0;
+    Pipeline pipe(t, o, [&](int s) {
+      if (s == 0) {
+        return make_stage(0, first, [&, w](const Tensors& in) -> Tensors {
+          Tensors good{in.at(0) * w, at::ones({2}, at::kFloat)};
+          return calls++ < 2 ? good : late_output(good);
+        });
+      }
+      return make_stage(1, last, [v](const Tensors& in) -> Tensors { return {in.at(0) * v}; });
+    });
+    pipe.train_step([](int64_t, int64_t) { return MicroBatch{{at::ones({3})}, {}}; });
+  });
+  EXPECT_NE(errors[0].find(sender_text), std::string::npos) << "rank 0: " << errors[0];
+  EXPECT_NE(errors[1].find(receiver_text), std::string::npos) << "rank 1: " << errors[1];
+}
+
+TEST(Pipeline, StageReturningAnotherNumberOfTensorsIsAnErrorOnBothSides) {
+  expect_boundary_error(
+      [](const Tensors& good) { return Tensors{good[0]}; },
+      "stage 0 on rank 0 returned [float32 [3]] (1 tensor) for micro-batch 2 of step 0, but "
+      "earlier micro-batches on its boundary to stage 1 carried [float32, float32] (2 tensors)",
+      "stage 1 on rank 1 received [float32 [3]] (1 tensor) from stage 0 on rank 0 for "
+      "micro-batch 2 of step 0, but earlier micro-batches on this boundary carried [float32, "
+      "float32] (2 tensors)");
+}
+
+TEST(Pipeline, StageReturningAnotherDtypeIsAnErrorOnBothSides) {
+  expect_boundary_error(
+      [](const Tensors& good) { return Tensors{good[0], good[1].to(at::kDouble)}; },
+      "returned [float32 [3], float64 [2]] (2 tensors) for micro-batch 2 of step 0",
+      "stage 1 on rank 1 received [float32 [3], float64 [2]] (2 tensors) from stage 0 on rank 0");
+}
+
+TEST(Pipeline, MisuseIsAClearError) {
+  auto one_rank = comm::make_local_transports(1);
+  PipelineOptions o;
+  o.schedule.stages = 1;
+  auto module = std::make_shared<torch::nn::Module>();
+  auto identity = [](const Tensors& in) { return in; };
+  auto expect_error = [&](const PipelineOptions& opts, const StageFactory& f, const char* text) {
+    try {
+      Pipeline p(*one_rank[0], opts, f);
+      ADD_FAILURE() << "no error, expected: " << text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  auto good = [&](int s) { return make_stage(s, module, identity); };
+  expect_error(o, good, "PipelineOptions::loss is not set");
+  o.loss = [](const Tensors& out, const Tensors&) { return out.at(0).sum(); };
+  expect_error(o, good, "PipelineOptions::optimizer is not set");
+  o.optimizer = [](const std::vector<at::Tensor>& p) {
+    return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.1));
+  };
+  expect_error(o, [&](int) { return make_stage(3, module, identity); },
+               "the stage factory was asked for stage 0 on rank 0 but returned stage 3");
+  expect_error(o, [&](int s) { return make_stage(s, nullptr, identity); }, "stage 0 has no module");
+  o.schedule.stages = 2;
+  expect_error(o, good, "schedule.stages is 2 but the job has 1 ranks");
+  o.schedule.stages = 1;
+  // A loss that is not a scalar.
+  o.loss = [](const Tensors& out, const Tensors&) { return out.at(0); };
+  Pipeline p(*one_rank[0], o, good);
+  try {
+    p.train_step([](int64_t, int64_t) { return MicroBatch{{at::ones({3})}, {}}; });
+    ADD_FAILURE() << "no error for a non-scalar loss";
+  } catch (const PipelineError& e) {
+    EXPECT_NE(std::string(e.what()).find("must be a floating scalar, got float32 [3]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Pipeline, FixedArityModuleNamesTheCountItTakes) {
+  struct TwoImpl : torch::nn::Module {
+    at::Tensor forward(const at::Tensor& a, const at::Tensor& b) { return a + b; }
+  };
+  auto stage = make_stage(2, std::make_shared<TwoImpl>());
+  EXPECT_TRUE(at::equal(stage.forward({at::ones({2}), at::ones({2})}).at(0), at::full({2}, 2.0)));
+  try {
+    stage.forward({at::ones({2})});
+    FAIL() << "no error";
+  } catch (const PipelineError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 2: the module's forward takes 2 tensors but the "
+                                         "stage got 1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pipemat::pp
