@@ -394,9 +394,10 @@ struct Pipeline::Impl {
       }
       for (size_t k = 0; k < mb.roots.size(); ++k) {
         const size_t j = mb.root_outputs[k];
-        PIPEMAT_CHECK(j < grads.size(), PipelineError, "stage ", a.stage, " on rank ", rank,
-                      " got ", grads.size(), " gradients for micro-batch ", a.micro_batch,
-                      " but sent ", mb.root_outputs.size(), "+ tensors");
+        PIPEMAT_CHECK(j < grads.size(), CommError, "stage ", a.stage, " on rank ", rank,
+                      " got ", grads.size(), " gradients from stage ", a.stage + 1,
+                      " for micro-batch ", a.micro_batch, " but output ", j,
+                      " needs one; both ranks must run the same pipemat build");
         if (!grads[j].defined()) continue;
         roots.push_back(mb.roots[k]);
         out.push_back(grads[j]);

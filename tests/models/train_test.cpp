@@ -11,11 +11,13 @@
 #include <mutex>
 #include <regex>
 #include <set>
+#include <fstream>
 #include <sstream>
 
 #include "pipemat/core/error.h"
 #include "pipemat/models/train.h"
 #include "pipemat/remat/remat.h"
+#include "pipemat/schedule/torch_csv.h"
 
 namespace pipemat::models {
 namespace {
@@ -196,6 +198,52 @@ TEST(PipelineTrain, ProgressAndMetricsLines) {
   }
   EXPECT_GE(r.steps[0].bubble, 0.0);
   EXPECT_LT(r.steps[0].bubble, 1.0);
+}
+
+}  // namespace
+}  // namespace pipemat::models
+
+namespace pipemat::models {
+namespace {
+
+TEST(PipelineTrain, ScheduleFromATorchCsvFileMatchesTheReference) {
+  // A ZB-H1 schedule exported as torch writes it, with FSDP cells, read through schedule.csv.
+  schedule::ScheduleOptions so;
+  so.kind = schedule::ScheduleKind::kZeroBubbleH1;
+  so.stages = 2;
+  so.micro_batches = 4;
+  const std::string csv = schedule::export_torch_csv(schedule::generate_schedule(so));
+  const std::string path = ::testing::TempDir() + "pipemat_zb_h1.csv";
+  {
+    std::ofstream out(path);
+    out << "0UNSHARD," << csv.substr(0, csv.find('\n')) << ",0REDUCE_GRAD\n"
+        << "1UNSHARD," << csv.substr(csv.find('\n') + 1);
+  }
+  auto c = small_config("1f1b", 2, "rmsnorm-gemm", "selective");
+  c.schedule.micro_batches = 1;  // replaced by the file's
+  c.schedule_csv = path;
+  const ResolvedSchedule resolved = resolve_schedule(c);
+  EXPECT_EQ(resolved.config.schedule.kind, schedule::ScheduleKind::kImported);
+  EXPECT_EQ(resolved.config.schedule.micro_batches, 4);
+  EXPECT_EQ(resolved.note, "ignored 2 UNSHARD and 1 REDUCE_GRAD cells of " + path +
+                               ": pipemat has no sharding or data parallelism, so they are no-ops");
+  expect_matches_reference(c);
+  std::ostringstream out;
+  c.training.steps = 1;
+  c.output.progress = true;
+  c.transport.kind = comm::TransportKind::kLocal;
+  EXPECT_EQ(run_train(c, false, out), 0);
+  EXPECT_EQ(out.str().find(resolved.note), 0u) << out.str();
+
+  c.schedule_csv = "/nonexistent/s.csv";
+  try {
+    resolve_schedule(c);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("schedule.csv: cannot open '/nonexistent/s.csv'"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

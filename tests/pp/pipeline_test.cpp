@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 
 #include <exception>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <thread>
 
@@ -349,6 +351,24 @@ TEST(Pipeline, FixedArityModuleNamesTheCountItTakes) {
               std::string::npos)
         << e.what();
   }
+}
+
+}  // namespace
+}  // namespace pipemat::pp
+
+namespace pipemat::pp {
+namespace {
+
+TEST(PipelineDocs, LibraryDocShowsTheExampleVerbatim) {
+  auto read = [](const std::string& rel) {
+    std::ifstream in(std::string(PIPEMAT_SOURCE_DIR) + "/" + rel);
+    EXPECT_TRUE(in.is_open()) << rel;
+    return std::string{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  };
+  const std::string example = read("examples/pipeline_library/main.cpp");
+  ASSERT_GT(example.size(), 1000u);
+  EXPECT_NE(read("docs/library.md").find("```cpp\n" + example + "```"), std::string::npos)
+      << "docs/library.md must hold examples/pipeline_library/main.cpp as is";
 }
 
 }  // namespace
