@@ -9,6 +9,7 @@
 
 #include "pipemat/models/zoo_stages.h"
 #include "pipemat/pp/split_backward.h"
+#include "pipemat/remat/memory.h"
 #include "pipemat/remat/remat.h"
 
 namespace pipemat::pp {
@@ -93,22 +94,6 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return name;
     });
-
-}  // namespace
-}  // namespace pipemat::pp
-
-#include "pipemat/remat/memory.h"
-
-namespace pipemat::pp {
-namespace {
-
-using models::build_layers;
-using models::micro_batch_data;
-using models::micro_batch_loss;
-using models::ModelOptions;
-using models::RematConfig;
-using models::Stage;
-using models::stage_policy;
 
 TEST(SplitBackwardMemory, RederivedGemmInputLivesOnlyFromRToW) {
   remat::install_tracking_allocator();

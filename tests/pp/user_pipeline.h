@@ -3,6 +3,7 @@
 // the plain loop records, for comparison.
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@ struct PipelineCase {
   bool remat = true;  // blocks are checkpoint units, their QKV projection a SAVE region
   pipemat::schedule::RecomputeMode recompute = pipemat::schedule::RecomputeMode::kPretrigger;
   int64_t steps = 3;
+  std::optional<pipemat::schedule::Schedule> actions;  // an imported action list instead
 };
 
 inline pipemat::pp::PipelineOptions pipeline_options(const PipelineCase& c) {
@@ -36,6 +38,7 @@ inline pipemat::pp::PipelineOptions pipeline_options(const PipelineCase& c) {
   o.optimizer = make_adamw;
   o.lr_schedule = set_lr;
   o.clip_grad_norm = kClip;
+  o.actions = c.actions;
   return o;
 }
 
