@@ -92,6 +92,40 @@ class EvalModeScope {
 
 }  // namespace
 
+namespace {
+
+// One tensor goes in as at::Tensor, several as std::vector<at::Tensor>.
+torch::nn::AnyValue call_any(torch::nn::AnyModule& module, const Tensors& in) {
+  return in.size() == 1 ? module.any_forward(in[0]) : module.any_forward(in);
+}
+
+Tensors tensors_of(torch::nn::AnyValue value, int stage) {
+  if (auto* t = value.try_get<at::Tensor>()) return {*t};
+  if (auto* v = value.try_get<Tensors>()) return *v;
+  if (auto* t2 = value.try_get<std::tuple<at::Tensor, at::Tensor>>()) {
+    return {std::get<0>(*t2), std::get<1>(*t2)};
+  }
+  if (auto* t3 = value.try_get<std::tuple<at::Tensor, at::Tensor, at::Tensor>>()) {
+    return {std::get<0>(*t3), std::get<1>(*t3), std::get<2>(*t3)};
+  }
+  PIPEMAT_THROW(PipelineError, "stage ", stage, " returned ", value.type_info().name(),
+                "; a stage module must return at::Tensor, std::vector<at::Tensor> or a tuple of "
+                "2 or 3 tensors");
+}
+
+}  // namespace
+
+PipelineStage make_stage(int index, torch::nn::AnyModule module) {
+  PIPEMAT_CHECK(!module.is_empty(), ConfigError, "make_stage: the AnyModule of stage ", index,
+                " is empty");
+  auto shared = std::make_shared<torch::nn::AnyModule>(std::move(module));
+  StageForward forward = [shared, index](const Tensors& in) {
+    PIPEMAT_CHECK(!in.empty(), PipelineError, "stage ", index, " got no input tensors");
+    return tensors_of(call_any(*shared, in), index);
+  };
+  return make_stage(index, shared->ptr(), std::move(forward));
+}
+
 PipelineStage make_stage(int index, std::shared_ptr<torch::nn::Module> module,
                          StageForward forward) {
   PipelineStage s;
@@ -156,22 +190,11 @@ StageFactory split_sequential(torch::nn::Sequential model, std::vector<int64_t> 
     }
     auto forward = [impl = part.ptr(), stage](const Tensors& in) -> Tensors {
       PIPEMAT_CHECK(!in.empty(), PipelineError, "stage ", stage, " got no input tensors");
-      torch::nn::AnyValue value = in.size() == 1 ? impl->begin()->any_forward(in[0])
-                                                 : impl->begin()->any_forward(in);
+      torch::nn::AnyValue value = call_any(*impl->begin(), in);
       for (auto it = impl->begin() + 1; it != impl->end(); ++it) {
         value = it->any_forward(std::move(value));
       }
-      if (auto* t = value.try_get<at::Tensor>()) return {*t};
-      if (auto* v = value.try_get<Tensors>()) return *v;
-      if (auto* t2 = value.try_get<std::tuple<at::Tensor, at::Tensor>>()) {
-        return {std::get<0>(*t2), std::get<1>(*t2)};
-      }
-      if (auto* t3 = value.try_get<std::tuple<at::Tensor, at::Tensor, at::Tensor>>()) {
-        return {std::get<0>(*t3), std::get<1>(*t3), std::get<2>(*t3)};
-      }
-      PIPEMAT_THROW(PipelineError, "stage ", stage, ": the last entry of the Sequential returned ",
-                    value.type_info().name(), "; a Sequential stage must return at::Tensor, "
-                    "std::vector<at::Tensor> or a tuple of 2 or 3 tensors");
+      return tensors_of(std::move(value), stage);
     };
     return make_stage(stage, part.ptr(), forward);
   };

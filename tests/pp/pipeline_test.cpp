@@ -6,11 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include <exception>
 #include <fstream>
 #include <iterator>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "pipemat/comm/transport.h"
@@ -348,6 +352,89 @@ TEST(PipelineDocs, LibraryDocShowsTheExampleVerbatim) {
   ASSERT_GT(example.size(), 1000u);
   EXPECT_NE(read("docs/library.md").find("```cpp\n" + example + "```"), std::string::npos)
       << "docs/library.md must hold examples/pipeline_library/main.cpp as is";
+}
+
+}  // namespace
+}  // namespace pipemat::pp
+
+namespace pipemat::pp {
+namespace {
+
+// bf16 crosses the boundary; stage 1 is an AnyModule, stage 0 a callable.
+struct Bf16HeadImpl : torch::nn::Module {
+  Bf16HeadImpl() : lin(register_module("lin", torch::nn::Linear(4, 3))) {}
+  at::Tensor forward(const at::Tensor& x) { return lin(x.to(at::kFloat)); }
+  torch::nn::Linear lin;
+};
+TORCH_MODULE(Bf16Head);
+
+TEST(Pipeline, Bfloat16BoundaryAnyModuleAndCallableStagesEqualAPlainLoop) {
+  auto make = [] {
+    static std::mutex init;  // ranks are threads: one seeded initialization at a time
+    std::lock_guard<std::mutex> lock(init);
+    at::manual_seed(3);
+    auto first = torch::nn::Linear(5, 4);
+    auto head = Bf16Head();
+    return std::make_pair(first, head);
+  };
+  auto data = [](int64_t step, int64_t i) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(step * 10 + i);
+    return MicroBatch{{at::randn({6, 5}, gen)}, {at::randn({6, 3}, gen)}};
+  };
+  auto loss = [](const at::Tensor& out, const at::Tensor& y) { return (out - y).pow(2).mean(); };
+  // Plain loop.
+  auto [pf, ph] = make();
+  std::vector<at::Tensor> params = pf->parameters();
+  for (const auto& p : ph->parameters()) params.push_back(p);
+  torch::optim::SGD plain_opt(params, torch::optim::SGDOptions(0.1));
+  std::vector<double> want;
+  for (int64_t step = 0; step < 3; ++step) {
+    plain_opt.zero_grad();
+    double sum = 0;
+    for (int64_t i = 0; i < 2; ++i) {
+      MicroBatch b = data(step, i);
+      at::Tensor l = loss(ph(pf(b.inputs[0]).to(at::kBFloat16)), b.targets[0]) / 2.0;
+      sum += l.item<double>();
+      l.backward();
+    }
+    plain_opt.step();
+    want.push_back(sum);
+  }
+  std::vector<std::vector<double>> got(2);
+  std::vector<std::vector<at::Tensor>> final_params(2);
+  auto errors = run_ranks(2, [&](comm::Transport& t) {
+    auto [f, h] = make();
+    PipelineOptions o;
+    o.schedule.kind = ScheduleKind::kOneFOneB;
+    o.schedule.stages = 2;
+    o.schedule.micro_batches = 2;
+    o.loss = [&](const Tensors& out, const Tensors& y) { return loss(out.at(0), y.at(0)); };
+    o.optimizer = [](const std::vector<at::Tensor>& p) {
+      return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1));
+    };
+    Pipeline pipe(t, o, [&, f = f, h = h](int s) {
+      if (s == 0) {
+        return make_stage(0, f.ptr(), [impl = f.ptr()](const Tensors& in) -> Tensors {
+          return {impl->forward(in.at(0)).to(at::kBFloat16)};
+        });
+      }
+      return make_stage(1, torch::nn::AnyModule(h));
+    });
+    for (int64_t step = 0; step < 3; ++step) got[t.rank()].push_back(pipe.train_step(data).loss);
+    final_params[t.rank()] = pipe.parameters();
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(got[r], want) << "rank " << r;
+  }
+  ASSERT_EQ(final_params[0].size() + final_params[1].size(), params.size());
+  for (size_t i = 0; i < final_params[0].size(); ++i) {
+    EXPECT_TRUE(at::equal(final_params[0][i], params[i])) << "stage 0 parameter " << i;
+  }
+  for (size_t i = 0; i < final_params[1].size(); ++i) {
+    EXPECT_TRUE(at::equal(final_params[1][i], params[final_params[0].size() + i]))
+        << "stage 1 parameter " << i;
+  }
 }
 
 }  // namespace

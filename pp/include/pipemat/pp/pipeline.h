@@ -59,6 +59,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
@@ -293,6 +294,10 @@ template <typename M>
 PipelineStage make_stage(int index, torch::nn::ModuleHolder<M> module) {
   return make_stage(index, module.ptr());
 }
+// A stage from an AnyModule: one input tensor is passed as at::Tensor, several as
+// std::vector<at::Tensor>; it returns at::Tensor, std::vector<at::Tensor> or a tuple of 2 or 3
+// tensors (else PipelineError). Remat paths are relative to the module it holds.
+PipelineStage make_stage(int index, torch::nn::AnyModule module);
 // A stage from a callable; `module` owns the parameters the callable uses.
 PipelineStage make_stage(int index, std::shared_ptr<torch::nn::Module> module,
                          StageForward forward);
