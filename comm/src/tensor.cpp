@@ -54,20 +54,12 @@ std::vector<uint8_t> encode_header(const TensorMeta& meta, int sender) {
   return bytes;
 }
 
-// Parses a header at the front of `data` (`size` bytes available). Returns false if malformed.
-bool decode_header(const uint8_t* data, size_t size, TensorMeta& meta, size_t& header_bytes) {
+// True when `data` starts like a single-tensor message (magic and room for the fixed header).
+bool has_tensor_magic(const uint8_t* data, size_t size) {
+  uint32_t magic = 0;
   if (size < sizeof(WireHeader)) return false;
-  WireHeader header;
-  std::memcpy(&header, data, sizeof(header));
-  if (header.magic != kTensorMagic || header.ndim < 0 || header.ndim > kMaxDims) return false;
-  header_bytes = header_size(static_cast<size_t>(header.ndim));
-  if (size < header_bytes) return false;
-  meta.dtype = static_cast<at::ScalarType>(header.dtype);
-  meta.shape.resize(static_cast<size_t>(header.ndim));
-  if (header.ndim > 0) {
-    std::memcpy(meta.shape.data(), data + sizeof(header), 8 * static_cast<size_t>(header.ndim));
-  }
-  return true;
+  std::memcpy(&magic, data, sizeof(magic));
+  return magic == kTensorMagic;
 }
 
 // The list header of send_tensors (wire format in tensor.h).
@@ -110,6 +102,138 @@ void check_cpu(const at::Tensor& tensor, const char* what, int peer, int tag) {
                 tag, ": only CPU tensors are supported, got a tensor on ", tensor.device().str());
   PIPEMAT_CHECK(tensor.layout() == at::kStrided, ConfigError, what, " to/from rank ", peer,
                 " with tag ", tag, ": only strided (dense) tensors are supported");
+}
+
+// What a defined tensor (single or list entry) may be: a known, non-quantized ScalarType. `code` is
+// the raw wire integer, checked against the enum's range before any cast (the enum is 8 bits wide,
+// so a cast of e.g. 262 would wrap around to a valid code).
+enum class DtypeCheck { kOk, kNotADtype, kUndefined, kQuantized };
+DtypeCheck check_dtype_code(int32_t code) {
+  if (code < 0 || code >= static_cast<int32_t>(at::ScalarType::NumOptions)) {
+    return DtypeCheck::kNotADtype;
+  }
+  const auto dtype = static_cast<at::ScalarType>(code);
+  if (dtype == at::ScalarType::Undefined) return DtypeCheck::kUndefined;
+  if (c10::isQIntType(dtype)) return DtypeCheck::kQuantized;
+  return DtypeCheck::kOk;
+}
+
+// value *= factor when the product of these positive numbers fits in int64; false otherwise.
+bool multiply_within_int64(int64_t& value, int64_t factor) {
+  if (value > std::numeric_limits<int64_t>::max() / factor) return false;
+  value *= factor;
+  return true;
+}
+
+bool can_require_grad(at::ScalarType dtype) {
+  return c10::isFloatingType(dtype) || c10::isComplexType(dtype);
+}
+
+// Note [Tensor header checks]
+// The single-tensor receives and the list receives check a tensor header the same way (wire
+// format and list of checks in tensor.h), so a hostile header gets the same words on both.
+// `subject` names the header in the message: "entry 2" (lists) or "the tensor".
+
+// ndim within [0, kMaxDims]; checked before the dims are read.
+bool check_ndim(const WireHeader& header, const std::string& subject, std::string& why) {
+  if (header.ndim >= 0 && header.ndim <= kMaxDims) return true;
+  why = ::pipemat::detail::concat(subject, " has ", header.ndim, " dimensions; expected 0 to ",
+                                  kMaxDims);
+  return false;
+}
+
+// The dtype code, the dims (`dims`: header.ndim int64 values, unaligned) and the nbytes field.
+// On success `meta` and `nbytes` describe the tensor.
+bool check_meta(const WireHeader& header, const uint8_t* dims, const std::string& subject,
+                TensorMeta& meta, int64_t& nbytes, std::string& why) {
+  using ::pipemat::detail::concat;
+  switch (check_dtype_code(header.dtype)) {
+    case DtypeCheck::kOk:
+      break;
+    case DtypeCheck::kNotADtype:
+      why = concat(subject, " has dtype code ", header.dtype, ", which is not a dtype");
+      return false;
+    case DtypeCheck::kUndefined:
+      why = concat(subject, " has dtype code ", header.dtype,
+                   " (Undefined) but is not marked as an undefined entry");
+      return false;
+    case DtypeCheck::kQuantized:
+      why = concat(subject, " has dtype code ", header.dtype, " (",
+                   c10::toString(static_cast<at::ScalarType>(header.dtype)),
+                   "), a quantized dtype, which pipemat tensor messages do not carry");
+      return false;
+  }
+  meta.dtype = static_cast<at::ScalarType>(header.dtype);
+  meta.shape.resize(static_cast<size_t>(header.ndim));
+  if (header.ndim > 0) std::memcpy(meta.shape.data(), dims, 8 * static_cast<size_t>(header.ndim));
+  // The product of max(dim, 1) must fit in int64 (it bounds every contiguous stride, even of
+  // an empty tensor); numel * element size must fit as well.
+  int64_t strides_product = 1;
+  bool empty = false;
+  for (size_t d = 0; d < meta.shape.size(); ++d) {
+    const int64_t dim = meta.shape[d];
+    if (dim < 0) {
+      why = concat(subject, " has size ", dim, " in dimension ", d, " (shape ", meta.to_string(),
+                   "); sizes cannot be negative");
+      return false;
+    }
+    empty = empty || dim == 0;
+    if (!multiply_within_int64(strides_product, std::max<int64_t>(dim, 1))) {
+      why = concat(subject, " has shape ", meta.to_string(),
+                   ", whose number of elements overflows int64");
+      return false;
+    }
+  }
+  const int64_t numel = empty ? 0 : strides_product;
+  nbytes = numel;
+  if (numel > 0 &&
+      !multiply_within_int64(nbytes, static_cast<int64_t>(c10::elementSize(meta.dtype)))) {
+    why = concat(subject, " is ", meta.to_string(), ", whose size in bytes overflows");
+    return false;
+  }
+  if (header.nbytes != static_cast<uint64_t>(nbytes)) {
+    why = concat(subject, " is ", meta.to_string(), " (", nbytes, " bytes) but its header says ",
+                 header.nbytes, " bytes");
+    return false;
+  }
+  return true;
+}
+
+enum class Decoded { kOk, kNotATensor, kCorrupt };
+
+// Parses and checks a single-tensor message of `message_size` bytes sent by rank `sender`,
+// whose first `head_size` bytes (at least min(message_size, header_size(kMaxDims))) are at
+// `head`. kOk: `meta` and `header_bytes` describe it and the sizes add up.
+Decoded decode_tensor(const uint8_t* head, size_t head_size, size_t message_size, int sender,
+                      TensorMeta& meta, size_t& header_bytes, std::string& why) {
+  using ::pipemat::detail::concat;
+  if (!has_tensor_magic(head, head_size)) return Decoded::kNotATensor;
+  WireHeader header;
+  std::memcpy(&header, head, sizeof(header));
+  const std::string subject = "the tensor";
+  if (!check_ndim(header, subject, why)) return Decoded::kCorrupt;
+  header_bytes = header_size(static_cast<size_t>(header.ndim));
+  if (message_size < header_bytes) {
+    why = concat("its header with ", header.ndim, " dimensions needs ", header_bytes,
+                 " bytes but the message has only ", message_size);
+    return Decoded::kCorrupt;
+  }
+  PIPEMAT_INTERNAL_ASSERT(head_size >= header_bytes, "tensor header of ", header_bytes,
+                          " bytes decoded from ", head_size, " bytes");
+  int64_t nbytes = 0;
+  if (!check_meta(header, head + sizeof(WireHeader), subject, meta, nbytes, why)) {
+    return Decoded::kCorrupt;
+  }
+  if (header.sender != sender) {
+    why = concat("the header says it was sent by rank ", header.sender);
+    return Decoded::kCorrupt;
+  }
+  if (message_size - header_bytes != static_cast<uint64_t>(nbytes)) {
+    why = concat("header says ", meta.to_string(), " (", nbytes, " bytes) but ",
+                 message_size - header_bytes, " bytes followed");
+    return Decoded::kCorrupt;
+  }
+  return Decoded::kOk;
 }
 
 enum class Mode { kSend, kRecvAny, kRecvExpected };
@@ -207,26 +331,57 @@ void finalize(TensorWork::State& s) {
     s.timeout_error = status.code == StatusCode::kTimeout;
     return;
   }
-  // Where the header is: our header target (exact-size path) or the transport buffer.
+  // Where the message is: the transport buffer (any size, or a size mismatch), or our header
+  // target followed by the destination tensor (exact size: the bytes landed in place, and
+  // nothing of them is handed out before the header passed the checks below).
   Buffer buffer = s.work->buffer();
-  const uint8_t* data = buffer.data() != nullptr ? buffer.data() : s.header->data();
-  size_t size = buffer.data() != nullptr ? buffer.size() : s.header->size();
+  const bool in_buffer = buffer.data() != nullptr;
+  const size_t size = in_buffer ? buffer.size() : s.header->size() + s.expected.nbytes();
+  const uint8_t* head = in_buffer ? buffer.data() : s.header->data();
+  size_t head_size = in_buffer ? buffer.size() : s.header->size();
+  std::vector<uint8_t> gathered;
+  if (!in_buffer && has_tensor_magic(head, head_size)) {
+    // A sender's header with more dimensions than ours runs on into the destination's bytes.
+    WireHeader peek;
+    std::memcpy(&peek, head, sizeof(peek));
+    if (peek.ndim >= 0 && peek.ndim <= kMaxDims) {
+      const size_t need = std::min(size, header_size(static_cast<size_t>(peek.ndim)));
+      if (need > head_size) {
+        gathered.assign(s.header->begin(), s.header->end());
+        const auto* rest = static_cast<const uint8_t*>(s.tensor.data_ptr());
+        gathered.insert(gathered.end(), rest, rest + (need - head_size));
+        head = gathered.data();
+        head_size = gathered.size();
+      }
+    }
+  }
   TensorMeta sent;
   size_t header_bytes = 0;
-  if (!decode_header(data, size, sent, header_bytes)) {
-    if (is_tensor_list(data, size)) {
+  std::string why;
+  switch (decode_tensor(head, head_size, size, info.peer, sent, header_bytes, why)) {
+    case Decoded::kOk:
+      break;
+    case Decoded::kNotATensor:
+      if (is_tensor_list(head, head_size)) {
+        s.error = ::pipemat::detail::concat(
+            "rank ", info.peer, " sent a tensor list (send_tensors) with tag ", info.tag,
+            " to rank ", info.rank,
+            ", which posted a single-tensor receive; use recv_tensors on this tag, or "
+            "send_tensor on the sender");
+        return;
+      }
       s.error = ::pipemat::detail::concat(
-          "rank ", info.peer, " sent a tensor list (send_tensors) with tag ", info.tag, " to rank ",
-          info.rank,
-          ", which posted a single-tensor receive; use recv_tensors on this tag, or "
-          "send_tensor on the sender");
+          "rank ", info.peer, " sent a message with tag ", info.tag, " to rank ", info.rank,
+          " that is not a pipemat tensor (", size,
+          " bytes, no tensor header); a byte send and a tensor receive share this tag");
       return;
-    }
-    s.error = ::pipemat::detail::concat(
-        "rank ", info.peer, " sent a message with tag ", info.tag, " to rank ", info.rank,
-        " that is not a pipemat tensor (", size,
-        " bytes, no tensor header); a byte send and a tensor receive share this tag");
-    return;
+    case Decoded::kCorrupt:
+      s.error = ::pipemat::detail::concat(
+          "rank ", info.peer, " sent a corrupt tensor message on tag ", info.tag, ": ", why,
+          " (received by rank ", info.rank, ", ", info.transport,
+          "). Both ranks must run the same pipemat build, and nothing else may send on this "
+          "tag.");
+      return;
   }
   if (s.mode == Mode::kRecvExpected) {
     if (sent != s.expected || !status.ok()) {
@@ -241,14 +396,7 @@ void finalize(TensorWork::State& s) {
     }
     return;
   }
-  // recv any: wrap the transport buffer without copying.
-  if (size != header_bytes + sent.nbytes()) {
-    s.error =
-        ::pipemat::detail::concat("rank ", info.peer, " sent a corrupt tensor message on tag ",
-                                  info.tag, ": header says ", sent.to_string(), " (", sent.nbytes(),
-                                  " bytes) but ", size - header_bytes, " bytes followed");
-    return;
-  }
+  // recv any: wrap the transport buffer without copying (decode_tensor checked the sizes).
   auto storage = buffer.storage();
   s.result = at::from_blob(
       buffer.data() + header_bytes, sent.shape, [storage](void*) mutable { storage.reset(); },
@@ -295,6 +443,9 @@ const WorkPtr& TensorWork::work() const {
 
 TensorWork send_tensor(Transport& transport, int peer, int tag, const at::Tensor& tensor) {
   check_cpu(tensor, "send_tensor", peer, tag);
+  PIPEMAT_CHECK(!c10::isQIntType(tensor.scalar_type()), ConfigError, "send_tensor to rank ", peer,
+                " with tag ", tag, ": the tensor has dtype ", dtype_name(tensor.scalar_type()),
+                "; quantized tensors are not supported (send int_repr() and the scale instead)");
   auto state = std::make_shared<TensorWork::State>();
   state->mode = Mode::kSend;
   state->tensor = tensor;
@@ -386,31 +537,6 @@ alignas(kBlock) constexpr uint8_t kZeros[kBlock] = {};
 
 size_t pad_bytes(size_t n) { return (kBlock - n % kBlock) % kBlock; }
 
-// What a defined list entry may be: a known, non-quantized ScalarType. `code` is the raw wire
-// integer, checked against the enum's range before any cast (the enum is 8 bits wide, so a cast
-// of e.g. 262 would wrap around to a valid code).
-enum class DtypeCheck { kOk, kNotADtype, kUndefined, kQuantized };
-DtypeCheck check_dtype_code(int32_t code) {
-  if (code < 0 || code >= static_cast<int32_t>(at::ScalarType::NumOptions)) {
-    return DtypeCheck::kNotADtype;
-  }
-  const auto dtype = static_cast<at::ScalarType>(code);
-  if (dtype == at::ScalarType::Undefined) return DtypeCheck::kUndefined;
-  if (c10::isQIntType(dtype)) return DtypeCheck::kQuantized;
-  return DtypeCheck::kOk;
-}
-
-// value *= factor when the product of these positive numbers fits in int64; false otherwise.
-bool multiply_within_int64(int64_t& value, int64_t factor) {
-  if (value > std::numeric_limits<int64_t>::max() / factor) return false;
-  value *= factor;
-  return true;
-}
-
-bool can_require_grad(at::ScalarType dtype) {
-  return c10::isFloatingType(dtype) || c10::isComplexType(dtype);
-}
-
 void check_list_entry(const at::Tensor& tensor, size_t index, int peer, int tag) {
   if (!tensor.defined()) return;
   PIPEMAT_CHECK(tensor.device().is_cpu(), ConfigError, "send_tensors to rank ", peer, " with tag ",
@@ -493,67 +619,17 @@ bool decode_list(const Buffer& buffer, const WorkInfo& info, std::vector<at::Ten
       offset += header_size(0);
       continue;
     }
-    if (entry.ndim < 0 || entry.ndim > kMaxDims) {
-      why = concat("entry ", index, " has ", entry.ndim, " dimensions; expected 0 to ", kMaxDims);
-      return false;
-    }
+    const std::string subject = concat("entry ", index);
+    if (!check_ndim(entry, subject, why)) return false;
     const size_t entry_header = header_size(static_cast<size_t>(entry.ndim));
     if (left < entry_header) {
       why = concat("entry ", index, " is cut off: its header with ", entry.ndim,
                    " dimensions needs ", entry_header, " bytes but only ", left, " are left");
       return false;
     }
-    switch (check_dtype_code(entry.dtype)) {
-      case DtypeCheck::kOk:
-        break;
-      case DtypeCheck::kNotADtype:
-        why = concat("entry ", index, " has dtype code ", entry.dtype, ", which is not a dtype");
-        return false;
-      case DtypeCheck::kUndefined:
-        why = concat("entry ", index, " has dtype code ", entry.dtype,
-                     " (Undefined) but is not marked as an undefined entry");
-        return false;
-      case DtypeCheck::kQuantized:
-        why = concat("entry ", index, " has dtype code ", entry.dtype, " (",
-                     c10::toString(static_cast<at::ScalarType>(entry.dtype)),
-                     "), a quantized dtype, which tensor lists do not carry");
-        return false;
-    }
     TensorMeta meta;
-    meta.dtype = static_cast<at::ScalarType>(entry.dtype);
-    meta.shape.resize(static_cast<size_t>(entry.ndim));
-    if (entry.ndim > 0) {
-      std::memcpy(meta.shape.data(), data + offset + sizeof(WireHeader),
-                  8 * static_cast<size_t>(entry.ndim));
-    }
-    // The product of max(dim, 1) must fit in int64 (it bounds every contiguous stride, even of
-    // an empty tensor); numel * element size must fit as well.
-    int64_t strides_product = 1;
-    bool empty = false;
-    for (size_t d = 0; d < meta.shape.size(); ++d) {
-      const int64_t dim = meta.shape[d];
-      if (dim < 0) {
-        why = concat("entry ", index, " has size ", dim, " in dimension ", d, " (shape ",
-                     meta.to_string(), "); sizes cannot be negative");
-        return false;
-      }
-      empty = empty || dim == 0;
-      if (!multiply_within_int64(strides_product, std::max<int64_t>(dim, 1))) {
-        why = concat("entry ", index, " has shape ", meta.to_string(),
-                     ", whose number of elements overflows int64");
-        return false;
-      }
-    }
-    const int64_t numel = empty ? 0 : strides_product;
-    int64_t nbytes = numel;
-    if (numel > 0 &&
-        !multiply_within_int64(nbytes, static_cast<int64_t>(c10::elementSize(meta.dtype)))) {
-      why = concat("entry ", index, " is ", meta.to_string(), ", whose size in bytes overflows");
-      return false;
-    }
-    if (entry.nbytes != static_cast<uint64_t>(nbytes)) {
-      why = concat("entry ", index, " is ", meta.to_string(), " (", nbytes,
-                   " bytes) but its header says ", entry.nbytes, " bytes");
+    int64_t nbytes = 0;
+    if (!check_meta(entry, data + offset + sizeof(WireHeader), subject, meta, nbytes, why)) {
       return false;
     }
     const size_t after_header = left - entry_header;
@@ -604,9 +680,7 @@ void finalize(TensorListWork::State& s) {
   }
   Buffer buffer = s.work->buffer();
   if (!is_tensor_list(buffer.data(), buffer.size())) {
-    TensorMeta single;
-    size_t header_bytes = 0;
-    const bool is_single = decode_header(buffer.data(), buffer.size(), single, header_bytes);
+    const bool is_single = has_tensor_magic(buffer.data(), buffer.size());
     s.error = is_single
                   ? ::pipemat::detail::concat(
                         "rank ", info.peer, " sent a single tensor (send_tensor) with tag ",

@@ -106,6 +106,10 @@ TransportOptions resolve_options(TransportOptions options) {
   }
   PIPEMAT_CHECK(options.connect_retries >= 1, ConfigError, "connect_retries must be >= 1, got ",
                 options.connect_retries);
+  PIPEMAT_CHECK(options.max_message_bytes > 0, ConfigError,
+                "max_message_bytes must be > 0 (the largest message accepted from a peer), got 0; "
+                "leave it at its default of ",
+                kDefaultMaxMessageBytes, " bytes or raise it");
   return options;
 }
 

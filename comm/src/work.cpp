@@ -1,6 +1,7 @@
 #include "pipemat/comm/work.h"
 
 #include <cstdlib>
+#include <limits>
 #include <new>
 #include <thread>
 
@@ -12,6 +13,8 @@ namespace pipemat::comm {
 
 Buffer Buffer::allocate(size_t size) {
   Buffer buffer;
+  // A size from the wire can be anything: rounding up must not wrap around to a small block.
+  if (size > std::numeric_limits<size_t>::max() - (kAlignment - 1)) throw std::bad_alloc();
   size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded == 0) rounded = kAlignment;
   void* raw = std::aligned_alloc(kAlignment, rounded);

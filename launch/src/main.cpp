@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "pipemat/comm/transport.h"
 #include "pipemat/core/error.h"
 
 int main(int argc, char** argv) {
@@ -17,7 +18,8 @@ int main(int argc, char** argv) {
   pipemat::launch::add_demo_command(app);
   pipemat::launch::add_train_command(app);
   pipemat::launch::add_schedule_command(app);
-  auto* bench = app.add_subcommand("bench", "Benchmarks that print measured numbers (JSON with --json)");
+  auto* bench =
+      app.add_subcommand("bench", "Benchmarks that print measured numbers (JSON with --json)");
   bench->require_subcommand(1);
   pipemat::launch::add_bench_remat_command(*bench);
   pipemat::launch::add_bench_p2p_command(*bench);
@@ -25,11 +27,11 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const pipemat::Error& e) {
-    std::cerr << "pipemat: error: " << e.what() << "\n";
-    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "pipemat: error: " << e.what() << "\n";
+    std::cerr << "pipemat: error: " << e.what() << "\n" << std::flush;
+    // Under mpirun a failed rank ends the job: its peers may wait on it, or be stuck, and
+    // MPI_Finalize would wait for them (docs/comm.md, "Failures").
+    pipemat::comm::abort_job(1);
     return 1;
   }
   return 0;

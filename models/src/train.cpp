@@ -27,17 +27,15 @@ namespace {
 void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& m, bool pipeline) {
   char line[320];
   if (pipeline) {
-    std::snprintf(line, sizeof(line),
-                  "step %lld/%lld  loss %.6f  %.1f ms  bubble %.3f (simulated %.3f)  peak %s  "
-                  "remat: units %lld replays %lld early-stops %lld save %lld skipped %lld\n",
-                  static_cast<long long>(m.step + 1), static_cast<long long>(c.training.steps),
-                  m.loss, m.step_ms, m.bubble, m.simulated_bubble,
-                  format_bytes(m.peak_bytes).c_str(),
-                  static_cast<long long>(m.remat.unit_calls),
-                  static_cast<long long>(m.remat.replays),
-                  static_cast<long long>(m.remat.early_stops),
-                  static_cast<long long>(m.remat.save_calls),
-                  static_cast<long long>(m.remat.save_skips));
+    std::snprintf(
+        line, sizeof(line),
+        "step %lld/%lld  loss %.6f  %.1f ms  bubble %.3f (simulated %.3f)  peak %s  "
+        "remat: units %lld replays %lld early-stops %lld save %lld skipped %lld\n",
+        static_cast<long long>(m.step + 1), static_cast<long long>(c.training.steps), m.loss,
+        m.step_ms, m.bubble, m.simulated_bubble, format_bytes(m.peak_bytes).c_str(),
+        static_cast<long long>(m.remat.unit_calls), static_cast<long long>(m.remat.replays),
+        static_cast<long long>(m.remat.early_stops), static_cast<long long>(m.remat.save_calls),
+        static_cast<long long>(m.remat.save_skips));
   } else {
     std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.6f  %.1f ms  peak %s  (reference)\n",
                   static_cast<long long>(m.step + 1), static_cast<long long>(c.training.steps),
@@ -132,6 +130,20 @@ double since_ms(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+namespace {
+
+// Keeps `m` whole as the last step and its summary (no timelines) in the bounded history.
+void keep_step(TrainResult& result, StepMetrics m) {
+  result.last = m;
+  m.timeline.clear();
+  m.timeline.shrink_to_fit();
+  m.measured = schedule::SimulationResult{};
+  if (result.steps.size() == kKeptSteps) result.steps.erase(result.steps.begin());
+  result.steps.push_back(std::move(m));
+}
+
+}  // namespace
+
 ResolvedSchedule resolve_schedule(const TrainConfig& config) {
   ResolvedSchedule out{config, std::nullopt, ""};
   if (config.schedule_csv.empty()) return out;
@@ -150,8 +162,7 @@ ResolvedSchedule resolve_schedule(const TrainConfig& config) {
   return out;
 }
 
-TrainResult train_on(const TrainConfig& given, comm::Transport& transport,
-                     std::ostream* progress) {
+TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::ostream* progress) {
   remat::install_tracking_allocator();
   ResolvedSchedule resolved = resolve_schedule(given);
   const TrainConfig& config = resolved.config;
@@ -187,10 +198,10 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport,
       metrics.write(m);
       if (progress && config.output.progress) print_progress(*progress, config, m, true);
     }
-    result.steps.push_back(std::move(m));
+    keep_step(result, std::move(m));
   }
   if (result.last_stage_rank && !config.output.timeline_svg.empty() && !result.steps.empty()) {
-    write_timeline_svg(config, pipeline.schedule(), result.steps.back());
+    write_timeline_svg(config, pipeline.schedule(), result.last);
   }
   for (int s : pipeline.stages()) {
     for (const auto& item : pipeline.stage(s).module->named_parameters()) {
@@ -198,8 +209,8 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport,
       const std::string& key = item.key();
       const auto first = key.find('.'), second = key.find('.', first + 1);
       const int64_t local = std::stoll(key.substr(first + 1, second - first - 1));
-      result.params.emplace_back(
-          "layers." + std::to_string(bounds[s] + local) + key.substr(second), item.value());
+      result.params.emplace_back("layers." + std::to_string(bounds[s] + local) + key.substr(second),
+                                 item.value());
     }
   }
   return result;
@@ -282,6 +293,7 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress) 
   for (auto& r : results) {
     if (r.last_stage_rank) {
       merged.steps = r.steps;
+      merged.last = r.last;
       merged.last_stage_rank = true;
     }
     merged.params.insert(merged.params.end(), r.params.begin(), r.params.end());

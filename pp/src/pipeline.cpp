@@ -773,7 +773,7 @@ struct Pipeline::Impl {
     m.simulated_bubble = schedule::simulate(plan, model).bubble_ratio;
   }
 
-  // Every rank sends (busy_ms, step_ms, remat counters) and its timeline to the last stage's
+  // Every rank sends (busy_ms, step_ms, all nine remat counters) and its timeline to the last stage's
   // rank, which computes the bubble.
   void exchange_metrics(StepMetrics& m) {
     const int last = last_rank();
@@ -782,7 +782,8 @@ struct Pipeline::Impl {
       at::Tensor scalars =
           at::tensor({m.busy_ms, m.step_ms, double(c.unit_calls), double(c.replays),
                       double(c.early_stops), double(c.save_calls), double(c.save_skips),
-                      double(c.packs)},
+                      double(c.packs), double(c.save_kept), double(c.output_leaves),
+                      double(c.placeholders)},
                      at::kDouble);
       comm::send_tensors(transport, last, metrics_tag(), {scalars, timeline_tensor(m.timeline)})
           .wait();
@@ -793,7 +794,7 @@ struct Pipeline::Impl {
     for (int r = 0; r < plan.ranks_count; ++r) {
       if (r == rank) continue;
       Tensors got = comm::recv_tensors(transport, r, metrics_tag()).wait();
-      PIPEMAT_CHECK(got.size() == 2 && got[0].defined() && got[0].numel() == 8 &&
+      PIPEMAT_CHECK(got.size() == 2 && got[0].defined() && got[0].numel() == 11 &&
                         got[0].scalar_type() == at::kDouble && got[1].defined(),
                     CommError, "rank ", r, " sent malformed step metrics to rank ", rank);
       auto v = [&](int i) { return got[0][i].item<double>(); };
@@ -806,6 +807,9 @@ struct Pipeline::Impl {
       c.save_calls = static_cast<int64_t>(v(5));
       c.save_skips = static_cast<int64_t>(v(6));
       c.packs = static_cast<int64_t>(v(7));
+      c.save_kept = static_cast<int64_t>(v(8));
+      c.output_leaves = static_cast<int64_t>(v(9));
+      c.placeholders = static_cast<int64_t>(v(10));
       m.remat += c;
       timelines[r] = got[1];
     }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <utility>
@@ -572,6 +573,162 @@ TEST_P(TensorTest, TensorListRandomDamageIsACommErrorNeverACrash) {
       EXPECT_GT(errors, 0);
     }
   });
+}
+
+// A single-tensor message (send_tensor's wire format, tensor.h) with any header fields: the
+// 32-byte header and `shape`, zero padded to 64 bytes, then `data_bytes` bytes (default: nbytes).
+// The ndim field is shape.size() unless `ndim` is given.
+constexpr int32_t kNdimOfShape = std::numeric_limits<int32_t>::min();
+std::vector<uint8_t> raw_tensor(int32_t dtype, const std::vector<int64_t>& shape, uint64_t nbytes,
+                                int32_t sender = 0, int64_t data_bytes = -1,
+                                int32_t ndim = kNdimOfShape) {
+  std::vector<uint8_t> out;
+  auto put = [&](auto value) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&value);
+    out.insert(out.end(), p, p + sizeof(value));
+  };
+  put(uint32_t{0x504d5431});
+  put(dtype);
+  put(ndim == kNdimOfShape ? static_cast<int32_t>(shape.size()) : ndim);
+  put(sender);
+  put(nbytes);
+  put(uint64_t{0});
+  for (int64_t d : shape) put(d);
+  out.resize((out.size() + 63) / 64 * 64, 0);
+  out.resize(out.size() + static_cast<size_t>(data_bytes < 0 ? nbytes : data_bytes), 0x5a);
+  return out;
+}
+
+void expect_comm_error(const TensorWork& work, const std::string& text, const std::string& where) {
+  for (int k = 0; k < 2; ++k) {  // the second wait rethrows the same error
+    try {
+      work.wait();
+      ADD_FAILURE() << where << ": expected a CommError containing: " << text;
+    } catch (const TimeoutError& e) {
+      ADD_FAILURE() << where << ": timeout instead of the error: " << e.what();
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << where << ": " << e.what();
+    }
+  }
+}
+
+// The single-tensor receives check the header like the list receives do (Note [Tensor header
+// checks]): unknown dtype codes (also those that wrap around to a valid 8-bit ScalarType),
+// negative or overflowing dims and inconsistent sizes are CommErrors naming both ranks and the
+// tag, on the any-shape path and on the expected-shape path, which hands out nothing.
+TEST_P(TensorTest, SingleTensorHostileHeadersAreCommErrorsNamingBothRanks) {
+  Group group = make();
+  constexpr int kAnyTag = 11;
+  constexpr int kExpectedTag = 12;
+  constexpr int kIntoTag = 13;
+  const int64_t big = int64_t{1} << 40;
+  const int32_t kFloat = static_cast<int32_t>(at::kFloat);
+  const std::string corrupt_any = "rank 0 sent a corrupt tensor message on tag 11: ";
+  const std::string corrupt_expected = "rank 0 sent a corrupt tensor message on tag 12: ";
+  // (message, phrase of the error of recv_tensor(t, 0, kAnyTag)).
+  const std::vector<std::pair<std::vector<uint8_t>, std::string>> any_cases = {
+      {raw_tensor(99, {2}, 8),
+       corrupt_any + "the tensor has dtype code 99, which is not a dtype (received by rank 1"},
+      {raw_tensor(256 + kFloat, {2}, 8), "the tensor has dtype code 262, which is not a dtype"},
+      {raw_tensor(-1, {2}, 8), "the tensor has dtype code -1, which is not a dtype"},
+      {raw_tensor(static_cast<int32_t>(at::kQInt8), {2}, 2),
+       "the tensor has dtype code 12 (QInt8), a quantized dtype"},
+      {raw_tensor(kFloat, std::vector<int64_t>(65, 1), 4),
+       corrupt_any + "the tensor has 65 dimensions; expected 0 to 64"},
+      {raw_tensor(kFloat, {}, 4, 0, -1, -7), "the tensor has -7 dimensions; expected 0 to 64"},
+      {raw_tensor(kFloat, {4, -3}, 0),
+       corrupt_any +
+           "the tensor has size -3 in dimension 1 (shape float32 [4, -3]); sizes cannot be "
+           "negative (received by rank 1"},
+      {raw_tensor(kFloat, {big, big}, 0),
+       "the tensor has shape float32 [1099511627776, 1099511627776], whose number of elements "
+       "overflows int64"},
+      {raw_tensor(kFloat, {0, big, big}, 0), "whose number of elements overflows int64"},
+      {raw_tensor(kFloat, {int64_t{1} << 62}, 0),
+       "the tensor is float32 [4611686018427387904], whose size in bytes overflows"},
+      {raw_tensor(kFloat, {3, 4}, 10, 0, 48),
+       "the tensor is float32 [3, 4] (48 bytes) but its header says 10 bytes"},
+      {raw_tensor(kFloat, {3, 4}, 48, 0, 16),
+       corrupt_any + "header says float32 [3, 4] (48 bytes) but 16 bytes followed"},
+      {raw_tensor(kFloat, {2}, 8, 5), "the header says it was sent by rank 5"},
+      {[] {
+         auto b = raw_tensor(kFloat, std::vector<int64_t>(20, 1), 4);
+         b.resize(100);
+         return b;
+       }(),
+       "its header with 20 dimensions needs 192 bytes but the message has only 100"},
+  };
+  // (message, phrase of the error of recv_tensor(t, 0, kExpectedTag, float32 [2])): exact-size
+  // messages (64 + 8 bytes, received in place) and others.
+  const std::vector<std::pair<std::vector<uint8_t>, std::string>> expected_cases = {
+      {raw_tensor(256 + kFloat, {2}, 8),
+       corrupt_expected +
+           "the tensor has dtype code 262, which is not a dtype (received by rank 1"},
+      {raw_tensor(99, {2}, 8), "the tensor has dtype code 99, which is not a dtype"},
+      {raw_tensor(kFloat, {-2}, 8, 0, 8),
+       corrupt_expected + "the tensor has size -2 in dimension 0 (shape float32 [-2])"},
+      {raw_tensor(kFloat, {big, big}, 0), "whose number of elements overflows int64"},
+      {raw_tensor(kFloat, {2}, 8, 5), "the header says it was sent by rank 5"},
+  };
+  testing::run_ranks(group, [&](Transport& t) {
+    if (t.rank() == 0) {
+      std::vector<WorkPtr> sends;
+      for (const auto& c : any_cases)
+        sends.push_back(t.send(1, kAnyTag, c.first.data(), c.first.size()));
+      for (const auto& c : expected_cases) {
+        sends.push_back(t.send(1, kExpectedTag, c.first.data(), c.first.size()));
+      }
+      // A header longer than the receiver's (5 dims vs 1) and the same total size (128 bytes):
+      // a legitimate sender, told apart from a corrupt one although it arrives in place.
+      TensorWork longer = send_tensor(t, 1, kExpectedTag, at::zeros({1, 1, 1, 1, 0}));
+      const std::vector<uint8_t> hostile_into = raw_tensor(256 + kFloat, {2, 2}, 16);
+      sends.push_back(t.send(1, kIntoTag, hostile_into.data(), hostile_into.size()));
+      // The tags are still usable.
+      TensorWork good_any = send_tensor(t, 1, kAnyTag, at::ones({2}));
+      TensorWork good_expected = send_tensor(t, 1, kExpectedTag, at::ones({2}));
+      for (auto& s : sends) s->wait();
+      longer.wait();
+      good_any.wait();
+      good_expected.wait();
+    } else if (t.rank() == 1) {
+      std::vector<TensorWork> recvs;
+      for (size_t k = 0; k < any_cases.size(); ++k) recvs.push_back(recv_tensor(t, 0, kAnyTag));
+      for (size_t k = 0; k < any_cases.size(); ++k) {
+        expect_comm_error(recvs[k], any_cases[k].second, "any-shape case " + std::to_string(k));
+      }
+      for (size_t k = 0; k < expected_cases.size(); ++k) {
+        expect_comm_error(recv_tensor(t, 0, kExpectedTag, TensorMeta{at::kFloat, {2}}),
+                          expected_cases[k].second, "expected-shape case " + std::to_string(k));
+      }
+      expect_mismatch(recv_tensor(t, 0, kExpectedTag, TensorMeta{at::kFloat, {16}}),
+                      "tensor mismatch on tag 12: rank 0 sent float32 [1, 1, 1, 1, 0], rank 1 "
+                      "expected float32 [16]");
+      // Non-contiguous `out`: nothing is copied into it before the header passed the checks.
+      at::Tensor out = at::zeros({2, 2}).t();
+      expect_comm_error(recv_tensor_into(t, 0, kIntoTag, out),
+                        "rank 0 sent a corrupt tensor message on tag 13: the tensor has dtype "
+                        "code 262, which is not a dtype",
+                        "recv_tensor_into");
+      EXPECT_TRUE(at::equal(out, at::zeros({2, 2})));
+      EXPECT_TRUE(at::equal(recv_tensor(t, 0, kAnyTag).wait(), at::ones({2})));
+      EXPECT_TRUE(at::equal(recv_tensor(t, 0, kExpectedTag, TensorMeta{at::kFloat, {2}}).wait(),
+                            at::ones({2})));
+    }
+  });
+}
+
+TEST(commTensorSend, RejectsQuantizedTensors) {
+  Group group = testing::make_group(TransportKind::kLocal, 2);
+  const at::Tensor quantized = at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8);
+  try {
+    send_tensor(*group[0], 1, 3, quantized);
+    FAIL() << "a quantized tensor was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("send_tensor to rank 1 with tag 3: the tensor has dtype "
+                                         "QInt8; quantized tensors are not supported"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(commTensorMeta, FormatsLikeTorch) {

@@ -122,6 +122,25 @@ TEST(PipelineTrain, ExecutionCountsPerStepWithSplitBackward) {
   }
 }
 
+TEST(PipelineTrain, EveryRematCounterIsSummedOverRanks) {
+  // The save chain without early stop: s1..s3 keep no output (save_output=false), so each unit
+  // forward records 3 output leaves and each replay, which runs to the end, hands out 3
+  // placeholders; s4 keeps one tensor for its own backward. Both ranks' counts are summed.
+  auto c = small_config("1f1b", 2, "save-chain", "selective");
+  c.remat.early_stop = false;
+  TrainResult r = train_in_process(c, nullptr);
+  const int64_t units = c.model.layers * c.schedule.micro_batches;
+  for (const auto& m : r.steps) {
+    EXPECT_EQ(m.remat.unit_calls, units);
+    EXPECT_EQ(m.remat.save_kept, units);
+    EXPECT_EQ(m.remat.output_leaves, 3 * units);
+    EXPECT_EQ(m.remat.placeholders, 3 * units);
+  }
+  EXPECT_EQ(r.last.remat.placeholders, 3 * units);
+  EXPECT_FALSE(r.last.timeline.empty()) << "the last step keeps its timeline";
+  EXPECT_TRUE(r.steps.back().timeline.empty()) << "the history keeps summaries only";
+}
+
 TEST(PipelineTrain, TraceShowsNoSlotSharedAcrossMicroBatches) {
   auto c = small_config("zb-v", 2, "rmsnorm-gemm", "selective");
   c.training.steps = 1;

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <climits>
 #include <deque>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -241,16 +242,38 @@ class MpiCore {
       }
     }
     unmatched_.clear();
+    // A request MPI has not released may still read or write its buffers (a send, or a
+    // receive matched by MPI_Improbe that MPI_Cancel cannot withdraw), so its Work and the
+    // objects it holds are never freed: they move to a list that lives until the process
+    // ends. This only happens when a peer failed or stopped; the memory is bounded by what
+    // was in flight then.
+    bool pending = false;
+    auto retire = [&](std::shared_ptr<MpiWork>& work) {
+      int flag = 0;
+      MPI_Status status;
+      MPI_Test(&work->request, &flag, &status);
+      if (!flag) {
+        pending = true;
+        unreleased().push_back(work);
+      }
+    };
     for (auto& work : active_) {
       if (work->info().op == OpKind::kRecv) MPI_Cancel(&work->request);
-      MPI_Request_free(&work->request);
+      retire(work);
       work->finish(Status{StatusCode::kAborted, shutdown_message(work->info())});
     }
     active_.clear();
-    for (auto& work : orphans_) MPI_Request_free(&work->request);
+    for (auto& work : orphans_) retire(work);
     orphans_.clear();
-    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    // Operations still pending would run on a freed communicator inside the MPI library;
+    // keep it when any request is still active.
+    if (comm != MPI_COMM_NULL && !pending) MPI_Comm_free(&comm);
     comm = MPI_COMM_NULL;
+  }
+
+  static std::vector<std::shared_ptr<MpiWork>>& unreleased() {
+    static auto* works = new std::vector<std::shared_ptr<MpiWork>>();  // never destroyed
+    return *works;
   }
 
  private:
@@ -413,7 +436,11 @@ class MpiTransport final : public Transport {
     if (flag && value) core_->tag_upper_bound = *static_cast<int*>(value);
   }
 
-  ~MpiTransport() override { core_->shutdown(shutdown_timeout_); }
+  // During an exception (a failed step) the peers are gone or stuck: no drain.
+  ~MpiTransport() override {
+    core_->shutdown(std::uncaught_exceptions() > 0 ? std::chrono::milliseconds(0)
+                                                   : shutdown_timeout_);
+  }
 
  protected:
   WorkPtr post_send(Request request) override {
@@ -469,3 +496,14 @@ double mpi_raw_pingpong(int peer, size_t bytes, int iterations, int warmup) {
 }
 
 }  // namespace pipemat::comm::detail
+
+namespace pipemat::comm {
+
+void abort_job(int exit_code) noexcept {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
+}
+
+}  // namespace pipemat::comm

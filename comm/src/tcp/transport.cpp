@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <map>
@@ -110,6 +111,9 @@ struct Peer {
   tcp::socket socket;
   bool broken = false;
   std::string broken_reason;
+  // The failure was this side refusing what the peer sent (not the peer going away): receives
+  // then report it as such instead of suggesting that the peer crashed.
+  bool refused = false;
   bool eof = false;
   // Send side, shared by user threads (direct write) and the I/O thread; guarded by send_mutex.
   // Invariant: `sends` is non-empty exactly when `writing` (the I/O thread owns the stream).
@@ -137,6 +141,12 @@ void scatter(const Buffer& from, const std::vector<MutableSpan>& to) {
   }
 }
 
+// The error of a receive from a peer whose connection failed.
+std::string recv_failure_message(const Peer& peer, const WorkInfo& info, const std::string& what) {
+  if (peer.refused) return concat(info.describe(), " failed: ", what);
+  return peer_failure_message(info, what);
+}
+
 // Finishes a receive whose bytes are in `buffer` (size `size`).
 void complete_from_buffer(const std::shared_ptr<TcpWork>& work, Buffer buffer, size_t size) {
   const WorkInfo& info = work->info();
@@ -155,7 +165,10 @@ void complete_from_buffer(const std::shared_ptr<TcpWork>& work, Buffer buffer, s
 
 class TcpCore : public std::enable_shared_from_this<TcpCore> {
  public:
-  explicit TcpCore(int world_size) { peers.resize(static_cast<size_t>(world_size)); }
+  TcpCore(int rank, int world_size, size_t max_message_bytes)
+      : rank_(rank), max_message_bytes_(max_message_bytes) {
+    peers.resize(static_cast<size_t>(world_size));
+  }
 
   asio::io_context io;
   std::vector<std::unique_ptr<Peer>> peers;  // peers[rank]; null for self
@@ -199,10 +212,19 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
     }
   }
   void post_recv(std::shared_ptr<TcpWork> work) {
-    asio::post(io, [self = shared_from_this(), work = std::move(work)] { self->do_recv(work); });
+    asio::post(io, [self = shared_from_this(), work = std::move(work)] {
+      try {
+        self->do_recv(work);
+      } catch (const std::exception& e) {
+        work->finish(
+            Status{StatusCode::kCommError, concat(work->info().describe(), " failed: ", e.what())});
+      }
+    });
   }
 
   // Runs `fn` on the I/O thread and waits for it; runs nothing once the thread has stopped.
+  // An exception of `fn` is rethrown here, on the caller's thread (the caller must not wait
+  // forever for a promise the I/O thread abandoned).
   bool run_on_io(std::function<void()> fn) {
     std::promise<void> done;
     auto future = done.get_future();
@@ -210,11 +232,15 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
       std::lock_guard<std::mutex> lock(state_mutex_);
       if (!running_) return false;
       asio::post(io, [&fn, &done] {
-        fn();
-        done.set_value();
+        try {
+          fn();
+          done.set_value();
+        } catch (...) {
+          done.set_exception(std::current_exception());
+        }
       });
     }
-    future.wait();
+    future.get();
     return true;
   }
 
@@ -259,7 +285,10 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
           }
           return;
         } catch (...) {
-          // Handlers do not throw; if one does, keep serving the others.
+          // Every handler that serves a peer fails that peer on an exception (guard_peer) and
+          // user requests carry theirs back (run_on_io, do_recv). What still gets here escaped
+          // that error handling itself (out of memory while failing a peer): keep serving the
+          // other peers rather than kill the process from a background thread.
         }
       }
     });
@@ -348,7 +377,9 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
     }
     asio::async_write(peer.socket, buffers,
                       [self = shared_from_this(), p = &peer](const error_code& ec, size_t) {
-                        self->on_write(*p, ec);
+                        self->guard_peer(
+                            *p, [&] { return concat("sending to rank ", p->rank); },
+                            [&] { self->on_write(*p, ec); });
                       });
   }
 
@@ -390,6 +421,36 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
     peer.socket.shutdown(tcp::socket::shutdown_send, ignored);
   }
 
+  // Runs a handler of `peer`'s connection. An exception fails that peer (its pending and later
+  // operations get the error) instead of vanishing in the I/O loop and leaving them to time out.
+  // `doing()` describes the handler for the message (built only on failure: hot path).
+  template <typename Doing, typename Fn>
+  void guard_peer(Peer& peer, Doing&& doing, Fn&& fn) {
+    try {
+      fn();
+    } catch (const std::bad_alloc&) {
+      refuse_peer(peer,
+                  concat("rank ", rank_, " ran out of memory ", doing(), " (std::bad_alloc); rank ",
+                         rank_, " closed the connection to rank ", peer.rank,
+                         ". Lower TransportOptions::max_message_bytes (now ", max_message_bytes_,
+                         " bytes) to refuse such messages up front, or send smaller ones"));
+    } catch (const std::exception& e) {
+      refuse_peer(peer, concat("rank ", rank_, " failed ", doing(), " (", e.what(), "); rank ",
+                               rank_, " closed the connection to rank ", peer.rank));
+    }
+  }
+
+  // Fails `peer` because of what it sent or what handling it caused (not because it went away).
+  void refuse_peer(Peer& peer, const std::string& what) {
+    if (!peer.broken) peer.refused = true;
+    fail_peer(peer, StatusCode::kCommError, what);
+  }
+
+  std::string frame_what(const Peer& peer) const {
+    return concat("receiving a frame of ", peer.in_header.size, " bytes with tag ",
+                  peer.in_header.tag, " from rank ", peer.rank);
+  }
+
   void do_recv(const std::shared_ptr<TcpWork>& work) {
     const WorkInfo& info = work->info();
     Peer& peer = *peers[static_cast<size_t>(info.peer)];
@@ -406,7 +467,8 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
       return;
     }
     if (peer.broken || peer.eof) {
-      work->finish(Status{StatusCode::kCommError, peer_failure_message(info, peer.broken_reason)});
+      work->finish(
+          Status{StatusCode::kCommError, recv_failure_message(peer, info, peer.broken_reason)});
       return;
     }
     peer.posted[info.tag].push_back(work);
@@ -466,20 +528,33 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
   void read_header(Peer& peer) {
     asio::async_read(peer.socket, asio::buffer(&peer.in_header, sizeof(FrameHeader)),
                      [self = shared_from_this(), p = &peer](const error_code& ec, size_t) {
-                       self->on_header(*p, ec);
+                       self->guard_peer(
+                           *p, [&] { return self->frame_what(*p); },
+                           [&] { self->on_header(*p, ec); });
                      });
   }
 
   void on_header(Peer& peer, const error_code& ec) {
     if (ec) return on_read_error(peer, ec);
     if (peer.in_header.magic != kFrameMagic) {
-      fail_peer(peer, StatusCode::kCommError,
-                concat("corrupt stream from rank ", peer.rank,
-                       " (bad frame header); is another program connected to this port?"));
+      refuse_peer(peer, concat("corrupt stream from rank ", peer.rank,
+                               " (bad frame header); is another program connected to this port?"));
       return;
     }
     const int tag = peer.in_header.tag;
-    const size_t size = peer.in_header.size;
+    // Checked before anything is allocated or read: the size is whatever the peer wrote.
+    if (peer.in_header.size > max_message_bytes_) {
+      refuse_peer(peer,
+                  concat("rank ", peer.rank, " sent a frame of ", peer.in_header.size,
+                         " bytes with tag ", tag, " to rank ", rank_, ", more than the limit of ",
+                         max_message_bytes_, " bytes (TransportOptions::max_message_bytes); rank ",
+                         rank_, " closed the connection to rank ", peer.rank,
+                         ". Either the stream is corrupt or a program other than pipemat is "
+                         "connected; if the message is genuine, raise max_message_bytes on the "
+                         "receiving rank"));
+      return;
+    }
+    const size_t size = static_cast<size_t>(peer.in_header.size);
     std::vector<asio::mutable_buffer> buffers;
     auto& queue = peer.posted[tag];
     peer.reading = nullptr;
@@ -502,10 +577,11 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
     }
     if (size == 0) return on_payload(peer, error_code());
     peer.payload_in_flight = true;
-    asio::async_read(peer.socket, buffers,
-                     [self = shared_from_this(), p = &peer](const error_code& ec, size_t) {
-                       self->on_payload(*p, ec);
-                     });
+    asio::async_read(
+        peer.socket, buffers, [self = shared_from_this(), p = &peer](const error_code& ec, size_t) {
+          self->guard_peer(
+              *p, [&] { return self->frame_what(*p); }, [&] { self->on_payload(*p, ec); });
+        });
   }
 
   void on_payload(Peer& peer, const error_code& ec) {
@@ -567,7 +643,7 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
     auto status_for = [&](const std::shared_ptr<TcpWork>& work) {
       if (shutdown) return Status{StatusCode::kAborted, shutdown_message(work->info())};
       if (work->info().op == OpKind::kRecv) {
-        return Status{code, peer_failure_message(work->info(), what)};
+        return Status{code, recv_failure_message(peer, work->info(), what)};
       }
       return Status{code, concat(what, "; could not complete ", work->info().describe())};
     };
@@ -591,6 +667,8 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
     }
   }
 
+  const int rank_;  // this rank
+  const size_t max_message_bytes_;
   bool closing_ = false;  // I/O thread only
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard_;
   std::thread thread_;
@@ -770,12 +848,17 @@ class TcpTransport final : public Transport {
   explicit TcpTransport(const TransportOptions& options)
       : Transport(TransportKind::kTcp, options.rank, options.world_size, options.timeout),
         shutdown_timeout_(options.shutdown_timeout),
-        core_(std::make_shared<TcpCore>(options.world_size)) {
+        core_(std::make_shared<TcpCore>(options.rank, options.world_size,
+                                        options.max_message_bytes)) {
     rendezvous(options);
     core_->start();
   }
 
-  ~TcpTransport() override { core_->shutdown(shutdown_timeout_); }
+  // During an exception (a failed step) the peers are gone or stuck: no drain.
+  ~TcpTransport() override {
+    core_->shutdown(std::uncaught_exceptions() > 0 ? std::chrono::milliseconds(0)
+                                                   : shutdown_timeout_);
+  }
 
   const std::string& master_host() const { return master_host_; }
 

@@ -13,6 +13,12 @@
 //
 // Mismatches are errors showing both sides and both ranks (Note [Tensor mismatch message]):
 //   "tensor mismatch on tag 5: rank 0 sent float32 [4, 8], rank 1 expected float32 [4, 16]"
+// Every receive checks the header it got like the list receive below does (known non-quantized
+// dtype code, ndim in [0, 64], dims >= 0, no overflow, nbytes, sender, sizes adding up) before
+// it compares it with the expectation or hands out any data; a bad header is a CommError naming
+// both ranks and the tag: "rank 1 sent a corrupt tensor message on tag 7: the tensor has dtype
+// code 99, which is not a dtype (received by rank 0, tcp). ..." (recv_tensor_into with a
+// contiguous `out` receives in place, so after such an error `out` holds unspecified bytes.)
 //
 // Blocking: send_tensor/recv_tensor* return at once; TensorWork::wait blocks (bounded by the
 // transport's timeout). Threading: thread-safe like Transport. Tensors: CPU tensors of any
@@ -96,7 +102,8 @@ class TensorWork {
   std::shared_ptr<State> state_;
 };
 
-// Sends `tensor` (CPU, any dtype/shape/strides) with its dtype and shape.
+// Sends `tensor` (CPU, any non-quantized dtype, any shape/strides) with its dtype and shape.
+// ConfigError (at the call) for a non-CPU, non-strided or quantized tensor.
 TensorWork send_tensor(Transport& transport, int peer, int tag, const at::Tensor& tensor);
 
 // Receives a tensor of whatever dtype and shape the sender sent (a fresh CPU tensor that owns

@@ -41,6 +41,11 @@ TransportKind parse_transport_kind(const std::string& text);
 // The timeout used when TransportOptions::timeout is zero and PIPEMAT_COMM_TIMEOUT is not set.
 inline constexpr std::chrono::milliseconds kDefaultTimeout{std::chrono::seconds(300)};
 
+// Default of TransportOptions::max_message_bytes: 16 GiB, far above any activation or gradient
+// of one micro-batch a CPU pipeline stage moves, yet small enough that a corrupt size field is
+// refused instead of being allocated (or, near 2^64, wrapping the allocation size).
+inline constexpr size_t kDefaultMaxMessageBytes = size_t{16} << 30;
+
 // Largest tag users may pass; tags above are reserved for the transports (barrier, ...).
 inline constexpr int kMaxUserTag = (1 << 30) - 1;
 
@@ -61,6 +66,11 @@ struct TransportOptions {
   std::chrono::milliseconds connect_retry_interval{250};
   // tcp: how long the destructor waits for queued sends to drain and for peers to close.
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(10)};
+  // tcp: the largest message accepted from a peer (default kDefaultMaxMessageBytes). A frame
+  // announcing more is refused before anything is allocated: the connection to that peer is
+  // closed and its pending and later receives fail with CommError naming the peer, the size and
+  // this limit. Guards against corrupt streams and hostile peers; raise it for larger messages.
+  size_t max_message_bytes = kDefaultMaxMessageBytes;
 
   // local: sends up to this size are copied and complete at once; larger sends complete when
   // the receiver matches them (like MPI's eager/rendezvous protocols).
@@ -151,6 +161,12 @@ class Transport {
 // Creates this process's transport (mpi or tcp; kAuto resolved as documented). Blocks for the
 // tcp rendezvous. Throws ConfigError (bad options, kLocal) or CommError (rendezvous failed).
 std::unique_ptr<Transport> make_transport(const TransportOptions& options = {});
+
+// Ends the whole job after a fatal error: when MPI is initialized (and not finalized) in this
+// process, MPI_Abort(MPI_COMM_WORLD, exit_code), which makes mpirun end every rank, also a
+// stopped or stuck one; otherwise nothing (tcp and local peers see this process go away).
+// Call it once, after reporting the error. Does not return under MPI.
+void abort_job(int exit_code) noexcept;
 
 // Creates `world_size` connected in-process transports; transports[r] is rank r. Each may be
 // used (and destroyed) by its own thread. Destroying one is seen by the others as that peer

@@ -29,6 +29,9 @@ class Buffer {
   static constexpr size_t kAlignment = 64;
 
   Buffer() = default;
+  // `size` bytes (uninitialised), rounded up to a multiple of kAlignment internally. Throws
+  // std::bad_alloc when the memory cannot be had, including sizes that do not fit in size_t
+  // once rounded (never a smaller block than asked for).
   static Buffer allocate(size_t size);
 
   uint8_t* data() const { return storage_.get(); }

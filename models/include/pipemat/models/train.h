@@ -21,8 +21,15 @@ namespace pipemat::models {
 
 using pp::StepMetrics;
 
+// Steps kept in TrainResult::steps: a long run keeps only its most recent ones (the metrics file
+// and the progress lines have every step), so memory stays flat however long it trains.
+inline constexpr size_t kKeptSteps = 1024;
+
 struct TrainResult {
-  std::vector<StepMetrics> steps;                          // the last stage's rank's view
+  // The last stage's rank's view of the most recent kKeptSteps steps, without their action
+  // timelines; `last` is the final step with its timelines.
+  std::vector<StepMetrics> steps;
+  StepMetrics last;
   std::vector<std::pair<std::string, at::Tensor>> params;  // this rank's (in-process: all)
   bool last_stage_rank = false;
 };
