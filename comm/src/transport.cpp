@@ -98,6 +98,9 @@ TransportOptions resolve_options(TransportOptions options) {
                     "set PIPEMAT_MASTER=host:port (rank 0 listens there)");
       options.master = value;
     }
+    if (options.secret.empty()) {
+      if (const char* value = getenv_or_null("PIPEMAT_JOB_SECRET")) options.secret = value;
+    }
     PIPEMAT_CHECK(options.world_size >= 1, ConfigError, "tcp transport: world size ",
                   options.world_size, " must be at least 1");
     PIPEMAT_CHECK(options.rank < options.world_size, ConfigError, "tcp transport: rank ",
@@ -106,6 +109,10 @@ TransportOptions resolve_options(TransportOptions options) {
   }
   PIPEMAT_CHECK(options.connect_retries >= 1, ConfigError, "connect_retries must be >= 1, got ",
                 options.connect_retries);
+  PIPEMAT_CHECK(options.handshake_timeout.count() > 0, ConfigError,
+                "handshake_timeout must be > 0 ms (how long a rendezvous connection may take "
+                "for its hello), got ",
+                options.handshake_timeout.count(), " ms");
   PIPEMAT_CHECK(options.max_message_bytes > 0, ConfigError,
                 "max_message_bytes must be > 0 (the largest message accepted from a peer), got 0; "
                 "leave it at its default of ",

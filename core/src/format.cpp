@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cstdio>
+#include <limits>
 
 #include "pipemat/core/error.h"
 
@@ -29,7 +30,15 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
   while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
   PIPEMAT_CHECK(pos > 0, ConfigError, what, ": expected a size like 4KiB, 1MiB or 4096, got '",
                 text, "'");
-  int64_t number = std::stoll(text.substr(0, pos));
+  // Digits one by one, so that any length is an error naming the value, never std::stoll's.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  int64_t number = 0;
+  for (size_t i = 0; i < pos; ++i) {
+    const int digit = text[i] - '0';
+    PIPEMAT_CHECK(number <= (kMax - digit) / 10, ConfigError, what, ": '", text,
+                  "' is too large; expected a size up to 8 EiB");
+    number = number * 10 + digit;
+  }
   std::string unit = text.substr(pos);
   for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   int64_t scale = 1;
@@ -45,6 +54,8 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
     PIPEMAT_THROW(ConfigError, what, ": unknown size unit '", text.substr(pos), "' in '", text,
                   "'; use B, KiB, MiB or GiB");
   }
+  PIPEMAT_CHECK(number <= kMax / scale, ConfigError, what, ": '", text,
+                "' is too large; expected a size up to 8 EiB");
   return number * scale;
 }
 

@@ -40,8 +40,11 @@ void add_bench_p2p_command(CLI::App& bench) {
   cmd->add_option("--sizes", flags->sizes, "comma-separated message sizes (4KiB, 1MiB, ...)")
       ->capture_default_str();
   cmd->add_option("--iters", flags->iters,
-                  "timed round trips per size (default: 256 MiB / size, in [10, 1000])");
-  cmd->add_option("--warmup", flags->warmup, "untimed round trips per size")->capture_default_str();
+                  "timed round trips per size (default: 256 MiB / size, in [10, 1000])")
+      ->check(CLI::Range(1, 1000000));
+  cmd->add_option("--warmup", flags->warmup, "untimed round trips per size")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   cmd->add_flag("--json", flags->json, "print one JSON object on rank 0");
   cmd->add_option("--rank", flags->rank, "tcp: this rank (default PIPEMAT_RANK)");
   cmd->add_option("--world-size", flags->world_size,

@@ -30,6 +30,17 @@ using Names = std::vector<std::string>;
 
 constexpr const char* kOverrideSource = "--set";
 
+// Upper bounds of sizes: a typo must be a config error naming the key, never a crash in the
+// allocator. Together with kMaxWeightBytes / kMaxActivationBytes (check_consistency) they keep
+// every model the zoo builds inside this kind of machine.
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxWidth = 65536;   // hidden, ffn, heads
+constexpr int64_t kMaxTokens = 1 << 20;
+constexpr int64_t kMaxExperts = 1024;
+constexpr double kMaxRate = 1e6;       // learning rate (float32 optimizers overflow far above)
+constexpr double kMaxWeightBytes = 16.0 * (1LL << 30);
+constexpr double kMaxActivationBytes = 4.0 * (1LL << 30);
+
 // The accepted keys, section by section, in document order. The readers below handle exactly
 // these names (an unhandled one trips an internal assert in the tests' full-config parse).
 struct Section {
@@ -506,19 +517,19 @@ class ConfigReader {
                      if (name == "kind") {
                        model.kind = read_choice(value, key, model_kinds());
                      } else if (name == "layers") {
-                       model.layers = read_int(value, key, 1);
+                       model.layers = read_int(value, key, 1, kMaxLayers);
                      } else if (name == "hidden") {
-                       model.hidden = read_int(value, key, 1);
+                       model.hidden = read_int(value, key, 1, kMaxWidth);
                      } else if (name == "tokens") {
-                       model.tokens = read_int(value, key, 1);
+                       model.tokens = read_int(value, key, 1, kMaxTokens);
                      } else if (name == "heads") {
-                       model.heads = read_int(value, key, 1);
+                       model.heads = read_int(value, key, 1, kMaxWidth);
                      } else if (name == "ffn") {
-                       model.ffn = read_int(value, key, 0);
+                       model.ffn = read_int(value, key, 0, kMaxWidth);
                      } else if (name == "experts") {
-                       model.experts = read_int(value, key, 1);
+                       model.experts = read_int(value, key, 1, kMaxExperts);
                      } else if (name == "top_k") {
-                       model.top_k = read_int(value, key, 1);
+                       model.top_k = read_int(value, key, 1, kMaxExperts);
                      } else {
                        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
                      }
@@ -670,7 +681,7 @@ class ConfigReader {
                      } else if (name == "optimizer") {
                        training.optimizer = read_choice(value, key, optimizers());
                      } else if (name == "lr") {
-                       training.lr = read_number(value, key, 0, true);
+                       training.lr = read_number(value, key, 0, true, kMaxRate);
                      } else if (name == "momentum") {
                        training.momentum = read_number(value, key, 0, false);
                      } else if (name == "weight_decay") {
@@ -713,6 +724,34 @@ class ConfigReader {
       fail_at(given("model.heads") ? "model.heads" : "model.hidden",
               "hidden " + std::to_string(model.hidden) + " is not divisible by heads " +
                   std::to_string(model.heads) + "; expected model.hidden % model.heads == 0");
+    }
+
+    // Weights (float32) of the whole model and one layer's widest activation per micro-batch.
+    const double h = static_cast<double>(model.hidden);
+    const double f = static_cast<double>(model.ffn > 0 ? model.ffn : 4 * model.hidden);
+    double per_layer = h * h + 2 * h;  // rmsnorm-gemm, save-chain (upper bound)
+    if (model.kind == "mlp") per_layer = 2 * h * f + h;
+    if (model.kind == "transformer") per_layer = 4 * h * h + 2 * h * f + 2 * h;
+    if (model.kind == "moe") per_layer = static_cast<double>(model.experts) * (h * h + h) + 2 * h;
+    const double weights = 4.0 * per_layer * static_cast<double>(model.layers);
+    if (weights > kMaxWeightBytes) {
+      fail_at(given("model.layers") ? "model.layers" : "model.hidden",
+              "the " + model.kind + " model of " + std::to_string(model.layers) +
+                  " layers with hidden " + std::to_string(model.hidden) + " holds about " +
+                  format_number(weights / (1LL << 30)) + " GiB of float32 weights, more than the " +
+                  "limit of " + format_number(kMaxWeightBytes / (1LL << 30)) +
+                  " GiB; lower model.layers, model.hidden or model.ffn");
+    }
+    const double width = std::max(h, model.kind == "transformer" || model.kind == "mlp" ? f : h) *
+                         (model.kind == "moe" ? static_cast<double>(model.top_k) : 1.0);
+    const double activation = 4.0 * static_cast<double>(model.tokens) * width;
+    if (activation > kMaxActivationBytes) {
+      fail_at(given("model.tokens") ? "model.tokens" : "model.hidden",
+              "one activation of " + std::to_string(model.tokens) + " tokens x " +
+                  format_number(width) + " is about " +
+                  format_number(activation / (1LL << 30)) + " GiB, more than the limit of " +
+                  format_number(kMaxActivationBytes / (1LL << 30)) +
+                  " GiB per micro-batch; lower model.tokens or the model's width");
     }
 
     const std::vector<int64_t>& per_stage = config.partition.layers_per_stage;

@@ -6,11 +6,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <thread>
 
 #include "pipemat/core/error.h"
@@ -144,6 +146,33 @@ void keep_step(TrainResult& result, StepMetrics m) {
 
 }  // namespace
 
+namespace {
+
+// Builds the generated schedule of `config` to check its constraints before anything runs.
+// The schedule module names its options by their `pipemat schedule` flags; a config names keys.
+void check_schedule(const ResolvedSchedule& resolved) {
+  if (resolved.actions) return;  // imported: validated on import
+  try {
+    schedule::build_schedule(resolved.config.schedule);
+  } catch (const ConfigError& e) {
+    std::string text = e.what();
+    const std::pair<const char*, const char*> keys[] = {
+        {"--micro-batches", "schedule.micro_batches"},
+        {"--stages", "schedule.stages"},
+        {"--virtual", "schedule.virtual_stages"},
+        {"--kind", "schedule.kind"}};
+    for (const auto& [flag, key] : keys) {
+      for (size_t at = text.find(flag); at != std::string::npos; at = text.find(flag, at)) {
+        text.replace(at, std::strlen(flag), key);
+        at += std::strlen(key);
+      }
+    }
+    throw ConfigError(text);
+  }
+}
+
+}  // namespace
+
 ResolvedSchedule resolve_schedule(const TrainConfig& config) {
   ResolvedSchedule out{config, std::nullopt, ""};
   if (config.schedule_csv.empty()) return out;
@@ -165,6 +194,7 @@ ResolvedSchedule resolve_schedule(const TrainConfig& config) {
 TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::ostream* progress) {
   remat::install_tracking_allocator();
   ResolvedSchedule resolved = resolve_schedule(given);
+  check_schedule(resolved);
   const TrainConfig& config = resolved.config;
   pp::PipelineOptions options;
   options.schedule = config.schedule;
@@ -177,6 +207,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
     return make_optimizer(training, params);
   };
   options.clip_grad_norm = config.training.clip_grad_norm;
+  options.seed = config.training.seed;  // ranks as threads never share a generator
   // Every rank builds all layers from the same seed, so the pipeline and the reference hold
   // bit-identical weights, and keeps those of its own stages.
   const auto layers = build_layers(config.model, config.training.seed);
@@ -256,23 +287,35 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
 }
 
 TrainResult train_in_process(const TrainConfig& config, std::ostream* progress) {
-  const int ranks = resolve_schedule(config).config.schedule.stages;
+  const ResolvedSchedule resolved = resolve_schedule(config);
+  const int ranks = resolved.config.schedule.stages;
   PIPEMAT_CHECK(ranks >= 1, ConfigError, "schedule.stages must be at least 1");
+  check_schedule(resolved);  // before any thread or tensor exists
   comm::TransportOptions options = config.transport;
   options.kind = comm::TransportKind::kLocal;
   auto transports = comm::make_local_transports(ranks, options);
   std::vector<TrainResult> results(ranks);
   std::vector<std::exception_ptr> errors(ranks);
   std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        results[r] = train_on(config, *transports[r], progress);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-      transports[r].reset();  // peers waiting on this rank fail fast
-    });
+  try {
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          results[r] = train_on(config, *transports[r], progress);
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+        transports[r].reset();  // peers waiting on this rank fail fast
+      });
+    }
+  } catch (const std::system_error& e) {
+    // Out of threads: end the ranks that started (their peers are gone) and say so.
+    for (size_t r = threads.size(); r < transports.size(); ++r) transports[r].reset();
+    for (auto& t : threads) t.join();
+    PIPEMAT_THROW(ConfigError, "transport local: could not start thread ", threads.size() + 1,
+                  " of ", ranks, " (", e.what(),
+                  "); run fewer ranks in one process "
+                  "(schedule.stages) or use transport.kind mpi / tcp");
   }
   for (auto& t : threads) t.join();
   // The root cause is the first error that is not a consequence of a peer going away.

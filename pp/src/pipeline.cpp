@@ -1,6 +1,7 @@
 #include "pipemat/pp/pipeline.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
@@ -12,6 +13,7 @@
 #include "pipemat/pp/split_backward.h"
 #include "pipemat/remat/invocation.h"
 #include "pipemat/remat/memory.h"
+#include "pipemat/remat/rng.h"
 
 namespace pipemat::pp {
 
@@ -251,6 +253,7 @@ struct Pipeline::Impl {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   int64_t next_step = 0;
   std::map<int, Signature> boundary;  // boundary s -> s + 1, Note [Stage boundary signature]
+  at::Generator generator;            // PipelineOptions::seed
 
   Impl(comm::Transport& t, PipelineOptions o, const StageFactory& build)
       : transport(t), options(std::move(o)) {
@@ -271,6 +274,9 @@ struct Pipeline::Impl {
                   " ranks; start as many ranks as schedule.stages (e.g. pipemat-run -n ",
                   plan.ranks_count, " ...) or set schedule.stages=", transport.world_size());
     last_stage = plan.stages_count - 1;
+    if (options.seed) {
+      generator = at::make_generator<at::CPUGeneratorImpl>(*options.seed + static_cast<uint64_t>(rank));
+    }
     for (int s : plan.stages_of(rank)) {
       PipelineStage stage = build(s);
       PIPEMAT_CHECK(stage.index == s, ConfigError, "the stage factory was asked for stage ", s,
@@ -365,6 +371,8 @@ struct Pipeline::Impl {
 
   StepMetrics train_step(const DataSource& data) {
     PIPEMAT_CHECK(static_cast<bool>(data), PipelineError, "train_step: the data source is empty");
+    std::optional<remat::ThreadGeneratorScope> rng;
+    if (generator.defined()) rng.emplace(generator);
     const int64_t step = next_step;
     const int64_t M = plan.micro_batches;
     StepMetrics m;
@@ -823,6 +831,8 @@ struct Pipeline::Impl {
 
   EvalResult evaluate(const DataSource& data, const EvalOptions& eo) {
     PIPEMAT_CHECK(static_cast<bool>(data), PipelineError, "evaluate: the data source is empty");
+    std::optional<remat::ThreadGeneratorScope> rng;
+    if (generator.defined()) rng.emplace(generator);
     PIPEMAT_CHECK(eo.micro_batches >= 1, ConfigError,
                   "evaluate: micro_batches must be at least 1, got ", eo.micro_batches);
     const int64_t E = eo.micro_batches;
@@ -921,5 +931,6 @@ const PipelineStage& Pipeline::stage(int index) const {
 }
 const std::vector<at::Tensor>& Pipeline::parameters() const { return impl_->params; }
 torch::optim::Optimizer& Pipeline::optimizer() { return *impl_->optimizer; }
+at::Generator Pipeline::generator() const { return impl_->generator; }
 
 }  // namespace pipemat::pp

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "internal.h"
+#include "pipemat/remat/rng.h"
 #include "pipemat/core/error.h"
 #include "pipemat/remat/hooks.h"
 #include "pipemat/remat/memory.h"
@@ -190,7 +191,7 @@ InvocationId next_invocation_id(std::shared_ptr<InvocationGroup>* group) {
 }
 
 RngState cpu_rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
+  auto gen = current_cpu_generator();  // Note [Per-thread CPU generators]
   std::lock_guard<std::mutex> lock(gen.mutex());
   auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
   return RngState{impl->engine(), impl->next_float_normal_sample(),
@@ -198,7 +199,7 @@ RngState cpu_rng_state() {
 }
 
 void set_cpu_rng_state(const RngState& state) {
-  auto gen = at::detail::getDefaultCPUGenerator();
+  auto gen = current_cpu_generator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
   impl->set_engine(state.engine);

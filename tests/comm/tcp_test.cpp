@@ -1,19 +1,28 @@
 // TCP-specific behaviour: rendezvous failures, option resolution and hostile peers.
 
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <new>
 #include <optional>
+#include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "pipemat/comm/transport.h"
 #include "pipemat/core/error.h"
+#include "tcp/hmac.h"
 #include "test_util.h"
 
 namespace pipemat::comm {
@@ -84,18 +93,16 @@ TEST(commTcpRendezvous, WorldSizeDisagreementIsReported) {
   EXPECT_FALSE(rank1_error.empty());
 }
 
-// Plays rank 1 of a world of 2 against a real rank 0 over a raw socket, speaking the
-// rendezvous of comm/src/tcp/transport.cpp (a hello to the master port, then the rank table), so
-// that a test can write whatever a broken or hostile peer would.
-class FakePeer {
+// A raw loopback connection to `port` at `address`; retries while nobody listens there yet.
+class RawSocket {
  public:
-  explicit FakePeer(int master_port) {
+  explicit RawSocket(int port, const char* address = "127.0.0.1") {
     for (int attempt = 0; attempt < 500 && fd_ < 0; ++attempt) {
       const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
       sockaddr_in addr{};
       addr.sin_family = AF_INET;
-      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      addr.sin_port = htons(static_cast<uint16_t>(master_port));
+      ::inet_pton(AF_INET, address, &addr.sin_addr);
+      addr.sin_port = htons(static_cast<uint16_t>(port));
       if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
         fd_ = fd;
       } else {
@@ -104,26 +111,13 @@ class FakePeer {
       }
     }
     if (fd_ < 0) throw CommError("fake peer: could not connect to the master port");
-    const uint32_t hello[4] = {0x504d4831, 1, 2, 1};  // magic "PMH1", rank, world size, port
-    write(hello, sizeof(hello));
-    std::vector<uint8_t> table(2 * 64);
-    read(table.data(), table.size());
+    timeval limit{10, 0};  // bounded: a test fails instead of hanging
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
   }
-  ~FakePeer() { ::close(fd_); }
-  FakePeer(const FakePeer&) = delete;
-  FakePeer& operator=(const FakePeer&) = delete;
+  ~RawSocket() { ::close(fd_); }
+  RawSocket(const RawSocket&) = delete;
+  RawSocket& operator=(const RawSocket&) = delete;
 
-  // A frame header (magic "PMC1", tag, size) followed by `payload` bytes of data.
-  void send_frame(int32_t tag, uint64_t size, size_t payload) {
-    std::vector<uint8_t> frame(16 + payload, 0x41);
-    const uint32_t magic = 0x504d4331;
-    std::memcpy(frame.data(), &magic, 4);
-    std::memcpy(frame.data() + 4, &tag, 4);
-    std::memcpy(frame.data() + 8, &size, 8);
-    write(frame.data(), frame.size());
-  }
-
- private:
   void write(const void* data, size_t size) {
     const auto* p = static_cast<const uint8_t*>(data);
     while (size > 0) {
@@ -142,8 +136,86 @@ class FakePeer {
       size -= static_cast<size_t>(n);
     }
   }
+  // Reads until the other side closes (bounded by the 10 s receive timeout); returns the bytes.
+  size_t read_until_closed() {
+    size_t total = 0;
+    uint8_t buffer[256];
+    for (;;) {
+      const ssize_t n = ::recv(fd_, buffer, sizeof(buffer), 0);
+      if (n <= 0) return n == 0 ? total : std::numeric_limits<size_t>::max();
+      total += static_cast<size_t>(n);
+    }
+  }
 
+ private:
   int fd_ = -1;
+};
+
+// The rendezvous handshake of comm/src/tcp/transport.cpp (Note [Rendezvous handshake]) spoken
+// by hand. Wire sizes: challenge 48 bytes (nonce at 16), hello 88 (mac over the first 56),
+// ack 40 (status at 4).
+constexpr size_t kChallengeBytes = 48, kHelloBytes = 88, kAckBytes = 40;
+
+std::vector<uint8_t> read_challenge(RawSocket& socket) {
+  std::vector<uint8_t> challenge(kChallengeBytes);
+  socket.read(challenge.data(), challenge.size());
+  return challenge;
+}
+
+std::vector<uint8_t> make_hello(const std::vector<uint8_t>& challenge, const std::string& secret,
+                                int32_t rank, int32_t world_size) {
+  std::vector<uint8_t> hello(kHelloBytes, 0);
+  const uint32_t head[6] = {0x504d4832,  // "PMH2"
+                            2,           // protocol version
+                            static_cast<uint32_t>(rank),
+                            static_cast<uint32_t>(world_size),
+                            1,  // listen port
+                            secret.empty() ? 0u : 1u};
+  std::memcpy(hello.data(), head, sizeof(head));
+  for (size_t i = 0; i < 32; ++i) hello[24 + i] = static_cast<uint8_t>(i * 7 + 1);  // nonce
+  detail::HmacSha256 mac(secret);
+  mac.update("pipemat hello", 13);
+  mac.update(challenge.data() + 16, 32);
+  mac.update(hello.data(), 56);
+  const detail::Digest digest = mac.finish();
+  std::memcpy(hello.data() + 56, digest.data(), digest.size());
+  return hello;
+}
+
+// Says the hello of `rank` and returns the status of the ack (0: accepted).
+uint32_t say_hello(RawSocket& socket, const std::string& secret, int32_t rank, int32_t world_size) {
+  const std::vector<uint8_t> hello = make_hello(read_challenge(socket), secret, rank, world_size);
+  socket.write(hello.data(), hello.size());
+  std::vector<uint8_t> ack(kAckBytes);
+  socket.read(ack.data(), ack.size());
+  uint32_t status = 0;
+  std::memcpy(&status, ack.data() + 4, 4);
+  return status;
+}
+
+// Plays rank 1 of a world of 2 against a real rank 0 over a raw socket, speaking the
+// rendezvous of comm/src/tcp/transport.cpp (the handshake on the master port, then the rank
+// table), so that a test can write whatever a broken or hostile peer would.
+class FakePeer {
+ public:
+  explicit FakePeer(int master_port, const std::string& secret = "") : socket_(master_port) {
+    if (say_hello(socket_, secret, 1, 2) != 0) throw CommError("fake peer: hello refused");
+    std::vector<uint8_t> table(2 * 64);
+    socket_.read(table.data(), table.size());
+  }
+
+  // A frame header (magic "PMC1", tag, size) followed by `payload` bytes of data.
+  void send_frame(int32_t tag, uint64_t size, size_t payload) {
+    std::vector<uint8_t> frame(16 + payload, 0x41);
+    const uint32_t magic = 0x504d4331;
+    std::memcpy(frame.data(), &magic, 4);
+    std::memcpy(frame.data() + 4, &tag, 4);
+    std::memcpy(frame.data() + 8, &size, 8);
+    socket_.write(frame.data(), frame.size());
+  }
+
+ private:
+  RawSocket socket_;
 };
 
 // Rank 0 (a real tcp transport) connected to a FakePeer as rank 1.
@@ -248,6 +320,294 @@ TEST(commTcpHostilePeer, MessagesAboveTheLimitFailTheReceivingRank) {
                     "rank 1 sent a frame of 1025 bytes with tag 4 to rank 0, more than the limit "
                     "of 1024 bytes (TransportOptions::max_message_bytes)",
                     "1025 bytes");
+}
+
+// ---- rendezvous hardening: binding, job secret, stray connections ----
+
+TransportOptions tcp_rank(int rank, int port, const std::string& secret = "") {
+  TransportOptions options;
+  options.kind = TransportKind::kTcp;
+  options.rank = rank;
+  options.world_size = 2;
+  options.master = "127.0.0.1:" + std::to_string(port);
+  options.timeout = std::chrono::seconds(20);
+  options.connect_retry_interval = std::chrono::milliseconds(20);
+  options.connect_retries = 500;
+  options.secret = secret;
+  return options;
+}
+
+// One message each way between the two ranks of a world of 2.
+void expect_round_trip(Transport& rank0, Transport& rank1) {
+  int32_t value = 42, got = 0;
+  rank0.send(1, 7, &value, sizeof(value))->wait();
+  rank1.recv(0, 7, &got, sizeof(got))->wait();
+  EXPECT_EQ(got, 42);
+  value = 43;
+  rank1.send(0, 8, &value, sizeof(value))->wait();
+  rank0.recv(1, 8, &got, sizeof(got))->wait();
+  EXPECT_EQ(got, 43);
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Runs fn on a thread; an exception becomes a test failure instead of ending the binary.
+std::thread background(std::function<void()> fn) {
+  return std::thread([fn = std::move(fn)] {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+  });
+}
+
+// Returns errno of a connect to `address`:`port` (0 when it connected).
+int connect_errno(const char* address, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  ::inet_pton(AF_INET, address, &addr.sin_addr);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const int error = rc == 0 ? 0 : errno;
+  ::close(fd);
+  return error;
+}
+
+// Rank 0 listens on exactly the configured master host: 127.0.0.2 is loopback too, but a socket
+// bound to 127.0.0.1 does not accept it (one bound to 0.0.0.0, as before, did).
+TEST(commTcpRendezvous, MasterListensOnlyOnTheConfiguredHost) {
+  const int port = testing::free_port();
+  std::unique_ptr<Transport> rank0, rank1;
+  std::thread master = background([&] { rank0 = make_transport(tcp_rank(0, port)); });
+  {
+    RawSocket probe(port);  // rank 0 is listening once this connects and gets its challenge
+    read_challenge(probe);
+    EXPECT_EQ(connect_errno("127.0.0.2", port), ECONNREFUSED);
+    rank1 = make_transport(tcp_rank(1, port));
+  }
+  master.join();
+  ASSERT_TRUE(rank0 && rank1);
+  expect_round_trip(*rank0, *rank1);
+}
+
+// The listener of rank 1 (for the ranks above it) is bound to the address the rank table
+// announces, 127.0.0.1, not to every interface. Rank 2 is played by hand to look at it.
+TEST(commTcpRendezvous, PeerListenersBindTheAnnouncedAddress) {
+  const int port = testing::free_port();
+  std::unique_ptr<Transport> rank0, rank1;
+  auto options = [&](int rank) {
+    TransportOptions o = tcp_rank(rank, port, "s");
+    o.world_size = 3;
+    return o;
+  };
+  std::thread real = background([&] {
+    testing::run_threads(
+        2, [&](int rank) { (rank == 0 ? rank0 : rank1) = make_transport(options(rank)); });
+  });
+  {
+    RawSocket to_master(port);
+    EXPECT_EQ(say_hello(to_master, "s", 2, 3), 0u);
+    std::vector<uint8_t> table(3 * 64);
+    to_master.read(table.data(), table.size());
+    uint32_t rank1_port = 0;
+    std::memcpy(&rank1_port, table.data() + 64, 4);
+    const std::string rank1_host(reinterpret_cast<const char*>(table.data() + 64 + 4));
+    EXPECT_EQ(rank1_host, "127.0.0.1");
+    EXPECT_EQ(connect_errno("127.0.0.2", static_cast<int>(rank1_port)), ECONNREFUSED);
+    RawSocket to_rank1(static_cast<int>(rank1_port));
+    EXPECT_EQ(say_hello(to_rank1, "s", 2, 3), 0u);
+    real.join();
+  }
+  ASSERT_TRUE(rank0 && rank1);
+  expect_round_trip(*rank0, *rank1);
+}
+
+TEST(commTcpRendezvous, MasterHostThatIsNotLocalIsAConfigError) {
+  TransportOptions options = tcp_rank(0, testing::free_port());
+  options.master = "192.0.2.1:" + std::to_string(testing::free_port());  // TEST-NET-1
+  try {
+    make_transport(options);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("the master host '192.0.2.1'"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("is not an address of this machine"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Garbage, silence, half a hello, a wrong secret and an out-of-range rank, all before the real
+// rank 1: each is dropped and reported once, and the real ranks still join.
+TEST(commTcpRendezvous, StrayConnectionsAreDroppedAndTheRealRanksStillJoin) {
+  const std::string secret = "0123456789abcdef0123456789abcdef";
+  const int port = testing::free_port();
+  std::unique_ptr<Transport> rank0, rank1;
+  ::testing::internal::CaptureStderr();
+  std::thread master = background([&] { rank0 = make_transport(tcp_rank(0, port, secret)); });
+  {
+    RawSocket garbage(port);
+    std::mt19937 random(7);
+    std::vector<uint8_t> noise(kHelloBytes);
+    for (auto& b : noise) b = static_cast<uint8_t>(random());
+    garbage.write(noise.data(), noise.size());
+    RawSocket silent(port);
+    RawSocket half(port);
+    const std::vector<uint8_t> hello = make_hello(read_challenge(half), secret, 1, 2);
+    half.write(hello.data(), hello.size() / 2);
+    RawSocket wrong(port);
+    EXPECT_EQ(say_hello(wrong, "not the secret", 1, 2), 1u);  // kWrongSecret
+    RawSocket outside(port);
+    EXPECT_EQ(say_hello(outside, secret, 5, 2), 3u);  // kBadRank
+    // Rank 0 closed the refused ones while the rendezvous is still waiting for rank 1.
+    EXPECT_EQ(wrong.read_until_closed(), 0u);
+    EXPECT_EQ(outside.read_until_closed(), 0u);
+    EXPECT_EQ(garbage.read_until_closed(), kChallengeBytes + kAckBytes);
+    rank1 = make_transport(tcp_rank(1, port, secret));
+    master.join();
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(rank0 && rank1);
+  expect_round_trip(*rank0, *rank1);
+  EXPECT_EQ(count_of(log, "pipemat tcp: rank 0 dropped a connection from 127.0.0.1:"), 5u) << log;
+  EXPECT_EQ(count_of(log, " during rendezvous: wrong job secret\n"), 1u) << log;
+  EXPECT_EQ(count_of(log, "not a pipemat hello (bad magic)"), 1u) << log;
+  EXPECT_EQ(count_of(log, "it announced rank 5, but rank 0 accepts only ranks 1..1 here"), 1u)
+      << log;
+  EXPECT_EQ(count_of(log, "the rendezvous ended before it completed its hello"), 2u) << log;
+}
+
+TEST(commTcpRendezvous, SilentConnectionIsDroppedAtTheHandshakeDeadline) {
+  const int port = testing::free_port();
+  std::unique_ptr<Transport> rank0, rank1;
+  TransportOptions options = tcp_rank(0, port);
+  options.handshake_timeout = std::chrono::milliseconds(200);
+  ::testing::internal::CaptureStderr();
+  std::thread master = background([&] { rank0 = make_transport(options); });
+  {
+    RawSocket silent(port);
+    read_challenge(silent);
+    const auto start = Clock::now();
+    EXPECT_EQ(silent.read_until_closed(), 0u);
+    EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(150));
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+    rank1 = make_transport(tcp_rank(1, port));
+  }
+  master.join();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(rank0 && rank1);
+  expect_round_trip(*rank0, *rank1);
+  EXPECT_EQ(count_of(log, "during rendezvous: no complete hello within 200 ms"), 1u) << log;
+}
+
+// The real rank 1 with another secret (or none): refused at once with the reason, and rank 0
+// times out naming the missing rank and the dropped connection.
+TEST(commTcpRendezvous, WrongSecretOnARealRankFailsBothSides) {
+  for (const std::string rank1_secret : {"other secret", ""}) {
+    const int port = testing::free_port();
+    std::string rank0_error, rank1_error;
+    ::testing::internal::CaptureStderr();
+    const auto start = Clock::now();
+    testing::run_threads(2, [&](int rank) {
+      TransportOptions options = tcp_rank(rank, port, rank == 0 ? "the secret" : rank1_secret);
+      options.timeout = rank == 0 ? std::chrono::milliseconds(1500) : std::chrono::seconds(5);
+      try {
+        make_transport(options);
+      } catch (const Error& e) {
+        (rank == 0 ? rank0_error : rank1_error) = e.what();
+      }
+    });
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+    ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(rank1_error.find("tcp rendezvous: the master (rank 0) at 127.0.0.1:" +
+                               std::to_string(port) + " refused rank 1: wrong job secret"),
+              std::string::npos)
+        << rank1_error;
+    EXPECT_NE(rank1_error.find("PIPEMAT_JOB_SECRET"), std::string::npos) << rank1_error;
+    EXPECT_NE(rank0_error.find("timed out after 1500 ms waiting for ranks 1 to connect to port"),
+              std::string::npos)
+        << rank0_error;
+    EXPECT_NE(rank0_error.find("dropped 1 connection meanwhile, the last from 127.0.0.1:"),
+              std::string::npos)
+        << rank0_error;
+    EXPECT_NE(rank0_error.find(": wrong job secret"), std::string::npos) << rank0_error;
+    if (rank1_secret.empty()) {
+      EXPECT_NE(rank1_error.find("this rank has no job secret, there a job secret"),
+                std::string::npos)
+          << rank1_error;
+    }
+  }
+}
+
+// A process squatting on the master port without the secret cannot pose as rank 0.
+TEST(commTcpRendezvous, MasterThatCannotProveTheSecretIsRefused) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  std::string error;
+  std::thread rank1([&] {
+    try {
+      make_transport(tcp_rank(1, port, "the secret"));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  const int fd = ::accept(listener, nullptr, nullptr);
+  uint8_t challenge[kChallengeBytes] = {0x31, 0x4e, 0x4d, 0x50, 2};  // "PMN1", version 2
+  ::send(fd, challenge, sizeof(challenge), MSG_NOSIGNAL);
+  uint8_t hello[kHelloBytes];
+  size_t got = 0;
+  while (got < sizeof(hello)) {
+    const ssize_t n = ::recv(fd, hello + got, sizeof(hello) - got, 0);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  uint8_t ack[kAckBytes] = {0x31, 0x41, 0x4d, 0x50};  // "PMA1", status 0, no valid mac
+  ::send(fd, ack, sizeof(ack), MSG_NOSIGNAL);
+  rank1.join();
+  ::close(fd);
+  ::close(listener);
+  EXPECT_EQ(got, kHelloBytes);
+  EXPECT_NE(error.find("accepted rank 1 but could not prove the job secret"), std::string::npos)
+      << error;
+}
+
+TEST(commTcpRendezvous, SameSecretOrNoSecretOnEveryRankWorks) {
+  for (const std::string secret : {"", "a shared job secret"}) {
+    TransportOptions options;
+    options.timeout = std::chrono::seconds(20);
+    options.secret = secret;
+    testing::Group group = testing::make_group(TransportKind::kTcp, 3, options);
+    expect_round_trip(*group[0], *group[1]);
+    int32_t value = 5, got = 0;
+    group[2]->send(1, 9, &value, sizeof(value))->wait();
+    group[1]->recv(2, 9, &got, sizeof(got))->wait();
+    EXPECT_EQ(got, 5) << "secret '" << secret << "'";
+  }
+}
+
+TEST(commTransportOptions, ResolvesTheJobSecretFromTheEnvironment) {
+  TransportOptions options = tcp_rank(0, 1);
+  ::setenv("PIPEMAT_JOB_SECRET", "from-env", 1);
+  EXPECT_EQ(resolve_options(options).secret, "from-env");
+  options.secret = "explicit";
+  EXPECT_EQ(resolve_options(options).secret, "explicit");
+  ::unsetenv("PIPEMAT_JOB_SECRET");
+  options.secret.clear();
+  EXPECT_EQ(resolve_options(options).secret, "");
+  options.handshake_timeout = std::chrono::milliseconds(0);
+  EXPECT_THROW(resolve_options(options), ConfigError);
 }
 
 TEST(commBuffer, AllocateRefusesSizesThatWrapWhenRounded) {

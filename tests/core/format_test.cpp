@@ -25,6 +25,16 @@ TEST(FormatTest, ParseBytes) {
     EXPECT_NE(std::string(e.what()).find("--sizes: unknown size unit 'XB'"), std::string::npos);
   }
   EXPECT_THROW(parse_bytes("KiB", "--sizes"), ConfigError);
+  EXPECT_EQ(parse_bytes("9223372036854775807", "--sizes"), INT64_MAX);
+  for (const char* big : {"99999999999999999999999", "9223372036854775808", "8589934592GiB"}) {
+    try {
+      parse_bytes(big, "--sizes");
+      ADD_FAILURE() << big;
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("--sizes: '") + big + "' is too large; expected a size up to 8 EiB");
+    }
+  }
 }
 
 TEST(FormatTest, JoinSplit) {

@@ -299,19 +299,19 @@ TEST(ConfigErrors, RepeatedKey) {
 
 TEST(ConfigErrors, WrongTypes) {
   EXPECT_EQ(error_of("model:\n  layers: eight\n"),
-            "x.yaml:2: model.layers: 'eight' is not an integer; expected an integer >= 1");
+            "x.yaml:2: model.layers: 'eight' is not an integer; expected an integer in [1, 4096]");
   EXPECT_EQ(error_of("model: {hidden: 6.5}\n"),
-            "x.yaml:1: model.hidden: '6.5' is not an integer; expected an integer >= 1");
+            "x.yaml:1: model.hidden: '6.5' is not an integer; expected an integer in [1, 65536]");
   EXPECT_EQ(error_of("model: {tokens: [32]}\n"),
-            "x.yaml:1: model.tokens: a list is not an integer; expected an integer >= 1");
+            "x.yaml:1: model.tokens: a list is not an integer; expected an integer in [1, 1048576]");
   EXPECT_EQ(error_of("model: {layers: \"8\"}\n"),
             "x.yaml:1: model.layers: '8' is a quoted string, not an integer; drop the quotes");
   EXPECT_EQ(error_of("training:\n  lr: fast\n"),
-            "x.yaml:2: training.lr: 'fast' is not a number; expected a number > 0");
+            "x.yaml:2: training.lr: 'fast' is not a number; expected a number in (0, 1000000]");
   EXPECT_EQ(error_of("training:\n  lr: '0.1'\n"),
             "x.yaml:2: training.lr: '0.1' is a quoted string, not a number; drop the quotes");
   EXPECT_EQ(error_of("training: {lr: .nan}\n"),
-            "x.yaml:1: training.lr: '.nan' is not a number; expected a number > 0");
+            "x.yaml:1: training.lr: '.nan' is not a number; expected a number in (0, 1000000]");
   EXPECT_EQ(error_of("training: {seed: -1}\n"),
             "x.yaml:1: training.seed: '-1' is out of range; expected an integer >= 0");
   EXPECT_EQ(error_of("training: {seed: x1}\n"),
@@ -358,22 +358,32 @@ TEST(ConfigErrors, WrongTypes) {
 
 TEST(ConfigErrors, OutOfRangeNumbers) {
   EXPECT_EQ(error_of("model:\n  layers: 0\n"),
-            "x.yaml:2: model.layers: '0' is out of range; expected an integer >= 1");
+            "x.yaml:2: model.layers: '0' is out of range; expected an integer in [1, 4096]");
   EXPECT_EQ(error_of("model: {hidden: -64}\n"),
-            "x.yaml:1: model.hidden: '-64' is out of range; expected an integer >= 1");
+            "x.yaml:1: model.hidden: '-64' is out of range; expected an integer in [1, 65536]");
   EXPECT_EQ(error_of("model: {tokens: 0}\n"),
-            "x.yaml:1: model.tokens: '0' is out of range; expected an integer >= 1");
+            "x.yaml:1: model.tokens: '0' is out of range; expected an integer in [1, 1048576]");
   EXPECT_EQ(error_of("model: {heads: 0}\n"),
-            "x.yaml:1: model.heads: '0' is out of range; expected an integer >= 1");
+            "x.yaml:1: model.heads: '0' is out of range; expected an integer in [1, 65536]");
   EXPECT_EQ(error_of("model: {ffn: -1}\n"),
-            "x.yaml:1: model.ffn: '-1' is out of range; expected an integer >= 0");
+            "x.yaml:1: model.ffn: '-1' is out of range; expected an integer in [0, 65536]");
   EXPECT_EQ(error_of("model: {experts: 0}\n"),
-            "x.yaml:1: model.experts: '0' is out of range; expected an integer >= 1");
+            "x.yaml:1: model.experts: '0' is out of range; expected an integer in [1, 1024]");
   EXPECT_EQ(error_of("model: {top_k: 0}\n"),
-            "x.yaml:1: model.top_k: '0' is out of range; expected an integer >= 1");
+            "x.yaml:1: model.top_k: '0' is out of range; expected an integer in [1, 1024]");
   EXPECT_EQ(error_of("model: {layers: 99999999999999999999}\n"),
             "x.yaml:1: model.layers: '99999999999999999999' is out of range; expected an "
-            "integer >= 1");
+            "integer in [1, 4096]");
+  // Sizes that each fit but together would not: an error naming the key, before any tensor.
+  EXPECT_EQ(error_of("model: {layers: 4096, hidden: 4096}\n"),
+            "x.yaml:1: model.layers: the rmsnorm-gemm model of 4096 layers with hidden 4096 holds "
+            "about 256.125 GiB of float32 weights, more than the limit of 16 GiB; lower "
+            "model.layers, model.hidden or model.ffn");
+  EXPECT_EQ(error_of("model: {tokens: 1048576, hidden: 2048}\n"),
+            "x.yaml:1: model.tokens: one activation of 1048576 tokens x 2048 is about 8 GiB, more "
+            "than the limit of 4 GiB per micro-batch; lower model.tokens or the model's width");
+  EXPECT_EQ(error_of("training: {lr: 1e300}\n"),
+            "x.yaml:1: training.lr: '1e300' is out of range; expected a number in (0, 1000000]");
   EXPECT_EQ(error_of("schedule:\n  kind: 1f1b\n  stages: 0\n"),
             "x.yaml:3: schedule.stages: '0' is out of range; expected an integer in [1, "
             "2147483647]");
@@ -387,9 +397,9 @@ TEST(ConfigErrors, OutOfRangeNumbers) {
             "x.yaml:1: schedule.virtual_stages: '-2' is out of range; expected an integer in [1, "
             "2147483647]");
   EXPECT_EQ(error_of("training: {lr: 0}\n"),
-            "x.yaml:1: training.lr: '0' is out of range; expected a number > 0");
+            "x.yaml:1: training.lr: '0' is out of range; expected a number in (0, 1000000]");
   EXPECT_EQ(error_of("training: {lr: -0.1}\n"),
-            "x.yaml:1: training.lr: '-0.1' is out of range; expected a number > 0");
+            "x.yaml:1: training.lr: '-0.1' is out of range; expected a number in (0, 1000000]");
   EXPECT_EQ(error_of("training: {steps: 0}\n"),
             "x.yaml:1: training.steps: '0' is out of range; expected an integer >= 1");
   EXPECT_EQ(error_of("training: {momentum: -0.5}\n"),
@@ -557,7 +567,7 @@ TEST(ConfigOverrides, Errors) {
             "--set: remat.exclude[0].save_output: 'maybe' is not a boolean; expected true or "
             "false");
   EXPECT_EQ(error_of("", {"model.layers=[4]"}),
-            "--set: model.layers: a list is not an integer; expected an integer >= 1");
+            "--set: model.layers: a list is not an integer; expected an integer in [1, 4096]");
   // A check across keys is located at the key it names.
   EXPECT_EQ(
       error_of("model: {layers: 8}\npartition: {layers_per_stage: [4, 4]}\n", {"model.layers=9"}),

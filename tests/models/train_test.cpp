@@ -188,7 +188,7 @@ TEST(PipelineTrain, ScheduleConstraintsAreClearErrors) {
     train_in_process(c, nullptr);
     FAIL() << "no error";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--micro-batches"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("so schedule.micro_batches must"), std::string::npos) << e.what();
   }
   auto few = small_config("zb-v", 4, "rmsnorm-gemm", "selective");
   few.model.layers = 6;  // zb-v on 4 ranks has 8 stages

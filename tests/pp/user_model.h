@@ -47,7 +47,7 @@ TORCH_MODULE(Embed);
 
 // Pre-norm causal self-attention (padding keys masked) and an MLP, both residual.
 struct BlockImpl : torch::nn::Module {
-  BlockImpl() {
+  explicit BlockImpl(double dropout = 0) : dropout_(dropout) {
     attn_in = register_module(
         "attn_in", torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
                                          torch::nn::Linear(kHidden, 3 * kHidden)));
@@ -67,8 +67,11 @@ struct BlockImpl : torch::nn::Module {
     at::Tensor allowed = at::ones({t, t}).tril().unsqueeze(0) * mask.unsqueeze(1);
     scores = scores + (1 - allowed) * -1e4;
     at::Tensor x = h + proj(at::softmax(scores, -1).matmul(qkv[2]));
-    return {x + mlp->forward(x), mask};
+    at::Tensor y = mlp->forward(x);
+    if (dropout_ > 0) y = at::dropout(y, dropout_, is_training());
+    return {x + y, mask};
   }
+  double dropout_;
   torch::nn::Sequential attn_in{nullptr}, mlp{nullptr};
   torch::nn::Linear proj{nullptr};
 };
@@ -88,13 +91,13 @@ TORCH_MODULE(Head);
 
 // embed, block0 .. block{n-1}, head. Same seed -> same weights (initialization is serialized so
 // that ranks running as threads draw the same numbers).
-inline torch::nn::Sequential make_model(int blocks, uint64_t seed) {
+inline torch::nn::Sequential make_model(int blocks, uint64_t seed, double dropout = 0) {
   static std::mutex init;
   std::lock_guard<std::mutex> lock(init);
   at::manual_seed(seed);
   torch::nn::Sequential model;
   model->push_back("embed", Embed());
-  for (int b = 0; b < blocks; ++b) model->push_back("block" + std::to_string(b), Block());
+  for (int b = 0; b < blocks; ++b) model->push_back("block" + std::to_string(b), Block(dropout));
   model->push_back("head", Head());
   return model;
 }

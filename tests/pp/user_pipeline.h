@@ -21,6 +21,8 @@ struct PipelineCase {
   pipemat::schedule::RecomputeMode recompute = pipemat::schedule::RecomputeMode::kPretrigger;
   int64_t steps = 3;
   std::optional<pipemat::schedule::Schedule> actions;  // an imported action list instead
+  double dropout = 0;                                  // in every block
+  std::optional<uint64_t> seed;                        // PipelineOptions::seed
 };
 
 inline pipemat::pp::PipelineOptions pipeline_options(const PipelineCase& c) {
@@ -39,6 +41,7 @@ inline pipemat::pp::PipelineOptions pipeline_options(const PipelineCase& c) {
   o.lr_schedule = set_lr;
   o.clip_grad_norm = kClip;
   o.actions = c.actions;
+  o.seed = c.seed;
   return o;
 }
 
@@ -51,7 +54,7 @@ struct RankRun {
 };
 
 inline RankRun run_rank(pipemat::comm::Transport& transport, const PipelineCase& c) {
-  torch::nn::Sequential model = make_model(c.blocks, 7);
+  torch::nn::Sequential model = make_model(c.blocks, 7, c.dropout);
   const auto options = pipeline_options(c);
   const auto bounds =
       pipemat::pp::balance_by_parameters(model, pipemat::pp::stage_count(options));

@@ -1,9 +1,11 @@
 // TCP backend on Boost.Asio.
 //
-// Rendezvous (constructor, on the calling thread): rank 0 listens on the master port; every other
-// rank opens its own listener, connects to the master and says hello (rank, world size, listen
-// port); rank 0 answers with the table of all listeners. Then rank r connects to every rank
-// 0 < s < r and accepts from every rank above it: exactly one connection per pair.
+// Rendezvous (constructor, on the calling thread): rank 0 listens on the master host:port (that
+// address only); every other rank connects to the master, opens its own listener on the local
+// address of that connection and says hello (rank, world size, listen port); rank 0 answers with
+// the table of all listeners. Then rank r connects to every rank 0 < s < r and accepts from
+// every rank above it: exactly one connection per pair. Every connection starts with the
+// authenticated handshake of Note [Rendezvous handshake].
 //
 // Data path (one I/O thread): every message is a 16-byte frame header (magic, tag, size) plus the
 // payload. Each peer connection has a FIFO of sends (one async_write at a time, header and payload
@@ -19,12 +21,15 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <boost/asio.hpp>
 #include <condition_variable>
+#include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -39,6 +44,7 @@
 #include "common.h"
 #include "pipemat/comm/raw_bench.h"
 #include "pipemat/core/error.h"
+#include "tcp/hmac.h"
 
 namespace pipemat::comm::detail {
 namespace {
@@ -47,8 +53,14 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using boost::system::error_code;
 
-constexpr uint32_t kFrameMagic = 0x504d4331;  // "PMC1"
-constexpr uint32_t kHelloMagic = 0x504d4831;  // "PMH1"
+constexpr uint32_t kFrameMagic = 0x504d4331;      // "PMC1"
+constexpr uint32_t kHelloMagicV1 = 0x504d4831;    // "PMH1": the unauthenticated hello before v2
+constexpr uint32_t kHelloMagic = 0x504d4832;      // "PMH2"
+constexpr uint32_t kChallengeMagic = 0x504d4e31;  // "PMN1"
+constexpr uint32_t kAckMagic = 0x504d4131;        // "PMA1"
+constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kHasSecret = 1;  // flag: the sender has a job secret
+constexpr size_t kNonceBytes = 32;
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
@@ -57,12 +69,88 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 16, "frame header layout");
 
+// Note [Rendezvous handshake]: every rendezvous connection (to the master and between ranks)
+// is a challenge-response keyed with the job secret (TransportOptions::secret):
+//   acceptor  -> Challenge {fresh random nonce N_a}
+//   connector -> Hello {rank, world size, listen port, nonce N_c,
+//                       mac = HMAC-SHA256(secret, "pipemat hello" || N_a || hello fields)}
+//   acceptor  -> Ack {status, mac = HMAC-SHA256(secret, "pipemat ack" || N_c || N_a || rank ||
+//                                               status)}
+// The acceptor's fresh nonce makes a recorded hello useless later; the connector's nonce makes
+// the acceptor prove the secret too, so a process squatting on the master port cannot pose as
+// rank 0. The secret itself never goes over the wire. Without a secret the key is empty: the
+// same exchange, checking nothing but the protocol (any local process may join; documented).
+// The acceptor handles each connection on its own with a short deadline: a connection that is
+// silent, sends garbage or fails a check is closed and reported on stderr, and the rendezvous
+// goes on, except for an authenticated rank with another world size (a real misconfiguration).
+struct Challenge {
+  uint32_t magic = kChallengeMagic;
+  uint32_t version = kProtocolVersion;
+  uint32_t flags = 0;
+  uint32_t reserved = 0;
+  uint8_t nonce[kNonceBytes] = {};
+};
+static_assert(sizeof(Challenge) == 48, "challenge layout");
+
 struct Hello {
   uint32_t magic = kHelloMagic;
+  uint32_t version = kProtocolVersion;
   int32_t rank = -1;
   int32_t world_size = -1;
   uint32_t listen_port = 0;
+  uint32_t flags = 0;
+  uint8_t nonce[kNonceBytes] = {};
+  uint8_t mac[32] = {};  // last: the mac covers everything before it
 };
+static_assert(sizeof(Hello) == 88 && offsetof(Hello, mac) == 56, "hello layout");
+
+enum class AckStatus : uint32_t {
+  kOk = 0,
+  kWrongSecret = 1,
+  kWorldSize = 2,
+  kBadRank = 3,
+  kDuplicateRank = 4,
+  kBadProtocol = 5,
+};
+
+struct Ack {
+  uint32_t magic = kAckMagic;
+  uint32_t status = 0;
+  uint8_t mac[32] = {};
+};
+static_assert(sizeof(Ack) == 40, "ack layout");
+
+Digest hello_mac(const std::string& secret, const Challenge& challenge, const Hello& hello) {
+  HmacSha256 mac(secret);
+  mac.update("pipemat hello", 13);
+  mac.update(challenge.nonce, kNonceBytes);
+  mac.update(&hello, offsetof(Hello, mac));
+  return mac.finish();
+}
+
+Digest ack_mac(const std::string& secret, const Challenge& challenge, const Hello& hello,
+               uint32_t status) {
+  HmacSha256 mac(secret);
+  mac.update("pipemat ack", 11);
+  mac.update(hello.nonce, kNonceBytes);
+  mac.update(challenge.nonce, kNonceBytes);
+  mac.update(&hello.rank, sizeof(hello.rank));
+  mac.update(&status, sizeof(status));
+  return mac.finish();
+}
+
+void fill_nonce(uint8_t* out) {
+  size_t filled = 0;
+  while (filled < kNonceBytes) {
+    const ssize_t n = ::getrandom(out + filled, kNonceBytes - filled, 0);
+    if (n < 0 && errno == EINTR) continue;
+    PIPEMAT_CHECK(n > 0, CommError, "tcp rendezvous: getrandom() failed (", std::strerror(errno),
+                  "); cannot make a handshake nonce");
+    filled += static_cast<size_t>(n);
+  }
+}
+
+std::string secret_state(bool has_secret) { return has_secret ? "a job secret" : "no job secret"; }
 
 struct TableEntry {
   uint32_t port = 0;
@@ -731,8 +819,8 @@ class Rendezvous {
       PIPEMAT_THROW(TimeoutError, "tcp rendezvous of rank ", options_.rank, " (world size ",
                     options_.world_size, ", master ", options_.master, ") timed out after ",
                     options_.timeout.count(), " ms ", what,
-                    ". Start every rank with the same PIPEMAT_WORLD_SIZE and PIPEMAT_MASTER, or "
-                    "raise the timeout (PIPEMAT_COMM_TIMEOUT).");
+                    ". Start every rank with the same PIPEMAT_WORLD_SIZE, PIPEMAT_MASTER and "
+                    "PIPEMAT_JOB_SECRET, or raise the timeout (PIPEMAT_COMM_TIMEOUT).");
     }
     PIPEMAT_THROW(CommError, "tcp rendezvous of rank ", options_.rank, " failed ", what, ": ",
                   ec.message());
@@ -813,34 +901,305 @@ class Rendezvous {
     return socket;
   }
 
+  // A rank that completed the handshake on an acceptor.
+  struct Joined {
+    Hello hello;
+    tcp::socket socket;
+    std::string address;  // the address its connection comes from (no port)
+  };
+
+  // Accepts on `acceptor` until every rank lo..hi completed the handshake (Note [Rendezvous
+  // handshake]); each connection is handled on its own with the handshake deadline, and one that
+  // fails is dropped and reported on stderr. Throws TimeoutError at the rendezvous deadline
+  // (naming the missing ranks and the last dropped connection), CommError for an authenticated
+  // rank with another world size or a failing acceptor.
+  std::vector<Joined> accept_ranks(tcp::acceptor& acceptor, int lo, int hi,
+                                   const std::string& to_where) {
+    struct Incoming {
+      explicit Incoming(asio::io_context& io) : socket(io), timer(io) {}
+      tcp::socket socket;
+      asio::steady_timer timer;
+      std::string from = "an unknown address";
+      std::string address;  // `from` without the port
+      Challenge challenge;
+      Hello hello;
+      Ack ack;
+      int claimed = -1;       // the rank it holds while its ack is being written
+      bool finished = false;  // joined or dropped
+    };
+    const int count = hi - lo + 1;
+    const bool has_secret = !options_.secret.empty();
+    const auto handshake_timeout = std::min(options_.handshake_timeout, options_.timeout);
+    std::vector<Joined> joined;
+    std::vector<bool> claimed(static_cast<size_t>(options_.world_size), false);
+    std::vector<std::shared_ptr<Incoming>> incoming;
+    std::string fatal;
+    error_code accept_error;
+    int dropped = 0;
+    std::string last_drop;
+
+    auto drop = [&](Incoming& in, const std::string& reason) {
+      if (in.finished) return;
+      in.finished = true;
+      if (in.claimed >= 0) claimed[static_cast<size_t>(in.claimed)] = false;
+      in.timer.cancel();
+      ++dropped;
+      last_drop = concat("from ", in.from, ": ", reason);
+      std::fprintf(stderr,
+                   "pipemat tcp: rank %d dropped a connection from %s during rendezvous: %s\n",
+                   options_.rank, in.from.c_str(), reason.c_str());
+    };
+    auto close = [](Incoming& in) {
+      error_code ignored;
+      in.socket.close(ignored);
+    };
+
+    auto judge = [&](const std::shared_ptr<Incoming>& in) {
+      const Hello& h = in->hello;
+      AckStatus status = AckStatus::kOk;
+      std::string reason;
+      if (h.magic == kHelloMagicV1) {
+        status = AckStatus::kBadProtocol;
+        reason =
+            "it speaks the unauthenticated rendezvous of an older pipemat (hello version 1); "
+            "start every rank from the same pipemat build";
+      } else if (h.magic != kHelloMagic) {
+        status = AckStatus::kBadProtocol;
+        reason = "not a pipemat hello (bad magic); is another program connecting to this port?";
+      } else if (h.version != kProtocolVersion) {
+        status = AckStatus::kBadProtocol;
+        reason = concat("rendezvous protocol version ", h.version, ", expected ", kProtocolVersion,
+                        "; start every rank from the same pipemat build");
+      } else if (const Digest mac = hello_mac(options_.secret, in->challenge, h);
+                 !equal_digest(mac.data(), h.mac, mac.size())) {
+        status = AckStatus::kWrongSecret;
+        reason = "wrong job secret";
+        if (((h.flags & kHasSecret) != 0) != has_secret) {
+          reason += concat(" (it has ", secret_state((h.flags & kHasSecret) != 0), ", rank ",
+                           options_.rank, " has ", secret_state(has_secret), ")");
+        }
+      } else if (h.world_size != options_.world_size) {
+        status = AckStatus::kWorldSize;
+        reason = concat("rank ", h.rank, " was started with world size ", h.world_size);
+        fatal =
+            concat("tcp rendezvous: rank ", h.rank, " was started with world size ", h.world_size,
+                   " but rank ", options_.rank, " with world size ", options_.world_size,
+                   "; start every rank with the same PIPEMAT_WORLD_SIZE / --world-size");
+      } else if (h.rank < lo || h.rank > hi) {
+        status = AckStatus::kBadRank;
+        reason = concat("it announced rank ", h.rank, ", but rank ", options_.rank,
+                        " accepts only ranks ", lo, "..", hi, " here");
+      } else if (claimed[static_cast<size_t>(h.rank)]) {
+        status = AckStatus::kDuplicateRank;
+        reason = concat("it claims rank ", h.rank,
+                        ", which another process already holds; give every process a distinct "
+                        "PIPEMAT_RANK / --rank");
+      }
+      in->ack.status = static_cast<uint32_t>(status);
+      if (status != AckStatus::kOk) {
+        // The refusal tells a misconfigured rank why at once; it reveals nothing of the secret.
+        drop(*in, reason);
+        asio::async_write(in->socket, asio::buffer(&in->ack, sizeof(Ack)),
+                          [in, close](const error_code&, size_t) { close(*in); });
+        return;
+      }
+      in->claimed = h.rank;
+      claimed[static_cast<size_t>(h.rank)] = true;
+      const Digest mac = ack_mac(options_.secret, in->challenge, h, in->ack.status);
+      std::memcpy(in->ack.mac, mac.data(), mac.size());
+      asio::async_write(in->socket, asio::buffer(&in->ack, sizeof(Ack)),
+                        [&, in](const error_code& ec, size_t) {
+                          if (in->finished) return;
+                          if (ec) {
+                            drop(*in, concat("sending the ack failed (", ec.message(), ")"));
+                            close(*in);
+                            return;
+                          }
+                          in->finished = true;
+                          in->timer.cancel();
+                          joined.push_back(Joined{in->hello, std::move(in->socket), in->address});
+                        });
+    };
+
+    auto handshake = [&](const std::shared_ptr<Incoming>& in) {
+      incoming.push_back(in);
+      error_code ec;
+      const auto remote = in->socket.remote_endpoint(ec);
+      if (!ec) {
+        in->address = remote.address().to_string();
+        in->from = concat(in->address, ":", remote.port());
+      }
+      in->socket.set_option(tcp::no_delay(true), ec);
+      in->challenge.flags = has_secret ? kHasSecret : 0;
+      fill_nonce(in->challenge.nonce);
+      in->timer.expires_after(handshake_timeout);
+      in->timer.async_wait([&, in](const error_code& ec) {
+        if (ec || in->finished) return;
+        drop(*in, concat("no complete hello within ", handshake_timeout.count(), " ms"));
+        close(*in);
+      });
+      asio::async_write(
+          in->socket, asio::buffer(&in->challenge, sizeof(Challenge)),
+          [&, in](const error_code& ec, size_t) {
+            if (in->finished) return;
+            if (ec) {
+              drop(*in, concat("sending the challenge failed (", ec.message(), ")"));
+              close(*in);
+              return;
+            }
+            asio::async_read(
+                in->socket, asio::buffer(&in->hello, sizeof(Hello)),
+                [&, in](const error_code& ec, size_t n) {
+                  if (in->finished) return;
+                  if (ec) {
+                    drop(*in, ec == asio::error::eof
+                                  ? concat("it closed the connection after ", n, " of the ",
+                                           sizeof(Hello), " bytes of a hello")
+                                  : concat("reading its hello failed (", ec.message(), ")"));
+                    close(*in);
+                    return;
+                  }
+                  judge(in);
+                });
+          });
+    };
+
+    std::function<void()> start_accept = [&] {
+      auto in = std::make_shared<Incoming>(io_);
+      acceptor.async_accept(in->socket, [&, in](const error_code& ec) {
+        if (ec == asio::error::operation_aborted) return;
+        if (ec && ec != asio::error::connection_aborted) {
+          accept_error = ec;
+          return;
+        }
+        start_accept();
+        if (!ec) handshake(in);
+      });
+    };
+
+    start_accept();
+    io_.restart();
+    while (static_cast<int>(joined.size()) < count && fatal.empty() && !accept_error &&
+           Clock::now() < deadline_) {
+      io_.run_one_until(deadline_);
+    }
+    // Stop what is still in flight and let its handlers run out before the locals they use go.
+    error_code ignored;
+    acceptor.close(ignored);
+    for (auto& in : incoming) {
+      if (!in->finished) {
+        drop(*in, "the rendezvous ended before it completed its hello");
+        close(*in);
+      }
+      in->timer.cancel();
+    }
+    io_.restart();
+    io_.run();
+
+    if (!fatal.empty()) PIPEMAT_THROW(CommError, fatal);
+    if (accept_error) fail(concat("accepting connections", to_where), accept_error);
+    if (static_cast<int>(joined.size()) < count) {
+      std::string missing;
+      for (int r = lo; r <= hi; ++r) {
+        if (!claimed[static_cast<size_t>(r)]) missing += (missing.empty() ? "" : ", ") + concat(r);
+      }
+      std::string what = concat("waiting for ranks ", missing, to_where);
+      if (dropped > 0) {
+        what += concat(" (dropped ", dropped, dropped == 1 ? " connection" : " connections",
+                       " meanwhile, the last ", last_drop, ")");
+      }
+      fail(what, asio::error::timed_out);
+    }
+    return joined;
+  }
+
+  // The connecting side of Note [Rendezvous handshake] on a fresh connection to `whom` at
+  // `address`. Throws CommError when the acceptor refuses the hello or cannot prove the secret.
+  void authenticate(tcp::socket& socket, Hello hello, const std::string& whom,
+                    const std::string& address) {
+    const bool has_secret = !options_.secret.empty();
+    Challenge challenge;
+    read(socket, &challenge, sizeof(challenge), concat("waiting for the challenge of ", whom));
+    PIPEMAT_CHECK(challenge.magic == kChallengeMagic && challenge.version == kProtocolVersion,
+                  CommError, "tcp rendezvous: rank ", options_.rank, " connected to ", whom, " at ",
+                  address, ", which does not speak the pipemat rendezvous protocol ",
+                  kProtocolVersion, "; is another program or an older pipemat listening there?");
+    hello.flags = has_secret ? kHasSecret : 0;
+    fill_nonce(hello.nonce);
+    const Digest mac = hello_mac(options_.secret, challenge, hello);
+    std::memcpy(hello.mac, mac.data(), mac.size());
+    write(socket, &hello, sizeof(hello), concat("sending a hello to ", whom));
+    Ack ack;
+    read(socket, &ack, sizeof(ack), concat("waiting for ", whom, " to accept the hello"));
+    const std::string prefix =
+        concat("tcp rendezvous: ", whom, " at ", address, " refused rank ", options_.rank, ": ");
+    PIPEMAT_CHECK(ack.magic == kAckMagic, CommError, prefix,
+                  "its answer is not a pipemat ack; is another program listening there?");
+    switch (static_cast<AckStatus>(ack.status)) {
+      case AckStatus::kOk:
+        break;
+      case AckStatus::kWrongSecret:
+        PIPEMAT_THROW(CommError, prefix, "wrong job secret (this rank has ",
+                      secret_state(has_secret), ", there ", secret_state(challenge.flags & 1),
+                      "). Start every rank of a job with the same PIPEMAT_JOB_SECRET "
+                      "(pipemat-run --tcp sets one per job) or all without one.");
+      case AckStatus::kWorldSize:
+        PIPEMAT_THROW(CommError, prefix, "it runs a different world size than this rank's ",
+                      options_.world_size,
+                      "; start every rank with the same PIPEMAT_WORLD_SIZE / --world-size");
+      case AckStatus::kBadRank:
+        PIPEMAT_THROW(CommError, prefix, "rank ", options_.rank,
+                      " is not expected to connect there (check PIPEMAT_RANK / --rank)");
+      case AckStatus::kDuplicateRank:
+        PIPEMAT_THROW(CommError, prefix, "another process already joined as rank ", options_.rank,
+                      "; give every process a distinct PIPEMAT_RANK / --rank");
+      default:
+        PIPEMAT_THROW(CommError, prefix, "protocol mismatch (status ", ack.status,
+                      "); start every rank from the same pipemat build");
+    }
+    const Digest proof = ack_mac(options_.secret, challenge, hello, ack.status);
+    PIPEMAT_CHECK(equal_digest(proof.data(), ack.mac, proof.size()), CommError,
+                  "tcp rendezvous: ", whom, " at ", address, " accepted rank ", options_.rank,
+                  " but could not prove the job secret: it has a different PIPEMAT_JOB_SECRET, or "
+                  "another program is listening on that port");
+  }
+
  private:
   asio::io_context& io_;
   const TransportOptions& options_;
   const Clock::time_point deadline_;
 };
 
-std::string missing_ranks(const std::vector<std::unique_ptr<Peer>>& peers, int self) {
-  std::vector<std::string> missing;
-  for (size_t r = 0; r < peers.size(); ++r) {
-    if (static_cast<int>(r) != self && !peers[r]) missing.push_back(std::to_string(r));
+// Listens on exactly the configured master host (every address it resolves to that is local).
+tcp::acceptor listen_on_master(asio::io_context& io, const std::string& host, uint16_t port,
+                               const std::string& master) {
+  tcp::resolver resolver(io);
+  error_code ec;
+  auto endpoints = resolver.resolve(host, std::to_string(port), ec);
+  PIPEMAT_CHECK(!ec && !endpoints.empty(), ConfigError, "tcp transport: rank 0 cannot resolve ",
+                "the host '", host, "' of master address '", master, "' (", ec.message(),
+                "); set --master / PIPEMAT_MASTER to host:port of this machine");
+  std::string addresses;
+  error_code last;
+  bool only_not_local = true;
+  for (const auto& entry : endpoints) {
+    addresses += (addresses.empty() ? "" : ", ") + entry.endpoint().address().to_string();
+    tcp::acceptor acceptor(io);
+    acceptor.open(entry.endpoint().protocol(), ec);
+    if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor.bind(entry.endpoint(), ec);
+    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (!ec) return acceptor;
+    last = ec;
+    if (ec != boost::system::errc::address_not_available) only_not_local = false;
   }
-  std::string out;
-  for (size_t i = 0; i < missing.size(); ++i) out += (i ? ", " : "") + missing[i];
-  return out;
-}
-
-void check_hello(const Hello& hello, const TransportOptions& options, const std::string& from) {
-  PIPEMAT_CHECK(hello.magic == kHelloMagic, CommError, "tcp rendezvous of rank ", options.rank,
-                ": ", from,
-                " did not speak the pipemat protocol (bad hello); is another program "
-                "using the master port?");
-  PIPEMAT_CHECK(hello.world_size == options.world_size, CommError, "tcp rendezvous: rank ",
-                hello.rank, " was started with world size ", hello.world_size, " but rank ",
-                options.rank, " with world size ", options.world_size,
-                "; start every rank with the same PIPEMAT_WORLD_SIZE / --world-size");
-  PIPEMAT_CHECK(hello.rank >= 0 && hello.rank < options.world_size, CommError,
-                "tcp rendezvous: a peer announced rank ", hello.rank, ", outside 0..",
-                options.world_size - 1);
+  PIPEMAT_CHECK(!only_not_local, ConfigError, "tcp transport: the master host '", host, "' (",
+                addresses, ") of master address '", master,
+                "' is not an address of this machine, so rank 0 cannot listen there; run rank 0 "
+                "on that host or set --master / PIPEMAT_MASTER to one of its addresses "
+                "(127.0.0.1:port for a single machine)");
+  PIPEMAT_THROW(CommError, "tcp transport: rank 0 could not listen on port ", port, " of master ",
+                master, " (", last.message(), "); choose a free port in --master / PIPEMAT_MASTER");
 }
 
 class TcpTransport final : public Transport {
@@ -861,6 +1220,7 @@ class TcpTransport final : public Transport {
   }
 
   const std::string& master_host() const { return master_host_; }
+  const asio::ip::address& listen_address() const { return listen_address_; }
 
  protected:
   WorkPtr post_send(Request request) override {
@@ -890,33 +1250,18 @@ class TcpTransport final : public Transport {
     const int world = options.world_size;
     const int me = options.rank;
     if (me == 0) {
-      tcp::acceptor acceptor(io);
+      tcp::acceptor acceptor = listen_on_master(io, host, port, options.master);
       error_code ec;
-      tcp::endpoint endpoint(tcp::v4(), port);
-      acceptor.open(endpoint.protocol(), ec);
-      if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-      if (!ec) acceptor.bind(endpoint, ec);
-      if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-      PIPEMAT_CHECK(!ec, CommError, "tcp transport: rank 0 could not listen on port ", port,
-                    " of master ", options.master, " (", ec.message(),
-                    "); choose a free port in --master / PIPEMAT_MASTER");
+      listen_address_ = acceptor.local_endpoint(ec).address();
+      auto joined = rv.accept_ranks(acceptor, 1, world - 1, concat(" to connect to port ", port));
       std::vector<TableEntry> table(static_cast<size_t>(world));
-      for (int i = 1; i < world; ++i) {
-        const std::string what =
-            concat("waiting for ranks ", missing_ranks(peers, me), " to connect to port ", port);
-        tcp::socket socket = rv.accept(acceptor, what);
-        Hello hello;
-        rv.read(socket, &hello, sizeof(hello), "reading a hello on the master port");
-        check_hello(hello, options, "a process connecting to the master port");
-        PIPEMAT_CHECK(hello.rank != 0 && !peers[static_cast<size_t>(hello.rank)], CommError,
-                      "tcp rendezvous: two processes claim rank ", hello.rank,
-                      "; give every process a distinct PIPEMAT_RANK / --rank");
-        auto& entry = table[static_cast<size_t>(hello.rank)];
-        entry.port = hello.listen_port;
-        std::string address = socket.remote_endpoint().address().to_string();
-        std::strncpy(entry.host, address.c_str(), sizeof(entry.host) - 1);
-        peers[static_cast<size_t>(hello.rank)] =
-            std::make_unique<Peer>(hello.rank, std::move(socket));
+      for (auto& j : joined) {
+        auto& entry = table[static_cast<size_t>(j.hello.rank)];
+        entry.port = j.hello.listen_port;
+        // The address the master sees the rank at, which is the one its listener is bound to.
+        std::strncpy(entry.host, j.address.c_str(), sizeof(entry.host) - 1);
+        peers[static_cast<size_t>(j.hello.rank)] =
+            std::make_unique<Peer>(j.hello.rank, std::move(j.socket));
       }
       for (int r = 1; r < world; ++r) {
         rv.write(peers[static_cast<size_t>(r)]->socket, table.data(),
@@ -924,43 +1269,51 @@ class TcpTransport final : public Transport {
       }
       return;
     }
-    // Rank > 0: own listener first, so lower ranks' table entries are connectable at once.
-    tcp::acceptor listener(io, tcp::endpoint(tcp::v4(), 0));
+    tcp::socket master = rv.connect(host, port, "the master (rank 0)");
+    // Own listener before the hello, so lower ranks' table entries are connectable at once; bound
+    // to the address this rank reaches the master from (the one the table announces), not to
+    // every interface.
+    tcp::acceptor listener(io);
+    {
+      error_code ec;
+      const tcp::endpoint local(master.local_endpoint(ec).address(), 0);
+      if (!ec) listener.open(local.protocol(), ec);
+      if (!ec) listener.bind(local, ec);
+      if (!ec) listener.listen(asio::socket_base::max_listen_connections, ec);
+      PIPEMAT_CHECK(!ec, CommError, "tcp transport: rank ", me,
+                    " could not open its listener for the other ranks (", ec.message(), ")");
+    }
     Hello hello;
     hello.rank = me;
     hello.world_size = world;
     hello.listen_port = listener.local_endpoint().port();
-    tcp::socket master = rv.connect(host, port, "the master (rank 0)");
-    rv.write(master, &hello, sizeof(hello), "sending a hello to the master");
+    rv.authenticate(master, hello, "the master (rank 0)", options.master);
     std::vector<TableEntry> table(static_cast<size_t>(world));
     rv.read(master, table.data(), table.size() * sizeof(TableEntry),
             "waiting for the rank table from the master (are all ranks started?)");
     peers[0] = std::make_unique<Peer>(0, std::move(master));
     for (int s = 1; s < me; ++s) {
       const auto& entry = table[static_cast<size_t>(s)];
+      const std::string entry_host(entry.host, strnlen(entry.host, sizeof(entry.host)));
       tcp::socket socket =
-          rv.connect(entry.host, static_cast<uint16_t>(entry.port), concat("rank ", s));
-      rv.write(socket, &hello, sizeof(hello), concat("sending a hello to rank ", s));
+          rv.connect(entry_host, static_cast<uint16_t>(entry.port), concat("rank ", s));
+      rv.authenticate(socket, hello, concat("rank ", s), concat(entry_host, ":", entry.port));
       peers[static_cast<size_t>(s)] = std::make_unique<Peer>(s, std::move(socket));
     }
-    for (int k = me + 1; k < world; ++k) {
-      const std::string what =
-          concat("waiting for ranks ", missing_ranks(peers, me), " to connect to rank ", me);
-      tcp::socket socket = rv.accept(listener, what);
-      Hello theirs;
-      rv.read(socket, &theirs, sizeof(theirs), "reading a hello from a peer");
-      check_hello(theirs, options, "a peer");
-      PIPEMAT_CHECK(theirs.rank > me && !peers[static_cast<size_t>(theirs.rank)], CommError,
-                    "tcp rendezvous: rank ", me, " got an unexpected connection from rank ",
-                    theirs.rank);
-      peers[static_cast<size_t>(theirs.rank)] =
-          std::make_unique<Peer>(theirs.rank, std::move(socket));
+    if (me + 1 < world) {
+      auto joined =
+          rv.accept_ranks(listener, me + 1, world - 1, concat(" to connect to rank ", me));
+      for (auto& j : joined) {
+        peers[static_cast<size_t>(j.hello.rank)] =
+            std::make_unique<Peer>(j.hello.rank, std::move(j.socket));
+      }
     }
   }
 
   const std::chrono::milliseconds shutdown_timeout_;
   std::shared_ptr<TcpCore> core_;
   std::string master_host_;
+  asio::ip::address listen_address_;  // rank 0: the address its master listener was bound to
 };
 
 // RAII file descriptor of the raw baseline.
@@ -1025,7 +1378,9 @@ double tcp_raw_pingpong(Transport& transport, int peer, size_t bytes, int iterat
     raw_check(listener.get() >= 0, "socket", peer);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    // The address of the master listener, not every interface (the peer connects to it).
+    const auto& bound = tcp_transport->listen_address();
+    addr.sin_addr.s_addr = bound.is_v4() ? htonl(bound.to_v4().to_uint()) : htonl(INADDR_ANY);
     raw_check(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "bind",
               peer);
     raw_check(::listen(listener.get(), 1) == 0, "listen", peer);

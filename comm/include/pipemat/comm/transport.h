@@ -64,6 +64,16 @@ struct TransportOptions {
   // tcp: connection attempts to the master and to peers before giving up, and the pause between.
   int connect_retries = 40;
   std::chrono::milliseconds connect_retry_interval{250};
+  // tcp: the per-job secret every rank must share (docs/comm.md, "tcp"). Empty: taken from
+  // PIPEMAT_JOB_SECRET; still empty: no authentication (any local process that reaches the
+  // master port may join as a rank; for hand-started ranks). With a secret, every rendezvous
+  // connection is a challenge-response (HMAC-SHA256 over fresh nonces): the secret itself never
+  // goes over the wire, and a rank with a different secret is refused (CommError on both sides).
+  std::string secret;
+  // tcp: how long an accepted rendezvous connection may take to complete its hello (capped at
+  // `timeout`). A connection that is silent, sends garbage or fails authentication is closed and
+  // reported on stderr; the rendezvous goes on without it.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(5)};
   // tcp: how long the destructor waits for queued sends to drain and for peers to close.
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(10)};
   // tcp: the largest message accepted from a peer (default kDefaultMaxMessageBytes). A frame
@@ -78,8 +88,9 @@ struct TransportOptions {
 };
 
 // Resolves zero/unset fields from the environment: timeout from PIPEMAT_COMM_TIMEOUT, and
-// (for tcp and auto) rank/world_size/master from PIPEMAT_RANK/PIPEMAT_WORLD_SIZE/PIPEMAT_MASTER,
-// kind from PIPEMAT_TRANSPORT when kAuto. Throws ConfigError for malformed values.
+// (for tcp and auto) rank/world_size/master/secret from PIPEMAT_RANK/PIPEMAT_WORLD_SIZE/
+// PIPEMAT_MASTER/PIPEMAT_JOB_SECRET, kind from PIPEMAT_TRANSPORT when kAuto. Throws ConfigError for
+// malformed values.
 TransportOptions resolve_options(TransportOptions options);
 
 // A contiguous piece of a message (gather on send, scatter on recv).

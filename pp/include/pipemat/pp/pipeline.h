@@ -130,6 +130,11 @@ struct PipelineOptions {
   OptimizerFactory optimizer;   // required
   LrSchedule lr_schedule;       // optional
   double clip_grad_norm = 0;    // max global L2 norm of the gradients; 0: no clipping
+  // Set: this rank's random ops (dropout in the stages, the data source) draw from a generator
+  // of its own, seeded with seed + rank and kept across steps (remat::ThreadGeneratorScope,
+  // Note [Per-thread CPU generators]), so ranks running as threads never share generator state
+  // and a run is reproducible on any transport. Unset: LibTorch's process-wide generator.
+  std::optional<uint64_t> seed;
   // Every rank sends its step time, busy time, remat counters and action timeline to the last
   // stage's rank, which fills the bubble and timeline fields of StepMetrics.
   bool collect_timelines = true;
@@ -210,6 +215,8 @@ class Pipeline {
   // This rank's parameters (as the optimizer got them).
   const std::vector<at::Tensor>& parameters() const;
   torch::optim::Optimizer& optimizer();
+  // This rank's generator (PipelineOptions::seed); undefined without a seed.
+  at::Generator generator() const;
 
  private:
   struct Impl;

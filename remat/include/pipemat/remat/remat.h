@@ -7,6 +7,7 @@
 #include "pipemat/remat/options.h"
 #include "pipemat/remat/policy.h"
 #include "pipemat/remat/region.h"
+#include "pipemat/remat/rng.h"
 #include "pipemat/remat/stats.h"
 #include "pipemat/remat/values.h"
 #include "pipemat/remat/wrappers.h"

@@ -1,0 +1,69 @@
+#include "pipemat/remat/rng.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include "pipemat/core/error.h"
+
+// Note [Per-thread CPU generators]: the fallback key is a LibTorch 1.13 detail.
+#if !defined(TORCH_VERSION_MAJOR)
+#include <torch/version.h>
+#endif
+static_assert(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13,
+              "pipemat's per-thread generators use the TESTING_ONLY_GenericMode dispatch key of "
+              "LibTorch 1.13; check that it is still free before building with another version");
+
+namespace pipemat::remat {
+namespace {
+
+constexpr c10::DispatchKey kKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+
+thread_local at::Generator* tls_generator = nullptr;
+
+// Fills the `generator` argument of a random op that got none with this thread's generator,
+// then runs the op below this key.
+void fill_generator(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                    torch::jit::Stack* stack) {
+  if (tls_generator != nullptr) {
+    const auto& args = op.schema().arguments();
+    const size_t n = args.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (args[i].name() != "generator") continue;
+      c10::IValue& value = (*stack)[stack->size() - n + i];
+      if (value.isNone()) value = c10::IValue(*tls_generator);
+    }
+  }
+  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey), stack);
+}
+
+TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&fill_generator>());
+}
+
+}  // namespace
+
+ThreadGeneratorScope::ThreadGeneratorScope(uint64_t seed)
+    : ThreadGeneratorScope(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+
+ThreadGeneratorScope::ThreadGeneratorScope(at::Generator generator)
+    : generator_(std::move(generator)),
+      previous_(tls_generator),
+      key_was_included_(c10::impl::tls_is_dispatch_key_included(kKey)) {
+  PIPEMAT_CHECK(generator_.defined() && generator_.device().is_cpu(), ConfigError,
+                "ThreadGeneratorScope needs a CPU generator");
+  tls_generator = &generator_;
+  c10::impl::tls_set_dispatch_key_included(kKey, true);
+}
+
+ThreadGeneratorScope::~ThreadGeneratorScope() {
+  tls_generator = previous_;
+  c10::impl::tls_set_dispatch_key_included(kKey, key_was_included_);
+}
+
+at::Generator current_cpu_generator() {
+  return tls_generator != nullptr ? *tls_generator : at::detail::getDefaultCPUGenerator();
+}
+
+}  // namespace pipemat::remat
