@@ -1,5 +1,6 @@
 #include "pipemat/models/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -17,6 +18,8 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -843,22 +846,70 @@ Names apply_overrides(YAML::Node& root, const std::vector<std::string>& override
 
 }  // namespace
 
+namespace {
+
+// Where a second document with content starts, if any. Events only, no nodes are built:
+// yaml-cpp's LoadAll never ends on some malformed input (a document that is just ",") and
+// allocates until the process dies, so documents are counted here with a bound.
+class DocumentCounter final : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override { content = false; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { saw(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    saw(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    saw(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    saw(mark);
+  }
+  void OnMapEnd() override {}
+
+  YAML::Mark first;  // of the current document's first node
+  bool content = false;
+
+ private:
+  void saw(const YAML::Mark& mark) {
+    if (!content) first = mark;
+    content = true;
+  }
+};
+
+std::optional<YAML::Mark> second_document(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentCounter counter;
+  int documents = 0;
+  for (int i = 0; i < 64 && parser.HandleNextDocument(counter); ++i) {
+    if (counter.content && ++documents == 2) return counter.first;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 TrainConfig parse_config(const std::string& yaml_text, const std::string& source_name,
                          const std::vector<std::string>& overrides) {
-  std::vector<YAML::Node> documents;
+  YAML::Node root;
   try {
-    documents = YAML::LoadAll(yaml_text);
+    const std::optional<YAML::Mark> second = second_document(yaml_text);
+    if (second) {
+      PIPEMAT_THROW(ConfigError, source_name,
+                    second->is_null() ? std::string() : ":" + std::to_string(second->line + 1),
+                    ": a second YAML document starts here; expected the whole config in one "
+                    "document (remove the '---')");
+    }
+    root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& error) {
     throw_yaml_error(source_name, error, "malformed YAML");
   }
-  if (documents.size() > 1) {
-    const YAML::Mark mark = documents[1].Mark();
-    PIPEMAT_THROW(ConfigError, source_name,
-                  mark.is_null() ? std::string() : ":" + std::to_string(mark.line + 1),
-                  ": a second YAML document starts here; expected the whole config in one "
-                  "document (remove the '---')");
-  }
-  YAML::Node root = documents.empty() ? YAML::Node() : documents[0];
   if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
   try {
     Names overridden;
