@@ -1,5 +1,15 @@
 # Helpers shared by every pipemat target. Target-only: nothing here touches global state.
 
+# PIPEMAT_SANITIZE (e.g. "address,undefined"): every pipemat target is built and linked with
+# -fsanitize=<value> (tests/sanitize.sh builds the unit suites this way in a separate dir).
+function(pipemat_sanitize name)
+  if(PIPEMAT_SANITIZE)
+    target_compile_options(${name} PRIVATE -fsanitize=${PIPEMAT_SANITIZE} -fno-omit-frame-pointer
+                                           -fno-sanitize-recover=all)
+    target_link_options(${name} PRIVATE -fsanitize=${PIPEMAT_SANITIZE})
+  endif()
+endfunction()
+
 # pipemat_add_library(NAME SOURCES ... [DEPS ...])
 # A module library with its public headers in <dir>/include and private sources in <dir>/src.
 function(pipemat_add_library name)
@@ -10,6 +20,7 @@ function(pipemat_add_library name)
   target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
   target_compile_options(${name} PRIVATE -Wall -Wextra -Wno-unused-parameter)
   set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  pipemat_sanitize(${name})
 endfunction()
 
 # pipemat_add_test(NAME SOURCES ... LIBS ... [PCH header ...] [LABELS ...] [TIMEOUT s])
@@ -23,6 +34,7 @@ function(pipemat_add_test name)
   if(ARG_PCH)
     target_precompile_headers(${name} PRIVATE ${ARG_PCH})
   endif()
+  pipemat_sanitize(${name})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 120)
   endif()

@@ -415,21 +415,34 @@ at::Tensor TensorWork::wait() const {
   return wait(state_->work->default_timeout());
 }
 
-at::Tensor TensorWork::wait(std::chrono::milliseconds timeout) const {
-  PIPEMAT_CHECK(state_, ConfigError, "TensorWork::wait on an empty handle");
+namespace {
+
+void finalize(TensorListWork::State& s);  // defined with the list messages below
+
+// Waits for the byte work, turns it into the result once (finalize) and returns it or throws
+// the stored error. Shared by TensorWork and TensorListWork.
+template <typename State>
+const auto& wait_result(State& state, std::chrono::milliseconds timeout) {
   try {
-    state_->work->wait(timeout);
+    state.work->wait(timeout);
   } catch (const CommError&) {
     // The status is stored; finalize() turns it into the right message (e.g. a size mismatch
     // into the tensor mismatch text).
   }
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  finalize(*state_);
-  if (!state_->error.empty()) {
-    if (state_->timeout_error) throw TimeoutError(state_->error);
-    throw CommError(state_->error);
+  std::lock_guard<std::mutex> lock(state.mutex);
+  finalize(state);
+  if (!state.error.empty()) {
+    if (state.timeout_error) throw TimeoutError(state.error);
+    throw CommError(state.error);
   }
-  return state_->result;
+  return state.result;
+}
+
+}  // namespace
+
+at::Tensor TensorWork::wait(std::chrono::milliseconds timeout) const {
+  PIPEMAT_CHECK(state_, ConfigError, "TensorWork::wait on an empty handle");
+  return wait_result(*state_, timeout);
 }
 
 void TensorWork::abort() const noexcept {
@@ -722,18 +735,7 @@ std::vector<at::Tensor> TensorListWork::wait() const {
 
 std::vector<at::Tensor> TensorListWork::wait(std::chrono::milliseconds timeout) const {
   PIPEMAT_CHECK(state_, ConfigError, "TensorListWork::wait on an empty handle");
-  try {
-    state_->work->wait(timeout);
-  } catch (const CommError&) {
-    // The status is stored; finalize() keeps its message.
-  }
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  finalize(*state_);
-  if (!state_->error.empty()) {
-    if (state_->timeout_error) throw TimeoutError(state_->error);
-    throw CommError(state_->error);
-  }
-  return state_->result;
+  return wait_result(*state_, timeout);
 }
 
 void TensorListWork::abort() const noexcept {
