@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev
+  libopenblas0-pthread
   libopenmpi-dev openmpi-bin
   libboost-dev
   libgtest-dev libgmock-dev

@@ -5,6 +5,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/install-deps.sh"
 bash "$root/scripts/build.sh"
+bash "$root/scripts/build-sanitize.sh"
 build="${PIPEMAT_BUILD_DIR:-$root/build}"
 export OMP_NUM_THREADS=1
 cd "$build"

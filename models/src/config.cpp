@@ -63,7 +63,8 @@ const std::vector<Section>& schema() {
       {"remat", {"policy", "early_stop", "checkpoint", "exclude"}},
       {"transport", {"kind", "timeout", "master", "connect_retries"}},
       {"training",
-       {"steps", "optimizer", "lr", "momentum", "weight_decay", "clip_grad_norm", "seed"}},
+       {"steps", "optimizer", "lr", "momentum", "weight_decay", "clip_grad_norm", "seed",
+        "threads"}},
       {"output", {"metrics", "timeline_svg", "progress"}},
   };
   return kSchema;
@@ -693,6 +694,8 @@ class ConfigReader {
                        training.clip_grad_norm = read_number(value, key, 0, false);
                      } else if (name == "seed") {
                        training.seed = read_uint64(value, key);
+                     } else if (name == "threads") {
+                       training.threads = read_int(value, key, 0, 1024);
                      } else {
                        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
                      }
@@ -1004,6 +1007,7 @@ std::string config_to_yaml(const TrainConfig& config) {
   key("weight_decay") << format_number(training.weight_decay);
   key("clip_grad_norm") << format_number(training.clip_grad_norm);
   key("seed") << std::to_string(training.seed);
+  key("threads") << training.threads;
   out << YAML::EndMap;
 
   const OutputOptions& output = config.output;

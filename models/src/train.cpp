@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
 #include "pipemat/models/zoo_stages.h"
+#include "pipemat/pp/compute.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/schedule/render.h"
 #include "pipemat/schedule/simulate.h"
@@ -44,6 +46,19 @@ void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& 
                   m.loss, m.step_ms, format_bytes(m.peak_bytes).c_str());
   }
   out << line << std::flush;
+}
+
+// The first progress line: which BLAS runs the GEMMs and with how many threads.
+void print_compute(std::ostream& out, int ranks) {
+  const pp::ComputeInfo info = pp::compute_info();
+  out << "compute: " << ranks << (ranks == 1 ? " rank" : " ranks") << ", " << info.threads
+      << (info.threads == 1 ? " thread" : " threads") << " per rank (training.threads), BLAS "
+      << info.blas << "\n";
+  if (info.reference_blas) {
+    out << "warning: this is Debian's reference BLAS, about 10x slower than OpenBLAS for the "
+           "GEMMs of training; install libopenblas0-pthread (scripts/install-deps.sh does)\n";
+  }
+  out << std::flush;
 }
 
 class MetricsFile {
@@ -223,6 +238,9 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   TrainResult result;
   result.last_stage_rank = pipeline.is_last_stage_rank();
   MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "");
+  if (result.last_stage_rank && progress && config.output.progress) {
+    print_compute(*progress, pipeline.schedule().ranks_count);
+  }
   for (int64_t step = 0; step < config.training.steps; ++step) {
     StepMetrics m = pipeline.train_step(data);
     if (result.last_stage_rank) {
@@ -346,6 +364,7 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress) 
 
 TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {
   remat::install_tracking_allocator();
+  if (progress && config.output.progress) print_compute(*progress, 1);
   TrainResult result;
   result.last_stage_rank = true;
   result.steps = run_reference(config, &result.params);
@@ -358,8 +377,14 @@ TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {
 }
 
 int run_train(const TrainConfig& config, bool reference, std::ostream& out) {
-  const std::string note = resolve_schedule(config).note;
-  if (!note.empty()) out << note << "\n";
+  const ResolvedSchedule resolved = resolve_schedule(config);
+  if (!resolved.note.empty()) out << resolved.note << "\n";
+  // The ranks of this machine share its cores (all of them when they are threads here).
+  int ranks_on_host = reference ? 1 : resolved.config.schedule.stages;
+  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) ranks_on_host = std::atoi(local);
+  pp::set_compute_threads(config.training.threads > 0
+                              ? static_cast<int>(config.training.threads)
+                              : pp::default_compute_threads(ranks_on_host));
   if (reference) {
     train_reference(config, &out);
     return 0;

@@ -71,6 +71,8 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.training.momentum, b.training.momentum);
   EXPECT_EQ(a.training.weight_decay, b.training.weight_decay);
   EXPECT_EQ(a.training.seed, b.training.seed);
+  EXPECT_EQ(a.training.threads, b.training.threads);
+  EXPECT_EQ(a.training.clip_grad_norm, b.training.clip_grad_norm);
   EXPECT_EQ(a.output.metrics, b.output.metrics);
   EXPECT_EQ(a.output.timeline_svg, b.output.timeline_svg);
   EXPECT_EQ(a.output.progress, b.output.progress);
@@ -89,7 +91,7 @@ remat:
     - {path: "layers.*.experts"}
     - {path: "layers.*.router", save_output: false}
 transport: {kind: tcp, timeout: 2.5, master: "10.0.0.1:1234", connect_retries: 7}
-training: {steps: 11, optimizer: adamw, lr: 0.003, momentum: 0.9, weight_decay: 0.1, clip_grad_norm: 1.5, seed: 18446744073709551615}
+training: {steps: 11, optimizer: adamw, lr: 0.003, momentum: 0.9, weight_decay: 0.1, clip_grad_norm: 1.5, seed: 18446744073709551615, threads: 3}
 output: {metrics: "out/m.jsonl", timeline_svg: "t.svg", progress: false}
 )";
 
@@ -170,6 +172,7 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.training.lr, 0.003);
   EXPECT_EQ(config.training.momentum, 0.9);
   EXPECT_EQ(config.training.clip_grad_norm, 1.5);
+  EXPECT_EQ(config.training.threads, 3);
   EXPECT_EQ(config.training.weight_decay, 0.1);
   EXPECT_EQ(config.training.seed, 18446744073709551615u);
   EXPECT_EQ(config.output.metrics, "out/m.jsonl");
@@ -282,7 +285,7 @@ TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
             "allowed in schedule: kind, stages, micro_batches, virtual_stages, recompute, csv");
   EXPECT_EQ(error_of("training: {steps: 2, batch_size: 4}\n"),
             "x.yaml:1: training.batch_size: unknown key; allowed in training: steps, optimizer, "
-            "lr, momentum, weight_decay, clip_grad_norm, seed");
+            "lr, momentum, weight_decay, clip_grad_norm, seed, threads");
   EXPECT_EQ(error_of("remat:\n  policy: custom\n  checkpoint: [a]\n  exclude:\n"
                      "    - {path: a.b}\n    - {path: a.c, save_ouput: false}\n"),
             "x.yaml:6: remat.exclude[1].save_ouput: unknown key; did you mean "
@@ -552,7 +555,7 @@ TEST(ConfigOverrides, Errors) {
       "remat.early_stop, remat.checkpoint, remat.exclude, transport.kind, transport.timeout, "
       "transport.master, transport.connect_retries, training.steps, training.optimizer, "
       "training.lr, training.momentum, training.weight_decay, training.clip_grad_norm, "
-      "training.seed, output.metrics, "
+      "training.seed, training.threads, output.metrics, "
       "output.timeline_svg, output.progress";
   EXPECT_EQ(error_of("", {"model={layers: 4}"}), "--set: model: unknown key; allowed: " + all_keys);
   EXPECT_EQ(error_of("", {"partition.layers_per_stage=[2,6"}),
@@ -619,6 +622,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  weight_decay: 0\n"
             "  clip_grad_norm: 0\n"
             "  seed: 0\n"
+            "  threads: 0\n"
             "output:\n"
             "  metrics: \"\"\n"
             "  timeline_svg: \"\"\n"
@@ -811,6 +815,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "training.weight_decay",
                                                      "training.clip_grad_norm",
                                                      "training.seed",
+                                                     "training.threads",
                                                      "output.metrics",
                                                      "output.timeline_svg",
                                                      "output.progress"}));

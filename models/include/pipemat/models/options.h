@@ -53,6 +53,7 @@ struct TrainingOptions {
   double weight_decay = 0.0;   // sgd, adamw
   double clip_grad_norm = 0.0; // global L2 norm over all ranks; 0: no clipping
   uint64_t seed = 0;
+  int64_t threads = 0;  // compute threads per rank (LibTorch and OpenBLAS); 0: cores / ranks
 };
 
 struct OutputOptions {
