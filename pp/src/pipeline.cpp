@@ -177,9 +177,9 @@ StageFactory split_sequential(torch::nn::Sequential model, std::vector<int64_t> 
                 bounds.size(), " values from ", bounds.empty() ? -1 : bounds.front(), " to ",
                 bounds.empty() ? -1 : bounds.back());
   for (size_t i = 1; i < bounds.size(); ++i) {
-    PIPEMAT_CHECK(bounds[i] > bounds[i - 1], ConfigError,
-                  "split_sequential: stage ", i - 1, " would be empty (bounds ", bounds[i - 1],
-                  " and ", bounds[i], "); every stage needs at least one entry");
+    PIPEMAT_CHECK(bounds[i] > bounds[i - 1], ConfigError, "split_sequential: stage ", i - 1,
+                  " would be empty (bounds ", bounds[i - 1], " and ", bounds[i],
+                  "); every stage needs at least one entry");
   }
   return [model, bounds](int stage) {
     PIPEMAT_CHECK(stage >= 0 && stage + 1 < static_cast<int>(bounds.size()), ConfigError,
@@ -275,7 +275,8 @@ struct Pipeline::Impl {
                   plan.ranks_count, " ...) or set schedule.stages=", transport.world_size());
     last_stage = plan.stages_count - 1;
     if (options.seed) {
-      generator = at::make_generator<at::CPUGeneratorImpl>(*options.seed + static_cast<uint64_t>(rank));
+      generator =
+          at::make_generator<at::CPUGeneratorImpl>(*options.seed + static_cast<uint64_t>(rank));
     }
     for (int s : plan.stages_of(rank)) {
       PipelineStage stage = build(s);
@@ -284,8 +285,7 @@ struct Pipeline::Impl {
       PIPEMAT_CHECK(stage.module != nullptr, ConfigError, "stage ", s,
                     " has no module; give the module that owns its parameters (an empty "
                     "torch::nn::Module if it has none)");
-      PIPEMAT_CHECK(static_cast<bool>(stage.forward), ConfigError, "stage ", s,
-                    " has no forward");
+      PIPEMAT_CHECK(static_cast<bool>(stage.forward), ConfigError, "stage ", s, " has no forward");
       if (!options.remat.checkpoint.empty() || !options.remat.exclude.empty()) {
         remat::RematPolicy policy = options.remat;
         policy.allow_unmatched = true;  // a stage holds only some of the model's modules
@@ -312,20 +312,29 @@ struct Pipeline::Impl {
   int eval_tag(int from_stage, int64_t micro_batch, int64_t micro_batches) const {
     const int64_t tag = reserved_tag(4) + from_stage * micro_batches + micro_batch;
     PIPEMAT_CHECK(tag <= comm::kMaxUserTag, ConfigError, "evaluate: ", micro_batches,
-                  " micro-batches over ", plan.stages_count, " stages need more message tags "
+                  " micro-batches over ", plan.stages_count,
+                  " stages need more message tags "
                   "than the transport has; evaluate fewer micro-batches per call");
     return static_cast<int>(tag);
   }
   int last_rank() const { return plan.rank_of(last_stage); }
 
-  // The sender's side of Note [Stage boundary signature]. Returns the error text ("" if fine).
+  // Note [Stage boundary signature]: learns boundary `b` from its first message; afterwards
+  // returns the learned signature when `ts` differs from it (nullptr when it matches).
+  const Signature* boundary_mismatch(int b, const Tensors& ts) {
+    Signature sig = signature_of(ts);
+    auto [it, fresh] = boundary.emplace(b, sig);
+    return fresh || it->second == sig ? nullptr : &it->second;
+  }
+
+  // The sender's side. Returns the error text ("" if fine).
   std::string check_sent(int stage, int64_t step, int64_t micro_batch, const Tensors& out) {
-    auto [it, fresh] = boundary.emplace(stage, signature_of(out));
-    if (fresh || it->second == signature_of(out)) return "";
+    const Signature* learned = boundary_mismatch(stage, out);
+    if (learned == nullptr) return "";
     return ::pipemat::detail::concat(
         "stage ", stage, " on rank ", rank, " returned ", describe(out), " for micro-batch ",
         micro_batch, " of step ", step, ", but earlier micro-batches on its boundary to stage ",
-        stage + 1, " carried ", describe(it->second),
+        stage + 1, " carried ", describe(*learned),
         "; every micro-batch must pass the same number of tensors with the same dtypes (shapes "
         "may change)");
   }
@@ -333,12 +342,14 @@ struct Pipeline::Impl {
   // The receiver's side: `from_rank` sent `in` over boundary stage - 1 -> stage.
   void check_received(int stage, int from_rank, int64_t step, int64_t micro_batch,
                       const Tensors& in) {
-    auto [it, fresh] = boundary.emplace(stage - 1, signature_of(in));
-    if (fresh || it->second == signature_of(in)) return;
+    const Signature* learned = boundary_mismatch(stage - 1, in);
+    if (learned == nullptr) return;
     PIPEMAT_THROW(PipelineError, "stage ", stage, " on rank ", rank, " received ", describe(in),
                   " from stage ", stage - 1, " on rank ", from_rank, " for micro-batch ",
-                  micro_batch, " of step ", step, ", but earlier micro-batches on this boundary "
-                  "carried ", describe(it->second),
+                  micro_batch, " of step ", step,
+                  ", but earlier micro-batches on this boundary "
+                  "carried ",
+                  describe(*learned),
                   "; every micro-batch must pass the same number of tensors with the same dtypes "
                   "(shapes may change)");
   }
@@ -354,7 +365,8 @@ struct Pipeline::Impl {
     return loss / static_cast<double>(micro_batches);
   }
 
-  // Leaves for the next stage on this rank: what a receive of the sent tensors would give.
+  // Detached copies with the same requires_grad: what goes on the wire, and what a receive of
+  // it gives (the next stage's leaves when it sits on this rank).
   static Tensors as_received(const Tensors& out) {
     Tensors in;
     for (const auto& t : out) {
@@ -398,7 +410,7 @@ struct Pipeline::Impl {
       return it->second;
     };
     double a0 = 0;  // start of the current action's compute (after its receive, if any)
-    auto incoming_grads = [&](const Action& a, MicroBatchState& mb) -> Tensors {
+    auto incoming_grads = [&](const Action& a) -> Tensors {
       auto h = handoff_b.find({a.stage, a.micro_batch});
       if (h != handoff_b.end()) {
         Tensors g = std::move(h->second);
@@ -425,9 +437,9 @@ struct Pipeline::Impl {
       }
       for (size_t k = 0; k < mb.roots.size(); ++k) {
         const size_t j = mb.root_outputs[k];
-        PIPEMAT_CHECK(j < grads.size(), CommError, "stage ", a.stage, " on rank ", rank,
-                      " got ", grads.size(), " gradients from stage ", a.stage + 1,
-                      " for micro-batch ", a.micro_batch, " but output ", j,
+        PIPEMAT_CHECK(j < grads.size(), CommError, "stage ", a.stage, " on rank ", rank, " got ",
+                      grads.size(), " gradients from stage ", a.stage + 1, " for micro-batch ",
+                      a.micro_batch, " but output ", j,
                       " needs one; both ranks must run the same pipemat build");
         if (!grads[j].defined()) continue;
         roots.push_back(mb.roots[k]);
@@ -513,12 +525,10 @@ struct Pipeline::Impl {
               handoff_f[{a.stage + 1, a.micro_batch}] = as_received(out);
             } else if (!bad.empty()) {
               // Send what the stage returned so that the receiver reports it too, then fail.
-              Tensors detached;
-              for (const auto& t : out) detached.push_back(t.defined() ? t.detach() : t);
-              comm::send_tensors(transport, plan.rank_of(a.stage + 1),
-                                 schedule::message_id(plan, {a.stage, ActionType::kSendForward,
-                                                             a.micro_batch}),
-                                 detached)
+              comm::send_tensors(
+                  transport, plan.rank_of(a.stage + 1),
+                  schedule::message_id(plan, {a.stage, ActionType::kSendForward, a.micro_batch}),
+                  as_received(out))
                   .wait();
               PIPEMAT_THROW(PipelineError, bad);
             } else {
@@ -531,13 +541,9 @@ struct Pipeline::Impl {
         }
         case ActionType::kSendForward: {
           MicroBatchState& mb = state(a);
-          // Detached copies keep requires_grad on the wire; the graph keeps only its edges.
-          Tensors wire;
-          for (const auto& t : mb.outputs) {
-            wire.push_back(t.defined() ? t.detach().requires_grad_(t.requires_grad()) : t);
-          }
-          sends.push_back(
-              comm::send_tensors(transport, schedule::peer_rank(plan, a), tag_of(a), wire));
+          // The graph keeps only the outputs' edges.
+          sends.push_back(comm::send_tensors(transport, schedule::peer_rank(plan, a), tag_of(a),
+                                             as_received(mb.outputs)));
           mb.outputs.clear();  // freed once the send is done
           break;
         }
@@ -546,7 +552,7 @@ struct Pipeline::Impl {
           break;
         case ActionType::kBackward: {
           MicroBatchState& mb = state(a);
-          const Tensors grads = a.stage == last_stage ? Tensors{} : incoming_grads(a, mb);
+          const Tensors grads = a.stage == last_stage ? Tensors{} : incoming_grads(a);
           std::vector<torch::autograd::Edge> roots;
           Tensors gs;
           root_grads(a, mb, grads, roots, gs);
@@ -562,7 +568,7 @@ struct Pipeline::Impl {
         }
         case ActionType::kBackwardInput: {
           MicroBatchState& mb = state(a);
-          const Tensors grads = a.stage == last_stage ? Tensors{} : incoming_grads(a, mb);
+          const Tensors grads = a.stage == last_stage ? Tensors{} : incoming_grads(a);
           mb.group->retain();  // I and W unpack the same replay
           std::vector<torch::autograd::Edge> roots;
           Tensors gs;
@@ -618,26 +624,34 @@ struct Pipeline::Impl {
   }
 
   StepMetrics train_step(const MicroBatch& batch) {
-    const int64_t M = plan.micro_batches;
+    return train_step(split_batch(batch, plan.micro_batches, "train_step"));
+  }
+
+  // A data source over `batch` split along dim 0 into `parts` micro-batches (the tensors this
+  // rank uses: inputs on the first stage's rank, targets on the last's). It holds the chunks.
+  DataSource split_batch(const MicroBatch& batch, int64_t parts, const char* call) const {
+    PIPEMAT_CHECK(parts >= 1, ConfigError, call, ": micro_batches must be at least 1, got ", parts);
     auto split = [&](const Tensors& ts, const char* what) {
-      std::vector<Tensors> parts(M);
+      std::vector<Tensors> out(parts);
       for (size_t j = 0; j < ts.size(); ++j) {
         const at::Tensor& t = ts[j];
-        PIPEMAT_CHECK(t.defined() && t.dim() > 0 && t.size(0) % M == 0, PipelineError,
-                      "train_step: ", what, "[", j, "] is ",
+        PIPEMAT_CHECK(t.defined() && t.dim() > 0 && t.size(0) % parts == 0, PipelineError, call,
+                      ": ", what, "[", j, "] is ",
                       t.defined() ? comm::TensorMeta::of(t).to_string() : "undefined",
-                      ", whose dim 0 does not split into ", M,
-                      " micro-batches; give a batch whose dim 0 is a multiple of "
-                      "schedule.micro_batches");
-        auto chunks = t.chunk(M, 0);
-        for (int64_t i = 0; i < M; ++i) parts[i].push_back(chunks[i]);
+                      ", whose dim 0 does not split into ", parts,
+                      " micro-batches; give a batch whose dim 0 is a multiple of them");
+        auto chunks = t.chunk(parts, 0);
+        for (int64_t i = 0; i < parts; ++i) out[i].push_back(chunks[i]);
       }
-      return parts;
+      return out;
     };
-    const bool first = is_first_stage_rank(), last = is_last_stage_rank();
-    auto inputs = first ? split(batch.inputs, "inputs") : std::vector<Tensors>(M);
-    auto targets = last ? split(batch.targets, "targets") : std::vector<Tensors>(M);
-    return train_step([&](int64_t, int64_t i) { return MicroBatch{inputs[i], targets[i]}; });
+    auto inputs = std::make_shared<std::vector<Tensors>>(
+        is_first_stage_rank() ? split(batch.inputs, "inputs") : std::vector<Tensors>(parts));
+    auto targets = std::make_shared<std::vector<Tensors>>(
+        is_last_stage_rank() ? split(batch.targets, "targets") : std::vector<Tensors>(parts));
+    return [inputs, targets](int64_t, int64_t i) {
+      return MicroBatch{(*inputs)[i], (*targets)[i]};
+    };
   }
 
   bool is_first_stage_rank() const { return plan.rank_of(0) == rank; }
@@ -677,7 +691,8 @@ struct Pipeline::Impl {
                     CommError, "gradient clipping on rank ", rank,
                     ": a peer sent a malformed list of gradient norms");
       auto stage_ids = got[0].accessor<int64_t, 1>();
-      for (int64_t k = 0; k < got[0].numel(); ++k) by_stage[static_cast<int>(stage_ids[k])] = got[k + 1];
+      for (int64_t k = 0; k < got[0].numel(); ++k)
+        by_stage[static_cast<int>(stage_ids[k])] = got[k + 1];
     }
     for (auto& w : sends) w.wait();
     std::vector<at::Tensor> norms;
@@ -781,18 +796,17 @@ struct Pipeline::Impl {
     m.simulated_bubble = schedule::simulate(plan, model).bubble_ratio;
   }
 
-  // Every rank sends (busy_ms, step_ms, all nine remat counters) and its timeline to the last stage's
-  // rank, which computes the bubble.
+  // Every rank sends (busy_ms, step_ms, all nine remat counters) and its timeline to the last
+  // stage's rank, which computes the bubble.
   void exchange_metrics(StepMetrics& m) {
     const int last = last_rank();
     if (rank != last) {
       const auto& c = m.remat;
-      at::Tensor scalars =
-          at::tensor({m.busy_ms, m.step_ms, double(c.unit_calls), double(c.replays),
-                      double(c.early_stops), double(c.save_calls), double(c.save_skips),
-                      double(c.packs), double(c.save_kept), double(c.output_leaves),
-                      double(c.placeholders)},
-                     at::kDouble);
+      at::Tensor scalars = at::tensor(
+          {m.busy_ms, m.step_ms, double(c.unit_calls), double(c.replays), double(c.early_stops),
+           double(c.save_calls), double(c.save_skips), double(c.packs), double(c.save_kept),
+           double(c.output_leaves), double(c.placeholders)},
+          at::kDouble);
       comm::send_tensors(transport, last, metrics_tag(), {scalars, timeline_tensor(m.timeline)})
           .wait();
       return;
@@ -868,7 +882,8 @@ struct Pipeline::Impl {
           PIPEMAT_CHECK(bad.empty(), PipelineError, bad);
           handoff[s + 1] = std::move(out);
         } else {
-          sends.push_back(comm::send_tensors(transport, plan.rank_of(s + 1), eval_tag(s, i, E), out));
+          sends.push_back(
+              comm::send_tensors(transport, plan.rank_of(s + 1), eval_tag(s, i, E), out));
           if (!bad.empty()) {
             sends.back().wait();
             PIPEMAT_THROW(PipelineError, bad);
@@ -894,23 +909,7 @@ EvalResult Pipeline::evaluate(const DataSource& data, const EvalOptions& options
 }
 
 EvalResult Pipeline::evaluate(const MicroBatch& batch, const EvalOptions& options) {
-  const int64_t E = options.micro_batches;
-  auto split = [&](const Tensors& ts, const char* what) {
-    std::vector<Tensors> parts(E);
-    for (size_t j = 0; j < ts.size(); ++j) {
-      PIPEMAT_CHECK(ts[j].defined() && ts[j].dim() > 0 && ts[j].size(0) % E == 0, PipelineError,
-                    "evaluate: ", what, "[", j, "] does not split along dim 0 into ", E,
-                    " micro-batches");
-      auto chunks = ts[j].chunk(E, 0);
-      for (int64_t i = 0; i < E; ++i) parts[i].push_back(chunks[i]);
-    }
-    return parts;
-  };
-  PIPEMAT_CHECK(E >= 1, ConfigError, "evaluate: micro_batches must be at least 1, got ", E);
-  auto inputs = is_first_stage_rank() ? split(batch.inputs, "inputs") : std::vector<Tensors>(E);
-  auto targets = is_last_stage_rank() ? split(batch.targets, "targets") : std::vector<Tensors>(E);
-  return impl_->evaluate([&](int64_t, int64_t i) { return MicroBatch{inputs[i], targets[i]}; },
-                         options);
+  return impl_->evaluate(impl_->split_batch(batch, options.micro_batches, "evaluate"), options);
 }
 
 int64_t Pipeline::step() const { return impl_->next_step; }

@@ -6,7 +6,7 @@
 
 #include <atomic>
 #include <mutex>
-#include <unordered_map>
+#include <new>
 
 namespace pipemat::remat {
 namespace {
@@ -23,51 +23,43 @@ void raise_to(std::atomic<int64_t>& peak, int64_t now) {
 }
 std::atomic<bool> g_installed{false};
 
+// Each block carries its record in a header in front of the data, so that the DataPtr's context
+// is the data pointer itself: c10::Allocator::raw_allocate, which some kernels use for scratch
+// memory (exact GELU), requires context == data and frees through raw_deleter() with only that
+// pointer. No lock, no lookup on the allocation path.
 struct Record {
-  c10::DataPtr inner;
+  c10::DataPtr inner;  // the block from the default allocator (header + data)
   int64_t bytes;
   int64_t sequence;
 };
+constexpr size_t kHeaderBytes = 64;  // keeps the data 64-byte aligned like the default allocator
+static_assert(sizeof(Record) <= kHeaderBytes, "allocation header layout");
 
-// Records by data pointer. The DataPtr's context is the data pointer itself (not the record),
-// because c10::Allocator::raw_allocate, which some kernels use for scratch memory (e.g. gelu),
-// requires context == data and frees through raw_deleter() with only that pointer.
-std::mutex g_records_mutex;
-std::unordered_map<void*, Record>& records() {
-  static auto* map = new std::unordered_map<void*, Record>();  // outlives static destructors
-  return *map;
+Record* record_of(void* data) {
+  return reinterpret_cast<Record*>(static_cast<char*>(data) - kHeaderBytes);
 }
 
 void release(void* data) {
-  c10::DataPtr inner;
-  {
-    std::lock_guard<std::mutex> lock(g_records_mutex);
-    auto it = records().find(data);
-    if (it == records().end()) return;
-    g_current.fetch_sub(it->second.bytes, std::memory_order_relaxed);
-    inner = std::move(it->second.inner);
-    records().erase(it);
-  }
-  // `inner` frees the block through the default allocator's deleter here, outside the lock.
+  Record* record = record_of(data);
+  g_current.fetch_sub(record->bytes, std::memory_order_relaxed);
+  c10::DataPtr inner = std::move(record->inner);
+  record->~Record();
+  // `inner` frees the block through the default allocator's deleter here.
 }
 
 class TrackingAllocator final : public c10::Allocator {
  public:
   explicit TrackingAllocator(c10::Allocator* base) : base_(base) {}
   c10::DataPtr allocate(size_t n) const override {
-    c10::DataPtr inner = base_->allocate(n);
-    void* data = inner.get();
+    c10::DataPtr inner = base_->allocate(n + kHeaderBytes);
+    char* block = static_cast<char*>(inner.get());
     const c10::Device device = inner.device();
-    if (data == nullptr) return inner;  // zero-byte allocations
     const auto bytes = static_cast<int64_t>(n);
-    {
-      std::lock_guard<std::mutex> lock(g_records_mutex);
-      records().emplace(
-          data, Record{std::move(inner), bytes, g_sequence.fetch_add(1, std::memory_order_relaxed)});
-    }
+    new (block) Record{std::move(inner), bytes, g_sequence.fetch_add(1, std::memory_order_relaxed)};
     const int64_t now = g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     raise_to(g_peak, now);
     raise_to(g_window, now);
+    void* data = block + kHeaderBytes;
     return c10::DataPtr(data, data, &release, device);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
@@ -113,9 +105,7 @@ int64_t allocation_sequence(const c10::StorageImpl* storage) {
   if (storage == nullptr) return -1;
   const c10::DataPtr& ptr = storage->data_ptr();
   if (ptr.get_deleter() != &release) return -1;
-  std::lock_guard<std::mutex> lock(g_records_mutex);
-  auto it = records().find(ptr.get());
-  return it == records().end() ? -1 : it->second.sequence;
+  return record_of(ptr.get())->sequence;
 }
 
 }  // namespace pipemat::remat

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -61,6 +62,32 @@ std::string mutate(std::string s, std::mt19937_64& rng) {
   return s;
 }
 
+// Feeds `count` mutations of the seeds to `parse`. Returns {accepted, rejected}; any exception
+// other than `Rejected` / `AlsoRejected` is a test failure that shows the input.
+template <typename Rejected, typename AlsoRejected = std::nullptr_t, typename Parse>
+std::pair<int, int> fuzz(const std::vector<std::string>& seeds, uint64_t seed, int count,
+                         Parse&& parse) {
+  std::mt19937_64 rng(seed);
+  int accepted = 0, rejected = 0;
+  for (int i = 0; i < count; ++i) {
+    const std::string text = mutate(seeds[i % seeds.size()], rng);
+    try {
+      parse(text);
+      ++accepted;
+    } catch (const Rejected&) {
+      ++rejected;
+    } catch (const AlsoRejected&) {
+      ++rejected;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "input " << i << " escaped as " << typeid(e).name() << ": " << e.what()
+                    << "\n---\n"
+                    << text;
+      break;
+    }
+  }
+  return {accepted, rejected};
+}
+
 TEST(ConfigFuzz, MutatedConfigsParseOrFailWithAConfigError) {
   std::vector<std::string> seeds;
   for (const auto& entry :
@@ -69,22 +96,8 @@ TEST(ConfigFuzz, MutatedConfigsParseOrFailWithAConfigError) {
     seeds.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   ASSERT_GE(seeds.size(), 8u);
-  std::mt19937_64 rng(20261201);
-  int parsed = 0, rejected = 0;
-  for (int i = 0; i < 30000; ++i) {
-    const std::string text = mutate(seeds[i % seeds.size()], rng);
-    try {
-      parse_config(text, "fuzz.yaml");
-      ++parsed;
-    } catch (const ConfigError&) {
-      ++rejected;
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "input " << i << " escaped as " << typeid(e).name() << ": " << e.what()
-                    << "\n---\n"
-                    << text;
-      return;
-    }
-  }
+  const auto [parsed, rejected] = fuzz<ConfigError>(
+      seeds, 20261201, 30000, [](const std::string& text) { parse_config(text, "fuzz.yaml"); });
   EXPECT_GT(parsed, 1000) << "the mutations should leave many configs valid";
   EXPECT_GT(rejected, 1000);
 }
@@ -101,24 +114,9 @@ TEST(ConfigFuzz, MutatedTorchCsvSchedulesImportOrFailWithAScheduleError) {
     seeds.push_back(schedule::export_torch_csv(schedule::generate_schedule(o)));
     seeds.push_back(schedule::export_torch_csv(schedule::build_schedule(o)));
   }
-  std::mt19937_64 rng(7);
-  int imported = 0, rejected = 0;
-  for (int i = 0; i < 30000; ++i) {
-    const std::string text = mutate(seeds[i % seeds.size()], rng);
-    try {
-      schedule::import_torch_csv_report(text, "fuzz.csv");
-      ++imported;
-    } catch (const ScheduleError&) {
-      ++rejected;
-    } catch (const ConfigError&) {
-      ++rejected;
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "input " << i << " escaped as " << typeid(e).name() << ": " << e.what()
-                    << "\n---\n"
-                    << text;
-      return;
-    }
-  }
+  const auto [imported, rejected] = fuzz<ScheduleError, ConfigError>(
+      seeds, 7, 30000,
+      [](const std::string& text) { schedule::import_torch_csv_report(text, "fuzz.csv"); });
   EXPECT_GT(imported, 100);
   EXPECT_GT(rejected, 1000);
 }
