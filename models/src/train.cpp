@@ -222,7 +222,6 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
     return make_optimizer(training, params);
   };
   options.clip_grad_norm = config.training.clip_grad_norm;
-  options.seed = config.training.seed;  // ranks as threads never share a generator
   // Every rank builds all layers from the same seed, so the pipeline and the reference hold
   // bit-identical weights, and keeps those of its own stages.
   const auto layers = build_layers(config.model, config.training.seed);
