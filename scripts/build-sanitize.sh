@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
-# Builds the unit suites of core, schedule and comm with AddressSanitizer and
-# UndefinedBehaviorSanitizer into ./build-asan (PIPEMAT_SANITIZE_BUILD_DIR); the ctest test
-# Sanitize.address_undefined of the main build runs them.
+# Builds the sanitizer suites that the ctest tests Sanitize.* of the main build run:
+#   ./build-asan (PIPEMAT_SANITIZE_BUILD_DIR): the core, schedule and comm unit suites with
+#     AddressSanitizer + UndefinedBehaviorSanitizer;
+#   ./build-tsan (PIPEMAT_TSAN_BUILD_DIR): the comm unit suite (the tcp transport's I/O thread
+#     and the local transport's rank threads among it) with ThreadSanitizer.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="${PIPEMAT_SANITIZE_BUILD_DIR:-$root/build-asan}"
 generator=()
 if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-        -DPIPEMAT_SANITIZE=address,undefined >/dev/null
-fi
-echo "pipemat: building the sanitizer suites in $build"
-start=$(date +%s)
-cmake --build "$build" -j "${PIPEMAT_BUILD_JOBS:-$(nproc)}" --target core_test schedule_test comm_test
-echo "pipemat: sanitizer build done in $(( $(date +%s) - start )) s"
+
+# build DIR SANITIZERS TARGET...
+build() {
+  local dir="$1" sanitizers="$2"
+  shift 2
+  if [ ! -f "$dir/CMakeCache.txt" ]; then
+    cmake -S "$root" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+          -DPIPEMAT_SANITIZE="$sanitizers" >/dev/null
+  fi
+  echo "pipemat: building the $sanitizers sanitizer suites in $dir"
+  local start
+  start=$(date +%s)
+  cmake --build "$dir" -j "${PIPEMAT_BUILD_JOBS:-$(nproc)}" --target "$@"
+  echo "pipemat: $sanitizers sanitizer build done in $(( $(date +%s) - start )) s"
+}
+
+build "${PIPEMAT_SANITIZE_BUILD_DIR:-$root/build-asan}" address,undefined \
+      core_test schedule_test comm_test
+build "${PIPEMAT_TSAN_BUILD_DIR:-$root/build-tsan}" thread comm_test

@@ -1,5 +1,6 @@
 #include "pipemat/comm/transport.h"
 
+#include <atomic>
 #include <cstdlib>
 
 #include "common.h"
@@ -12,6 +13,8 @@ namespace pipemat::comm {
 namespace {
 
 constexpr int kBarrierTag = kMaxUserTag + 1;
+
+std::atomic<bool> g_joining{false};
 
 const char* getenv_or_null(const char* name) {
   const char* value = std::getenv(name);
@@ -243,8 +246,10 @@ std::unique_ptr<Transport> make_transport(const TransportOptions& options) {
   TransportOptions resolved = resolve_options(options);
   switch (resolved.kind) {
     case TransportKind::kMpi:
+      g_joining = true;
       return detail::make_mpi_transport(resolved);
     case TransportKind::kTcp:
+      g_joining = true;
       return detail::make_tcp_transport(resolved);
     case TransportKind::kLocal:
       PIPEMAT_THROW(ConfigError,
@@ -258,6 +263,22 @@ std::unique_ptr<Transport> make_transport(const TransportOptions& options) {
                 "mpirun and PIPEMAT_MASTER is not set. Run under `mpirun -np N`, or set "
                 "PIPEMAT_TRANSPORT=tcp with PIPEMAT_RANK, PIPEMAT_WORLD_SIZE and "
                 "PIPEMAT_MASTER=host:port");
+}
+
+JobStatus job_status() {
+  JobStatus status;
+  status.joining = g_joining;
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PIPEMAT_RANK"}) {
+    const char* value = getenv_or_null(name);
+    if (value == nullptr) continue;
+    char* end = nullptr;
+    const long rank = std::strtol(value, &end, 10);
+    if (end != value && *end == '\0' && rank >= 0 && rank < (1L << 24)) {
+      status.launcher_rank = static_cast<int>(rank);
+    }
+    break;
+  }
+  return status;
 }
 
 std::vector<std::unique_ptr<Transport>> make_local_transports(int world_size,

@@ -1,13 +1,53 @@
 // The `pipemat` binary: CLI11 subcommands over the library. Every user-facing failure is a
 // pipemat::Error; it is printed as one `pipemat: error: ...` line and the exit code is 1.
 
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
+#include <thread>
 
 #include "commands.h"
 #include "pipemat/comm/transport.h"
 #include "pipemat/core/error.h"
+
+namespace {
+
+// Note [One error line per failure]
+// Under a launcher every rank parses the same command line and config, so a ConfigError (or
+// any error before the job is joined) is normally everyone's: rank 0 reports it, and another
+// rank first waits a moment, in which the launcher ends it when rank 0 has failed too (mpirun
+// on MPI_Abort or on rank 0's exit, pipemat-run on the first exit). Only when nothing ended it
+// (the failure was its own, e.g. a file missing on its host) does it report, naming itself.
+// Any other failure after joining is the failing rank's: it reports at once, naming itself,
+// and ends the job.
+constexpr auto kQuietWait = std::chrono::seconds(3);
+
+// Returns whether this rank waited for rank 0 to report a shared failure.
+bool leave_it_to_rank0(bool shared) {
+  const pipemat::comm::JobStatus job = pipemat::comm::job_status();
+  if (!(shared || !job.joining) || job.launcher_rank <= 0) return false;
+  std::this_thread::sleep_for(kQuietWait);
+  return true;
+}
+
+void report_failure(const std::exception& e) {
+  const pipemat::comm::JobStatus job = pipemat::comm::job_status();
+  const bool waited = leave_it_to_rank0(dynamic_cast<const pipemat::ConfigError*>(&e) != nullptr);
+  const char* what = e.what();
+  const bool names_a_rank = std::strncmp(what, "rank ", 5) == 0;
+  std::cerr << "pipemat: error: ";
+  if (job.launcher_rank >= 0 && (job.joining || waited) && !names_a_rank) {
+    std::cerr << "rank " << job.launcher_rank << ": ";
+  }
+  std::cerr << what << "\n" << std::flush;
+  // Under mpirun a failed rank ends the job: its peers may wait on it, or be stuck, and
+  // MPI_Finalize would wait for them (docs/comm.md, "Failures").
+  pipemat::comm::abort_job(1);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -23,15 +63,14 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   pipemat::launch::add_bench_remat_command(*bench);
   pipemat::launch::add_bench_p2p_command(*bench);
+  pipemat::launch::add_bench_soak_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() != 0) leave_it_to_rank0(true);
     return app.exit(e);
   } catch (const std::exception& e) {
-    std::cerr << "pipemat: error: " << e.what() << "\n" << std::flush;
-    // Under mpirun a failed rank ends the job: its peers may wait on it, or be stuck, and
-    // MPI_Finalize would wait for them (docs/comm.md, "Failures").
-    pipemat::comm::abort_job(1);
+    report_failure(e);
     return 1;
   }
   return 0;

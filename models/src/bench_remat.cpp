@@ -16,91 +16,12 @@
 #include "pipemat/core/error.h"
 #include "pipemat/models/zoo.h"
 #include "pipemat/remat/memory.h"
+#include "scenario.h"
 
 namespace pipemat::models {
 namespace {
 
 const std::vector<std::string> kModes = {"none", "full", "legacy", "rederive"};
-
-// One model of one scenario with its forward, its counters and the remat policy of a mode.
-struct Scenario {
-  std::shared_ptr<torch::nn::Module> module;
-  std::function<at::Tensor(const at::Tensor&)> forward;
-  std::function<int64_t()> save_body_calls;       // bodies of the regions a policy excludes
-  std::function<int64_t()> recompute_body_calls;  // bodies of the RECOMPUTE regions
-  remat::RematPolicy policy(const std::string& mode) const {
-    remat::RematPolicy p;
-    if (mode == "none") return p;
-    p.checkpoint = {"layers.*"};
-    if (mode == "full") return p;
-    p.exclude = mode == "legacy" && !exclude_legacy.empty() ? exclude_legacy : exclude;
-    return p;
-  }
-  std::vector<remat::ExcludeRule> exclude;
-  std::vector<remat::ExcludeRule> exclude_legacy;  // when legacy differs by policy, not switch
-  bool legacy_disables_rederivation = true;
-};
-
-Scenario make_scenario(const BenchRematOptions& o) {
-  Scenario s;
-  if (o.scenario == "rmsnorm-gemm") {
-    auto model = std::make_shared<RmsNormGemmStackImpl>(o.layers, o.hidden);
-    s.module = model;
-    s.forward = [model](const at::Tensor& x) { return model->forward(x); };
-    s.save_body_calls = [model] {
-      int64_t n = 0;
-      for (auto& l : *model->layers) n += l->as<SiluBlock>().get()->gemm->calls;
-      return n;
-    };
-    s.recompute_body_calls = [model] {
-      int64_t n = 0;
-      for (auto& l : *model->layers) n += l->as<SiluBlock>().get()->norm->calls;
-      return n;
-    };
-    s.exclude = {{"layers.*.gemm", true}};
-  } else if (o.scenario == "moe") {
-    auto model = std::make_shared<MoEStackImpl>(o.layers, o.hidden, o.experts, o.top_k);
-    s.module = model;
-    s.forward = [model](const at::Tensor& x) { return model->forward(x); };
-    s.save_body_calls = [model] {
-      int64_t n = 0;
-      for (auto& l : *model->layers) n += l->as<MoELayer>().get()->experts->calls;
-      return n;
-    };
-    s.recompute_body_calls = [model] {
-      int64_t n = 0;
-      for (auto& l : *model->layers) n += l->as<MoELayer>().get()->norm->calls;
-      return n;
-    };
-    s.exclude = {{"layers.*.experts", true}};
-  } else if (o.scenario == "save-chain") {
-    auto model = std::make_shared<SaveChainStackImpl>(o.layers);
-    s.module = model;
-    s.forward = [model](const at::Tensor& x) { return model->forward(x); };
-    s.save_body_calls = [model] {
-      int64_t n = 0;
-      for (auto& l : *model->layers) {
-        auto* c = l->as<SaveChain>().get();
-        n += c->s1->calls + c->s2->calls + c->s3->calls + c->s4->calls;
-      }
-      return n;
-    };
-    s.recompute_body_calls = [model] {
-      int64_t n = 0;
-      for (auto& l : *model->layers) n += l->as<SaveChain>().get()->calls;
-      return n;
-    };
-    // legacy: all four regions cache their output; rederive: the chain of SPEC 2.5.
-    s.exclude_legacy = {{"layers.*.s*", true}};
-    s.exclude = {{"layers.*.s1", false}, {"layers.*.s2", false}, {"layers.*.s3", false},
-                 {"layers.*.s4", true}};
-    s.legacy_disables_rederivation = false;
-  } else {
-    PIPEMAT_THROW(ConfigError, "bench remat: unknown --scenario '", o.scenario,
-                  "'; allowed: rmsnorm-gemm, moe, save-chain");
-  }
-  return s;
-}
 
 struct StepResult {
   double step_ms = 0, host_overhead_us = 0, loss = 0, grad_norm = 0;

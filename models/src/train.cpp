@@ -206,7 +206,8 @@ ResolvedSchedule resolve_schedule(const TrainConfig& config) {
   return out;
 }
 
-TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::ostream* progress) {
+TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::ostream* progress,
+                     const AfterStep& after_step) {
   remat::install_tracking_allocator();
   ResolvedSchedule resolved = resolve_schedule(given);
   check_schedule(resolved);
@@ -247,6 +248,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
       if (progress && config.output.progress) print_progress(*progress, config, m, true);
     }
     keep_step(result, std::move(m));
+    if (after_step) after_step(step, transport);
   }
   if (result.last_stage_rank && !config.output.timeline_svg.empty() && !result.steps.empty()) {
     write_timeline_svg(config, pipeline.schedule(), result.last);
@@ -303,7 +305,8 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
   return out;
 }
 
-TrainResult train_in_process(const TrainConfig& config, std::ostream* progress) {
+TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
+                             const AfterStep& after_step) {
   const ResolvedSchedule resolved = resolve_schedule(config);
   const int ranks = resolved.config.schedule.stages;
   PIPEMAT_CHECK(ranks >= 1, ConfigError, "schedule.stages must be at least 1");
@@ -318,7 +321,7 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress) 
     for (int r = 0; r < ranks; ++r) {
       threads.emplace_back([&, r] {
         try {
-          results[r] = train_on(config, *transports[r], progress);
+          results[r] = train_on(config, *transports[r], progress, after_step);
         } catch (...) {
           errors[r] = std::current_exception();
         }

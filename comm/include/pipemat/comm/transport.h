@@ -173,6 +173,16 @@ class Transport {
 // tcp rendezvous. Throws ConfigError (bad options, kLocal) or CommError (rendezvous failed).
 std::unique_ptr<Transport> make_transport(const TransportOptions& options = {});
 
+// Where this process stands in a multi-process job, so that a failure is reported once.
+struct JobStatus {
+  // The rank a launcher gave this process (mpirun's or pipemat-run's environment), or -1.
+  int launcher_rank = -1;
+  // make_transport was called for mpi or tcp here: from then on a failure may be this rank's
+  // own (a rendezvous, a peer, a stage); before it, it comes from input every rank shares.
+  bool joining = false;
+};
+JobStatus job_status();
+
 // Ends the whole job after a fatal error: when MPI is initialized (and not finalized) in this
 // process, MPI_Abort(MPI_COMM_WORLD, exit_code), which makes mpirun end every rank, also a
 // stopped or stuck one; otherwise nothing (tcp and local peers see this process go away).

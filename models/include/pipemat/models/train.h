@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -34,12 +35,18 @@ struct TrainResult {
   bool last_stage_rank = false;
 };
 
+// Called on every rank after each step (0-based) with the rank's transport, e.g. to meet the
+// other ranks at a barrier and sample memory while no step runs (`pipemat bench soak`).
+using AfterStep = std::function<void(int64_t step, comm::Transport& transport)>;
+
 // Runs config.training.steps steps on `transport` (one rank of the pipeline).
-TrainResult train_on(const TrainConfig& config, comm::Transport& transport, std::ostream* progress);
+TrainResult train_on(const TrainConfig& config, comm::Transport& transport, std::ostream* progress,
+                     const AfterStep& after_step = nullptr);
 
 // Runs the whole pipeline in this process, one thread per rank over local transports.
 // Rethrows the first rank's error (the other ranks fail fast when a peer is gone).
-TrainResult train_in_process(const TrainConfig& config, std::ostream* progress);
+TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
+                             const AfterStep& after_step = nullptr);
 
 // The oracle run with the same progress and metrics output.
 TrainResult train_reference(const TrainConfig& config, std::ostream* progress);
