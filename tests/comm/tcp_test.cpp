@@ -213,6 +213,8 @@ class FakePeer {
     std::memcpy(frame.data() + 8, &size, 8);
     socket_.write(frame.data(), frame.size());
   }
+  // Raw bytes on the data connection, e.g. a damaged frame.
+  void write(const void* data, size_t size) { socket_.write(data, size); }
 
  private:
   RawSocket socket_;
@@ -301,6 +303,137 @@ TEST(commTcpHostilePeer, FrameThatCannotBeAllocatedFailsThePeer) {
     expect_peer_error(pending, what, where);
     expect_peer_error(t.recv_any(1, 5), what, where + ", later recv_any");
   }
+}
+
+// Note [Frame stream fuzzing]
+// Deterministic mutation fuzzing of the tcp frame decoder: a fake rank 1 writes streams of
+// frames with random tags and payloads (100 streams of 1000 frames, seeded by the stream index)
+// while the real rank 0 receives them in batches posted before or after the frames arrive,
+// with the exact size, any size or a wrong size. Every frame must be delivered with its bytes
+// (a wrong size fails that receive only, with kSizeMismatch). Each stream ends in a damage
+// drawn at random: a flipped magic byte, a size above the limit, half a header or half a
+// payload and then a close, or random bytes. The damage must fail the peer with a CommError
+// naming rank 1 (never a crash, a hang or a timeout), and later receives fail the same way.
+struct FuzzFrame {
+  int32_t tag = 0;
+  std::vector<uint8_t> payload;
+};
+
+std::vector<uint8_t> frame_bytes(int32_t tag, uint64_t size, const std::vector<uint8_t>& payload) {
+  std::vector<uint8_t> out(16 + payload.size());
+  const uint32_t magic = 0x504d4331;
+  std::memcpy(out.data(), &magic, 4);
+  std::memcpy(out.data() + 4, &tag, 4);
+  std::memcpy(out.data() + 8, &size, 8);
+  if (!payload.empty()) std::memcpy(out.data() + 16, payload.data(), payload.size());
+  return out;
+}
+
+TEST(commTcpFrameFuzz, MutatedStreamsDeliverEveryFrameOrFailThePeerNamingIt) {
+  constexpr int kStreams = 100, kFramesPerStream = 1000;
+  constexpr size_t kLimit = 1 << 20;
+  int64_t frames = 0, mismatches = 0;
+  std::vector<int> damages(5, 0);
+  for (int stream = 0; stream < kStreams; ++stream) {
+    std::mt19937_64 rng(static_cast<uint64_t>(stream) * 7919 + 17);
+    const std::string where = "stream " + std::to_string(stream);
+    HostilePair pair;
+    connect_hostile_pair(pair, kLimit);
+    Transport& t = *pair.rank0;
+    int sent = 0;
+    while (sent < kFramesPerStream) {
+      const int batch = std::min<int>(1 + static_cast<int>(rng() % 32), kFramesPerStream - sent);
+      std::vector<FuzzFrame> fs(static_cast<size_t>(batch));
+      for (auto& f : fs) {
+        f.tag = static_cast<int32_t>(rng() % 8);
+        const size_t size = rng() % 16 == 0 ? rng() % 8192 : rng() % 65;
+        f.payload.resize(size);
+        for (auto& b : f.payload) b = static_cast<uint8_t>(rng());
+      }
+      // 0: exact size, 1: any size, 2: a wrong size.
+      std::vector<int> kinds(fs.size());
+      for (auto& k : kinds) k = static_cast<int>(rng() % 8 == 0 ? 2 : rng() % 2);
+      std::vector<std::vector<uint8_t>> into(fs.size());
+      std::vector<WorkPtr> works(fs.size());
+      const auto post = [&] {
+        for (size_t i = 0; i < fs.size(); ++i) {
+          if (kinds[i] == 1) {
+            works[i] = t.recv_any(1, fs[i].tag);
+            continue;
+          }
+          into[i].resize(kinds[i] == 0 ? fs[i].payload.size() : fs[i].payload.size() + 1);
+          works[i] = t.recv(1, fs[i].tag, into[i].data(), into[i].size());
+        }
+      };
+      const bool posted_first = rng() % 2 == 0;
+      if (posted_first) post();
+      std::vector<uint8_t> bytes;
+      for (const auto& f : fs) {
+        const auto one = frame_bytes(f.tag, f.payload.size(), f.payload);
+        bytes.insert(bytes.end(), one.begin(), one.end());
+      }
+      pair.rank1->write(bytes.data(), bytes.size());
+      if (!posted_first) post();
+      for (size_t i = 0; i < fs.size(); ++i) {
+        const std::string what = where + " frame " + std::to_string(sent + static_cast<int>(i));
+        if (kinds[i] == 2) {
+          EXPECT_THROW(works[i]->wait(std::chrono::seconds(10)), CommError) << what;
+          EXPECT_EQ(works[i]->status().code, StatusCode::kSizeMismatch) << what;
+          ++mismatches;
+          continue;
+        }
+        ASSERT_NO_THROW(works[i]->wait(std::chrono::seconds(10))) << what;
+        ASSERT_EQ(works[i]->received_bytes(), fs[i].payload.size()) << what;
+        if (kinds[i] == 1) {
+          const Buffer b = works[i]->buffer();
+          ASSERT_TRUE(fs[i].payload.empty() ||
+                      std::memcmp(b.data(), fs[i].payload.data(), fs[i].payload.size()) == 0)
+              << what;
+        } else {
+          ASSERT_EQ(into[i], fs[i].payload) << what;
+        }
+      }
+      sent += batch;
+      frames += batch;
+    }
+    // The damage that ends the stream.
+    const int damage = static_cast<int>(rng() % 5);
+    ++damages[static_cast<size_t>(damage)];
+    WorkPtr pending = t.recv_any(1, 3);
+    std::vector<uint8_t> payload(64, 0x5a);
+    std::vector<uint8_t> bytes = frame_bytes(3, payload.size(), payload);
+    bool close = false;
+    switch (damage) {
+      case 0:  // a flipped magic byte
+        bytes[rng() % 4] ^= static_cast<uint8_t>(1 + rng() % 255);
+        break;
+      case 1: {  // a size above the limit (up to 2^64 - 1)
+        const uint64_t size = kLimit + 1 + rng() % (std::numeric_limits<uint64_t>::max() - kLimit);
+        std::memcpy(bytes.data() + 8, &size, 8);
+        break;
+      }
+      case 2:  // half a header, then the connection closes
+        bytes.resize(1 + rng() % 15);
+        close = true;
+        break;
+      case 3:  // half a payload, then the connection closes
+        bytes.resize(16 + rng() % payload.size());
+        close = true;
+        break;
+      default:  // random bytes (a valid magic has a chance of 2^-32)
+        bytes.resize(16 + rng() % 48);
+        for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+        break;
+    }
+    pair.rank1->write(bytes.data(), bytes.size());
+    if (close) pair.rank1.reset();
+    expect_peer_error(pending, "rank 1", where + " damage " + std::to_string(damage));
+    expect_peer_error(t.recv_any(1, 5), "rank 1", where + " later recv");
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  EXPECT_EQ(frames, int64_t{kStreams} * kFramesPerStream);
+  EXPECT_GT(mismatches, 0);
+  for (int d = 0; d < 5; ++d) EXPECT_GT(damages[static_cast<size_t>(d)], 0) << "damage " << d;
 }
 
 // Genuine ranks with a small limit: messages up to the limit pass, the first larger one fails

@@ -115,7 +115,9 @@ TensorWork recv_tensor(Transport& transport, int peer, int tag);
 TensorWork recv_tensor(Transport& transport, int peer, int tag, const TensorMeta& expected);
 
 // Receives into `out` (preallocated, CPU; its dtype and shape are the expectation). Contiguous
-// `out` is written in place; otherwise via a contiguous temporary copied in at wait().
+// `out` is written in place; otherwise via a contiguous temporary copied in at wait(). Under
+// MPI a receive that timed out after its message was matched may still land in a contiguous
+// `out` later (Note [Work contract]); the storage stays alive, but do not reuse `out` then.
 TensorWork recv_tensor_into(Transport& transport, int peer, int tag, const at::Tensor& out);
 
 // ---- lists of tensors ----

@@ -92,8 +92,12 @@ using WorkPtr = std::shared_ptr<Work>;
 //   in the race with the abort, wait() returns normally.
 // * Every later wait() rethrows the same stored error; is_completed() stays true.
 // * `abort()` withdraws an unfinished operation; on return the transport no longer writes into
-//   (recv) or reads from (send) the caller's memory — except for MPI sends, which MPI cannot
-//   withdraw; those keep the `hold()` objects alive until MPI releases the request.
+//   (recv) or reads from (send) the caller's memory — except where MPI cannot withdraw it: a
+//   send, and a receive already matched (MPI_Improbe + MPI_Imrecv: its bytes are arriving).
+//   Those keep the Work and its `hold()` objects alive until MPI releases the request (to the
+//   end of the process if it never does), so memory passed as `keep_alive` is never freed under
+//   MPI's hands; the tensor layer (tensor.h) receives only into tensors it holds that way. A
+//   raw-pointer receive without keep_alive must keep its memory until the Work completes.
 // * Threading: all members are thread-safe. Several threads may wait on the same Work.
 // * Ownership: for raw-pointer send/recv the caller keeps the memory alive and untouched until
 //   the Work is completed (or wait() threw). Objects passed to hold() live as long as the Work.
