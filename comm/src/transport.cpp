@@ -67,6 +67,10 @@ TransportOptions resolve_options(TransportOptions options) {
       options.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
     }
   }
+  if (const char* value = getenv_or_null("PIPEMAT_MPI_PROGRESS_US")) {
+    options.mpi_progress_interval =
+        std::chrono::microseconds(parse_env_int("PIPEMAT_MPI_PROGRESS_US", value));
+  }
   if (options.kind == TransportKind::kAuto) {
     if (const char* value = getenv_or_null("PIPEMAT_TRANSPORT")) {
       options.kind = parse_transport_kind(value);

@@ -153,7 +153,18 @@ bool Work::wait_until(Clock::time_point deadline) {
     std::unique_lock<std::mutex> lock(mutex_);
     return cv_.wait_until(lock, deadline, [&] { return done_.load(); });
   }
-  // Progress-driven backends (mpi) have no progress thread: the waiter drives the transfer.
+  if (progress_thread()) {
+    // Drive the transfer for a moment (small messages complete at once), then leave it to the
+    // backend's progress thread and sleep: no core is taken from a computing neighbour.
+    const auto spin_until = std::min(deadline, start + std::chrono::microseconds(200));
+    while (Clock::now() < spin_until) {
+      progress();
+      if (done_.load(std::memory_order_acquire)) return true;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    return cv_.wait_until(lock, deadline, [&] { return done_.load(); });
+  }
+  // Progress-driven backends without a progress thread: the waiter drives the transfer.
   // Spin for a few milliseconds (a large message needs continuous progress), then yield, then
   // sleep briefly so that an idle rank does not steal the core of a computing neighbour.
   for (;;) {

@@ -114,8 +114,13 @@ std::string metrics_json(const StepMetrics& m) {
   j["loss"] = m.loss;
   j["step_ms"] = m.step_ms;
   j["bubble"] = m.bubble;
+  j["schedule_bubble"] = m.measured.bubble_ratio;
   j["simulated_bubble"] = m.simulated_bubble;
+  j["simulated_bubble_comm"] = m.simulated_bubble_comm;
+  j["message_delay_ms"] = m.message_delay_ms;
+  j["recv_wait_ms"] = m.recv_wait_ms;
   j["peak_bytes"] = m.peak_bytes;
+  j["max_rank_peak_bytes"] = m.max_rank_peak_bytes;
   j["replays"] = m.remat.replays;
   j["early_stops"] = m.remat.early_stops;
   j["save_calls"] = m.remat.save_calls;
@@ -149,12 +154,15 @@ double since_ms(std::chrono::steady_clock::time_point t0) {
 
 namespace {
 
-// Keeps `m` whole as the last step and its summary (no timelines) in the bounded history.
+// Keeps `m` whole as the last step and its summary (no timelines; of `measured` only the
+// bubble ratio) in the bounded history.
 void keep_step(TrainResult& result, StepMetrics m) {
   result.last = m;
   m.timeline.clear();
   m.timeline.shrink_to_fit();
+  const double schedule_bubble = m.measured.bubble_ratio;
   m.measured = schedule::SimulationResult{};
+  m.measured.bubble_ratio = schedule_bubble;
   if (result.steps.size() == kKeptSteps) result.steps.erase(result.steps.begin());
   result.steps.push_back(std::move(m));
 }

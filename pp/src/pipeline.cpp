@@ -6,8 +6,10 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
+#include <tuple>
 
 #include "pipemat/comm/tensor.h"
 #include "pipemat/pp/split_backward.h"
@@ -410,6 +412,8 @@ struct Pipeline::Impl {
       return it->second;
     };
     double a0 = 0;  // start of the current action's compute (after its receive, if any)
+    double waited_us = 0;  // how long the current action waited for its input
+    double recv_wait_us = 0;
     auto incoming_grads = [&](const Action& a) -> Tensors {
       auto h = handoff_b.find({a.stage, a.micro_batch});
       if (h != handoff_b.end()) {
@@ -420,9 +424,11 @@ struct Pipeline::Impl {
       auto r = recv_b.find({a.stage, a.micro_batch});
       PIPEMAT_INTERNAL_ASSERT(r != recv_b.end(), "no gradient source for ",
                               schedule::format_action(a), " on rank ", rank);
+      const double w0 = since_us(t0);
       Tensors g = r->second.wait();
       recv_b.erase(r);
       a0 = since_us(t0);
+      waited_us = a0 - w0;
       return g;
     };
     // The roots of (s,i) with the gradients that arrived for them (undefined ones skipped).
@@ -470,6 +476,7 @@ struct Pipeline::Impl {
 
     for (const Action& a : plan.actions[rank]) {
       a0 = since_us(t0);
+      waited_us = 0;
       const Key key{a.stage, a.micro_batch};
       switch (a.type) {
         case ActionType::kRecvForward:
@@ -491,9 +498,11 @@ struct Pipeline::Impl {
             auto r = recv_f.find(key);
             PIPEMAT_INTERNAL_ASSERT(r != recv_f.end(), "no input for ", schedule::format_action(a),
                                     " on rank ", rank);
+            const double w0 = since_us(t0);
             mb.inputs = r->second.wait();
             recv_f.erase(r);
             a0 = since_us(t0);
+            waited_us = a0 - w0;
             check_received(a.stage, plan.rank_of(a.stage - 1), step, a.micro_batch, mb.inputs);
           }
           Tensors out;
@@ -605,7 +614,10 @@ struct Pipeline::Impl {
       if (schedule::is_compute(a.type)) {
         const double a1 = since_us(t0);
         busy_us += a1 - a0;
-        m.timeline.push_back({a, a0, a1});
+        recv_wait_us += waited_us;
+        m.timeline.push_back({a, a0, a1, waited_us});
+      } else if (a.type == ActionType::kSendForward || a.type == ActionType::kSendBackward) {
+        m.timeline.push_back({a, a0, a0, 0});  // when the send was issued
       }
     }
     for (auto& w : sends) w.wait();
@@ -615,6 +627,8 @@ struct Pipeline::Impl {
     m.step_ms = since_us(t0) / 1000.0;
     m.busy_ms = busy_us / 1000.0;
     m.peak_bytes = remat::memory_stats().peak_bytes - bytes0;
+    m.max_rank_peak_bytes = m.peak_bytes;
+    m.recv_wait_ms = recv_wait_us / 1000.0;
     m.remat = remat::counters();
     for (const auto& [mb, l] : losses) m.loss += l;
     if (options.collect_timelines) exchange_metrics(m);
@@ -732,9 +746,10 @@ struct Pipeline::Impl {
     return got[0].item<double>();
   }
 
-  // [n, 5] doubles: stage, type, micro-batch, start ms, end ms.
+  // [n, 6] doubles: stage, type, micro-batch, start ms, end ms, wait ms.
+  static constexpr int64_t kTimelineColumns = 6;
   static at::Tensor timeline_tensor(const std::vector<ActionTiming>& timeline) {
-    auto t = at::zeros({static_cast<int64_t>(timeline.size()), 5}, at::kDouble);
+    auto t = at::zeros({static_cast<int64_t>(timeline.size()), kTimelineColumns}, at::kDouble);
     auto acc = t.accessor<double, 2>();
     for (size_t i = 0; i < timeline.size(); ++i) {
       acc[i][0] = timeline[i].action.stage;
@@ -742,6 +757,7 @@ struct Pipeline::Impl {
       acc[i][2] = timeline[i].action.micro_batch;
       acc[i][3] = timeline[i].start_us / 1000.0;
       acc[i][4] = timeline[i].end_us / 1000.0;
+      acc[i][5] = timeline[i].wait_us / 1000.0;
     }
     return t;
   }
@@ -750,13 +766,20 @@ struct Pipeline::Impl {
   // measured mean cost per action type.
   void build_measured(StepMetrics& m, const std::vector<at::Tensor>& timelines) const {
     std::map<ActionType, std::pair<double, int>> cost;
+    struct Waited {
+      int rank;
+      Action action;
+      double start, wait;
+    };
+    std::vector<Waited> waits;
+    std::map<std::tuple<int, bool, int>, double> sent;  // (stage, backward?, mb) -> issued at
     m.measured = schedule::SimulationResult{};
     m.measured.ranks.resize(plan.ranks_count);
     double makespan = 0, busy = 0;
     for (int r = 0; r < plan.ranks_count; ++r) {
       auto& out = m.measured.ranks[r];
       out.rank = r;
-      PIPEMAT_CHECK(timelines[r].dim() == 2 && timelines[r].size(1) == 5 &&
+      PIPEMAT_CHECK(timelines[r].dim() == 2 && timelines[r].size(1) == kTimelineColumns &&
                         timelines[r].scalar_type() == at::kDouble,
                     CommError, "rank ", r, " sent a malformed timeline");
       auto acc = timelines[r].accessor<double, 2>();
@@ -765,11 +788,17 @@ struct Pipeline::Impl {
         ta.action.stage = static_cast<int>(acc[i][0]);
         ta.action.type = static_cast<ActionType>(static_cast<int>(acc[i][1]));
         ta.action.micro_batch = static_cast<int>(acc[i][2]);
-        ta.position = static_cast<int>(i);
+        ta.position = static_cast<int>(out.actions.size());
         ta.start = acc[i][3];
         ta.end = acc[i][4];
+        waits.push_back({r, ta.action, ta.start, acc[i][5]});
+        if (!schedule::is_compute(ta.action.type)) {
+          sent[{ta.action.stage, ta.action.type == ActionType::kSendBackward,
+                ta.action.micro_batch}] = ta.start;
+          continue;
+        }
         out.busy += ta.end - ta.start;
-        if (i == 0) out.first_start = ta.start;
+        if (out.actions.empty()) out.first_start = ta.start;
         out.last_end = ta.end;
         auto& c = cost[ta.action.type];
         c.first += ta.end - ta.start;
@@ -794,10 +823,32 @@ struct Pipeline::Impl {
     if (cost.count(ActionType::kRecompute)) model.recompute = mean(ActionType::kRecompute, 0.0);
     m.measured_costs = model;
     m.simulated_bubble = schedule::simulate(plan, model).bubble_ratio;
+    // Note [Measured message delay]: the input of F(s, i) is sent by SEND_F(s-1, i), that of
+    // B / I (s, i) by SEND_B(s+1, i); the simulator already delays a message until its send is
+    // issued, so the delay is counted from there.
+    // A wait shorter than kArrivedMs found its message there already (the cost of the wait call).
+    constexpr double kArrivedMs = 0.05;
+    std::vector<double> delays;
+    for (const Waited& w : waits) {
+      if (w.wait < kArrivedMs) continue;
+      const bool backward = w.action.type != ActionType::kForward;
+      const int from = backward ? w.action.stage + 1 : w.action.stage - 1;
+      auto it = sent.find({from, backward, w.action.micro_batch});
+      if (it == sent.end() || plan.rank_of(from) == w.rank) continue;
+      delays.push_back(std::max(0.0, w.start - it->second));
+    }
+    if (!delays.empty()) {
+      std::nth_element(delays.begin(), delays.begin() + delays.size() / 2, delays.end());
+      m.message_delay_ms = delays[delays.size() / 2];
+    }
+    schedule::CostModel with_comm = model;
+    with_comm.comm = m.message_delay_ms;
+    m.simulated_bubble_comm = schedule::simulate(plan, with_comm).bubble_ratio;
   }
 
-  // Every rank sends (busy_ms, step_ms, all nine remat counters) and its timeline to the last
-  // stage's rank, which computes the bubble.
+  // Every rank sends (busy_ms, step_ms, all nine remat counters, recv_wait_ms, peak_bytes) and
+  // its timeline to the last stage's rank, which computes the bubble.
+  static constexpr int64_t kMetricScalars = 13;
   void exchange_metrics(StepMetrics& m) {
     const int last = last_rank();
     if (rank != last) {
@@ -805,7 +856,8 @@ struct Pipeline::Impl {
       at::Tensor scalars = at::tensor(
           {m.busy_ms, m.step_ms, double(c.unit_calls), double(c.replays), double(c.early_stops),
            double(c.save_calls), double(c.save_skips), double(c.packs), double(c.save_kept),
-           double(c.output_leaves), double(c.placeholders)},
+           double(c.output_leaves), double(c.placeholders), m.recv_wait_ms,
+           double(m.peak_bytes)},
           at::kDouble);
       comm::send_tensors(transport, last, metrics_tag(), {scalars, timeline_tensor(m.timeline)})
           .wait();
@@ -816,7 +868,7 @@ struct Pipeline::Impl {
     for (int r = 0; r < plan.ranks_count; ++r) {
       if (r == rank) continue;
       Tensors got = comm::recv_tensors(transport, r, metrics_tag()).wait();
-      PIPEMAT_CHECK(got.size() == 2 && got[0].defined() && got[0].numel() == 11 &&
+      PIPEMAT_CHECK(got.size() == 2 && got[0].defined() && got[0].numel() == kMetricScalars &&
                         got[0].scalar_type() == at::kDouble && got[1].defined(),
                     CommError, "rank ", r, " sent malformed step metrics to rank ", rank);
       auto v = [&](int i) { return got[0][i].item<double>(); };
@@ -833,6 +885,8 @@ struct Pipeline::Impl {
       c.output_leaves = static_cast<int64_t>(v(9));
       c.placeholders = static_cast<int64_t>(v(10));
       m.remat += c;
+      m.recv_wait_ms += v(11);
+      m.max_rank_peak_bytes = std::max(m.max_rank_peak_bytes, static_cast<int64_t>(v(12)));
       timelines[r] = got[1];
     }
     timelines[rank] = timeline_tensor(m.timeline);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pipemat/comm/bench.h"
@@ -212,8 +213,36 @@ void scenario_bench(pc::Transport& t) {
   }
 }
 
+// A large message moves while its receiver computes and makes no transport call (Note [MPI
+// progress thread]; tcp: the I/O thread): rank 1's send of 4 MiB completes while rank 0 sleeps
+// for 400 ms after posting the receive. Without the progress thread the send completed only
+// when rank 0 waited, after the sleep.
+void scenario_progress(pc::Transport& t) {
+  constexpr size_t kBytes = size_t{4} << 20;
+  std::vector<uint8_t> data(kBytes);
+  t.barrier();
+  if (t.rank() == 0) {
+    pc::WorkPtr recv = t.recv(1, 9, data.data(), data.size());
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));  // "computing"
+    recv->wait();
+    bool intact = true;
+    for (size_t i = 0; i < kBytes; i += 4093) intact = intact && data[i] == uint8_t(i * 7);
+    CHECK_THAT(intact, "the received bytes differ from the sent ones");
+  } else if (t.rank() == 1) {
+    for (size_t i = 0; i < kBytes; ++i) data[i] = uint8_t(i * 7);
+    const auto start = Clock::now();
+    t.send(0, 9, data.data(), data.size())->wait();
+    const double took = seconds_since(start);
+    std::cerr << "rank 1: a 4 MiB send to a computing rank completed in " << took * 1000
+              << " ms\n";
+    CHECK_THAT(took < 0.2, "the send took " << took * 1000
+                                           << " ms: it did not progress while rank 0 computed");
+  }
+  t.barrier();
+}
+
 int usage() {
-  std::cerr << "usage: comm_multiproc <exchange|mismatch|silent|peer_exit|bench> "
+  std::cerr << "usage: comm_multiproc <exchange|mismatch|silent|peer_exit|bench|progress> "
                "--transport mpi|tcp [--spawn N]\n"
                "       comm_multiproc expect-failure <seconds> -- <command...>\n";
   return 2;
@@ -275,6 +304,8 @@ int main(int argc, char** argv) {
       scenario_peer_exit(*transport);
     } else if (scenario == "bench") {
       scenario_bench(*transport);
+    } else if (scenario == "progress") {
+      scenario_progress(*transport);
     } else {
       return usage();
     }

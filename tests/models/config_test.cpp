@@ -671,7 +671,8 @@ TEST(ConfigFiles, EveryShippedConfigParsesAndStartsWithAComment) {
   }
   EXPECT_EQ(names,
             (std::set<std::string>{"default.yaml", "gpipe.yaml", "1f1b.yaml", "interleaved.yaml",
-                                   "zb-h1.yaml", "zb-h2.yaml", "zb-v.yaml", "zb-v-4rank.yaml"}));
+                                   "zb-h1.yaml", "zb-h2.yaml", "zb-v.yaml", "zb-v-4rank.yaml",
+                                   "bench.yaml"}));
 }
 
 TEST(ConfigFiles, EveryShippedScheduleBuilds) {

@@ -20,7 +20,9 @@
 #include "pipemat/comm/transport.h"
 #include "pipemat/core/error.h"
 #include "pipemat/pp/pipeline.h"
+#include "pipemat/remat/memory.h"
 #include "pipemat/remat/stats.h"
+#include "pipemat/schedule/simulate.h"
 #include "pipemat/schedule/torch_csv.h"
 #include "user_model.h"
 #include "user_pipeline.h"
@@ -221,6 +223,76 @@ TEST(Pipeline, BatchSplitAlongDimZeroEqualsTheDataSource) {
       EXPECT_EQ(losses[r * c.steps + s], plain.losses[s]) << "rank " << r << " step " << s;
     }
   }
+}
+
+// The last stage's rank sees every rank's compute actions and sends; the time blocked in
+// receives is every rank's waits summed; the comm-aware simulation is the simulator run with
+// the measured costs and the measured message delay (Note [Measured message delay]).
+TEST(Pipeline, StepMetricsCarrySendsWaitsAndTheCommAwareSimulation) {
+  remat::install_tracking_allocator();  // for the peak bytes
+  PipelineCase c;
+  c.steps = 2;
+  std::vector<StepMetrics> last(2);
+  std::vector<schedule::Schedule> plans(2);
+  auto errors = run_ranks(2, [&](comm::Transport& t) {
+    torch::nn::Sequential model = user_model::make_model(c.blocks, 7);
+    Pipeline pipe(t, user_model::pipeline_options(c),
+                  split_sequential(model, balance_by_parameters(model, 2)));
+    for (int64_t step = 0; step < c.steps; ++step) {
+      last[t.rank()] = pipe.train_step([](int64_t s, int64_t i) {
+        auto [x, y] = user_model::data(s, i);
+        return MicroBatch{{x}, {y}};
+      });
+    }
+    plans[t.rank()] = pipe.schedule();
+  });
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  const schedule::Schedule& plan = plans[1];
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    int computes = 0, sends = 0;
+    for (const auto& a : plan.actions[r]) {
+      if (schedule::is_compute(a.type)) ++computes;
+      if (a.type == schedule::ActionType::kSendForward ||
+          a.type == schedule::ActionType::kSendBackward) {
+        ++sends;
+      }
+    }
+    int got_computes = 0, got_sends = 0;
+    double waited = 0;
+    for (const auto& t : last[r].timeline) {
+      if (schedule::is_compute(t.action.type)) {
+        ++got_computes;
+        EXPECT_GE(t.wait_us, 0);
+        EXPECT_LE(t.start_us, t.end_us);
+      } else {
+        ++got_sends;
+        EXPECT_EQ(t.start_us, t.end_us) << "a send is an instant: when it was issued";
+      }
+      waited += t.wait_us;
+    }
+    EXPECT_EQ(got_computes, computes);
+    EXPECT_EQ(got_sends, sends);
+    EXPECT_GT(sends, 0);
+    if (r == 0) EXPECT_NEAR(last[0].recv_wait_ms, waited / 1000.0, 1e-9);
+    // Rank 1 is the last stage's: the sum of both ranks' waits.
+    if (r == 1) {
+      double both = 0;
+      for (const auto& t : last[0].timeline) both += t.wait_us;
+      for (const auto& t : last[1].timeline) both += t.wait_us;
+      EXPECT_NEAR(last[1].recv_wait_ms, both / 1000.0, 1e-6);
+    }
+  }
+  const StepMetrics& m = last[1];
+  EXPECT_EQ(m.measured.ranks.size(), 2u);
+  EXPECT_GE(m.message_delay_ms, 0);
+  schedule::CostModel with_comm = m.measured_costs;
+  with_comm.comm = m.message_delay_ms;
+  EXPECT_EQ(m.simulated_bubble_comm, schedule::simulate(plan, with_comm).bubble_ratio);
+  EXPECT_EQ(m.simulated_bubble, schedule::simulate(plan, m.measured_costs).bubble_ratio);
+  EXPECT_GE(m.max_rank_peak_bytes, m.peak_bytes);
+  EXPECT_GT(m.max_rank_peak_bytes, 0);
 }
 
 TEST(Pipeline, EvaluateIsForwardOnlyInEvalModeAndEqualsThePlainForward) {

@@ -82,6 +82,11 @@ struct TransportOptions {
   // this limit. Guards against corrupt streams and hostile peers; raise it for larger messages.
   size_t max_message_bytes = kDefaultMaxMessageBytes;
 
+  // mpi: how often the progress thread drives pending operations (Note [MPI progress thread]);
+  // it sleeps while nothing is pending. Zero: no progress thread (operations move only inside
+  // is_completed() / wait() calls). PIPEMAT_MPI_PROGRESS_US overrides it.
+  std::chrono::microseconds mpi_progress_interval{100};
+
   // local: sends up to this size are copied and complete at once; larger sends complete when
   // the receiver matches them (like MPI's eager/rendezvous protocols).
   size_t local_eager_limit = size_t{64} * 1024;

@@ -153,8 +153,11 @@ class Work {
 
   // Drives the backend's progress (mpi); default: nothing, completion comes from elsewhere.
   virtual void progress() {}
-  // True when completion needs progress() calls from waiters (then waits poll with backoff).
+  // True when completion is driven by progress() calls: waiters call it while they spin. Then,
+  // if progress_thread() is true, a backend thread drives it too and a waiter that spun for a
+  // moment sleeps until the Work finishes; otherwise waiters poll with backoff.
   virtual bool needs_progress() const { return false; }
+  virtual bool progress_thread() const { return false; }
   // Withdraws the operation and finishes it with `reason` unless it finished meanwhile. On
   // return the backend must no longer touch the caller's memory (Note [Work contract]).
   virtual void abort_impl(const Status& reason) noexcept = 0;

@@ -143,8 +143,9 @@ struct PipelineOptions {
 // Start and end of one executed action, microseconds from the start of the step.
 struct ActionTiming {
   schedule::Action action;
-  double start_us = 0;
+  double start_us = 0;  // compute start (after its input arrived)
   double end_us = 0;
+  double wait_us = 0;   // time blocked in the receive of its input before start_us
 };
 
 struct StepMetrics {
@@ -155,14 +156,24 @@ struct StepMetrics {
   double busy_ms = 0;      // time in compute actions on this rank
   double bubble = 0;       // 1 - sum(busy) / (ranks * makespan), on the last stage's rank
   int64_t peak_bytes = 0;  // tracking-allocator peak during the step (this process)
+  double recv_wait_ms = 0;  // blocked in receives of stage inputs; on the last stage's rank
+                            // (with collect_timelines) summed over all ranks
   remat::RematCounters remat;  // this rank's; on the last stage's rank summed over all ranks
-  std::vector<ActionTiming> timeline;  // this rank's actions
+  // This rank's compute actions, and its sends (zero length: when they were issued).
+  std::vector<ActionTiming> timeline;
   // On the last stage's rank (with collect_timelines): every rank's measured timeline (ms) as a
   // simulation result, and the simulator's prediction for the same schedule with the measured
   // mean cost of each action type (F, B, I, W, R; zero comm latency).
   schedule::SimulationResult measured;
   schedule::CostModel measured_costs;
   double simulated_bubble = 0;
+  // Note [Measured message delay]: the median, over compute actions that waited (50 us or
+  // more) for a cross-rank input, of (start - when the peer issued its send): what a message
+  // took from being sent to being usable, protocol and progress included (0 when no action
+  // waited). The simulator's bubble with it as the per-message comm cost.
+  double message_delay_ms = 0;
+  double simulated_bubble_comm = 0;
+  int64_t max_rank_peak_bytes = 0;  // max of peak_bytes over ranks (local: one process)
 };
 
 struct EvalOptions {

@@ -1,0 +1,88 @@
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "pipemat/core/format.h"
+#include "pipemat/models/bench_pipeline.h"
+
+namespace pipemat::launch {
+
+void add_bench_pipeline_command(CLI::App& bench) {
+  struct Flags {
+    models::BenchPipelineOptions bench;
+    bool json = false;
+  };
+  auto f = std::make_shared<Flags>();
+  auto* cmd = bench.add_subcommand(
+      "pipeline",
+      "Does the pipeline pay off? Runs the single-process reference (1 thread, and the default\n"
+      "threads) and each schedule x transport of the config (mpi and tcp through pipemat-run,\n"
+      "local as threads here), and prints per variant the median step after warm-up, the speedup\n"
+      "over the faster reference, the measured bubble, the simulated bubble without and with the\n"
+      "measured message delay, the time blocked in receives, the peak bytes, and whether every\n"
+      "loss equals the reference bitwise. Example:\n"
+      "  pipemat bench pipeline --config configs/bench.yaml --schedules 1f1b,zb-v");
+  cmd->add_option("--config", f->bench.config, "YAML config (docs/config.md)")->required();
+  cmd->add_option("--set", f->bench.overrides, "Override a config key for every variant")
+      ->take_all();
+  cmd->add_option("--schedules", f->bench.schedules, "Schedule kinds")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--transports", f->bench.transports, "mpi, tcp, local")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--steps", f->bench.steps, "Steps per variant, warm-up included")
+      ->check(CLI::Range(int64_t{2}, int64_t{1000000}))
+      ->capture_default_str();
+  cmd->add_option("--warmup", f->bench.warmup, "Steps left out of the medians")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
+      ->capture_default_str();
+  cmd->add_option("--launcher", f->bench.launcher,
+                  "pipemat-run to start mpi and tcp runs (default: next to this binary)");
+  cmd->add_option("--log", f->bench.log, "Keep the output of the mpi and tcp runs in this file");
+  cmd->add_flag("--json", f->json, "Print one JSON object instead of the table");
+  cmd->callback([f] {
+    const auto print = [&](const models::BenchPipelineRow& r) {
+      if (f->json) return;
+      std::printf("%-6s %-9s %3d %9.1f %7.2fx %7.3f %7.3f %8.3f %9.3f %9.2f %9.1f %11s  %s\n",
+                  r.schedule.c_str(), r.transport.c_str(), r.threads, r.step_ms, r.speedup,
+                  r.bubble, r.schedule_bubble, r.simulated_bubble, r.simulated_bubble_comm,
+                  r.message_delay_ms,
+                  r.recv_wait_ms, format_bytes(r.peak_bytes).c_str(),
+                  !r.losses_compared ? "-" : r.losses_equal ? "yes" : "NO");
+      std::fflush(stdout);
+    };
+    if (!f->json) {
+      std::printf("%-6s %-9s %3s %9s %8s %7s %7s %8s %9s %9s %9s %11s  %s\n", "sched",
+                  "transport", "thr", "step ms", "speedup", "bubble", "sched.b", "sim",
+                  "sim+comm", "delay ms", "wait ms", "peak", "losses equal");
+    }
+    const auto rows = models::run_bench_pipeline(f->bench, print);
+    if (f->json) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& r : rows) {
+        out.push_back({{"schedule", r.schedule},
+                       {"transport", r.transport},
+                       {"threads", r.threads},
+                       {"step_ms", r.step_ms},
+                       {"speedup", r.speedup},
+                       {"bubble", r.bubble},
+                       {"schedule_bubble", r.schedule_bubble},
+                       {"simulated_bubble", r.simulated_bubble},
+                       {"simulated_bubble_comm", r.simulated_bubble_comm},
+                       {"message_delay_ms", r.message_delay_ms},
+                       {"recv_wait_ms", r.recv_wait_ms},
+                       {"peak_bytes", r.peak_bytes},
+                       {"losses_equal", r.losses_compared ? nlohmann::json(r.losses_equal)
+                                                          : nlohmann::json(nullptr)}});
+      }
+      std::cout << out.dump(2) << "\n";
+    }
+  });
+}
+
+}  // namespace pipemat::launch

@@ -1,0 +1,53 @@
+#pragma once
+// `pipemat bench pipeline`: does the pipeline pay off? Runs the single-process reference and each
+// (schedule, transport) variant of one config, and reports per variant the median step time
+// after warm-up, the speedup over the faster reference (1 thread or the default threads), the
+// measured bubble next to the simulated one without and with the measured message delay
+// (Note [Measured message delay]), the time blocked in receives, the peak bytes, and whether
+// every step's loss equals the reference's bitwise.
+// The local variant runs in this process (ranks as threads); mpi and tcp start `pipemat-run`
+// (next to the running binary, or `launcher`) and read the metrics file of the run.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace pipemat::models {
+
+struct BenchPipelineOptions {
+  std::string config;                    // YAML file (the mpi / tcp ranks read it too)
+  std::vector<std::string> overrides;    // --set k=v for every variant
+  std::vector<std::string> schedules = {"1f1b", "zb-h1", "zb-v"};
+  std::vector<std::string> transports = {"mpi", "tcp", "local"};
+  int64_t steps = 20;                    // per variant, warm-up included
+  int64_t warmup = 5;                    // steps left out of the medians
+  std::string launcher;                  // pipemat-run; empty: next to /proc/self/exe
+  std::string log;                       // output of the mpi / tcp runs; empty: a temp file
+};
+
+struct BenchPipelineRow {
+  std::string schedule;   // "-" for the reference rows
+  std::string transport;  // "reference" for the single-process rows
+  int threads = 0;        // compute threads per rank
+  double step_ms = 0;     // median after warm-up
+  double speedup = 0;     // faster reference step / step_ms
+  // Medians. bubble: 1 - busy / (ranks x step time), the optimizer step and the runtime's
+  // work between actions included; schedule_bubble: the same over the measured timeline (first
+  // to last action), which is what the simulator predicts.
+  double bubble = 0, schedule_bubble = 0, simulated_bubble = 0, simulated_bubble_comm = 0;
+  double message_delay_ms = 0, recv_wait_ms = 0;                       // medians
+  int64_t peak_bytes = 0;  // max over ranks and steps (local: the whole process)
+  // Every step's loss bitwise equal to the reference's with the ranks' threads; not compared
+  // (losses_compared false) for a reference with other threads (other reduction orders).
+  bool losses_equal = true;
+  bool losses_compared = true;
+};
+
+// Runs the reference (with the ranks' threads, 1 thread and one rank's default threads) and
+// every variant, calling on_row as each row is done. ConfigError for bad options; PipelineError naming the
+// variant and the log when a run fails.
+std::vector<BenchPipelineRow> run_bench_pipeline(
+    const BenchPipelineOptions& options, const std::function<void(const BenchPipelineRow&)>& on_row);
+
+}  // namespace pipemat::models
