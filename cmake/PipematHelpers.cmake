@@ -12,15 +12,22 @@ endfunction()
 
 # pipemat_add_library(NAME SOURCES ... [DEPS ...])
 # A module library with its public headers in <dir>/include and private sources in <dir>/src.
+# pipemat_<m> is also pipemat::<m> (an ALIAS here, the exported name when installed: see
+# cmake/pipematConfig.cmake.in); its headers install under include/pipemat/<m>.
 function(pipemat_add_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
   add_library(${name} STATIC ${ARG_SOURCES})
-  target_include_directories(${name} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include
+  string(REPLACE "pipemat_" "" short ${name})
+  add_library(pipemat::${short} ALIAS ${name})
+  target_include_directories(${name} PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+                                            $<INSTALL_INTERFACE:include>
                                      PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
   target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
   target_compile_options(${name} PRIVATE -Wall -Wextra -Wno-unused-parameter)
-  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON EXPORT_NAME ${short})
   pipemat_sanitize(${name})
+  install(TARGETS ${name} EXPORT pipematTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endfunction()
 
 # pipemat_add_test(NAME SOURCES ... LIBS ... [PCH header ...] [LABELS ...] [TIMEOUT s])
