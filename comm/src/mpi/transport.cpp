@@ -105,9 +105,17 @@ class MpiEnvironment {
                   " but pipemat needs at least MPI_THREAD_SERIALIZED (", MPI_THREAD_SERIALIZED,
                   "); initialize MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE) or let pipemat "
                   "initialize it");
+    thread_multiple_ = provided >= MPI_THREAD_MULTIPLE;
   }
 
+ public:
+  // The progress thread calls MPI while the program may too (its own MPI calls, the raw
+  // baseline of bench p2p): it runs only at MPI_THREAD_MULTIPLE.
+  bool thread_multiple() const { return thread_multiple_; }
+
+ private:
   bool owns_ = false;
+  bool thread_multiple_ = false;
 };
 
 class MpiCore;
@@ -488,7 +496,7 @@ class MpiTransport final : public Transport {
     int flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &flag);
     if (flag && value) core_->tag_upper_bound = *static_cast<int*>(value);
-    core_->start_progress_thread(options.mpi_progress_interval);
+    if (env_->thread_multiple()) core_->start_progress_thread(options.mpi_progress_interval);
   }
 
   // During an exception (a failed step) the peers are gone or stuck: no drain.
