@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "pipemat/comm/work.h"
@@ -54,6 +56,25 @@ int pick_free_port(const std::string& host) {
   return ntohs(addr.sin_port);
 }
 
+namespace {
+
+// 128 bits from /dev/urandom as 32 hex characters.
+std::string random_secret() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char bytes[16] = {};
+  PIPEMAT_CHECK(urandom.read(reinterpret_cast<char*>(bytes), sizeof(bytes)), CommError,
+                "spawn_local_ranks: cannot read a job secret from /dev/urandom");
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 15]);
+  }
+  return out;
+}
+
+}  // namespace
+
 SpawnResult spawn_local_ranks(const SpawnOptions& options) {
   PIPEMAT_CHECK(options.world_size >= 1, ConfigError, "spawn_local_ranks: world size ",
                 options.world_size, " must be at least 1");
@@ -75,6 +96,11 @@ SpawnResult spawn_local_ranks(const SpawnOptions& options) {
       continue;
     }
     base_env.push_back(entry);
+  }
+  // A fresh secret per job (as pipemat-run makes), unless the environment gives one: the ranks
+  // authenticate every rendezvous connection with it (TransportOptions::secret).
+  if (std::getenv("PIPEMAT_JOB_SECRET") == nullptr) {
+    base_env.push_back("PIPEMAT_JOB_SECRET=" + random_secret());
   }
   std::vector<std::vector<std::string>> envs;
   for (int r = 0; r < options.world_size; ++r) {

@@ -294,6 +294,12 @@ int main(int argc, char** argv) {
     options.connect_retries = 600;  // rank 0 may load libtorch slowly on a loaded machine
     auto transport = pc::make_transport(options);
     g_rank = transport->rank();
+    if (kind == "tcp") {
+      // spawn_local_ranks gives every job a fresh secret, as pipemat-run does.
+      const char* secret = std::getenv("PIPEMAT_JOB_SECRET");
+      CHECK_THAT(secret != nullptr && std::strlen(secret) == 32,
+                 "PIPEMAT_JOB_SECRET: " << (secret ? secret : "(unset)"));
+    }
     if (scenario == "exchange") {
       scenario_exchange(*transport);
     } else if (scenario == "mismatch") {

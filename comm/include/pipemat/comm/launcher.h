@@ -30,8 +30,10 @@ struct SpawnResult {
   std::string describe() const;
 };
 
-// Forks/execs the ranks and waits for all of them. Blocking; not thread-safe with other
-// fork()s in the process. Throws CommError if a process cannot be started.
+// Forks/execs the ranks and waits for all of them. Each rank gets PIPEMAT_RANK,
+// PIPEMAT_WORLD_SIZE, PIPEMAT_MASTER and a fresh PIPEMAT_JOB_SECRET (kept from the environment
+// when it has one), like pipemat-run. Blocking; not thread-safe with other fork()s in the
+// process. Throws CommError if a process cannot be started.
 SpawnResult spawn_local_ranks(const SpawnOptions& options);
 
 // A TCP port on `host` that was free when asked (the kernel's choice).
