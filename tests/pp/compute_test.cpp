@@ -31,7 +31,9 @@ TEST(ComputeThreads, OneSettingForLibTorchAndOpenBlas) {
   }
   const ComputeInfo one = set_compute_threads(1);
   EXPECT_EQ(one.threads, 1);
-  if (openblas != nullptr) EXPECT_EQ(openblas(), 1);
+  if (openblas != nullptr) {
+    EXPECT_EQ(openblas(), 1);
+  }
   EXPECT_THROW(set_compute_threads(0), ConfigError);
 }
 

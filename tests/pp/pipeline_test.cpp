@@ -275,7 +275,9 @@ TEST(Pipeline, StepMetricsCarrySendsWaitsAndTheCommAwareSimulation) {
     EXPECT_EQ(got_computes, computes);
     EXPECT_EQ(got_sends, sends);
     EXPECT_GT(sends, 0);
-    if (r == 0) EXPECT_NEAR(last[0].recv_wait_ms, waited / 1000.0, 1e-9);
+    if (r == 0) {
+      EXPECT_NEAR(last[0].recv_wait_ms, waited / 1000.0, 1e-9);
+    }
     // Rank 1 is the last stage's: the sum of both ranks' waits.
     if (r == 1) {
       double both = 0;

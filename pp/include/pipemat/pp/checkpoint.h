@@ -1,0 +1,38 @@
+#pragma once
+// Checkpoints of a pipeline run (Note [Checkpoint layout]): every rank writes its stages'
+// parameters and buffers, its optimizer state, the step counter and its generator state; rank 0
+// writes the manifest last. Resuming loads them into a Pipeline built with the same options.
+//
+//   <root>/step-000004/rank-0.pt, rank-1.pt, ..., manifest.json
+//
+// Crash safety: each file is written to "<name>.tmp", fsynced and renamed; the manifest only
+// after every rank's file is durable (a barrier), so a checkpoint is complete exactly when its
+// manifest exists. latest_checkpoint() skips incomplete ones; load_checkpoint() refuses them.
+// The data source and the LR schedule are functions of the step, so the step restores them.
+
+#include <cstdint>
+#include <string>
+
+#include "pipemat/comm/transport.h"
+#include "pipemat/pp/pipeline.h"
+
+namespace pipemat::pp {
+
+// Collective. Saves the state after pipeline.step() completed steps under `root` and returns
+// the checkpoint's directory. With keep_last > 0 rank 0 then removes the oldest complete
+// checkpoints beyond the newest keep_last. PipelineError naming the file on an I/O failure.
+std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& root,
+                            int keep_last = 0);
+
+// The directory of the newest complete checkpoint under `root`, or "" when there is none.
+std::string latest_checkpoint(const std::string& root);
+
+// Collective. Loads the checkpoint in `dir` (a step-NNNNNN directory) into this rank's stages,
+// optimizer, generator and step. PipelineError when it is incomplete (no manifest, a missing or
+// truncated rank file) or was written by another pipeline: the manifest's world size, schedule
+// kind, stages or stage map, or a parameter's name or shape, differ (naming the field and both
+// values). Nothing is changed before every check of this rank passed. Resuming on another stage
+// layout (re-partitioning) is not supported.
+void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& dir);
+
+}  // namespace pipemat::pp
