@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "pipemat/core/error.h"
 #include "pipemat/models/config.h"
 #include "pipemat/models/train.h"
 
@@ -17,6 +18,7 @@ void add_train_command(CLI::App& app) {
     std::string metrics;
     bool reference = false;
     bool print_config = false;
+    std::string resume;
   };
   auto f = std::make_shared<Flags>();
   auto* cmd = app.add_subcommand(
@@ -33,10 +35,19 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--reference", f->reference,
                 "Run the same model, data and steps in one process with no pipeline and no "
                 "remat: the oracle for correctness");
+  cmd->add_option("--resume", f->resume,
+                  "Continue a run from a checkpoint: a step-NNNNNN directory, or latest (the "
+                  "newest complete one under checkpoint.dir); same as --set checkpoint.resume=");
   cmd->add_flag("--print-config", f->print_config, "Print the effective config and exit");
   cmd->callback([f] {
     models::TrainConfig config = models::load_config(f->config, f->overrides);
     if (!f->metrics.empty()) config.output.metrics = f->metrics;
+    if (!f->resume.empty()) {
+      config.checkpoint.resume = f->resume;
+      PIPEMAT_CHECK(f->resume != "latest" || !config.checkpoint.dir.empty(), ConfigError,
+                    "--resume latest needs checkpoint.dir (--set checkpoint.dir=DIR), the "
+                    "directory the checkpoints were written to");
+    }
     if (f->print_config) {
       std::cout << models::config_to_yaml(config);
       return;

@@ -65,6 +65,7 @@ const std::vector<Section>& schema() {
       {"training",
        {"steps", "optimizer", "lr", "momentum", "weight_decay", "clip_grad_norm", "seed",
         "threads"}},
+      {"checkpoint", {"dir", "every", "keep_last", "resume"}},
       {"output", {"metrics", "timeline_svg", "progress"}},
   };
   return kSchema;
@@ -309,6 +310,8 @@ class ConfigReader {
                        read_transport(value, key, config.transport);
                      } else if (name == "training") {
                        read_training(value, key, config.training);
+                     } else if (name == "checkpoint") {
+                       read_checkpoint(value, key, config.checkpoint);
                      } else if (name == "output") {
                        read_output(value, key, config.output);
                      } else {
@@ -702,6 +705,26 @@ class ConfigReader {
                    });
   }
 
+  void read_checkpoint(const YAML::Node& node, const std::string& path,
+                       CheckpointOptions& checkpoint) {
+    for_each_entry(
+        node, path, section_keys("checkpoint"),
+        [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+          if (name == "dir") {
+            checkpoint.dir = read_string(value, key, "a directory (empty: no checkpoints)");
+          } else if (name == "every") {
+            checkpoint.every = read_int(value, key, 0);
+          } else if (name == "keep_last") {
+            checkpoint.keep_last = read_int(value, key, 0, 1000000);
+          } else if (name == "resume") {
+            checkpoint.resume =
+                read_string(value, key, "a step-NNNNNN directory or latest (empty: step 0)");
+          } else {
+            PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+          }
+        });
+  }
+
   void read_output(const YAML::Node& node, const std::string& path, OutputOptions& output) {
     for_each_entry(
         node, path, section_keys("output"),
@@ -725,6 +748,11 @@ class ConfigReader {
       fail_at(given("model.top_k") ? "model.top_k" : "model.experts",
               "top_k " + std::to_string(model.top_k) + " is larger than experts " +
                   std::to_string(model.experts) + "; expected 1 <= model.top_k <= model.experts");
+    }
+    const CheckpointOptions& checkpoint = config.checkpoint;
+    if (checkpoint.dir.empty() && (checkpoint.every > 0 || checkpoint.resume == "latest")) {
+      fail_at(checkpoint.every > 0 ? "checkpoint.every" : "checkpoint.resume",
+              "needs checkpoint.dir, the directory the checkpoints are written to / read from");
     }
     if (model.kind == "transformer" && model.hidden % model.heads != 0) {
       fail_at(given("model.heads") ? "model.heads" : "model.hidden",
@@ -1008,6 +1036,14 @@ std::string config_to_yaml(const TrainConfig& config) {
   key("clip_grad_norm") << format_number(training.clip_grad_norm);
   key("seed") << std::to_string(training.seed);
   key("threads") << training.threads;
+  out << YAML::EndMap;
+
+  const CheckpointOptions& checkpoint = config.checkpoint;
+  key("checkpoint") << YAML::BeginMap;
+  key("dir") << YAML::DoubleQuoted << checkpoint.dir;
+  key("every") << checkpoint.every;
+  key("keep_last") << checkpoint.keep_last;
+  key("resume") << YAML::DoubleQuoted << checkpoint.resume;
   out << YAML::EndMap;
 
   const OutputOptions& output = config.output;

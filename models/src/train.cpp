@@ -23,6 +23,7 @@
 #include "pipemat/remat/memory.h"
 #include "pipemat/schedule/render.h"
 #include "pipemat/schedule/simulate.h"
+#include "pipemat/pp/checkpoint.h"
 #include "pipemat/schedule/torch_csv.h"
 
 namespace pipemat::models {
@@ -63,9 +64,10 @@ void print_compute(std::ostream& out, int ranks) {
 
 class MetricsFile {
  public:
-  explicit MetricsFile(const std::string& path) {
+  // `append`: a resumed run adds its steps to the lines of the run it continues.
+  explicit MetricsFile(const std::string& path, bool append = false) {
     if (path.empty()) return;
-    file_.open(path);
+    file_.open(path, append ? std::ios::app : std::ios::trunc);
     PIPEMAT_CHECK(file_.good(), ConfigError, "output.metrics: cannot write '", path, "'");
   }
   void write(const StepMetrics& m) {
@@ -245,17 +247,35 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   };
   TrainResult result;
   result.last_stage_rank = pipeline.is_last_stage_rank();
-  MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "");
+  const CheckpointOptions& ck = config.checkpoint;
+  if (!ck.resume.empty()) {
+    const std::string dir = ck.resume == "latest" ? pp::latest_checkpoint(ck.dir) : ck.resume;
+    PIPEMAT_CHECK(!dir.empty(), ConfigError, "checkpoint.resume: latest: there is no complete "
+                  "checkpoint under '", ck.dir, "' (checkpoint.dir)");
+    pp::load_checkpoint(pipeline, transport, dir);
+    if (result.last_stage_rank && progress && config.output.progress) {
+      *progress << "resumed from " << dir << " after step " << pipeline.step() << "\n";
+    }
+  }
+  MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "", !ck.resume.empty());
   if (result.last_stage_rank && progress && config.output.progress) {
     print_compute(*progress, pipeline.schedule().ranks_count);
   }
-  for (int64_t step = 0; step < config.training.steps; ++step) {
+  for (int64_t step = pipeline.step(); step < config.training.steps; ++step) {
     StepMetrics m = pipeline.train_step(data);
     if (result.last_stage_rank) {
       metrics.write(m);
       if (progress && config.output.progress) print_progress(*progress, config, m, true);
     }
     keep_step(result, std::move(m));
+    const bool last = step + 1 == config.training.steps;
+    if (!ck.dir.empty() && ((ck.every > 0 && (step + 1) % ck.every == 0) || last)) {
+      const std::string dir =
+          pp::save_checkpoint(pipeline, transport, ck.dir, static_cast<int>(ck.keep_last));
+      if (result.last_stage_rank && progress && config.output.progress) {
+        *progress << "checkpoint " << dir << "\n";
+      }
+    }
     if (after_step) after_step(step, transport);
   }
   if (result.last_stage_rank && !config.output.timeline_svg.empty() && !result.steps.empty()) {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -181,7 +182,7 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
   const nlohmann::json want = manifest_of(pipeline);
   for (const char* field : {"format", "world_size", "schedule_kind", "stages", "micro_batches",
                             "stage_to_rank"}) {
-    PIPEMAT_CHECK(m.contains(field) && m[field] == want[field], PipelineError,
+    PIPEMAT_CHECK(m.contains(field) && m[field] == want[field], ConfigError,
                   "load_checkpoint: ", manifest_path, ": ", field, " is ",
                   m.contains(field) ? m[field].dump() : "missing", " in the checkpoint but ",
                   want[field].dump(),
@@ -260,7 +261,7 @@ void agree(comm::Transport& transport, const std::string& dir, const std::string
     works.push_back(transport.recv(r, kAgreementTag, &theirs[static_cast<size_t>(r)], 1));
   }
   for (auto& w : works) w->wait();
-  PIPEMAT_CHECK(failure.empty(), PipelineError, failure);
+  if (!failure.empty()) return;  // the caller rethrows this rank's error
   for (int r = 0; r < transport.world_size(); ++r) {
     PIPEMAT_CHECK(theirs[static_cast<size_t>(r)] == 0, PipelineError, "load_checkpoint: rank ", r,
                   " could not load its part of ", dir, " (", rank_file(dir, r),
@@ -279,12 +280,15 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
   at::Tensor rng, step;
   bool has_rng = false;
   std::string failure;
+  std::exception_ptr error;
   try {
     check_checkpoint(pipeline, dir, copies, optimizer, rng, has_rng, step);
   } catch (const std::exception& e) {
     failure = e.what();
+    error = std::current_exception();
   }
   agree(transport, dir, failure);
+  if (error) std::rethrow_exception(error);  // this rank's own error, with its type
   {
     at::NoGradGuard no_grad;
     for (auto& [to, value] : copies) to.copy_(value);

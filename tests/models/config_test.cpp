@@ -73,6 +73,10 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.training.seed, b.training.seed);
   EXPECT_EQ(a.training.threads, b.training.threads);
   EXPECT_EQ(a.training.clip_grad_norm, b.training.clip_grad_norm);
+  EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
+  EXPECT_EQ(a.checkpoint.every, b.checkpoint.every);
+  EXPECT_EQ(a.checkpoint.keep_last, b.checkpoint.keep_last);
+  EXPECT_EQ(a.checkpoint.resume, b.checkpoint.resume);
   EXPECT_EQ(a.output.metrics, b.output.metrics);
   EXPECT_EQ(a.output.timeline_svg, b.output.timeline_svg);
   EXPECT_EQ(a.output.progress, b.output.progress);
@@ -252,7 +256,7 @@ TEST(ConfigErrors, MalformedYamlNamesLineColumnAndTheParserMessage) {
 TEST(ConfigErrors, DocumentShape) {
   EXPECT_EQ(error_of("hello\n"),
             "x.yaml:1: the document is 'hello', not a mapping; expected a mapping with keys "
-            "model, partition, schedule, remat, transport, training, output");
+            "model, partition, schedule, remat, transport, training, checkpoint, output");
   EXPECT_EQ(error_of("model: {layers: 4}\n---\nmodel: {layers: 5}\n"),
             "x.yaml:3: a second YAML document starts here; expected the whole config in one "
             "document (remove the '---')");
@@ -267,13 +271,14 @@ TEST(ConfigErrors, DocumentShape) {
 TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
   EXPECT_EQ(error_of("modle: {layers: 4}\n"),
             "x.yaml:1: modle: unknown key; did you mean 'model'? allowed top-level keys: model, "
-            "partition, schedule, remat, transport, training, output");
+            "partition, schedule, remat, transport, training, checkpoint, output");
   EXPECT_EQ(error_of("optimizer: sgd\n"),
             "x.yaml:1: optimizer: unknown key; did you mean 'training.optimizer'? allowed "
-            "top-level keys: model, partition, schedule, remat, transport, training, output");
+            "top-level keys: model, partition, schedule, remat, transport, training, checkpoint, "
+            "output");
   EXPECT_EQ(error_of("extra: 1\n"),
             "x.yaml:1: extra: unknown key; allowed top-level keys: model, partition, schedule, "
-            "remat, transport, training, output");
+            "remat, transport, training, checkpoint, output");
   EXPECT_EQ(error_of("model:\n  kind: mlp\n  layer: 4\n"),
             "x.yaml:3: model.layer: unknown key; did you mean 'model.layers'? allowed in model: "
             "kind, layers, hidden, tokens, heads, ffn, experts, top_k");
@@ -555,7 +560,8 @@ TEST(ConfigOverrides, Errors) {
       "remat.early_stop, remat.checkpoint, remat.exclude, transport.kind, transport.timeout, "
       "transport.master, transport.connect_retries, training.steps, training.optimizer, "
       "training.lr, training.momentum, training.weight_decay, training.clip_grad_norm, "
-      "training.seed, training.threads, output.metrics, "
+      "training.seed, training.threads, checkpoint.dir, checkpoint.every, checkpoint.keep_last, "
+      "checkpoint.resume, output.metrics, "
       "output.timeline_svg, output.progress";
   EXPECT_EQ(error_of("", {"model={layers: 4}"}), "--set: model: unknown key; allowed: " + all_keys);
   EXPECT_EQ(error_of("", {"partition.layers_per_stage=[2,6"}),
@@ -623,6 +629,11 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  clip_grad_norm: 0\n"
             "  seed: 0\n"
             "  threads: 0\n"
+            "checkpoint:\n"
+            "  dir: \"\"\n"
+            "  every: 0\n"
+            "  keep_last: 0\n"
+            "  resume: \"\"\n"
             "output:\n"
             "  metrics: \"\"\n"
             "  timeline_svg: \"\"\n"
@@ -817,6 +828,10 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "training.clip_grad_norm",
                                                      "training.seed",
                                                      "training.threads",
+                                                     "checkpoint.dir",
+                                                     "checkpoint.every",
+                                                     "checkpoint.keep_last",
+                                                     "checkpoint.resume",
                                                      "output.metrics",
                                                      "output.timeline_svg",
                                                      "output.progress"}));

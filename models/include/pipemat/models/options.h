@@ -62,6 +62,16 @@ struct OutputOptions {
   bool progress = true;       // one human-readable line per step on stdout
 };
 
+// Checkpoints of the pipeline run (pp/checkpoint.h): `every` steps (0: never) and after the last
+// step, under `dir`, keeping the newest `keep_last` (0: all). `resume`: a step-NNNNNN directory
+// or "latest" (the newest complete checkpoint under `dir`); empty: start from step 0.
+struct CheckpointOptions {
+  std::string dir;
+  int64_t every = 0;
+  int64_t keep_last = 0;
+  std::string resume;
+};
+
 struct TrainConfig {
   ModelOptions model;
   PartitionOptions partition;
@@ -72,6 +82,7 @@ struct TrainConfig {
   RematConfig remat;
   comm::TransportOptions transport;    // kind (auto | mpi | tcp | local), timeout, tcp rendezvous
   TrainingOptions training;
+  CheckpointOptions checkpoint;
   OutputOptions output;
 };
 

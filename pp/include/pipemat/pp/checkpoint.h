@@ -28,10 +28,10 @@ std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, cons
 std::string latest_checkpoint(const std::string& root);
 
 // Collective. Loads the checkpoint in `dir` (a step-NNNNNN directory) into this rank's stages,
-// optimizer, generator and step. PipelineError when it is incomplete (no manifest, a missing or
-// truncated rank file) or was written by another pipeline: the manifest's world size, schedule
-// kind, stages or stage map, or a parameter's name or shape, differ (naming the field and both
-// values). Nothing is changed before every check of this rank passed. Resuming on another stage
+// optimizer, generator and step. ConfigError when the manifest was written by another pipeline
+// (world size, schedule kind, stages, micro-batches or stage map differ: the field and both
+// values); PipelineError when it is incomplete (no manifest, a missing or truncated rank file) or
+// a parameter's name, shape or count differs. Nothing is changed before every check of this rank passed. Resuming on another stage
 // layout (re-partitioning) is not supported.
 void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& dir);
 
