@@ -30,22 +30,7 @@ using schedule::ScheduleKind;
 using user_model::PipelineCase;
 
 void on_ranks(int ranks, const std::function<void(comm::Transport&)>& body) {
-  comm::TransportOptions options;
-  options.timeout = std::chrono::seconds(30);
-  auto transports = comm::make_local_transports(ranks, options);
-  std::vector<std::string> errors(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(*transports[r]);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-      transports[r].reset();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto errors = user_model::run_ranks(ranks, body);
   for (int r = 0; r < ranks; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
 }
 

@@ -33,27 +33,7 @@ namespace {
 using schedule::ScheduleKind;
 using user_model::PipelineCase;
 
-// Runs `body(transport)` on `ranks` threads; returns each rank's error message ("" for none).
-std::vector<std::string> run_ranks(int ranks,
-                                   const std::function<void(comm::Transport&)>& body) {
-  comm::TransportOptions options;
-  options.timeout = std::chrono::seconds(30);
-  auto transports = comm::make_local_transports(ranks, options);
-  std::vector<std::string> errors(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(*transports[r]);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-      transports[r].reset();  // peers waiting on this rank fail fast
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
+using user_model::run_ranks;
 
 void expect_equals_plain(const PipelineCase& c) {
   const auto plain = user_model::plain_training(c.blocks, c.micro_batches, c.steps);

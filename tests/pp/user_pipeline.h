@@ -2,15 +2,44 @@
 // The user model of user_model.h trained through the public pp API on one rank, recording what
 // the plain loop records, for comparison.
 
+#include <chrono>
+#include <exception>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "pipemat/comm/transport.h"
 
 #include "pipemat/pp/pipeline.h"
 #include "user_model.h"
 
 namespace user_model {
+
+// Runs `body(transport)` on `ranks` threads over local transports; returns each rank's error
+// message ("" for none).
+inline std::vector<std::string> run_ranks(
+    int ranks, const std::function<void(pipemat::comm::Transport&)>& body) {
+  pipemat::comm::TransportOptions options;
+  options.timeout = std::chrono::seconds(30);
+  auto transports = pipemat::comm::make_local_transports(ranks, options);
+  std::vector<std::string> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(*transports[r]);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+      transports[r].reset();  // peers waiting on this rank fail fast
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
 
 struct PipelineCase {
   pipemat::schedule::ScheduleKind kind = pipemat::schedule::ScheduleKind::kOneFOneB;
