@@ -36,8 +36,8 @@ void add_bench_soak_command(CLI::App& bench) {
   cmd->add_option("--warmup", f->soak.warmup, "Steps before the first sample")
       ->capture_default_str();
   cmd->add_option("--config", f->config,
-                  "YAML config of the pipeline loop (default: the built-in defaults, "
-                  "docs/config.md)");
+                  "YAML config of the pipeline loop (default: the built-in defaults of "
+                  "docs/config.md on 2 ranks: 1F1B, 4 micro-batches, pre-triggered recompute)");
   cmd->add_option("--set", f->overrides, "Override a config key: --set model.layers=4")
       ->take_all();
   cmd->add_option("--layers", f->soak.layers, "Remat loop: layers")->capture_default_str();
@@ -49,7 +49,7 @@ void add_bench_soak_command(CLI::App& bench) {
   cmd->add_flag("--json", f->json, "Print one JSON object at the end instead of lines");
   cmd->callback([f] {
     const models::TrainConfig config =
-        f->config.empty() ? models::parse_config("", "built-in defaults", f->overrides)
+        f->config.empty() ? models::parse_config(models::kSoakPipeline, "bench soak", f->overrides)
                           : models::load_config(f->config, f->overrides);
     pp::set_compute_threads(f->threads);
     const auto print = [&](const models::SoakSample& s) {
