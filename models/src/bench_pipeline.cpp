@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "pipemat/core/error.h"
@@ -132,10 +133,12 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
   std::vector<std::string> common = o.overrides;
   common.push_back("training.steps=" + std::to_string(o.steps));
   TrainConfig base = load_config(o.config, common);
+  // Every variant's config, valid before anything runs.
+  std::map<std::string, TrainConfig> variant;
   for (const auto& s : o.schedules) {
     std::vector<std::string> with_kind = common;
     with_kind.push_back("schedule.kind=" + s);
-    load_config(o.config, with_kind);  // every variant's config is valid before anything runs
+    variant.emplace(s, load_config(o.config, with_kind));
   }
   const int ranks = static_cast<int>(base.schedule.stages);
   std::vector<BenchPipelineRow> rows;
@@ -196,7 +199,7 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
       std::vector<std::string> sets = common;
       sets.push_back("schedule.kind=" + schedule);
       if (transport == "local") {
-        TrainConfig config = load_config(o.config, sets);
+        TrainConfig config = variant.at(schedule);
         config.transport.kind = comm::TransportKind::kLocal;
         config.output = OutputOptions{};
         config.output.progress = false;

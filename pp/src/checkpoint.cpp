@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -154,11 +155,19 @@ std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, cons
 std::string latest_checkpoint(const std::string& root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return "";
+  // By step number, not by name: step-1000000 sorts before step-999999 as text.
   std::string best;
+  long long best_step = -1;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind("step-", 0) != 0 || !fs::exists(entry.path() / "manifest.json")) continue;
-    if (best.empty() || entry.path().string() > best) best = entry.path().string();
+    char* end = nullptr;
+    const long long step = std::strtoll(name.c_str() + 5, &end, 10);
+    if (end == name.c_str() + 5 || *end != '\0') continue;
+    if (step > best_step) {
+      best_step = step;
+      best = entry.path().string();
+    }
   }
   return best;
 }
