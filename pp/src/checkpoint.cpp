@@ -43,6 +43,15 @@ std::string step_dir_name(int64_t step) {
   return name;
 }
 
+// The step of a "step-NNNNNN" directory name, or -1. Checkpoints are ordered by it, not by
+// name: step-1000000 sorts before step-999999 as text.
+long long step_of(const std::string& name) {
+  if (name.rfind("step-", 0) != 0) return -1;
+  char* end = nullptr;
+  const long long step = std::strtoll(name.c_str() + 5, &end, 10);
+  return end == name.c_str() + 5 || *end != '\0' ? -1 : step;
+}
+
 std::string rank_file(const std::string& dir, int rank) {
   return (fs::path(dir) / ("rank-" + std::to_string(rank) + ".pt")).string();
 }
@@ -137,15 +146,17 @@ std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, cons
     }
     publish(manifest + ".tmp", manifest);
     if (keep_last > 0) {
-      std::vector<std::string> complete;
+      std::vector<std::pair<long long, std::string>> complete;
       for (const auto& entry : fs::directory_iterator(root)) {
-        const std::string name = entry.path().filename().string();
-        if (name.rfind("step-", 0) == 0 && fs::exists(entry.path() / "manifest.json")) {
-          complete.push_back(entry.path().string());
+        const long long step = step_of(entry.path().filename().string());
+        if (step >= 0 && fs::exists(entry.path() / "manifest.json")) {
+          complete.emplace_back(step, entry.path().string());
         }
       }
       std::sort(complete.begin(), complete.end());
-      for (size_t i = 0; i + keep_last < complete.size(); ++i) fs::remove_all(complete[i], ec);
+      for (size_t i = 0; i + keep_last < complete.size(); ++i) {
+        fs::remove_all(complete[i].second, ec);
+      }
     }
   }
   transport.barrier();  // the manifest exists before any rank goes on
@@ -155,15 +166,11 @@ std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, cons
 std::string latest_checkpoint(const std::string& root) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return "";
-  // By step number, not by name: step-1000000 sorts before step-999999 as text.
   std::string best;
   long long best_step = -1;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || !fs::exists(entry.path() / "manifest.json")) continue;
-    char* end = nullptr;
-    const long long step = std::strtoll(name.c_str() + 5, &end, 10);
-    if (end == name.c_str() + 5 || *end != '\0') continue;
+    const long long step = step_of(entry.path().filename().string());
+    if (step < 0 || !fs::exists(entry.path() / "manifest.json")) continue;
     if (step > best_step) {
       best_step = step;
       best = entry.path().string();
