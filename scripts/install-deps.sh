@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian package pipemat needs to build, test and run.
+# Installs every Debian package pipemat needs to build, test and run (and fortunes: the English
+# text the main job trains on, under /usr/share/games/fortunes).
 # Idempotent: quiet and fast when everything is already present. Needs root (or sudo) on Debian 12.
 set -euo pipefail
 
@@ -14,6 +15,7 @@ packages=(
   libyaml-cpp-dev
   nlohmann-json3-dev
   libfmt-dev
+  fortunes
 )
 
 missing=()

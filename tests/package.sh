@@ -35,7 +35,7 @@ in_tree=$(result "$build/examples/pipeline_library/pipeline_example")
 echo "installed: $installed"
 echo "in tree:   $in_tree"
 [ -n "$installed" ] && [ "$installed" = "$in_tree" ] || { echo "package: FAIL: the results differ"; exit 1; }
-out=$(OMP_NUM_THREADS=1 "$work/prefix/bin/pipemat-run" -n 2 --tcp "$src/configs/default.yaml" -- \
+out=$(OMP_NUM_THREADS=1 "$work/prefix/bin/pipemat-run" -n 2 --tcp "$src/configs/zoo.yaml" -- \
       --set training.steps=2 2>&1) || { echo "$out" | tail -5; echo "package: FAIL: installed pipemat-run"; exit 1; }
 grep -q "step 2/2  loss" <<<"$out" || { echo "$out" | tail -5; echo "package: FAIL: no step 2/2"; exit 1; }
 echo "package: ok"

@@ -25,6 +25,36 @@ std::string format_bytes(int64_t bytes) {
   return buf;
 }
 
+std::string format_count(double count) {
+  const char* units[] = {"", "k", "M", "G", "T"};
+  int unit = 0;
+  while (count >= 999.5 && unit < 4) {
+    count /= 1000.0;
+    ++unit;
+  }
+  char buf[32];
+  if (unit == 0) {
+    std::snprintf(buf, sizeof(buf), "%.0f", count);
+  } else {
+    std::snprintf(buf, sizeof(buf), count < 9.995 ? "%.2f%s" : count < 99.95 ? "%.1f%s" : "%.0f%s",
+                  count, units[unit]);
+  }
+  return buf;
+}
+
+std::string format_duration(double seconds) {
+  const long long s = seconds < 0 ? 0 : static_cast<long long>(seconds + 0.5);
+  char buf[32];
+  if (s < 60) {
+    std::snprintf(buf, sizeof(buf), "%lld s", s);
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof(buf), "%lldm%02llds", s / 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", s / 3600, (s / 60) % 60);
+  }
+  return buf;
+}
+
 int64_t parse_bytes(const std::string& text, const std::string& what) {
   size_t pos = 0;
   while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;

@@ -19,11 +19,13 @@ void add_train_command(CLI::App& app) {
     bool reference = false;
     bool print_config = false;
     std::string resume;
+    int64_t stop_after = 0;
   };
   auto f = std::make_shared<Flags>();
   auto* cmd = app.add_subcommand(
       "train",
-      "Pipeline-parallel training of a zoo model with remat, as the YAML config describes.\n"
+      "Pipeline-parallel training with remat, as the YAML config describes: a byte-level GPT on\n"
+      "text (model.kind gpt, configs/default.yaml) or a zoo model on synthetic data.\n"
       "Start one process per pipeline rank: `pipemat-run -n 2 configs/default.yaml` (mpirun),\n"
       "or set transport.kind=local to run every rank as a thread of this process.\n"
       "Prints one progress line per step; --metrics writes one JSON line per step.");
@@ -38,10 +40,16 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--resume", f->resume,
                   "Continue a run from a checkpoint: a step-NNNNNN directory, or latest (the "
                   "newest complete one under checkpoint.dir); same as --set checkpoint.resume=");
+  cmd->add_option("--stop-after", f->stop_after,
+                  "Stop after this many steps (saving a checkpoint with checkpoint.dir) while the "
+                  "LR schedule still spans training.steps; --resume continues the run; same as "
+                  "--set training.stop_after=")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--print-config", f->print_config, "Print the effective config and exit");
   cmd->callback([f] {
     models::TrainConfig config = models::load_config(f->config, f->overrides);
     if (!f->metrics.empty()) config.output.metrics = f->metrics;
+    if (f->stop_after > 0) config.training.stop_after = f->stop_after;
     if (!f->resume.empty()) {
       config.checkpoint.resume = f->resume;
       PIPEMAT_CHECK(f->resume != "latest" || !config.checkpoint.dir.empty(), ConfigError,

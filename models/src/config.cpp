@@ -57,16 +57,20 @@ bool contains(const Names& names, const std::string& name) {
 
 const std::vector<Section>& schema() {
   static const std::vector<Section> kSchema = {
-      {"model", {"kind", "layers", "hidden", "tokens", "heads", "ffn", "experts", "top_k"}},
+      {"model",
+       {"kind", "layers", "hidden", "tokens", "heads", "ffn", "experts", "top_k", "seq_len",
+        "batch", "dropout"}},
+      {"data", {"path", "validation"}},
       {"partition", {"layers_per_stage"}},
       {"schedule", {"kind", "stages", "micro_batches", "virtual_stages", "recompute", "csv"}},
       {"remat", {"policy", "early_stop", "checkpoint", "exclude"}},
       {"transport", {"kind", "timeout", "master", "connect_retries"}},
       {"training",
        {"steps", "optimizer", "lr", "momentum", "weight_decay", "clip_grad_norm", "seed",
-        "threads"}},
+        "threads", "warmup", "lr_decay", "min_lr", "eval_every", "eval_batches", "stop_after"}},
       {"checkpoint", {"dir", "every", "keep_last", "resume"}},
-      {"output", {"metrics", "timeline_svg", "progress"}},
+      {"sample", {"tokens", "prompt", "temperature", "top_k", "seed"}},
+      {"output", {"metrics", "timeline_svg", "loss_svg", "progress"}},
   };
   return kSchema;
 }
@@ -110,7 +114,11 @@ Names overridable_keys() {
 }
 
 const Names& model_kinds() {
-  static const Names kNames = {"mlp", "rmsnorm-gemm", "transformer", "moe", "save-chain"};
+  static const Names kNames = {"gpt", "mlp", "rmsnorm-gemm", "transformer", "moe", "save-chain"};
+  return kNames;
+}
+const Names& lr_decays() {
+  static const Names kNames = {"none", "cosine"};
   return kNames;
 }
 const Names& remat_policies() {
@@ -300,6 +308,8 @@ class ConfigReader {
                    [&](const std::string& name, const std::string& key, const YAML::Node& value) {
                      if (name == "model") {
                        read_model(value, key, config.model);
+                     } else if (name == "data") {
+                       read_data(value, key, config.data);
                      } else if (name == "partition") {
                        read_partition(value, key, config.partition);
                      } else if (name == "schedule") {
@@ -312,6 +322,8 @@ class ConfigReader {
                        read_training(value, key, config.training);
                      } else if (name == "checkpoint") {
                        read_checkpoint(value, key, config.checkpoint);
+                     } else if (name == "sample") {
+                       read_sample(value, key, config.sample);
                      } else if (name == "output") {
                        read_output(value, key, config.output);
                      } else {
@@ -537,6 +549,45 @@ class ConfigReader {
                        model.experts = read_int(value, key, 1, kMaxExperts);
                      } else if (name == "top_k") {
                        model.top_k = read_int(value, key, 1, kMaxExperts);
+                     } else if (name == "seq_len") {
+                       model.seq_len = read_int(value, key, 1, kMaxTokens);
+                     } else if (name == "batch") {
+                       model.batch = read_int(value, key, 1, kMaxTokens);
+                     } else if (name == "dropout") {
+                       model.dropout = read_number(value, key, 0, false, 0.9);
+                     } else {
+                       PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+                     }
+                   });
+  }
+
+  void read_data(const YAML::Node& node, const std::string& path, DataOptions& data) {
+    for_each_entry(node, path, section_keys("data"),
+                   [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+                     if (name == "path") {
+                       data.path = read_string(value, key, "a text file or a directory of text "
+                                                           "files, e.g. /usr/share/games/fortunes");
+                     } else if (name == "validation") {
+                       data.validation = read_number(value, key, 0, true, 0.5);
+                     } else {
+                       PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+                     }
+                   });
+  }
+
+  void read_sample(const YAML::Node& node, const std::string& path, SampleOptions& sample) {
+    for_each_entry(node, path, section_keys("sample"),
+                   [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+                     if (name == "tokens") {
+                       sample.tokens = read_int(value, key, 0, kMaxTokens);
+                     } else if (name == "prompt") {
+                       sample.prompt = read_string(value, key, "the text the sample continues");
+                     } else if (name == "temperature") {
+                       sample.temperature = read_number(value, key, 0, true, 100);
+                     } else if (name == "top_k") {
+                       sample.top_k = read_int(value, key, 0, 256);
+                     } else if (name == "seed") {
+                       sample.seed = read_uint64(value, key);
                      } else {
                        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
                      }
@@ -699,6 +750,18 @@ class ConfigReader {
                        training.seed = read_uint64(value, key);
                      } else if (name == "threads") {
                        training.threads = read_int(value, key, 0, 1024);
+                     } else if (name == "warmup") {
+                       training.warmup = read_int(value, key, 0);
+                     } else if (name == "lr_decay") {
+                       training.lr_decay = read_choice(value, key, lr_decays());
+                     } else if (name == "min_lr") {
+                       training.min_lr = read_number(value, key, 0, false, kMaxRate);
+                     } else if (name == "eval_every") {
+                       training.eval_every = read_int(value, key, 0);
+                     } else if (name == "eval_batches") {
+                       training.eval_batches = read_int(value, key, 1, 1 << 20);
+                     } else if (name == "stop_after") {
+                       training.stop_after = read_int(value, key, 0);
                      } else {
                        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
                      }
@@ -733,6 +796,8 @@ class ConfigReader {
             output.metrics = read_string(value, key, "a file path (empty: no metrics file)");
           } else if (name == "timeline_svg") {
             output.timeline_svg = read_string(value, key, "a file path (empty: no timeline)");
+          } else if (name == "loss_svg") {
+            output.loss_svg = read_string(value, key, "a file path (empty: no loss curve)");
           } else if (name == "progress") {
             output.progress = read_bool(value, key);
           } else {
@@ -754,7 +819,25 @@ class ConfigReader {
       fail_at(checkpoint.every > 0 ? "checkpoint.every" : "checkpoint.resume",
               "needs checkpoint.dir, the directory the checkpoints are written to / read from");
     }
-    if (model.kind == "transformer" && model.hidden % model.heads != 0) {
+    if (model.kind == "gpt" && config.data.path.empty()) {
+      fail_at("model.kind", "gpt trains on text and needs data.path, a text file or a directory "
+                            "of text files (e.g. /usr/share/games/fortunes)");
+    }
+    if (model.kind == "gpt" && config.sample.tokens > 0 && config.checkpoint.dir.empty()) {
+      fail_at("sample.tokens", "the sample is drawn from the final checkpoint and needs "
+                               "checkpoint.dir");
+    }
+    if (model.kind != "gpt" && (config.sample.tokens > 0 || config.training.eval_every > 0)) {
+      fail_at(config.sample.tokens > 0 ? "sample.tokens" : "training.eval_every",
+              "only for model.kind gpt (the zoo's synthetic data has no text to sample or "
+              "validate on)");
+    }
+    if (config.training.min_lr > config.training.lr) {
+      fail_at("training.min_lr", "min_lr " + format_number(config.training.min_lr) +
+                                     " is larger than training.lr " +
+                                     format_number(config.training.lr));
+    }
+    if ((model.kind == "transformer" || model.kind == "gpt") && model.hidden % model.heads != 0) {
       fail_at(given("model.heads") ? "model.heads" : "model.hidden",
               "hidden " + std::to_string(model.hidden) + " is not divisible by heads " +
                   std::to_string(model.heads) + "; expected model.hidden % model.heads == 0");
@@ -765,7 +848,7 @@ class ConfigReader {
     const double f = static_cast<double>(model.ffn > 0 ? model.ffn : 4 * model.hidden);
     double per_layer = h * h + 2 * h;  // rmsnorm-gemm, save-chain (upper bound)
     if (model.kind == "mlp") per_layer = 2 * h * f + h;
-    if (model.kind == "transformer") per_layer = 4 * h * h + 2 * h * f + 2 * h;
+    if (model.kind == "transformer" || model.kind == "gpt") per_layer = 4 * h * h + 2 * h * f + 2 * h;
     if (model.kind == "moe") per_layer = static_cast<double>(model.experts) * (h * h + h) + 2 * h;
     const double weights = 4.0 * per_layer * static_cast<double>(model.layers);
     if (weights > kMaxWeightBytes) {
@@ -778,10 +861,13 @@ class ConfigReader {
     }
     const double width = std::max(h, model.kind == "transformer" || model.kind == "mlp" ? f : h) *
                          (model.kind == "moe" ? static_cast<double>(model.top_k) : 1.0);
-    const double activation = 4.0 * static_cast<double>(model.tokens) * width;
+    const double tokens = model.kind == "gpt" ? static_cast<double>(model.batch * model.seq_len)
+                                              : static_cast<double>(model.tokens);
+    const double activation = 4.0 * tokens * width;
     if (activation > kMaxActivationBytes) {
-      fail_at(given("model.tokens") ? "model.tokens" : "model.hidden",
-              "one activation of " + std::to_string(model.tokens) + " tokens x " +
+      const char* key = model.kind == "gpt" ? "model.batch" : "model.tokens";
+      fail_at(given(key) ? key : "model.hidden",
+              "one activation of " + format_number(tokens) + " tokens x " +
                   format_number(width) + " is about " +
                   format_number(activation / (1LL << 30)) + " GiB, more than the limit of " +
                   format_number(kMaxActivationBytes / (1LL << 30)) +
@@ -983,6 +1069,14 @@ std::string config_to_yaml(const TrainConfig& config) {
   key("ffn") << model.ffn;
   key("experts") << model.experts;
   key("top_k") << model.top_k;
+  key("seq_len") << model.seq_len;
+  key("batch") << model.batch;
+  key("dropout") << format_number(model.dropout);
+  out << YAML::EndMap;
+
+  key("data") << YAML::BeginMap;
+  key("path") << YAML::DoubleQuoted << config.data.path;
+  key("validation") << format_number(config.data.validation);
   out << YAML::EndMap;
 
   key("partition") << YAML::BeginMap;
@@ -1036,6 +1130,12 @@ std::string config_to_yaml(const TrainConfig& config) {
   key("clip_grad_norm") << format_number(training.clip_grad_norm);
   key("seed") << std::to_string(training.seed);
   key("threads") << training.threads;
+  key("warmup") << training.warmup;
+  key("lr_decay") << training.lr_decay;
+  key("min_lr") << format_number(training.min_lr);
+  key("eval_every") << training.eval_every;
+  key("eval_batches") << training.eval_batches;
+  key("stop_after") << training.stop_after;
   out << YAML::EndMap;
 
   const CheckpointOptions& checkpoint = config.checkpoint;
@@ -1046,10 +1146,20 @@ std::string config_to_yaml(const TrainConfig& config) {
   key("resume") << YAML::DoubleQuoted << checkpoint.resume;
   out << YAML::EndMap;
 
+  const SampleOptions& sample = config.sample;
+  key("sample") << YAML::BeginMap;
+  key("tokens") << sample.tokens;
+  key("prompt") << YAML::DoubleQuoted << sample.prompt;
+  key("temperature") << format_number(sample.temperature);
+  key("top_k") << sample.top_k;
+  key("seed") << std::to_string(sample.seed);
+  out << YAML::EndMap;
+
   const OutputOptions& output = config.output;
   key("output") << YAML::BeginMap;
   key("metrics") << YAML::DoubleQuoted << output.metrics;
   key("timeline_svg") << YAML::DoubleQuoted << output.timeline_svg;
+  key("loss_svg") << YAML::DoubleQuoted << output.loss_svg;
   key("progress") << output.progress;
   out << YAML::EndMap;
 

@@ -5,47 +5,81 @@
 #include <torch/optim/sgd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <system_error>
 #include <thread>
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
-#include "pipemat/models/zoo_stages.h"
+#include "pipemat/models/config.h"
+#include "pipemat/models/generate.h"
+#include "pipemat/models/loss_curve.h"
+#include "pipemat/models/model_run.h"
+#include "pipemat/pp/checkpoint.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/remat/memory.h"
+#include "pipemat/remat/rng.h"
 #include "pipemat/schedule/render.h"
 #include "pipemat/schedule/simulate.h"
-#include "pipemat/pp/checkpoint.h"
 #include "pipemat/schedule/torch_csv.h"
 
 namespace pipemat::models {
 namespace {
 
-void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& m, bool pipeline) {
-  char line[320];
+// Elapsed time and steps of this process's run, for tokens/s and the ETA.
+struct Pace {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  int64_t first_step = 0;   // the step this process started at (resume: not 0)
+  int64_t tokens_per_step = 0;
+};
+
+void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& m, bool pipeline,
+                    const Pace& pace) {
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - pace.start).count();
+  const auto done = static_cast<double>(m.step + 1 - pace.first_step);
+  const double eta = elapsed / done * static_cast<double>(c.training.steps - m.step - 1);
+  const double tokens_per_s =
+      m.step_ms > 0 ? static_cast<double>(pace.tokens_per_step) * 1000.0 / m.step_ms : 0.0;
+  const int percent = static_cast<int>(100 * (m.step + 1) / c.training.steps);
+  char line[400];
+  int n = std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.6f  %s tok/s  %.1f ms",
+                        static_cast<long long>(m.step + 1), static_cast<long long>(c.training.steps),
+                        m.loss, format_count(tokens_per_s).c_str(), m.step_ms);
   if (pipeline) {
-    std::snprintf(
-        line, sizeof(line),
-        "step %lld/%lld  loss %.6f  %.1f ms  bubble %.3f (simulated %.3f)  peak %s  "
-        "remat: units %lld replays %lld early-stops %lld save %lld skipped %lld\n",
-        static_cast<long long>(m.step + 1), static_cast<long long>(c.training.steps), m.loss,
-        m.step_ms, m.bubble, m.simulated_bubble, format_bytes(m.peak_bytes).c_str(),
-        static_cast<long long>(m.remat.unit_calls), static_cast<long long>(m.remat.replays),
-        static_cast<long long>(m.remat.early_stops), static_cast<long long>(m.remat.save_calls),
-        static_cast<long long>(m.remat.save_skips));
-  } else {
-    std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.6f  %.1f ms  peak %s  (reference)\n",
-                  static_cast<long long>(m.step + 1), static_cast<long long>(c.training.steps),
-                  m.loss, m.step_ms, format_bytes(m.peak_bytes).c_str());
+    n += std::snprintf(line + n, sizeof(line) - n, "  bubble %.3f (simulated %.3f)", m.bubble,
+                       m.simulated_bubble);
   }
+  n += std::snprintf(line + n, sizeof(line) - n, "  peak %s  %3d%%  ETA %s",
+                     format_bytes(m.peak_bytes).c_str(), percent, format_duration(eta).c_str());
+  if (pipeline) {
+    std::snprintf(line + n, sizeof(line) - n,
+                  "  remat: units %lld replays %lld early-stops %lld save %lld skipped %lld",
+                  static_cast<long long>(m.remat.unit_calls),
+                  static_cast<long long>(m.remat.replays),
+                  static_cast<long long>(m.remat.early_stops),
+                  static_cast<long long>(m.remat.save_calls),
+                  static_cast<long long>(m.remat.save_skips));
+  } else {
+    std::snprintf(line + n, sizeof(line) - n, "  (reference)");
+  }
+  out << line << "\n" << std::flush;
+}
+
+void print_validation(std::ostream& out, int64_t step, double loss) {
+  char line[160];
+  std::snprintf(line, sizeof(line), "validation after step %lld: loss %.4f nats/byte (%.3f bits)\n",
+                static_cast<long long>(step + 1), loss, loss / std::log(2.0));
   out << line << std::flush;
 }
 
@@ -70,8 +104,8 @@ class MetricsFile {
     file_.open(path, append ? std::ios::app : std::ios::trunc);
     PIPEMAT_CHECK(file_.good(), ConfigError, "output.metrics: cannot write '", path, "'");
   }
-  void write(const StepMetrics& m) {
-    if (file_.is_open()) file_ << metrics_json(m) << "\n" << std::flush;
+  void write(const StepMetrics& m, std::optional<double> validation = std::nullopt) {
+    if (file_.is_open()) file_ << metrics_json(m, validation) << "\n" << std::flush;
   }
 
  private:
@@ -110,10 +144,11 @@ void write_timeline_svg(const TrainConfig& config, const schedule::Schedule& pla
 
 }  // namespace
 
-std::string metrics_json(const StepMetrics& m) {
+std::string metrics_json(const StepMetrics& m, std::optional<double> validation_loss) {
   nlohmann::ordered_json j;
   j["step"] = m.step;
   j["loss"] = m.loss;
+  if (validation_loss) j["val_loss"] = *validation_loss;
   j["step_ms"] = m.step_ms;
   j["bubble"] = m.bubble;
   j["schedule_bubble"] = m.measured.bubble_ratio;
@@ -142,10 +177,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainingOptions& t
                 "' is not allowed; allowed: sgd, adamw");
   return std::make_unique<torch::optim::AdamW>(
       params, torch::optim::AdamWOptions(t.lr).weight_decay(t.weight_decay));
-}
-
-at::Tensor mse(const at::Tensor& output, const at::Tensor& target) {
-  return (output - target).pow(2).mean();
 }
 
 double since_ms(std::chrono::steady_clock::time_point t0) {
@@ -216,6 +247,34 @@ ResolvedSchedule resolve_schedule(const TrainConfig& config) {
   return out;
 }
 
+namespace {
+
+pp::LrSchedule lr_schedule_of(const TrainingOptions& training) {
+  if (training.warmup == 0 && training.lr_decay == "none") return nullptr;
+  return [training](torch::optim::Optimizer& optimizer, int64_t step) {
+    const double lr = lr_at(training, step);
+    for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+  };
+}
+
+// Creates the parent directory of an output file.
+void make_parent(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+}
+
+void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train,
+                    const std::vector<LossPoint>& validation, const std::string& title) {
+  make_parent(path);
+  std::ofstream file(path);
+  PIPEMAT_CHECK(file.good(), ConfigError, "output.loss_svg: cannot write '", path, "'");
+  file << render_loss_svg(train, validation, title);
+}
+
+}  // namespace
+
 TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::ostream* progress,
                      const AfterStep& after_step) {
   remat::install_tracking_allocator();
@@ -225,110 +284,170 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   pp::PipelineOptions options;
   options.schedule = config.schedule;
   options.actions = resolved.actions;
-  options.remat = stage_policy(config.model, config.remat);
-  options.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
-    return mse(out.at(0), target.at(0));
-  };
+  const ModelRun run = make_model_run(config, pp::stage_count(options));
+  options.remat = run.policy;
+  options.loss = run.loss;
   options.optimizer = [training = config.training](const std::vector<at::Tensor>& params) {
     return make_optimizer(training, params);
   };
+  options.lr_schedule = lr_schedule_of(config.training);
   options.clip_grad_norm = config.training.clip_grad_norm;
-  // Every rank builds all layers from the same seed, so the pipeline and the reference hold
-  // bit-identical weights, and keeps those of its own stages.
-  const auto layers = build_layers(config.model, config.training.seed);
-  const auto bounds = partition_layers(layers, config.partition, pp::stage_count(options));
-  pp::Pipeline pipeline(transport, options, [&](int s) {
-    return pp::make_stage(s, Stage(std::vector<torch::nn::AnyModule>(
-                                 layers.begin() + bounds[s], layers.begin() + bounds[s + 1])));
-  });
-  const pp::DataSource data = [&](int64_t step, int64_t micro_batch) {
-    auto [input, target] = micro_batch_data(config.model, config.training.seed, step, micro_batch);
-    return pp::MicroBatch{{input}, {target}};
-  };
+  if (run.random) options.seed = config.training.seed;
+  pp::Pipeline pipeline(transport, options, run.stage);
   TrainResult result;
   result.last_stage_rank = pipeline.is_last_stage_rank();
+  const bool talk = result.last_stage_rank && progress && config.output.progress;
   const CheckpointOptions& ck = config.checkpoint;
   if (!ck.resume.empty()) {
     const std::string dir = ck.resume == "latest" ? pp::latest_checkpoint(ck.dir) : ck.resume;
     PIPEMAT_CHECK(!dir.empty(), ConfigError, "checkpoint.resume: latest: there is no complete "
                   "checkpoint under '", ck.dir, "' (checkpoint.dir)");
     pp::load_checkpoint(pipeline, transport, dir);
-    if (result.last_stage_rank && progress && config.output.progress) {
-      *progress << "resumed from " << dir << " after step " << pipeline.step() << "\n";
-    }
+    if (talk) *progress << "resumed from " << dir << " after step " << pipeline.step() << "\n";
   }
+  if (result.last_stage_rank && !config.output.metrics.empty()) make_parent(config.output.metrics);
   MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "", !ck.resume.empty());
-  if (result.last_stage_rank && progress && config.output.progress) {
+  if (talk) {
     print_compute(*progress, pipeline.schedule().ranks_count);
+    *progress << "model: " << run.summary << "\n" << std::flush;
   }
-  for (int64_t step = pipeline.step(); step < config.training.steps; ++step) {
-    StepMetrics m = pipeline.train_step(data);
+  const std::string metadata = config_to_yaml(given);
+  Pace pace;
+  pace.first_step = pipeline.step();
+  pace.tokens_per_step = run.tokens_per_micro_batch * config.schedule.micro_batches;
+  const int64_t eval_every = run.eval_data ? config.training.eval_every : 0;
+  std::vector<LossPoint> train_curve, validation_curve;
+  std::string final_checkpoint;
+  const int64_t end = config.training.stop_after > 0
+                          ? std::min(config.training.stop_after, config.training.steps)
+                          : config.training.steps;
+  for (int64_t step = pipeline.step(); step < end; ++step) {
+    StepMetrics m = pipeline.train_step(run.train_data);
+    const bool last = step + 1 == config.training.steps;
+    std::optional<double> validation;
+    if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) {
+      pp::EvalOptions eo;
+      eo.micro_batches = config.training.eval_batches;
+      validation = pipeline.evaluate(run.eval_data, eo).loss;
+      result.validation.push_back({step, *validation});
+      validation_curve.push_back({step + 1, *validation});
+    }
+    train_curve.push_back({step + 1, m.loss});
     if (result.last_stage_rank) {
-      metrics.write(m);
-      if (progress && config.output.progress) print_progress(*progress, config, m, true);
+      metrics.write(m, validation);
+      if (talk) {
+        print_progress(*progress, config, m, true, pace);
+        if (validation) print_validation(*progress, step, *validation);
+      }
     }
     keep_step(result, std::move(m));
-    const bool last = step + 1 == config.training.steps;
-    if (!ck.dir.empty() && ((ck.every > 0 && (step + 1) % ck.every == 0) || last)) {
-      const std::string dir =
-          pp::save_checkpoint(pipeline, transport, ck.dir, static_cast<int>(ck.keep_last));
-      if (result.last_stage_rank && progress && config.output.progress) {
-        *progress << "checkpoint " << dir << "\n";
-      }
+    if (!ck.dir.empty() && ((ck.every > 0 && (step + 1) % ck.every == 0) || step + 1 == end)) {
+      final_checkpoint = pp::save_checkpoint(pipeline, transport, ck.dir,
+                                             static_cast<int>(ck.keep_last), metadata);
+      if (talk) *progress << "checkpoint " << final_checkpoint << "\n";
     }
     if (after_step) after_step(step, transport);
   }
   if (result.last_stage_rank && !config.output.timeline_svg.empty() && !result.steps.empty()) {
     write_timeline_svg(config, pipeline.schedule(), result.last);
   }
+  if (result.last_stage_rank && !config.output.loss_svg.empty() && !train_curve.empty()) {
+    write_loss_svg(config.output.loss_svg, train_curve, validation_curve, run.summary);
+    if (talk) *progress << "loss curve " << config.output.loss_svg << "\n";
+  }
+  if (result.last_stage_rank && config.sample.tokens > 0 && !final_checkpoint.empty() &&
+      end == config.training.steps) {
+    const GenerateResult sample = generate_text(final_checkpoint, config.sample);
+    result.sample = sample.text;
+    if (talk) {
+      *progress << "sample (pipemat generate --checkpoint " << final_checkpoint << " --tokens "
+                << config.sample.tokens << "):\n"
+                << config.sample.prompt << sample.text << "\n" << std::flush;
+    }
+  }
   for (int s : pipeline.stages()) {
     for (const auto& item : pipeline.stage(s).module->named_parameters()) {
-      // "layers.<local>.<rest>" -> "layers.<global>.<rest>"
-      const std::string& key = item.key();
-      const auto first = key.find('.'), second = key.find('.', first + 1);
-      const int64_t local = std::stoll(key.substr(first + 1, second - first - 1));
-      result.params.emplace_back("layers." + std::to_string(bounds[s] + local) + key.substr(second),
-                                 item.value());
+      result.params.emplace_back(run.global_name(s, item.key()), item.value());
     }
   }
   return result;
 }
 
 std::vector<StepMetrics> run_reference(const TrainConfig& given,
-                                       std::vector<std::pair<std::string, at::Tensor>>* params) {
+                                       std::vector<std::pair<std::string, at::Tensor>>* params,
+                                       std::vector<std::pair<int64_t, double>>* validation) {
   const TrainConfig config = resolve_schedule(given).config;
-  auto layers = build_layers(config.model, config.training.seed);
-  Stage model(layers);
-  auto optimizer = make_optimizer(config.training, model->parameters());
+  // The same stages as the pipeline, chained in one process: no transport, no remat.
+  pp::PipelineOptions shape;
+  shape.schedule = config.schedule;
+  const int stages = pp::stage_count(shape);
+  const ModelRun run = make_model_run(config, stages);
+  std::vector<pp::PipelineStage> chain;
+  std::vector<at::Tensor> all;
+  for (int s = 0; s < stages; ++s) {
+    chain.push_back(run.stage(s));
+    for (const auto& p : chain.back().module->parameters()) all.push_back(p);
+  }
+  auto optimizer = make_optimizer(config.training, all);
+  const pp::LrSchedule lr_schedule = lr_schedule_of(config.training);
+  const uint64_t seed = config.training.seed;
+  // Stage s of micro-batch i draws from forward_seed(seed, step, i, s) when the model is
+  // random, as the pipeline's ranks do (Note [Random streams of a step]).
+  auto forward = [&](pp::Tensors x, int64_t step, int64_t i) {
+    for (int s = 0; s < stages; ++s) {
+      std::optional<remat::ThreadGeneratorScope> rng;
+      if (run.random) rng.emplace(pp::forward_seed(seed, step, i, s));
+      x = chain[s].forward(x);
+    }
+    return x;
+  };
   std::vector<StepMetrics> out;
   const int64_t M = config.schedule.micro_batches;
+  const int64_t eval_every = run.eval_data ? config.training.eval_every : 0;
   for (int64_t step = 0; step < config.training.steps; ++step) {
     StepMetrics m;
     m.step = step;
-    for (auto p : model->parameters()) p.mutable_grad().reset();
+    for (auto& p : all) p.mutable_grad().reset();
     remat::reset_peak_bytes();
     const int64_t bytes0 = remat::memory_stats().current_bytes;
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < M; ++i) {
-      auto [in, target] = micro_batch_data(config.model, config.training.seed, step, i);
-      auto loss = micro_batch_loss(model->forward(in), target, M);
+      const pp::MicroBatch b = run.train_data(step, i);
+      auto loss = run.loss(forward(b.inputs, step, i), b.targets) / static_cast<double>(M);
       m.loss += loss.item<double>();
       loss.backward();
     }
     if (config.training.clip_grad_norm > 0) {
-      m.grad_norm =
-          torch::nn::utils::clip_grad_norm_(model->parameters(), config.training.clip_grad_norm);
+      m.grad_norm = torch::nn::utils::clip_grad_norm_(all, config.training.clip_grad_norm);
     }
+    if (lr_schedule) lr_schedule(*optimizer, step);
     optimizer->step();
     m.step_ms = since_ms(t0);
     m.busy_ms = m.step_ms;
     m.peak_bytes = remat::memory_stats().peak_bytes - bytes0;
     out.push_back(std::move(m));
+    if (eval_every > 0 && ((step + 1) % eval_every == 0 || step + 1 == config.training.steps) &&
+        validation) {
+      for (auto& c : chain) c.module->eval();
+      c10::AutoGradMode no_grad(false);
+      const int64_t E = config.training.eval_batches;
+      double loss = 0;
+      for (int64_t i = 0; i < E; ++i) {
+        const pp::MicroBatch b = run.eval_data(step, i);
+        loss += (run.loss(forward(b.inputs, step, i), b.targets) / static_cast<double>(E))
+                    .item<double>();
+      }
+      for (auto& c : chain) c.module->train();
+      validation->push_back({step, loss});
+    }
   }
   if (params) {
     params->clear();
-    for (const auto& item : model->named_parameters())
-      params->emplace_back(item.key(), item.value());
+    for (int s = 0; s < stages; ++s) {
+      for (const auto& item : chain[s].module->named_parameters()) {
+        params->emplace_back(run.global_name(s, item.key()), item.value());
+      }
+    }
   }
   return out;
 }
@@ -386,6 +505,8 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
       merged.steps = r.steps;
       merged.last = r.last;
       merged.last_stage_rank = true;
+      merged.validation = r.validation;
+      merged.sample = r.sample;
     }
     merged.params.insert(merged.params.end(), r.params.begin(), r.params.end());
   }
@@ -397,11 +518,22 @@ TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {
   if (progress && config.output.progress) print_compute(*progress, 1);
   TrainResult result;
   result.last_stage_rank = true;
-  result.steps = run_reference(config, &result.params);
+  result.steps = run_reference(config, &result.params, &result.validation);
   MetricsFile metrics(config.output.metrics);
+  Pace pace;
+  pace.tokens_per_step = tokens_per_micro_batch(config.model) * config.schedule.micro_batches;
+  size_t next_validation = 0;
   for (const auto& m : result.steps) {
-    metrics.write(m);
-    if (progress && config.output.progress) print_progress(*progress, config, m, false);
+    std::optional<double> validation;
+    if (next_validation < result.validation.size() &&
+        result.validation[next_validation].first == m.step) {
+      validation = result.validation[next_validation++].second;
+    }
+    metrics.write(m, validation);
+    if (progress && config.output.progress) {
+      print_progress(*progress, config, m, false, pace);
+      if (validation) print_validation(*progress, m.step, *validation);
+    }
   }
   return result;
 }

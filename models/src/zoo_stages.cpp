@@ -81,11 +81,15 @@ remat::RematPolicy stage_policy(const ModelOptions& model, const RematConfig& co
     p.checkpoint_options.early_stop = config.early_stop;
     return p;
   }
-  p.checkpoint = {"layers.*"};
+  // gpt stages hold their blocks as "blocks.*" (gpt.h), the zoo's as "layers.*".
+  const std::string units = model.kind == "gpt" ? "blocks" : "layers";
+  p.checkpoint = {units + ".*"};
   if (config.policy == "full") return p;
   PIPEMAT_CHECK(config.policy == "selective", ConfigError, "remat.policy: '", config.policy,
                 "' is not allowed; allowed: none, full, selective, custom");
-  if (model.kind == "rmsnorm-gemm") {
+  if (model.kind == "gpt") {
+    p.exclude = {{"blocks.*.attn.qkv", true}, {"blocks.*.mlp.up", true}};
+  } else if (model.kind == "rmsnorm-gemm") {
     p.exclude = {{"layers.*.gemm", true}};
   } else if (model.kind == "mlp") {
     p.exclude = {{"layers.*.up", true}};

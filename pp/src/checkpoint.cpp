@@ -11,6 +11,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -81,6 +82,80 @@ void publish(const std::string& tmp, const std::string& final_path) {
   sync_path(fs::path(final_path).parent_path().string());
 }
 
+// Reads the parameters and buffers of stage `s` of `module` from `archive` (the file `file`)
+// into `copies` (destination, value), checking names, shapes and dtypes.
+void read_stage(torch::serialize::InputArchive& archive, const std::string& file, int s,
+                const torch::nn::Module& module,
+                std::vector<std::pair<at::Tensor, at::Tensor>>& copies) {
+  const auto read = [&](const std::string& kind, const std::string& name, const at::Tensor& t) {
+    at::Tensor value;
+    const std::string key = kind + "/" + std::to_string(s) + "/" + key_of(name);
+    PIPEMAT_CHECK(archive.try_read(key, value), PipelineError, "load_checkpoint: ", file,
+                  " has no ", kind == "params" ? "parameter" : "buffer", " '", name, "' of stage ",
+                  s, "; it was written by another model");
+    PIPEMAT_CHECK(value.sizes() == t.sizes() && value.scalar_type() == t.scalar_type(),
+                  PipelineError, "load_checkpoint: ", file, ": stage ", s, " '", name, "' is ",
+                  c10::toString(value.scalar_type()), " ", value.sizes(), " in the checkpoint but ",
+                  c10::toString(t.scalar_type()), " ", t.sizes(), " in this model");
+    copies.emplace_back(t, value);
+  };
+  for (const auto& p : module.named_parameters()) read("params", p.key(), p.value());
+  for (const auto& b : module.named_buffers()) read("buffers", b.key(), b.value());
+}
+
+// Opens a rank file; PipelineError naming it when it is missing or damaged.
+void open_rank_file(torch::serialize::InputArchive& archive, const std::string& file, int rank) {
+  PIPEMAT_CHECK(fs::exists(file), PipelineError, "load_checkpoint: ", file,
+                " is missing: the checkpoint has no state for rank ", rank);
+  try {
+    archive.load_from(file);
+  } catch (const std::exception& e) {
+    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", file, " cannot be read (truncated or "
+                  "damaged): ", std::string(e.what()).substr(0, 200));
+  }
+}
+
+// The manifest of `dir`; PipelineError when the checkpoint is incomplete or it is not JSON.
+nlohmann::json read_manifest_json(const std::string& dir) {
+  const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
+  std::ifstream in(manifest_path);
+  PIPEMAT_CHECK(in.good(), PipelineError, "load_checkpoint: ", dir,
+                " is not a complete checkpoint (no manifest.json; a save that was interrupted "
+                "leaves none): use latest_checkpoint() or another step directory");
+  nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
+  PIPEMAT_CHECK(!m.is_discarded() && m.is_object(), PipelineError, "load_checkpoint: ",
+                manifest_path, " is not valid JSON");
+  return m;
+}
+
+// Note [Checkpoint crash injection]
+// PIPEMAT_TEST_KILL_IN_CHECKPOINT=STEP:POINT[:RANK] makes the save of step STEP kill its own
+// process with SIGKILL (no cleanup, no unwinding: what a power cut or the OOM killer does) at
+// POINT: "rank-file" with half of the rank file written to its temporary name, "manifest"
+// after every rank file is published and before the manifest. Only on rank RANK when given.
+// The crash-safety test (tests/e2e/checkpoint_crash.sh) uses it; unset, nothing happens.
+void maybe_crash(const char* point, int64_t step, int rank, const std::string& tmp = "") {
+  const char* spec = std::getenv("PIPEMAT_TEST_KILL_IN_CHECKPOINT");
+  if (spec == nullptr) return;
+  const std::string text = spec;
+  const auto colon = text.find(':');
+  if (colon == std::string::npos) return;
+  const std::string rest = text.substr(colon + 1);
+  const auto colon2 = rest.find(':');
+  const std::string where = rest.substr(0, colon2);
+  if (std::atoll(text.substr(0, colon).c_str()) != step || where != point) return;
+  if (colon2 != std::string::npos && std::atoi(rest.substr(colon2 + 1).c_str()) != rank) return;
+  if (!tmp.empty()) {
+    std::error_code ec;
+    const auto size = fs::file_size(tmp, ec);
+    if (!ec) fs::resize_file(tmp, size / 2, ec);
+  }
+  std::fprintf(stderr, "pipemat: PIPEMAT_TEST_KILL_IN_CHECKPOINT: rank %d killed in the save of "
+               "step %lld at %s\n", rank, static_cast<long long>(step), point);
+  std::fflush(stderr);
+  std::raise(SIGKILL);
+}
+
 nlohmann::json manifest_of(const Pipeline& pipeline) {
   const schedule::Schedule& plan = pipeline.schedule();
   nlohmann::json j;
@@ -98,7 +173,7 @@ nlohmann::json manifest_of(const Pipeline& pipeline) {
 }  // namespace
 
 std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& root,
-                            int keep_last) {
+                            int keep_last, const std::string& metadata) {
   PIPEMAT_CHECK(!root.empty(), ConfigError, "save_checkpoint: the checkpoint directory is empty");
   const std::string dir = (fs::path(root) / step_dir_name(pipeline.step())).string();
   std::error_code ec;
@@ -134,14 +209,18 @@ std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, cons
       PIPEMAT_THROW(PipelineError, "save_checkpoint: rank ", rank, " cannot write ", tmp, ": ",
                     e.what());
     }
+    maybe_crash("rank-file", pipeline.step(), rank, tmp);
     publish(tmp, final_path);
   }
   transport.barrier();  // every rank's file is durable
+  maybe_crash("manifest", pipeline.step(), rank);
   if (rank == 0) {
     const std::string manifest = (fs::path(dir) / "manifest.json").string();
     {
       std::ofstream out(manifest + ".tmp");
-      out << manifest_of(pipeline).dump(2) << "\n";
+      nlohmann::json m = manifest_of(pipeline);
+      m["metadata"] = metadata;
+      out << m.dump(2) << "\n";
       PIPEMAT_CHECK(out.good(), PipelineError, "save_checkpoint: cannot write ", manifest, ".tmp");
     }
     publish(manifest + ".tmp", manifest);
@@ -188,13 +267,7 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
                       at::Tensor& step) {
   const int rank = pipeline.rank();
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
-  std::ifstream in(manifest_path);
-  PIPEMAT_CHECK(in.good(), PipelineError, "load_checkpoint: ", dir,
-                " is not a complete checkpoint (no manifest.json; a save that was interrupted "
-                "leaves none): use latest_checkpoint() or another step directory");
-  nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
-  PIPEMAT_CHECK(!m.is_discarded() && m.is_object(), PipelineError, "load_checkpoint: ",
-                manifest_path, " is not valid JSON");
+  const nlohmann::json m = read_manifest_json(dir);
   const nlohmann::json want = manifest_of(pipeline);
   for (const char* field : {"format", "world_size", "schedule_kind", "stages", "micro_batches",
                             "stage_to_rank"}) {
@@ -206,15 +279,8 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
                   "(re-partitioning a checkpoint onto another stage layout is not supported)");
   }
   const std::string file = rank_file(dir, rank);
-  PIPEMAT_CHECK(fs::exists(file), PipelineError, "load_checkpoint: ", file,
-                " is missing: the checkpoint has no state for rank ", rank);
   torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(file);
-  } catch (const std::exception& e) {
-    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", file, " cannot be read (truncated or "
-                  "damaged): ", std::string(e.what()).substr(0, 200));
-  }
+  open_rank_file(archive, file, rank);
   at::Tensor stages;
   PIPEMAT_CHECK(archive.try_read("step", step) && archive.try_read("stages", stages) &&
                     step.numel() == 1,
@@ -228,24 +294,7 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
   PIPEMAT_CHECK(step.item<int64_t>() == m["step"].get<int64_t>(), PipelineError,
                 "load_checkpoint: ", file, " is of step ", step.item<int64_t>(),
                 " but the manifest of step ", m["step"].dump());
-  for (int s : mine) {
-    const auto& module = *pipeline.stage(s).module;
-    const auto read = [&](const std::string& kind, const std::string& name, const at::Tensor& t) {
-      at::Tensor value;
-      const std::string key = kind + "/" + std::to_string(s) + "/" + key_of(name);
-      PIPEMAT_CHECK(archive.try_read(key, value), PipelineError, "load_checkpoint: ", file,
-                    " has no ", kind == "params" ? "parameter" : "buffer", " '", name,
-                    "' of stage ", s);
-      PIPEMAT_CHECK(value.sizes() == t.sizes() && value.scalar_type() == t.scalar_type(),
-                    PipelineError, "load_checkpoint: ", file, ": stage ", s, " '", name, "' is ",
-                    c10::toString(value.scalar_type()), " ", value.sizes(),
-                    " in the checkpoint but ", c10::toString(t.scalar_type()), " ", t.sizes(),
-                    " in this model");
-      copies.emplace_back(t, value);
-    };
-    for (const auto& p : module.named_parameters()) read("params", p.key(), p.value());
-    for (const auto& b : module.named_buffers()) read("buffers", b.key(), b.value());
-  }
+  for (int s : mine) read_stage(archive, file, s, *pipeline.stage(s).module, copies);
   size_t stored = 0;
   for (const auto& key : archive.keys()) {
     if (key.rfind("params/", 0) == 0 || key.rfind("buffers/", 0) == 0) ++stored;
@@ -319,6 +368,45 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
   if (has_rng) pipeline.generator().set_state(rng);
   pipeline.set_step(step.item<int64_t>());
   transport.barrier();
+}
+
+CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
+  const nlohmann::json m = read_manifest_json(dir);
+  CheckpointManifest out;
+  try {
+    out.step = m.at("step").get<int64_t>();
+    out.world_size = m.at("world_size").get<int>();
+    out.schedule_kind = m.at("schedule_kind").get<std::string>();
+    out.stages = m.at("stages").get<int>();
+    out.micro_batches = m.at("micro_batches").get<int>();
+    out.stage_to_rank = m.at("stage_to_rank").get<std::vector<int>>();
+    if (m.contains("metadata")) out.metadata = m.at("metadata").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", (fs::path(dir) / "manifest.json").string(),
+                  " is not a pipemat manifest: ", e.what());
+  }
+  PIPEMAT_CHECK(out.stages >= 1 && out.stage_to_rank.size() == static_cast<size_t>(out.stages),
+                PipelineError, "load_checkpoint: ", (fs::path(dir) / "manifest.json").string(),
+                " has ", out.stages, " stages but a stage map of ", out.stage_to_rank.size());
+  return out;
+}
+
+void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Module*>& stages) {
+  const CheckpointManifest manifest = read_checkpoint_manifest(dir);
+  PIPEMAT_CHECK(stages.size() == static_cast<size_t>(manifest.stages), ConfigError,
+                "load_stage_weights: ", dir, " holds ", manifest.stages, " stages but ",
+                stages.size(), " modules were given");
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  std::map<int, std::vector<int>> by_rank;
+  for (int s = 0; s < manifest.stages; ++s) by_rank[manifest.stage_to_rank[s]].push_back(s);
+  for (const auto& [rank, owned] : by_rank) {
+    const std::string file = rank_file(dir, rank);
+    torch::serialize::InputArchive archive;
+    open_rank_file(archive, file, rank);
+    for (int s : owned) read_stage(archive, file, s, *stages[static_cast<size_t>(s)], copies);
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [to, value] : copies) to.copy_(value);
 }
 
 }  // namespace pipemat::pp

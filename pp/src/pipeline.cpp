@@ -406,9 +406,19 @@ struct Pipeline::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     double busy_us = 0;
 
+    // Note [Random streams of a step]: the data source and every stage forward draw from
+    // streams keyed by (seed, step, micro-batch, stage), not by the order the schedule runs them.
+    auto reseed = [&](int64_t micro_batch, int stage) {
+      if (generator.defined()) {
+        generator.set_current_seed(forward_seed(*options.seed, step, micro_batch, stage));
+      }
+    };
     auto batch = [&](int micro_batch) -> MicroBatch& {
       auto it = batches.find(micro_batch);
-      if (it == batches.end()) it = batches.emplace(micro_batch, data(step, micro_batch)).first;
+      if (it == batches.end()) {
+        reseed(micro_batch, kDataStream);
+        it = batches.emplace(micro_batch, data(step, micro_batch)).first;
+      }
       return it->second;
     };
     double a0 = 0;  // start of the current action's compute (after its receive, if any)
@@ -508,11 +518,13 @@ struct Pipeline::Impl {
           Tensors out;
           {
             remat::InvocationScope scope({step, a.stage, a.micro_batch});
+            reseed(a.micro_batch, a.stage);
             out = stages.at(a.stage).forward(mb.inputs);
             mb.group = scope.group();
           }
           if (a.stage == last_stage) {
             MicroBatch& b = batch(a.micro_batch);
+            reseed(a.micro_batch, kLossStream);
             at::Tensor loss = scaled_loss(out, b.targets, M, step, a.micro_batch);
             if (loss.requires_grad()) {
               mb.roots.push_back(torch::autograd::impl::gradient_edge(loss));
@@ -912,8 +924,14 @@ struct Pipeline::Impl {
     double loss = 0;
     for (int64_t i = 0; i < E; ++i) {
       MicroBatch b;
-      if (is_first_stage_rank() || is_last_stage_rank()) b = data(eo.step, i);
+      if (is_first_stage_rank() || is_last_stage_rank()) {
+        if (generator.defined()) {
+          generator.set_current_seed(forward_seed(*options.seed, eo.step, i, kDataStream));
+        }
+        b = data(eo.step, i);
+      }
       for (const auto& [s, stage] : stages) {
+        if (generator.defined()) generator.set_current_seed(forward_seed(*options.seed, eo.step, i, s));
         Tensors in;
         if (s == 0) {
           in = b.inputs;
@@ -950,6 +968,20 @@ struct Pipeline::Impl {
     return result;
   }
 };
+
+uint64_t forward_seed(uint64_t seed, int64_t step, int64_t micro_batch, int stream) {
+  // splitmix64 over the four values in turn: nearby keys give unrelated seeds.
+  auto mix = [](uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  };
+  uint64_t h = mix(seed);
+  h = mix(h ^ static_cast<uint64_t>(step));
+  h = mix(h ^ static_cast<uint64_t>(micro_batch));
+  return mix(h ^ static_cast<uint64_t>(static_cast<int64_t>(stream)));
+}
 
 Pipeline::Pipeline(comm::Transport& transport, PipelineOptions options, const StageFactory& build)
     : impl_(std::make_unique<Impl>(transport, std::move(options), build)) {}

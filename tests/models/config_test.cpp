@@ -45,6 +45,11 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.model.ffn, b.model.ffn);
   EXPECT_EQ(a.model.experts, b.model.experts);
   EXPECT_EQ(a.model.top_k, b.model.top_k);
+  EXPECT_EQ(a.model.seq_len, b.model.seq_len);
+  EXPECT_EQ(a.model.batch, b.model.batch);
+  EXPECT_EQ(a.model.dropout, b.model.dropout);
+  EXPECT_EQ(a.data.path, b.data.path);
+  EXPECT_EQ(a.data.validation, b.data.validation);
   EXPECT_EQ(a.partition.layers_per_stage, b.partition.layers_per_stage);
   EXPECT_EQ(a.schedule.kind, b.schedule.kind);
   EXPECT_EQ(a.schedule.stages, b.schedule.stages);
@@ -73,18 +78,31 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.training.seed, b.training.seed);
   EXPECT_EQ(a.training.threads, b.training.threads);
   EXPECT_EQ(a.training.clip_grad_norm, b.training.clip_grad_norm);
+  EXPECT_EQ(a.training.warmup, b.training.warmup);
+  EXPECT_EQ(a.training.lr_decay, b.training.lr_decay);
+  EXPECT_EQ(a.training.min_lr, b.training.min_lr);
+  EXPECT_EQ(a.training.eval_every, b.training.eval_every);
+  EXPECT_EQ(a.training.eval_batches, b.training.eval_batches);
+  EXPECT_EQ(a.training.stop_after, b.training.stop_after);
+  EXPECT_EQ(a.sample.tokens, b.sample.tokens);
+  EXPECT_EQ(a.sample.prompt, b.sample.prompt);
+  EXPECT_EQ(a.sample.temperature, b.sample.temperature);
+  EXPECT_EQ(a.sample.top_k, b.sample.top_k);
+  EXPECT_EQ(a.sample.seed, b.sample.seed);
   EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
   EXPECT_EQ(a.checkpoint.every, b.checkpoint.every);
   EXPECT_EQ(a.checkpoint.keep_last, b.checkpoint.keep_last);
   EXPECT_EQ(a.checkpoint.resume, b.checkpoint.resume);
   EXPECT_EQ(a.output.metrics, b.output.metrics);
   EXPECT_EQ(a.output.timeline_svg, b.output.timeline_svg);
+  EXPECT_EQ(a.output.loss_svg, b.output.loss_svg);
   EXPECT_EQ(a.output.progress, b.output.progress);
 }
 
 // Every key set to a value other than its default.
 const char* const kFullConfig = R"(# every key
-model: {kind: moe, layers: 6, hidden: 48, tokens: 16, heads: 3, ffn: 96, experts: 8, top_k: 3}
+model: {kind: gpt, layers: 6, hidden: 48, tokens: 16, heads: 3, ffn: 96, experts: 8, top_k: 3, seq_len: 64, batch: 3, dropout: 0.25}
+data: {path: "text.txt", validation: 0.1}
 partition: {layers_per_stage: [1, 2, 3]}
 schedule: {kind: zb-h2, stages: 3, micro_batches: 6, virtual_stages: 2, recompute: lazy, csv: "s.csv"}
 remat:
@@ -95,8 +113,10 @@ remat:
     - {path: "layers.*.experts"}
     - {path: "layers.*.router", save_output: false}
 transport: {kind: tcp, timeout: 2.5, master: "10.0.0.1:1234", connect_retries: 7}
-training: {steps: 11, optimizer: adamw, lr: 0.003, momentum: 0.9, weight_decay: 0.1, clip_grad_norm: 1.5, seed: 18446744073709551615, threads: 3}
-output: {metrics: "out/m.jsonl", timeline_svg: "t.svg", progress: false}
+training: {steps: 11, optimizer: adamw, lr: 0.003, momentum: 0.9, weight_decay: 0.1, clip_grad_norm: 1.5, seed: 18446744073709551615, threads: 3, warmup: 2, lr_decay: cosine, min_lr: 0.001, eval_every: 4, eval_batches: 3, stop_after: 7}
+checkpoint: {dir: "ck", every: 2, keep_last: 3, resume: latest}
+sample: {tokens: 50, prompt: "Hi", temperature: 0.5, top_k: 10, seed: 9}
+output: {metrics: "out/m.jsonl", timeline_svg: "t.svg", loss_svg: "l.svg", progress: false}
 )";
 
 TEST(ConfigParse, EmptyDocumentGivesTheDefaults) {
@@ -143,7 +163,7 @@ TEST(ConfigParse, DefaultsAreThoseOfTheOptionsStructs) {
 
 TEST(ConfigParse, EveryKeyIsRead) {
   const TrainConfig config = parse_config(kFullConfig, kSource);
-  EXPECT_EQ(config.model.kind, "moe");
+  EXPECT_EQ(config.model.kind, "gpt");
   EXPECT_EQ(config.model.layers, 6);
   EXPECT_EQ(config.model.hidden, 48);
   EXPECT_EQ(config.model.tokens, 16);
@@ -151,6 +171,11 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.model.ffn, 96);
   EXPECT_EQ(config.model.experts, 8);
   EXPECT_EQ(config.model.top_k, 3);
+  EXPECT_EQ(config.model.seq_len, 64);
+  EXPECT_EQ(config.model.batch, 3);
+  EXPECT_EQ(config.model.dropout, 0.25);
+  EXPECT_EQ(config.data.path, "text.txt");
+  EXPECT_EQ(config.data.validation, 0.1);
   EXPECT_EQ(config.partition.layers_per_stage, (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(config.schedule.kind, ScheduleKind::kZeroBubbleH2);
   EXPECT_EQ(config.schedule.stages, 3);
@@ -179,8 +204,24 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.training.threads, 3);
   EXPECT_EQ(config.training.weight_decay, 0.1);
   EXPECT_EQ(config.training.seed, 18446744073709551615u);
+  EXPECT_EQ(config.training.warmup, 2);
+  EXPECT_EQ(config.training.lr_decay, "cosine");
+  EXPECT_EQ(config.training.min_lr, 0.001);
+  EXPECT_EQ(config.training.eval_every, 4);
+  EXPECT_EQ(config.training.eval_batches, 3);
+  EXPECT_EQ(config.training.stop_after, 7);
+  EXPECT_EQ(config.checkpoint.dir, "ck");
+  EXPECT_EQ(config.checkpoint.every, 2);
+  EXPECT_EQ(config.checkpoint.keep_last, 3);
+  EXPECT_EQ(config.checkpoint.resume, "latest");
+  EXPECT_EQ(config.sample.tokens, 50);
+  EXPECT_EQ(config.sample.prompt, "Hi");
+  EXPECT_EQ(config.sample.temperature, 0.5);
+  EXPECT_EQ(config.sample.top_k, 10);
+  EXPECT_EQ(config.sample.seed, 9u);
   EXPECT_EQ(config.output.metrics, "out/m.jsonl");
   EXPECT_EQ(config.output.timeline_svg, "t.svg");
+  EXPECT_EQ(config.output.loss_svg, "l.svg");
   EXPECT_FALSE(config.output.progress);
 }
 
@@ -201,7 +242,7 @@ TEST(ConfigParse, EveryEnumSpellingIsAccepted) {
             comm::TransportKind::kMpi);
   EXPECT_EQ(parse_config("transport: {kind: local}", kSource).transport.kind,
             comm::TransportKind::kLocal);
-  for (const char* kind : {"mlp", "rmsnorm-gemm", "transformer", "moe", "save-chain"}) {
+  for (const char* kind : {"mlp", "rmsnorm-gemm", "transformer", "moe", "save-chain"}) {  // gpt: data
     EXPECT_EQ(parse_config(std::string("model: {kind: ") + kind + "}", kSource).model.kind, kind);
   }
   for (const char* policy : {"none", "full", "selective"}) {
@@ -256,13 +297,14 @@ TEST(ConfigErrors, MalformedYamlNamesLineColumnAndTheParserMessage) {
 TEST(ConfigErrors, DocumentShape) {
   EXPECT_EQ(error_of("hello\n"),
             "x.yaml:1: the document is 'hello', not a mapping; expected a mapping with keys "
-            "model, partition, schedule, remat, transport, training, checkpoint, output");
+            "model, data, partition, schedule, remat, transport, training, checkpoint, sample, "
+            "output");
   EXPECT_EQ(error_of("model: {layers: 4}\n---\nmodel: {layers: 5}\n"),
             "x.yaml:3: a second YAML document starts here; expected the whole config in one "
             "document (remove the '---')");
   EXPECT_EQ(error_of("training: {steps: 2}\nmodel: 3\n"),
             "x.yaml:2: model: '3' is not a mapping; expected a mapping with keys kind, layers, "
-            "hidden, tokens, heads, ffn, experts, top_k");
+            "hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout");
   EXPECT_EQ(error_of("schedule: [1f1b]\n"),
             "x.yaml:1: schedule: a list is not a mapping; expected a mapping with keys kind, "
             "stages, micro_batches, virtual_stages, recompute, csv");
@@ -271,26 +313,28 @@ TEST(ConfigErrors, DocumentShape) {
 TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
   EXPECT_EQ(error_of("modle: {layers: 4}\n"),
             "x.yaml:1: modle: unknown key; did you mean 'model'? allowed top-level keys: model, "
-            "partition, schedule, remat, transport, training, checkpoint, output");
+            "data, partition, schedule, remat, transport, training, checkpoint, sample, output");
   EXPECT_EQ(error_of("optimizer: sgd\n"),
             "x.yaml:1: optimizer: unknown key; did you mean 'training.optimizer'? allowed "
-            "top-level keys: model, partition, schedule, remat, transport, training, checkpoint, "
-            "output");
+            "top-level keys: model, data, partition, schedule, remat, transport, training, "
+            "checkpoint, sample, output");
   EXPECT_EQ(error_of("extra: 1\n"),
-            "x.yaml:1: extra: unknown key; allowed top-level keys: model, partition, schedule, "
-            "remat, transport, training, checkpoint, output");
+            "x.yaml:1: extra: unknown key; allowed top-level keys: model, data, partition, "
+            "schedule, remat, transport, training, checkpoint, sample, output");
   EXPECT_EQ(error_of("model:\n  kind: mlp\n  layer: 4\n"),
             "x.yaml:3: model.layer: unknown key; did you mean 'model.layers'? allowed in model: "
-            "kind, layers, hidden, tokens, heads, ffn, experts, top_k");
+            "kind, layers, hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout");
   EXPECT_EQ(error_of("model: {steps: 4}\n"),
             "x.yaml:1: model.steps: unknown key; did you mean 'training.steps'? allowed in "
-            "model: kind, layers, hidden, tokens, heads, ffn, experts, top_k");
+            "model: kind, layers, hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, "
+            "dropout");
   EXPECT_EQ(error_of("schedule:\n  kind: 1f1b\n  micro_batch: 4\n"),
             "x.yaml:3: schedule.micro_batch: unknown key; did you mean 'schedule.micro_batches'? "
             "allowed in schedule: kind, stages, micro_batches, virtual_stages, recompute, csv");
   EXPECT_EQ(error_of("training: {steps: 2, batch_size: 4}\n"),
             "x.yaml:1: training.batch_size: unknown key; allowed in training: steps, optimizer, "
-            "lr, momentum, weight_decay, clip_grad_norm, seed, threads");
+            "lr, momentum, weight_decay, clip_grad_norm, seed, threads, warmup, lr_decay, min_lr, "
+            "eval_every, eval_batches, stop_after");
   EXPECT_EQ(error_of("remat:\n  policy: custom\n  checkpoint: [a]\n  exclude:\n"
                      "    - {path: a.b}\n    - {path: a.c, save_ouput: false}\n"),
             "x.yaml:6: remat.exclude[1].save_ouput: unknown key; did you mean "
@@ -441,9 +485,24 @@ TEST(ConfigErrors, UnknownEnumValuesListTheAllowedOnes) {
   EXPECT_EQ(error_of("schedule: {recompute: eager}\n"),
             "x.yaml:1: schedule.recompute: 'eager' is not allowed; allowed: none, lazy, "
             "pretrigger");
-  EXPECT_EQ(error_of("model: {kind: gpt}\n"),
-            "x.yaml:1: model.kind: 'gpt' is not allowed; allowed: mlp, rmsnorm-gemm, "
+  EXPECT_EQ(error_of("model: {kind: gpt2}\n"),
+            "x.yaml:1: model.kind: 'gpt2' is not allowed; allowed: gpt, mlp, rmsnorm-gemm, "
             "transformer, moe, save-chain");
+  EXPECT_EQ(error_of("model: {kind: gpt}\n"),
+            "x.yaml:1: model.kind: gpt trains on text and needs data.path, a text file or a "
+            "directory of text files (e.g. /usr/share/games/fortunes)");
+  EXPECT_EQ(error_of("sample: {tokens: 20}\n"),
+            "x.yaml:1: sample.tokens: only for model.kind gpt (the zoo's synthetic data has no "
+            "text to sample or validate on)");
+  EXPECT_EQ(error_of("model: {kind: gpt}\ndata: {path: t.txt}\nsample: {tokens: 20}\n"),
+            "x.yaml:3: sample.tokens: the sample is drawn from the final checkpoint and needs "
+            "checkpoint.dir");
+  EXPECT_EQ(error_of("training: {lr: 0.01, min_lr: 0.1}\n"),
+            "x.yaml:1: training.min_lr: min_lr 0.1 is larger than training.lr 0.01");
+  EXPECT_EQ(error_of("training: {lr_decay: linear}\n"),
+            "x.yaml:1: training.lr_decay: 'linear' is not allowed; allowed: none, cosine");
+  EXPECT_EQ(error_of("model: {dropout: 1}\n"),
+            "x.yaml:1: model.dropout: '1' is out of range; expected a number in [0, 0.9]");
   EXPECT_EQ(error_of("training: {optimizer: adam}\n"),
             "x.yaml:1: training.optimizer: 'adam' is not allowed; allowed: sgd, adamw");
   EXPECT_EQ(error_of("remat: {policy: [full]}\n"),
@@ -554,15 +613,18 @@ TEST(ConfigOverrides, Errors) {
             "list, e.g. --set remat.exclude=[{path: layers.*.gemm}]");
   const std::string all_keys =
       "model.kind, model.layers, model.hidden, model.tokens, model.heads, model.ffn, "
-      "model.experts, model.top_k, partition.layers_per_stage, schedule.kind, schedule.stages, "
+      "model.experts, model.top_k, model.seq_len, model.batch, model.dropout, data.path, "
+      "data.validation, partition.layers_per_stage, schedule.kind, schedule.stages, "
       "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, schedule.csv, "
       "remat.policy, "
       "remat.early_stop, remat.checkpoint, remat.exclude, transport.kind, transport.timeout, "
       "transport.master, transport.connect_retries, training.steps, training.optimizer, "
       "training.lr, training.momentum, training.weight_decay, training.clip_grad_norm, "
-      "training.seed, training.threads, checkpoint.dir, checkpoint.every, checkpoint.keep_last, "
-      "checkpoint.resume, output.metrics, "
-      "output.timeline_svg, output.progress";
+      "training.seed, training.threads, training.warmup, training.lr_decay, training.min_lr, "
+      "training.eval_every, training.eval_batches, training.stop_after, checkpoint.dir, checkpoint.every, "
+      "checkpoint.keep_last, checkpoint.resume, sample.tokens, sample.prompt, "
+      "sample.temperature, sample.top_k, sample.seed, output.metrics, "
+      "output.timeline_svg, output.loss_svg, output.progress";
   EXPECT_EQ(error_of("", {"model={layers: 4}"}), "--set: model: unknown key; allowed: " + all_keys);
   EXPECT_EQ(error_of("", {"partition.layers_per_stage=[2,6"}),
             "--set: partition.layers_per_stage: '[2,6' is not a YAML value (end of sequence flow "
@@ -585,7 +647,7 @@ TEST(ConfigOverrides, Errors) {
   // A section that is not a mapping is reported at its line, not hidden by the override.
   EXPECT_EQ(error_of("model: 3\n", {"model.layers=4"}),
             "x.yaml:1: model: '3' is not a mapping; expected a mapping with keys kind, layers, "
-            "hidden, tokens, heads, ffn, experts, top_k");
+            "hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout");
 }
 
 // ---- round trip --------------------------------------------------------------------------
@@ -601,6 +663,12 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  ffn: 0\n"
             "  experts: 4\n"
             "  top_k: 2\n"
+            "  seq_len: 128\n"
+            "  batch: 8\n"
+            "  dropout: 0\n"
+            "data:\n"
+            "  path: \"\"\n"
+            "  validation: 0.05\n"
             "partition:\n"
             "  layers_per_stage: []\n"
             "schedule:\n"
@@ -629,14 +697,27 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  clip_grad_norm: 0\n"
             "  seed: 0\n"
             "  threads: 0\n"
+            "  warmup: 0\n"
+            "  lr_decay: none\n"
+            "  min_lr: 0\n"
+            "  eval_every: 0\n"
+            "  eval_batches: 8\n"
+            "  stop_after: 0\n"
             "checkpoint:\n"
             "  dir: \"\"\n"
             "  every: 0\n"
             "  keep_last: 0\n"
             "  resume: \"\"\n"
+            "sample:\n"
+            "  tokens: 0\n"
+            "  prompt: \"\\n\"\n"
+            "  temperature: 0.8\n"
+            "  top_k: 40\n"
+            "  seed: 0\n"
             "output:\n"
             "  metrics: \"\"\n"
             "  timeline_svg: \"\"\n"
+            "  loss_svg: \"\"\n"
             "  progress: true\n");
 }
 
@@ -681,7 +762,7 @@ TEST(ConfigFiles, EveryShippedConfigParsesAndStartsWithAComment) {
     EXPECT_EQ(first_line.rfind("# ", 0), 0u) << entry.path() << ": " << first_line;
   }
   EXPECT_EQ(names,
-            (std::set<std::string>{"default.yaml", "gpipe.yaml", "1f1b.yaml", "interleaved.yaml",
+            (std::set<std::string>{"default.yaml", "zoo.yaml", "gpipe.yaml", "1f1b.yaml", "interleaved.yaml",
                                    "zb-h1.yaml", "zb-h2.yaml", "zb-v.yaml", "zb-v-4rank.yaml",
                                    "bench.yaml"}));
 }
@@ -702,8 +783,24 @@ TEST(ConfigFiles, EveryShippedScheduleBuilds) {
   }
 }
 
-TEST(ConfigFiles, DefaultIsTheTwoStageRun) {
+TEST(ConfigFiles, DefaultIsTheGptMainJob) {
   const TrainConfig config = load_config((configs_dir() / "default.yaml").string());
+  EXPECT_EQ(config.model.kind, "gpt");
+  EXPECT_EQ(config.data.path, "/usr/share/games/fortunes");
+  EXPECT_GT(config.model.dropout, 0.0);
+  EXPECT_EQ(config.schedule.kind, ScheduleKind::kZeroBubbleH1);  // split backward
+  EXPECT_EQ(config.schedule.stages, 2);
+  EXPECT_EQ(config.schedule.recompute, RecomputeMode::kPretrigger);
+  EXPECT_EQ(config.remat.policy, "selective");
+  EXPECT_EQ(config.training.optimizer, "adamw");
+  EXPECT_EQ(config.training.lr_decay, "cosine");
+  EXPECT_GT(config.training.eval_every, 0);
+  EXPECT_GT(config.sample.tokens, 0);
+  EXPECT_FALSE(config.checkpoint.dir.empty());
+}
+
+TEST(ConfigFiles, ZooIsTheTwoStageSyntheticRun) {
+  const TrainConfig config = load_config((configs_dir() / "zoo.yaml").string());
   EXPECT_EQ(config.model.kind, "rmsnorm-gemm");
   EXPECT_EQ(config.model.layers, 8);
   EXPECT_EQ(config.model.hidden, 64);
@@ -795,46 +892,27 @@ TEST(ConfigFiles, ErrorsNameThePath) {
 // ---- keys and docs -----------------------------------------------------------------------
 
 TEST(ConfigKeys, EveryKeyInDocumentOrder) {
-  EXPECT_EQ(config_keys(), (std::vector<std::string>{"model.kind",
-                                                     "model.layers",
-                                                     "model.hidden",
-                                                     "model.tokens",
-                                                     "model.heads",
-                                                     "model.ffn",
-                                                     "model.experts",
-                                                     "model.top_k",
-                                                     "partition.layers_per_stage",
-                                                     "schedule.kind",
-                                                     "schedule.stages",
-                                                     "schedule.micro_batches",
-                                                     "schedule.virtual_stages",
-                                                     "schedule.recompute",
-                                                     "schedule.csv",
-                                                     "remat.policy",
-                                                     "remat.early_stop",
-                                                     "remat.checkpoint",
-                                                     "remat.exclude",
-                                                     "remat.exclude[].path",
-                                                     "remat.exclude[].save_output",
-                                                     "transport.kind",
-                                                     "transport.timeout",
-                                                     "transport.master",
-                                                     "transport.connect_retries",
-                                                     "training.steps",
-                                                     "training.optimizer",
-                                                     "training.lr",
-                                                     "training.momentum",
-                                                     "training.weight_decay",
-                                                     "training.clip_grad_norm",
-                                                     "training.seed",
-                                                     "training.threads",
-                                                     "checkpoint.dir",
-                                                     "checkpoint.every",
-                                                     "checkpoint.keep_last",
-                                                     "checkpoint.resume",
-                                                     "output.metrics",
-                                                     "output.timeline_svg",
-                                                     "output.progress"}));
+  EXPECT_EQ(config_keys(), (std::vector<std::string>{
+                               "model.kind", "model.layers", "model.hidden", "model.tokens",
+                               "model.heads", "model.ffn", "model.experts", "model.top_k",
+                               "model.seq_len", "model.batch", "model.dropout", "data.path",
+                               "data.validation", "partition.layers_per_stage", "schedule.kind",
+                               "schedule.stages", "schedule.micro_batches",
+                               "schedule.virtual_stages", "schedule.recompute", "schedule.csv",
+                               "remat.policy", "remat.early_stop", "remat.checkpoint",
+                               "remat.exclude", "remat.exclude[].path",
+                               "remat.exclude[].save_output", "transport.kind",
+                               "transport.timeout", "transport.master",
+                               "transport.connect_retries", "training.steps",
+                               "training.optimizer", "training.lr", "training.momentum",
+                               "training.weight_decay", "training.clip_grad_norm",
+                               "training.seed", "training.threads", "training.warmup",
+                               "training.lr_decay", "training.min_lr", "training.eval_every",
+                               "training.eval_batches", "training.stop_after", "checkpoint.dir",
+                               "checkpoint.every", "checkpoint.keep_last", "checkpoint.resume",
+                               "sample.tokens", "sample.prompt", "sample.temperature",
+                               "sample.top_k", "sample.seed", "output.metrics",
+                               "output.timeline_svg", "output.loss_svg", "output.progress"}));
 }
 
 TEST(ConfigKeys, EveryKeyIsDocumented) {

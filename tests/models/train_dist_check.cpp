@@ -2,7 +2,7 @@
 // [--set k=v ...]` on every rank (under mpiexec, or via `pipemat-run --tcp` with
 // PIPEMAT_BIN=pp_dist_check). Each rank trains its stages on the configured transport, then runs
 // the single-process reference itself and compares its own parameters bitwise; the last stage's
-// rank also compares every step's loss. Prints "N passed, N failed" and exits non-zero on any
+// rank also compares every step's loss and every validation loss. Prints "N passed, N failed" and exits non-zero on any
 // mismatch or error.
 
 #include <cstdio>
@@ -46,6 +46,13 @@ int main(int argc, char** argv) {
       }
     }
     if (result.last_stage_rank) {
+      if (result.validation == reference.validation) {
+        ++passed;
+      } else {
+        ++failed;
+        std::fprintf(stderr, "rank %d: the %zu validation losses differ from the reference's %zu\n",
+                     rank, result.validation.size(), reference.validation.size());
+      }
       for (size_t s = 0; s < reference.steps.size(); ++s) {
         if (result.steps.at(s).loss == reference.steps[s].loss) {
           ++passed;

@@ -10,6 +10,12 @@ namespace pipemat {
 // "1.50 MiB", "512 B": binary units, two decimals above 1 KiB.
 std::string format_bytes(int64_t bytes);
 
+// "812", "12.3k", "1.23M", "4.56G": decimal units, three significant digits above 1000.
+std::string format_count(double count);
+
+// "45 s", "3m07s", "1h02m": a duration for progress lines (ETA).
+std::string format_duration(double seconds);
+
 // Parses "4KiB", "64kib", "1MiB", "16M", "123" into bytes. Throws ConfigError naming `what`.
 int64_t parse_bytes(const std::string& text, const std::string& what);
 

@@ -12,11 +12,13 @@
 
 namespace pipemat::models {
 
-// The model: a stack of `layers` identical layers of one kind from the model zoo, fed with
-// synthetic data (fixed seeds, no downloads). Input and target of a micro-batch are
-// [tokens, hidden]; the loss is the mean squared error on the last stage.
+// The model. Kind gpt (gpt.h): a byte-level GPT of `layers` decoder blocks trained on the text
+// of `data` with cross-entropy; a micro-batch is `batch` windows of `seq_len` bytes. The zoo
+// kinds: a stack of `layers` identical layers fed with synthetic data (fixed seeds, no
+// downloads); input and target of a micro-batch are [tokens, hidden], the loss is the mean
+// squared error on the last stage.
 struct ModelOptions {
-  std::string kind = "rmsnorm-gemm";  // mlp | rmsnorm-gemm | transformer | moe | save-chain
+  std::string kind = "rmsnorm-gemm";  // gpt | mlp | rmsnorm-gemm | transformer | moe | save-chain
   int64_t layers = 8;
   int64_t hidden = 64;
   int64_t tokens = 32;  // tokens (rows) per micro-batch
@@ -24,6 +26,16 @@ struct ModelOptions {
   int64_t ffn = 0;      // mlp / transformer inner size; 0 = 4 * hidden
   int64_t experts = 4;  // moe
   int64_t top_k = 2;    // moe
+  int64_t seq_len = 128;  // gpt: bytes per sequence (the position table's size)
+  int64_t batch = 8;      // gpt: sequences per micro-batch
+  double dropout = 0.0;   // gpt: after the embedding and on both residual branches
+};
+
+// The text of a gpt model (text_data.h): a file or a directory of text files, of which the
+// fraction `validation` (in 4 KiB blocks spread over the text) is held out for evaluation.
+struct DataOptions {
+  std::string path;
+  double validation = 0.05;
 };
 
 // How layers map to stages. `layers_per_stage` empty: balanced by parameter count (contiguous
@@ -54,11 +66,36 @@ struct TrainingOptions {
   double clip_grad_norm = 0.0; // global L2 norm over all ranks; 0: no clipping
   uint64_t seed = 0;
   int64_t threads = 0;  // compute threads per rank (LibTorch and OpenBLAS); 0: cores / ranks
+  // Learning rate of step t: lr * (t + 1) / warmup during the first `warmup` steps, then
+  // constant (lr_decay none) or a cosine from lr down to min_lr at the last step (cosine).
+  int64_t warmup = 0;
+  std::string lr_decay = "none";  // none | cosine
+  double min_lr = 0.0;
+  // Forward-only validation loss every `eval_every` steps and after the last (0: never), over
+  // `eval_batches` micro-batches of the validation text (gpt; the same windows every time).
+  int64_t eval_every = 0;
+  int64_t eval_batches = 8;
+  // Stop this process after step `stop_after` (1-based; 0: at training.steps), saving a
+  // checkpoint when checkpoint.dir is set: a run interrupted on purpose, which `--resume`
+  // continues. The LR schedule and the evaluations still follow training.steps.
+  int64_t stop_after = 0;
+};
+
+// A text sample after training (gpt): the trained stages are loaded into one process from the
+// final checkpoint and continue `prompt` by `tokens` bytes (0: no sample), drawn with
+// `temperature` from the `top_k` most likely bytes (0: all) with a generator seeded by `seed`.
+struct SampleOptions {
+  int64_t tokens = 0;
+  std::string prompt = "\n";
+  double temperature = 0.8;
+  int64_t top_k = 40;
+  uint64_t seed = 0;
 };
 
 struct OutputOptions {
   std::string metrics;        // JSON lines path, written by the last stage's rank; empty: none
   std::string timeline_svg;   // measured timeline of the last step; empty: none
+  std::string loss_svg;       // train (and validation) loss against the step; empty: none
   bool progress = true;       // one human-readable line per step on stdout
 };
 
@@ -74,6 +111,7 @@ struct CheckpointOptions {
 
 struct TrainConfig {
   ModelOptions model;
+  DataOptions data;
   PartitionOptions partition;
   schedule::ScheduleOptions schedule;  // kind, stages (= ranks), micro_batches, virtual_stages,
                                        // recompute (none | lazy | pretrigger)
@@ -83,6 +121,7 @@ struct TrainConfig {
   comm::TransportOptions transport;    // kind (auto | mpi | tcp | local), timeout, tcp rendezvous
   TrainingOptions training;
   CheckpointOptions checkpoint;
+  SampleOptions sample;
   OutputOptions output;
 };
 

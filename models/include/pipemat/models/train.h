@@ -33,6 +33,8 @@ struct TrainResult {
   StepMetrics last;
   std::vector<std::pair<std::string, at::Tensor>> params;  // this rank's (in-process: all)
   bool last_stage_rank = false;
+  std::vector<std::pair<int64_t, double>> validation;  // (step, validation loss): gpt
+  std::string sample;  // the text sample after training (sample.tokens), on the last rank
 };
 
 // Called on every rank after each step (0-based) with the rank's transport, e.g. to meet the
@@ -55,10 +57,13 @@ TrainResult train_reference(const TrainConfig& config, std::ostream* progress);
 // writes progress to `out` and metrics to config.output.metrics. Returns the exit code.
 int run_train(const TrainConfig& config, bool reference, std::ostream& out);
 
-// The oracle: the same model, data and steps in one process, no pipeline and no remat.
-// Returns one StepMetrics per step (loss and step time); `params` receives the final parameters.
-std::vector<StepMetrics> run_reference(const TrainConfig& config,
-                                       std::vector<std::pair<std::string, at::Tensor>>* params);
+// The oracle: the same stages, data and steps chained in one process, no pipeline and no
+// remat; a random model draws stage s of micro-batch i from pp::forward_seed(seed, step, i, s)
+// as the pipeline does. Returns one StepMetrics per step (loss and step time); `params`
+// receives the final parameters, `validation` the (step, loss) of each evaluation.
+std::vector<StepMetrics> run_reference(
+    const TrainConfig& config, std::vector<std::pair<std::string, at::Tensor>>* params,
+    std::vector<std::pair<int64_t, double>>* validation = nullptr);
 
 // schedule.csv resolved: the imported action list, the config with schedule.kind / stages /
 // micro_batches / virtual_stages taken from it, and the importer's note on ignored cells.
@@ -71,6 +76,8 @@ struct ResolvedSchedule {
 ResolvedSchedule resolve_schedule(const TrainConfig& config);
 
 // The JSON line of one step: {"step":..,"loss":..,"step_ms":..,"bubble":..,"peak_bytes":..,...}
-std::string metrics_json(const StepMetrics& m);
+// with "val_loss" after "loss" when the step was followed by an evaluation.
+std::string metrics_json(const StepMetrics& m,
+                         std::optional<double> validation_loss = std::nullopt);
 
 }  // namespace pipemat::models

@@ -12,6 +12,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
 
 #include "pipemat/comm/transport.h"
 #include "pipemat/pp/pipeline.h"
@@ -21,8 +24,9 @@ namespace pipemat::pp {
 // Collective. Saves the state after pipeline.step() completed steps under `root` and returns
 // the checkpoint's directory. With keep_last > 0 rank 0 then removes the oldest complete
 // checkpoints beyond the newest keep_last. PipelineError naming the file on an I/O failure.
+// `metadata` is stored in the manifest as is (e.g. the run's config, for sampling later).
 std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& root,
-                            int keep_last = 0);
+                            int keep_last = 0, const std::string& metadata = "");
 
 // The directory of the newest complete checkpoint under `root`, or "" when there is none.
 std::string latest_checkpoint(const std::string& root);
@@ -34,5 +38,26 @@ std::string latest_checkpoint(const std::string& root);
 // a parameter's name, shape or count differs. Nothing is changed before every check of this rank passed. Resuming on another stage
 // layout (re-partitioning) is not supported.
 void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& dir);
+
+// What a complete checkpoint's manifest says. PipelineError when `dir` is incomplete (no
+// manifest) or the manifest is not one pipemat wrote.
+struct CheckpointManifest {
+  int64_t step = 0;
+  int world_size = 0;
+  std::string schedule_kind;
+  int stages = 0;
+  int micro_batches = 0;
+  std::vector<int> stage_to_rank;
+  std::string metadata;  // save_checkpoint's `metadata`
+};
+CheckpointManifest read_checkpoint_manifest(const std::string& dir);
+
+// Not collective: loads the parameters and buffers of every stage of the checkpoint in `dir`
+// into `stages` (one module per stage, in stage order, built as the pipeline built them), e.g.
+// to sample from a trained model in one process. ConfigError when the number of stages
+// differs; PipelineError (naming the file, stage and name) when a rank file is missing or
+// damaged or a parameter's name, shape or dtype differs. Optimizer and generator states are
+// not read.
+void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Module*>& stages);
 
 }  // namespace pipemat::pp

@@ -130,10 +130,16 @@ struct PipelineOptions {
   OptimizerFactory optimizer;   // required
   LrSchedule lr_schedule;       // optional
   double clip_grad_norm = 0;    // max global L2 norm of the gradients; 0: no clipping
-  // Set: this rank's random ops (dropout in the stages, the data source) draw from a generator
-  // of its own, seeded with seed + rank and kept across steps (remat::ThreadGeneratorScope,
-  // Note [Per-thread CPU generators]), so ranks running as threads never share generator state
-  // and a run is reproducible on any transport. Unset: LibTorch's process-wide generator.
+  // Set: this rank's random ops (dropout in the stages, the data source, the loss) draw from a
+  // generator of its own (remat::ThreadGeneratorScope, Note [Per-thread CPU generators]), so
+  // ranks running as threads never share generator state. Note [Random streams of a step]:
+  // before the forward of stage s on micro-batch i of step t the generator is seeded with
+  // forward_seed(seed, t, i, s); before the data source's call for (t, i) with
+  // forward_seed(seed, t, i, kDataStream), before the loss with kLossStream. The numbers a
+  // forward draws therefore depend on (seed, step, micro-batch, stage) only, not on the
+  // schedule, the rank placement or the transport, and a single-process loop that seeds the
+  // same way (see forward_seed) draws the same dropout masks. Recompute replays rewind to the
+  // forward's state. Unset: LibTorch's process-wide generator.
   std::optional<uint64_t> seed;
   // Every rank sends its step time, busy time, remat counters and action timeline to the last
   // stage's rank, which fills the bubble and timeline fields of StepMetrics.
@@ -335,6 +341,14 @@ std::vector<int64_t> balance_by_parameters(const torch::nn::Sequential& model, i
 // at::Tensor, std::vector<at::Tensor> or a tuple of 2 or 3 tensors. ConfigError for bounds that
 // are not strictly ascending from 0 to model->size().
 StageFactory split_sequential(torch::nn::Sequential model, std::vector<int64_t> bounds);
+
+// The seed of the random stream of stage `stream` (or kDataStream / kLossStream) on
+// micro-batch `micro_batch` of step `step` (Note [Random streams of a step]). A single-process
+// loop that matches a seeded pipeline bitwise runs stage s of micro-batch i under
+// remat::ThreadGeneratorScope(forward_seed(seed, step, i, s)).
+inline constexpr int kDataStream = -1;
+inline constexpr int kLossStream = -2;
+uint64_t forward_seed(uint64_t seed, int64_t step, int64_t micro_batch, int stream);
 
 // Number of model stages the options give (ranks x virtual stages, or the imported list's).
 int stage_count(const PipelineOptions& options);

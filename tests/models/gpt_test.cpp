@@ -1,0 +1,354 @@
+// The main job's model: the text data source, the byte-level GPT through the pipeline against
+// the same model trained in one process (dropout on, every schedule, none / full / selective
+// remat), the loss curve, and sampling from a checkpoint with `generate_text`.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "pipemat/core/error.h"
+#include "pipemat/models/generate.h"
+#include "pipemat/models/loss_curve.h"
+#include "pipemat/models/model_run.h"
+#include "pipemat/models/text_data.h"
+#include "pipemat/models/train.h"
+
+namespace pipemat::models {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under the temp dir, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() /
+            ("pipemat_gpt_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    for (char& c : const_cast<std::string&>(path_.native())) {
+      if (c == '.') c = '_';
+    }
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+void write(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+// Deterministic English-like text: words from a small list picked by an LCG, in lines.
+std::string words(size_t bytes, uint32_t seed = 1) {
+  const char* list[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to",
+                        "see", "what", "it", "was", "not", "fun", "but", "we", "all", "laughed"};
+  std::string text;
+  uint32_t x = seed;
+  while (text.size() < bytes) {
+    x = x * 1664525u + 1013904223u;
+    text += list[(x >> 16) % 20];
+    text += ((x >> 8) % 9 == 0) ? ".\n" : " ";
+  }
+  text.resize(bytes);
+  return text;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// ---- text data ---------------------------------------------------------------------------
+
+TEST(TextData, SplitIsEveryTwentiethBlockAtFivePercent) {
+  TempDir dir;
+  const std::string text = words(40 * kSplitBlock + 100);  // 41 blocks, the last short
+  write(dir.path() / "a.txt", text);
+  const TextCorpus c = load_text((dir.path() / "a.txt").string(), 0.05, 33);
+  // Blocks 19 and 39 ((i + 1) * 0.05 crosses an integer) are validation.
+  EXPECT_EQ(c.validation, text.substr(19 * kSplitBlock, kSplitBlock) +
+                              text.substr(39 * kSplitBlock, kSplitBlock));
+  EXPECT_EQ(c.train.size(), text.size() - 2 * kSplitBlock);
+  EXPECT_EQ(c.train.substr(0, 19 * kSplitBlock), text.substr(0, 19 * kSplitBlock));
+  EXPECT_EQ(c.files, (std::vector<std::string>{(dir.path() / "a.txt").string()}));
+}
+
+TEST(TextData, DirectoryReadsTextFilesInOrderSkippingBinaryAndLinks) {
+  TempDir dir;
+  fs::create_directories(dir.path() / "sub");
+  write(dir.path() / "b.txt", words(3 * kSplitBlock, 2));
+  write(dir.path() / "sub" / "a.txt", words(3 * kSplitBlock, 3));
+  write(dir.path() / "b.dat", std::string("\x00\x01\x02index", 8));
+  fs::create_symlink(dir.path() / "b.txt", dir.path() / "c.u8");
+  const TextCorpus c = load_text(dir.path().string(), 0.25, 10);
+  EXPECT_EQ(c.files, (std::vector<std::string>{(dir.path() / "b.txt").string(),
+                                               (dir.path() / "sub" / "a.txt").string()}));
+  EXPECT_EQ(c.skipped_binary, 1);
+  EXPECT_EQ(c.train.size() + c.validation.size(), 6u * kSplitBlock);
+  EXPECT_EQ(c.validation.size(), 1u * kSplitBlock);  // blocks 3: floor(4 * 0.25) > floor(3 * 0.25)
+}
+
+TEST(TextData, BadPathsAreClearErrors) {
+  TempDir dir;
+  const std::string missing = (dir.path() / "none").string();
+  EXPECT_EQ(error_of([&] { load_text(missing, 0.05, 10); }),
+            "data.path: '" + missing + "' does not exist; give a text file or a directory of "
+            "text files");
+  write(dir.path() / "empty.txt", "");
+  const std::string empty = (dir.path() / "empty.txt").string();
+  EXPECT_EQ(error_of([&] { load_text(empty, 0.05, 10); }), "data.path: '" + empty + "' is empty");
+  write(dir.path() / "bin", std::string("abc\0def", 7));
+  const std::string bin = (dir.path() / "bin").string();
+  EXPECT_EQ(error_of([&] { load_text(bin, 0.05, 10); }),
+            "data.path: '" + bin + "' is binary (a NUL byte at offset 3); give a text file or a "
+            "directory of text files");
+  fs::create_directories(dir.path() / "only-binary");
+  write(dir.path() / "only-binary" / "x.dat", std::string("\0\0", 2));
+  const std::string only = (dir.path() / "only-binary").string();
+  EXPECT_EQ(error_of([&] { load_text(only, 0.05, 10); }),
+            "data.path: '" + only + "' holds no text files (1 binary files skipped)");
+  write(dir.path() / "small.txt", words(2 * kSplitBlock));
+  const std::string small = (dir.path() / "small.txt").string();
+  EXPECT_EQ(error_of([&] { load_text(small, 0.05, 10); }),
+            "data.path: '" + small + "' has 8192 bytes: 8192 for training and 0 for validation "
+            "(4096-byte blocks, data.validation 0.05), but a window needs 10 (model.seq_len + 1); "
+            "give more text or a shorter model.seq_len");
+}
+
+TEST(TextData, WindowsAreNextByteTargetsAndDeterministic) {
+  const std::string text = words(5000);
+  auto [ids, next] = text_windows(text, 3, 16, 7, 2, 1);
+  EXPECT_EQ(ids.sizes(), (std::vector<int64_t>{3, 16}));
+  EXPECT_EQ(ids.scalar_type(), at::kLong);
+  EXPECT_TRUE(at::equal(ids.narrow(1, 1, 15), next.narrow(1, 0, 15)));
+  // Every row is a substring of the text.
+  for (int64_t b = 0; b < 3; ++b) {
+    std::string row;
+    for (int64_t j = 0; j < 16; ++j) row.push_back(static_cast<char>(ids[b][j].item<int64_t>()));
+    EXPECT_NE(text.find(row), std::string::npos) << row;
+  }
+  auto [again, again_next] = text_windows(text, 3, 16, 7, 2, 1);
+  EXPECT_TRUE(at::equal(ids, again));
+  EXPECT_FALSE(at::equal(ids, text_windows(text, 3, 16, 7, 2, 2).first));
+  EXPECT_FALSE(at::equal(ids, text_windows(text, 3, 16, 7, 3, 1).first));
+  EXPECT_FALSE(at::equal(ids, text_windows(text, 3, 16, 8, 2, 1).first));
+}
+
+// ---- the GPT through the pipeline ----------------------------------------------------------
+
+TrainConfig gpt_config(const std::string& text_path, const std::string& kind,
+                       const std::string& policy) {
+  TrainConfig c;
+  c.model.kind = "gpt";
+  c.model.layers = 4;
+  c.model.hidden = 16;
+  c.model.heads = 2;
+  c.model.ffn = 32;
+  c.model.seq_len = 16;
+  c.model.batch = 2;
+  c.model.dropout = 0.2;
+  c.data.path = text_path;
+  c.data.validation = 0.25;
+  c.schedule.kind = schedule::parse_schedule_kind(kind);
+  c.schedule.stages = 2;
+  c.schedule.micro_batches = 4;
+  c.schedule.virtual_stages = kind == "interleaved" ? 2 : 1;
+  c.schedule.recompute =
+      policy == "none" ? schedule::RecomputeMode::kNone : schedule::RecomputeMode::kPretrigger;
+  c.remat.policy = policy;
+  c.training.steps = 3;
+  c.training.optimizer = "adamw";
+  c.training.lr = 0.01;
+  c.training.weight_decay = 0.01;
+  c.training.clip_grad_norm = 0.5;
+  c.training.warmup = 1;
+  c.training.lr_decay = "cosine";
+  c.training.min_lr = 0.001;
+  c.training.eval_every = 2;
+  c.training.eval_batches = 2;
+  c.output.progress = false;
+  return c;
+}
+
+struct GptCase {
+  std::string kind;
+  std::string policy;
+};
+
+class GptGrid : public ::testing::TestWithParam<GptCase> {};
+
+TEST_P(GptGrid, DropoutRunEqualsTheSingleProcessTrainingBitwise) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  const TrainConfig c = gpt_config((dir.path() / "text.txt").string(), GetParam().kind,
+                                   GetParam().policy);
+  const TrainResult pipe = train_in_process(c, nullptr);
+  const TrainResult ref = train_reference(c, nullptr);
+  ASSERT_EQ(pipe.steps.size(), 3u);
+  ASSERT_EQ(ref.steps.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_EQ(pipe.steps[s].loss, ref.steps[s].loss) << "loss of step " << s;
+  }
+  // Validation after step 2 (eval_every) and after the last step.
+  ASSERT_EQ(pipe.validation.size(), 2u);
+  ASSERT_EQ(ref.validation.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(pipe.validation[i].first, ref.validation[i].first);
+    EXPECT_EQ(pipe.validation[i].second, ref.validation[i].second) << "validation " << i;
+  }
+  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
+  ASSERT_EQ(pipe.params.size(), want.size());
+  for (const auto& [name, value] : pipe.params) {
+    ASSERT_TRUE(want.count(name)) << name;
+    EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
+  }
+  EXPECT_TRUE(want.count("blocks.3.attn.qkv.weight"));  // global block numbering
+  EXPECT_TRUE(want.count("embed.tok.weight"));
+  EXPECT_TRUE(want.count("head.out.weight"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, GptGrid,
+    ::testing::Values(GptCase{"gpipe", "selective"}, GptCase{"1f1b", "none"},
+                      GptCase{"1f1b", "full"}, GptCase{"1f1b", "selective"},
+                      GptCase{"interleaved", "selective"}, GptCase{"zb-h1", "selective"},
+                      GptCase{"zb-h2", "full"}, GptCase{"zb-v", "selective"},
+                      GptCase{"zb-v", "none"}),
+    [](const ::testing::TestParamInfo<GptCase>& info) {
+      std::string n = info.param.kind + "_" + info.param.policy;
+      for (auto& ch : n) {
+        if (ch == '-') ch = '_';
+      }
+      return n;
+    });
+
+TEST(Gpt, DropoutIsOnAndTheLossFalls) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "1f1b", "selective");
+  const TrainResult with_dropout = train_in_process(c, nullptr);
+  c.model.dropout = 0;
+  const TrainResult without = train_in_process(c, nullptr);
+  EXPECT_NE(with_dropout.steps[0].loss, without.steps[0].loss);
+  // The first loss is about ln 256 = 5.545 (a near-uniform prediction), then it falls.
+  EXPECT_NEAR(without.steps[0].loss, std::log(256.0), 0.1);
+  EXPECT_LT(without.steps[2].loss, without.steps[0].loss);
+}
+
+TEST(Gpt, SelectiveRematSavesTheProjectionsAndReplaysTheRest) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "1f1b", "selective");
+  c.training.steps = 1;
+  const TrainResult r = train_in_process(c, nullptr);
+  const remat::RematCounters& k = r.last.remat;
+  // 4 blocks x 4 micro-batches are checkpoint units, each replayed once; each replay skips the
+  // two SAVE regions (qkv, mlp.up): 32 calls in the forward, 32 skipped in replays.
+  EXPECT_EQ(k.unit_calls, 16);
+  EXPECT_EQ(k.replays, 16);
+  EXPECT_EQ(k.save_calls, 32);
+  EXPECT_EQ(k.save_skips, 32);
+}
+
+// ---- loss curve, checkpoints and samples -------------------------------------------------
+
+TEST(LossCurve, SvgHasOnePointPerStepAndEvaluation) {
+  const std::string svg = render_loss_svg({{1, 5.5}, {2, 4.0}, {3, 3.0}}, {{2, 4.2}, {3, 3.3}},
+                                          "a <title>");
+  EXPECT_EQ(svg.rfind("<svg ", 0), 0u);
+  EXPECT_NE(svg.find("a &lt;title&gt;"), std::string::npos);
+  const std::regex polyline("<polyline[^>]*points=\"([^\"]*)\"");
+  std::vector<size_t> points;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), polyline);
+       it != std::sregex_iterator(); ++it) {
+    const std::string p = (*it)[1];
+    points.push_back(static_cast<size_t>(std::count(p.begin(), p.end(), ',')));
+  }
+  EXPECT_EQ(points, (std::vector<size_t>{3, 2}));
+  EXPECT_NE(svg.find(">validation</text>"), std::string::npos);
+}
+
+TEST(Generate, SamplesTheRequestedBytesFromATrainedCheckpoint) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "zb-v", "selective");
+  c.checkpoint.dir = (dir.path() / "ck").string();
+  c.sample.tokens = 37;
+  c.sample.prompt = "the cat";
+  const TrainResult r = train_in_process(c, nullptr);
+  EXPECT_EQ(r.sample.size(), 37u);  // sampled by the training run from its final checkpoint
+  const std::string ck = (dir.path() / "ck" / "step-000003").string();
+  SampleOptions o;
+  o.tokens = 37;
+  o.prompt = "the cat";
+  const GenerateResult g = generate_text(ck, o);
+  EXPECT_EQ(g.text, r.sample);  // the same checkpoint, prompt and seed: the same bytes
+  EXPECT_EQ(g.step, 3);
+  o.tokens = 300;  // longer than seq_len: the context slides
+  o.seed = 5;
+  o.top_k = 0;
+  EXPECT_EQ(generate_text(ck, o).text.size(), 300u);
+  o.top_k = 1;  // greedy: deterministic whatever the seed
+  const std::string greedy = generate_text(ck, o).text;
+  o.seed = 6;
+  EXPECT_EQ(generate_text(ck, o).text, greedy);
+}
+
+TEST(Generate, ACheckpointOfAnotherModelIsAClearError) {
+  TempDir dir;
+  TrainConfig zoo;
+  zoo.model.layers = 2;
+  zoo.model.hidden = 8;
+  zoo.model.tokens = 4;
+  zoo.schedule.stages = 2;
+  zoo.schedule.micro_batches = 2;
+  zoo.training.steps = 1;
+  zoo.checkpoint.dir = (dir.path() / "ck").string();
+  zoo.output.progress = false;
+  train_in_process(zoo, nullptr);
+  const std::string ck = (dir.path() / "ck" / "step-000001").string();
+  EXPECT_EQ(error_of([&] { generate_text(ck, SampleOptions{}); }),
+            "generate: " + ck + " is a checkpoint of model.kind rmsnorm-gemm; pipemat generate "
+            "samples text from gpt checkpoints only");
+  const std::string none = (dir.path() / "ck").string();
+  EXPECT_EQ(error_of([&] { generate_text(none, SampleOptions{}); }),
+            "load_checkpoint: " + none + " is not a complete checkpoint (no manifest.json; a save "
+            "that was interrupted leaves none): use latest_checkpoint() or another step "
+            "directory");
+}
+
+TEST(LrSchedule, WarmupThenCosineToMinLr) {
+  TrainingOptions t;
+  t.steps = 11;
+  t.lr = 1.0;
+  t.warmup = 2;
+  t.lr_decay = "cosine";
+  t.min_lr = 0.1;
+  EXPECT_DOUBLE_EQ(lr_at(t, 0), 0.5);
+  EXPECT_DOUBLE_EQ(lr_at(t, 1), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(t, 2), 1.0);                       // the cosine starts at lr
+  EXPECT_DOUBLE_EQ(lr_at(t, 6), 0.1 + 0.45 * (1 + std::cos(M_PI * 4 / 8)));
+  EXPECT_DOUBLE_EQ(lr_at(t, 10), 0.1);                      // the last step: min_lr
+  t.lr_decay = "none";
+  EXPECT_DOUBLE_EQ(lr_at(t, 10), 1.0);
+}
+
+}  // namespace
+}  // namespace pipemat::models
