@@ -5,6 +5,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "pipemat/core/error.h"

@@ -5,6 +5,7 @@
 #include <torch/nn/init.h>
 
 #include <cmath>
+#include <limits>
 #include <mutex>
 
 #include "pipemat/core/error.h"
