@@ -26,7 +26,7 @@ GenerateResult generate_text(const std::string& dir, const SampleOptions& option
                 "; pipemat generate samples text from gpt checkpoints only");
   const GptShape shape = gpt_shape(config.model);
   const GptParts parts = build_gpt(shape, config.training.seed);
-  const std::vector<int64_t> bounds = partition_gpt(shape, config.partition, manifest.stages);
+  const std::vector<int64_t> bounds = partition_gpt(parts, config.partition, manifest.stages);
   std::vector<GptStage> stages;
   std::vector<torch::nn::Module*> modules;
   for (int s = 0; s < manifest.stages; ++s) {

@@ -9,7 +9,7 @@
 #include <mutex>
 
 #include "pipemat/core/error.h"
-#include "pipemat/pp/pipeline.h"
+#include "pipemat/models/zoo_stages.h"
 
 namespace pipemat::models {
 
@@ -132,28 +132,18 @@ at::Tensor GptStageImpl::forward(const at::Tensor& input) {
   return head ? head(x) : x;
 }
 
-std::vector<int64_t> partition_gpt(const GptShape& shape, const PartitionOptions& partition,
+std::vector<int64_t> partition_gpt(const GptParts& parts, const PartitionOptions& partition,
                                    int stages) {
-  PIPEMAT_CHECK(shape.layers >= stages, ConfigError, "the model has ", shape.layers,
-                " blocks but the schedule has ", stages, " stages; every stage needs at least "
-                "one block (raise model.layers or lower schedule.stages / schedule.virtual_stages)");
-  if (!partition.layers_per_stage.empty()) {
-    PIPEMAT_CHECK(static_cast<int>(partition.layers_per_stage.size()) == stages, ConfigError,
-                  "partition.layers_per_stage has ", partition.layers_per_stage.size(),
-                  " entries but the schedule has ", stages, " stages");
-    std::vector<int64_t> bounds{0};
-    for (int64_t c : partition.layers_per_stage) bounds.push_back(bounds.back() + c);
-    PIPEMAT_CHECK(bounds.back() == shape.layers, ConfigError,
-                  "partition.layers_per_stage sums to ", bounds.back(), " but model.layers is ",
-                  shape.layers);
-    return bounds;
-  }
-  const double h = static_cast<double>(shape.hidden), f = static_cast<double>(shape.ffn);
-  const double block = 4 * h * h + 2 * h * f + 9 * h + f;  // qkv, proj, up, down, norms, biases
-  std::vector<double> sizes(static_cast<size_t>(shape.layers), block);
-  sizes.front() += static_cast<double>(kByteVocab + shape.seq_len) * h;  // embeddings
-  sizes.back() += static_cast<double>(kByteVocab + 2) * h + kByteVocab;  // norm and head
-  return pp::balance_by_size(sizes, stages);
+  const auto count = [](const torch::nn::Module& m) {
+    double n = 0;
+    for (const auto& p : m.parameters()) n += static_cast<double>(p.numel());
+    return n;
+  };
+  std::vector<double> sizes;
+  for (const auto& block : parts.blocks) sizes.push_back(count(*block));
+  sizes.front() += count(*parts.embed);
+  sizes.back() += count(*parts.head);
+  return partition_sizes(sizes, partition, stages);
 }
 
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets) {

@@ -34,7 +34,7 @@ ModelRun zoo_run(const TrainConfig& config, int stages) {
                                  layers->begin() + (*bounds)[s], layers->begin() + (*bounds)[s + 1])));
   };
   run.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
-    return (out.at(0) - target.at(0)).pow(2).mean();
+    return micro_batch_loss(out.at(0), target.at(0), 1);  // pp divides by the micro-batches
   };
   run.train_data = [model = config.model, seed = config.training.seed](int64_t step, int64_t mb) {
     auto [input, target] = micro_batch_data(model, seed, step, mb);
@@ -57,7 +57,7 @@ ModelRun gpt_run(const TrainConfig& config, int stages) {
       load_text(config.data.path, config.data.validation, shape.seq_len + 1));
   auto parts = std::make_shared<GptParts>(build_gpt(shape, config.training.seed));
   const auto bounds =
-      std::make_shared<std::vector<int64_t>>(partition_gpt(shape, config.partition, stages));
+      std::make_shared<std::vector<int64_t>>(partition_gpt(*parts, config.partition, stages));
   ModelRun run;
   run.stages = stages;
   run.stage = [parts, bounds, stages](int s) {

@@ -49,7 +49,8 @@ TextCorpus load_text(const std::string& path, double validation_fraction, int64_
     std::sort(files.begin(), files.end());
     std::set<fs::path> seen;  // canonical paths: a symlink to a file read before is skipped
     for (const fs::path& file : files) {
-      if (!seen.insert(fs::canonical(file, ec)).second) continue;
+      const fs::path real = fs::canonical(file, ec);
+      if (!seen.insert(ec ? file : real).second) continue;
       std::string text = read_file(file);
       if (text.empty()) continue;
       if (text.find('\0') != std::string::npos) {

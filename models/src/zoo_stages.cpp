@@ -41,7 +41,18 @@ std::vector<torch::nn::AnyModule> build_layers(const ModelOptions& m, uint64_t s
 
 std::vector<int64_t> partition_layers(const std::vector<torch::nn::AnyModule>& layers,
                                       const PartitionOptions& partition, int stages) {
-  const auto n = static_cast<int64_t>(layers.size());
+  std::vector<double> sizes;
+  for (const auto& l : layers) {
+    double p = 0;
+    for (const auto& t : l.ptr()->parameters()) p += static_cast<double>(t.numel());
+    sizes.push_back(p);
+  }
+  return partition_sizes(sizes, partition, stages);
+}
+
+std::vector<int64_t> partition_sizes(const std::vector<double>& sizes,
+                                     const PartitionOptions& partition, int stages) {
+  const auto n = static_cast<int64_t>(sizes.size());
   PIPEMAT_CHECK(n >= stages, ConfigError, "the model has ", n, " layers but the schedule has ",
                 stages, " stages; every stage needs at least one layer (raise model.layers or "
                 "lower schedule.stages / schedule.virtual_stages)");
@@ -54,12 +65,6 @@ std::vector<int64_t> partition_layers(const std::vector<torch::nn::AnyModule>& l
     PIPEMAT_CHECK(bounds.back() == n, ConfigError, "partition.layers_per_stage sums to ",
                   bounds.back(), " but model.layers is ", n);
     return bounds;
-  }
-  std::vector<double> sizes;
-  for (const auto& l : layers) {
-    double p = 0;
-    for (const auto& t : l.ptr()->parameters()) p += static_cast<double>(t.numel());
-    sizes.push_back(p);
   }
   return pp::balance_by_size(sizes, stages);
 }

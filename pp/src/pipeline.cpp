@@ -381,6 +381,22 @@ struct Pipeline::Impl {
     return in;
   }
 
+  // Note [Random streams of a step]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // With PipelineOptions::seed the rank's generator is reseeded before every draw site of a
+  // step: the forward of stage s on micro-batch i of step t with forward_seed(seed, t, i, s), the
+  // data source's call for (t, i) with kDataStream, the loss with kLossStream; evaluation the
+  // same with its step. So what a forward draws depends on (seed, step, micro-batch, stage)
+  // only, not on the order the schedule runs the actions, on which rank holds the stage or on
+  // the transport, and a single-process loop that reseeds the same way draws the same dropout
+  // masks. A checkpoint unit records the generator state at its entry (after the reseed) and
+  // its replay rewinds to it, wherever the schedule puts the replay.
+  void reseed(int64_t step, int64_t micro_batch, int stream) {
+    if (generator.defined()) {
+      generator.set_current_seed(forward_seed(*options.seed, step, micro_batch, stream));
+    }
+  }
+
   // ---- training step ----------------------------------------------------------------------
 
   StepMetrics train_step(const DataSource& data) {
@@ -406,17 +422,10 @@ struct Pipeline::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     double busy_us = 0;
 
-    // Note [Random streams of a step]: the data source and every stage forward draw from
-    // streams keyed by (seed, step, micro-batch, stage), not by the order the schedule runs them.
-    auto reseed = [&](int64_t micro_batch, int stage) {
-      if (generator.defined()) {
-        generator.set_current_seed(forward_seed(*options.seed, step, micro_batch, stage));
-      }
-    };
     auto batch = [&](int micro_batch) -> MicroBatch& {
       auto it = batches.find(micro_batch);
       if (it == batches.end()) {
-        reseed(micro_batch, kDataStream);
+        reseed(step, micro_batch, kDataStream);
         it = batches.emplace(micro_batch, data(step, micro_batch)).first;
       }
       return it->second;
@@ -518,13 +527,13 @@ struct Pipeline::Impl {
           Tensors out;
           {
             remat::InvocationScope scope({step, a.stage, a.micro_batch});
-            reseed(a.micro_batch, a.stage);
+            reseed(step, a.micro_batch, a.stage);
             out = stages.at(a.stage).forward(mb.inputs);
             mb.group = scope.group();
           }
           if (a.stage == last_stage) {
             MicroBatch& b = batch(a.micro_batch);
-            reseed(a.micro_batch, kLossStream);
+            reseed(step, a.micro_batch, kLossStream);
             at::Tensor loss = scaled_loss(out, b.targets, M, step, a.micro_batch);
             if (loss.requires_grad()) {
               mb.roots.push_back(torch::autograd::impl::gradient_edge(loss));
@@ -925,13 +934,11 @@ struct Pipeline::Impl {
     for (int64_t i = 0; i < E; ++i) {
       MicroBatch b;
       if (is_first_stage_rank() || is_last_stage_rank()) {
-        if (generator.defined()) {
-          generator.set_current_seed(forward_seed(*options.seed, eo.step, i, kDataStream));
-        }
+        reseed(eo.step, i, kDataStream);
         b = data(eo.step, i);
       }
       for (const auto& [s, stage] : stages) {
-        if (generator.defined()) generator.set_current_seed(forward_seed(*options.seed, eo.step, i, s));
+        reseed(eo.step, i, s);
         Tensors in;
         if (s == 0) {
           in = b.inputs;

@@ -6,6 +6,9 @@
 
 #include <ATen/ATen.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -31,11 +34,10 @@ class TempDir {
  public:
   TempDir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("pipemat_gpt_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    for (char& c : const_cast<std::string&>(path_.native())) {
-      if (c == '.') c = '_';
-    }
+    std::string name =
+        "pipemat_gpt_" + std::string(info->name()) + "_" + std::to_string(::getpid());
+    std::replace(name.begin(), name.end(), '/', '_');  // parameterized test names
+    path_ = fs::temp_directory_path() / name;
     fs::remove_all(path_);
     fs::create_directories(path_);
   }

@@ -110,9 +110,9 @@ TORCH_MODULE(GptStage);
 
 // Block boundaries of `stages` stages ("first block of every stage, then the end"): from
 // partition.layers_per_stage when given (blocks per stage), else balanced by parameter count
-// with the embedding counted on the first stage and the head on the last. ConfigError as
-// partition_layers.
-std::vector<int64_t> partition_gpt(const GptShape& shape, const PartitionOptions& partition,
+// with the embedding counted on the first stage and the head on the last (partition_sizes of
+// zoo_stages.h, whose ConfigErrors it shares).
+std::vector<int64_t> partition_gpt(const GptParts& parts, const PartitionOptions& partition,
                                    int stages);
 
 // Mean cross-entropy of logits [B, T, 256] against the next bytes [B, T].

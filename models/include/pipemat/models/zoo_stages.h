@@ -30,6 +30,9 @@ std::vector<torch::nn::AnyModule> build_layers(const ModelOptions& model, uint64
 // there are fewer layers than stages or the explicit partition does not fit.
 std::vector<int64_t> partition_layers(const std::vector<torch::nn::AnyModule>& layers,
                                       const PartitionOptions& partition, int stages);
+// The same for layers of the given sizes (balanced by size when no explicit partition).
+std::vector<int64_t> partition_sizes(const std::vector<double>& sizes,
+                                     const PartitionOptions& partition, int stages);
 
 // One pipeline stage: a contiguous range of layers.
 struct StageImpl : torch::nn::Module {
