@@ -541,8 +541,10 @@ TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {
 int run_train(const TrainConfig& config, bool reference, std::ostream& out) {
   const ResolvedSchedule resolved = resolve_schedule(config);
   if (!resolved.note.empty()) out << resolved.note << "\n";
-  // The ranks of this machine share its cores (all of them when they are threads here).
-  int ranks_on_host = reference ? 1 : resolved.config.schedule.stages;
+  // The ranks of this machine share its cores (all of them when they are threads here). The
+  // reference computes with the threads one rank of that pipeline gets: LibTorch's reductions
+  // depend on the thread count, and the oracle must be comparable bitwise.
+  int ranks_on_host = resolved.config.schedule.stages;
   if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) ranks_on_host = std::atoi(local);
   pp::set_compute_threads(config.training.threads > 0
                               ? static_cast<int>(config.training.threads)

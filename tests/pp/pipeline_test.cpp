@@ -268,7 +268,6 @@ TEST(Pipeline, StepMetricsCarrySendsWaitsAndTheCommAwareSimulation) {
   }
   const StepMetrics& m = last[1];
   EXPECT_EQ(m.measured.ranks.size(), 2u);
-  EXPECT_GE(m.message_delay_ms, 0);
   schedule::CostModel with_comm = m.measured_costs;
   with_comm.comm = m.message_delay_ms;
   EXPECT_EQ(m.simulated_bubble_comm, schedule::simulate(plan, with_comm).bubble_ratio);
