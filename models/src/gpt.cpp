@@ -43,7 +43,7 @@ at::Tensor GptEmbedImpl::forward(const at::Tensor& ids) {
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptShape& shape) : heads(shape.heads) {
-  qkv = register_module("qkv", torch::nn::Linear(shape.hidden, 3 * shape.hidden));
+  qkv = register_module("qkv", CountedLinear(shape.hidden, 3 * shape.hidden));
   proj = register_module("proj", torch::nn::Linear(shape.hidden, shape.hidden));
 }
 
@@ -59,7 +59,7 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
 }
 
 GptMlpImpl::GptMlpImpl(const GptShape& shape) {
-  up = register_module("up", torch::nn::Linear(shape.hidden, shape.ffn));
+  up = register_module("up", CountedLinear(shape.hidden, shape.ffn));
   down = register_module("down", torch::nn::Linear(shape.ffn, shape.hidden));
 }
 
@@ -74,6 +74,7 @@ GptBlockImpl::GptBlockImpl(const GptShape& shape) {
 }
 
 at::Tensor GptBlockImpl::forward(const at::Tensor& x) {
+  ++calls;
   const at::Tensor h = x + drop(attn(ln1(x)));
   return h + drop(mlp(ln2(h)));
 }

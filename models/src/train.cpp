@@ -316,7 +316,9 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   pace.first_step = pipeline.step();
   pace.tokens_per_step = run.tokens_per_micro_batch * config.schedule.micro_batches;
   const int64_t eval_every = run.eval_data ? config.training.eval_every : 0;
-  std::vector<LossPoint> train_curve, validation_curve;
+  // The train curve only when it is drawn: a long run's memory stays flat.
+  const bool draw_curve = result.last_stage_rank && !config.output.loss_svg.empty();
+  std::vector<LossPoint> train_curve;
   std::string final_checkpoint;
   const int64_t end = config.training.stop_after > 0
                           ? std::min(config.training.stop_after, config.training.steps)
@@ -330,9 +332,8 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
       eo.micro_batches = config.training.eval_batches;
       validation = pipeline.evaluate(run.eval_data, eo).loss;
       result.validation.push_back({step, *validation});
-      validation_curve.push_back({step + 1, *validation});
     }
-    train_curve.push_back({step + 1, m.loss});
+    if (draw_curve) train_curve.push_back({step + 1, m.loss});
     if (result.last_stage_rank) {
       metrics.write(m, validation);
       if (talk) {
@@ -351,7 +352,9 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   if (result.last_stage_rank && !config.output.timeline_svg.empty() && !result.steps.empty()) {
     write_timeline_svg(config, pipeline.schedule(), result.last);
   }
-  if (result.last_stage_rank && !config.output.loss_svg.empty() && !train_curve.empty()) {
+  if (draw_curve && !train_curve.empty()) {
+    std::vector<LossPoint> validation_curve;
+    for (const auto& [step, loss] : result.validation) validation_curve.push_back({step + 1, loss});
     write_loss_svg(config.output.loss_svg, train_curve, validation_curve, run.summary);
     if (talk) *progress << "loss curve " << config.output.loss_svg << "\n";
   }

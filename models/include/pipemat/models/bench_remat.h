@@ -13,7 +13,7 @@
 namespace pipemat::models {
 
 struct BenchRematOptions {
-  std::string scenario = "rmsnorm-gemm";  // rmsnorm-gemm | moe | save-chain
+  std::string scenario = "rmsnorm-gemm";  // rmsnorm-gemm | moe | save-chain | gpt
   int64_t layers = 4;
   int64_t tokens = 1024;
   int64_t hidden = 256;

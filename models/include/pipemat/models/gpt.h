@@ -47,11 +47,23 @@ struct GptEmbedImpl : torch::nn::Module {
 };
 TORCH_MODULE(GptEmbed);
 
+// torch::nn::Linear counting its forward calls: the QKV and MLP-up projections, the SAVE
+// bodies of the selective policy (a replay that skips them leaves the count alone).
+struct CountedLinearImpl : torch::nn::LinearImpl {
+  using torch::nn::LinearImpl::LinearImpl;
+  at::Tensor forward(const at::Tensor& x) {
+    ++calls;
+    return torch::nn::LinearImpl::forward(x);
+  }
+  int64_t calls = 0;
+};
+TORCH_MODULE(CountedLinear);
+
 // Causal self-attention: qkv projection, softmax(q k^T / sqrt(d) + causal mask) v, proj.
 struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GptShape& shape);
   at::Tensor forward(const at::Tensor& x);
-  remat::Remat<torch::nn::Linear> qkv{nullptr};
+  remat::Remat<CountedLinear> qkv{nullptr};
   torch::nn::Linear proj{nullptr};
   int64_t heads;
 };
@@ -61,7 +73,7 @@ TORCH_MODULE(CausalSelfAttention);
 struct GptMlpImpl : torch::nn::Module {
   explicit GptMlpImpl(const GptShape& shape);
   at::Tensor forward(const at::Tensor& x);
-  remat::Remat<torch::nn::Linear> up{nullptr};
+  remat::Remat<CountedLinear> up{nullptr};
   torch::nn::Linear down{nullptr};
 };
 TORCH_MODULE(GptMlp);
@@ -74,6 +86,7 @@ struct GptBlockImpl : torch::nn::Module {
   remat::Remat<CausalSelfAttention> attn{nullptr};
   remat::Remat<GptMlp> mlp{nullptr};
   torch::nn::Dropout drop{nullptr};
+  int64_t calls = 0;  // forward calls, replays included
 };
 TORCH_MODULE(GptBlock);
 
