@@ -121,7 +121,8 @@ nlohmann::json read_manifest_json(const std::string& dir) {
   std::ifstream in(manifest_path);
   PIPEMAT_CHECK(in.good(), PipelineError, "load_checkpoint: ", dir,
                 " is not a complete checkpoint (no manifest.json; a save that was interrupted "
-                "leaves none): use latest_checkpoint() or another step directory");
+                "leaves none): give a step-NNNNNN directory that has one (--resume latest and "
+                "pp::latest_checkpoint() pick the newest)");
   nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
   PIPEMAT_CHECK(!m.is_discarded() && m.is_object(), PipelineError, "load_checkpoint: ",
                 manifest_path, " is not valid JSON");

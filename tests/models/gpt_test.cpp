@@ -332,8 +332,8 @@ TEST(Generate, ACheckpointOfAnotherModelIsAClearError) {
   const std::string none = (dir.path() / "ck").string();
   EXPECT_EQ(error_of([&] { generate_text(none, SampleOptions{}); }),
             "load_checkpoint: " + none + " is not a complete checkpoint (no manifest.json; a save "
-            "that was interrupted leaves none): use latest_checkpoint() or another step "
-            "directory");
+            "that was interrupted leaves none): give a step-NNNNNN directory that has one "
+            "(--resume latest and pp::latest_checkpoint() pick the newest)");
 }
 
 TEST(LrSchedule, WarmupThenCosineToMinLr) {
