@@ -77,10 +77,17 @@ void add_bench_pipeline_command(CLI::App& bench) {
                        {"message_delay_ms", r.message_delay_ms},
                        {"recv_wait_ms", r.recv_wait_ms},
                        {"peak_bytes", r.peak_bytes},
+                       {"layer_costs", r.layer_costs},
                        {"losses_equal", r.losses_compared ? nlohmann::json(r.losses_equal)
                                                           : nlohmann::json(nullptr)}});
       }
       std::cout << out.dump(2) << "\n";
+      return;
+    }
+    std::printf("\nper-layer costs (ms; comm = the message delay), for `pipemat project --costs`:\n");
+    for (const auto& r : rows) {
+      if (!r.layer_costs.empty())
+        std::printf("%-6s %-9s %s\n", r.schedule.c_str(), r.transport.c_str(), r.layer_costs.c_str());
     }
   });
 }

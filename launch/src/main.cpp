@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "pipemat/comm/transport.h"
 #include "pipemat/core/error.h"
+#include "pipemat/pp/compute.h"
 
 namespace {
 
@@ -50,6 +51,7 @@ void report_failure(const std::exception& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pipemat::pp::retain_freed_memory();  // Note [Freed memory stays in the process]
   CLI::App app{
       "pipemat: pipeline-parallel training for LibTorch with declarative selective recompute.\n"
       "Run `pipemat <command> --help` for the flags of one command."};
@@ -59,6 +61,7 @@ int main(int argc, char** argv) {
   pipemat::launch::add_train_command(app);
   pipemat::launch::add_generate_command(app);
   pipemat::launch::add_schedule_command(app);
+  pipemat::launch::add_project_command(app);
   auto* bench =
       app.add_subcommand("bench", "Benchmarks that print measured numbers (JSON with --json)");
   bench->require_subcommand(1);

@@ -19,6 +19,7 @@
 #include "pipemat/models/train.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/remat/memory.h"
+#include "pipemat/schedule/simulate.h"
 
 extern char** environ;
 
@@ -33,10 +34,13 @@ double median(std::vector<double> v) {
 }
 
 // The medians of the steps after warm-up; losses compared with the reference's, bitwise.
+// `layers_per_stage` > 0: also the per-layer costs (BenchPipelineRow::layer_costs).
 BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup,
-                           const std::vector<double>& reference_losses) {
+                           const std::vector<double>& reference_losses,
+                           double layers_per_stage = 0) {
   BenchPipelineRow row;
   std::vector<double> step_ms, bubble, schedule_bubble, sim, sim_comm, delay, wait;
+  std::vector<double> f, b, i_cost, w, r;
   for (const StepMetrics& m : steps) {
     const auto i = static_cast<size_t>(m.step);
     if (!reference_losses.empty() &&
@@ -52,6 +56,11 @@ BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup
     sim_comm.push_back(m.simulated_bubble_comm);
     delay.push_back(m.message_delay_ms);
     wait.push_back(m.recv_wait_ms);
+    f.push_back(m.measured_costs.forward);
+    b.push_back(m.measured_costs.backward_cost());
+    i_cost.push_back(m.measured_costs.backward_input);
+    w.push_back(m.measured_costs.backward_weight);
+    r.push_back(m.measured_costs.recompute.value_or(0.0));
   }
   row.step_ms = median(step_ms);
   row.bubble = median(bubble);
@@ -60,6 +69,16 @@ BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup
   row.simulated_bubble_comm = median(sim_comm);
   row.message_delay_ms = median(delay);
   row.recv_wait_ms = median(wait);
+  if (layers_per_stage > 0) {
+    schedule::CostModel layer;
+    layer.forward = median(f) / layers_per_stage;
+    layer.backward = median(b) / layers_per_stage;
+    layer.backward_input = median(i_cost) / layers_per_stage;
+    layer.backward_weight = median(w) / layers_per_stage;
+    layer.recompute = median(r) / layers_per_stage;
+    layer.comm = row.message_delay_ms;
+    row.layer_costs = schedule::format_costs(layer, schedule::RecomputeMode::kPretrigger);
+  }
   return row;
 }
 
@@ -113,6 +132,14 @@ std::vector<StepMetrics> read_metrics(const std::string& path) {
     m.recv_wait_ms = j.value("recv_wait_ms", 0.0);
     m.peak_bytes = j.value("peak_bytes", int64_t{0});
     m.max_rank_peak_bytes = j.value("max_rank_peak_bytes", int64_t{0});
+    if (j.contains("costs") && j["costs"].is_object()) {
+      const auto& c = j["costs"];
+      m.measured_costs.forward = c.value("F", 0.0);
+      m.measured_costs.backward = c.value("B", 0.0);
+      m.measured_costs.backward_input = c.value("I", 0.0);
+      m.measured_costs.backward_weight = c.value("W", 0.0);
+      m.measured_costs.recompute = c.value("R", 0.0);
+    }
     out.push_back(m);
   }
   return out;
@@ -229,7 +256,14 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
                       status, ", ", steps.size(), " of ", o.steps, " steps); its output is in ",
                       log);
       }
-      BenchPipelineRow row = summarize(steps, o.warmup, losses);
+      const TrainConfig& config = variant.at(schedule);
+      using Kind = pipemat::schedule::ScheduleKind;
+      const int chunks = config.schedule.kind == Kind::kZeroBubbleV ? 2
+                         : config.schedule.kind == Kind::kInterleaved
+                             ? config.schedule.virtual_stages
+                             : 1;
+      BenchPipelineRow row = summarize(steps, o.warmup, losses,
+                                       static_cast<double>(config.model.layers) / (ranks * chunks));
       row.schedule = schedule;
       row.transport = transport;
       row.threads = rank_threads;

@@ -29,7 +29,7 @@ GptShape gpt_shape(const ModelOptions& m) {
 GptEmbedImpl::GptEmbedImpl(const GptShape& shape) {
   tok = register_module("tok", torch::nn::Embedding(kByteVocab, shape.hidden));
   pos = register_module("pos", torch::nn::Embedding(shape.seq_len, shape.hidden));
-  drop = register_module("drop", torch::nn::Dropout(shape.dropout));
+  drop = register_module("drop", CounterDropout(shape.dropout));
 }
 
 at::Tensor GptEmbedImpl::forward(const at::Tensor& ids) {
@@ -70,7 +70,7 @@ GptBlockImpl::GptBlockImpl(const GptShape& shape) {
   attn = register_module("attn", CausalSelfAttention(shape));
   ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({shape.hidden})));
   mlp = register_module("mlp", GptMlp(shape));
-  drop = register_module("drop", torch::nn::Dropout(shape.dropout));
+  drop = register_module("drop", CounterDropout(shape.dropout));
 }
 
 at::Tensor GptBlockImpl::forward(const at::Tensor& x) {

@@ -88,7 +88,8 @@ void print_compute(std::ostream& out, int ranks) {
   const pp::ComputeInfo info = pp::compute_info();
   out << "compute: " << ranks << (ranks == 1 ? " rank" : " ranks") << ", " << info.threads
       << (info.threads == 1 ? " thread" : " threads") << " per rank (training.threads), BLAS "
-      << info.blas << "\n";
+      << info.blas << (info.freed_memory_retained ? "; freed memory kept for reuse" : "")
+      << "\n";
   if (info.reference_blas) {
     out << "warning: this is Debian's reference BLAS, about 10x slower than OpenBLAS for the "
            "GEMMs of training; install libopenblas0-pthread (scripts/install-deps.sh does)\n";
@@ -162,6 +163,14 @@ std::string metrics_json(const StepMetrics& m, std::optional<double> validation_
   j["early_stops"] = m.remat.early_stops;
   j["save_calls"] = m.remat.save_calls;
   j["save_skips"] = m.remat.save_skips;
+  // The measured mean time of each action type (ms), the simulator's costs: what `bench
+  // pipeline` turns into per-layer costs for `pipemat project`.
+  const schedule::CostModel& c = m.measured_costs;
+  j["costs"] = {{"F", c.forward},
+                {"B", c.backward_cost()},
+                {"I", c.backward_input},
+                {"W", c.backward_weight},
+                {"R", c.recompute.value_or(0.0)}};
   return j.dump();
 }
 

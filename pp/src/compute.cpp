@@ -3,7 +3,9 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <link.h>
+#include <malloc.h>
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -11,6 +13,8 @@
 
 namespace pipemat::pp {
 namespace {
+
+std::atomic<bool> g_freed_memory_retained{false};
 
 // The path of the loaded libblas.so.3 (the Debian alternative), if any.
 std::string loaded_blas_path() {
@@ -36,9 +40,20 @@ int default_compute_threads(int ranks_on_host) {
   return cores / ranks < 1 ? 1 : cores / ranks;
 }
 
+bool retain_freed_memory() {
+#if defined(__GLIBC__)
+  const bool ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  if (ok) g_freed_memory_retained = true;
+  return ok;
+#else
+  return false;
+#endif
+}
+
 ComputeInfo compute_info() {
   ComputeInfo info;
   info.threads = at::get_num_threads();
+  info.freed_memory_retained = g_freed_memory_retained;
   using GetConfig = char* (*)();
   if (auto* config = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
     info.blas = config();  // "OpenBLAS 0.3.21 ... MAX_THREADS=64"

@@ -155,11 +155,11 @@ class Simulator {
         Cell& prev = cell(st - 1, mb);
         if (schedule_.rank_of(st - 1) == r || !comms_) {
           if (!need_local(prev.f, ActionType::kForward, st - 1)) return false;
-          if (schedule_.rank_of(st - 1) != r) *ready += costs_.comm;
+          if (schedule_.rank_of(st - 1) != r) *ready += costs_.message_cost();
           return true;
         }
         double t = 0.0;
-        if (!arrival(prev.send_f, me.recv_f, costs_.comm, &t)) {
+        if (!arrival(prev.send_f, me.recv_f, costs_.message_cost(), &t)) {
           blocked_on_ = prev.send_f == kNotYet
                             ? format_action({st - 1, ActionType::kSendForward, mb}) + " on rank " +
                                   std::to_string(schedule_.rank_of(st - 1))
@@ -184,12 +184,12 @@ class Simulator {
                           std::to_string(schedule_.rank_of(st + 1));
             return false;
           }
-          if (schedule_.rank_of(st + 1) != r) *ready += costs_.comm;
+          if (schedule_.rank_of(st + 1) != r) *ready += costs_.message_cost();
           *ready = std::max(*ready, before);
           return true;
         }
         double t = 0.0;
-        if (!arrival(nxt.send_b, me.recv_b, costs_.comm, &t)) {
+        if (!arrival(nxt.send_b, me.recv_b, costs_.message_cost(), &t)) {
           blocked_on_ = nxt.send_b == kNotYet
                             ? format_action({st + 1, ActionType::kSendBackward, mb}) + " on rank " +
                                   std::to_string(schedule_.rank_of(st + 1))
@@ -331,10 +331,14 @@ CostModel parse_costs(const std::string& text) {
       c.recompute = value;
     else if (upper == "COMM")
       c.comm = value;
+    else if (upper == "BW")
+      c.bandwidth = value;
+    else if (upper == "BYTES")
+      c.message_bytes = value;
     else
-      PIPEMAT_THROW(
-          ConfigError, "--costs key '", key,
-          "' is unknown; expected F, B, I, W, R or comm (e.g. F=1,I=1,W=1,B=2,R=1,comm=0).");
+      PIPEMAT_THROW(ConfigError, "--costs key '", key,
+                    "' is unknown; expected F, B, I, W, R, comm, bw or bytes (e.g. "
+                    "F=1,I=1,W=1,B=2,R=1,comm=0.05,bw=5e6,bytes=262144).");
   }
   return c;
 }
@@ -342,7 +346,9 @@ CostModel parse_costs(const std::string& text) {
 std::string format_costs(const CostModel& c, RecomputeMode mode) {
   return "F=" + number(c.forward) + ",B=" + number(c.backward_cost()) +
          ",I=" + number(c.backward_input) + ",W=" + number(c.backward_weight) +
-         ",R=" + number(c.recompute_cost(mode)) + ",comm=" + number(c.comm);
+         ",R=" + number(c.recompute_cost(mode)) + ",comm=" + number(c.comm) +
+         (c.bandwidth > 0 ? ",bw=" + number(c.bandwidth) + ",bytes=" + number(c.message_bytes)
+                          : std::string());
 }
 
 double span_bubble_ratio(const SimulationResult& result) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "pipemat/core/error.h"
+#include "pipemat/models/dropout.h"
 #include "pipemat/models/generate.h"
 #include "pipemat/models/loss_curve.h"
 #include "pipemat/models/model_run.h"
@@ -240,6 +241,37 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return n;
     });
+
+// Note [Counter-based dropout]: the mask keeps 1 - p, scales the kept by 1 / (1 - p), is a
+// function of one generator draw (so the same generator state gives the same mask and the
+// generator moves by exactly one draw), and the gradient is the same noise.
+TEST(CounterDropout, OneDrawGivesTheMaskAndTheGradient) {
+  at::manual_seed(7);
+  const at::Tensor x = at::ones({1000, 1000}).requires_grad_();
+  const at::Tensor y = counter_dropout(x, 0.25, true);
+  const at::Tensor kept = y.ne(0);
+  EXPECT_NEAR(kept.to(at::kDouble).mean().item<double>(), 0.75, 0.002);
+  EXPECT_TRUE(y.masked_select(kept).eq(static_cast<float>(1.0 / 0.75)).all().item<bool>());
+  EXPECT_FALSE(kept[0].equal(kept[1]));  // not one mask per row
+  y.sum().backward();
+  EXPECT_TRUE(x.grad().equal(y.detach()));
+
+  const int64_t after_one_call = at::empty({}, at::kLong).random_().item<int64_t>();
+  at::manual_seed(7);
+  EXPECT_TRUE(counter_dropout(x, 0.25, true).equal(y));
+  at::manual_seed(7);
+  at::empty({}, at::kLong).random_();
+  EXPECT_EQ(at::empty({}, at::kLong).random_().item<int64_t>(), after_one_call);
+  EXPECT_FALSE(counter_dropout(x, 0.25, true).equal(y));  // the next draw, the next mask
+
+  EXPECT_TRUE(counter_dropout(x, 0.25, false).is_same(x));
+  EXPECT_TRUE(counter_dropout(x, 0.0, true).is_same(x));
+  CounterDropout module(0.25);
+  module->eval();
+  EXPECT_TRUE(module(x).is_same(x));
+  EXPECT_THROW(counter_dropout(x, 1.0, true), ConfigError);
+  EXPECT_THROW(CounterDropout(-0.1), ConfigError);
+}
 
 TEST(Gpt, DropoutIsOnAndTheLossFalls) {
   TempDir dir;

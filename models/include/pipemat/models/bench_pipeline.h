@@ -4,7 +4,7 @@
 // after warm-up, the speedup over the faster reference (1 thread or the default threads), the
 // measured bubble next to the simulated one without and with the measured message delay
 // (Note [Measured message delay]), the time blocked in receives, the peak bytes, and whether
-// every step's loss equals the reference's bitwise.
+// every step's loss equals the reference's bitwise, and the per-layer costs it measured.
 // The local variant runs in this process (ranks as threads); mpi and tcp start `pipemat-run`
 // (next to the running binary, or `launcher`) and read the metrics file of the run.
 
@@ -42,6 +42,10 @@ struct BenchPipelineRow {
   // (losses_compared false) for a reference with other threads (other reduction orders).
   bool losses_equal = true;
   bool losses_compared = true;
+  // Per layer: the median mean time of each action type divided by the layers of one model
+  // stage (model.layers / (ranks x chunks per rank)), and the median message delay as comm: the
+  // --costs of `pipemat project` (schedule/project.h). Empty for the reference rows.
+  std::string layer_costs;
 };
 
 // Runs the reference (with the ranks' threads, 1 thread and one rank's default threads) and

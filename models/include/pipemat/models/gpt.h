@@ -1,9 +1,10 @@
 #pragma once
 // A byte-level GPT for the main job: token + position embedding, pre-norm decoder blocks
-// (causal multi-head self-attention and an MLP, both residual, with dropout), a final norm and
-// a vocab-256 head; cross-entropy over the next byte. Split into pipeline stages: the first
-// stage embeds int64 ids, the boundaries carry the hidden states [batch, seq_len, hidden], the
-// last stage returns the logits [batch, seq_len, 256].
+// (causal multi-head self-attention and an MLP, both residual, with dropout: Note
+// [Counter-based dropout] in dropout.h), a final norm and a vocab-256 head; cross-entropy over
+// the next byte. Split into pipeline stages: the first stage embeds int64 ids, the boundaries
+// carry the hidden states [batch, seq_len, hidden], the last stage returns the logits
+// [batch, seq_len, 256].
 //
 // Remat paths (relative to a stage): "blocks.<i>" (a block), "blocks.<i>.attn" (the attention:
 // qkv, the causal softmax core, proj), "blocks.<i>.attn.qkv", "blocks.<i>.mlp",
@@ -14,7 +15,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "pipemat/models/dropout.h"
 #include "pipemat/models/options.h"
 #include "pipemat/remat/remat.h"
 
@@ -43,7 +44,7 @@ struct GptEmbedImpl : torch::nn::Module {
   explicit GptEmbedImpl(const GptShape& shape);
   at::Tensor forward(const at::Tensor& ids);  // [B, T] int64 -> [B, T, H]
   torch::nn::Embedding tok{nullptr}, pos{nullptr};
-  torch::nn::Dropout drop{nullptr};
+  CounterDropout drop{nullptr};
 };
 TORCH_MODULE(GptEmbed);
 
@@ -85,7 +86,7 @@ struct GptBlockImpl : torch::nn::Module {
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   remat::Remat<CausalSelfAttention> attn{nullptr};
   remat::Remat<GptMlp> mlp{nullptr};
-  torch::nn::Dropout drop{nullptr};
+  CounterDropout drop{nullptr};
   int64_t calls = 0;  // forward calls, replays included
 };
 TORCH_MODULE(GptBlock);

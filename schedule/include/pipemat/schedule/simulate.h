@@ -7,9 +7,10 @@
 //   - a rank runs its list in order, one action at a time; time starts at 0 on every rank;
 //   - F, B, I, W, R take cost F, B, I, W, R; with lazy recompute B and I also take R;
 //   - SEND_* / RECV_* take no rank time: SEND is issued, RECV is posted;
-//   - a message arrives at max(send issued, receive posted) + comm; the consuming F / B / I
-//     starts no earlier than its arrival. Without comm actions (a compute-only schedule) a
-//     cross-rank input arrives at producer end + comm. A local hand-off arrives at producer end.
+//   - a message arrives at max(send issued, receive posted) + its cost (comm latency + bytes /
+//     bandwidth); the consuming F / B / I starts no earlier than its arrival. Without comm
+//     actions (a compute-only schedule) a cross-rank input arrives at producer end + that cost.
+//     A local hand-off arrives at producer end.
 //   - busy time of a rank = sum of its compute durations; bubble_ratio =
 //     1 - sum(busy) / (ranks_count * makespan).
 //   - in-flight activations: F(s,i) adds one on its rank; the last of B(s,i) / W(s,i) removes it.
@@ -33,18 +34,24 @@ struct CostModel {
   double backward_weight = 1.0;     // W
   std::optional<double> recompute;  // R; default 0 without recompute, F with it
   double comm = 0.0;                // latency of one message between ranks
+  double bandwidth = 0.0;           // bytes per time unit of a link; 0: no transfer time
+  double message_bytes = 0.0;       // bytes of one stage-boundary message (activation or grad)
 
+  // What one cross-rank message takes: comm + message_bytes / bandwidth.
+  double message_cost() const { return comm + (bandwidth > 0 ? message_bytes / bandwidth : 0.0); }
   double backward_cost() const { return backward.value_or(backward_input + backward_weight); }
   double recompute_cost(RecomputeMode mode) const {
     return recompute.value_or(mode == RecomputeMode::kNone ? 0.0 : forward);
   }
 };
 
-// Parses "F=1,I=1,W=1,B=2,R=1,comm=0" (any subset, any order, keys case-insensitive for F/B/I/W/R).
+// Parses "F=1,I=1,W=1,B=2,R=1,comm=0,bw=0,bytes=0" (any subset, any order, keys
+// case-insensitive; bw is bandwidth, bytes is message_bytes).
 // Unset keys keep the defaults of CostModel. ConfigError naming the item for an unknown key, a
 // value that is not a non-negative number, or an empty item.
 CostModel parse_costs(const std::string& text);
-// "F=1,B=2,I=1,W=1,R=0,comm=0" with the resolved values for `mode`.
+// "F=1,B=2,I=1,W=1,R=0,comm=0" with the resolved values for `mode`, then ",bw=..,bytes=.." when
+// a bandwidth is set.
 std::string format_costs(const CostModel& costs, RecomputeMode mode);
 
 struct TimedAction {

@@ -1,0 +1,59 @@
+// `pipemat project`: flags -> ProjectCommandOptions -> render_project_command. No logic here.
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "pipemat/core/error.h"
+#include "pipemat/schedule/project.h"
+
+namespace pipemat::launch {
+
+void add_project_command(CLI::App& app) {
+  struct Flags {
+    schedule::ProjectCommandOptions options;
+    std::string output;
+  };
+  auto f = std::make_shared<Flags>();
+  auto& o = f->options;
+  auto* cmd = app.add_subcommand(
+      "project",
+      "Project a pipeline onto more ranks than this machine has: the simulator's step time, "
+      "bubble and speedup over one process for each schedule, stage count and micro-batch "
+      "count, from per-layer costs and a per-message cost (latency + bytes / bandwidth)");
+  cmd->footer(
+      "The model is --layers equal layers, split evenly over the stages. --costs takes the\n"
+      "per-layer F, I, W (B = I + W unless given) and R, and the per-message comm latency, bw\n"
+      "(bytes per time unit) and bytes; `pipemat bench pipeline` prints the ones it measured.\n"
+      "Examples:\n"
+      "  pipemat project --layers 32 --costs F=1,I=1,W=1,comm=0.1\n"
+      "  pipemat project --layers 32 --costs F=0.71,I=0.62,W=0.55,R=0.2,comm=0.1,bw=3e6,"
+      "bytes=262144 --recompute pretrigger --format svg --output projection.svg\n"
+      "See docs/performance.md.");
+  cmd->add_option("--layers", o.layers, "Layers of the model (default 32)");
+  cmd->add_option("--costs", o.costs,
+                  "Per layer F,I,W,B,R and per message comm,bw,bytes, e.g. F=1,I=1,W=1,comm=0.1")
+      ->required();
+  cmd->add_option("--schedules", o.schedules, "Schedule kinds (default 1f1b,zb-h1,zb-v)")
+      ->delimiter(',');
+  cmd->add_option("--stages", o.stages, "Pipeline ranks P (default 4,8,16,32)")->delimiter(',');
+  cmd->add_option("--micro-batches", o.micro_batches, "Micro-batches per step M (default 8,16,32,64)")
+      ->delimiter(',');
+  cmd->add_option("--virtual", o.virtual_stages, "Chunks per rank of interleaved (default 2)");
+  cmd->add_option("--recompute", o.recompute, "none (default) | lazy | pretrigger");
+  cmd->add_option("--format", o.format, "text (default) | json | svg");
+  cmd->add_option("--output", f->output, "Write to this file instead of stdout");
+  cmd->callback([f] {
+    const std::string doc = schedule::render_project_command(f->options);
+    if (f->output.empty()) {
+      std::cout << doc;
+      return;
+    }
+    std::ofstream out(f->output, std::ios::binary);
+    out << doc;
+    PIPEMAT_CHECK(out.good(), ConfigError, "--output ", f->output, ": cannot write the file");
+  });
+}
+
+}  // namespace pipemat::launch
