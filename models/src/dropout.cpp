@@ -28,7 +28,10 @@ inline uint32_t bits(uint32_t i, uint32_t key0, uint32_t key1) {
 // noise[i] = 0 when bits(i) < threshold, else scale. Blocks of a fixed width so that the
 // compiler vectorizes the 32-bit multiplies at -O2, with an AVX2 clone picked at load time
 // where the CPU has it (integer arithmetic: every clone computes the same mask).
-__attribute__((target_clones("avx2", "default"))) void fill_noise(float* out, int64_t n, uint64_t seed, uint32_t threshold, float scale) {
+__attribute__((target_clones("avx2", "default"))) void fill_noise(float* out, int64_t n,
+                                                                  uint64_t seed,
+                                                                  uint32_t threshold,
+                                                                  float scale) {
   constexpr int64_t kBlock = 16;
   const auto key0 = static_cast<uint32_t>(seed), key1 = static_cast<uint32_t>(seed >> 32);
   int64_t i = 0;
@@ -38,7 +41,8 @@ __attribute__((target_clones("avx2", "default"))) void fill_noise(float* out, in
       out[i + j] = b < threshold ? 0.0f : scale;
     }
   }
-  for (; i < n; ++i) out[i] = bits(static_cast<uint32_t>(i), key0, key1) < threshold ? 0.0f : scale;
+  for (; i < n; ++i)
+    out[i] = bits(static_cast<uint32_t>(i), key0, key1) < threshold ? 0.0f : scale;
 }
 
 }  // namespace
@@ -47,12 +51,12 @@ at::Tensor counter_dropout(const at::Tensor& x, double p, bool train) {
   PIPEMAT_CHECK(p >= 0 && p < 1, ConfigError, "dropout: p ", p, " is outside [0, 1)");
   if (!train || p == 0) return x;
   if (x.scalar_type() != at::kFloat) return at::dropout(x, p, train);
+  PIPEMAT_CHECK(x.numel() <= (int64_t{1} << 32), ConfigError, "dropout: ", x.numel(),
+                " elements are more than the 2^32 a mask counts");
   // One draw from the current generator (see the Note in the header).
   const auto seed = static_cast<uint64_t>(at::empty({}, x.options().dtype(at::kLong))
                                               .random_()
                                               .item<int64_t>());
-  PIPEMAT_CHECK(x.numel() <= (int64_t{1} << 32), ConfigError, "dropout: ", x.numel(),
-                " elements are more than the 2^32 a mask counts");
   at::Tensor noise = at::empty(x.sizes(), x.options().requires_grad(false));
   fill_noise(noise.data_ptr<float>(), noise.numel(), seed,
              static_cast<uint32_t>(std::ldexp(p, 32)), static_cast<float>(1.0 / (1.0 - p)));

@@ -42,7 +42,8 @@ int default_compute_threads(int ranks_on_host) {
 
 bool retain_freed_memory() {
 #if defined(__GLIBC__)
-  const bool ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  const bool ok =
+      mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 && mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
   if (ok) g_freed_memory_retained = true;
   return ok;
 #else
