@@ -25,7 +25,7 @@ void add_generate_command(CLI::App& app) {
       "this one process and continues the prompt byte by byte.");
   cmd->footer(
       "Examples:\n"
-      "  pipemat generate --checkpoint runs/gpt-fortunes/checkpoints/step-000700 --prompt \"Q: "
+      "  pipemat generate --checkpoint runs/gpt-fortunes/checkpoints/step-000650 --prompt \"Q: "
       "\"\n"
       "  pipemat generate --checkpoint DIR --tokens 500 --temperature 1.0 --top-k 0 --seed 3\n"
       "The checkpoint's manifest holds the run's config, so no --config is needed. Lower\n"

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "pipemat/core/error.h"
@@ -19,7 +20,6 @@
 #include "pipemat/models/train.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/remat/memory.h"
-#include "pipemat/schedule/simulate.h"
 
 extern char** environ;
 
@@ -34,10 +34,11 @@ double median(std::vector<double> v) {
 }
 
 // The medians of the steps after warm-up; losses compared with the reference's, bitwise.
-// `layers_per_stage` > 0: also the per-layer costs (BenchPipelineRow::layer_costs).
+// `layers_per_stage` > 0: also the per-layer costs (BenchPipelineRow::layer_costs), with I and W
+// when the schedule splits the backward.
 BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup,
                            const std::vector<double>& reference_losses,
-                           double layers_per_stage = 0) {
+                           double layers_per_stage = 0, bool split_backward = false) {
   BenchPipelineRow row;
   std::vector<double> step_ms, bubble, schedule_bubble, sim, sim_comm, delay, wait;
   std::vector<double> f, b, i_cost, w, r;
@@ -70,14 +71,17 @@ BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup
   row.message_delay_ms = median(delay);
   row.recv_wait_ms = median(wait);
   if (layers_per_stage > 0) {
-    schedule::CostModel layer;
-    layer.forward = median(f) / layers_per_stage;
-    layer.backward = median(b) / layers_per_stage;
-    layer.backward_input = median(i_cost) / layers_per_stage;
-    layer.backward_weight = median(w) / layers_per_stage;
-    layer.recompute = median(r) / layers_per_stage;
-    layer.comm = row.message_delay_ms;
-    row.layer_costs = schedule::format_costs(layer, schedule::RecomputeMode::kPretrigger);
+    // What the schedule measured: I and W with split backward, else B.
+    const auto num = [](double v) {
+      std::ostringstream os;
+      os << v;
+      return os.str();
+    };
+    const auto per_layer = [&](std::vector<double>& v) { return num(median(v) / layers_per_stage); };
+    row.layer_costs = "F=" + per_layer(f) +
+                      (split_backward ? ",I=" + per_layer(i_cost) + ",W=" + per_layer(w)
+                                      : ",B=" + per_layer(b)) +
+                      ",R=" + per_layer(r) + ",comm=" + num(row.message_delay_ms);
   }
   return row;
 }
@@ -262,8 +266,11 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
                          : config.schedule.kind == Kind::kInterleaved
                              ? config.schedule.virtual_stages
                              : 1;
-      BenchPipelineRow row = summarize(steps, o.warmup, losses,
-                                       static_cast<double>(config.model.layers) / (ranks * chunks));
+      const bool split = config.schedule.kind == Kind::kZeroBubbleH1 ||
+                         config.schedule.kind == Kind::kZeroBubbleH2 ||
+                         config.schedule.kind == Kind::kZeroBubbleV;
+      BenchPipelineRow row = summarize(
+          steps, o.warmup, losses, static_cast<double>(config.model.layers) / (ranks * chunks), split);
       row.schedule = schedule;
       row.transport = transport;
       row.threads = rank_threads;
