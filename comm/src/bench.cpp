@@ -43,12 +43,6 @@ double pipemat_pingpong_seconds(Transport& t, int peer, int64_t bytes, int itera
   return seconds / iterations;
 }
 
-std::string fixed(double value, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.*f", digits, value);
-  return buf;
-}
-
 }  // namespace
 
 int p2p_iterations(const P2PBenchOptions& options, int64_t bytes) {
@@ -95,9 +89,10 @@ std::string format_p2p_json(const std::string& transport, const std::vector<P2PR
     const auto& r = results[i];
     if (i) out += ", ";
     out += "{\"bytes\": " + std::to_string(r.bytes) +
-           ", \"latency_us\": " + fixed(r.latency_us, 3) + ", \"gbps\": " + fixed(r.gbps, 4) +
-           ", \"raw_gbps\": " + fixed(r.raw_gbps, 4) +
-           ", \"raw_latency_us\": " + fixed(r.raw_latency_us, 3) +
+           ", \"latency_us\": " + format_fixed(r.latency_us, 3) +
+           ", \"gbps\": " + format_fixed(r.gbps, 4) +
+           ", \"raw_gbps\": " + format_fixed(r.raw_gbps, 4) +
+           ", \"raw_latency_us\": " + format_fixed(r.raw_latency_us, 3) +
            ", \"iters\": " + std::to_string(r.iters) + "}";
   }
   return out + "]}";

@@ -89,6 +89,12 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
   return number * scale;
 }
 
+std::string format_fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*f", digits, value);
+  return text;
+}
+
 std::string join(const std::vector<std::string>& items, const std::string& sep) {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) {

@@ -84,10 +84,12 @@ void add_bench_pipeline_command(CLI::App& bench) {
       std::cout << out.dump(2) << "\n";
       return;
     }
-    std::printf("\nper-layer costs (ms; comm = the message delay), for `pipemat project --costs`:\n");
+    std::printf(
+        "\nper-layer costs (ms; comm = the message delay), for `pipemat project --costs`:\n");
     for (const auto& r : rows) {
       if (!r.layer_costs.empty())
-        std::printf("%-6s %-9s %s\n", r.schedule.c_str(), r.transport.c_str(), r.layer_costs.c_str());
+        std::printf("%-6s %-9s %s\n", r.schedule.c_str(), r.transport.c_str(),
+                    r.layer_costs.c_str());
     }
   });
 }

@@ -38,7 +38,8 @@ void add_project_command(CLI::App& app) {
   cmd->add_option("--schedules", o.schedules, "Schedule kinds (default 1f1b,zb-h1,zb-v)")
       ->delimiter(',');
   cmd->add_option("--stages", o.stages, "Pipeline ranks P (default 4,8,16,32)")->delimiter(',');
-  cmd->add_option("--micro-batches", o.micro_batches, "Micro-batches per step M (default 8,16,32,64)")
+  cmd->add_option("--micro-batches", o.micro_batches,
+                  "Micro-batches per step M (default 8,16,32,64)")
       ->delimiter(',');
   cmd->add_option("--virtual", o.virtual_stages, "Chunks per rank of interleaved (default 2)");
   cmd->add_option("--recompute", o.recompute, "none (default) | lazy | pretrigger");

@@ -12,8 +12,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "pipemat/core/error.h"
 #include "pipemat/models/config.h"
@@ -37,8 +37,8 @@ double median(std::vector<double> v) {
 // `layers_per_stage` > 0: also the per-layer costs (BenchPipelineRow::layer_costs), with I and W
 // when the schedule splits the backward.
 BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup,
-                           const std::vector<double>& reference_losses,
-                           double layers_per_stage = 0, bool split_backward = false) {
+                           const std::vector<double>& reference_losses, double layers_per_stage = 0,
+                           bool split_backward = false) {
   BenchPipelineRow row;
   std::vector<double> step_ms, bubble, schedule_bubble, sim, sim_comm, delay, wait;
   std::vector<double> f, b, i_cost, w, r;
@@ -77,11 +77,13 @@ BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup
       os << v;
       return os.str();
     };
-    const auto per_layer = [&](std::vector<double>& v) { return num(median(v) / layers_per_stage); };
-    row.layer_costs = "F=" + per_layer(f) +
-                      (split_backward ? ",I=" + per_layer(i_cost) + ",W=" + per_layer(w)
-                                      : ",B=" + per_layer(b)) +
-                      ",R=" + per_layer(r) + ",comm=" + num(row.message_delay_ms);
+    const auto per_layer = [&](std::vector<double>& v) {
+      return num(median(v) / layers_per_stage);
+    };
+    row.layer_costs =
+        "F=" + per_layer(f) +
+        (split_backward ? ",I=" + per_layer(i_cost) + ",W=" + per_layer(w) : ",B=" + per_layer(b)) +
+        ",R=" + per_layer(r) + ",comm=" + num(row.message_delay_ms);
   }
   return row;
 }
@@ -269,8 +271,9 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
       const bool split = config.schedule.kind == Kind::kZeroBubbleH1 ||
                          config.schedule.kind == Kind::kZeroBubbleH2 ||
                          config.schedule.kind == Kind::kZeroBubbleV;
-      BenchPipelineRow row = summarize(
-          steps, o.warmup, losses, static_cast<double>(config.model.layers) / (ranks * chunks), split);
+      BenchPipelineRow row =
+          summarize(steps, o.warmup, losses,
+                    static_cast<double>(config.model.layers) / (ranks * chunks), split);
       row.schedule = schedule;
       row.transport = transport;
       row.threads = rank_threads;

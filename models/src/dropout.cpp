@@ -29,8 +29,7 @@ inline uint32_t bits(uint32_t i, uint32_t key0, uint32_t key1) {
 // compiler vectorizes the 32-bit multiplies at -O2, with an AVX2 clone picked at load time
 // where the CPU has it (integer arithmetic: every clone computes the same mask).
 __attribute__((target_clones("avx2", "default"))) void fill_noise(float* out, int64_t n,
-                                                                  uint64_t seed,
-                                                                  uint32_t threshold,
+                                                                  uint64_t seed, uint32_t threshold,
                                                                   float scale) {
   constexpr int64_t kBlock = 16;
   const auto key0 = static_cast<uint32_t>(seed), key1 = static_cast<uint32_t>(seed >> 32);
@@ -41,8 +40,7 @@ __attribute__((target_clones("avx2", "default"))) void fill_noise(float* out, in
       out[i + j] = b < threshold ? 0.0f : scale;
     }
   }
-  for (; i < n; ++i)
-    out[i] = bits(static_cast<uint32_t>(i), key0, key1) < threshold ? 0.0f : scale;
+  for (; i < n; ++i) out[i] = bits(static_cast<uint32_t>(i), key0, key1) < threshold ? 0.0f : scale;
 }
 
 }  // namespace
@@ -54,12 +52,11 @@ at::Tensor counter_dropout(const at::Tensor& x, double p, bool train) {
   PIPEMAT_CHECK(x.numel() <= (int64_t{1} << 32), ConfigError, "dropout: ", x.numel(),
                 " elements are more than the 2^32 a mask counts");
   // One draw from the current generator (see the Note in the header).
-  const auto seed = static_cast<uint64_t>(at::empty({}, x.options().dtype(at::kLong))
-                                              .random_()
-                                              .item<int64_t>());
+  const auto seed =
+      static_cast<uint64_t>(at::empty({}, x.options().dtype(at::kLong)).random_().item<int64_t>());
   at::Tensor noise = at::empty(x.sizes(), x.options().requires_grad(false));
-  fill_noise(noise.data_ptr<float>(), noise.numel(), seed,
-             static_cast<uint32_t>(std::ldexp(p, 32)), static_cast<float>(1.0 / (1.0 - p)));
+  fill_noise(noise.data_ptr<float>(), noise.numel(), seed, static_cast<uint32_t>(std::ldexp(p, 32)),
+             static_cast<float>(1.0 / (1.0 - p)));
   return x * noise;
 }
 

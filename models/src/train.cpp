@@ -88,8 +88,7 @@ void print_compute(std::ostream& out, int ranks) {
   const pp::ComputeInfo info = pp::compute_info();
   out << "compute: " << ranks << (ranks == 1 ? " rank" : " ranks") << ", " << info.threads
       << (info.threads == 1 ? " thread" : " threads") << " per rank (training.threads), BLAS "
-      << info.blas << (info.freed_memory_retained ? "; freed memory kept for reuse" : "")
-      << "\n";
+      << info.blas << (info.freed_memory_retained ? "; freed memory kept for reuse" : "") << "\n";
   if (info.reference_blas) {
     out << "warning: this is Debian's reference BLAS, about 10x slower than OpenBLAS for the "
            "GEMMs of training; install libopenblas0-pthread (scripts/install-deps.sh does)\n";

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "pipemat/core/error.h"
+#include "pipemat/core/format.h"
 
 namespace pipemat::schedule {
 namespace {
@@ -23,12 +24,6 @@ CostModel stage_costs(const ProjectionOptions& o, int stages_count) {
   c.backward = l.backward_cost() * n;
   c.recompute = l.recompute_cost(o.recompute) * n;
   return c;
-}
-
-std::string fixed(double v, int digits) {
-  char text[64];
-  std::snprintf(text, sizeof(text), "%.*f", digits, v);
-  return text;
 }
 
 }  // namespace
@@ -89,9 +84,10 @@ std::vector<ProjectionPoint> project_scaling(const ProjectionOptions& o) {
 std::string render_projection_text(const ProjectionOptions& o,
                                    const std::vector<ProjectionPoint>& points) {
   std::ostringstream os;
-  os << "projection (eff. = speedup / P; in-flight = peak micro-batches held by a rank): " << o.layers << " layers, per layer "
-     << format_costs(o.layer_costs, o.recompute) << " (message cost "
-     << o.layer_costs.message_cost() << "), recompute " << to_string(o.recompute) << "\n";
+  os << "projection (eff. = speedup / P; in-flight = peak micro-batches held by a rank): "
+     << o.layers << " layers, per layer " << format_costs(o.layer_costs, o.recompute)
+     << " (message cost " << o.layer_costs.message_cost() << "), recompute "
+     << to_string(o.recompute) << "\n";
   char line[160];
   std::snprintf(line, sizeof(line), "%-12s %5s %5s %12s %8s %8s %6s %9s\n", "schedule", "P", "M",
                 "step", "bubble", "speedup", "eff.", "in-flight");
@@ -104,7 +100,7 @@ std::string render_projection_text(const ProjectionOptions& o,
       continue;
     }
     std::snprintf(line, sizeof(line), "%-12s %5d %5d %12s %8.3f %7.2fx %6.2f %9d\n",
-                  to_string(p.kind), p.stages, p.micro_batches, fixed(p.step, 2).c_str(),
+                  to_string(p.kind), p.stages, p.micro_batches, format_fixed(p.step, 2).c_str(),
                   p.bubble, p.speedup, p.speedup / p.stages, p.peak_activations);
     os << line;
   }
@@ -140,8 +136,7 @@ std::string render_projection_json(const ProjectionOptions& o,
 std::string render_projection_svg(const ProjectionOptions& o,
                                   const std::vector<ProjectionPoint>& points) {
   // One panel per P: bubble (0 to the largest, rounded up to 0.1) against log2 M.
-  static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
-                                  "#8c564b"};
+  static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
   const int panel_w = 330, panel_h = 220, margin_l = 60, margin_t = 50, gap = 40;
   const int columns = std::min<int>(2, static_cast<int>(o.stages.size()));
   const int rows = (static_cast<int>(o.stages.size()) + columns - 1) / columns;
@@ -158,7 +153,7 @@ std::string render_projection_svg(const ProjectionOptions& o,
      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
      << "<text x=\"" << margin_l << "\" y=\"22\" font-size=\"15\">Simulated bubble vs "
      << "micro-batches, " << o.layers << " layers, message cost "
-     << fixed(o.layer_costs.message_cost(), 3) << " per message</text>\n";
+     << format_fixed(o.layer_costs.message_cost(), 3) << " per message</text>\n";
   for (size_t pi = 0; pi < o.stages.size(); ++pi) {
     const int x0 = margin_l + static_cast<int>(pi % columns) * (panel_w + gap);
     const int y0 = margin_t + static_cast<int>(pi / columns) * (panel_h + gap + 20);
@@ -172,17 +167,18 @@ std::string render_projection_svg(const ProjectionOptions& o,
        << panel_h << "\" fill=\"none\" stroke=\"#999\"/>\n";
     for (int t = 0; t <= 4; ++t) {
       const double b = top * t / 4;
-      os << "<text x=\"" << x0 - 6 << "\" y=\"" << fixed(y_of(b) + 4, 1)
-         << "\" text-anchor=\"end\">" << fixed(b, 2) << "</text>\n";
+      os << "<text x=\"" << x0 - 6 << "\" y=\"" << format_fixed(y_of(b) + 4, 1)
+         << "\" text-anchor=\"end\">" << format_fixed(b, 2) << "</text>\n";
     }
     for (int m : o.micro_batches)
-      os << "<text x=\"" << fixed(x_of(m), 1) << "\" y=\"" << y0 + panel_h + 15
+      os << "<text x=\"" << format_fixed(x_of(m), 1) << "\" y=\"" << y0 + panel_h + 15
          << "\" text-anchor=\"middle\">" << m << "</text>\n";
     for (size_t ki = 0; ki < o.kinds.size(); ++ki) {
       std::ostringstream line;
       for (const ProjectionPoint& p : points) {
         if (p.kind != o.kinds[ki] || p.stages != o.stages[pi] || !p.feasible) continue;
-        line << fixed(x_of(p.micro_batches), 1) << "," << fixed(y_of(p.bubble), 1) << " ";
+        line << format_fixed(x_of(p.micro_batches), 1) << "," << format_fixed(y_of(p.bubble), 1)
+             << " ";
       }
       if (line.str().empty()) continue;
       os << "<polyline fill=\"none\" stroke-width=\"2\" stroke=\"" << kColors[ki % 6]

@@ -133,7 +133,8 @@ TEST(ScheduleRecomputeTest, ParseCosts) {
   EXPECT_DOUBLE_EQ(link.message_bytes, 400.0);
   EXPECT_DOUBLE_EQ(link.message_cost(), 0.5);
   EXPECT_DOUBLE_EQ(parse_costs("comm=0.1,bytes=400").message_cost(), 0.1);  // no bandwidth set
-  EXPECT_EQ(format_costs(link, RecomputeMode::kNone), "F=1,B=2,I=1,W=1,R=0,comm=0.1,bw=1000,bytes=400");
+  EXPECT_EQ(format_costs(link, RecomputeMode::kNone),
+            "F=1,B=2,I=1,W=1,R=0,comm=0.1,bw=1000,bytes=400");
   for (const char* bad : {"X=1", "F=-1", "F=abc", "F", "F=1,,B=2", "F=inf", "bw=-5"}) {
     EXPECT_THROW(parse_costs(bad), ConfigError) << bad;
   }

@@ -19,6 +19,9 @@ std::string format_duration(double seconds);
 // Parses "4KiB", "64kib", "1MiB", "16M", "123" into bytes. Throws ConfigError naming `what`.
 int64_t parse_bytes(const std::string& text, const std::string& what);
 
+// "3.142" for (3.14159, 3): printf's %.*f.
+std::string format_fixed(double value, int digits);
+
 // Joins items with a separator.
 std::string join(const std::vector<std::string>& items, const std::string& sep);
 

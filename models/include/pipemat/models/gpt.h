@@ -8,10 +8,10 @@
 //
 // Remat paths (relative to a stage): "blocks.<i>" (a block), "blocks.<i>.attn" (the attention:
 // qkv, the causal softmax core, proj), "blocks.<i>.attn.qkv", "blocks.<i>.mlp",
-// "blocks.<i>.mlp.up". Policies (stage_policy of zoo_stages.h): none; full (every block a checkpoint unit);
-// selective (every block a checkpoint unit whose QKV and MLP-up projections are SAVE regions:
-// their outputs are kept, their inputs rederived, so a replay recomputes the norms, the
-// attention core, the activation and the down projections but not the two widest GEMMs).
+// "blocks.<i>.mlp.up". Policies (stage_policy of zoo_stages.h): none; full (every block a
+// checkpoint unit); selective (every block a checkpoint unit whose QKV and MLP-up projections are
+// SAVE regions: their outputs are kept, their inputs rederived, so a replay recomputes the norms,
+// the attention core, the activation and the down projections but not the two widest GEMMs).
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>

@@ -24,11 +24,12 @@ namespace pipemat::schedule {
 struct ProjectionOptions {
   std::vector<ScheduleKind> kinds = {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1,
                                      ScheduleKind::kZeroBubbleV};
-  std::vector<int> stages = {4, 8, 16, 32};         // P
+  std::vector<int> stages = {4, 8, 16, 32};          // P
   std::vector<int> micro_batches = {8, 16, 32, 64};  // M
   int virtual_stages = 2;                            // V of interleaved
   int layers = 32;
-  CostModel layer_costs;  // per layer: F, I, W (B = I + W unless set), R; per message: comm, bw, bytes
+  CostModel
+      layer_costs;  // per layer: F, I, W (B = I + W unless set), R; per message: comm, bw, bytes
   RecomputeMode recompute = RecomputeMode::kNone;
 };
 
@@ -37,9 +38,9 @@ struct ProjectionPoint {
   int stages = 0, micro_batches = 0;
   bool feasible = true;  // false when the generator refuses this (P, M): `why` says why
   std::string why;
-  double step = 0;       // simulated makespan, in the cost unit
-  double bubble = 0;     // bubble_ratio
-  double speedup = 0;    // reference step / step
+  double step = 0;           // simulated makespan, in the cost unit
+  double bubble = 0;         // bubble_ratio
+  double speedup = 0;        // reference step / step
   int peak_activations = 0;  // max over ranks
 };
 
@@ -64,9 +65,9 @@ struct ProjectCommandOptions {
   std::vector<int> micro_batches = {8, 16, 32, 64};
   int virtual_stages = 2;
   int layers = 32;
-  std::string costs;                 // parse_costs, per layer and per message
-  std::string recompute = "none";    // none | lazy | pretrigger
-  std::string format = "text";       // text | json | svg
+  std::string costs;               // parse_costs, per layer and per message
+  std::string recompute = "none";  // none | lazy | pretrigger
+  std::string format = "text";     // text | json | svg
 };
 std::string render_project_command(const ProjectCommandOptions& options);
 
