@@ -63,11 +63,11 @@ const std::vector<Section>& schema() {
       {"data", {"path", "validation"}},
       {"partition", {"layers_per_stage"}},
       {"schedule", {"kind", "stages", "micro_batches", "virtual_stages", "recompute", "csv"}},
-      {"remat", {"policy", "early_stop", "checkpoint", "exclude"}},
+      {"remat", {"policy", "early_stop", "checkpoint", "exclude", "stages"}},
       {"transport", {"kind", "timeout", "master", "connect_retries"}},
       {"training",
-       {"steps", "optimizer", "lr", "momentum", "weight_decay", "clip_grad_norm", "seed",
-        "threads", "warmup", "lr_decay", "min_lr", "eval_every", "eval_batches", "stop_after"}},
+       {"steps", "optimizer", "lr", "momentum", "weight_decay", "clip_grad_norm", "seed", "threads",
+        "warmup", "lr_decay", "min_lr", "eval_every", "eval_batches", "stop_after"}},
       {"checkpoint", {"dir", "every", "keep_last", "resume"}},
       {"sample", {"tokens", "prompt", "temperature", "top_k", "seed"}},
       {"output", {"metrics", "timeline_svg", "loss_svg", "progress"}},
@@ -647,6 +647,12 @@ class ConfigReader {
                           [&](size_t, const std::string& item_key, const YAML::Node& item) {
                             remat.custom.checkpoint.push_back(read_pattern(item, item_key));
                           });
+          } else if (name == "stages") {
+            remat.stages.clear();
+            for_each_item(value, key, "a list of policy names, one per model stage",
+                          [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                            remat.stages.push_back(read_choice(item, item_key, remat_policies()));
+                          });
           } else if (name == "exclude") {
             remat.custom.exclude.clear();
             for_each_item(value, key, "a list of {path: PATTERN, save_output: BOOL}",
@@ -886,7 +892,9 @@ class ConfigReader {
     }
 
     const RematConfig& remat = config.remat;
-    if (remat.policy != "custom") {
+    const bool custom_stage =
+        std::find(remat.stages.begin(), remat.stages.end(), "custom") != remat.stages.end();
+    if (remat.policy != "custom" && !custom_stage) {
       for (const char* key : {"remat.checkpoint", "remat.exclude"}) {
         const bool is_set = std::string(key) == "remat.checkpoint"
                                 ? !remat.custom.checkpoint.empty()
@@ -897,7 +905,7 @@ class ConfigReader {
         }
       }
     } else if (remat.custom.checkpoint.empty()) {
-      fail_at("remat.policy",
+      fail_at(custom_stage ? "remat.stages" : "remat.policy",
               "'custom' needs at least one remat.checkpoint pattern, e.g. checkpoint: "
               "[\"layers.*\"]");
     }
@@ -1110,6 +1118,9 @@ std::string config_to_yaml(const TrainConfig& config) {
     key("save_output") << rule.save_output;
     out << YAML::EndMap;
   }
+  out << YAML::EndSeq;
+  key("stages") << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& name : remat.stages) out << name;
   out << YAML::EndSeq << YAML::EndMap;
 
   const comm::TransportOptions& transport = config.transport;

@@ -105,7 +105,19 @@ ModelRun gpt_run(const TrainConfig& config, int stages) {
 }  // namespace
 
 ModelRun make_model_run(const TrainConfig& config, int stages) {
-  return config.model.kind == "gpt" ? gpt_run(config, stages) : zoo_run(config, stages);
+  const std::vector<std::string>& names = config.remat.stages;
+  PIPEMAT_CHECK(
+      names.empty() || static_cast<int>(names.size()) == stages, ConfigError,
+      "remat.stages: ", names.size(), " entries for ", stages,
+      " model stages (schedule.stages x chunks per rank); give one policy per stage, e.g. [",
+      join(std::vector<std::string>(static_cast<size_t>(stages), "selective"), ", "), "]");
+  ModelRun run = config.model.kind == "gpt" ? gpt_run(config, stages) : zoo_run(config, stages);
+  for (int s = 0; s < static_cast<int>(names.size()); ++s) {
+    RematConfig one = config.remat;
+    one.policy = names[static_cast<size_t>(s)];
+    run.stage_policies[s] = stage_policy(config.model, one);
+  }
+  return run;
 }
 
 int64_t tokens_per_micro_batch(const ModelOptions& model) {

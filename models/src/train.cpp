@@ -294,6 +294,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   options.actions = resolved.actions;
   const ModelRun run = make_model_run(config, pp::stage_count(options));
   options.remat = run.policy;
+  options.stage_remat = run.stage_policies;
   options.loss = run.loss;
   options.optimizer = [training = config.training](const std::vector<at::Tensor>& params) {
     return make_optimizer(training, params);

@@ -276,6 +276,11 @@ struct Pipeline::Impl {
                   " ranks; start as many ranks as schedule.stages (e.g. pipemat-run -n ",
                   plan.ranks_count, " ...) or set schedule.stages=", transport.world_size());
     last_stage = plan.stages_count - 1;
+    for (const auto& [s, policy] : options.stage_remat) {
+      PIPEMAT_CHECK(s >= 0 && s < plan.stages_count, ConfigError,
+                    "PipelineOptions::stage_remat names stage ", s, " but the schedule has ",
+                    plan.stages_count, " stages (0 to ", plan.stages_count - 1, ")");
+    }
     if (options.seed) {
       generator =
           at::make_generator<at::CPUGeneratorImpl>(*options.seed + static_cast<uint64_t>(rank));
@@ -288,8 +293,9 @@ struct Pipeline::Impl {
                     " has no module; give the module that owns its parameters (an empty "
                     "torch::nn::Module if it has none)");
       PIPEMAT_CHECK(static_cast<bool>(stage.forward), ConfigError, "stage ", s, " has no forward");
-      if (!options.remat.checkpoint.empty() || !options.remat.exclude.empty()) {
-        remat::RematPolicy policy = options.remat;
+      const auto own = options.stage_remat.find(s);
+      remat::RematPolicy policy = own != options.stage_remat.end() ? own->second : options.remat;
+      if (!policy.checkpoint.empty() || !policy.exclude.empty()) {
         policy.allow_unmatched = true;  // a stage holds only some of the model's modules
         remat::apply_policy(*stage.module, policy);
       }

@@ -310,6 +310,22 @@ TEST(ConfigErrors, DocumentShape) {
             "stages, micro_batches, virtual_stages, recompute, csv");
 }
 
+// remat.stages: a policy name per model stage; custom stages use remat.checkpoint / exclude.
+TEST(ConfigRemat, StagesListOnePolicyPerStage) {
+  const TrainConfig c = parse_config("remat: {stages: [selective, none, full]}\n", kSource);
+  EXPECT_EQ(c.remat.stages, (std::vector<std::string>{"selective", "none", "full"}));
+  EXPECT_EQ(parse_config(config_to_yaml(c), kSource).remat.stages, c.remat.stages);
+  EXPECT_EQ(error_of("remat: {stages: [selective, fast]}\n"),
+            "x.yaml:1: remat.stages[1]: 'fast' is not allowed; allowed: none, full, selective, "
+            "custom");
+  EXPECT_EQ(error_of("remat: {stages: [none, custom]}\n"),
+            "x.yaml:1: remat.stages: 'custom' needs at least one remat.checkpoint pattern, e.g. "
+            "checkpoint: [\"layers.*\"]");
+  EXPECT_EQ(parse_config("remat: {stages: [none, custom], checkpoint: [\"layers.*\"]}\n", kSource)
+                .remat.custom.checkpoint,
+            std::vector<std::string>{"layers.*"});
+}
+
 TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
   EXPECT_EQ(error_of("modle: {layers: 4}\n"),
             "x.yaml:1: modle: unknown key; did you mean 'model'? allowed top-level keys: model, "
@@ -617,11 +633,13 @@ TEST(ConfigOverrides, Errors) {
       "data.validation, partition.layers_per_stage, schedule.kind, schedule.stages, "
       "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, schedule.csv, "
       "remat.policy, "
-      "remat.early_stop, remat.checkpoint, remat.exclude, transport.kind, transport.timeout, "
+      "remat.early_stop, remat.checkpoint, remat.exclude, remat.stages, transport.kind, "
+      "transport.timeout, "
       "transport.master, transport.connect_retries, training.steps, training.optimizer, "
       "training.lr, training.momentum, training.weight_decay, training.clip_grad_norm, "
       "training.seed, training.threads, training.warmup, training.lr_decay, training.min_lr, "
-      "training.eval_every, training.eval_batches, training.stop_after, checkpoint.dir, checkpoint.every, "
+      "training.eval_every, training.eval_batches, training.stop_after, checkpoint.dir, "
+      "checkpoint.every, "
       "checkpoint.keep_last, checkpoint.resume, sample.tokens, sample.prompt, "
       "sample.temperature, sample.top_k, sample.seed, output.metrics, "
       "output.timeline_svg, output.loss_svg, output.progress";
@@ -683,6 +701,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  early_stop: true\n"
             "  checkpoint: []\n"
             "  exclude: []\n"
+            "  stages: []\n"
             "transport:\n"
             "  kind: auto\n"
             "  timeout: 0\n"
@@ -892,27 +911,64 @@ TEST(ConfigFiles, ErrorsNameThePath) {
 // ---- keys and docs -----------------------------------------------------------------------
 
 TEST(ConfigKeys, EveryKeyInDocumentOrder) {
-  EXPECT_EQ(config_keys(), (std::vector<std::string>{
-                               "model.kind", "model.layers", "model.hidden", "model.tokens",
-                               "model.heads", "model.ffn", "model.experts", "model.top_k",
-                               "model.seq_len", "model.batch", "model.dropout", "data.path",
-                               "data.validation", "partition.layers_per_stage", "schedule.kind",
-                               "schedule.stages", "schedule.micro_batches",
-                               "schedule.virtual_stages", "schedule.recompute", "schedule.csv",
-                               "remat.policy", "remat.early_stop", "remat.checkpoint",
-                               "remat.exclude", "remat.exclude[].path",
-                               "remat.exclude[].save_output", "transport.kind",
-                               "transport.timeout", "transport.master",
-                               "transport.connect_retries", "training.steps",
-                               "training.optimizer", "training.lr", "training.momentum",
-                               "training.weight_decay", "training.clip_grad_norm",
-                               "training.seed", "training.threads", "training.warmup",
-                               "training.lr_decay", "training.min_lr", "training.eval_every",
-                               "training.eval_batches", "training.stop_after", "checkpoint.dir",
-                               "checkpoint.every", "checkpoint.keep_last", "checkpoint.resume",
-                               "sample.tokens", "sample.prompt", "sample.temperature",
-                               "sample.top_k", "sample.seed", "output.metrics",
-                               "output.timeline_svg", "output.loss_svg", "output.progress"}));
+  EXPECT_EQ(config_keys(), (std::vector<std::string>{"model.kind",
+                                                     "model.layers",
+                                                     "model.hidden",
+                                                     "model.tokens",
+                                                     "model.heads",
+                                                     "model.ffn",
+                                                     "model.experts",
+                                                     "model.top_k",
+                                                     "model.seq_len",
+                                                     "model.batch",
+                                                     "model.dropout",
+                                                     "data.path",
+                                                     "data.validation",
+                                                     "partition.layers_per_stage",
+                                                     "schedule.kind",
+                                                     "schedule.stages",
+                                                     "schedule.micro_batches",
+                                                     "schedule.virtual_stages",
+                                                     "schedule.recompute",
+                                                     "schedule.csv",
+                                                     "remat.policy",
+                                                     "remat.early_stop",
+                                                     "remat.checkpoint",
+                                                     "remat.exclude",
+                                                     "remat.exclude[].path",
+                                                     "remat.exclude[].save_output",
+                                                     "remat.stages",
+                                                     "transport.kind",
+                                                     "transport.timeout",
+                                                     "transport.master",
+                                                     "transport.connect_retries",
+                                                     "training.steps",
+                                                     "training.optimizer",
+                                                     "training.lr",
+                                                     "training.momentum",
+                                                     "training.weight_decay",
+                                                     "training.clip_grad_norm",
+                                                     "training.seed",
+                                                     "training.threads",
+                                                     "training.warmup",
+                                                     "training.lr_decay",
+                                                     "training.min_lr",
+                                                     "training.eval_every",
+                                                     "training.eval_batches",
+                                                     "training.stop_after",
+                                                     "checkpoint.dir",
+                                                     "checkpoint.every",
+                                                     "checkpoint.keep_last",
+                                                     "checkpoint.resume",
+                                                     "sample.tokens",
+                                                     "sample.prompt",
+                                                     "sample.temperature",
+                                                     "sample.top_k",
+                                                     "sample.seed",
+                                                     "output.metrics",
+                                                     "output.timeline_svg",
+                                                     "output.loss_svg",
+                                                     "output.progress"}));
 }
 
 TEST(ConfigKeys, EveryKeyIsDocumented) {

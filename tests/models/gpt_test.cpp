@@ -20,6 +20,7 @@
 #include "pipemat/core/error.h"
 #include "pipemat/models/dropout.h"
 #include "pipemat/models/generate.h"
+#include "pipemat/models/gpt.h"
 #include "pipemat/models/loss_curve.h"
 #include "pipemat/models/model_run.h"
 #include "pipemat/models/text_data.h"
@@ -299,6 +300,48 @@ TEST(Gpt, SelectiveRematSavesTheProjectionsAndReplaysTheRest) {
   EXPECT_EQ(k.replays, 16);
   EXPECT_EQ(k.save_calls, 32);
   EXPECT_EQ(k.save_skips, 32);
+}
+
+// remat.stages: a policy per model stage. Selective on the first stage and none on the last:
+// only the first stage's blocks are units and replay, and the run still equals the reference.
+TEST(Gpt, PerStagePoliciesReplayOnlyWhereAsked) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "1f1b", "selective");
+  c.remat.stages = {"selective", "none"};
+  const TrainResult pipe = train_in_process(c, nullptr);
+  const TrainResult ref = train_reference(c, nullptr);
+  ASSERT_EQ(pipe.steps.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) EXPECT_EQ(pipe.steps[s].loss, ref.steps[s].loss) << s;
+  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
+  for (const auto& [name, value] : pipe.params) EXPECT_TRUE(at::equal(value, want[name])) << name;
+
+  const std::vector<int64_t> bounds =
+      partition_gpt(build_gpt(gpt_shape(c.model), c.training.seed), c.partition, 2);
+  const int64_t first_blocks = bounds[1] - bounds[0];
+  ASSERT_GE(first_blocks, 1);
+  ASSERT_LT(first_blocks, 4);
+  const remat::RematCounters& k = pipe.last.remat;  // the last step, summed over the ranks
+  EXPECT_EQ(k.unit_calls, first_blocks * 4);        // 4 micro-batches
+  EXPECT_EQ(k.replays, first_blocks * 4);
+  EXPECT_EQ(k.save_calls, first_blocks * 4 * 2);  // qkv and mlp.up
+  EXPECT_EQ(k.save_skips, first_blocks * 4 * 2);
+
+  // zb-v has 4 model stages on 2 ranks: one name per stage.
+  c.schedule.kind = schedule::ScheduleKind::kZeroBubbleV;
+  c.remat.stages = {"full", "none", "selective", "none"};
+  const TrainResult v = train_in_process(c, nullptr);
+  const TrainResult v_ref = train_reference(c, nullptr);
+  for (size_t s = 0; s < 3; ++s) EXPECT_EQ(v.steps[s].loss, v_ref.steps[s].loss) << s;
+  c.remat.stages = {"full", "none"};
+  try {
+    train_in_process(c, nullptr);
+    ADD_FAILURE() << "two names for four stages were taken";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "remat.stages: 2 entries for 4 model stages (schedule.stages x chunks per rank); "
+              "give one policy per stage, e.g. [selective, selective, selective, selective]");
+  }
 }
 
 // ---- loss curve, checkpoints and samples -------------------------------------------------

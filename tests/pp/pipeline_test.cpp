@@ -399,6 +399,10 @@ TEST(Pipeline, MisuseIsAClearError) {
   o.schedule.stages = 2;
   expect_error(o, good, "schedule.stages is 2 but the job has 1 ranks");
   o.schedule.stages = 1;
+  o.stage_remat[1] = remat::RematPolicy{};
+  expect_error(o, good,
+               "PipelineOptions::stage_remat names stage 1 but the schedule has 1 stages (0 to 0)");
+  o.stage_remat.clear();
   // A loss that is not a scalar.
   o.loss = [](const Tensors& out, const Tensors&) { return out.at(0); };
   Pipeline p(*one_rank[0], o, good);

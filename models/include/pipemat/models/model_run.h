@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include <map>
 #include "pipemat/models/options.h"
+
 #include "pipemat/pp/pipeline.h"
 
 namespace pipemat::models {
@@ -24,6 +26,9 @@ struct ModelRun {
   pp::DataSource eval_data;    // (step, micro-batch), the same windows for every step; may be
                                // empty (no validation data)
   remat::RematPolicy policy;
+  // remat.stages: the policy of each model stage (pp::PipelineOptions::stage_remat); empty:
+  // `policy` on every stage.
+  std::map<int, remat::RematPolicy> stage_policies;
   // "layers.<local>.x" of stage s -> "layers.<global>.x" (gpt: "blocks.<i>..."); other names
   // as they are.
   std::function<std::string(int stage, const std::string& name)> global_name;

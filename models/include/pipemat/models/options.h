@@ -54,6 +54,9 @@ struct PartitionOptions {
 struct RematConfig {
   std::string policy = "selective";  // none | full | selective | custom
   remat::RematPolicy custom;          // used with policy == "custom"
+  // One policy name per model stage (schedule.stages x chunks per rank) instead of `policy` on
+  // every stage; empty: `policy` everywhere.
+  std::vector<std::string> stages;
   bool early_stop = true;
 };
 

@@ -126,6 +126,11 @@ struct PipelineOptions {
   // Applied to every stage's module by path (remat::apply_policy; paths relative to the stage
   // module; a pattern that matches nothing on a stage is skipped there); empty: no recompute.
   remat::RematPolicy remat;
+  // Per model stage (global index) instead of `remat`: a stage listed here gets its own policy
+  // (an empty one: no recompute on that stage), e.g. none on the last stage, which holds one
+  // micro-batch in flight under 1F1B, and selective on the first, which holds P. ConfigError for
+  // an index outside the schedule's stages.
+  std::map<int, remat::RematPolicy> stage_remat;
   LossFn loss;                  // required
   OptimizerFactory optimizer;   // required
   LrSchedule lr_schedule;       // optional
