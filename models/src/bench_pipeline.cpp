@@ -263,17 +263,15 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
                       log);
       }
       const TrainConfig& config = variant.at(schedule);
+      pp::PipelineOptions shape;
+      shape.schedule = config.schedule;
       using Kind = pipemat::schedule::ScheduleKind;
-      const int chunks = config.schedule.kind == Kind::kZeroBubbleV ? 2
-                         : config.schedule.kind == Kind::kInterleaved
-                             ? config.schedule.virtual_stages
-                             : 1;
       const bool split = config.schedule.kind == Kind::kZeroBubbleH1 ||
                          config.schedule.kind == Kind::kZeroBubbleH2 ||
                          config.schedule.kind == Kind::kZeroBubbleV;
       BenchPipelineRow row =
           summarize(steps, o.warmup, losses,
-                    static_cast<double>(config.model.layers) / (ranks * chunks), split);
+                    static_cast<double>(config.model.layers) / pp::stage_count(shape), split);
       row.schedule = schedule;
       row.transport = transport;
       row.threads = rank_threads;
