@@ -1,9 +1,9 @@
+// raw_pingpong_seconds: the baseline of the transport's backend (raw_bench/<backend>.cpp).
+
 #include "pipemat/comm/raw_bench.h"
 
-#include "local/transport.h"
-#include "mpi/transport.h"
 #include "pipemat/core/error.h"
-#include "tcp/transport.h"
+#include "raw_bench/baselines.h"
 
 namespace pipemat::comm {
 

@@ -151,7 +151,7 @@ class RawSocket {
   int fd_ = -1;
 };
 
-// The rendezvous handshake of comm/src/tcp/transport.cpp (Note [Rendezvous handshake]) spoken
+// The rendezvous handshake of comm/src/tcp/wire.h (Note [Rendezvous handshake]) spoken
 // by hand. Wire sizes: challenge 48 bytes (nonce at 16), hello 88 (mac over the first 56),
 // ack 40 (status at 4).
 constexpr size_t kChallengeBytes = 48, kHelloBytes = 88, kAckBytes = 40;
@@ -194,7 +194,7 @@ uint32_t say_hello(RawSocket& socket, const std::string& secret, int32_t rank, i
 }
 
 // Plays rank 1 of a world of 2 against a real rank 0 over a raw socket, speaking the
-// rendezvous of comm/src/tcp/transport.cpp (the handshake on the master port, then the rank
+// rendezvous of comm/src/tcp/rendezvous.h (the handshake on the master port, then the rank
 // table), so that a test can write whatever a broken or hostile peer would.
 class FakePeer {
  public:

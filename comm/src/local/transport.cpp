@@ -5,13 +5,11 @@
 
 #include "local/transport.h"
 
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
-#include <thread>
 #include <tuple>
 
 #include "common.h"
@@ -60,15 +58,9 @@ void scatter_copy(const std::vector<ConstSpan>& from, const std::vector<MutableS
   }
 }
 
-// Shared state of the local raw ping-pong baseline (bench only).
-struct RawPingPong {
-  void* buffers[2] = {nullptr, nullptr};
-  std::atomic<long> turn{0};
-};
-
 class LocalHub : public std::enable_shared_from_this<LocalHub> {
  public:
-  RawPingPong raw;
+  local::RawPingPong raw;
 
   LocalHub(int world_size, size_t eager_limit)
       : closed_(static_cast<size_t>(world_size), false), eager_limit_(eager_limit) {}
@@ -289,41 +281,11 @@ class LocalTransport final : public Transport {
   std::shared_ptr<LocalHub> hub_;
 };
 
-void wait_turn(const std::atomic<long>& turn, long value) {
-  for (int spins = 0; turn.load(std::memory_order_acquire) != value; ++spins) {
-    if (spins > 1000) std::this_thread::yield();
-  }
-}
-
 }  // namespace
 
-double local_raw_pingpong(Transport& transport, int peer, size_t bytes, int iterations,
-                          int warmup) {
-  auto* local = dynamic_cast<LocalTransport*>(&transport);
-  PIPEMAT_INTERNAL_ASSERT(local != nullptr, "local_raw_pingpong on a non-local transport");
-  RawPingPong& raw = local->hub().raw;
-  const bool lower = transport.rank() < peer;
-  std::vector<uint8_t> mine(std::max<size_t>(bytes, 1), 1);
-  if (lower) raw.turn.store(0);
-  raw.buffers[lower ? 0 : 1] = mine.data();
-  transport.barrier();
-  void* other = raw.buffers[lower ? 1 : 0];
-  Clock::time_point start;
-  for (long i = 0; i < warmup + iterations; ++i) {
-    if (i == warmup) start = Clock::now();
-    if (lower) {
-      std::memcpy(other, mine.data(), bytes);
-      raw.turn.store(2 * i + 1, std::memory_order_release);
-      wait_turn(raw.turn, 2 * i + 2);
-    } else {
-      wait_turn(raw.turn, 2 * i + 1);
-      std::memcpy(other, mine.data(), bytes);
-      raw.turn.store(2 * i + 2, std::memory_order_release);
-    }
-  }
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  transport.barrier();
-  return seconds / iterations;
+local::RawPingPong* local::raw_pingpong_mailbox(Transport& transport) {
+  auto* local_transport = dynamic_cast<LocalTransport*>(&transport);
+  return local_transport != nullptr ? &local_transport->hub().raw : nullptr;
 }
 
 std::vector<std::unique_ptr<Transport>> make_local_group(int world_size,

@@ -1,6 +1,7 @@
 #pragma once
 // In-process backend: ranks are threads of one process, connected through a shared hub.
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -13,9 +14,16 @@ std::vector<std::unique_ptr<Transport>> make_local_group(int world_size,
 
 }  // namespace pipemat::comm::detail
 
-namespace pipemat::comm::detail {
+namespace pipemat::comm::detail::local {
 
-// The local baseline of raw_pingpong_seconds (see pipemat/comm/raw_bench.h).
-double local_raw_pingpong(Transport& transport, int peer, size_t bytes, int iterations, int warmup);
+// Shared state of the local raw ping-pong baseline (bench only; raw_bench/local.cpp), one per
+// group: the two ranks' buffers and whose turn it is.
+struct RawPingPong {
+  void* buffers[2] = {nullptr, nullptr};
+  std::atomic<long> turn{0};
+};
 
-}  // namespace pipemat::comm::detail
+// The raw ping-pong state of `transport`'s group, or null when it is not a local transport.
+RawPingPong* raw_pingpong_mailbox(Transport& transport);
+
+}  // namespace pipemat::comm::detail::local

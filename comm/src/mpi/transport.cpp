@@ -58,6 +58,10 @@ Status mpi_failure(const char* call, int code, const WorkInfo& info) {
                        mpi_error_string(code), " (MPI error code ", code, ")")};
 }
 
+}  // namespace
+
+namespace mpi {
+
 // Note [MPI lifetime]
 // MPI can be initialized once per process and never again after MPI_Finalize. So the
 // environment is one process-wide RAII object, created on first use and kept alive by every
@@ -117,6 +121,12 @@ class MpiEnvironment {
   bool owns_ = false;
   bool thread_multiple_ = false;
 };
+
+}  // namespace mpi
+
+namespace {
+
+using mpi::MpiEnvironment;
 
 class MpiCore;
 
@@ -536,26 +546,8 @@ std::unique_ptr<Transport> make_mpi_transport(const TransportOptions& options) {
   return std::make_unique<MpiTransport>(options, std::move(env), world);
 }
 
-double mpi_raw_pingpong(int peer, size_t bytes, int iterations, int warmup) {
-  auto env = MpiEnvironment::acquire();
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::vector<uint8_t> buffer(std::max<size_t>(bytes, 1));
-  const int count = static_cast<int>(bytes);
-  const bool initiator = rank < peer;
-  constexpr int kTag = 4242;
-  double start = 0;
-  for (int i = 0; i < warmup + iterations; ++i) {
-    if (i == warmup) start = MPI_Wtime();
-    if (initiator) {
-      MPI_Send(buffer.data(), count, MPI_BYTE, peer, kTag, MPI_COMM_WORLD);
-      MPI_Recv(buffer.data(), count, MPI_BYTE, peer, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    } else {
-      MPI_Recv(buffer.data(), count, MPI_BYTE, peer, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-      MPI_Send(buffer.data(), count, MPI_BYTE, peer, kTag, MPI_COMM_WORLD);
-    }
-  }
-  return (MPI_Wtime() - start) / iterations;
+std::shared_ptr<mpi::MpiEnvironment> mpi::acquire_environment() {
+  return MpiEnvironment::acquire();
 }
 
 }  // namespace pipemat::comm::detail

@@ -11,10 +11,12 @@ std::unique_ptr<Transport> make_mpi_transport(const TransportOptions& options);
 
 }  // namespace pipemat::comm::detail
 
-namespace pipemat::comm::detail {
+namespace pipemat::comm::detail::mpi {
 
-// Plain MPI_Send/MPI_Recv ping-pong on MPI_COMM_WORLD (no pipemat transport involved); both
-// ranks call it. Returns the mean round-trip time in seconds.
-double mpi_raw_pingpong(int peer, size_t bytes, int iterations, int warmup);
+class MpiEnvironment;
 
-}  // namespace pipemat::comm::detail
+// Initializes MPI on first use and keeps it initialized while the result lives (Note [MPI
+// lifetime] in mpi/transport.cpp), for MPI calls outside a transport (raw_bench/mpi.cpp).
+std::shared_ptr<MpiEnvironment> acquire_environment();
+
+}  // namespace pipemat::comm::detail::mpi

@@ -1,0 +1,13 @@
+#pragma once
+// Boost.Asio for the tcp backend (private): the one include and the short names its files use.
+
+#include <boost/asio.hpp>
+
+namespace pipemat::comm::detail::tcp {
+
+namespace asio = boost::asio;
+// Inside this namespace `tcp` is Asio's protocol class: tcp::socket, tcp::acceptor, ...
+using asio::ip::tcp;
+using boost::system::error_code;
+
+}  // namespace pipemat::comm::detail::tcp

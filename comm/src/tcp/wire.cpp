@@ -1,0 +1,64 @@
+// The MACs of the rendezvous handshake, its nonces, and the parsing of the master address.
+
+#include "tcp/wire.h"
+
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "pipemat/core/error.h"
+
+namespace pipemat::comm::detail::tcp {
+
+Digest hello_mac(const std::string& secret, const Challenge& challenge, const Hello& hello) {
+  HmacSha256 mac(secret);
+  mac.update("pipemat hello", 13);
+  mac.update(challenge.nonce, kNonceBytes);
+  mac.update(&hello, offsetof(Hello, mac));
+  return mac.finish();
+}
+
+Digest ack_mac(const std::string& secret, const Challenge& challenge, const Hello& hello,
+               uint32_t status) {
+  HmacSha256 mac(secret);
+  mac.update("pipemat ack", 11);
+  mac.update(hello.nonce, kNonceBytes);
+  mac.update(challenge.nonce, kNonceBytes);
+  mac.update(&hello.rank, sizeof(hello.rank));
+  mac.update(&status, sizeof(status));
+  return mac.finish();
+}
+
+void fill_nonce(uint8_t* out) {
+  size_t filled = 0;
+  while (filled < kNonceBytes) {
+    const ssize_t n = ::getrandom(out + filled, kNonceBytes - filled, 0);
+    if (n < 0 && errno == EINTR) continue;
+    PIPEMAT_CHECK(n > 0, CommError, "tcp rendezvous: getrandom() failed (", std::strerror(errno),
+                  "); cannot make a handshake nonce");
+    filled += static_cast<size_t>(n);
+  }
+}
+
+std::string secret_state(bool has_secret) { return has_secret ? "a job secret" : "no job secret"; }
+
+std::pair<std::string, uint16_t> parse_master(const std::string& master) {
+  auto colon = master.rfind(':');
+  PIPEMAT_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < master.size(), ConfigError,
+                "tcp transport: master address '", master,
+                "' is not host:port (e.g. 127.0.0.1:29500); set --master or PIPEMAT_MASTER");
+  std::string host = master.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  std::string port_text = master.substr(colon + 1);
+  char* end = nullptr;
+  long port = std::strtol(port_text.c_str(), &end, 10);
+  PIPEMAT_CHECK(*end == '\0' && port > 0 && port < 65536, ConfigError, "tcp transport: port '",
+                port_text, "' in master address '", master, "' is not a port number 1..65535");
+  return {host, static_cast<uint16_t>(port)};
+}
+
+}  // namespace pipemat::comm::detail::tcp

@@ -1,0 +1,107 @@
+#pragma once
+// What the tcp backend writes on the wire (private): the frame header of every message, the
+// structs of the authenticated rendezvous handshake and their MACs, the rank table, and the
+// parsing of the master address.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "tcp/hmac.h"
+
+namespace pipemat::comm::detail::tcp {
+
+constexpr uint32_t kFrameMagic = 0x504d4331;      // "PMC1"
+constexpr uint32_t kHelloMagicV1 = 0x504d4831;    // "PMH1": the unauthenticated hello before v2
+constexpr uint32_t kHelloMagic = 0x504d4832;      // "PMH2"
+constexpr uint32_t kChallengeMagic = 0x504d4e31;  // "PMN1"
+constexpr uint32_t kAckMagic = 0x504d4131;        // "PMA1"
+constexpr uint32_t kProtocolVersion = 2;
+constexpr uint32_t kHasSecret = 1;  // flag: the sender has a job secret
+constexpr size_t kNonceBytes = 32;
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  int32_t tag = 0;
+  uint64_t size = 0;
+};
+static_assert(sizeof(FrameHeader) == 16, "frame header layout");
+
+// Note [Rendezvous handshake]: every rendezvous connection (to the master and between ranks)
+// is a challenge-response keyed with the job secret (TransportOptions::secret):
+//   acceptor  -> Challenge {fresh random nonce N_a}
+//   connector -> Hello {rank, world size, listen port, nonce N_c,
+//                       mac = HMAC-SHA256(secret, "pipemat hello" || N_a || hello fields)}
+//   acceptor  -> Ack {status, mac = HMAC-SHA256(secret, "pipemat ack" || N_c || N_a || rank ||
+//                                               status)}
+// The acceptor's fresh nonce makes a recorded hello useless later; the connector's nonce makes
+// the acceptor prove the secret too, so a process squatting on the master port cannot pose as
+// rank 0. The secret itself never goes over the wire. Without a secret the key is empty: the
+// same exchange, checking nothing but the protocol (any local process may join; documented).
+// The acceptor handles each connection on its own with a short deadline: a connection that is
+// silent, sends garbage or fails a check is closed and reported on stderr, and the rendezvous
+// goes on, except for an authenticated rank with another world size (a real misconfiguration).
+struct Challenge {
+  uint32_t magic = kChallengeMagic;
+  uint32_t version = kProtocolVersion;
+  uint32_t flags = 0;
+  uint32_t reserved = 0;
+  uint8_t nonce[kNonceBytes] = {};
+};
+static_assert(sizeof(Challenge) == 48, "challenge layout");
+
+struct Hello {
+  uint32_t magic = kHelloMagic;
+  uint32_t version = kProtocolVersion;
+  int32_t rank = -1;
+  int32_t world_size = -1;
+  uint32_t listen_port = 0;
+  uint32_t flags = 0;
+  uint8_t nonce[kNonceBytes] = {};
+  uint8_t mac[32] = {};  // last: the mac covers everything before it
+};
+static_assert(sizeof(Hello) == 88 && offsetof(Hello, mac) == 56, "hello layout");
+
+enum class AckStatus : uint32_t {
+  kOk = 0,
+  kWrongSecret = 1,
+  kWorldSize = 2,
+  kBadRank = 3,
+  kDuplicateRank = 4,
+  kBadProtocol = 5,
+};
+
+struct Ack {
+  uint32_t magic = kAckMagic;
+  uint32_t status = 0;
+  uint8_t mac[32] = {};
+};
+static_assert(sizeof(Ack) == 40, "ack layout");
+
+// The mac of `hello` in answer to `challenge` (Note [Rendezvous handshake]).
+Digest hello_mac(const std::string& secret, const Challenge& challenge, const Hello& hello);
+
+// The mac of an ack with `status` for `hello` in answer to `challenge`.
+Digest ack_mac(const std::string& secret, const Challenge& challenge, const Hello& hello,
+               uint32_t status);
+
+// Fills `out` with kNonceBytes random bytes; throws CommError when getrandom() fails.
+void fill_nonce(uint8_t* out);
+
+// "a job secret" / "no job secret", for the messages of a wrong secret.
+std::string secret_state(bool has_secret);
+
+// One entry of the rank table that rank 0 sends every rank after the hellos: where rank r
+// listens for the ranks above it.
+struct TableEntry {
+  uint32_t port = 0;
+  char host[60] = {};
+};
+static_assert(sizeof(TableEntry) == 64, "table entry layout");
+
+// Splits TransportOptions::master ("host:port", "[v6]:port") into host and port; throws
+// ConfigError when it is not one.
+std::pair<std::string, uint16_t> parse_master(const std::string& master);
+
+}  // namespace pipemat::comm::detail::tcp
