@@ -13,9 +13,13 @@ if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
 build() {
   local dir="$1" sanitizers="$2"
   shift 2
+  local werror=()
+  if [ -n "${PIPEMAT_WERROR:-}" ]; then werror=(-DPIPEMAT_WERROR="$PIPEMAT_WERROR"); fi
   if [ ! -f "$dir/CMakeCache.txt" ]; then
     cmake -S "$root" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-          -DPIPEMAT_SANITIZE="$sanitizers" >/dev/null
+          -DPIPEMAT_SANITIZE="$sanitizers" "${werror[@]}" >/dev/null
+  elif [ ${#werror[@]} -gt 0 ]; then
+    cmake -S "$root" -B "$dir" "${werror[@]}" >/dev/null
   fi
   echo "pipemat: building the $sanitizers sanitizer suites in $dir"
   local start

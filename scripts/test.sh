@@ -4,6 +4,9 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/install-deps.sh"
+bash "$root/scripts/check-format.sh"
+# Warnings are errors here (PIPEMAT_WERROR, README "Building and the checks CI runs").
+export PIPEMAT_WERROR="${PIPEMAT_WERROR:-ON}"
 bash "$root/scripts/build.sh"
 bash "$root/scripts/build-sanitize.sh"
 build="${PIPEMAT_BUILD_DIR:-$root/build}"

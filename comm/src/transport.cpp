@@ -1,12 +1,14 @@
 #include "pipemat/comm/transport.h"
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 
 #include "common.h"
 #include "local/transport.h"
 #include "mpi/transport.h"
 #include "pipemat/core/error.h"
+#include "pipemat/core/parse.h"
 #include "tcp/transport.h"
 
 namespace pipemat::comm {
@@ -21,13 +23,13 @@ const char* getenv_or_null(const char* name) {
   return (value != nullptr && value[0] != '\0') ? value : nullptr;
 }
 
+constexpr int64_t kMaxEnvInt = (int64_t{1} << 24) - 1;
+
 int parse_env_int(const char* name, const char* value) {
-  char* end = nullptr;
-  long parsed = std::strtol(value, &end, 10);
-  PIPEMAT_CHECK(end != value && *end == '\0' && parsed >= 0 && parsed < (1L << 24), ConfigError,
-                "environment variable ", name, "='", value,
+  const auto parsed = parse_int_in(value, 0, kMaxEnvInt);
+  PIPEMAT_CHECK(parsed.has_value(), ConfigError, "environment variable ", name, "='", value,
                 "' is not a non-negative integer; set it like ", name, "=0");
-  return static_cast<int>(parsed);
+  return static_cast<int>(*parsed);
 }
 
 }  // namespace
@@ -275,10 +277,8 @@ JobStatus job_status() {
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PIPEMAT_RANK"}) {
     const char* value = getenv_or_null(name);
     if (value == nullptr) continue;
-    char* end = nullptr;
-    const long rank = std::strtol(value, &end, 10);
-    if (end != value && *end == '\0' && rank >= 0 && rank < (1L << 24)) {
-      status.launcher_rank = static_cast<int>(rank);
+    if (const auto rank = parse_int_in(value, 0, kMaxEnvInt)) {
+      status.launcher_rank = static_cast<int>(*rank);
     }
     break;
   }

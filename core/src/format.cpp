@@ -36,7 +36,10 @@ std::string format_count(double count) {
   if (unit == 0) {
     std::snprintf(buf, sizeof(buf), "%.0f", count);
   } else {
-    std::snprintf(buf, sizeof(buf), count < 9.995 ? "%.2f%s" : count < 99.95 ? "%.1f%s" : "%.0f%s",
+    std::snprintf(buf, sizeof(buf),
+                  count < 9.995   ? "%.2f%s"
+                  : count < 99.95 ? "%.1f%s"
+                                  : "%.0f%s",
                   count, units[unit]);
   }
   return buf;

@@ -40,12 +40,12 @@ TORCH_MODULE(Embed);
 // can address them by path without touching this forward.
 struct BlockImpl : torch::nn::Module {
   BlockImpl() {
-    qkv = register_module("qkv", torch::nn::Sequential(
-                                     torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
+    qkv = register_module(
+        "qkv", torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
                                      torch::nn::Linear(kHidden, 3 * kHidden)));
-    up = register_module("up", torch::nn::Sequential(
-                                   torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
-                                   torch::nn::Linear(kHidden, 4 * kHidden)));
+    up = register_module(
+        "up", torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
+                                    torch::nn::Linear(kHidden, 4 * kHidden)));
     down = register_module("down", torch::nn::Linear(4 * kHidden, kHidden));
   }
   Tensors forward(const Tensors& in) {
@@ -91,7 +91,7 @@ int main() {
   options.schedule.stages = 2;  // ranks
   options.schedule.micro_batches = 4;
   options.schedule.recompute = pipemat::schedule::RecomputeMode::kPretrigger;
-  options.remat.checkpoint = {"block*"};                 // blocks recompute in backward...
+  options.remat.checkpoint = {"block*"};                        // blocks recompute in backward...
   options.remat.exclude = {{"block*.qkv.1"}, {"block*.up.1"}};  // ...but keep their projections
   options.loss = [](const Tensors& out, const Tensors& target) {
     return torch::nn::functional::cross_entropy(out.at(0).reshape({-1, kVocab}),
@@ -102,14 +102,14 @@ int main() {
   };
   options.lr_schedule = [](torch::optim::Optimizer& opt, int64_t step) {
     for (auto& group : opt.param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(3e-3 * std::min(1.0, (step + 1) / 10.0));
+      static_cast<torch::optim::AdamWOptions&>(group.options())
+          .lr(3e-3 * std::min(1.0, (step + 1) / 10.0));
     }
   };
   options.clip_grad_norm = 1.0;
 
   const auto bounds = pipemat::pp::balance_by_parameters(model, pipemat::pp::stage_count(options));
-  pipemat::pp::Pipeline pipeline(*transport, options,
-                                 pipemat::pp::split_sequential(model, bounds));
+  pipemat::pp::Pipeline pipeline(*transport, options, pipemat::pp::split_sequential(model, bounds));
 
   const int64_t steps = 60;
   double first = 0, last = 0;
@@ -125,7 +125,7 @@ int main() {
   }
   pipemat::pp::EvalOptions eval;
   eval.micro_batches = 4;
-  eval.step = 1000000;  // unseen data
+  eval.step = 1000000;                                          // unseen data
   const double val = pipeline.evaluate(make_batch, eval).loss;  // every rank gets the loss
   if (pipeline.is_last_stage_rank()) {
     std::printf("the training loss fell from %.4f to %.4f; held-out loss %.4f\n", first, last, val);

@@ -51,15 +51,16 @@ void add_bench_pipeline_command(CLI::App& bench) {
       std::printf("%-6s %-9s %3d %9.1f %7.2fx %7.3f %7.3f %8.3f %9.3f %9.2f %9.1f %11s  %s\n",
                   r.schedule.c_str(), r.transport.c_str(), r.threads, r.step_ms, r.speedup,
                   r.bubble, r.schedule_bubble, r.simulated_bubble, r.simulated_bubble_comm,
-                  r.message_delay_ms,
-                  r.recv_wait_ms, format_bytes(r.peak_bytes).c_str(),
-                  !r.losses_compared ? "-" : r.losses_equal ? "yes" : "NO");
+                  r.message_delay_ms, r.recv_wait_ms, format_bytes(r.peak_bytes).c_str(),
+                  !r.losses_compared ? "-"
+                  : r.losses_equal   ? "yes"
+                                     : "NO");
       std::fflush(stdout);
     };
     if (!f->json) {
-      std::printf("%-6s %-9s %3s %9s %8s %7s %7s %8s %9s %9s %9s %11s  %s\n", "sched",
-                  "transport", "thr", "step ms", "speedup", "bubble", "sched.b", "sim",
-                  "sim+comm", "delay ms", "wait ms", "peak", "losses equal");
+      std::printf("%-6s %-9s %3s %9s %8s %7s %7s %8s %9s %9s %9s %11s  %s\n", "sched", "transport",
+                  "thr", "step ms", "speedup", "bubble", "sched.b", "sim", "sim+comm", "delay ms",
+                  "wait ms", "peak", "losses equal");
     }
     const auto rows = models::run_bench_pipeline(f->bench, print);
     if (f->json) {

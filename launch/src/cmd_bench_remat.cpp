@@ -13,7 +13,10 @@ void add_bench_remat_command(CLI::App& bench) {
       "Memory and time of remat modes: none, full (checkpoint every layer), legacy (GEMM as a\n"
       "SAVE region, input kept), rederive (the default: the GEMM input is rederived by replay).\n"
       "Bytes are exact (tracking CPU allocator); times are medians over steps x repetitions.");
-  cmd->add_option("--scenario", o->scenario, "rmsnorm-gemm | moe | save-chain | gpt (the main job's decoder blocks, 4 heads, sequences of 128)")->capture_default_str();
+  cmd->add_option("--scenario", o->scenario,
+                  "rmsnorm-gemm | moe | save-chain | gpt (the main job's decoder blocks, 4 heads, "
+                  "sequences of 128)")
+      ->capture_default_str();
   cmd->add_option("--layers", o->layers, "Layers (checkpoint units)")->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "Tokens per step")->capture_default_str();
   cmd->add_option("--hidden", o->hidden, "Hidden size")->capture_default_str();

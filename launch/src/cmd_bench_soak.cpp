@@ -38,8 +38,7 @@ void add_bench_soak_command(CLI::App& bench) {
   cmd->add_option("--config", f->config,
                   "YAML config of the pipeline loop (default: the built-in defaults of "
                   "docs/config.md on 2 ranks: 1F1B, 4 micro-batches, pre-triggered recompute)");
-  cmd->add_option("--set", f->overrides, "Override a config key: --set model.layers=4")
-      ->take_all();
+  cmd->add_option("--set", f->overrides, "Override a config key: --set model.layers=4")->take_all();
   cmd->add_option("--layers", f->soak.layers, "Remat loop: layers")->capture_default_str();
   cmd->add_option("--tokens", f->soak.tokens, "Remat loop: tokens per step")->capture_default_str();
   cmd->add_option("--hidden", f->soak.hidden, "Remat loop: hidden size")->capture_default_str();
@@ -54,9 +53,9 @@ void add_bench_soak_command(CLI::App& bench) {
     pp::set_compute_threads(f->threads);
     const auto print = [&](const models::SoakSample& s) {
       if (f->json) return;
-      std::cout << std::left << std::setw(9) << s.loop << std::right << " steps "
-                << std::setw(9) << s.steps << "  allocator " << std::setw(11) << s.allocator_bytes
-                << " B  rss " << format_bytes(s.rss_bytes) << std::endl;
+      std::cout << std::left << std::setw(9) << s.loop << std::right << " steps " << std::setw(9)
+                << s.steps << "  allocator " << std::setw(11) << s.allocator_bytes << " B  rss "
+                << format_bytes(s.rss_bytes) << std::endl;
     };
     const auto samples = models::run_bench_soak(config, f->soak, print);
     const auto summaries = models::summarize_soak(samples);

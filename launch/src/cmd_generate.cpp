@@ -48,8 +48,8 @@ void add_generate_command(CLI::App& app) {
     pp::set_compute_threads(pp::default_compute_threads(1));
     const models::GenerateResult r = models::generate_text(f->checkpoint, f->sample);
     if (!f->quiet) {
-      std::cout << "# " << f->checkpoint << ": " << r.model << ", after " << r.step
-                << " steps\n" << f->sample.prompt;
+      std::cout << "# " << f->checkpoint << ": " << r.model << ", after " << r.step << " steps\n"
+                << f->sample.prompt;
     }
     std::cout << r.text << (f->quiet ? "" : "\n") << std::flush;
   });

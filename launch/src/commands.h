@@ -14,9 +14,9 @@ void add_project_command(CLI::App& app);   // cmd_project.cpp
 void add_train_command(CLI::App& app);     // cmd_train.cpp
 
 // `pipemat bench <what>`: benchmarks that print measured numbers.
-void add_bench_remat_command(CLI::App& bench);  // cmd_bench_remat.cpp
-void add_bench_p2p_command(CLI::App& bench);    // cmd_bench_p2p.cpp
-void add_bench_soak_command(CLI::App& bench);   // cmd_bench_soak.cpp
+void add_bench_remat_command(CLI::App& bench);     // cmd_bench_remat.cpp
+void add_bench_p2p_command(CLI::App& bench);       // cmd_bench_p2p.cpp
+void add_bench_soak_command(CLI::App& bench);      // cmd_bench_soak.cpp
 void add_bench_pipeline_command(CLI::App& bench);  // cmd_bench_pipeline.cpp
 
 }  // namespace pipemat::launch

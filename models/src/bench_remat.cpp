@@ -176,7 +176,8 @@ void run_bench_remat(const BenchRematOptions& o, std::ostream& out) {
     return;
   }
   char line[256];
-  std::snprintf(line, sizeof(line), "bench remat: %s, %lld layers, %lld tokens, hidden %lld, float32\n",
+  std::snprintf(line, sizeof(line),
+                "bench remat: %s, %lld layers, %lld tokens, hidden %lld, float32\n",
                 o.scenario.c_str(), static_cast<long long>(o.layers),
                 static_cast<long long>(o.tokens), static_cast<long long>(o.hidden));
   out << line;

@@ -57,8 +57,7 @@ void pipeline_loop(const TrainConfig& given, const BenchSoakOptions& o,
   });
 }
 
-void remat_loop(const BenchSoakOptions& o,
-                const std::function<void(const SoakSample&)>& record) {
+void remat_loop(const BenchSoakOptions& o, const std::function<void(const SoakSample&)>& record) {
   BenchRematOptions model;
   model.scenario = "rmsnorm-gemm";
   model.layers = o.layers;
@@ -93,8 +92,7 @@ void remat_loop(const BenchSoakOptions& o,
 
 }  // namespace
 
-std::vector<SoakSample> run_bench_soak(const TrainConfig& pipeline,
-                                       const BenchSoakOptions& options,
+std::vector<SoakSample> run_bench_soak(const TrainConfig& pipeline, const BenchSoakOptions& options,
                                        const std::function<void(const SoakSample&)>& on_sample) {
   check_options(options);
   remat::install_tracking_allocator();

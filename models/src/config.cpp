@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "pipemat/core/error.h"
+#include "pipemat/core/format.h"
+#include "pipemat/core/parse.h"
 
 namespace pipemat::models {
 namespace {
@@ -37,10 +39,10 @@ constexpr const char* kOverrideSource = "--set";
 // allocator. Together with kMaxWeightBytes / kMaxActivationBytes (check_consistency) they keep
 // every model the zoo builds inside this kind of machine.
 constexpr int64_t kMaxLayers = 4096;
-constexpr int64_t kMaxWidth = 65536;   // hidden, ffn, heads
+constexpr int64_t kMaxWidth = 65536;  // hidden, ffn, heads
 constexpr int64_t kMaxTokens = 1 << 20;
 constexpr int64_t kMaxExperts = 1024;
-constexpr double kMaxRate = 1e6;       // learning rate (float32 optimizers overflow far above)
+constexpr double kMaxRate = 1e6;  // learning rate (float32 optimizers overflow far above)
 constexpr double kMaxWeightBytes = 16.0 * (1LL << 30);
 constexpr double kMaxActivationBytes = 4.0 * (1LL << 30);
 
@@ -160,15 +162,6 @@ Names spellings(const std::vector<Enum>& values) {
   return names;
 }
 
-std::string join(const Names& names, const char* separator = ", ") {
-  std::string out;
-  for (const std::string& name : names) {
-    if (!out.empty()) out += separator;
-    out += name;
-  }
-  return out;
-}
-
 // Edits (insert, delete, substitute, swap two neighbours) that turn `a` into `b`: the optimal
 // string alignment distance, so the common typo "modle" is one edit from "model".
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -238,34 +231,6 @@ std::string describe(const YAML::Node& node) {
 
 // A quoted scalar ("8", '8') is a string in YAML even when it spells a number.
 bool is_quoted(const YAML::Node& node) { return node.Tag() == "!"; }
-
-enum class IntParse { kOk, kNotANumber, kOverflow };
-
-IntParse parse_int64(const std::string& text, int64_t* value) {
-  size_t digits_start = (!text.empty() && (text[0] == '-' || text[0] == '+')) ? 1 : 0;
-  if (text.size() == digits_start) return IntParse::kNotANumber;
-  for (size_t i = digits_start; i < text.size(); ++i) {
-    if (text[i] < '0' || text[i] > '9') return IntParse::kNotANumber;
-  }
-  errno = 0;
-  const long long parsed = std::strtoll(text.c_str(), nullptr, 10);
-  if (errno == ERANGE) return IntParse::kOverflow;
-  *value = parsed;
-  return IntParse::kOk;
-}
-
-IntParse parse_uint64(const std::string& text, uint64_t* value) {
-  size_t digits_start = (!text.empty() && text[0] == '+') ? 1 : 0;
-  if (text.size() == digits_start) return IntParse::kNotANumber;
-  for (size_t i = digits_start; i < text.size(); ++i) {
-    if (text[i] < '0' || text[i] > '9') return IntParse::kNotANumber;
-  }
-  errno = 0;
-  const unsigned long long parsed = std::strtoull(text.c_str(), nullptr, 10);
-  if (errno == ERANGE) return IntParse::kOverflow;
-  *value = parsed;
-  return IntParse::kOk;
-}
 
 bool parse_double(const std::string& text, double* value) {
   if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
@@ -378,7 +343,7 @@ class ConfigReader {
       fail(path, node.Mark(),
            (path.empty() ? "the document is " + describe(node) + ", not a mapping"
                          : describe(node) + " is not a mapping") +
-               "; expected a mapping with keys " + join(allowed));
+               "; expected a mapping with keys " + join(allowed, ", "));
     }
     std::map<std::string, int> first_line;
     for (const auto& entry : node) {
@@ -386,7 +351,7 @@ class ConfigReader {
       const YAML::Node& value = entry.second;
       if (!key_node.IsScalar()) {
         fail(path, key_node.Mark(),
-             "a key is " + describe(key_node) + "; expected one of " + join(allowed));
+             "a key is " + describe(key_node) + "; expected one of " + join(allowed, ", "));
       }
       const std::string& name = key_node.Scalar();
       const std::string key = child_key(path, name);
@@ -401,7 +366,7 @@ class ConfigReader {
         if (!suggestion.empty()) message += "did you mean '" + suggestion + "'? ";
         message +=
             (path.empty() ? std::string("allowed top-level keys: ") : "allowed in " + path + ": ") +
-            join(allowed);
+            join(allowed, ", ");
         fail(key, key_node.Mark(), message);
       }
       const auto [it, inserted] = first_line.emplace(name, key_node.Mark().line + 1);
@@ -516,7 +481,7 @@ class ConfigReader {
 
   std::string read_choice(const YAML::Node& node, const std::string& key, const Names& allowed) {
     if (!node.IsScalar() || !contains(allowed, node.Scalar())) {
-      fail(key, node.Mark(), describe(node) + " is not allowed; allowed: " + join(allowed));
+      fail(key, node.Mark(), describe(node) + " is not allowed; allowed: " + join(allowed, ", "));
     }
     return node.Scalar();
   }
@@ -565,8 +530,9 @@ class ConfigReader {
     for_each_entry(node, path, section_keys("data"),
                    [&](const std::string& name, const std::string& key, const YAML::Node& value) {
                      if (name == "path") {
-                       data.path = read_string(value, key, "a text file or a directory of text "
-                                                           "files, e.g. /usr/share/games/fortunes");
+                       data.path = read_string(value, key,
+                                               "a text file or a directory of text "
+                                               "files, e.g. /usr/share/games/fortunes");
                      } else if (name == "validation") {
                        data.validation = read_number(value, key, 0, true, 0.5);
                      } else {
@@ -625,8 +591,9 @@ class ConfigReader {
                      } else if (name == "recompute") {
                        options.recompute = read_enum(value, key, recompute_modes());
                      } else if (name == "csv") {
-                       csv = read_string(value, key, "the path of a torch.distributed.pipelining "
-                                                     "CSV schedule, e.g. \"my-schedule.csv\"");
+                       csv = read_string(value, key,
+                                         "the path of a torch.distributed.pipelining "
+                                         "CSV schedule, e.g. \"my-schedule.csv\"");
                      } else {
                        PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
                      }
@@ -728,10 +695,7 @@ class ConfigReader {
         "host:port with a port in [1, 65535], e.g. \"127.0.0.1:29500\" (empty: PIPEMAT_MASTER)";
     std::string master = read_string(node, key, expected);
     if (master.empty()) return master;
-    const auto colon = master.rfind(':');
-    int64_t port = 0;
-    if (colon == std::string::npos || colon == 0 ||
-        parse_int64(master.substr(colon + 1), &port) != IntParse::kOk || port < 1 || port > 65535) {
+    if (!parse_host_port(master)) {
       fail(key, node.Mark(), describe(node) + " is not host:port; expected " + expected);
     }
     return master;
@@ -776,22 +740,22 @@ class ConfigReader {
 
   void read_checkpoint(const YAML::Node& node, const std::string& path,
                        CheckpointOptions& checkpoint) {
-    for_each_entry(
-        node, path, section_keys("checkpoint"),
-        [&](const std::string& name, const std::string& key, const YAML::Node& value) {
-          if (name == "dir") {
-            checkpoint.dir = read_string(value, key, "a directory (empty: no checkpoints)");
-          } else if (name == "every") {
-            checkpoint.every = read_int(value, key, 0);
-          } else if (name == "keep_last") {
-            checkpoint.keep_last = read_int(value, key, 0, 1000000);
-          } else if (name == "resume") {
-            checkpoint.resume =
-                read_string(value, key, "a step-NNNNNN directory or latest (empty: step 0)");
-          } else {
-            PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
-          }
-        });
+    for_each_entry(node, path, section_keys("checkpoint"),
+                   [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+                     if (name == "dir") {
+                       checkpoint.dir =
+                           read_string(value, key, "a directory (empty: no checkpoints)");
+                     } else if (name == "every") {
+                       checkpoint.every = read_int(value, key, 0);
+                     } else if (name == "keep_last") {
+                       checkpoint.keep_last = read_int(value, key, 0, 1000000);
+                     } else if (name == "resume") {
+                       checkpoint.resume = read_string(
+                           value, key, "a step-NNNNNN directory or latest (empty: step 0)");
+                     } else {
+                       PIPEMAT_INTERNAL_ASSERT(false, "config key '", key, "' has no reader");
+                     }
+                   });
   }
 
   void read_output(const YAML::Node& node, const std::string& path, OutputOptions& output) {
@@ -826,12 +790,14 @@ class ConfigReader {
               "needs checkpoint.dir, the directory the checkpoints are written to / read from");
     }
     if (model.kind == "gpt" && config.data.path.empty()) {
-      fail_at("model.kind", "gpt trains on text and needs data.path, a text file or a directory "
-                            "of text files (e.g. /usr/share/games/fortunes)");
+      fail_at("model.kind",
+              "gpt trains on text and needs data.path, a text file or a directory "
+              "of text files (e.g. /usr/share/games/fortunes)");
     }
     if (model.kind == "gpt" && config.sample.tokens > 0 && config.checkpoint.dir.empty()) {
-      fail_at("sample.tokens", "the sample is drawn from the final checkpoint and needs "
-                               "checkpoint.dir");
+      fail_at("sample.tokens",
+              "the sample is drawn from the final checkpoint and needs "
+              "checkpoint.dir");
     }
     if (model.kind != "gpt" && (config.sample.tokens > 0 || config.training.eval_every > 0)) {
       fail_at(config.sample.tokens > 0 ? "sample.tokens" : "training.eval_every",
@@ -854,7 +820,8 @@ class ConfigReader {
     const double f = static_cast<double>(model.ffn > 0 ? model.ffn : 4 * model.hidden);
     double per_layer = h * h + 2 * h;  // rmsnorm-gemm, save-chain (upper bound)
     if (model.kind == "mlp") per_layer = 2 * h * f + h;
-    if (model.kind == "transformer" || model.kind == "gpt") per_layer = 4 * h * h + 2 * h * f + 2 * h;
+    if (model.kind == "transformer" || model.kind == "gpt")
+      per_layer = 4 * h * h + 2 * h * f + 2 * h;
     if (model.kind == "moe") per_layer = static_cast<double>(model.experts) * (h * h + h) + 2 * h;
     const double weights = 4.0 * per_layer * static_cast<double>(model.layers);
     if (weights > kMaxWeightBytes) {
@@ -873,9 +840,9 @@ class ConfigReader {
     if (activation > kMaxActivationBytes) {
       const char* key = model.kind == "gpt" ? "model.batch" : "model.tokens";
       fail_at(given(key) ? key : "model.hidden",
-              "one activation of " + format_number(tokens) + " tokens x " +
-                  format_number(width) + " is about " +
-                  format_number(activation / (1LL << 30)) + " GiB, more than the limit of " +
+              "one activation of " + format_number(tokens) + " tokens x " + format_number(width) +
+                  " is about " + format_number(activation / (1LL << 30)) +
+                  " GiB, more than the limit of " +
                   format_number(kMaxActivationBytes / (1LL << 30)) +
                   " GiB per micro-batch; lower model.tokens or the model's width");
     }
@@ -944,9 +911,9 @@ Names apply_overrides(YAML::Node& root, const std::vector<std::string>& override
       if (suggestion.empty() && dot != std::string::npos) {
         suggestion = key_in_other_section(key.substr(dot + 1), key.substr(0, dot));
       }
-      PIPEMAT_THROW(
-          ConfigError, kOverrideSource, ": ", key, ": unknown key; ",
-          suggestion.empty() ? "allowed: " + join(keys) : "did you mean '" + suggestion + "'?");
+      PIPEMAT_THROW(ConfigError, kOverrideSource, ": ", key, ": unknown key; ",
+                    suggestion.empty() ? "allowed: " + join(keys, ", ")
+                                       : "did you mean '" + suggestion + "'?");
     }
     const std::string value_text = text.substr(equals + 1);
     YAML::Node value;

@@ -12,11 +12,20 @@ std::string escape(const std::string& text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -50,8 +59,8 @@ std::string render_loss_svg(const std::vector<LossPoint>& train,
   auto x = [&](int64_t step) { return kLeft + plot_w * static_cast<double>(step) / max_step; };
   auto y = [&](double loss) { return kTop + plot_h * (hi - loss) / (hi - lo); };
   std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\""
-      << kHeight << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight
+      << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       << "<text x=\"" << kLeft << "\" y=\"24\" font-size=\"14\">" << escape(title) << "</text>\n";
   // Axes with ticks: five on each.

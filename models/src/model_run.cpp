@@ -2,9 +2,11 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
+#include "pipemat/core/parse.h"
 #include "pipemat/models/gpt.h"
 #include "pipemat/models/text_data.h"
 #include "pipemat/models/zoo_stages.h"
@@ -17,7 +19,10 @@ std::string renumber(const std::string& name, const std::string& prefix, int64_t
   if (name.compare(0, prefix.size() + 1, prefix + ".") != 0) return name;
   const auto first = prefix.size();
   const auto second = name.find('.', first + 1);
-  const int64_t local = std::stoll(name.substr(first + 1, second - first - 1));
+  int64_t local = 0;
+  const std::string index = name.substr(first + 1, second - first - 1);
+  PIPEMAT_INTERNAL_ASSERT(parse_int64(index, &local) == IntParse::kOk, "parameter '", name,
+                          "' of '", prefix, "' has no layer index after its prefix");
   return prefix + "." + std::to_string(offset + local) +
          (second == std::string::npos ? "" : name.substr(second));
 }
@@ -27,11 +32,12 @@ ModelRun zoo_run(const TrainConfig& config, int stages) {
   run.stages = stages;
   auto layers = std::make_shared<std::vector<torch::nn::AnyModule>>(
       build_layers(config.model, config.training.seed));
-  const auto bounds = std::make_shared<std::vector<int64_t>>(
-      partition_layers(*layers, config.partition, stages));
+  const auto bounds =
+      std::make_shared<std::vector<int64_t>>(partition_layers(*layers, config.partition, stages));
   run.stage = [layers, bounds](int s) {
-    return pp::make_stage(s, Stage(std::vector<torch::nn::AnyModule>(
-                                 layers->begin() + (*bounds)[s], layers->begin() + (*bounds)[s + 1])));
+    return pp::make_stage(
+        s, Stage(std::vector<torch::nn::AnyModule>(layers->begin() + (*bounds)[s],
+                                                   layers->begin() + (*bounds)[s + 1])));
   };
   run.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
     return micro_batch_loss(out.at(0), target.at(0), 1);  // pp divides by the micro-batches
@@ -45,8 +51,8 @@ ModelRun zoo_run(const TrainConfig& config, int stages) {
     return renumber(name, "layers", (*bounds)[s]);
   };
   run.tokens_per_micro_batch = tokens_per_micro_batch(config.model);
-  run.summary = config.model.kind + ": " + std::to_string(config.model.layers) + " layers, hidden " +
-                std::to_string(config.model.hidden) + ", synthetic data";
+  run.summary = config.model.kind + ": " + std::to_string(config.model.layers) +
+                " layers, hidden " + std::to_string(config.model.hidden) + ", synthetic data";
   return run;
 }
 
@@ -61,8 +67,8 @@ ModelRun gpt_run(const TrainConfig& config, int stages) {
   ModelRun run;
   run.stages = stages;
   run.stage = [parts, bounds, stages](int s) {
-    return pp::make_stage(s, GptStage(*parts, (*bounds)[s], (*bounds)[s + 1], s == 0,
-                                      s == stages - 1));
+    return pp::make_stage(
+        s, GptStage(*parts, (*bounds)[s], (*bounds)[s + 1], s == 0, s == stages - 1));
   };
   run.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
     return gpt_loss(out.at(0), target.at(0));
@@ -89,13 +95,12 @@ ModelRun gpt_run(const TrainConfig& config, int stages) {
     for (const auto& p : b->parameters()) params += p.numel();
   }
   for (const auto& p : parts->head->parameters()) params += p.numel();
-  run.summary = "gpt: " + std::to_string(shape.layers) + " blocks, hidden " +
-                std::to_string(shape.hidden) + ", " + std::to_string(shape.heads) + " heads, " +
-                format_count(params) + " parameters; text: " +
-                format_bytes(static_cast<int64_t>(corpus->train.size())) + " train / " +
-                format_bytes(static_cast<int64_t>(corpus->validation.size())) +
-                " validation from " + std::to_string(corpus->files.size()) + " files of " +
-                config.data.path;
+  run.summary =
+      "gpt: " + std::to_string(shape.layers) + " blocks, hidden " + std::to_string(shape.hidden) +
+      ", " + std::to_string(shape.heads) + " heads, " + format_count(params) +
+      " parameters; text: " + format_bytes(static_cast<int64_t>(corpus->train.size())) +
+      " train / " + format_bytes(static_cast<int64_t>(corpus->validation.size())) +
+      " validation from " + std::to_string(corpus->files.size()) + " files of " + config.data.path;
   if (corpus->skipped_binary > 0) {
     run.summary += " (" + std::to_string(corpus->skipped_binary) + " binary files skipped)";
   }
@@ -129,7 +134,8 @@ double lr_at(const TrainingOptions& t, int64_t step) {
   if (t.lr_decay != "cosine") return t.lr;
   const int64_t span = t.steps - 1 - t.warmup;
   const double progress =
-      span <= 0 ? 1.0 : std::min(1.0, static_cast<double>(step - t.warmup) / static_cast<double>(span));
+      span <= 0 ? 1.0
+                : std::min(1.0, static_cast<double>(step - t.warmup) / static_cast<double>(span));
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 

@@ -78,7 +78,9 @@ Scenario make_scenario(const BenchRematOptions& o) {
     };
     // legacy: all four regions cache their output; rederive: the chain of SPEC 2.5.
     s.exclude_legacy = {{"layers.*.s*", true}};
-    s.exclude = {{"layers.*.s1", false}, {"layers.*.s2", false}, {"layers.*.s3", false},
+    s.exclude = {{"layers.*.s1", false},
+                 {"layers.*.s2", false},
+                 {"layers.*.s3", false},
                  {"layers.*.s4", true}};
     s.legacy_disables_rederivation = false;
   } else if (o.scenario == "gpt") {

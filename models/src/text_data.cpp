@@ -82,10 +82,9 @@ TextCorpus load_text(const std::string& path, double validation_fraction, int64_
   };
   PIPEMAT_CHECK(!too_small(corpus.train) && !too_small(corpus.validation), ConfigError,
                 "data.path: '", path, "' has ", all.size(), " bytes: ", corpus.train.size(),
-                " for training and ", corpus.validation.size(), " for validation (",
-                kSplitBlock, "-byte blocks, data.validation ", validation_fraction,
-                "), but a window needs ", min_bytes,
-                " (model.seq_len + 1); give more text or a shorter model.seq_len");
+                " for training and ", corpus.validation.size(), " for validation (", kSplitBlock,
+                "-byte blocks, data.validation ", validation_fraction, "), but a window needs ",
+                min_bytes, " (model.seq_len + 1); give more text or a shorter model.seq_len");
   return corpus;
 }
 
@@ -93,10 +92,10 @@ std::pair<at::Tensor, at::Tensor> text_windows(const std::string& text, int64_t 
                                                int64_t seq_len, uint64_t seed, int64_t step,
                                                int64_t micro_batch) {
   const int64_t span = seq_len + 1;
-  PIPEMAT_CHECK(static_cast<int64_t>(text.size()) >= span, ConfigError, "text_windows: ",
-                text.size(), " bytes of text are fewer than a window of ", span);
-  std::seed_seq key{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
-                    static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32),
+  PIPEMAT_CHECK(static_cast<int64_t>(text.size()) >= span, ConfigError,
+                "text_windows: ", text.size(), " bytes of text are fewer than a window of ", span);
+  std::seed_seq key{static_cast<uint32_t>(seed),        static_cast<uint32_t>(seed >> 32),
+                    static_cast<uint32_t>(step),        static_cast<uint32_t>(step >> 32),
                     static_cast<uint32_t>(micro_batch), static_cast<uint32_t>(micro_batch >> 32)};
   std::mt19937_64 gen(key);
   std::uniform_int_distribution<int64_t> offset(0, static_cast<int64_t>(text.size()) - span);

@@ -39,7 +39,7 @@ namespace {
 // Elapsed time and steps of this process's run, for tokens/s and the ETA.
 struct Pace {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  int64_t first_step = 0;   // the step this process started at (resume: not 0)
+  int64_t first_step = 0;  // the step this process started at (resume: not 0)
   int64_t tokens_per_step = 0;
 };
 
@@ -53,9 +53,10 @@ void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& 
       m.step_ms > 0 ? static_cast<double>(pace.tokens_per_step) * 1000.0 / m.step_ms : 0.0;
   const int percent = static_cast<int>(100 * (m.step + 1) / c.training.steps);
   char line[400];
-  int n = std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.6f  %s tok/s  %.1f ms",
-                        static_cast<long long>(m.step + 1), static_cast<long long>(c.training.steps),
-                        m.loss, format_count(tokens_per_s).c_str(), m.step_ms);
+  int n =
+      std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.6f  %s tok/s  %.1f ms",
+                    static_cast<long long>(m.step + 1), static_cast<long long>(c.training.steps),
+                    m.loss, format_count(tokens_per_s).c_str(), m.step_ms);
   if (pipeline) {
     n += std::snprintf(line + n, sizeof(line) - n, "  bubble %.3f (simulated %.3f)", m.bubble,
                        m.simulated_bubble);
@@ -63,13 +64,12 @@ void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& 
   n += std::snprintf(line + n, sizeof(line) - n, "  peak %s  %3d%%  ETA %s",
                      format_bytes(m.peak_bytes).c_str(), percent, format_duration(eta).c_str());
   if (pipeline) {
-    std::snprintf(line + n, sizeof(line) - n,
-                  "  remat: units %lld replays %lld early-stops %lld save %lld skipped %lld",
-                  static_cast<long long>(m.remat.unit_calls),
-                  static_cast<long long>(m.remat.replays),
-                  static_cast<long long>(m.remat.early_stops),
-                  static_cast<long long>(m.remat.save_calls),
-                  static_cast<long long>(m.remat.save_skips));
+    std::snprintf(
+        line + n, sizeof(line) - n,
+        "  remat: units %lld replays %lld early-stops %lld save %lld skipped %lld",
+        static_cast<long long>(m.remat.unit_calls), static_cast<long long>(m.remat.replays),
+        static_cast<long long>(m.remat.early_stops), static_cast<long long>(m.remat.save_calls),
+        static_cast<long long>(m.remat.save_skips));
   } else {
     std::snprintf(line + n, sizeof(line) - n, "  (reference)");
   }
@@ -309,8 +309,10 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   const CheckpointOptions& ck = config.checkpoint;
   if (!ck.resume.empty()) {
     const std::string dir = ck.resume == "latest" ? pp::latest_checkpoint(ck.dir) : ck.resume;
-    PIPEMAT_CHECK(!dir.empty(), ConfigError, "checkpoint.resume: latest: there is no complete "
-                  "checkpoint under '", ck.dir, "' (checkpoint.dir)");
+    PIPEMAT_CHECK(!dir.empty(), ConfigError,
+                  "checkpoint.resume: latest: there is no complete "
+                  "checkpoint under '",
+                  ck.dir, "' (checkpoint.dir)");
     pp::load_checkpoint(pipeline, transport, dir);
     if (talk) *progress << "resumed from " << dir << " after step " << pipeline.step() << "\n";
   }
@@ -374,7 +376,8 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
     if (talk) {
       *progress << "sample (pipemat generate --checkpoint " << final_checkpoint << " --tokens "
                 << config.sample.tokens << "):\n"
-                << config.sample.prompt << sample.text << "\n" << std::flush;
+                << config.sample.prompt << sample.text << "\n"
+                << std::flush;
     }
   }
   for (int s : pipeline.stages()) {
@@ -557,10 +560,10 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out) {
   // reference computes with the threads one rank of that pipeline gets: LibTorch's reductions
   // depend on the thread count, and the oracle must be comparable bitwise.
   int ranks_on_host = resolved.config.schedule.stages;
-  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) ranks_on_host = std::atoi(local);
-  pp::set_compute_threads(config.training.threads > 0
-                              ? static_cast<int>(config.training.threads)
-                              : pp::default_compute_threads(ranks_on_host));
+  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+    ranks_on_host = std::atoi(local);
+  pp::set_compute_threads(config.training.threads > 0 ? static_cast<int>(config.training.threads)
+                                                      : pp::default_compute_threads(ranks_on_host));
   if (reference) {
     train_reference(config, &out);
     return 0;

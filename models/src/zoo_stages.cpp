@@ -54,7 +54,8 @@ std::vector<int64_t> partition_sizes(const std::vector<double>& sizes,
                                      const PartitionOptions& partition, int stages) {
   const auto n = static_cast<int64_t>(sizes.size());
   PIPEMAT_CHECK(n >= stages, ConfigError, "the model has ", n, " layers but the schedule has ",
-                stages, " stages; every stage needs at least one layer (raise model.layers or "
+                stages,
+                " stages; every stage needs at least one layer (raise model.layers or "
                 "lower schedule.stages / schedule.virtual_stages)");
   std::vector<int64_t> bounds{0};
   if (!partition.layers_per_stage.empty()) {
@@ -103,7 +104,9 @@ remat::RematPolicy stage_policy(const ModelOptions& model, const RematConfig& co
   } else if (model.kind == "moe") {
     p.exclude = {{"layers.*.experts", true}};
   } else if (model.kind == "save-chain") {
-    p.exclude = {{"layers.*.s1", false}, {"layers.*.s2", false}, {"layers.*.s3", false},
+    p.exclude = {{"layers.*.s1", false},
+                 {"layers.*.s2", false},
+                 {"layers.*.s3", false},
                  {"layers.*.s4", true}};
   }
   return p;

@@ -17,6 +17,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -24,6 +25,7 @@
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
+#include "pipemat/core/parse.h"
 
 namespace pipemat::pp {
 namespace {
@@ -48,9 +50,7 @@ std::string step_dir_name(int64_t step) {
 // name: step-1000000 sorts before step-999999 as text.
 long long step_of(const std::string& name) {
   if (name.rfind("step-", 0) != 0) return -1;
-  char* end = nullptr;
-  const long long step = std::strtoll(name.c_str() + 5, &end, 10);
-  return end == name.c_str() + 5 || *end != '\0' ? -1 : step;
+  return parse_int_in(name.substr(5), 0, std::numeric_limits<int64_t>::max()).value_or(-1);
 }
 
 std::string rank_file(const std::string& dir, int rank) {
@@ -110,8 +110,10 @@ void open_rank_file(torch::serialize::InputArchive& archive, const std::string& 
   try {
     archive.load_from(file);
   } catch (const std::exception& e) {
-    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", file, " cannot be read (truncated or "
-                  "damaged): ", std::string(e.what()).substr(0, 200));
+    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", file,
+                  " cannot be read (truncated or "
+                  "damaged): ",
+                  std::string(e.what()).substr(0, 200));
   }
 }
 
@@ -124,8 +126,8 @@ nlohmann::json read_manifest_json(const std::string& dir) {
                 "leaves none): give a step-NNNNNN directory that has one (--resume latest and "
                 "pp::latest_checkpoint() pick the newest)");
   nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
-  PIPEMAT_CHECK(!m.is_discarded() && m.is_object(), PipelineError, "load_checkpoint: ",
-                manifest_path, " is not valid JSON");
+  PIPEMAT_CHECK(!m.is_discarded() && m.is_object(), PipelineError,
+                "load_checkpoint: ", manifest_path, " is not valid JSON");
   return m;
 }
 
@@ -151,8 +153,10 @@ void maybe_crash(const char* point, int64_t step, int rank, const std::string& t
     const auto size = fs::file_size(tmp, ec);
     if (!ec) fs::resize_file(tmp, size / 2, ec);
   }
-  std::fprintf(stderr, "pipemat: PIPEMAT_TEST_KILL_IN_CHECKPOINT: rank %d killed in the save of "
-               "step %lld at %s\n", rank, static_cast<long long>(step), point);
+  std::fprintf(stderr,
+               "pipemat: PIPEMAT_TEST_KILL_IN_CHECKPOINT: rank %d killed in the save of "
+               "step %lld at %s\n",
+               rank, static_cast<long long>(step), point);
   std::fflush(stderr);
   std::raise(SIGKILL);
 }
@@ -270,8 +274,8 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
   const nlohmann::json m = read_manifest_json(dir);
   const nlohmann::json want = manifest_of(pipeline);
-  for (const char* field : {"format", "world_size", "schedule_kind", "stages", "micro_batches",
-                            "stage_to_rank"}) {
+  for (const char* field :
+       {"format", "world_size", "schedule_kind", "stages", "micro_batches", "stage_to_rank"}) {
     PIPEMAT_CHECK(m.contains(field) && m[field] == want[field], ConfigError,
                   "load_checkpoint: ", manifest_path, ": ", field, " is ",
                   m.contains(field) ? m[field].dump() : "missing", " in the checkpoint but ",
@@ -283,9 +287,9 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
   torch::serialize::InputArchive archive;
   open_rank_file(archive, file, rank);
   at::Tensor stages;
-  PIPEMAT_CHECK(archive.try_read("step", step) && archive.try_read("stages", stages) &&
-                    step.numel() == 1,
-                PipelineError, "load_checkpoint: ", file, " has no step / stages entries");
+  PIPEMAT_CHECK(
+      archive.try_read("step", step) && archive.try_read("stages", stages) && step.numel() == 1,
+      PipelineError, "load_checkpoint: ", file, " has no step / stages entries");
   const std::vector<int> mine = pipeline.stages();
   PIPEMAT_CHECK(std::vector<int64_t>(mine.begin(), mine.end()) ==
                     std::vector<int64_t>(stages.data_ptr<int64_t>(),
@@ -306,9 +310,9 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
   PIPEMAT_CHECK(archive.try_read("optimizer", optimizer), PipelineError, "load_checkpoint: ", file,
                 " has no optimizer state");
   has_rng = archive.try_read("rng", rng);
-  PIPEMAT_CHECK(has_rng == pipeline.generator().defined(), PipelineError, "load_checkpoint: ",
-                file, has_rng ? " has a generator state but this pipeline has no seed"
-                              : " has no generator state but this pipeline has a seed");
+  PIPEMAT_CHECK(has_rng == pipeline.generator().defined(), PipelineError, "load_checkpoint: ", file,
+                has_rng ? " has a generator state but this pipeline has no seed"
+                        : " has no generator state but this pipeline has a seed");
 }
 
 // Note [Checkpoint agreement]

@@ -436,7 +436,7 @@ struct Pipeline::Impl {
       }
       return it->second;
     };
-    double a0 = 0;  // start of the current action's compute (after its receive, if any)
+    double a0 = 0;         // start of the current action's compute (after its receive, if any)
     double waited_us = 0;  // how long the current action waited for its input
     double recv_wait_us = 0;
     auto incoming_grads = [&](const Action& a) -> Tensors {
@@ -883,8 +883,7 @@ struct Pipeline::Impl {
       at::Tensor scalars = at::tensor(
           {m.busy_ms, m.step_ms, double(c.unit_calls), double(c.replays), double(c.early_stops),
            double(c.save_calls), double(c.save_skips), double(c.packs), double(c.save_kept),
-           double(c.output_leaves), double(c.placeholders), m.recv_wait_ms,
-           double(m.peak_bytes)},
+           double(c.output_leaves), double(c.placeholders), m.recv_wait_ms, double(m.peak_bytes)},
           at::kDouble);
       comm::send_tensors(transport, last, metrics_tag(), {scalars, timeline_tensor(m.timeline)})
           .wait();

@@ -40,9 +40,7 @@ class CaptureHook final : public torch::autograd::FunctionPreHook {
 // update the topological number). Cutting an edge to nothing never needs that, so W writes the
 // protected edge list directly, through the one access path C++ gives a derived class.
 struct EdgeAccess : Node {
-  static torch::autograd::edge_list& edges(Node* node) {
-    return node->*(&EdgeAccess::next_edges_);
-  }
+  static torch::autograd::edge_list& edges(Node* node) { return node->*(&EdgeAccess::next_edges_); }
 };
 
 // Nodes reachable from `roots` (iterative DFS, each node once).

@@ -18,8 +18,7 @@ class HookingEngine final : public torch::autograd::Engine {
   HookingEngine() = default;
   ~HookingEngine() override { stop(); }
 
-  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks()
-      override {
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
     if (tls_hook_stack.empty()) return nullptr;
     return tls_hook_stack.back()->make();
   }

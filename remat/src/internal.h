@@ -1,9 +1,9 @@
 #pragma once
 // Private state of remat: invocations, SAVE entries and the per-thread region context.
 
+#include <ATen/core/MT19937RNGEngine.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
-#include <ATen/core/MT19937RNGEngine.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Optional.h>
 

@@ -1,8 +1,8 @@
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/ops/empty.h>
 #include <ATen/core/Generator.h>
-#include <torch/csrc/autograd/variable.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,10 +13,10 @@
 #include <unordered_set>
 
 #include "internal.h"
-#include "pipemat/remat/rng.h"
 #include "pipemat/core/error.h"
 #include "pipemat/remat/hooks.h"
 #include "pipemat/remat/memory.h"
+#include "pipemat/remat/rng.h"
 #include "pipemat/remat/stats.h"
 #include "pipemat/remat/values.h"
 
@@ -95,7 +95,7 @@ class InvocationScopeAccess {
 };
 
 const std::vector<std::string>& fallback_names() {
-  static const std::vector<std::string> names = {"save_sourced", "unit_input", "leaf", "inplace",
+  static const std::vector<std::string> names = {"save_sourced", "unit_input", "leaf",    "inplace",
                                                  "dtype",        "view",       "disabled"};
   return names;
 }
@@ -135,7 +135,8 @@ RematReport& RematReport::operator+=(const RematReport& o) {
   rederived_bytes += o.rederived_bytes;
   rederived_slots += o.rederived_slots;
   replay_peak_bytes = std::max(replay_peak_bytes, o.replay_peak_bytes);
-  for (size_t i = 0; i < fallbacks.size() && i < o.fallbacks.size(); ++i) fallbacks[i] += o.fallbacks[i];
+  for (size_t i = 0; i < fallbacks.size() && i < o.fallbacks.size(); ++i)
+    fallbacks[i] += o.fallbacks[i];
   replays += o.replays;
   early_stops += o.early_stops;
   return *this;
@@ -151,8 +152,8 @@ void InvocationGroup::add(std::shared_ptr<detail::Invocation> invocation) {
 void InvocationGroup::pretrigger() {
   detail::RematCode remat_code;
   PIPEMAT_CHECK(!released_, RematError,
-                "pre-triggered replay of a released invocation group (step ", key_.step,
-                ", chunk ", key_.chunk, ", micro-batch ", key_.micro_batch,
+                "pre-triggered replay of a released invocation group (step ", key_.step, ", chunk ",
+                key_.chunk, ", micro-batch ", key_.micro_batch,
                 "): release() must come after the last backward");
   retain();
   for (auto it = invocations_.rbegin(); it != invocations_.rend(); ++it) (*it)->replay();
@@ -208,8 +209,7 @@ void set_cpu_rng_state(const RngState& state) {
 }
 
 std::atomic<bool> g_rederivation{true};
-namespace {
-}  // namespace
+namespace {}  // namespace
 std::mutex g_trace_mutex;
 std::function<void(const std::string&)> g_trace_sink;
 std::atomic<bool> g_trace_on{[] {
@@ -323,7 +323,8 @@ class ReplayFactory final : public HookFactory {
 
 }  // namespace
 
-// --- Invocation -----------------------------------------------------------------------------------
+// --- Invocation
+// -----------------------------------------------------------------------------------
 
 Invocation::Invocation(InvocationId id, const RegionSlot& unit, RegionBody body,
                        std::vector<c10::IValue> inputs)
@@ -403,7 +404,8 @@ void Invocation::check_inputs_unchanged() const {
   size_t k = 0;
   for (size_t i = 0; i < inputs_.size(); ++i) {
     for_each_tensor_leaf(
-        inputs_[i], "args[" + std::to_string(i) + "]", [&](const std::string& path, const at::Tensor& t) {
+        inputs_[i], "args[" + std::to_string(i) + "]",
+        [&](const std::string& path, const at::Tensor& t) {
           const auto& [counter, version] = input_versions_.at(k++);
           PIPEMAT_CHECK(counter.current_version() == version, RematError, "input ", path, " (",
                         describe_tensor(t), ") of ", where(),
@@ -478,9 +480,11 @@ void Invocation::replay() {
     if (placeholders_.empty()) throw;
     // Note [Placeholder leaf count]: a placeholder reached an op that reads data.
     PIPEMAT_THROW(RematError, "replay of ", where(), " failed after SAVE region(s) ",
-                  placeholder_producers(), " returned placeholders (save_output = false): a "
+                  placeholder_producers(),
+                  " returned placeholders (save_output = false): a "
                   "placeholder must go whole, as one argument, straight into the next SAVE "
-                  "region; an op read it instead (phase: replay). The op said: ", e.what());
+                  "region; an op read it instead (phase: replay). The op said: ",
+                  e.what());
   }
   replaying_ = false;
   replay_peak_bytes_ = std::max<int64_t>(0, window_peak_bytes() - bytes_before);
@@ -548,13 +552,14 @@ void Invocation::on_replay_pack(const at::Tensor& saved) {
                 "); forward and replay took different code paths (phase: replay)");
   const HandleMeta& meta = handles_[index];
   PIPEMAT_CHECK(!meta.is_marker, RematError, where(), ": replay saved a tensor (",
-                describe_tensor(saved), ") where forward passed a SAVE region; forward and "
+                describe_tensor(saved),
+                ") where forward passed a SAVE region; forward and "
                 "replay took different code paths (phase: replay)");
-  PIPEMAT_CHECK(meta.dtype == saved.scalar_type() && saved.sizes().equals(meta.sizes),
-                RematError, where(), ": saved tensor #", index, " is ", describe_tensor(saved),
+  PIPEMAT_CHECK(meta.dtype == saved.scalar_type() && saved.sizes().equals(meta.sizes), RematError,
+                where(), ": saved tensor #", index, " is ", describe_tensor(saved),
                 " in replay but was ", c10::toString(meta.dtype), " ", c10::IntArrayRef(meta.sizes),
-                " in forward; forward and replay must compute the same shapes",
-                placeholder_hint(), " (phase: replay)");
+                " in forward; forward and replay must compute the same shapes", placeholder_hint(),
+                " (phase: replay)");
   if (meta.alive) replayed_values_[index] = saved;
   if (options_.early_stop && index == replay_stop_after_) throw StopReplay{};
 }
@@ -614,41 +619,42 @@ void Invocation::ensure_replayed_for_unpack(bool consumed) {
   if (!replayed_) replay();
 }
 
-// --- SAVE regions and rederivation ----------------------------------------------------------------
+// --- SAVE regions and rederivation
+// ----------------------------------------------------------------
 
 void Invocation::record_save_inputs(SaveEntry& entry, const std::vector<c10::IValue>& args) {
   const bool enabled = g_rederivation.load(std::memory_order_relaxed);
   for (size_t i = 0; i < args.size(); ++i) {
     for_each_tensor_leaf(args[i], "args[" + std::to_string(i) + "]",
                          [&](const std::string& path, const at::Tensor& t) {
-      InputRecord rec;
-      rec.path = path;
-      rec.dtype = t.scalar_type();
-      rec.sizes = t.sizes().vec();
-      rec.strides = t.strides().vec();
-      rec.offset = t.storage_offset();
-      rec.version = static_cast<uint32_t>(t._version());
-      if (t.has_storage()) {
-        rec.storage = t.storage().unsafeGetStorageImpl();
-        rec.storage_nbytes = static_cast<int64_t>(t.storage().nbytes());
-      }
-      auto contains = [&](const std::vector<const c10::StorageImpl*>& v) {
-        return std::find(v.begin(), v.end(), rec.storage) != v.end();
-      };
-      if (rec.storage != nullptr && contains(unit_input_storages_)) {
-        rec.reason = Fallback::kUnitInput;
-      } else if (rec.storage != nullptr && contains(save_output_storages_)) {
-        rec.reason = Fallback::kSaveSourced;
-      } else if (rec.storage == nullptr || t.grad_fn() == nullptr) {
-        rec.reason = Fallback::kLeaf;
-      } else if (!enabled) {
-        rec.reason = Fallback::kDisabled;
-      } else {
-        rec.rederivable = true;
-        entry.any_rederivable = true;
-      }
-      entry.inputs.push_back(std::move(rec));
-    });
+                           InputRecord rec;
+                           rec.path = path;
+                           rec.dtype = t.scalar_type();
+                           rec.sizes = t.sizes().vec();
+                           rec.strides = t.strides().vec();
+                           rec.offset = t.storage_offset();
+                           rec.version = static_cast<uint32_t>(t._version());
+                           if (t.has_storage()) {
+                             rec.storage = t.storage().unsafeGetStorageImpl();
+                             rec.storage_nbytes = static_cast<int64_t>(t.storage().nbytes());
+                           }
+                           auto contains = [&](const std::vector<const c10::StorageImpl*>& v) {
+                             return std::find(v.begin(), v.end(), rec.storage) != v.end();
+                           };
+                           if (rec.storage != nullptr && contains(unit_input_storages_)) {
+                             rec.reason = Fallback::kUnitInput;
+                           } else if (rec.storage != nullptr && contains(save_output_storages_)) {
+                             rec.reason = Fallback::kSaveSourced;
+                           } else if (rec.storage == nullptr || t.grad_fn() == nullptr) {
+                             rec.reason = Fallback::kLeaf;
+                           } else if (!enabled) {
+                             rec.reason = Fallback::kDisabled;
+                           } else {
+                             rec.rederivable = true;
+                             entry.any_rederivable = true;
+                           }
+                           entry.inputs.push_back(std::move(rec));
+                         });
   }
 }
 
@@ -669,7 +675,8 @@ const at::Tensor& placeholder_tensor() {
 
 bool is_placeholder(const at::Tensor& t) {
   return t.defined() && t.has_storage() &&
-         t.storage().unsafeGetStorageImpl() == placeholder_tensor().storage().unsafeGetStorageImpl();
+         t.storage().unsafeGetStorageImpl() ==
+             placeholder_tensor().storage().unsafeGetStorageImpl();
 }
 
 c10::IValue Invocation::make_placeholders(const SaveEntry& entry) {
@@ -750,10 +757,10 @@ int64_t Invocation::try_rederive(SaveEntry& entry, const at::Tensor& saved) {
                        saved.storage_offset() == rec.offset;
     if (!exact) {
       int64_t lo, hi, in_lo, in_hi;
-      const bool ok = footprint(saved.sizes().vec(), saved.strides().vec(), saved.storage_offset(),
-                                &lo, &hi) &&
-                      footprint(rec.sizes, rec.strides, rec.offset, &in_lo, &in_hi) &&
-                      (hi < lo || (lo >= in_lo && hi <= in_hi));
+      const bool ok =
+          footprint(saved.sizes().vec(), saved.strides().vec(), saved.storage_offset(), &lo, &hi) &&
+          footprint(rec.sizes, rec.strides, rec.offset, &in_lo, &in_hi) &&
+          (hi < lo || (lo >= in_lo && hi <= in_hi));
       if (!ok) {
         note_fallback(Fallback::kView, rec, entry);
         return -1;
@@ -774,8 +781,8 @@ int64_t Invocation::try_rederive(SaveEntry& entry, const at::Tensor& saved) {
     entry.slots.push_back(index);
     if (trace_enabled()) {
       trace_line(concat("rederive: SAVE region '", entry.name, "' saves ", rec.path,
-                        exact ? "" : " (a view)", " as slot #", index, ", ",
-                        describe_tensor(saved), " not kept (", where(), ")"));
+                        exact ? "" : " (a view)", " as slot #", index, ", ", describe_tensor(saved),
+                        " not kept (", where(), ")"));
     }
     return index;
   }
@@ -786,10 +793,9 @@ void Invocation::fill_slots(SaveEntry& entry, const std::vector<c10::IValue>& ar
   if (entry.slots.empty()) return;
   std::vector<std::pair<std::string, at::Tensor>> leaves;
   for (size_t i = 0; i < args.size(); ++i) {
-    for_each_tensor_leaf(args[i], "args[" + std::to_string(i) + "]",
-                         [&](const std::string& path, const at::Tensor& t) {
-                           leaves.emplace_back(path, t);
-                         });
+    for_each_tensor_leaf(
+        args[i], "args[" + std::to_string(i) + "]",
+        [&](const std::string& path, const at::Tensor& t) { leaves.emplace_back(path, t); });
   }
   for (int64_t index : entry.slots) {
     SlotRecipe& slot = slots_[index];
@@ -799,7 +805,8 @@ void Invocation::fill_slots(SaveEntry& entry, const std::vector<c10::IValue>& ar
       if (path == rec.path) replayed = &t;
     }
     PIPEMAT_CHECK(replayed != nullptr, RematError, "SAVE region '", entry.name, "' in ", where(),
-                  ": input ", rec.path, " was a tensor in forward but is missing in replay; "
+                  ": input ", rec.path,
+                  " was a tensor in forward but is missing in replay; "
                   "forward and replay must pass the same inputs (phase: replay)");
     const at::Tensor& t = *replayed;
     PIPEMAT_CHECK(t.scalar_type() == rec.dtype && t.sizes().vec() == rec.sizes &&
@@ -807,9 +814,8 @@ void Invocation::fill_slots(SaveEntry& entry, const std::vector<c10::IValue>& ar
                   RematError, "SAVE region '", entry.name, "' in ", where(), ": input ", rec.path,
                   " has a different layout in replay (", c10::toString(t.scalar_type()), " ",
                   t.sizes(), " strides ", t.strides(), " offset ", t.storage_offset(),
-                  ") than in forward (", c10::toString(rec.dtype), " ",
-                  c10::IntArrayRef(rec.sizes), " strides ", c10::IntArrayRef(rec.strides),
-                  " offset ", rec.offset,
+                  ") than in forward (", c10::toString(rec.dtype), " ", c10::IntArrayRef(rec.sizes),
+                  " strides ", c10::IntArrayRef(rec.strides), " offset ", rec.offset,
                   "); its saved data was not kept, so backward cannot proceed (phase: replay)");
     if (!slot.alive) continue;
     at::Tensor base = t.detach();
@@ -827,9 +833,11 @@ void Invocation::fill_slots(SaveEntry& entry, const std::vector<c10::IValue>& ar
 at::Tensor Invocation::unpack_slot(int64_t index) {
   const Phase phase = PhaseScope::current_backward_phase();
   PIPEMAT_INTERNAL_ASSERT(index >= 0 && index < static_cast<int64_t>(slots_.size()));
-  PIPEMAT_CHECK(!released_, RematError, where(), " was released before the backward of SAVE "
-                "region '", slots_[index].region, "' used its rederived input ",
-                slots_[index].input_path, " (phase: ", phase_name(phase),
+  PIPEMAT_CHECK(!released_, RematError, where(),
+                " was released before the backward of SAVE "
+                "region '",
+                slots_[index].region, "' used its rederived input ", slots_[index].input_path,
+                " (phase: ", phase_name(phase),
                 "); release an invocation group only after its last backward (B, or W)");
   if (!replayed_) check_inputs_unchanged();
   {
@@ -838,7 +846,8 @@ at::Tensor Invocation::unpack_slot(int64_t index) {
     PIPEMAT_CHECK(now == slot.saved_version, RematError, "input ", slot.input_path,
                   " of SAVE region '", slot.region, "' in ", where(),
                   ", saved for backward, has been modified by an inplace operation: it is at "
-                  "version ", now, "; expected version ", slot.saved_version,
+                  "version ",
+                  now, "; expected version ", slot.saved_version,
                   " instead. Clone it before modifying it (phase: ", phase_name(phase), ")");
   }
   ensure_replayed_for_unpack(replayed_ && slots_[index].consumed);
@@ -882,8 +891,8 @@ void Invocation::release() noexcept {
 RematReport Invocation::report() const {
   RematReport r;
   r.invocations = 1;
-  r.saved_handles = static_cast<int64_t>(
-      std::count_if(handles_.begin(), handles_.end(), [](const HandleMeta& m) { return !m.is_marker; }));
+  r.saved_handles = static_cast<int64_t>(std::count_if(
+      handles_.begin(), handles_.end(), [](const HandleMeta& m) { return !m.is_marker; }));
   std::vector<at::Tensor> cached;
   for (const auto& [id, fifo] : save_entries_) {
     for (const auto& e : fifo) {

@@ -14,8 +14,8 @@
 namespace pipemat::remat {
 namespace {
 
-bool match_parts(const std::vector<std::string>& pat, size_t i, const std::vector<std::string>& path,
-                 size_t j) {
+bool match_parts(const std::vector<std::string>& pat, size_t i,
+                 const std::vector<std::string>& path, size_t j) {
   if (i == pat.size()) return j == path.size();
   if (pat[i] == "**") {
     for (size_t k = j; k <= path.size(); ++k) {
@@ -76,8 +76,8 @@ PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
       decls[path].checkpoint = true;
       decls[path].rule = "checkpoint '" + pattern + "'";
     }
-    PIPEMAT_CHECK(any || policy.allow_unmatched, RematError, "remat policy: checkpoint path '", pattern,
-                  "' matches no module. Module paths are: ", known_paths());
+    PIPEMAT_CHECK(any || policy.allow_unmatched, RematError, "remat policy: checkpoint path '",
+                  pattern, "' matches no module. Module paths are: ", known_paths());
   }
   for (const auto& rule : policy.exclude) {
     PIPEMAT_CHECK(!rule.path.empty(), RematError, "remat policy: an exclude path is empty");
@@ -86,26 +86,27 @@ PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
       if (!path_matches(rule.path, path)) continue;
       any = true;
       Decl& d = decls[path];
-      PIPEMAT_CHECK(!d.checkpoint, RematError, "remat policy: module '", path,
-                    "' is matched by ", d.rule, " and by exclude '", rule.path,
+      PIPEMAT_CHECK(!d.checkpoint, RematError, "remat policy: module '", path, "' is matched by ",
+                    d.rule, " and by exclude '", rule.path,
                     "'; a module is either a checkpoint unit or a SAVE region");
       PIPEMAT_CHECK(!d.save || d.save_output == rule.save_output, RematError,
-                    "remat policy: module '", path, "' is matched by ", d.rule,
-                    " and by exclude '", rule.path, "' with a different save_output");
+                    "remat policy: module '", path, "' is matched by ", d.rule, " and by exclude '",
+                    rule.path, "' with a different save_output");
       d.save = true;
       d.save_output = rule.save_output;
       d.rule = "exclude '" + rule.path + "'";
     }
-    PIPEMAT_CHECK(any || policy.allow_unmatched, RematError, "remat policy: exclude path '", rule.path,
-                  "' matches no module. Module paths are: ", known_paths());
+    PIPEMAT_CHECK(any || policy.allow_unmatched, RematError, "remat policy: exclude path '",
+                  rule.path, "' matches no module. Module paths are: ", known_paths());
   }
   // Nested units are not supported.
   for (const auto& [outer, d1] : decls) {
     if (!d1.checkpoint) continue;
     for (const auto& [inner, d2] : decls) {
       PIPEMAT_CHECK(!(d2.checkpoint && is_prefix_path(outer, inner)), RematError,
-                    "remat policy: checkpoint unit '", inner, "' is nested inside checkpoint unit '",
-                    outer, "'; nested checkpoint units are not supported");
+                    "remat policy: checkpoint unit '", inner,
+                    "' is nested inside checkpoint unit '", outer,
+                    "'; nested checkpoint units are not supported");
     }
   }
 
@@ -113,8 +114,9 @@ PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
   for (const auto& [path, d] : decls) {
     auto module = by_path.at(path);
     const std::string parent_path = parent_of(path);
-    torch::nn::Module* parent =
-        parent_path.empty() ? &root : by_path.count(parent_path) ? by_path[parent_path].get() : nullptr;
+    torch::nn::Module* parent = parent_path.empty()          ? &root
+                                : by_path.count(parent_path) ? by_path[parent_path].get()
+                                                             : nullptr;
     if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(parent)) {
       for (auto& any : *seq) {
         if (any.ptr().get() == module.get()) make_any_module_region(any);

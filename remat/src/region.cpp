@@ -1,7 +1,7 @@
 #include "pipemat/remat/region.h"
 
-#include <torch/csrc/autograd/variable.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
 #include <chrono>
@@ -32,10 +32,12 @@ void RegionSlot::declare_save(const SaveRegionOptions& options) {
   PIPEMAT_CHECK(kind_ != Kind::kCheckpoint, RematError, "'", *name_,
                 "' is already a checkpoint unit (checkpoint_wrapper); it cannot also be a SAVE "
                 "region. Remove one of the two declarations");
-  PIPEMAT_CHECK(kind_ != Kind::kSave || save_.save_output == options.save_output, RematError,
-                "'", *name_, "' is already a SAVE region with save_output = ",
-                save_.save_output ? "true" : "false", "; it cannot also be declared with "
-                "save_output = ", options.save_output ? "true" : "false");
+  PIPEMAT_CHECK(
+      kind_ != Kind::kSave || save_.save_output == options.save_output, RematError, "'", *name_,
+      "' is already a SAVE region with save_output = ", save_.save_output ? "true" : "false",
+      "; it cannot also be declared with "
+      "save_output = ",
+      options.save_output ? "true" : "false");
   kind_ = Kind::kSave;
   save_ = options;
   if (!options.name.empty()) set_name(options.name);
@@ -113,8 +115,10 @@ class SaveHooks final : public torch::autograd::SavedVariableHooks {
     RematCode remat_code;
     if (slot_ >= 0) return inv_->unpack_slot(slot_);
     const auto now = static_cast<uint32_t>(kept_._version());
-    PIPEMAT_CHECK(now == version_, RematError, "one of the tensors saved for backward by SAVE "
-                  "region '", *region_, "' in ", inv_->where(), ", ", describe_tensor(kept_),
+    PIPEMAT_CHECK(now == version_, RematError,
+                  "one of the tensors saved for backward by SAVE "
+                  "region '",
+                  *region_, "' in ", inv_->where(), ", ", describe_tensor(kept_),
                   ", has been modified by an inplace operation: it is at version ", now,
                   "; expected version ", version_,
                   " instead. Clone the tensor before modifying it in place (phase: ",

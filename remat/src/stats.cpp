@@ -11,15 +11,11 @@ thread_local int64_t g_counters[kNumCounters];
 }  // namespace
 
 namespace detail {
-void bump(Counter c, int64_t n) {
-  g_counters[static_cast<int>(c)] += n;
-}
+void bump(Counter c, int64_t n) { g_counters[static_cast<int>(c)] += n; }
 }  // namespace detail
 
 RematCounters counters() {
-  auto get = [](detail::Counter c) {
-    return g_counters[static_cast<int>(c)];
-  };
+  auto get = [](detail::Counter c) { return g_counters[static_cast<int>(c)]; };
   RematCounters out;
   out.unit_calls = get(detail::Counter::kUnitCalls);
   out.replays = get(detail::Counter::kReplays);

@@ -233,10 +233,9 @@ void scenario_progress(pc::Transport& t) {
     const auto start = Clock::now();
     t.send(0, 9, data.data(), data.size())->wait();
     const double took = seconds_since(start);
-    std::cerr << "rank 1: a 4 MiB send to a computing rank completed in " << took * 1000
-              << " ms\n";
-    CHECK_THAT(took < 0.2, "the send took " << took * 1000
-                                           << " ms: it did not progress while rank 0 computed");
+    std::cerr << "rank 1: a 4 MiB send to a computing rank completed in " << took * 1000 << " ms\n";
+    CHECK_THAT(took < 0.2,
+               "the send took " << took * 1000 << " ms: it did not progress while rank 0 computed");
   }
   t.barrier();
 }

@@ -242,7 +242,8 @@ TEST(ConfigParse, EveryEnumSpellingIsAccepted) {
             comm::TransportKind::kMpi);
   EXPECT_EQ(parse_config("transport: {kind: local}", kSource).transport.kind,
             comm::TransportKind::kLocal);
-  for (const char* kind : {"mlp", "rmsnorm-gemm", "transformer", "moe", "save-chain"}) {  // gpt: data
+  for (const char* kind :
+       {"mlp", "rmsnorm-gemm", "transformer", "moe", "save-chain"}) {  // gpt: data
     EXPECT_EQ(parse_config(std::string("model: {kind: ") + kind + "}", kSource).model.kind, kind);
   }
   for (const char* policy : {"none", "full", "selective"}) {
@@ -370,8 +371,9 @@ TEST(ConfigErrors, WrongTypes) {
             "x.yaml:2: model.layers: 'eight' is not an integer; expected an integer in [1, 4096]");
   EXPECT_EQ(error_of("model: {hidden: 6.5}\n"),
             "x.yaml:1: model.hidden: '6.5' is not an integer; expected an integer in [1, 65536]");
-  EXPECT_EQ(error_of("model: {tokens: [32]}\n"),
-            "x.yaml:1: model.tokens: a list is not an integer; expected an integer in [1, 1048576]");
+  EXPECT_EQ(
+      error_of("model: {tokens: [32]}\n"),
+      "x.yaml:1: model.tokens: a list is not an integer; expected an integer in [1, 1048576]");
   EXPECT_EQ(error_of("model: {layers: \"8\"}\n"),
             "x.yaml:1: model.layers: '8' is a quoted string, not an integer; drop the quotes");
   EXPECT_EQ(error_of("training:\n  lr: fast\n"),
@@ -780,10 +782,9 @@ TEST(ConfigFiles, EveryShippedConfigParsesAndStartsWithAComment) {
     std::getline(in, first_line);
     EXPECT_EQ(first_line.rfind("# ", 0), 0u) << entry.path() << ": " << first_line;
   }
-  EXPECT_EQ(names,
-            (std::set<std::string>{"default.yaml", "zoo.yaml", "gpipe.yaml", "1f1b.yaml", "interleaved.yaml",
-                                   "zb-h1.yaml", "zb-h2.yaml", "zb-v.yaml", "zb-v-4rank.yaml",
-                                   "bench.yaml"}));
+  EXPECT_EQ(names, (std::set<std::string>{"default.yaml", "zoo.yaml", "gpipe.yaml", "1f1b.yaml",
+                                          "interleaved.yaml", "zb-h1.yaml", "zb-h2.yaml",
+                                          "zb-v.yaml", "zb-v-4rank.yaml", "bench.yaml"}));
 }
 
 TEST(ConfigFiles, EveryShippedScheduleBuilds) {

@@ -57,8 +57,8 @@ void write(const fs::path& path, const std::string& text) {
 
 // Deterministic English-like text: words from a small list picked by an LCG, in lines.
 std::string words(size_t bytes, uint32_t seed = 1) {
-  const char* list[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to",
-                        "see", "what", "it", "was", "not", "fun", "but", "we", "all", "laughed"};
+  const char* list[] = {"the", "cat",  "sat", "on",  "a",   "mat", "and", "dog", "ran", "to",
+                        "see", "what", "it",  "was", "not", "fun", "but", "we",  "all", "laughed"};
   std::string text;
   uint32_t x = seed;
   while (text.size() < bytes) {
@@ -113,16 +113,18 @@ TEST(TextData, BadPathsAreClearErrors) {
   TempDir dir;
   const std::string missing = (dir.path() / "none").string();
   EXPECT_EQ(error_of([&] { load_text(missing, 0.05, 10); }),
-            "data.path: '" + missing + "' does not exist; give a text file or a directory of "
-            "text files");
+            "data.path: '" + missing +
+                "' does not exist; give a text file or a directory of "
+                "text files");
   write(dir.path() / "empty.txt", "");
   const std::string empty = (dir.path() / "empty.txt").string();
   EXPECT_EQ(error_of([&] { load_text(empty, 0.05, 10); }), "data.path: '" + empty + "' is empty");
   write(dir.path() / "bin", std::string("abc\0def", 7));
   const std::string bin = (dir.path() / "bin").string();
   EXPECT_EQ(error_of([&] { load_text(bin, 0.05, 10); }),
-            "data.path: '" + bin + "' is binary (a NUL byte at offset 3); give a text file or a "
-            "directory of text files");
+            "data.path: '" + bin +
+                "' is binary (a NUL byte at offset 3); give a text file or a "
+                "directory of text files");
   fs::create_directories(dir.path() / "only-binary");
   write(dir.path() / "only-binary" / "x.dat", std::string("\0\0", 2));
   const std::string only = (dir.path() / "only-binary").string();
@@ -130,10 +132,12 @@ TEST(TextData, BadPathsAreClearErrors) {
             "data.path: '" + only + "' holds no text files (1 binary files skipped)");
   write(dir.path() / "small.txt", words(2 * kSplitBlock));
   const std::string small = (dir.path() / "small.txt").string();
-  EXPECT_EQ(error_of([&] { load_text(small, 0.05, 10); }),
-            "data.path: '" + small + "' has 8192 bytes: 8192 for training and 0 for validation "
-            "(4096-byte blocks, data.validation 0.05), but a window needs 10 (model.seq_len + 1); "
-            "give more text or a shorter model.seq_len");
+  EXPECT_EQ(
+      error_of([&] { load_text(small, 0.05, 10); }),
+      "data.path: '" + small +
+          "' has 8192 bytes: 8192 for training and 0 for validation "
+          "(4096-byte blocks, data.validation 0.05), but a window needs 10 (model.seq_len + 1); "
+          "give more text or a shorter model.seq_len");
 }
 
 TEST(TextData, WindowsAreNextByteTargetsAndDeterministic) {
@@ -201,8 +205,8 @@ class GptGrid : public ::testing::TestWithParam<GptCase> {};
 TEST_P(GptGrid, DropoutRunEqualsTheSingleProcessTrainingBitwise) {
   TempDir dir;
   write(dir.path() / "text.txt", words(16 * kSplitBlock));
-  const TrainConfig c = gpt_config((dir.path() / "text.txt").string(), GetParam().kind,
-                                   GetParam().policy);
+  const TrainConfig c =
+      gpt_config((dir.path() / "text.txt").string(), GetParam().kind, GetParam().policy);
   const TrainResult pipe = train_in_process(c, nullptr);
   const TrainResult ref = train_reference(c, nullptr);
   ASSERT_EQ(pipe.steps.size(), 3u);
@@ -228,20 +232,19 @@ TEST_P(GptGrid, DropoutRunEqualsTheSingleProcessTrainingBitwise) {
   EXPECT_TRUE(want.count("head.out.weight"));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Schedules, GptGrid,
-    ::testing::Values(GptCase{"gpipe", "selective"}, GptCase{"1f1b", "none"},
-                      GptCase{"1f1b", "full"}, GptCase{"1f1b", "selective"},
-                      GptCase{"interleaved", "selective"}, GptCase{"zb-h1", "selective"},
-                      GptCase{"zb-h2", "full"}, GptCase{"zb-v", "selective"},
-                      GptCase{"zb-v", "none"}),
-    [](const ::testing::TestParamInfo<GptCase>& info) {
-      std::string n = info.param.kind + "_" + info.param.policy;
-      for (auto& ch : n) {
-        if (ch == '-') ch = '_';
-      }
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(Schedules, GptGrid,
+                         ::testing::Values(GptCase{"gpipe", "selective"}, GptCase{"1f1b", "none"},
+                                           GptCase{"1f1b", "full"}, GptCase{"1f1b", "selective"},
+                                           GptCase{"interleaved", "selective"},
+                                           GptCase{"zb-h1", "selective"}, GptCase{"zb-h2", "full"},
+                                           GptCase{"zb-v", "selective"}, GptCase{"zb-v", "none"}),
+                         [](const ::testing::TestParamInfo<GptCase>& test) {
+                           std::string n = test.param.kind + "_" + test.param.policy;
+                           for (auto& ch : n) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return n;
+                         });
 
 // Note [Counter-based dropout]: the mask keeps 1 - p, scales the kept by 1 / (1 - p), is a
 // function of one generator draw (so the same generator state gives the same mask and the
@@ -347,8 +350,8 @@ TEST(Gpt, PerStagePoliciesReplayOnlyWhereAsked) {
 // ---- loss curve, checkpoints and samples -------------------------------------------------
 
 TEST(LossCurve, SvgHasOnePointPerStepAndEvaluation) {
-  const std::string svg = render_loss_svg({{1, 5.5}, {2, 4.0}, {3, 3.0}}, {{2, 4.2}, {3, 3.3}},
-                                          "a <title>");
+  const std::string svg =
+      render_loss_svg({{1, 5.5}, {2, 4.0}, {3, 3.0}}, {{2, 4.2}, {3, 3.3}}, "a <title>");
   EXPECT_EQ(svg.rfind("<svg ", 0), 0u);
   EXPECT_NE(svg.find("a &lt;title&gt;"), std::string::npos);
   const std::regex polyline("<polyline[^>]*points=\"([^\"]*)\"");
@@ -402,13 +405,15 @@ TEST(Generate, ACheckpointOfAnotherModelIsAClearError) {
   train_in_process(zoo, nullptr);
   const std::string ck = (dir.path() / "ck" / "step-000001").string();
   EXPECT_EQ(error_of([&] { generate_text(ck, SampleOptions{}); }),
-            "generate: " + ck + " is a checkpoint of model.kind rmsnorm-gemm; pipemat generate "
-            "samples text from gpt checkpoints only");
+            "generate: " + ck +
+                " is a checkpoint of model.kind rmsnorm-gemm; pipemat generate "
+                "samples text from gpt checkpoints only");
   const std::string none = (dir.path() / "ck").string();
   EXPECT_EQ(error_of([&] { generate_text(none, SampleOptions{}); }),
-            "load_checkpoint: " + none + " is not a complete checkpoint (no manifest.json; a save "
-            "that was interrupted leaves none): give a step-NNNNNN directory that has one "
-            "(--resume latest and pp::latest_checkpoint() pick the newest)");
+            "load_checkpoint: " + none +
+                " is not a complete checkpoint (no manifest.json; a save "
+                "that was interrupted leaves none): give a step-NNNNNN directory that has one "
+                "(--resume latest and pp::latest_checkpoint() pick the newest)");
 }
 
 TEST(LrSchedule, WarmupThenCosineToMinLr) {
@@ -420,9 +425,9 @@ TEST(LrSchedule, WarmupThenCosineToMinLr) {
   t.min_lr = 0.1;
   EXPECT_DOUBLE_EQ(lr_at(t, 0), 0.5);
   EXPECT_DOUBLE_EQ(lr_at(t, 1), 1.0);
-  EXPECT_DOUBLE_EQ(lr_at(t, 2), 1.0);                       // the cosine starts at lr
+  EXPECT_DOUBLE_EQ(lr_at(t, 2), 1.0);  // the cosine starts at lr
   EXPECT_DOUBLE_EQ(lr_at(t, 6), 0.1 + 0.45 * (1 + std::cos(M_PI * 4 / 8)));
-  EXPECT_DOUBLE_EQ(lr_at(t, 10), 0.1);                      // the last step: min_lr
+  EXPECT_DOUBLE_EQ(lr_at(t, 10), 0.1);  // the last step: min_lr
   t.lr_decay = "none";
   EXPECT_DOUBLE_EQ(lr_at(t, 10), 1.0);
 }

@@ -2,8 +2,8 @@
 // [--set k=v ...]` on every rank (under mpiexec, or via `pipemat-run --tcp` with
 // PIPEMAT_BIN=pp_dist_check). Each rank trains its stages on the configured transport, then runs
 // the single-process reference itself and compares its own parameters bitwise; the last stage's
-// rank also compares every step's loss and every validation loss. Prints "N passed, N failed" and exits non-zero on any
-// mismatch or error.
+// rank also compares every step's loss and every validation loss. Prints "N passed, N failed" and
+// exits non-zero on any mismatch or error.
 
 #include <cstdio>
 #include <map>
@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
   try {
     auto config = pipemat::models::load_config(config_path, overrides);
     config.output.progress = false;
-    auto transport = pipemat::comm::make_transport(pipemat::comm::resolve_options(config.transport));
+    auto transport =
+        pipemat::comm::make_transport(pipemat::comm::resolve_options(config.transport));
     const int rank = transport->rank();
     auto result = pipemat::models::train_on(config, *transport, nullptr);
     auto reference = pipemat::models::train_reference(config, nullptr);

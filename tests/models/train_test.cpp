@@ -7,11 +7,11 @@
 
 #include <ATen/ATen.h>
 
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <regex>
 #include <set>
-#include <fstream>
 #include <sstream>
 
 #include "pipemat/core/error.h"
@@ -91,9 +91,10 @@ std::vector<GridCase> grid() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, PipelineGrid, ::testing::ValuesIn(grid()),
-                         [](const ::testing::TestParamInfo<GridCase>& info) {
-                           std::string n = info.param.kind + "_" + std::to_string(info.param.ranks) +
-                                           "r_" + info.param.model + "_" + info.param.policy;
+                         [](const ::testing::TestParamInfo<GridCase>& test) {
+                           std::string n = test.param.kind + "_" +
+                                           std::to_string(test.param.ranks) + "r_" +
+                                           test.param.model + "_" + test.param.policy;
                            for (auto& ch : n) {
                              if (ch == '-') ch = '_';
                            }
@@ -154,8 +155,10 @@ TEST(PipelineTrain, TraceShowsNoSlotSharedAcrossMicroBatches) {
   remat::set_trace_sink(nullptr);
   // "rederive: ... as slot #K, ... (checkpoint unit 'layers.N' (step S, chunk C, micro-batch I,
   // unit call #J))" and "unpack slot #K of SAVE region '...' (checkpoint unit ... (...), phase".
-  std::regex created(R"(as slot #(\d+).*\((checkpoint unit '[^']+' \(step \d+, chunk \d+, micro-batch \d+, unit call #\d+\))\)$)");
-  std::regex unpacked(R"(unpack slot #(\d+) .*\((checkpoint unit '[^']+' \(step \d+, chunk \d+, micro-batch \d+, unit call #\d+\)), phase)");
+  std::regex created(
+      R"(as slot #(\d+).*\((checkpoint unit '[^']+' \(step \d+, chunk \d+, micro-batch \d+, unit call #\d+\))\)$)");
+  std::regex unpacked(
+      R"(unpack slot #(\d+) .*\((checkpoint unit '[^']+' \(step \d+, chunk \d+, micro-batch \d+, unit call #\d+\)), phase)");
   std::set<std::string> slots;
   int creates = 0, unpacks = 0;
   for (const auto& l : lines) {
@@ -169,7 +172,8 @@ TEST(PipelineTrain, TraceShowsNoSlotSharedAcrossMicroBatches) {
     std::smatch m;
     if (std::regex_search(l, m, unpacked)) {
       EXPECT_TRUE(slots.count(m[2].str() + " slot " + m[1].str())) << "unpack of a slot no "
-                                                                       "invocation created: " << l;
+                                                                      "invocation created: "
+                                                                   << l;
       ++unpacks;
     }
   }
@@ -188,7 +192,8 @@ TEST(PipelineTrain, ScheduleConstraintsAreClearErrors) {
     train_in_process(c, nullptr);
     FAIL() << "no error";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("so schedule.micro_batches must"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("so schedule.micro_batches must"), std::string::npos)
+        << e.what();
   }
   auto few = small_config("zb-v", 4, "rmsnorm-gemm", "selective");
   few.model.layers = 6;  // zb-v on 4 ranks has 8 stages
@@ -212,7 +217,8 @@ TEST(PipelineTrain, ProgressAndMetricsLines) {
   EXPECT_NE(text.find("step 2/2  loss "), std::string::npos) << text;
   EXPECT_NE(text.find(" bubble "), std::string::npos) << text;
   const std::string json = metrics_json(r.steps[0]);
-  for (const char* key : {"\"step\":0", "\"loss\":", "\"step_ms\":", "\"bubble\":", "\"peak_bytes\":"}) {
+  for (const char* key :
+       {"\"step\":0", "\"loss\":", "\"step_ms\":", "\"bubble\":", "\"peak_bytes\":"}) {
     EXPECT_NE(json.find(key), std::string::npos) << json;
   }
   EXPECT_GE(r.steps[0].bubble, 0.0);

@@ -94,7 +94,8 @@ TEST_P(Resume, StoppedAndResumedRunEqualsTheStraightRunBitwise) {
     auto p = make_pipeline(t, c, 1234);
     load_checkpoint(*p, t, latest_checkpoint(root.string()));
     EXPECT_EQ(p->step(), kStop);
-    for (int64_t s = kStop; s < kSteps; ++s) resumed[t.rank()].push_back(p->train_step(batch_of).loss);
+    for (int64_t s = kStop; s < kSteps; ++s)
+      resumed[t.rank()].push_back(p->train_step(batch_of).loss);
     resumed_params[t.rank()] = params_of(*p);
   });
   for (int r = 0; r < 2; ++r) {
@@ -113,8 +114,8 @@ TEST_P(Resume, StoppedAndResumedRunEqualsTheStraightRunBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Schedules, Resume,
                          ::testing::Values(ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleV),
-                         [](const auto& info) {
-                           return info.param == ScheduleKind::kOneFOneB ? "OneFOneB" : "ZbV";
+                         [](const auto& test) {
+                           return test.param == ScheduleKind::kOneFOneB ? "OneFOneB" : "ZbV";
                          });
 
 // Expects load_checkpoint to fail with `text` on every rank and to leave the parameters alone.

@@ -2,7 +2,9 @@
 // transport: `mpiexec -n N pipeline_dist_check --schedule 1f1b|zb-v|... --steps S`. Every rank
 // runs the plain single-process loop itself and compares its losses, gradient norms and the
 // parameters of its own stages after every step bitwise. Prints "N passed, N failed" per rank
-// and exits non-zero on any difference or error.
+// and exits non-zero on any difference or error, and when it checked nothing.
+
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <string>
@@ -14,18 +16,13 @@
 
 int main(int argc, char** argv) {
   user_model::PipelineCase c;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--schedule") {
-      c.kind = pipemat::schedule::parse_schedule_kind(value);
-    } else if (flag == "--steps") {
-      c.steps = std::stoll(value);
-    } else {
-      std::fprintf(stderr, "usage: pipeline_dist_check --schedule KIND --steps N\n");
-      return 2;
-    }
-  }
+  std::string kind = "1f1b";
+  CLI::App app{"The user model trained through the pp API under mpiexec, checked bitwise."};
+  app.add_option("--schedule", kind, "Schedule kind (1f1b, zb-v, gpipe, zb-h1, ...)")->required();
+  app.add_option("--steps", c.steps, "Training steps")->required()->check(CLI::Range(1, 1000));
+  CLI11_PARSE(app, argc, argv);
   try {
+    c.kind = pipemat::schedule::parse_schedule_kind(kind);
     pipemat::comm::TransportOptions options;
     options.kind = pipemat::comm::TransportKind::kMpi;
     auto transport = pipemat::comm::make_transport(pipemat::comm::resolve_options(options));
@@ -41,6 +38,10 @@ int main(int argc, char** argv) {
     std::printf("rank %d (%s, %d ranks): %zu passed, %zu failed\n", transport->rank(),
                 pipemat::schedule::to_string(c.kind), c.ranks, checked - diffs.size(),
                 diffs.size());
+    if (checked == 0) {
+      std::fprintf(stderr, "pipeline_dist_check: rank %d checked nothing\n", transport->rank());
+      return 1;
+    }
     return diffs.empty() ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipeline_dist_check: error: %s\n", e.what());

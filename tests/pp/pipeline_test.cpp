@@ -12,8 +12,8 @@
 
 #include <exception>
 #include <fstream>
-#include <iterator>
 #include <functional>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -63,10 +63,12 @@ TEST_P(UserModelPipeline, LossesNormsAndParametersEqualAPlainLoopBitwise) {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  const std::pair<const char*, ScheduleKind> kinds[] = {
-      {"gpipe", ScheduleKind::kGPipe},         {"1f1b", ScheduleKind::kOneFOneB},
-      {"interleaved", ScheduleKind::kInterleaved}, {"zb_h1", ScheduleKind::kZeroBubbleH1},
-      {"zb_h2", ScheduleKind::kZeroBubbleH2},  {"zb_v", ScheduleKind::kZeroBubbleV}};
+  const std::pair<const char*, ScheduleKind> kinds[] = {{"gpipe", ScheduleKind::kGPipe},
+                                                        {"1f1b", ScheduleKind::kOneFOneB},
+                                                        {"interleaved", ScheduleKind::kInterleaved},
+                                                        {"zb_h1", ScheduleKind::kZeroBubbleH1},
+                                                        {"zb_h2", ScheduleKind::kZeroBubbleH2},
+                                                        {"zb_v", ScheduleKind::kZeroBubbleV}};
   for (const auto& [name, kind] : kinds) {
     PipelineCase c;
     c.kind = kind;
@@ -91,7 +93,9 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, UserModelPipeline, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<Case>& test) {
+                           return test.param.name;
+                         });
 
 // Ranks as threads with dropout in checkpointed blocks: with a seed each rank draws from its own
 // generator, so replays reproduce the forward's masks and the run equals the same run without
@@ -286,7 +290,8 @@ TEST(Pipeline, EvaluateIsForwardOnlyInEvalModeAndEqualsThePlainForward) {
     c10::NoGradGuard no_grad;
     for (int i = 0; i < 3; ++i) {
       auto [ids, targets] = user_model::data(5, i);
-      want += (user_model::loss_of(reference->forward<at::Tensor>(ids), targets) / 3.0).item<double>();
+      want +=
+          (user_model::loss_of(reference->forward<at::Tensor>(ids), targets) / 3.0).item<double>();
     }
   }
   std::vector<double> got(2);
@@ -367,7 +372,9 @@ TEST(Pipeline, StageReturningAnotherNumberOfTensorsIsAnErrorOnBothSides) {
 
 TEST(Pipeline, StageReturningAnotherDtypeIsAnErrorOnBothSides) {
   expect_boundary_error(
-      [](const Tensors& good) { return Tensors{good[0], good[1].to(at::kDouble)}; },
+      [](const Tensors& good) {
+        return Tensors{good[0], good[1].to(at::kDouble)};
+      },
       "returned [float32 [3], float64 [2]] (2 tensors) for micro-batch 2 of step 0",
       "stage 1 on rank 1 received [float32 [3], float64 [2]] (2 tensors) from stage 0 on rank 0");
 }
@@ -393,9 +400,11 @@ TEST(Pipeline, MisuseIsAClearError) {
   o.optimizer = [](const std::vector<at::Tensor>& p) {
     return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.1));
   };
-  expect_error(o, [&](int) { return make_stage(3, module, identity); },
-               "the stage factory was asked for stage 0 on rank 0 but returned stage 3");
-  expect_error(o, [&](int s) { return make_stage(s, nullptr, identity); }, "stage 0 has no module");
+  expect_error(
+      o, [&](int) { return make_stage(3, module, identity); },
+      "the stage factory was asked for stage 0 on rank 0 but returned stage 3");
+  expect_error(
+      o, [&](int s) { return make_stage(s, nullptr, identity); }, "stage 0 has no module");
   o.schedule.stages = 2;
   expect_error(o, good, "schedule.stages is 2 but the job has 1 ranks");
   o.schedule.stages = 1;

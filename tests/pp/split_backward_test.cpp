@@ -81,19 +81,20 @@ TEST_P(SplitBackwardEquality, InputThenWeightEqualsFusedBackward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Zoo, SplitBackwardEquality,
-    ::testing::Values(Case{"rmsnorm-gemm", "none"}, Case{"rmsnorm-gemm", "selective"},
-                      Case{"mlp", "none"}, Case{"mlp", "full"}, Case{"transformer", "none"},
-                      Case{"transformer", "selective"}, Case{"moe", "selective"},
-                      Case{"save-chain", "selective"}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      std::string name = info.param.kind + "_" + info.param.policy;
-      for (auto& ch : name) {
-        if (ch == '-') ch = '_';
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Zoo, SplitBackwardEquality,
+                         ::testing::Values(Case{"rmsnorm-gemm", "none"},
+                                           Case{"rmsnorm-gemm", "selective"}, Case{"mlp", "none"},
+                                           Case{"mlp", "full"}, Case{"transformer", "none"},
+                                           Case{"transformer", "selective"},
+                                           Case{"moe", "selective"},
+                                           Case{"save-chain", "selective"}),
+                         [](const ::testing::TestParamInfo<Case>& test) {
+                           std::string name = test.param.kind + "_" + test.param.policy;
+                           for (auto& ch : name) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return name;
+                         });
 
 TEST(SplitBackwardMemory, RederivedGemmInputLivesOnlyFromRToW) {
   remat::install_tracking_allocator();

@@ -7,9 +7,9 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/container/functional.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/container/functional.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -49,14 +49,16 @@ TORCH_MODULE(Embed);
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(double dropout = 0) : dropout_(dropout) {
     attn_in = register_module(
-        "attn_in", torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
-                                         torch::nn::Linear(kHidden, 3 * kHidden)));
+        "attn_in",
+        torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
+                              torch::nn::Linear(kHidden, 3 * kHidden)));
     proj = register_module("proj", torch::nn::Linear(kHidden, kHidden));
     mlp = register_module(
-        "mlp", torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
-                                     torch::nn::Linear(kHidden, 2 * kHidden),
-                                     torch::nn::Functional([](const at::Tensor& x) { return at::gelu(x); }),
-                                     torch::nn::Linear(2 * kHidden, kHidden)));
+        "mlp", torch::nn::Sequential(
+                   torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
+                   torch::nn::Linear(kHidden, 2 * kHidden),
+                   torch::nn::Functional([](const at::Tensor& x) { return at::gelu(x); }),
+                   torch::nn::Linear(2 * kHidden, kHidden)));
   }
   Tensors forward(const Tensors& in) {
     const at::Tensor& h = in.at(0);
@@ -118,17 +120,21 @@ inline std::pair<at::Tensor, at::Tensor> data(int64_t step, int64_t mb) {
 
 constexpr double kLr = 0.01;
 constexpr double kClip = 0.5;  // small enough that clipping is active
-inline double lr_at(int64_t step) { return kLr * (step < 2 ? (step + 1) / 2.0 : 1.0 / (step - 0.5)); }
+inline double lr_at(int64_t step) {
+  return kLr * (step < 2 ? (step + 1) / 2.0 : 1.0 / (step - 0.5));
+}
 inline void set_lr(torch::optim::Optimizer& o, int64_t step) {
-  for (auto& g : o.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_at(step));
+  for (auto& g : o.param_groups())
+    static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_at(step));
 }
 inline std::unique_ptr<torch::optim::Optimizer> make_adamw(const std::vector<at::Tensor>& p) {
-  return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(kLr).weight_decay(0.01));
+  return std::make_unique<torch::optim::AdamW>(p,
+                                               torch::optim::AdamWOptions(kLr).weight_decay(0.01));
 }
 
 struct PlainRun {
-  std::vector<double> losses;     // per step: sum over micro-batches of loss / M
-  std::vector<double> grad_norms; // per step, before clipping
+  std::vector<double> losses;      // per step: sum over micro-batches of loss / M
+  std::vector<double> grad_norms;  // per step, before clipping
   std::vector<std::map<std::string, at::Tensor>> params;  // per step, after the optimizer step
 };
 

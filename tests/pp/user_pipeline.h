@@ -65,7 +65,9 @@ inline pipemat::pp::PipelineOptions pipeline_options(const PipelineCase& c) {
     o.remat.checkpoint = {"block*"};
     o.remat.exclude = {{"block*.attn_in.1", true}};
   }
-  o.loss = [](const Tensors& out, const Tensors& targets) { return loss_of(out.at(0), targets.at(0)); };
+  o.loss = [](const Tensors& out, const Tensors& targets) {
+    return loss_of(out.at(0), targets.at(0));
+  };
   o.optimizer = make_adamw;
   o.lr_schedule = set_lr;
   o.clip_grad_norm = kClip;
@@ -85,8 +87,7 @@ struct RankRun {
 inline RankRun run_rank(pipemat::comm::Transport& transport, const PipelineCase& c) {
   torch::nn::Sequential model = make_model(c.blocks, 7, c.dropout);
   const auto options = pipeline_options(c);
-  const auto bounds =
-      pipemat::pp::balance_by_parameters(model, pipemat::pp::stage_count(options));
+  const auto bounds = pipemat::pp::balance_by_parameters(model, pipemat::pp::stage_count(options));
   pipemat::pp::Pipeline pipe(transport, options, pipemat::pp::split_sequential(model, bounds));
   RankRun run;
   for (int64_t step = 0; step < c.steps; ++step) {

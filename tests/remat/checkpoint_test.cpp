@@ -47,7 +47,8 @@ Model make_checkpointed(Save where, bool two_units) {
   for (auto* b : {&m->b1, &m->b2}) {
     auto& blk = **b;
     if (where == Save::kStart || where == Save::kAll) blk.pre = checkpoint_exclude_wrapper(blk.pre);
-    if (where == Save::kMiddle || where == Save::kAll) blk.gemm = checkpoint_exclude_wrapper(blk.gemm);
+    if (where == Save::kMiddle || where == Save::kAll)
+      blk.gemm = checkpoint_exclude_wrapper(blk.gemm);
     if (where == Save::kEnd || where == Save::kAll) blk.post = checkpoint_exclude_wrapper(blk.post);
   }
   return m;
@@ -63,11 +64,11 @@ TEST_P(CheckpointEquality, ValueAndEveryGradientBitwiseEqualToNoCheckpoint) {
   expect_bitwise_equal(got, reference());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllPlacements, CheckpointEquality,
-    ::testing::Combine(::testing::Values(Save::kNone, Save::kStart, Save::kMiddle, Save::kEnd,
-                                         Save::kAll),
-                       ::testing::Bool()));
+INSTANTIATE_TEST_SUITE_P(AllPlacements, CheckpointEquality,
+                         ::testing::Combine(::testing::Values(Save::kNone, Save::kStart,
+                                                              Save::kMiddle, Save::kEnd,
+                                                              Save::kAll),
+                                            ::testing::Bool()));
 
 TEST(Checkpoint, TwoTrainingStepsWithDifferentInputs) {
   Model m = make_checkpointed(Save::kMiddle, true);
@@ -157,8 +158,8 @@ TEST(Checkpoint, SameWrapperCalledTwiceInOneUnitReplaysInCallOrder) {
   Remat<torch::nn::ModuleHolder<TwiceImpl>> unit = std::make_shared<TwiceImpl>();
   unit = checkpoint_wrapper(unit);
   unit->gemm = checkpoint_exclude_wrapper(unit->gemm);
-  Grads got = run_and_grad([&](const at::Tensor& x) { return unit(x); }, make_input(),
-                           unit->parameters());
+  Grads got =
+      run_and_grad([&](const at::Tensor& x) { return unit(x); }, make_input(), unit->parameters());
   Grads want = run_and_grad([&](const at::Tensor& x) { return plain->forward(x); }, make_input(),
                             plain->parameters());
   expect_bitwise_equal(got, want);
@@ -228,11 +229,12 @@ TEST(Checkpoint, DropoutAfterASaveRegionThatConsumesRngReplaysIdentically) {
   // (RECOMPUTE). Replay must restore the generator at entry and after the skipped SAVE body.
   struct DropImpl : torch::nn::Module {
     DropImpl() {
-      pre = register_module("pre", Counted([](const at::Tensor& x) { return at::dropout(x, 0.5, true); }));
-      save = register_module("save", Counted([](const at::Tensor& x) {
-        return at::dropout(x, 0.3, true).sin();
-      }));
-      post = register_module("post", Counted([](const at::Tensor& x) { return at::dropout(x, 0.5, true) * x; }));
+      pre = register_module("pre",
+                            Counted([](const at::Tensor& x) { return at::dropout(x, 0.5, true); }));
+      save = register_module(
+          "save", Counted([](const at::Tensor& x) { return at::dropout(x, 0.3, true).sin(); }));
+      post = register_module(
+          "post", Counted([](const at::Tensor& x) { return at::dropout(x, 0.5, true) * x; }));
     }
     at::Tensor forward(const at::Tensor& x) { return post(save(pre(x))); }
     Remat<Counted> pre{nullptr}, save{nullptr}, post{nullptr};
@@ -242,8 +244,8 @@ TEST(Checkpoint, DropoutAfterASaveRegionThatConsumesRngReplaysIdentically) {
   unit = checkpoint_wrapper(unit);
   unit->save = checkpoint_exclude_wrapper(unit->save);
   at::manual_seed(42);
-  Grads want = run_and_grad([&](const at::Tensor& x) { return plain->forward(x); }, make_input(),
-                            {});
+  Grads want =
+      run_and_grad([&](const at::Tensor& x) { return plain->forward(x); }, make_input(), {});
   at::manual_seed(42);
   Grads got = run_and_grad([&](const at::Tensor& x) { return unit(x); }, make_input(), {});
   expect_bitwise_equal(got, want);

@@ -30,7 +30,7 @@ struct SeqModelImpl : torch::nn::Module {
     layers = register_module("layers", torch::nn::Sequential());
     for (int i = 0; i < 2; ++i) {
       Layer layer(Counted(rms_norm), Gemm(kHidden, kHidden),
-                                  Counted([](const at::Tensor& x) { return at::silu(x); }));
+                  Counted([](const at::Tensor& x) { return at::silu(x); }));
       layers->push_back(layer);
     }
   }
@@ -85,7 +85,8 @@ TEST(Declare, PolicyErrorsNameThePath) {
   RematPolicy conflict;
   conflict.checkpoint = {"layers.0"};
   conflict.exclude = {{"layers.*", true}};
-  expect_error(conflict, "module 'layers.0' is matched by checkpoint 'layers.0' and by exclude 'layers.*'");
+  expect_error(conflict,
+               "module 'layers.0' is matched by checkpoint 'layers.0' and by exclude 'layers.*'");
   RematPolicy nested;
   nested.checkpoint = {"layers", "layers.0"};
   expect_error(nested, "checkpoint unit 'layers.0' is nested inside checkpoint unit 'layers'");
@@ -130,8 +131,8 @@ TEST(Declare, AnyModuleMemberWrappedInPlace) {
   Remat<torch::nn::ModuleHolder<AnyImpl>> unit = std::make_shared<AnyImpl>();
   unit = checkpoint_wrapper(unit);
   unit->gemm = checkpoint_exclude_wrapper(unit->gemm);
-  Grads got = run_and_grad([&](const at::Tensor& x) { return unit(x); }, input(2),
-                           unit->parameters());
+  Grads got =
+      run_and_grad([&](const at::Tensor& x) { return unit(x); }, input(2), unit->parameters());
   Grads want = run_and_grad([&](const at::Tensor& x) { return plain->forward(x); }, input(2),
                             plain->parameters());
   expect_bitwise_equal(got, want);
@@ -161,13 +162,13 @@ TEST(Declare, CallablesWithSeveralNamedInputsAndTupleOutputs) {
     ++save_calls;
     return save(h, n);
   };
-  auto unit = checkpoint_wrapper(
-      [&](const at::Tensor& x) { return body(x, counted_save); }, CheckpointOptions{});
+  auto unit = checkpoint_wrapper([&](const at::Tensor& x) { return body(x, counted_save); },
+                                 CheckpointOptions{});
   reset_counters();
   Grads got = run_and_grad([&](const at::Tensor& x) { return unit(x); }, input(3), {w});
   Grads want = run_and_grad([&](const at::Tensor& x) { return body(x, save_fn); }, input(3), {w});
   expect_bitwise_equal(got, want);
-  EXPECT_EQ(save_calls, 2);  // the wrapper is entered in forward and in replay ...
+  EXPECT_EQ(save_calls, 2);             // the wrapper is entered in forward and in replay ...
   EXPECT_EQ(counters().save_calls, 1);  // ... its body runs once ...
   EXPECT_EQ(counters().save_skips, 1);  // ... and replay skips it
 }
@@ -222,7 +223,8 @@ TEST(Declare, ModuleListAndModuleDictChildrenFollowThePolicy) {
   dict_policy.checkpoint = {"heads.out"};
   apply_policy(*model, dict_policy);
   reset_counters();
-  run_and_grad([&](const at::Tensor& x) { return model->forward(x); }, input(8), model->parameters());
+  run_and_grad([&](const at::Tensor& x) { return model->forward(x); }, input(8),
+               model->parameters());
   EXPECT_EQ(counters().unit_calls, 3);  // two layers + the head
 }
 

@@ -106,7 +106,8 @@ TEST(Rederive, RmsNormToGemmInputIsNotResidentAndGradientsAreExact) {
 
 // A unit around one SAVE callable; returns grads and the report of the unit's invocation.
 template <typename SaveFn, typename Body>
-std::pair<Grads, RematReport> run_unit(SaveFn save_fn, Body body, const std::vector<at::Tensor>& params) {
+std::pair<Grads, RematReport> run_unit(SaveFn save_fn, Body body,
+                                       const std::vector<at::Tensor>& params) {
   auto save = checkpoint_exclude_wrapper(save_fn, SaveRegionOptions{true, "region"});
   auto unit = checkpoint_wrapper([&](const at::Tensor& x) { return body(x, save); },
                                  CheckpointOptions{true, true, "unit"});
@@ -172,8 +173,8 @@ TEST(Rederive, InPlaceChangeInsideTheRegionFallsBackAndIsCounted) {
   auto [g, report] = run_unit(
       [](const at::Tensor& x) {
         auto y = x * 1.0;
-        y.mul_(2.0);      // in place on an internal tensor: not an input, nothing to count
-        x.mul_(3.0);      // in place on the input itself
+        y.mul_(2.0);         // in place on an internal tensor: not an input, nothing to count
+        x.mul_(3.0);         // in place on the input itself
         return x.sin() + y;  // sin saves the mutated input: must be kept
       },
       [](const at::Tensor& x, const auto& save) { return save(x.cos()); }, {});
@@ -184,9 +185,9 @@ TEST(Rederive, InPlaceChangeInsideTheRegionFallsBackAndIsCounted) {
 TEST(Rederive, SaveToSaveInputsAreNeverRederived) {
   auto first = checkpoint_exclude_wrapper([](const at::Tensor& x) { return x * 2.0; },
                                           SaveRegionOptions{true, "first"});
-  auto [g, report] = run_unit(
-      [](const at::Tensor& x) { return x.sin(); },
-      [&](const at::Tensor& x, const auto& save) { return save(first(x.cos())); }, {});
+  auto [g, report] =
+      run_unit([](const at::Tensor& x) { return x.sin(); },
+               [&](const at::Tensor& x, const auto& save) { return save(first(x.cos())); }, {});
   EXPECT_EQ(report.rederived_slots, 0);
   EXPECT_EQ(report.fallbacks[0], 1) << report.str();  // save_sourced
 }
@@ -194,9 +195,9 @@ TEST(Rederive, SaveToSaveInputsAreNeverRederived) {
 TEST(Rederive, UnitInputsAndParametersAreKeptNotRederived) {
   at::manual_seed(9);
   auto w = at::randn({6}).requires_grad_(true);
-  auto [g, report] = run_unit(
-      [](const at::Tensor& x, const at::Tensor& weight) { return x.sin() * weight; },
-      [&](const at::Tensor& x, const auto& save) { return save(x, w); }, {w});
+  auto [g, report] =
+      run_unit([](const at::Tensor& x, const at::Tensor& weight) { return x.sin() * weight; },
+               [&](const at::Tensor& x, const auto& save) { return save(x, w); }, {w});
   EXPECT_EQ(report.rederived_slots, 0);
   EXPECT_EQ(report.fallbacks[1], 1) << report.str();  // unit_input (x)
   EXPECT_EQ(report.fallbacks[2], 1) << report.str();  // leaf (w)
@@ -222,7 +223,8 @@ TEST(Rederive, LayoutChangeDiscoveredAtReplayIsAClearError) {
   } catch (const RematError& e) {
     std::string what = e.what();
     EXPECT_NE(what.find("SAVE region 'gemm' in checkpoint unit 'layer' (standalone unit call"),
-              std::string::npos) << what;
+              std::string::npos)
+        << what;
     EXPECT_NE(what.find("input args[0] has a different layout in replay"), std::string::npos)
         << what;
     EXPECT_NE(what.find("(phase: replay)"), std::string::npos) << what;
@@ -236,8 +238,8 @@ TEST(Rederive, SameWrapperTwiceInFlightAndConsecutiveStepsKeepSlotsApart) {
                                          SaveRegionOptions{true, "gemm"});
   auto body = [&](const at::Tensor& x, const auto& g) { return g(g(x.sin()).cos()).tanh(); };
   auto plain_gemm = [w](const at::Tensor& h) { return at::matmul(h, w); };
-  auto unit = checkpoint_wrapper([&](const at::Tensor& x) { return body(x, gemm); },
-                                 CheckpointOptions{});
+  auto unit =
+      checkpoint_wrapper([&](const at::Tensor& x) { return body(x, gemm); }, CheckpointOptions{});
   for (int step = 0; step < 2; ++step) {
     std::vector<at::Tensor> xs, losses;
     std::vector<std::shared_ptr<InvocationGroup>> groups;
@@ -265,9 +267,9 @@ TEST(Rederive, SameWrapperTwiceInFlightAndConsecutiveStepsKeepSlotsApart) {
 TEST(Rederive, SaveRegionAtTheEndOfAUnitStillReachedByReplay) {
   // Nothing after the SAVE region saves a tensor: early stop must not end replay before the
   // region fills its slot.
-  auto [g, report] = run_unit([](const at::Tensor& h) { return h.sin(); },
-                              [](const at::Tensor& x, const auto& save) { return save(x.cos()) + 1.0; },
-                              {});
+  auto [g, report] =
+      run_unit([](const at::Tensor& h) { return h.sin(); },
+               [](const at::Tensor& x, const auto& save) { return save(x.cos()) + 1.0; }, {});
   EXPECT_EQ(report.rederived_slots, 1);
 }
 

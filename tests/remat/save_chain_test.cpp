@@ -19,8 +19,14 @@ TEST(SaveChain, SingleTupleListAndNestedOutputsMatchAndCountLeaves) {
   auto w = at::randn({6, 6}).requires_grad_(true);
   int calls1 = 0, calls2 = 0, calls3 = 0, calls4 = 0;
   // single -> tuple -> list -> nested (IValue) -> last (save_output = true)
-  auto f1 = [&](const at::Tensor& x) { ++calls1; return at::matmul(x, w).relu(); };
-  auto f2 = [&](const at::Tensor& y) { ++calls2; return std::make_tuple(y * 2.0, y.exp()); };
+  auto f1 = [&](const at::Tensor& x) {
+    ++calls1;
+    return at::matmul(x, w).relu();
+  };
+  auto f2 = [&](const at::Tensor& y) {
+    ++calls2;
+    return std::make_tuple(y * 2.0, y.exp());
+  };
   auto f3 = [&](std::tuple<at::Tensor, at::Tensor> t) {
     ++calls3;
     return std::vector<at::Tensor>{std::get<0>(t) + 1.0, std::get<1>(t).sin(), std::get<0>(t)};
@@ -115,7 +121,8 @@ void expect_misuse(Body body, const std::string& text) {
     std::string what = e.what();
     EXPECT_NE(what.find(text), std::string::npos) << what;
     EXPECT_NE(what.find("'producer'"), std::string::npos) << what;
-    EXPECT_NE(what.find("checkpoint unit 'chain' (standalone unit call"), std::string::npos) << what;
+    EXPECT_NE(what.find("checkpoint unit 'chain' (standalone unit call"), std::string::npos)
+        << what;
   }
 }
 
@@ -130,9 +137,9 @@ TEST(SaveChain, MisuseIsAnErrorNamingTheProducerAndTheInvocation) {
   expect_misuse([](const at::Tensor& h, auto& s1, auto& s2) { return s2((s1(h) + 1.0).sin()); },
                 "Placeholders from SAVE region(s) 'producer'");
   // Indexing (caught in replay).
-  expect_misuse(
-      [](const at::Tensor& h, auto& s1, auto& s2) { return s2(s1(h).select(0, 1).unsqueeze(0).sin()); },
-      "'producer'");
+  expect_misuse([](const at::Tensor& h, auto& s1,
+                   auto& s2) { return s2(s1(h).select(0, 1).unsqueeze(0).sin()); },
+                "'producer'");
 }
 
 TEST(SaveChain, DefaultSaveOutputKeepsBareConsumersWorking) {

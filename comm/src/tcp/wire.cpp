@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "pipemat/core/error.h"
+#include "pipemat/core/parse.h"
 
 namespace pipemat::comm::detail::tcp {
 
@@ -45,20 +46,13 @@ void fill_nonce(uint8_t* out) {
 std::string secret_state(bool has_secret) { return has_secret ? "a job secret" : "no job secret"; }
 
 std::pair<std::string, uint16_t> parse_master(const std::string& master) {
-  auto colon = master.rfind(':');
+  if (const auto address = parse_host_port(master)) return {address->host, address->port};
+  const auto colon = master.rfind(':');
   PIPEMAT_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < master.size(), ConfigError,
                 "tcp transport: master address '", master,
                 "' is not host:port (e.g. 127.0.0.1:29500); set --master or PIPEMAT_MASTER");
-  std::string host = master.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  std::string port_text = master.substr(colon + 1);
-  char* end = nullptr;
-  long port = std::strtol(port_text.c_str(), &end, 10);
-  PIPEMAT_CHECK(*end == '\0' && port > 0 && port < 65536, ConfigError, "tcp transport: port '",
-                port_text, "' in master address '", master, "' is not a port number 1..65535");
-  return {host, static_cast<uint16_t>(port)};
+  PIPEMAT_THROW(ConfigError, "tcp transport: port '", master.substr(colon + 1),
+                "' in master address '", master, "' is not a port number 1..65535");
 }
 
 }  // namespace pipemat::comm::detail::tcp

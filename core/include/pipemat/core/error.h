@@ -86,17 +86,17 @@ std::string concat(const Parts&... parts) {
 
 // PIPEMAT_CHECK(cond, ConfigError, "message parts", ...) throws when cond is false. The message
 // parts are only evaluated on failure.
-#define PIPEMAT_CHECK(cond, ErrorType, ...) \
-  do {                                      \
-    if (!(cond)) {                          \
+#define PIPEMAT_CHECK(cond, ErrorType, ...)  \
+  do {                                       \
+    if (!(cond)) {                           \
       PIPEMAT_THROW(ErrorType, __VA_ARGS__); \
-    }                                       \
+    }                                        \
   } while (false)
 
-#define PIPEMAT_INTERNAL_ASSERT(cond, ...)                                  \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      ::pipemat::detail::throw_internal(__FILE__, __LINE__, #cond,          \
+#define PIPEMAT_INTERNAL_ASSERT(cond, ...)                                             \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      ::pipemat::detail::throw_internal(__FILE__, __LINE__, #cond,                     \
                                         ::pipemat::detail::concat("", ##__VA_ARGS__)); \
-    }                                                                       \
+    }                                                                                  \
   } while (false)

@@ -16,14 +16,14 @@
 namespace pipemat::models {
 
 struct BenchPipelineOptions {
-  std::string config;                    // YAML file (the mpi / tcp ranks read it too)
-  std::vector<std::string> overrides;    // --set k=v for every variant
+  std::string config;                  // YAML file (the mpi / tcp ranks read it too)
+  std::vector<std::string> overrides;  // --set k=v for every variant
   std::vector<std::string> schedules = {"1f1b", "zb-h1", "zb-v"};
   std::vector<std::string> transports = {"mpi", "tcp", "local"};
-  int64_t steps = 20;                    // per variant, warm-up included
-  int64_t warmup = 5;                    // steps left out of the medians
-  std::string launcher;                  // pipemat-run; empty: next to /proc/self/exe
-  std::string log;                       // output of the mpi / tcp runs; empty: a temp file
+  int64_t steps = 20;    // per variant, warm-up included
+  int64_t warmup = 5;    // steps left out of the medians
+  std::string launcher;  // pipemat-run; empty: next to /proc/self/exe
+  std::string log;       // output of the mpi / tcp runs; empty: a temp file
 };
 
 struct BenchPipelineRow {
@@ -36,7 +36,7 @@ struct BenchPipelineRow {
   // work between actions included; schedule_bubble: the same over the measured timeline (first
   // to last action), which is what the simulator predicts.
   double bubble = 0, schedule_bubble = 0, simulated_bubble = 0, simulated_bubble_comm = 0;
-  double message_delay_ms = 0, recv_wait_ms = 0;                       // medians
+  double message_delay_ms = 0, recv_wait_ms = 0;  // medians
   int64_t peak_bytes = 0;  // max over ranks and steps (local: the whole process)
   // Every step's loss bitwise equal to the reference's with the ranks' threads; not compared
   // (losses_compared false) for a reference with other threads (other reduction orders).
@@ -49,9 +49,10 @@ struct BenchPipelineRow {
 };
 
 // Runs the reference (with the ranks' threads, 1 thread and one rank's default threads) and
-// every variant, calling on_row as each row is done. ConfigError for bad options; PipelineError naming the
-// variant and the log when a run fails.
+// every variant, calling on_row as each row is done. ConfigError for bad options; PipelineError
+// naming the variant and the log when a run fails.
 std::vector<BenchPipelineRow> run_bench_pipeline(
-    const BenchPipelineOptions& options, const std::function<void(const BenchPipelineRow&)>& on_row);
+    const BenchPipelineOptions& options,
+    const std::function<void(const BenchPipelineRow&)>& on_row);
 
 }  // namespace pipemat::models

@@ -31,7 +31,7 @@ struct BenchSoakOptions {
 };
 
 struct SoakSample {
-  std::string loop;  // "pipeline" | "remat"
+  std::string loop;   // "pipeline" | "remat"
   int64_t steps = 0;  // steps done when sampled
   int64_t allocator_bytes = 0;
   int64_t rss_bytes = 0;
@@ -51,8 +51,7 @@ struct SoakSummary {
 // of pipeline rank 0 in the pipeline loop). `pipeline` is the zoo config; its transport is
 // forced to local and its output (progress, metrics, timeline) switched off. ConfigError for
 // bad options.
-std::vector<SoakSample> run_bench_soak(const TrainConfig& pipeline,
-                                       const BenchSoakOptions& options,
+std::vector<SoakSample> run_bench_soak(const TrainConfig& pipeline, const BenchSoakOptions& options,
                                        const std::function<void(const SoakSample&)>& on_sample);
 
 // One summary per loop, in the order the loops ran.

@@ -10,9 +10,9 @@
 namespace pipemat::models {
 
 struct GenerateResult {
-  std::string text;       // the prompt's continuation: exactly `tokens` bytes
-  int64_t step = 0;       // training steps of the checkpoint
-  std::string model;      // one line: the model's sizes
+  std::string text;   // the prompt's continuation: exactly `tokens` bytes
+  int64_t step = 0;   // training steps of the checkpoint
+  std::string model;  // one line: the model's sizes
 };
 
 // Reads the run's config from the checkpoint's manifest (save_checkpoint's metadata), builds

@@ -20,11 +20,11 @@ namespace pipemat::models {
 
 struct ModelRun {
   int stages = 0;
-  pp::StageFactory stage;      // stage s; every call returns modules of the same weights
-  pp::LossFn loss;             // mean loss of one micro-batch (pp divides by micro-batches)
-  pp::DataSource train_data;   // (step, micro-batch) -> inputs / targets
-  pp::DataSource eval_data;    // (step, micro-batch), the same windows for every step; may be
-                               // empty (no validation data)
+  pp::StageFactory stage;     // stage s; every call returns modules of the same weights
+  pp::LossFn loss;            // mean loss of one micro-batch (pp divides by micro-batches)
+  pp::DataSource train_data;  // (step, micro-batch) -> inputs / targets
+  pp::DataSource eval_data;   // (step, micro-batch), the same windows for every step; may be
+                              // empty (no validation data)
   remat::RematPolicy policy;
   // remat.stages: the policy of each model stage (pp::PipelineOptions::stage_remat); empty:
   // `policy` on every stage.

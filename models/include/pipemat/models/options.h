@@ -21,11 +21,11 @@ struct ModelOptions {
   std::string kind = "rmsnorm-gemm";  // gpt | mlp | rmsnorm-gemm | transformer | moe | save-chain
   int64_t layers = 8;
   int64_t hidden = 64;
-  int64_t tokens = 32;  // tokens (rows) per micro-batch
-  int64_t heads = 4;    // transformer
-  int64_t ffn = 0;      // mlp / transformer inner size; 0 = 4 * hidden
-  int64_t experts = 4;  // moe
-  int64_t top_k = 2;    // moe
+  int64_t tokens = 32;    // tokens (rows) per micro-batch
+  int64_t heads = 4;      // transformer
+  int64_t ffn = 0;        // mlp / transformer inner size; 0 = 4 * hidden
+  int64_t experts = 4;    // moe
+  int64_t top_k = 2;      // moe
   int64_t seq_len = 128;  // gpt: bytes per sequence (the position table's size)
   int64_t batch = 8;      // gpt: sequences per micro-batch
   double dropout = 0.0;   // gpt: after the embedding and on both residual branches
@@ -53,7 +53,7 @@ struct PartitionOptions {
 // "layers.*" and "layers.*.gemm").
 struct RematConfig {
   std::string policy = "selective";  // none | full | selective | custom
-  remat::RematPolicy custom;          // used with policy == "custom"
+  remat::RematPolicy custom;         // used with policy == "custom"
   // One policy name per model stage (schedule.stages x chunks per rank) instead of `policy` on
   // every stage; empty: `policy` everywhere.
   std::vector<std::string> stages;
@@ -64,9 +64,9 @@ struct TrainingOptions {
   int64_t steps = 5;
   std::string optimizer = "sgd";  // sgd | adamw
   double lr = 0.01;
-  double momentum = 0.0;       // sgd
-  double weight_decay = 0.0;   // sgd, adamw
-  double clip_grad_norm = 0.0; // global L2 norm over all ranks; 0: no clipping
+  double momentum = 0.0;        // sgd
+  double weight_decay = 0.0;    // sgd, adamw
+  double clip_grad_norm = 0.0;  // global L2 norm over all ranks; 0: no clipping
   uint64_t seed = 0;
   int64_t threads = 0;  // compute threads per rank (LibTorch and OpenBLAS); 0: cores / ranks
   // Learning rate of step t: lr * (t + 1) / warmup during the first `warmup` steps, then
@@ -96,10 +96,10 @@ struct SampleOptions {
 };
 
 struct OutputOptions {
-  std::string metrics;        // JSON lines path, written by the last stage's rank; empty: none
-  std::string timeline_svg;   // measured timeline of the last step; empty: none
-  std::string loss_svg;       // train (and validation) loss against the step; empty: none
-  bool progress = true;       // one human-readable line per step on stdout
+  std::string metrics;       // JSON lines path, written by the last stage's rank; empty: none
+  std::string timeline_svg;  // measured timeline of the last step; empty: none
+  std::string loss_svg;      // train (and validation) loss against the step; empty: none
+  bool progress = true;      // one human-readable line per step on stdout
 };
 
 // Checkpoints of the pipeline run (pp/checkpoint.h): `every` steps (0: never) and after the last
@@ -121,7 +121,7 @@ struct TrainConfig {
   std::string schedule_csv;            // schedule.csv: a torch CSV action list replacing the
                                        // generated schedule (kind, stages, micro-batches)
   RematConfig remat;
-  comm::TransportOptions transport;    // kind (auto | mpi | tcp | local), timeout, tcp rendezvous
+  comm::TransportOptions transport;  // kind (auto | mpi | tcp | local), timeout, tcp rendezvous
   TrainingOptions training;
   CheckpointOptions checkpoint;
   SampleOptions sample;

@@ -13,8 +13,8 @@
 namespace pipemat::models {
 
 struct TextCorpus {
-  std::string train;        // bytes
-  std::string validation;   // bytes
+  std::string train;               // bytes
+  std::string validation;          // bytes
   std::vector<std::string> files;  // read, in path order
   int64_t skipped_binary = 0;      // files under a directory skipped as binary (a NUL byte)
 };

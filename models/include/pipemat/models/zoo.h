@@ -54,10 +54,10 @@ TORCH_MODULE(RmsNormGemmStack);
 
 // Top-k routing of tokens to experts, packed by expert: the RECOMPUTE part of an MoE layer.
 struct Dispatch {
-  at::Tensor packed;                // [tokens * top_k, hidden], rows grouped by expert
-  at::Tensor token_index;           // [tokens * top_k] source token of each packed row
-  at::Tensor gate;                  // [tokens * top_k, 1] routing weight of each packed row
-  std::vector<int64_t> counts;      // rows per expert
+  at::Tensor packed;            // [tokens * top_k, hidden], rows grouped by expert
+  at::Tensor token_index;       // [tokens * top_k] source token of each packed row
+  at::Tensor gate;              // [tokens * top_k, 1] routing weight of each packed row
+  std::vector<int64_t> counts;  // rows per expert
 };
 
 // Expert weights applied group by group to the packed rows: slices of `packed` per expert, one
@@ -140,8 +140,9 @@ struct LambdaImpl : torch::nn::Module {
 };
 TORCH_MODULE(Lambda);
 
-// x * scale (RECOMPUTE; scale a parameter, 2 in the benchmark) -> s1 relu(x * x) -> s2 + 0.125 -> s3 * 1.5 -> s4 + 0.25: the SAVE -> SAVE
-// chain of SPEC 2.5 (s1..s3 save_output = false, s4 true when optimized). Paths: layers.<i>.s1..
+// x * scale (RECOMPUTE; scale a parameter, 2 in the benchmark) -> s1 relu(x * x) -> s2 + 0.125 ->
+// s3 * 1.5 -> s4 + 0.25: the SAVE -> SAVE chain of SPEC 2.5 (s1..s3 save_output = false, s4 true
+// when optimized). Paths: layers.<i>.s1..
 struct SaveChainImpl : torch::nn::Module {
   explicit SaveChainImpl(double scale_init = 2.0);
   at::Tensor forward(const at::Tensor& x);

@@ -35,8 +35,8 @@ std::string latest_checkpoint(const std::string& root);
 // optimizer, generator and step. ConfigError when the manifest was written by another pipeline
 // (world size, schedule kind, stages, micro-batches or stage map differ: the field and both
 // values); PipelineError when it is incomplete (no manifest, a missing or truncated rank file) or
-// a parameter's name, shape or count differs. Nothing is changed before every check of this rank passed. Resuming on another stage
-// layout (re-partitioning) is not supported.
+// a parameter's name, shape or count differs. Nothing is changed before every check of this rank
+// passed. Resuming on another stage layout (re-partitioning) is not supported.
 void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& dir);
 
 // What a complete checkpoint's manifest says. PipelineError when `dir` is incomplete (no

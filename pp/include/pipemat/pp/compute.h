@@ -25,9 +25,9 @@
 namespace pipemat::pp {
 
 struct ComputeInfo {
-  std::string blas;            // "OpenBLAS 0.3.21 ...", or the path of the libblas.so.3 in use
-  bool reference_blas = false; // the slow reference implementation
-  int threads = 1;             // LibTorch intra-op threads (and OpenBLAS threads)
+  std::string blas;             // "OpenBLAS 0.3.21 ...", or the path of the libblas.so.3 in use
+  bool reference_blas = false;  // the slow reference implementation
+  int threads = 1;              // LibTorch intra-op threads (and OpenBLAS threads)
   bool freed_memory_retained = false;  // retain_freed_memory() took effect
 };
 

@@ -90,8 +90,8 @@ using Tensors = std::vector<at::Tensor>;
 using StageForward = std::function<Tensors(const Tensors& inputs)>;
 
 struct PipelineStage {
-  int index = -1;                              // stage index in [0, stages)
-  std::shared_ptr<torch::nn::Module> module;   // parameters, buffers, mode, remat paths
+  int index = -1;                             // stage index in [0, stages)
+  std::shared_ptr<torch::nn::Module> module;  // parameters, buffers, mode, remat paths
   StageForward forward;
 };
 
@@ -131,10 +131,10 @@ struct PipelineOptions {
   // micro-batch in flight under 1F1B, and selective on the first, which holds P. ConfigError for
   // an index outside the schedule's stages.
   std::map<int, remat::RematPolicy> stage_remat;
-  LossFn loss;                  // required
-  OptimizerFactory optimizer;   // required
-  LrSchedule lr_schedule;       // optional
-  double clip_grad_norm = 0;    // max global L2 norm of the gradients; 0: no clipping
+  LossFn loss;                 // required
+  OptimizerFactory optimizer;  // required
+  LrSchedule lr_schedule;      // optional
+  double clip_grad_norm = 0;   // max global L2 norm of the gradients; 0: no clipping
   // Set: this rank's random ops (dropout in the stages, the data source, the loss) draw from a
   // generator of its own (remat::ThreadGeneratorScope, Note [Per-thread CPU generators]), so
   // ranks running as threads never share generator state. Note [Random streams of a step]:
@@ -156,19 +156,19 @@ struct ActionTiming {
   schedule::Action action;
   double start_us = 0;  // compute start (after its input arrived)
   double end_us = 0;
-  double wait_us = 0;   // time blocked in the receive of its input before start_us
+  double wait_us = 0;  // time blocked in the receive of its input before start_us
 };
 
 struct StepMetrics {
   int64_t step = 0;
-  double loss = 0;         // mean micro-batch loss; the same on every rank
-  double grad_norm = 0;    // global gradient norm before clipping (0 without clipping)
-  double step_ms = 0;      // wall time of the step on this rank (max over ranks on the last)
-  double busy_ms = 0;      // time in compute actions on this rank
-  double bubble = 0;       // 1 - sum(busy) / (ranks * makespan), on the last stage's rank
-  int64_t peak_bytes = 0;  // tracking-allocator peak during the step (this process)
-  double recv_wait_ms = 0;  // blocked in receives of stage inputs; on the last stage's rank
-                            // (with collect_timelines) summed over all ranks
+  double loss = 0;             // mean micro-batch loss; the same on every rank
+  double grad_norm = 0;        // global gradient norm before clipping (0 without clipping)
+  double step_ms = 0;          // wall time of the step on this rank (max over ranks on the last)
+  double busy_ms = 0;          // time in compute actions on this rank
+  double bubble = 0;           // 1 - sum(busy) / (ranks * makespan), on the last stage's rank
+  int64_t peak_bytes = 0;      // tracking-allocator peak during the step (this process)
+  double recv_wait_ms = 0;     // blocked in receives of stage inputs; on the last stage's rank
+                               // (with collect_timelines) summed over all ranks
   remat::RematCounters remat;  // this rank's; on the last stage's rank summed over all ranks
   // This rank's compute actions, and its sends (zero length: when they were issued).
   std::vector<ActionTiming> timeline;
@@ -194,8 +194,8 @@ struct EvalOptions {
 };
 
 struct EvalResult {
-  double loss = 0;                   // mean micro-batch loss; the same on every rank
-  std::vector<Tensors> outputs;      // per micro-batch, on the last stage's rank (keep_outputs)
+  double loss = 0;               // mean micro-batch loss; the same on every rank
+  std::vector<Tensors> outputs;  // per micro-batch, on the last stage's rank (keep_outputs)
 };
 
 class Pipeline {
@@ -252,7 +252,8 @@ namespace detail {
 template <typename M, typename = void>
 struct TakesTensors : std::false_type {};
 template <typename M>
-struct TakesTensors<M, std::void_t<decltype(std::declval<M&>().forward(std::declval<const Tensors&>()))>>
+struct TakesTensors<
+    M, std::void_t<decltype(std::declval<M&>().forward(std::declval<const Tensors&>()))>>
     : std::true_type {};
 
 template <typename M, typename Seq, typename = void>

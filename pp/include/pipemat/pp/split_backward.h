@@ -13,12 +13,13 @@
 // not used again after W) and runs the engine from those nodes (roots = their inputs, with the
 // captured gradients) with the parameters as the requested outputs: u recomputes only its
 // parameter-side outputs (dW) and the parameter branches run, never the dx chain again. Nodes
-// outside X never lead into X (they would reach the input), so the cut is complete. The parameter gradients are accumulated into `.grad` like
-// AccumulateGrad does (first: set, then: add). Each parameter gradient is computed once (no
-// double counting) and I + W equals the fused backward bitwise for the GEMMs of the zoo.
-// A stage whose inputs do not require grad (the first stage) has an empty X: I does nothing and
-// W is the whole backward. Saved tensors are unpacked by both passes, so checkpointed stages
-// keep their replay between I and W (remat InvocationGroup::retain / pretrigger).
+// outside X never lead into X (they would reach the input), so the cut is complete. The parameter
+// gradients are accumulated into `.grad` like AccumulateGrad does (first: set, then: add). Each
+// parameter gradient is computed once (no double counting) and I + W equals the fused backward
+// bitwise for the GEMMs of the zoo. A stage whose inputs do not require grad (the first stage) has
+// an empty X: I does nothing and W is the whole backward. Saved tensors are unpacked by both
+// passes, so checkpointed stages keep their replay between I and W (remat InvocationGroup::retain /
+// pretrigger).
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/edge.h>

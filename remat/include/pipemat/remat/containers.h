@@ -83,9 +83,9 @@ void bind_module_dict(const std::shared_ptr<torch::nn::ModuleDictImpl>& dict);
 
 class ModuleList {
  public:
-  ModuleList(std::nullptr_t) {}  // NOLINT
+  ModuleList(std::nullptr_t) {}                                                  // NOLINT
   ModuleList(const torch::nn::ModuleList& list) : list_(list.ptr()) { sync(); }  // NOLINT
-  ModuleList(std::shared_ptr<torch::nn::ModuleListImpl> list)  // NOLINT
+  ModuleList(std::shared_ptr<torch::nn::ModuleListImpl> list)                    // NOLINT
       : list_(std::move(list)) {
     sync();
   }
@@ -128,9 +128,9 @@ class ModuleList {
 // Drop-in for torch::nn::ModuleDict members: `dict["gemm"]->as<Gemm>()->forward(x)`.
 class ModuleDict {
  public:
-  ModuleDict(std::nullptr_t) {}  // NOLINT
+  ModuleDict(std::nullptr_t) {}                                              // NOLINT
   ModuleDict(const torch::nn::ModuleDict& dict) : ModuleDict(dict.ptr()) {}  // NOLINT
-  ModuleDict(std::shared_ptr<torch::nn::ModuleDictImpl> dict)  // NOLINT
+  ModuleDict(std::shared_ptr<torch::nn::ModuleDictImpl> dict)                // NOLINT
       : dict_(std::move(dict)) {
     if (dict_) bind_module_dict(dict_);
   }
@@ -143,7 +143,8 @@ class ModuleDict {
 
   ModuleDict* operator->() { return this; }
   ModuleRef operator[](const std::string& key) const;
-  void update(const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& items) {
+  void update(
+      const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& items) {
     dict_->update(items);
     bind_module_dict(dict_);
   }
@@ -155,6 +156,5 @@ class ModuleDict {
  private:
   std::shared_ptr<torch::nn::ModuleDictImpl> dict_;
 };
-
 
 }  // namespace pipemat::remat

@@ -38,8 +38,8 @@ struct InvocationKey {
 
 struct InvocationId {
   InvocationKey key;
-  int64_t call = 0;         // index of the checkpoint-unit call within the scope (or process)
-  bool standalone = true;   // made outside any InvocationScope
+  int64_t call = 0;        // index of the checkpoint-unit call within the scope (or process)
+  bool standalone = true;  // made outside any InvocationScope
   // "step 3, chunk 0, micro-batch 2, unit call #1" or "standalone unit call #17".
   std::string str() const;
 };
@@ -70,7 +70,7 @@ struct RematReport {
   int64_t replayed_bytes = 0;       // replay results currently held
   int64_t rederived_bytes = 0;      // SAVE inputs not kept thanks to rederivation (SPEC 2.4)
   int64_t rederived_slots = 0;
-  int64_t replay_peak_bytes = 0;    // allocator peak above the start of replay (tracking allocator)
+  int64_t replay_peak_bytes = 0;  // allocator peak above the start of replay (tracking allocator)
   int64_t replays = 0;
   int64_t early_stops = 0;
   // Saved tensors kept although they alias a SAVE input, by reason (see fallback_names()).

@@ -42,9 +42,9 @@ struct PolicyResult {
 
 // Applies `policy` to the module tree under `root`: Sequential entries are rerouted in place;
 // modules held by Remat<H> or wrapped AnyModules get the declaration. Throws RematError naming
-// the path for: a pattern that matches no module (unless allow_unmatched), a module matched by two conflicting rules,
-// nested checkpoint units, and a matched module that its parent calls directly (declare that
-// member as Remat<H>, or put it in a Sequential).
+// the path for: a pattern that matches no module (unless allow_unmatched), a module matched by two
+// conflicting rules, nested checkpoint units, and a matched module that its parent calls directly
+// (declare that member as Remat<H>, or put it in a Sequential).
 PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy);
 
 // True when `path` matches `pattern` (see above).

@@ -7,13 +7,14 @@
 // A tensor leaf is addressed by a path such as `args[1]['mask']` or `output[0][2]`.
 //
 // Supported typed forms (ValueTraits): at::Tensor, c10::optional<at::Tensor>,
-// std::vector<at::Tensor>, std::vector<int64_t>, std::tuple<...> of supported forms, c10::Dict<std::string,
-// at::Tensor> (keyword-style named inputs), c10::IValue, bool, integral and floating scalars,
-// std::string. Any other type is carried as an opaque value: tensors hidden inside it are not
-// seen by remat (they are neither rederived nor detached), which is always safe for inputs.
+// std::vector<at::Tensor>, std::vector<int64_t>, std::tuple<...> of supported forms,
+// c10::Dict<std::string, at::Tensor> (keyword-style named inputs), c10::IValue, bool, integral and
+// floating scalars, std::string. Any other type is carried as an opaque value: tensors hidden
+// inside it are not seen by remat (they are neither rederived nor detached), which is always safe
+// for inputs.
 
-#include <ATen/core/Tensor.h>
 #include <ATen/core/Dict.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
 #include <functional>
@@ -126,9 +127,8 @@ struct ValueTraits<std::tuple<Ts...>> {
   static c10::IValue to(std::tuple<Ts...> v) {
     return std::apply(
         [](auto&&... xs) {
-          return c10::IValue(c10::ivalue::Tuple::create(
-              std::vector<c10::IValue>{ValueTraits<std::decay_t<decltype(xs)>>::to(
-                  std::forward<decltype(xs)>(xs))...}));
+          return c10::IValue(c10::ivalue::Tuple::create(std::vector<c10::IValue>{
+              ValueTraits<std::decay_t<decltype(xs)>>::to(std::forward<decltype(xs)>(xs))...}));
         },
         std::move(v));
   }

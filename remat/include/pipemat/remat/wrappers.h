@@ -6,17 +6,18 @@
 //   block->gemm  = checkpoint_exclude_wrapper(block->gemm);      // SAVE region
 //
 // Typed members must be declared through the holder `Remat<H>` (a one-line change of the member
-// declaration, e.g. `torch::nn::Linear gemm{nullptr};` -> `Remat<torch::nn::Linear> gemm{nullptr};`)
-// because C++ binds `gemm(x)` statically: Remat<H>::operator() consults the declaration at each
-// call. Children of torch::nn::Sequential and torch::nn::AnyModule members are wrapped in place
-// (apply_policy() or the AnyModule overloads). Plain callables are wrapped into RegionFn.
+// declaration, e.g. `torch::nn::Linear gemm{nullptr};` -> `Remat<torch::nn::Linear>
+// gemm{nullptr};`) because C++ binds `gemm(x)` statically: Remat<H>::operator() consults the
+// declaration at each call. Children of torch::nn::Sequential and torch::nn::AnyModule members are
+// wrapped in place (apply_policy() or the AnyModule overloads). Plain callables are wrapped into
+// RegionFn.
 //
 // Every handle of one module instance shares one RegionSlot (looked up by module address), so a
 // declaration made through any handle, or by apply_policy() on the module tree, is seen by all.
 
 #include <torch/nn/module.h>
-#include <torch/nn/pimpl.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/pimpl.h>
 
 #include <memory>
 #include <type_traits>
@@ -67,8 +68,7 @@ auto invoke(const RegionSlot& slot, const Fn& fn, Args&&... args)
   values.reserve(sizeof...(Args));
   (values.push_back(to_ivalue(std::decay_t<Args>(args))), ...);
   RegionBody body = [fn](const std::vector<c10::IValue>& v) {
-    return call_with_ivalues<Fn, std::decay_t<Args>...>(fn, v,
-                                                        std::index_sequence_for<Args...>{});
+    return call_with_ivalues<Fn, std::decay_t<Args>...>(fn, v, std::index_sequence_for<Args...>{});
   };
   return from_ivalue<std::decay_t<R>>(run_region(slot, std::move(values), std::move(body)));
 }
@@ -95,8 +95,8 @@ struct ImplOf<T, std::void_t<typename T::ContainedType>> {
 };
 
 template <typename T>
-constexpr bool is_plain_callable_v = !is_module_holder<T>::value && !is_remat<T>::value &&
-                                     !std::is_same_v<T, torch::nn::AnyModule>;
+constexpr bool is_plain_callable_v =
+    !is_module_holder<T>::value && !is_remat<T>::value && !std::is_same_v<T, torch::nn::AnyModule>;
 
 }  // namespace detail
 
@@ -108,7 +108,7 @@ class Remat {
   using Holder = H;
   using Impl = typename H::ContainedType;
 
-  Remat(std::nullptr_t) {}  // NOLINT: mirrors ModuleHolder's empty state
+  Remat(std::nullptr_t) {}                        // NOLINT: mirrors ModuleHolder's empty state
   Remat(const H& holder) { bind(holder.ptr()); }  // NOLINT: one-line member change
   Remat(std::shared_ptr<Impl> impl) { bind(std::move(impl)); }  // NOLINT
   Remat& operator=(const H& holder) {
@@ -166,7 +166,8 @@ class RegionFn {
   std::shared_ptr<RegionSlot> slot_;
 };
 
-// --- checkpoint_wrapper ---------------------------------------------------------------------------
+// --- checkpoint_wrapper
+// ---------------------------------------------------------------------------
 
 // Declares the module a checkpoint unit (non-reentrant activation checkpoint: RECOMPUTE by
 // default, with SAVE regions inside excluded from replay). Returns a handle of the same module.
@@ -203,13 +204,15 @@ torch::nn::AnyModule checkpoint_exclude_wrapper(const torch::nn::AnyModule& modu
                                                 const SaveRegionOptions& options = {});
 
 // Plain callables (lambdas, std::function, function objects).
-template <typename Fn, typename = std::enable_if_t<detail::is_plain_callable_v<Fn>>, typename = void>
+template <typename Fn, typename = std::enable_if_t<detail::is_plain_callable_v<Fn>>,
+          typename = void>
 RegionFn<Fn> checkpoint_wrapper(Fn fn, const CheckpointOptions& options = {}) {
   auto slot = std::make_shared<RegionSlot>(options.name.empty() ? "callable" : options.name);
   slot->declare_checkpoint(options);
   return RegionFn<Fn>(std::move(fn), std::move(slot));
 }
-template <typename Fn, typename = std::enable_if_t<detail::is_plain_callable_v<Fn>>, typename = void>
+template <typename Fn, typename = std::enable_if_t<detail::is_plain_callable_v<Fn>>,
+          typename = void>
 RegionFn<Fn> checkpoint_exclude_wrapper(Fn fn, const SaveRegionOptions& options = {}) {
   auto slot = std::make_shared<RegionSlot>(options.name.empty() ? "callable" : options.name);
   slot->declare_save(options);
