@@ -1,3 +1,6 @@
+// Per-thread CPU generators (Note [Per-thread CPU generators]) and the generator state that
+// checkpoint units record and replay restores (Note [Replay RNG alignment]).
+
 #include "pipemat/remat/rng.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -5,6 +8,9 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <mutex>
+
+#include "internal.h"
 #include "pipemat/core/error.h"
 
 // Note [Per-thread CPU generators]: the fallback key is a LibTorch 1.13 detail.
@@ -65,5 +71,26 @@ ThreadGeneratorScope::~ThreadGeneratorScope() {
 at::Generator current_cpu_generator() {
   return tls_generator != nullptr ? *tls_generator : at::detail::getDefaultCPUGenerator();
 }
+
+namespace detail {
+
+RngState cpu_rng_state() {
+  auto gen = current_cpu_generator();  // Note [Per-thread CPU generators]
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
+  return RngState{impl->engine(), impl->next_float_normal_sample(),
+                  impl->next_double_normal_sample()};
+}
+
+void set_cpu_rng_state(const RngState& state) {
+  auto gen = current_cpu_generator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
+  impl->set_engine(state.engine);
+  impl->set_next_float_normal_sample(state.next_float_normal);
+  impl->set_next_double_normal_sample(state.next_double_normal);
+}
+
+}  // namespace detail
 
 }  // namespace pipemat::remat
