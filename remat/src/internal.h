@@ -227,7 +227,7 @@ void set_cpu_rng_state(const RngState& state);
 const at::Tensor& placeholder_tensor();
 bool is_placeholder(const at::Tensor& t);
 
-// Debug trace of pack / unpack / rederive / fallback decisions (Note [remat trace]).
+// Debug trace of pack / unpack / rederive / fallback decisions (trace.cpp; PIPEMAT_REMAT_TRACE).
 bool trace_enabled();
 void trace_line(const std::string& line);
 

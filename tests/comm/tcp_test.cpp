@@ -432,8 +432,10 @@ TEST(commTcpFrameFuzz, MutatedStreamsDeliverEveryFrameOrFailThePeerNamingIt) {
     if (::testing::Test::HasFatalFailure()) return;
   }
   EXPECT_EQ(frames, int64_t{kStreams} * kFramesPerStream);
-  EXPECT_GT(mismatches, 0);
-  for (int d = 0; d < 5; ++d) EXPECT_GT(damages[static_cast<size_t>(d)], 0) << "damage " << d;
+  // The streams are seeded, so the counts are the generator's: every kind of receive and of
+  // damage was drawn (the damages add up to one per stream).
+  EXPECT_EQ(mismatches, 12544);
+  EXPECT_EQ(damages, (std::vector<int>{16, 15, 30, 15, 24}));
 }
 
 // Genuine ranks with a small limit: messages up to the limit pass, the first larger one fails

@@ -570,7 +570,9 @@ TEST_P(TensorTest, TensorListRandomDamageIsACommErrorNeverACrash) {
           EXPECT_NE(std::string(e.what()).find("rank 0 sent"), std::string::npos) << e.what();
         }
       }
-      EXPECT_GT(errors, 0);
+      // The damage is seeded: 207 of the 300 damaged messages fail, on every transport alike;
+      // the rest still decode as a list.
+      EXPECT_EQ(errors, 207);
     }
   });
 }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
 
 #include <fstream>
 #include <map>
@@ -16,6 +17,7 @@
 
 #include "pipemat/core/error.h"
 #include "pipemat/models/train.h"
+#include "pipemat/models/zoo_stages.h"
 #include "pipemat/remat/remat.h"
 #include "pipemat/schedule/torch_csv.h"
 
@@ -269,6 +271,37 @@ TEST(PipelineTrain, ScheduleFromATorchCsvFileMatchesTheReference) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Balanced by parameter count: [20, 20, 20, 80] on 2 stages is 60 | 80 (the greedy split stops
+// before a layer would take the first stage past half of the 140 parameters); an explicit
+// partition is taken as is; what does not fit is a ConfigError that says why.
+TEST(PartitionLayers, BalancedByParametersOrExplicit) {
+  std::vector<torch::nn::AnyModule> layers;
+  for (int i = 0; i < 3; ++i) layers.emplace_back(torch::nn::Linear(4, 4));  // 16 + 4
+  layers.emplace_back(torch::nn::Linear(4, 16));                             // 64 + 16
+  EXPECT_EQ(partition_layers(layers, {}, 2), (std::vector<int64_t>{0, 3, 4}));
+  EXPECT_EQ(partition_layers(layers, {}, 4), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(partition_layers(layers, {}, 1), (std::vector<int64_t>{0, 4}));
+  PartitionOptions explicit_split;
+  explicit_split.layers_per_stage = {1, 3};
+  EXPECT_EQ(partition_layers(layers, explicit_split, 2), (std::vector<int64_t>{0, 1, 4}));
+  auto message = [&](const PartitionOptions& p, int stages) {
+    try {
+      partition_layers(layers, p, stages);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message({}, 5),
+            "the model has 4 layers but the schedule has 5 stages; every stage needs at least one "
+            "layer (raise model.layers or lower schedule.stages / schedule.virtual_stages)");
+  EXPECT_EQ(message(explicit_split, 3),
+            "partition.layers_per_stage has 2 entries but the schedule has 3 stages");
+  explicit_split.layers_per_stage = {1, 2};
+  EXPECT_EQ(message(explicit_split, 2),
+            "partition.layers_per_stage sums to 3 but model.layers is 4");
 }
 
 }  // namespace
