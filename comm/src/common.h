@@ -2,7 +2,9 @@
 // Shared wording of the comm error messages, so every backend says the same thing.
 
 #include <string>
+#include <vector>
 
+#include "pipemat/comm/transport.h"
 #include "pipemat/comm/work.h"
 #include "pipemat/core/error.h"
 
@@ -18,5 +20,14 @@ std::string peer_failure_message(const WorkInfo& info, const std::string& what_h
 
 // Work finished because the transport was destroyed first.
 std::string shutdown_message(const WorkInfo& info);
+
+// What every backend's Work carries from its Transport::Request: the caller's buffers of a send
+// or of an exact-size receive (a recv_any has none). The backends add their own state.
+class SpanWork : public Work {
+ public:
+  using Work::Work;
+  std::vector<ConstSpan> send_spans;
+  std::vector<MutableSpan> recv_spans;
+};
 
 }  // namespace pipemat::comm::detail

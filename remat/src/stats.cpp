@@ -14,18 +14,34 @@ namespace detail {
 void bump(Counter c, int64_t n) { g_counters[static_cast<int>(c)] += n; }
 }  // namespace detail
 
+namespace {
+
+// Every counter once: its slot, its member and its name in str(). counters(), += and str() read
+// this table, so a new counter is one line here (and one in detail::Counter and the struct).
+struct CounterField {
+  detail::Counter counter;
+  int64_t RematCounters::*member;
+  const char* name;
+};
+
+constexpr CounterField kFields[] = {
+    {detail::Counter::kUnitCalls, &RematCounters::unit_calls, "units"},
+    {detail::Counter::kReplays, &RematCounters::replays, "replays"},
+    {detail::Counter::kEarlyStops, &RematCounters::early_stops, "early_stops"},
+    {detail::Counter::kSaveCalls, &RematCounters::save_calls, "save_calls"},
+    {detail::Counter::kSaveSkips, &RematCounters::save_skips, "save_skips"},
+    {detail::Counter::kPacks, &RematCounters::packs, "handles"},
+    {detail::Counter::kSaveKept, &RematCounters::save_kept, "save_kept"},
+    {detail::Counter::kOutputLeaves, &RematCounters::output_leaves, "output_leaves"},
+    {detail::Counter::kPlaceholders, &RematCounters::placeholders, "placeholders"},
+};
+static_assert(sizeof(kFields) / sizeof(kFields[0]) == kNumCounters, "one field per counter");
+
+}  // namespace
+
 RematCounters counters() {
-  auto get = [](detail::Counter c) { return g_counters[static_cast<int>(c)]; };
   RematCounters out;
-  out.unit_calls = get(detail::Counter::kUnitCalls);
-  out.replays = get(detail::Counter::kReplays);
-  out.early_stops = get(detail::Counter::kEarlyStops);
-  out.save_calls = get(detail::Counter::kSaveCalls);
-  out.save_skips = get(detail::Counter::kSaveSkips);
-  out.packs = get(detail::Counter::kPacks);
-  out.save_kept = get(detail::Counter::kSaveKept);
-  out.output_leaves = get(detail::Counter::kOutputLeaves);
-  out.placeholders = get(detail::Counter::kPlaceholders);
+  for (const CounterField& f : kFields) out.*f.member = g_counters[static_cast<int>(f.counter)];
   return out;
 }
 
@@ -34,24 +50,17 @@ void reset_counters() {
 }
 
 RematCounters& RematCounters::operator+=(const RematCounters& o) {
-  unit_calls += o.unit_calls;
-  replays += o.replays;
-  early_stops += o.early_stops;
-  save_calls += o.save_calls;
-  save_skips += o.save_skips;
-  packs += o.packs;
-  save_kept += o.save_kept;
-  output_leaves += o.output_leaves;
-  placeholders += o.placeholders;
+  for (const CounterField& f : kFields) this->*f.member += o.*f.member;
   return *this;
 }
 
 std::string RematCounters::str() const {
   std::ostringstream os;
-  os << "units=" << unit_calls << " replays=" << replays << " early_stops=" << early_stops
-     << " save_calls=" << save_calls << " save_skips=" << save_skips << " handles=" << packs
-     << " save_kept=" << save_kept << " output_leaves=" << output_leaves
-     << " placeholders=" << placeholders;
+  const char* separator = "";
+  for (const CounterField& f : kFields) {
+    os << separator << f.name << "=" << this->*f.member;
+    separator = " ";
+  }
   return os.str();
 }
 

@@ -225,20 +225,7 @@ TEST(Checkpoint, InPlaceChangeOfAUnitInputIsAClearError) {
 }
 
 TEST(Checkpoint, DropoutAfterASaveRegionThatConsumesRngReplaysIdentically) {
-  // pre: dropout (RECOMPUTE) -> save: dropout + gemm (SAVE, consumes RNG) -> post: dropout
-  // (RECOMPUTE). Replay must restore the generator at entry and after the skipped SAVE body.
-  struct DropImpl : torch::nn::Module {
-    DropImpl() {
-      pre = register_module("pre",
-                            Counted([](const at::Tensor& x) { return at::dropout(x, 0.5, true); }));
-      save = register_module(
-          "save", Counted([](const at::Tensor& x) { return at::dropout(x, 0.3, true).sin(); }));
-      post = register_module(
-          "post", Counted([](const at::Tensor& x) { return at::dropout(x, 0.5, true) * x; }));
-    }
-    at::Tensor forward(const at::Tensor& x) { return post(save(pre(x))); }
-    Remat<Counted> pre{nullptr}, save{nullptr}, post{nullptr};
-  };
+  // DropImpl (test_modules.h) with its SAVE region declared.
   auto plain = std::make_shared<DropImpl>();
   Remat<torch::nn::ModuleHolder<DropImpl>> unit = std::make_shared<DropImpl>();
   unit = checkpoint_wrapper(unit);

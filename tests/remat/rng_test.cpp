@@ -44,20 +44,6 @@ TEST(ThreadGenerators, RandomOpsDrawFromTheScopesGenerator) {
   EXPECT_TRUE(at::equal(at::randn({6}, at::make_generator<at::CPUGeneratorImpl>(5)), want));
 }
 
-// pre: dropout (RECOMPUTE) -> save: dropout + sin (SAVE, consumes RNG) -> post: dropout.
-struct DropImpl : torch::nn::Module {
-  DropImpl() {
-    pre = register_module("pre",
-                          Counted([](const at::Tensor& x) { return at::dropout(x, 0.5, true); }));
-    save = register_module(
-        "save", Counted([](const at::Tensor& x) { return at::dropout(x, 0.3, true).sin(); }));
-    post = register_module(
-        "post", Counted([](const at::Tensor& x) { return at::dropout(x, 0.5, true) * x; }));
-  }
-  at::Tensor forward(const at::Tensor& x) { return post(save(pre(x))); }
-  Remat<Counted> pre{nullptr}, save{nullptr}, post{nullptr};
-};
-
 // Each thread checkpoints its own dropout unit and compares it with the plain module under the
 // same seed, while the other threads do the same.
 int differing_steps(int threads, int steps) {

@@ -60,6 +60,21 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// pre: dropout (RECOMPUTE) -> save: dropout + sin (SAVE when declared so; consumes RNG) ->
+// post: dropout. Replay must restore the generator at entry and after a skipped SAVE body.
+struct DropImpl : torch::nn::Module {
+  DropImpl() {
+    pre = register_module("pre",
+                          Counted([](const at::Tensor& x) { return at::dropout(x, 0.5, true); }));
+    save = register_module(
+        "save", Counted([](const at::Tensor& x) { return at::dropout(x, 0.3, true).sin(); }));
+    post = register_module(
+        "post", Counted([](const at::Tensor& x) { return at::dropout(x, 0.5, true) * x; }));
+  }
+  at::Tensor forward(const at::Tensor& x) { return post(save(pre(x))); }
+  Remat<Counted> pre{nullptr}, save{nullptr}, post{nullptr};
+};
+
 struct Grads {
   at::Tensor out, dx;
   std::vector<at::Tensor> dparams;

@@ -20,13 +20,11 @@ namespace {
 
 class LocalHub;
 
-class LocalWork final : public Work {
+class LocalWork final : public SpanWork {
  public:
   LocalWork(WorkInfo info, std::chrono::milliseconds timeout, std::weak_ptr<LocalHub> hub)
-      : Work(std::move(info), timeout), hub_(std::move(hub)) {}
+      : SpanWork(std::move(info), timeout), hub_(std::move(hub)) {}
 
-  std::vector<ConstSpan> send_spans;
-  std::vector<MutableSpan> recv_spans;
   Buffer eager;  // a send copied at post time (small messages)
 
  protected:

@@ -130,13 +130,11 @@ using mpi::MpiEnvironment;
 
 class MpiCore;
 
-class MpiWork final : public Work {
+class MpiWork final : public SpanWork {
  public:
   MpiWork(WorkInfo info, std::chrono::milliseconds timeout, std::shared_ptr<MpiCore> core)
-      : Work(std::move(info), timeout), core_(std::move(core)) {}
+      : SpanWork(std::move(info), timeout), core_(std::move(core)) {}
 
-  std::vector<ConstSpan> send_spans;
-  std::vector<MutableSpan> recv_spans;
   MPI_Request request = MPI_REQUEST_NULL;
   Buffer target;  // recv into transport memory (any size / size mismatch)
   size_t incoming = 0;

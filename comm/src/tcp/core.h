@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "common.h"
 #include "pipemat/comm/transport.h"
 #include "pipemat/comm/work.h"
 #include "tcp/asio.h"
@@ -32,13 +33,11 @@ namespace pipemat::comm::detail::tcp {
 
 class TcpCore;
 
-class TcpWork final : public Work {
+class TcpWork final : public SpanWork {
  public:
   TcpWork(WorkInfo info, std::chrono::milliseconds timeout, std::weak_ptr<TcpCore> core)
-      : Work(std::move(info), timeout), core_(std::move(core)) {}
+      : SpanWork(std::move(info), timeout), core_(std::move(core)) {}
 
-  std::vector<ConstSpan> send_spans;
-  std::vector<MutableSpan> recv_spans;
   FrameHeader header;
 
  protected:
