@@ -15,8 +15,6 @@ function(pipemat_sanitize name)
   endif()
 endfunction()
 
-# pipemat_add_library(NAME SOURCES ... [DEPS ...])
-# A module library with its public headers in <dir>/include and private sources in <dir>/src.
 # The warnings every pipemat target compiles with (libraries, commands and tests alike):
 # -Wall -Wextra -Wshadow, except unused parameters (interfaces and test fixtures name the ones
 # they ignore). PIPEMAT_WERROR=ON (the README test command) makes them errors. Headers of
@@ -28,6 +26,8 @@ function(pipemat_warnings name)
   endif()
 endfunction()
 
+# pipemat_add_library(NAME SOURCES ... [DEPS ...])
+# A module library with its public headers in <dir>/include and private sources in <dir>/src.
 # pipemat_<m> is also pipemat::<m> (an ALIAS here, the exported name when installed: see
 # cmake/pipematConfig.cmake.in); its headers install under include/pipemat/<m>.
 function(pipemat_add_library name)

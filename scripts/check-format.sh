@@ -9,7 +9,12 @@ command -v clang-format >/dev/null 2>&1 || {
   echo "pipemat: clang-format is missing (scripts/install-deps.sh installs it)" >&2
   exit 2
 }
-mapfile -t files < <(git ls-files '*.cpp' '*.h' 2>/dev/null || find . -name '*.cpp' -o -name '*.h')
+# The tracked files in a git checkout; outside one, every source below the root but the build trees.
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  mapfile -t files < <(git ls-files '*.cpp' '*.h')
+else
+  mapfile -t files < <(find . -path './build*' -prune -o \( -name '*.cpp' -o -name '*.h' \) -print)
+fi
 bad=()
 for f in "${files[@]}"; do
   clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || bad+=("$f")
