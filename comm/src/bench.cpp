@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
 #include <thread>
 
 #include "pipemat/comm/launcher.h"
@@ -119,16 +118,12 @@ std::string format_p2p_table(const std::string& transport, const std::vector<P2P
   return out;
 }
 
-int bench_p2p_main(const P2PBenchOptions& options, const std::vector<std::string>& self_argv,
-                   std::ostream& out) {
-  auto print = [&](const std::string& name, const std::vector<P2PResult>& results) {
-    out << (options.json ? format_p2p_json(name, results) : format_p2p_table(name, results))
-        << std::endl;
-  };
+P2PBenchReport run_p2p_command(const P2PBenchOptions& options,
+                               const std::vector<std::string>& self_argv) {
+  P2PBenchReport out;
   TransportOptions topts = options.transport;
   if (topts.kind == TransportKind::kLocal) {
     auto group = make_local_transports(2, topts);
-    std::vector<P2PResult> results;
     std::exception_ptr failure;
     std::thread peer([&] {
       try {
@@ -138,15 +133,16 @@ int bench_p2p_main(const P2PBenchOptions& options, const std::vector<std::string
       }
     });
     try {
-      results = run_p2p_bench(*group[0], options);
+      out.results = run_p2p_bench(*group[0], options);
     } catch (...) {
       peer.join();
       throw;
     }
     peer.join();
     if (failure) std::rethrow_exception(failure);
-    print("local", results);
-    return 0;
+    out.transport = "local";
+    out.report = true;
+    return out;
   }
   if (topts.kind == TransportKind::kTcp && topts.rank < 0 && options.spawn &&
       std::getenv("PIPEMAT_RANK") == nullptr) {
@@ -158,16 +154,18 @@ int bench_p2p_main(const P2PBenchOptions& options, const std::vector<std::string
     SpawnResult result = spawn_local_ranks(spawn);
     PIPEMAT_CHECK(result.ok(), CommError, "bench p2p: the spawned tcp ranks failed (",
                   result.describe(), "); see their messages above");
-    return 0;
+    out.transport = "tcp";
+    return out;
   }
   auto transport = make_transport(topts);
   PIPEMAT_CHECK(transport->world_size() == 2, ConfigError, "bench p2p needs exactly 2 ranks, got ",
                 transport->world_size(), " (", to_string(transport->kind()),
                 "); run `mpirun -np 2 pipemat bench p2p "
                 "--transport mpi`, or `pipemat bench p2p --transport tcp` which starts both ranks");
-  auto results = run_p2p_bench(*transport, options);
-  if (transport->rank() == 0) print(to_string(transport->kind()), results);
-  return 0;
+  out.transport = to_string(transport->kind());
+  out.results = run_p2p_bench(*transport, options);
+  out.report = transport->rank() == 0;
+  return out;
 }
 
 }  // namespace pipemat::comm

@@ -1,4 +1,5 @@
-// `pipemat bench p2p`: flags -> P2PBenchOptions -> comm::bench_p2p_main (pipemat/comm/bench.h).
+// `pipemat bench p2p`: flags -> P2PBenchOptions -> comm::run_p2p_command (pipemat/comm/bench.h),
+// and the report printed as a table or JSON.
 
 #include <iostream>
 #include <memory>
@@ -68,7 +69,6 @@ void add_bench_p2p_command(CLI::App& bench) {
     }
     options.iters = flags->iters;
     options.warmup = flags->warmup;
-    options.json = flags->json;
     options.spawn = !flags->no_spawn;
     // The spawned ranks rerun this very command line.
     std::vector<std::string> argv = {"/proc/self/exe",
@@ -84,8 +84,12 @@ void add_bench_p2p_command(CLI::App& bench) {
                                      std::to_string(flags->timeout_s)};
     if (flags->iters > 0) argv.insert(argv.end(), {"--iters", std::to_string(flags->iters)});
     if (flags->json) argv.push_back("--json");
-    int code = comm::bench_p2p_main(options, argv, std::cout);
-    if (code != 0) throw CLI::RuntimeError(code);
+    const comm::P2PBenchReport report = comm::run_p2p_command(options, argv);
+    if (report.report) {
+      std::cout << (flags->json ? comm::format_p2p_json(report.transport, report.results)
+                                : comm::format_p2p_table(report.transport, report.results))
+                << std::endl;
+    }
   });
 }
 

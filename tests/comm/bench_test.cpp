@@ -1,28 +1,32 @@
-// `pipemat bench p2p` as a library: the local run end to end and the output formats.
+// `pipemat bench p2p` as a library: the local run end to end (the report) and the output formats.
 
 #include <gtest/gtest.h>
-
-#include <sstream>
 
 #include "pipemat/comm/bench.h"
 
 namespace pipemat::comm {
 namespace {
 
-TEST(commP2PBench, LocalRunPrintsTheDocumentedJson) {
+TEST(commP2PBench, LocalRunReportsEverySizeInTheDocumentedJson) {
   P2PBenchOptions options;
   options.transport.kind = TransportKind::kLocal;
   options.sizes = {4096, 65536};
   options.iters = 5;
-  options.json = true;
-  std::ostringstream out;
-  EXPECT_EQ(bench_p2p_main(options, {}, out), 0);
-  const std::string json = out.str();
+  const P2PBenchReport report = run_p2p_command(options, {});
+  EXPECT_TRUE(report.report);
+  EXPECT_EQ(report.transport, "local");
+  ASSERT_EQ(report.results.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(report.results[i].bytes, options.sizes[i]);
+    EXPECT_EQ(report.results[i].iters, 5);
+    EXPECT_GT(report.results[i].latency_us, 0);  // a measured time
+  }
+  const std::string json = format_p2p_json(report.transport, report.results);
   EXPECT_EQ(
       json.rfind("{\"transport\": \"local\", \"results\": [{\"bytes\": 4096, \"latency_us\": ", 0),
       0u)
       << json;
-  for (const char* key : {"\"gbps\": ", "\"raw_gbps\": ", "\"bytes\": 65536"}) {
+  for (const char* key : {"\"gbps\": ", "\"raw_gbps\": ", "\"bytes\": 65536", "\"iters\": 5}"}) {
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
   }
 }

@@ -4,7 +4,6 @@
 // Target pipemat_comm_tensor.
 
 #include <cstdint>
-#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -18,7 +17,6 @@ struct P2PBenchOptions {
                                 int64_t{16} << 20};
   int iters = 0;  // timed round trips per size; 0: 256 MiB / size, clamped to [10, 1000]
   int warmup = 3;
-  bool json = false;
   // tcp without a rank (no --rank, no PIPEMAT_RANK): start two local processes of this
   // program with the same arguments (spawn_local_ranks) instead of failing.
   bool spawn = true;
@@ -46,10 +44,20 @@ std::string format_p2p_json(const std::string& transport, const std::vector<P2PR
 // A readable table with the pipemat/raw bandwidth ratio per size.
 std::string format_p2p_table(const std::string& transport, const std::vector<P2PResult>& results);
 
-// The whole command: local runs two threads; mpi uses this process under mpirun (exactly 2
-// ranks); tcp uses the given/env rank, or spawns two processes of `self_argv` (the program's
-// own argv) when none is given. Prints on rank 0 to `out`. Returns the process exit code.
-int bench_p2p_main(const P2PBenchOptions& options, const std::vector<std::string>& self_argv,
-                   std::ostream& out);
+// What one process of the command measured. `report` is true where the results are: the local
+// run, and rank 0 of an mpi or tcp run; false on rank 1 and in a process that spawned the two
+// tcp ranks (each of them reports for itself).
+struct P2PBenchReport {
+  std::string transport;  // "local", "mpi" or "tcp"
+  std::vector<P2PResult> results;
+  bool report = false;
+};
+
+// The whole measurement behind `pipemat bench p2p` (the command prints the report): local runs
+// two threads; mpi uses this process under mpirun (exactly 2 ranks); tcp uses the given / env
+// rank, or spawns two processes of `self_argv` (the program's own argv) when none is given.
+// Throws ConfigError (wrong world size) or CommError (a failed run or spawned rank).
+P2PBenchReport run_p2p_command(const P2PBenchOptions& options,
+                               const std::vector<std::string>& self_argv);
 
 }  // namespace pipemat::comm
