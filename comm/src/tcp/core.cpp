@@ -285,11 +285,6 @@ void TcpCore::on_write(Peer& peer, const error_code& ec) {
   if (more) write_next(peer);
 }
 
-void TcpCore::shut_send(Peer& peer) {
-  std::lock_guard<std::mutex> lock(peer.send_mutex);
-  shut_send_locked(peer);
-}
-
 void TcpCore::shut_send_locked(Peer& peer) {
   if (peer.send_shut) return;
   peer.send_shut = true;

@@ -117,7 +117,6 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
 
   void write_next(Peer& peer);
   void on_write(Peer& peer, const error_code& ec);
-  void shut_send(Peer& peer);
   void shut_send_locked(Peer& peer);
 
   // Runs a handler of `peer`'s connection. An exception fails that peer (its pending and later

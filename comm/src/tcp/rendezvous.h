@@ -54,7 +54,8 @@ class Rendezvous {
                     const std::string& address);
 
  private:
-  // Runs an async operation to completion; throws TimeoutError at the deadline.
+  // Runs an async operation to completion or to the deadline; returns its error code
+  // (asio::error::timed_out at the deadline). Callers turn a failure into an error with fail().
   template <typename Start, typename Cancel>
   error_code await(Start&& start, Cancel&& cancel, const std::string& what,
                    Clock::time_point deadline);
