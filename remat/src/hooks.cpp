@@ -1,11 +1,17 @@
-#include "pipemat/remat/hooks.h"
+#include "hooks.h"
 
 #include <torch/csrc/autograd/engine.h>
+#include <torch/version.h>
 
 #include <mutex>
 #include <vector>
 
 #include "pipemat/core/error.h"
+
+#if TORCH_VERSION_MAJOR != 1 || TORCH_VERSION_MINOR != 13
+#error \
+    "pipemat: the saved-tensor hooks replace LibTorch 1.13's autograd Engine (Note [Saved tensor hooks in pure C++]); check it against this version"
+#endif
 
 namespace pipemat::remat {
 namespace {

@@ -53,7 +53,8 @@ enum class Fallback {
   kView,         // the saved tensor is a view that cannot be rebuilt from the input
   kDisabled,     // rederivation is switched off (measurement only)
 };
-constexpr int kNumFallbacks = 7;
+static_assert(static_cast<int>(Fallback::kDisabled) + 1 == kNumFallbacks,
+              "one RematReport::fallbacks entry per Fallback (invocation.h)");
 const char* fallback_name(Fallback reason);
 
 // A direct tensor input of a SAVE region call, as forward saw it.
@@ -212,6 +213,8 @@ class ContextGuard {
 
 // Next id for a checkpoint-unit call on this thread (scoped or standalone), and the group to join.
 InvocationId next_invocation_id(std::shared_ptr<InvocationGroup>* group);
+// Adds a checkpoint-unit call to its scope's group. Throws RematError when the group was released.
+void join_group(InvocationGroup& group, std::shared_ptr<Invocation> invocation);
 
 // Note [Replay RNG alignment]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "internal.h"
+#include "overhead_clock.h"
 #include "pipemat/core/error.h"
 
 namespace pipemat::remat {
@@ -85,12 +86,26 @@ class InvocationScopeAccess {
   }
 };
 
-void InvocationGroup::add(std::shared_ptr<detail::Invocation> invocation) {
-  PIPEMAT_CHECK(!released_, RematError, "a checkpoint unit ran under invocation scope of ",
-                invocation->id().str(), " after the scope's group was released");
-  if (retained_) invocation->retain();
-  invocations_.push_back(std::move(invocation));
-}
+struct InvocationGroup::Invocations {
+  std::vector<std::shared_ptr<detail::Invocation>> list;
+};
+
+InvocationGroup::InvocationGroup(InvocationKey key)
+    : key_(key), invocations_(std::make_unique<Invocations>()) {}
+
+InvocationGroup::~InvocationGroup() = default;
+
+size_t InvocationGroup::size() const { return invocations_->list.size(); }
+
+class InvocationGroupAccess {
+ public:
+  static void add(InvocationGroup& group, std::shared_ptr<detail::Invocation> invocation) {
+    PIPEMAT_CHECK(!group.released_, RematError, "a checkpoint unit ran under invocation scope of ",
+                  invocation->id().str(), " after the scope's group was released");
+    if (group.retained_) invocation->retain();
+    group.invocations_->list.push_back(std::move(invocation));
+  }
+};
 
 void InvocationGroup::pretrigger() {
   detail::RematCode remat_code;
@@ -99,23 +114,24 @@ void InvocationGroup::pretrigger() {
                 key_.chunk, ", micro-batch ", key_.micro_batch,
                 "): release() must come after the last backward");
   retain();
-  for (auto it = invocations_.rbegin(); it != invocations_.rend(); ++it) (*it)->replay();
+  auto& list = invocations_->list;
+  for (auto it = list.rbegin(); it != list.rend(); ++it) (*it)->replay();
 }
 
 void InvocationGroup::retain() {
   retained_ = true;
-  for (auto& inv : invocations_) inv->retain();
+  for (auto& inv : invocations_->list) inv->retain();
 }
 
 void InvocationGroup::release() noexcept {
-  for (auto& inv : invocations_) inv->release();
-  invocations_.clear();
+  for (auto& inv : invocations_->list) inv->release();
+  invocations_->list.clear();
   released_ = true;
 }
 
 RematReport InvocationGroup::report() const {
   RematReport total;
-  for (const auto& inv : invocations_) total += inv->report();
+  for (const auto& inv : invocations_->list) total += inv->report();
   return total;
 }
 
@@ -132,6 +148,10 @@ ContextGuard::~ContextGuard() { tls_contexts.pop_back(); }
 
 InvocationId next_invocation_id(std::shared_ptr<InvocationGroup>* group) {
   return InvocationScopeAccess::next(group);
+}
+
+void join_group(InvocationGroup& group, std::shared_ptr<Invocation> invocation) {
+  InvocationGroupAccess::add(group, std::move(invocation));
 }
 
 }  // namespace detail

@@ -4,12 +4,12 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
-#include <chrono>
 
+#include "counters.h"
+#include "hooks.h"
 #include "internal.h"
+#include "overhead_clock.h"
 #include "pipemat/core/error.h"
-#include "pipemat/remat/hooks.h"
-#include "pipemat/remat/stats.h"
 #include "pipemat/remat/values.h"
 
 namespace pipemat::remat {
@@ -48,33 +48,6 @@ void RegionSlot::reset() {
   checkpoint_ = {};
   save_ = {};
 }
-
-namespace {
-thread_local bool tls_in_remat = false;
-thread_local int64_t tls_overhead_ns = 0;
-thread_local std::chrono::steady_clock::time_point tls_since;
-
-void switch_clock(bool to_remat) {
-  if (tls_in_remat == to_remat) return;
-  const auto now = std::chrono::steady_clock::now();
-  if (tls_in_remat) {
-    tls_overhead_ns +=
-        std::chrono::duration_cast<std::chrono::nanoseconds>(now - tls_since).count();
-  }
-  tls_since = now;
-  tls_in_remat = to_remat;
-}
-}  // namespace
-
-int64_t host_overhead_ns() { return tls_overhead_ns; }
-void reset_host_overhead() { tls_overhead_ns = 0; }
-
-namespace detail {
-RematCode::RematCode() : previous_(tls_in_remat) { switch_clock(true); }
-RematCode::~RematCode() { switch_clock(previous_); }
-UserCode::UserCode() : previous_(tls_in_remat) { switch_clock(false); }
-UserCode::~UserCode() { switch_clock(previous_); }
-}  // namespace detail
 
 bool inside_checkpoint_unit() {
   const auto* ctx = detail::current_context();
@@ -168,7 +141,7 @@ c10::IValue run_unit(const RegionSlot& slot, std::vector<c10::IValue> args, Regi
   InvocationId id = next_invocation_id(&group);
   auto inv = std::make_shared<Invocation>(std::move(id), slot, std::move(body), std::move(args));
   c10::IValue out = inv->run_forward();
-  if (group) group->add(inv);
+  if (group) join_group(*group, inv);
   return out;
 }
 
@@ -252,6 +225,15 @@ c10::IValue run_region(const RegionSlot& slot, std::vector<c10::IValue> args, Re
     }
   }
   return body(args);
+}
+
+void run_typed_region(const RegionSlot& slot,
+                      c10::function_ref<RegionBody(std::vector<c10::IValue>& args)> prepare,
+                      c10::function_ref<void(const c10::IValue& result)> finish) {
+  detail::RematCode remat_code;
+  std::vector<c10::IValue> args;
+  RegionBody body = prepare(args);
+  finish(run_region(slot, std::move(args), std::move(body)));
 }
 
 }  // namespace pipemat::remat

@@ -9,11 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "counters.h"
+#include "hooks.h"
 #include "internal.h"
+#include "overhead_clock.h"
 #include "pipemat/core/error.h"
-#include "pipemat/remat/hooks.h"
 #include "pipemat/remat/memory.h"
-#include "pipemat/remat/stats.h"
 #include "pipemat/remat/values.h"
 #include "saved_hooks.h"
 

@@ -11,20 +11,20 @@
 #include <utility>
 #include <vector>
 
+#include "counters.h"
 #include "internal.h"
 #include "pipemat/core/error.h"
 #include "pipemat/remat/region.h"
-#include "pipemat/remat/stats.h"
 #include "pipemat/remat/values.h"
 
 namespace pipemat::remat {
 
-namespace detail {
+namespace {
 std::atomic<bool> g_rederivation{true};
-}  // namespace detail
+}  // namespace
 
-void set_rederivation_enabled(bool enabled) { detail::g_rederivation.store(enabled); }
-bool rederivation_enabled() { return detail::g_rederivation.load(); }
+void set_rederivation_enabled(bool enabled) { g_rederivation.store(enabled); }
+bool rederivation_enabled() { return g_rederivation.load(); }
 
 namespace detail {
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "pipemat/remat/region.h"
+#include "overhead_clock.h"
 
 namespace pipemat::remat::detail {
 namespace {

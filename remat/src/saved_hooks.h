@@ -7,8 +7,8 @@
 #include <memory>
 #include <utility>
 
+#include "hooks.h"
 #include "internal.h"
-#include "pipemat/remat/hooks.h"
 
 namespace pipemat::remat::detail {
 

@@ -1,5 +1,7 @@
 #include "pipemat/remat/stats.h"
 
+#include "counters.h"
+
 #include <sstream>
 
 namespace pipemat::remat {
@@ -17,7 +19,8 @@ void bump(Counter c, int64_t n) { g_counters[static_cast<int>(c)] += n; }
 namespace {
 
 // Every counter once: its slot, its member and its name in str(). counters(), += and str() read
-// this table, so a new counter is one line here (and one in detail::Counter and the struct).
+// this table, so a new counter is one line here (and one in detail::Counter, counters.h, and the
+// struct).
 struct CounterField {
   detail::Counter counter;
   int64_t RematCounters::*member;

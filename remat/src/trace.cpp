@@ -12,7 +12,7 @@
 #include "pipemat/remat/region.h"
 
 namespace pipemat::remat {
-namespace detail {
+namespace {
 
 std::mutex g_trace_mutex;
 std::function<void(const std::string&)> g_trace_sink;
@@ -20,6 +20,10 @@ std::atomic<bool> g_trace_on{[] {
   const char* env = std::getenv("PIPEMAT_REMAT_TRACE");
   return env != nullptr && env[0] != '\0' && env[0] != '0';
 }()};
+
+}  // namespace
+
+namespace detail {
 
 bool trace_enabled() { return g_trace_on.load(std::memory_order_relaxed); }
 
@@ -35,9 +39,9 @@ void trace_line(const std::string& line) {
 }  // namespace detail
 
 void set_trace_sink(std::function<void(const std::string&)> sink) {
-  std::lock_guard<std::mutex> lock(detail::g_trace_mutex);
-  detail::g_trace_on.store(sink != nullptr);
-  detail::g_trace_sink = std::move(sink);
+  std::lock_guard<std::mutex> lock(g_trace_mutex);
+  g_trace_on.store(sink != nullptr);
+  g_trace_sink = std::move(sink);
 }
 
 }  // namespace pipemat::remat

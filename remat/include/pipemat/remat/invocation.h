@@ -25,10 +25,6 @@
 
 namespace pipemat::remat {
 
-namespace detail {
-class Invocation;
-}
-
 // Which micro-batch of which step and virtual stage a forward belongs to. -1 = not set.
 struct InvocationKey {
   int64_t step = -1;
@@ -60,6 +56,9 @@ class PhaseScope {
   Phase previous_;
 };
 
+// Number of reasons a saved tensor that aliases a SAVE input is kept (see fallback_names()).
+constexpr int kNumFallbacks = 7;
+
 // Memory and decision counts of one invocation (or a sum of them). Bytes are counted by unique
 // storage, so a tensor that is both cached and saved is counted once.
 struct RematReport {
@@ -74,7 +73,7 @@ struct RematReport {
   int64_t replays = 0;
   int64_t early_stops = 0;
   // Saved tensors kept although they alias a SAVE input, by reason (see fallback_names()).
-  std::vector<int64_t> fallbacks = std::vector<int64_t>(7, 0);
+  std::vector<int64_t> fallbacks = std::vector<int64_t>(kNumFallbacks, 0);
   int64_t fallback_total() const;
   std::string str() const;
   RematReport& operator+=(const RematReport& other);
@@ -84,12 +83,16 @@ struct RematReport {
 // dtype, view, disabled.
 const std::vector<std::string>& fallback_names();
 
-// The checkpoint-unit calls made inside one InvocationScope.
+// The checkpoint-unit calls made inside one InvocationScope. Non-copyable: it owns them.
 class InvocationGroup {
  public:
-  explicit InvocationGroup(InvocationKey key) : key_(key) {}
+  explicit InvocationGroup(InvocationKey key);
+  ~InvocationGroup();
+  InvocationGroup(const InvocationGroup&) = delete;
+  InvocationGroup& operator=(const InvocationGroup&) = delete;
+
   const InvocationKey& key() const { return key_; }
-  size_t size() const { return invocations_.size(); }
+  size_t size() const;
 
   // Replays every invocation of the group now (schedule action R), last unit first, and keeps
   // the results until release(): later backward passes (B, or I then W) unpack them without
@@ -105,12 +108,12 @@ class InvocationGroup {
 
   RematReport report() const;
 
-  // Used by the unit wrapper.
-  void add(std::shared_ptr<detail::Invocation> invocation);
-
  private:
+  struct Invocations;                  // the unit calls themselves (remat/src/invocation.cpp)
+  friend class InvocationGroupAccess;  // the unit wrapper adds its calls (remat/src)
+
   InvocationKey key_;
-  std::vector<std::shared_ptr<detail::Invocation>> invocations_;
+  std::unique_ptr<Invocations> invocations_;
   bool retained_ = false;
   bool released_ = false;
 };

@@ -1,9 +1,10 @@
 #pragma once
 // The core of remat: how one wrapped callable runs, as a checkpoint unit, a SAVE region, or
-// plainly. Typed front-ends (wrappers.h) and the AnyModule adapter convert to and from IValues
-// and call run_region(); nothing else decides checkpoint behaviour.
+// plainly. Typed front-ends (wrappers.h, through run_typed_region()) and the AnyModule adapter
+// convert to and from IValues and call run_region(); nothing else decides checkpoint behaviour.
 
 #include <ATen/core/ivalue.h>
+#include <c10/util/FunctionRef.h>
 
 #include <functional>
 #include <memory>
@@ -56,6 +57,14 @@ using RegionBody = std::function<c10::IValue(const std::vector<c10::IValue>& arg
 // for replay, so it must stay callable until the invocation is released.
 c10::IValue run_region(const RegionSlot& slot, std::vector<c10::IValue> args, RegionBody body);
 
+// run_region for the typed front-ends (wrappers.h), with the conversion between C++ values and
+// IValues inside it, so that host_overhead_ns() counts it as remat's own time: `prepare` fills
+// the arguments and returns the body, `finish` takes the region's result. Both are called on this
+// thread before run_typed_region returns; an exception from either or from the region propagates.
+void run_typed_region(const RegionSlot& slot,
+                      c10::function_ref<RegionBody(std::vector<c10::IValue>& args)> prepare,
+                      c10::function_ref<void(const c10::IValue& result)> finish);
+
 // Rederivation of RECOMPUTE-sourced SAVE inputs (SPEC 2.4) is always on; this process-wide switch
 // exists only so benchmarks can measure the "legacy" behaviour that keeps those inputs.
 void set_rederivation_enabled(bool enabled);
@@ -64,36 +73,6 @@ bool rederivation_enabled();
 // Debug trace of pack / unpack / rederive / fallback decisions, one line per event, to `sink`
 // (nullptr: off). Also switched on by the environment variable PIPEMAT_REMAT_TRACE=1 (stderr).
 void set_trace_sink(std::function<void(const std::string&)> sink);
-
-// Host time this thread spent in remat's own code (wrappers, hooks, replay bookkeeping; not the
-// wrapped bodies, not autograd), in nanoseconds since the last reset. Measured by switching a
-// thread-local clock between "remat" and "user code" at every boundary.
-int64_t host_overhead_ns();
-void reset_host_overhead();
-
-namespace detail {
-// RAII markers of the two clock states; they nest in any order.
-class RematCode {
- public:
-  RematCode();
-  ~RematCode();
-  RematCode(const RematCode&) = delete;
-  RematCode& operator=(const RematCode&) = delete;
-
- private:
-  bool previous_;
-};
-class UserCode {
- public:
-  UserCode();
-  ~UserCode();
-  UserCode(const UserCode&) = delete;
-  UserCode& operator=(const UserCode&) = delete;
-
- private:
-  bool previous_;
-};
-}  // namespace detail
 
 // True while this thread runs the forward or the replay of a checkpoint unit (a SAVE wrapper is
 // transparent otherwise, and typed wrappers skip the IValue conversion).

@@ -1,6 +1,6 @@
 #pragma once
-// remat counters of the calling thread (a pipeline rank counts its own work; in-process runs
-// have one thread per rank), for progress lines, tests and benchmarks.
+// remat counters and host overhead of the calling thread (a pipeline rank counts its own work;
+// in-process runs have one thread per rank), for progress lines, tests and benchmarks.
 
 #include <cstdint>
 #include <string>
@@ -24,19 +24,10 @@ struct RematCounters {
 RematCounters counters();
 void reset_counters();
 
-namespace detail {
-enum class Counter {
-  kUnitCalls,
-  kReplays,
-  kEarlyStops,
-  kSaveCalls,
-  kSaveSkips,
-  kPacks,
-  kSaveKept,
-  kOutputLeaves,
-  kPlaceholders,
-};
-void bump(Counter c, int64_t n = 1);
-}  // namespace detail
+// Host time this thread spent in remat's own code (wrappers, hooks, replay bookkeeping; not the
+// wrapped bodies, not autograd), in nanoseconds since the last reset. Measured by switching a
+// thread-local clock between "remat" and "user code" at every boundary.
+int64_t host_overhead_ns();
+void reset_host_overhead();
 
 }  // namespace pipemat::remat

@@ -20,6 +20,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -63,14 +64,19 @@ auto invoke(const RegionSlot& slot, const Fn& fn, Args&&... args)
       (slot.kind() == RegionSlot::Kind::kSave && !inside_checkpoint_unit())) {
     return fn(std::forward<Args>(args)...);
   }
-  RematCode remat_code;
-  std::vector<c10::IValue> values;
-  values.reserve(sizeof...(Args));
-  (values.push_back(to_ivalue(std::decay_t<Args>(args))), ...);
-  RegionBody body = [fn](const std::vector<c10::IValue>& v) {
-    return call_with_ivalues<Fn, std::decay_t<Args>...>(fn, v, std::index_sequence_for<Args...>{});
-  };
-  return from_ivalue<std::decay_t<R>>(run_region(slot, std::move(values), std::move(body)));
+  std::optional<std::decay_t<R>> result;
+  run_typed_region(
+      slot,
+      [&](std::vector<c10::IValue>& values) -> RegionBody {
+        values.reserve(sizeof...(Args));
+        (values.push_back(to_ivalue(std::decay_t<Args>(args))), ...);
+        return [fn](const std::vector<c10::IValue>& v) {
+          return call_with_ivalues<Fn, std::decay_t<Args>...>(fn, v,
+                                                              std::index_sequence_for<Args...>{});
+        };
+      },
+      [&](const c10::IValue& out) { result.emplace(from_ivalue<std::decay_t<R>>(out)); });
+  return std::move(*result);
 }
 
 template <typename T, typename = void>

@@ -1,5 +1,7 @@
 #pragma once
-// Saved-tensor hooks for pure C++ programs.
+// Saved-tensor hooks for pure C++ programs. Private to remat: it exposes LibTorch's
+// torch/csrc SavedVariableHooks, and only remat's own checkpoint units and SAVE regions push
+// hooks; users see their effect through the wrappers (wrappers.h), never the hooks.
 //
 // Note [Saved tensor hooks in pure C++]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -8,7 +10,9 @@
 // Engine returns nullptr and only the Python engine overrides it (reading Python callables from
 // at::SavedTensorDefaultHooks). LibTorch has no C++ API for default hooks, so pipemat installs an
 // Engine subclass whose override reads a thread-local stack of HookFactory objects, and makes it
-// the default engine with `set_default_engine_stub`. This file is the one place that does so.
+// the default engine with `set_default_engine_stub`. hooks.cpp is the one place that does so (it
+// pins LibTorch 1.13 at compile time: the Engine's virtuals and SavedVariable's behaviour below
+// are internals of that version).
 //
 // Consequences every caller must keep in mind:
 //  * Installation is process-wide and idempotent (install_saved_tensor_hooks()); it happens on
