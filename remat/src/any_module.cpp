@@ -7,6 +7,7 @@
 
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/version.h>
 
 #include <tuple>
 
@@ -15,12 +16,22 @@
 #include "pipemat/remat/any_module.h"
 #include "pipemat/remat/wrappers.h"
 
+#if TORCH_VERSION_MAJOR != 1 || TORCH_VERSION_MINOR != 13
+#error \
+    "pipemat: wrapping AnyModules reaches into LibTorch 1.13's private AnyModule::content_ (Note [AnyModule content access]); check it against this version"
+#endif
+
 namespace pipemat::remat {
 namespace {
 
+// Note [AnyModule content access]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // AnyModule exposes no way to install a custom erased callee. Explicit template instantiation
 // may name private members (C++17 [temp.explicit]/14), which gives one well-defined access path
-// to AnyModule::content_; nothing else in pipemat reaches into LibTorch privates this way.
+// to the private `AnyModule::content_` (a unique_ptr<AnyModulePlaceholder>); this file is the
+// only user. It relies on two details of LibTorch 1.13: that private member's name and type,
+// and AnyModulePlaceholder's virtuals (forward, ptr, copy, clone_module), which RegionPlaceholder
+// overrides. Nothing else in pipemat reaches into LibTorch privates this way.
 using ContentPtr = std::unique_ptr<torch::nn::AnyModulePlaceholder> torch::nn::AnyModule::*;
 struct ContentTag {
   friend ContentPtr content_member(ContentTag);

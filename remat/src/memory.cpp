@@ -1,12 +1,33 @@
+// The tracking CPU allocator of memory.h.
+//
+// Note [CPU allocator replacement]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// install_tracking_allocator() replaces LibTorch's process-wide CPU allocator through
+// c10::SetCPUAllocator (priority 100: an allocator set later with the default priority 0 does
+// not override it), wrapping the default allocator it replaces. This file is the one place that
+// does so, and it leans on how LibTorch 1.13 uses the allocator: every CPU storage asks
+// c10::GetCPUAllocator() when it allocates (so later allocations are seen, earlier ones are
+// not); kernels that use raw_allocate() for scratch memory (exact GELU) need a DataPtr whose
+// context is the data pointer and free it through raw_deleter() with only that pointer (hence
+// the record in a header in front of the data); and a storage's DataPtr keeps the deleter it was
+// made with, which is how allocation_sequence() tells our blocks from others. A later LibTorch
+// may cache allocators or change the raw_allocate contract, so the build pins the version.
+
 #include "pipemat/remat/memory.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <mutex>
 #include <new>
+
+#if TORCH_VERSION_MAJOR != 1 || TORCH_VERSION_MINOR != 13
+#error \
+    "pipemat: the tracking allocator replaces LibTorch 1.13's CPU allocator (Note [CPU allocator replacement]); check it against this version"
+#endif
 
 namespace pipemat::remat {
 namespace {
@@ -24,9 +45,8 @@ void raise_to(std::atomic<int64_t>& peak, int64_t now) {
 std::atomic<bool> g_installed{false};
 
 // Each block carries its record in a header in front of the data, so that the DataPtr's context
-// is the data pointer itself: c10::Allocator::raw_allocate, which some kernels use for scratch
-// memory (exact GELU), requires context == data and frees through raw_deleter() with only that
-// pointer. No lock, no lookup on the allocation path.
+// is the data pointer itself (Note [CPU allocator replacement]). No lock, no lookup on the
+// allocation path.
 struct Record {
   c10::DataPtr inner;  // the block from the default allocator (header + data)
   int64_t bytes;

@@ -7,19 +7,28 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <mutex>
 
 #include "internal.h"
 #include "pipemat/core/error.h"
 
-// Note [Per-thread CPU generators]: the fallback key is a LibTorch 1.13 detail.
-#if !defined(TORCH_VERSION_MAJOR)
-#include <torch/version.h>
+// Note [LibTorch generator internals]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// This file is remat's one reach into LibTorch's random-number internals, in two places:
+//  * the per-thread generators (Note [Per-thread CPU generators]) register a process-wide boxed
+//    fallback on the TESTING_ONLY_GenericMode dispatch key, free for that in LibTorch 1.13, and
+//    switch it per thread through c10::impl's thread-local included-key set;
+//  * the state a checkpoint unit records and replay restores (Note [Replay RNG alignment]) is
+//    read and written through at::CPUGeneratorImpl's engine and cached normal samples, copied by
+//    value (RngState), not through get_state() (which allocates a tensor per unit call).
+// Both are details of LibTorch 1.13: another version may use the key or change what a CPU
+// generator's state is, so the build stops there.
+#if TORCH_VERSION_MAJOR != 1 || TORCH_VERSION_MINOR != 13
+#error \
+    "pipemat: the per-thread generators and replay's RNG state reach into LibTorch 1.13 internals (Note [LibTorch generator internals]); check them against this version"
 #endif
-static_assert(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13,
-              "pipemat's per-thread generators use the TESTING_ONLY_GenericMode dispatch key of "
-              "LibTorch 1.13; check that it is still free before building with another version");
 
 namespace pipemat::remat {
 namespace {
