@@ -3,8 +3,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,10 +10,10 @@
 #include <tuple>
 
 #include "pipemat/comm/tensor.h"
-#include "pipemat/pp/split_backward.h"
 #include "pipemat/remat/invocation.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/remat/rng.h"
+#include "split_backward.h"
 
 namespace pipemat::pp {
 
@@ -424,7 +422,6 @@ struct Pipeline::Impl {
     if (options.collect_timelines) transport.barrier(transport.timeout());
     remat::reset_peak_bytes();
     const int64_t bytes0 = remat::memory_stats().current_bytes;
-    auto& engine = torch::autograd::Engine::get_default_engine();
     const auto t0 = std::chrono::steady_clock::now();
     double busy_us = 0;
 
@@ -542,7 +539,7 @@ struct Pipeline::Impl {
             reseed(step, a.micro_batch, kLossStream);
             at::Tensor loss = scaled_loss(out, b.targets, M, step, a.micro_batch);
             if (loss.requires_grad()) {
-              mb.roots.push_back(torch::autograd::impl::gradient_edge(loss));
+              mb.roots.push_back(gradient_edge(loss));
               mb.root_outputs.push_back(0);
             }
             losses[a.micro_batch] = loss.item<double>();
@@ -551,7 +548,7 @@ struct Pipeline::Impl {
           } else {
             for (size_t j = 0; j < out.size(); ++j) {
               if (out[j].defined() && out[j].requires_grad()) {
-                mb.roots.push_back(torch::autograd::impl::gradient_edge(out[j]));
+                mb.roots.push_back(gradient_edge(out[j]));
                 mb.root_outputs.push_back(j);
               }
             }
@@ -594,8 +591,7 @@ struct Pipeline::Impl {
           root_grads(a, mb, grads, roots, gs);
           if (!roots.empty()) {
             remat::PhaseScope phase(remat::Phase::kBackward);
-            engine.execute(roots, gs, /*keep_graph=*/false, /*create_graph=*/false,
-                           /*accumulate_grad=*/true);
+            run_backward(roots, gs);
           }
           deliver_dx(a, input_grads(mb));
           mb.group->release();
