@@ -1,14 +1,39 @@
-#include "pipemat/pp/split_backward.h"
+// B, I and W of a stage (Note [Split backward]) on LibTorch's autograd engine.
+
+#include "split_backward.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "pipemat/core/error.h"
+
+// Note [Autograd internals of pp's backward]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The public C++ API (torch::autograd::backward / grad) takes tensors and runs whole graphs;
+// pp's backward passes need more, and every use of autograd internals in pp is in this file:
+//  - torch::autograd::Engine::execute with roots given as edges and explicit `outputs`: B runs
+//    from the stage outputs' edges (or the loss's) and accumulates into `.grad`; I requests
+//    only the input gradients and keeps the graph; W requests only the parameter gradients,
+//    with accumulate_grad off (accumulate_grad() here does what AccumulateGrad would).
+//  - torch::autograd::impl::gradient_edge: the edges of outputs, the loss, inputs and params.
+//  - Node::add_pre_hook / pre_hooks() with a FunctionPreHook: the captures on W's roots, which
+//    ~SplitBackward finds again by their dynamic type and removes.
+//  - Node::next_edges_ (protected), written through EdgeAccess: W cuts the edges into the dx
+//    chain, which Node::set_next_edge would refuse.
+// What they do (that execute with `outputs` runs only the nodes on paths to them, that a
+// pre-hook sees the gradients its node receives, that cutting edges of a graph no longer
+// executed is safe) is checked against LibTorch 1.13 only; the guard makes building against
+// another version stop here until it is checked again.
+#if TORCH_VERSION_MAJOR != 1 || TORCH_VERSION_MINOR != 13
+#error \
+    "pipemat: pp's split backward reaches into LibTorch 1.13 autograd internals (Note [Autograd internals of pp's backward]); check it against this version"
+#endif
 
 namespace pipemat::pp {
 
@@ -84,6 +109,16 @@ std::unordered_set<Node*> reaching(const std::vector<Node*>& nodes,
 }
 
 }  // namespace
+
+torch::autograd::Edge gradient_edge(const at::Tensor& t) {
+  return torch::autograd::impl::gradient_edge(t);
+}
+
+void run_backward(const std::vector<Edge>& roots, const std::vector<at::Tensor>& grads) {
+  torch::autograd::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false,
+                                                        /*create_graph=*/false,
+                                                        /*accumulate_grad=*/true);
+}
 
 void accumulate_grad(at::Tensor& param, const at::Tensor& grad) {
   if (!grad.defined()) return;

@@ -8,9 +8,9 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "pipemat/models/zoo_stages.h"
-#include "pipemat/pp/split_backward.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/remat/remat.h"
+#include "split_backward.h"  // private: pp/src
 
 namespace pipemat::pp {
 namespace {

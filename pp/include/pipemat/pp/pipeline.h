@@ -1,4 +1,25 @@
 #pragma once
+// What lives where in pp.
+//   Public, pp/include/pipemat/pp/:
+//     pipeline.h    this file: Pipeline with its options, metrics and evaluation; stages from
+//                   modules, callables and a split Sequential; forward_seed, stage_count.
+//     checkpoint.h  save, find and resume checkpoints of a run, or load their weights into
+//                   modules (Note [Checkpoint layout]).
+//     compute.h     compute threads, the BLAS in use, retain_freed_memory.
+//   Private, pp/src/ (pipeline_impl.h declares Pipeline::Impl, the state the files below share):
+//     pipeline.cpp        setup: plan, option and stage checks, the rank's generator and
+//                         Note [Random streams of a step]; Pipeline's members (forward to Impl).
+//     stages.cpp          make_stage, balance_by_size / _parameters, split_sequential.
+//     stage_io.cpp        batch split into micro-batches, Note [Stage boundary signature] checks,
+//                         the detached copies that go on the wire.
+//     executor.cpp        train_step: runs the rank's actions, then clipping and the optimizer.
+//     gradients.cpp       loss scaling, clipping by the global gradient norm.
+//     metrics.cpp         the loss on every rank; step metrics and timelines on the last rank.
+//     evaluate.cpp        evaluate: forward only, in eval mode.
+//     split_backward.h/.cpp  B, and I / W (Note [Split backward]) on the autograd engine: pp's
+//                         only use of torch/csrc (Note [Autograd internals of pp's backward]).
+//     checkpoint.cpp, compute.cpp  what checkpoint.h and compute.h declare.
+//
 // pp as a library: pipeline-train your own LibTorch model.
 //
 //   pipemat::pp::PipelineOptions options;

@@ -1,6 +1,9 @@
 #pragma once
-// Split backward of a pipeline stage for any LibTorch module: I (gradient w.r.t. the stage input,
-// needed at once by the previous stage) and W (parameter gradients, deferrable into bubbles).
+// Private to pp. The backward passes of a pipeline stage for any LibTorch module: B (fused), and
+// the split one, I (gradient w.r.t. the stage input, needed at once by the previous stage) and W
+// (parameter gradients, deferrable into bubbles). This header and split_backward.cpp are pp's
+// only reach into LibTorch's autograd internals (Note [Autograd internals of pp's backward]);
+// the rest of pp includes no torch/csrc header and calls these functions instead.
 //
 // Note [Split backward]
 // ~~~~~~~~~~~~~~~~~~~~~
@@ -66,5 +69,14 @@ class SplitBackward {
 // Accumulates `grad` into `param.grad()` the way AccumulateGrad does: set when undefined, else
 // add in place. Undefined `grad` is ignored.
 void accumulate_grad(at::Tensor& param, const at::Tensor& grad);
+
+// The edge a gradient for `t` enters the graph through: its grad_fn, or for a leaf its gradient
+// accumulator. A backward root of a stage output or of the loss.
+torch::autograd::Edge gradient_edge(const at::Tensor& t);
+
+// B: runs the engine from `roots` with `grads` (one per root) and accumulates the gradient of
+// every leaf it reaches into `.grad`, as Tensor::backward does; the graph is freed.
+void run_backward(const std::vector<torch::autograd::Edge>& roots,
+                  const std::vector<at::Tensor>& grads);
 
 }  // namespace pipemat::pp

@@ -1,0 +1,94 @@
+#pragma once
+// Private to pp: the state of a Pipeline, shared by the files that implement it. Each member
+// function is defined in the file its group names (what lives where: the top of
+// pipemat/pp/pipeline.h).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipemat/comm/transport.h"
+#include "pipemat/core/error.h"
+#include "pipemat/pp/pipeline.h"
+#include "pipemat/schedule/schedule.h"
+
+namespace pipemat::pp {
+
+// Note [Stage boundary signature]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// What one stage boundary carries: the number of tensors and the dtype of each (-1: undefined).
+// Shapes are free: they travel with every message (comm::send_tensors). Both ranks of a
+// boundary learn it from its first micro-batch and check every later one, the sender before it
+// sends (it still sends, then throws, so the receiver does not wait) and the receiver after it
+// receives, so a stage that changes what it returns is an error on both sides.
+using Signature = std::vector<int>;
+
+struct Pipeline::Impl {
+  comm::Transport& transport;
+  PipelineOptions options;
+  schedule::Schedule plan;
+  int rank = 0;
+  int last_stage = 0;
+  std::map<int, PipelineStage> stages;
+  std::map<int, std::vector<at::Tensor>> stage_params;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  int64_t next_step = 0;
+  std::map<int, Signature> boundary;  // boundary s -> s + 1, Note [Stage boundary signature]
+  at::Generator generator;            // PipelineOptions::seed
+
+  // pipeline.cpp: checks the options, builds the plan, this rank's stages and the optimizer.
+  Impl(comm::Transport& t, PipelineOptions o, const StageFactory& build);
+
+  // Message tags and where the stages are.
+  int tag_of(const schedule::Action& a) const { return schedule::message_id(plan, a); }
+  // Tags above the schedule's messages: metrics, timelines, clipping norms, losses, evaluation.
+  int reserved_tag(int k) const { return 2 * plan.stages_count * plan.micro_batches + k; }
+  int metrics_tag() const { return reserved_tag(0); }
+  int timeline_tag() const { return reserved_tag(1); }
+  int norms_tag() const { return reserved_tag(2); }
+  int loss_tag() const { return reserved_tag(3); }
+  int eval_tag(int from_stage, int64_t micro_batch, int64_t micro_batches) const {
+    const int64_t tag = reserved_tag(4) + from_stage * micro_batches + micro_batch;
+    PIPEMAT_CHECK(tag <= comm::kMaxUserTag, ConfigError, "evaluate: ", micro_batches,
+                  " micro-batches over ", plan.stages_count,
+                  " stages need more message tags "
+                  "than the transport has; evaluate fewer micro-batches per call");
+    return static_cast<int>(tag);
+  }
+  int last_rank() const { return plan.rank_of(last_stage); }
+  bool is_first_stage_rank() const { return plan.rank_of(0) == rank; }
+  bool is_last_stage_rank() const { return last_rank() == rank; }
+
+  // pipeline.cpp: Note [Random streams of a step].
+  void reseed(int64_t step, int64_t micro_batch, int stream);
+
+  // stage_io.cpp: what goes into the stages and across their boundaries.
+  DataSource split_batch(const MicroBatch& batch, int64_t parts, const char* call) const;
+  const Signature* boundary_mismatch(int b, const Tensors& ts);
+  std::string check_sent(int stage, int64_t step, int64_t micro_batch, const Tensors& out);
+  void check_received(int stage, int from_rank, int64_t step, int64_t micro_batch,
+                      const Tensors& in);
+  static Tensors as_received(const Tensors& out);
+
+  // executor.cpp: the action executor.
+  StepMetrics train_step(const DataSource& data);
+  StepMetrics train_step(const MicroBatch& batch);
+
+  // gradients.cpp: loss scaling and global gradient clipping.
+  at::Tensor scaled_loss(const Tensors& out, const Tensors& targets, int64_t micro_batches,
+                         int64_t step, int64_t micro_batch);
+  double clip_global_norm(double max_norm);
+
+  // metrics.cpp: the step's loss and metrics across ranks.
+  double share_loss(double loss);
+  void build_measured(StepMetrics& m, const std::vector<at::Tensor>& timelines) const;
+  void exchange_metrics(StepMetrics& m);
+
+  // evaluate.cpp
+  EvalResult evaluate(const DataSource& data, const EvalOptions& eo);
+};
+
+}  // namespace pipemat::pp
