@@ -2,7 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -83,18 +86,19 @@ std::vector<P2PResult> run_p2p_bench(Transport& transport, const P2PBenchOptions
 }
 
 std::string format_p2p_json(const std::string& transport, const std::vector<P2PResult>& results) {
-  std::string out = "{\"transport\": \"" + transport + "\", \"results\": [";
-  for (size_t i = 0; i < results.size(); ++i) {
-    const auto& r = results[i];
-    if (i) out += ", ";
-    out += "{\"bytes\": " + std::to_string(r.bytes) +
-           ", \"latency_us\": " + format_fixed(r.latency_us, 3) +
-           ", \"gbps\": " + format_fixed(r.gbps, 4) +
-           ", \"raw_gbps\": " + format_fixed(r.raw_gbps, 4) +
-           ", \"raw_latency_us\": " + format_fixed(r.raw_latency_us, 3) +
-           ", \"iters\": " + std::to_string(r.iters) + "}";
+  // Times to the ns, rates to 0.1 Mbit/s: what a measurement of this kind can tell apart.
+  const auto rounded = [](double v, double scale) { return std::round(v * scale) / scale; };
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const auto& r : results) {
+    rows.push_back({{"bytes", r.bytes},
+                    {"latency_us", rounded(r.latency_us, 1e3)},
+                    {"gbps", rounded(r.gbps, 1e4)},
+                    {"raw_gbps", rounded(r.raw_gbps, 1e4)},
+                    {"raw_latency_us", rounded(r.raw_latency_us, 1e3)},
+                    {"iters", r.iters}});
   }
-  return out + "]}";
+  const nlohmann::ordered_json doc = {{"transport", transport}, {"results", rows}};
+  return doc.dump();
 }
 
 std::string format_p2p_table(const std::string& transport, const std::vector<P2PResult>& results) {

@@ -6,11 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "pipemat/core/error.h"
@@ -111,7 +109,9 @@ double empty_save_call_us() {
 
 }  // namespace
 
-void run_bench_remat(const BenchRematOptions& o, std::ostream& out) {
+BenchRematReport run_bench_remat(
+    const BenchRematOptions& o,
+    const std::function<void(int64_t repetition, const std::string& mode)>& on_mode_done) {
   PIPEMAT_CHECK(o.layers > 0 && o.tokens > 0 && o.hidden > 0 && o.steps > 0 && o.repeat > 0,
                 ConfigError,
                 "bench remat: --layers, --tokens, --hidden, --steps and --repeat must be positive");
@@ -125,26 +125,10 @@ void run_bench_remat(const BenchRematOptions& o, std::ostream& out) {
     for (const auto& mode : kModes) {
       auto steps = run_mode(o, mode);
       all[mode].insert(all[mode].end(), steps.begin(), steps.end());
-      if (!o.json) {
-        std::fprintf(stderr, "bench remat: repetition %lld/%lld, mode %s done\n",
-                     static_cast<long long>(rep + 1), static_cast<long long>(o.repeat),
-                     mode.c_str());
-      }
+      if (on_mode_done) on_mode_done(rep + 1, mode);
     }
   }
-  nlohmann::ordered_json j;
-  j["scenario"] = o.scenario;
-  j["layers"] = o.layers;
-  j["tokens"] = o.tokens;
-  j["hidden"] = o.hidden;
-  if (o.scenario == "moe") {
-    j["experts"] = o.experts;
-    j["top_k"] = o.top_k;
-  }
-  j["dtype"] = "float32";
-  j["steps"] = o.steps;
-  j["repeat"] = o.repeat;
-  nlohmann::ordered_json modes;
+  BenchRematReport report;
   for (const auto& mode : kModes) {
     const auto& rs = all[mode];
     auto pick = [&](auto field) {
@@ -157,49 +141,21 @@ void run_bench_remat(const BenchRematOptions& o, std::ostream& out) {
       for (const auto& r : rs) m = std::max<int64_t>(m, field(r));
       return m;
     };
-    nlohmann::ordered_json m;
-    m["resident_bytes"] = max_of([](const StepResult& r) { return r.resident_bytes; });
-    m["replay_peak_bytes"] = max_of([](const StepResult& r) { return r.replay_peak_bytes; });
-    m["peak_bytes"] = max_of([](const StepResult& r) { return r.peak_bytes; });
-    m["step_ms"] = median(pick([](const StepResult& r) { return r.step_ms; }));
-    m["host_overhead_us"] = median(pick([](const StepResult& r) { return r.host_overhead_us; }));
-    m["loss"] = rs.back().loss;
-    m["grad_norm"] = rs.back().grad_norm;
-    m["save_body_calls"] = rs.back().save_body_calls;
-    m["recompute_body_calls"] = rs.back().recompute_body_calls;
-    modes[mode] = m;
+    BenchRematMode m;
+    m.mode = mode;
+    m.resident_bytes = max_of([](const StepResult& r) { return r.resident_bytes; });
+    m.replay_peak_bytes = max_of([](const StepResult& r) { return r.replay_peak_bytes; });
+    m.peak_bytes = max_of([](const StepResult& r) { return r.peak_bytes; });
+    m.step_ms = median(pick([](const StepResult& r) { return r.step_ms; }));
+    m.host_overhead_us = median(pick([](const StepResult& r) { return r.host_overhead_us; }));
+    m.loss = rs.back().loss;
+    m.grad_norm = rs.back().grad_norm;
+    m.save_body_calls = rs.back().save_body_calls;
+    m.recompute_body_calls = rs.back().recompute_body_calls;
+    report.modes.push_back(m);
   }
-  j["modes"] = modes;
-  j["empty_save_region_call_us"] = empty_save_call_us();
-  if (o.json) {
-    out << j.dump() << "\n";
-    return;
-  }
-  char line[256];
-  std::snprintf(line, sizeof(line),
-                "bench remat: %s, %lld layers, %lld tokens, hidden %lld, float32\n",
-                o.scenario.c_str(), static_cast<long long>(o.layers),
-                static_cast<long long>(o.tokens), static_cast<long long>(o.hidden));
-  out << line;
-  std::snprintf(line, sizeof(line), "%-9s %14s %14s %14s %9s %10s %6s %6s %12s\n", "mode",
-                "resident B", "replay peak B", "step peak B", "step ms", "host us", "save",
-                "recomp", "loss");
-  out << line;
-  for (const auto& mode : kModes) {
-    const auto& m = j["modes"][mode];
-    std::snprintf(line, sizeof(line), "%-9s %14lld %14lld %14lld %9.2f %10.1f %6lld %6lld %12.6f\n",
-                  mode.c_str(), static_cast<long long>(m["resident_bytes"].get<int64_t>()),
-                  static_cast<long long>(m["replay_peak_bytes"].get<int64_t>()),
-                  static_cast<long long>(m["peak_bytes"].get<int64_t>()),
-                  m["step_ms"].get<double>(), m["host_overhead_us"].get<double>(),
-                  static_cast<long long>(m["save_body_calls"].get<int64_t>()),
-                  static_cast<long long>(m["recompute_body_calls"].get<int64_t>()),
-                  m["loss"].get<double>());
-    out << line;
-  }
-  std::snprintf(line, sizeof(line), "empty SAVE region call inside a unit: %.3f us host overhead\n",
-                j["empty_save_region_call_us"].get<double>());
-  out << line;
+  report.empty_save_region_call_us = empty_save_call_us();
+  return report;
 }
 
 }  // namespace pipemat::models

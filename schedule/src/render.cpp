@@ -1,5 +1,7 @@
 #include "pipemat/schedule/render.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +29,15 @@ std::string ratio(double v) {
   std::snprintf(buf, sizeof(buf), "%.6f", v);
   return buf;
 }
+
+// Times in JSON: an integer when the time is one (as num() prints it), else the double. Ratios:
+// rounded to the six decimals ratio() prints.
+nlohmann::ordered_json json_time(double v) {
+  if (std::fabs(v - std::round(v)) < 1e-9) return static_cast<long long>(std::round(v));
+  return v;
+}
+
+double json_ratio(double v) { return std::round(v * 1e6) / 1e6; }
 
 std::vector<Action> listed(const Schedule& s, int rank, const RenderOptions& o) {
   return o.with_comms ? s.actions[rank] : s.compute_actions(rank);
@@ -158,22 +169,22 @@ std::string render_csv(const Schedule& s, const RenderOptions& o) {
 }
 
 std::string render_json(const Schedule& s, const SimulationResult& sim, const RenderOptions& o) {
-  std::ostringstream os;
-  os << "{\n  \"kind\": \"" << to_string(s.kind) << "\",\n  \"stages\": " << s.ranks_count
-     << ",\n  \"ranks_count\": " << s.ranks_count << ",\n  \"micro_batches\": " << s.micro_batches
-     << ",\n  \"virtual\": " << s.virtual_stages << ",\n  \"makespan\": " << num(sim.makespan)
-     << ",\n  \"bubble_ratio\": " << ratio(sim.bubble_ratio) << ",\n  \"ranks\": [";
-  for (size_t r = 0; r < sim.ranks.size(); ++r) {
-    const auto& rank = sim.ranks[r];
-    std::vector<std::string> quoted;
-    for (const auto& text : format_actions(listed(s, rank.rank, o)))
-      quoted.push_back('"' + text + '"');
-    os << (r ? "," : "") << "\n    {\"rank\": " << rank.rank << ", \"actions\": ["
-       << join(quoted, ", ") << "], \"busy\": " << num(rank.busy)
-       << ", \"peak_activations\": " << rank.peak_activations << "}";
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (const auto& rank : sim.ranks) {
+    ranks.push_back({{"rank", rank.rank},
+                     {"actions", format_actions(listed(s, rank.rank, o))},
+                     {"busy", json_time(rank.busy)},
+                     {"peak_activations", rank.peak_activations}});
   }
-  os << "\n  ]\n}\n";
-  return os.str();
+  const nlohmann::ordered_json doc = {{"kind", to_string(s.kind)},
+                                      {"stages", s.ranks_count},
+                                      {"ranks_count", s.ranks_count},
+                                      {"micro_batches", s.micro_batches},
+                                      {"virtual", s.virtual_stages},
+                                      {"makespan", json_time(sim.makespan)},
+                                      {"bubble_ratio", json_ratio(sim.bubble_ratio)},
+                                      {"ranks", ranks}};
+  return doc.dump(2) + "\n";
 }
 
 std::string render_svg(const Schedule& s, const SimulationResult& sim, const RenderOptions& o) {

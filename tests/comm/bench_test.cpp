@@ -22,11 +22,10 @@ TEST(commP2PBench, LocalRunReportsEverySizeInTheDocumentedJson) {
     EXPECT_GT(report.results[i].latency_us, 0);  // a measured time
   }
   const std::string json = format_p2p_json(report.transport, report.results);
-  EXPECT_EQ(
-      json.rfind("{\"transport\": \"local\", \"results\": [{\"bytes\": 4096, \"latency_us\": ", 0),
-      0u)
+  EXPECT_EQ(json.rfind("{\"transport\":\"local\",\"results\":[{\"bytes\":4096,\"latency_us\":", 0),
+            0u)
       << json;
-  for (const char* key : {"\"gbps\": ", "\"raw_gbps\": ", "\"bytes\": 65536", "\"iters\": 5}"}) {
+  for (const char* key : {"\"gbps\":", "\"raw_gbps\":", "\"bytes\":65536", "\"iters\":5}"}) {
     EXPECT_NE(json.find(key), std::string::npos) << key << " in " << json;
   }
 }

@@ -16,6 +16,19 @@
 #include "pipemat/core/error.h"
 
 namespace pipemat::comm::detail::tcp {
+namespace {
+
+// The cancel of await() for an operation on `closable` (a socket or an acceptor): closing it
+// completes the pending operation with operation_aborted; an error of close() changes nothing.
+template <typename Closable>
+auto close_of(Closable& closable) {
+  return [&closable] {
+    error_code ignored;
+    closable.close(ignored);
+  };
+}
+
+}  // namespace
 
 template <typename Start, typename Cancel>
 error_code Rendezvous::await(Start&& start, Cancel&& cancel, const std::string& what,
@@ -69,11 +82,7 @@ tcp::socket Rendezvous::connect(const std::string& host, uint16_t port, const st
       for (const auto& entry : endpoints) {
         tcp::socket socket(io_);
         ec = await([&](auto handler) { socket.async_connect(entry.endpoint(), handler); },
-                   [&] {
-                     error_code ignored;
-                     socket.close(ignored);
-                   },
-                   "connecting");
+                   close_of(socket), "connecting");
         if (!ec) {
           socket.set_option(tcp::no_delay(true));
           return socket;
@@ -101,32 +110,20 @@ void Rendezvous::write(tcp::socket& socket, const void* data, size_t size,
                        const std::string& what) {
   auto ec =
       await([&](auto handler) { asio::async_write(socket, asio::buffer(data, size), handler); },
-            [&] {
-              error_code ignored;
-              socket.close(ignored);
-            },
-            what);
+            close_of(socket), what);
   if (ec) fail(what, ec);
 }
 
 void Rendezvous::read(tcp::socket& socket, void* data, size_t size, const std::string& what) {
   auto ec =
       await([&](auto handler) { asio::async_read(socket, asio::buffer(data, size), handler); },
-            [&] {
-              error_code ignored;
-              socket.close(ignored);
-            },
-            what);
+            close_of(socket), what);
   if (ec) fail(what, ec);
 }
 
 tcp::socket Rendezvous::accept(tcp::acceptor& acceptor, const std::string& what) {
   tcp::socket socket(io_);
-  auto ec = await([&](auto handler) { acceptor.async_accept(socket, handler); },
-                  [&] {
-                    error_code ignored;
-                    acceptor.close(ignored);
-                  },
+  auto ec = await([&](auto handler) { acceptor.async_accept(socket, handler); }, close_of(acceptor),
                   what);
   if (ec) fail(what, ec);
   socket.set_option(tcp::no_delay(true));
@@ -172,6 +169,15 @@ std::vector<Rendezvous::Joined> Rendezvous::accept_ranks(tcp::acceptor& acceptor
   auto close = [](Incoming& in) {
     error_code ignored;
     in.socket.close(ignored);
+  };
+  // The start of the handshake's write handlers: true when the connection is done with, because
+  // it finished already or because `what` failed with `ec` (then it is dropped and closed).
+  auto stop_after = [&](Incoming& in, const error_code& ec, const char* what) {
+    if (in.finished) return true;
+    if (!ec) return false;
+    drop(in, concat(what, " failed (", ec.message(), ")"));
+    close(in);
+    return true;
   };
 
   auto judge = [&](const std::shared_ptr<Incoming>& in) {
@@ -228,12 +234,7 @@ std::vector<Rendezvous::Joined> Rendezvous::accept_ranks(tcp::acceptor& acceptor
     std::memcpy(in->ack.mac, mac.data(), mac.size());
     asio::async_write(in->socket, asio::buffer(&in->ack, sizeof(Ack)),
                       [&, in](const error_code& ec, size_t) {
-                        if (in->finished) return;
-                        if (ec) {
-                          drop(*in, concat("sending the ack failed (", ec.message(), ")"));
-                          close(*in);
-                          return;
-                        }
+                        if (stop_after(*in, ec, "sending the ack")) return;
                         in->finished = true;
                         in->timer.cancel();
                         joined.push_back(Joined{in->hello, std::move(in->socket), in->address});
@@ -260,12 +261,7 @@ std::vector<Rendezvous::Joined> Rendezvous::accept_ranks(tcp::acceptor& acceptor
     asio::async_write(
         in->socket, asio::buffer(&in->challenge, sizeof(Challenge)),
         [&, in](const error_code& write_ec, size_t) {
-          if (in->finished) return;
-          if (write_ec) {
-            drop(*in, concat("sending the challenge failed (", write_ec.message(), ")"));
-            close(*in);
-            return;
-          }
+          if (stop_after(*in, write_ec, "sending the challenge")) return;
           asio::async_read(
               in->socket, asio::buffer(&in->hello, sizeof(Hello)),
               [&, in](const error_code& read_ec, size_t n) {

@@ -38,8 +38,9 @@ int p2p_iterations(const P2PBenchOptions& options, int64_t bytes);
 // take part in barriers). Returns the results on rank 0, an empty vector elsewhere.
 std::vector<P2PResult> run_p2p_bench(Transport& transport, const P2PBenchOptions& options);
 
-// {"transport": "tcp", "results": [{"bytes": 4096, "latency_us": ..., "gbps": ...,
-//   "raw_gbps": ..., "raw_latency_us": ..., "iters": ...}, ...]}
+// One line: {"transport":"tcp","results":[{"bytes":4096,"latency_us":...,"gbps":...,
+//   "raw_gbps":...,"raw_latency_us":...,"iters":...},...]}; times rounded to 3 decimals, rates
+//   to 4.
 std::string format_p2p_json(const std::string& transport, const std::vector<P2PResult>& results);
 // A readable table with the pipemat/raw bandwidth ratio per size.
 std::string format_p2p_table(const std::string& transport, const std::vector<P2PResult>& results);

@@ -16,6 +16,24 @@
 // Errors: CommError for failures (naming this rank, the peer, the tag and the operation),
 // TimeoutError (a CommError) for deadlines, ConfigError for invalid arguments/options.
 // See docs/comm.md.
+//
+// What lives where in comm (two targets: pipemat_comm moves bytes and knows no torch;
+// pipemat_comm_tensor is the tensor layer and the p2p bench on top):
+//   public (include/pipemat/comm/)
+//     transport.h     Transport, TransportOptions, make_transport (this file)
+//     work.h          Work, Buffer, spans, Status (Note [Work contract])
+//     tensor.h        send_tensor / recv_tensor*, tensor lists, TensorMeta   (comm_tensor)
+//     bench.h         `pipemat bench p2p` as a library                      (comm_tensor)
+//     raw_bench.h     the raw ping-pong baseline per medium
+//     launcher.h      spawning N local processes as the ranks of a tcp job
+//   private (src/)
+//     transport.cpp   options from the environment, the checked send/recv, barrier, factory
+//     work.cpp        Work and Buffer;  common.h  shared error wording, SpanWork
+//     local/ mpi/ tcp/  one backend each (transport.h/.cpp); tcp/ also core (the I/O thread),
+//                     rendezvous (the handshake), wire (frames, handshake structs), hmac.h
+//     tensor_wire.*   TensorMeta, the tensor wire format and the checks of received headers
+//     tensor.cpp, tensor_list.cpp, tensor_work.h  single tensors, tensor lists, their shared wait
+//     bench.cpp, raw_bench.cpp + raw_bench/<backend>.cpp, launcher.cpp
 
 #include <chrono>
 #include <cstddef>

@@ -1,10 +1,12 @@
 #pragma once
 // `pipemat demo`: trains the RMSNorm -> GEMM stack for a few steps with a checkpoint unit per
-// layer and the GEMM as a SAVE region, next to the same model without checkpointing, and prints
-// per-step loss and remat counters. Returns 0 when both runs agree bitwise, 1 otherwise.
+// layer and the GEMM as a SAVE region, next to the same model without checkpointing, and reports
+// per-step loss and remat counters (the command prints them).
 
 #include <cstdint>
-#include <ostream>
+#include <vector>
+
+#include "pipemat/remat/stats.h"
 
 namespace pipemat::models {
 
@@ -17,6 +19,23 @@ struct DemoOptions {
   uint64_t seed = 0;
 };
 
-int run_demo(const DemoOptions& options, std::ostream& out);
+// One training step of both runs.
+struct DemoStep {
+  double loss = 0;                // with checkpoint units and SAVE regions
+  double reference_loss = 0;      // the same model without checkpointing
+  double ms = 0;                  // wall time of the checkpointed step
+  remat::RematCounters counters;  // of the checkpointed step
+};
+
+struct DemoReport {
+  std::vector<DemoStep> steps;  // options.steps of them, in order
+  // Every step's losses and, after the last step, every parameter of the two runs are equal
+  // bitwise.
+  bool all_equal = false;
+};
+
+// Runs both models for options.steps steps (blocking, on the calling thread). ConfigError for a
+// non-positive size or step count.
+DemoReport run_demo(const DemoOptions& options);
 
 }  // namespace pipemat::models

@@ -4,6 +4,19 @@
 // over the local transport (tests), and the single-process reference (the oracle).
 // Progress: one human-readable line per step and one JSON line per step (metrics file), both
 // from the last stage's rank.
+//
+// What lives where in models (clients of the pp and remat APIs, called by the `pipemat`
+// commands in launch/). Each public header in include/pipemat/models/ but options.h has its
+// src/<same name>.cpp:
+//   train.h           the training drivers (this file)
+//   options.h         the options structs of a run; config.h  YAML -> them (config.cpp)
+//   model_run.h       a run's stages, loss and data, whatever the model kind
+//   zoo.h, zoo_stages.h, gpt.h, dropout.h   the models, their dropout, their split into stages
+//   text_data.h       text corpora for the GPT;  loss_curve.h  the loss curve SVG
+//   generate.h        sampling from a gpt checkpoint
+//   demo.h, bench_remat.h, bench_soak.h, bench_pipeline.h   the demo and the benchmarks; they
+//                     return their numbers and the commands print them
+//   private: src/scenario.h/.cpp, the remat scenarios shared by bench remat and bench soak
 
 #include <ATen/core/Tensor.h>
 

@@ -12,6 +12,20 @@
 // global state; all functions are pure and may be called from any thread concurrently. Schedule
 // is a plain value type (copyable, movable) that owns its action lists.
 //
+// What lives where in schedule (pure C++17: no torch, MPI or Asio):
+//   public (include/pipemat/schedule/)
+//     action.h      Action IR: ActionType, Action, format / parse of `2F0`, `0RECV_B2`
+//     schedule.h    Schedule, ScheduleOptions, generators and passes (this file)
+//     simulate.h    CostModel, simulate(), SimulationResult (timelines, bubble, peak)
+//     render.h      text timeline, torch CSV, JSON and SVG of a simulated schedule
+//     torch_csv.h   import / export of torch.distributed.pipelining CSV schedules
+//     project.h     the scaling projection (`pipemat project`) and its renderers
+//     command.h     `pipemat schedule` as a library: CLI options -> schedule -> render
+//   private (src/)
+//     action.cpp, generate.cpp (one generator per kind), schedule.cpp (names, stage maps, the
+//     passes insert R / lower / strip / build), validate.cpp, simulate.cpp (and cost parsing),
+//     render.cpp, torch_csv.cpp, project.cpp, command.cpp
+//
 // Note [Executor contract]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // A pipeline runtime on rank r executes `schedule.actions[r]` of a lowered schedule (one built by

@@ -1,0 +1,343 @@
+#include "tensor_wire.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "pipemat/core/error.h"
+
+namespace pipemat::comm {
+
+TensorMeta TensorMeta::of(const at::Tensor& tensor) {
+  TensorMeta meta;
+  meta.dtype = tensor.scalar_type();
+  meta.shape = tensor.sizes().vec();
+  return meta;
+}
+
+int64_t TensorMeta::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+size_t TensorMeta::nbytes() const { return static_cast<size_t>(numel()) * c10::elementSize(dtype); }
+
+std::string dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::ScalarType::Float:
+      return "float32";
+    case at::ScalarType::Double:
+      return "float64";
+    case at::ScalarType::Half:
+      return "float16";
+    case at::ScalarType::BFloat16:
+      return "bfloat16";
+    case at::ScalarType::Long:
+      return "int64";
+    case at::ScalarType::Int:
+      return "int32";
+    case at::ScalarType::Short:
+      return "int16";
+    case at::ScalarType::Char:
+      return "int8";
+    case at::ScalarType::Byte:
+      return "uint8";
+    case at::ScalarType::Bool:
+      return "bool";
+    case at::ScalarType::ComplexFloat:
+      return "complex64";
+    case at::ScalarType::ComplexDouble:
+      return "complex128";
+    default:
+      return c10::toString(dtype);
+  }
+}
+
+std::string TensorMeta::to_string() const {
+  std::string out = dtype_name(dtype) + " [";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+namespace detail {
+namespace {
+
+// value *= factor when the product of these positive numbers fits in int64; false otherwise.
+bool multiply_within_int64(int64_t& value, int64_t factor) {
+  if (value > std::numeric_limits<int64_t>::max() / factor) return false;
+  value *= factor;
+  return true;
+}
+
+bool can_require_grad(at::ScalarType dtype) {
+  return c10::isFloatingType(dtype) || c10::isComplexType(dtype);
+}
+
+// Note [Tensor header checks]
+// The single-tensor receives and the list receives check a tensor header the same way (wire
+// format and list of checks in tensor.h), so a hostile header gets the same words on both.
+// `subject` names the header in the message: "entry 2" (lists) or "the tensor".
+
+// ndim within [0, kMaxDims]; checked before the dims are read.
+bool check_ndim(const WireHeader& header, const std::string& subject, std::string& why) {
+  if (header.ndim >= 0 && header.ndim <= kMaxDims) return true;
+  why = ::pipemat::detail::concat(subject, " has ", header.ndim, " dimensions; expected 0 to ",
+                                  kMaxDims);
+  return false;
+}
+
+// The dtype code, the dims (`dims`: header.ndim int64 values, unaligned) and the nbytes field.
+// On success `meta` and `nbytes` describe the tensor.
+bool check_meta(const WireHeader& header, const uint8_t* dims, const std::string& subject,
+                TensorMeta& meta, int64_t& nbytes, std::string& why) {
+  using ::pipemat::detail::concat;
+  switch (check_dtype_code(header.dtype)) {
+    case DtypeCheck::kOk:
+      break;
+    case DtypeCheck::kNotADtype:
+      why = concat(subject, " has dtype code ", header.dtype, ", which is not a dtype");
+      return false;
+    case DtypeCheck::kUndefined:
+      why = concat(subject, " has dtype code ", header.dtype,
+                   " (Undefined) but is not marked as an undefined entry");
+      return false;
+    case DtypeCheck::kQuantized:
+      why = concat(subject, " has dtype code ", header.dtype, " (",
+                   c10::toString(static_cast<at::ScalarType>(header.dtype)),
+                   "), a quantized dtype, which pipemat tensor messages do not carry");
+      return false;
+  }
+  meta.dtype = static_cast<at::ScalarType>(header.dtype);
+  meta.shape.resize(static_cast<size_t>(header.ndim));
+  if (header.ndim > 0) std::memcpy(meta.shape.data(), dims, 8 * static_cast<size_t>(header.ndim));
+  // The product of max(dim, 1) must fit in int64 (it bounds every contiguous stride, even of
+  // an empty tensor); numel * element size must fit as well.
+  int64_t strides_product = 1;
+  bool empty = false;
+  for (size_t d = 0; d < meta.shape.size(); ++d) {
+    const int64_t dim = meta.shape[d];
+    if (dim < 0) {
+      why = concat(subject, " has size ", dim, " in dimension ", d, " (shape ", meta.to_string(),
+                   "); sizes cannot be negative");
+      return false;
+    }
+    empty = empty || dim == 0;
+    if (!multiply_within_int64(strides_product, std::max<int64_t>(dim, 1))) {
+      why = concat(subject, " has shape ", meta.to_string(),
+                   ", whose number of elements overflows int64");
+      return false;
+    }
+  }
+  const int64_t numel = empty ? 0 : strides_product;
+  nbytes = numel;
+  if (numel > 0 &&
+      !multiply_within_int64(nbytes, static_cast<int64_t>(c10::elementSize(meta.dtype)))) {
+    why = concat(subject, " is ", meta.to_string(), ", whose size in bytes overflows");
+    return false;
+  }
+  if (header.nbytes != static_cast<uint64_t>(nbytes)) {
+    why = concat(subject, " is ", meta.to_string(), " (", nbytes, " bytes) but its header says ",
+                 header.nbytes, " bytes");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+size_t header_size(size_t ndim) {
+  size_t raw = sizeof(WireHeader) + 8 * ndim;
+  return (raw + 63) / 64 * 64;
+}
+
+void write_header(uint8_t* out, int32_t dtype, const std::vector<int64_t>& shape, int sender,
+                  uint64_t nbytes, uint64_t flags) {
+  WireHeader header;
+  header.dtype = dtype;
+  header.ndim = static_cast<int32_t>(shape.size());
+  header.sender = sender;
+  header.nbytes = nbytes;
+  header.flags = flags;
+  std::memcpy(out, &header, sizeof(header));
+  if (!shape.empty()) std::memcpy(out + sizeof(header), shape.data(), 8 * shape.size());
+}
+
+std::vector<uint8_t> encode_header(const TensorMeta& meta, int sender) {
+  std::vector<uint8_t> bytes(header_size(meta.shape.size()), 0);
+  write_header(bytes.data(), static_cast<int32_t>(meta.dtype), meta.shape, sender, meta.nbytes(),
+               0);
+  return bytes;
+}
+
+bool has_tensor_magic(const uint8_t* data, size_t size) {
+  uint32_t magic = 0;
+  if (size < sizeof(WireHeader)) return false;
+  std::memcpy(&magic, data, sizeof(magic));
+  return magic == kTensorMagic;
+}
+
+bool is_tensor_list(const uint8_t* data, size_t size) {
+  uint32_t magic = 0;
+  if (size < sizeof(magic)) return false;
+  std::memcpy(&magic, data, sizeof(magic));
+  return magic == kListMagic;
+}
+
+DtypeCheck check_dtype_code(int32_t code) {
+  if (code < 0 || code >= static_cast<int32_t>(at::ScalarType::NumOptions)) {
+    return DtypeCheck::kNotADtype;
+  }
+  const auto dtype = static_cast<at::ScalarType>(code);
+  if (dtype == at::ScalarType::Undefined) return DtypeCheck::kUndefined;
+  if (c10::isQIntType(dtype)) return DtypeCheck::kQuantized;
+  return DtypeCheck::kOk;
+}
+
+Decoded decode_tensor(const uint8_t* head, size_t head_size, size_t message_size, int sender,
+                      TensorMeta& meta, size_t& header_bytes, std::string& why) {
+  using ::pipemat::detail::concat;
+  if (!has_tensor_magic(head, head_size)) return Decoded::kNotATensor;
+  WireHeader header;
+  std::memcpy(&header, head, sizeof(header));
+  const std::string subject = "the tensor";
+  if (!check_ndim(header, subject, why)) return Decoded::kCorrupt;
+  header_bytes = header_size(static_cast<size_t>(header.ndim));
+  if (message_size < header_bytes) {
+    why = concat("its header with ", header.ndim, " dimensions needs ", header_bytes,
+                 " bytes but the message has only ", message_size);
+    return Decoded::kCorrupt;
+  }
+  PIPEMAT_INTERNAL_ASSERT(head_size >= header_bytes, "tensor header of ", header_bytes,
+                          " bytes decoded from ", head_size, " bytes");
+  int64_t nbytes = 0;
+  if (!check_meta(header, head + sizeof(WireHeader), subject, meta, nbytes, why)) {
+    return Decoded::kCorrupt;
+  }
+  if (header.sender != sender) {
+    why = concat("the header says it was sent by rank ", header.sender);
+    return Decoded::kCorrupt;
+  }
+  if (message_size - header_bytes != static_cast<uint64_t>(nbytes)) {
+    why = concat("header says ", meta.to_string(), " (", nbytes, " bytes) but ",
+                 message_size - header_bytes, " bytes followed");
+    return Decoded::kCorrupt;
+  }
+  return Decoded::kOk;
+}
+
+bool decode_list(const Buffer& buffer, const WorkInfo& info, std::vector<at::Tensor>& out,
+                 std::string& why) {
+  using ::pipemat::detail::concat;
+  const uint8_t* data = buffer.data();
+  const size_t size = buffer.size();
+  if (size < kListHeaderBytes) {
+    why = concat("the message has ", size, " bytes, less than the ", kListHeaderBytes,
+                 "-byte list header");
+    return false;
+  }
+  ListHeader header;
+  std::memcpy(&header, data, sizeof(header));
+  if (header.count > kMaxListTensors) {
+    why = concat("the header says ", header.count, " tensors, more than the limit of ",
+                 kMaxListTensors, " (kMaxListTensors)");
+    return false;
+  }
+  if (header.total_bytes != size) {
+    why = concat("the header says the message has ", header.total_bytes, " bytes, but ", size,
+                 " bytes arrived");
+    return false;
+  }
+  if (header.sender != info.peer) {
+    why = concat("the header says it was sent by rank ", header.sender);
+    return false;
+  }
+  out.clear();
+  out.reserve(header.count);
+  size_t offset = kListHeaderBytes;  // always a multiple of kBlock, and <= size
+  for (uint32_t index = 0; index < header.count; ++index) {
+    const size_t left = size - offset;
+    if (left < sizeof(WireHeader)) {
+      why = concat("entry ", index, " is cut off: its header starts at byte ", offset,
+                   " but the message ends at byte ", size);
+      return false;
+    }
+    WireHeader entry;
+    std::memcpy(&entry, data + offset, sizeof(entry));
+    if (entry.magic != kTensorMagic) {
+      why = concat("entry ", index, " at byte ", offset, " has no tensor header (magic 0x",
+                   std::hex, entry.magic, std::dec, ")");
+      return false;
+    }
+    if ((entry.flags & ~(kFlagRequiresGrad | kFlagUndefined)) != 0) {
+      why = concat("entry ", index, " has unknown flags 0x", std::hex, entry.flags, std::dec);
+      return false;
+    }
+    if (entry.flags & kFlagUndefined) {
+      if (entry.flags != kFlagUndefined || entry.ndim != 0 || entry.nbytes != 0 ||
+          entry.dtype != static_cast<int32_t>(at::ScalarType::Undefined)) {
+        why = concat("entry ", index,
+                     " is marked undefined but has a dtype, dimensions, bytes or requires_grad");
+        return false;
+      }
+      if (left < header_size(0)) {
+        why = concat("entry ", index, " is cut off: its header needs ", header_size(0),
+                     " bytes but only ", left, " are left");
+        return false;
+      }
+      out.emplace_back();
+      offset += header_size(0);
+      continue;
+    }
+    const std::string subject = concat("entry ", index);
+    if (!check_ndim(entry, subject, why)) return false;
+    const size_t entry_header = header_size(static_cast<size_t>(entry.ndim));
+    if (left < entry_header) {
+      why = concat("entry ", index, " is cut off: its header with ", entry.ndim,
+                   " dimensions needs ", entry_header, " bytes but only ", left, " are left");
+      return false;
+    }
+    TensorMeta meta;
+    int64_t nbytes = 0;
+    if (!check_meta(entry, data + offset + sizeof(WireHeader), subject, meta, nbytes, why)) {
+      return false;
+    }
+    const size_t after_header = left - entry_header;
+    if (static_cast<uint64_t>(nbytes) > after_header ||
+        pad_bytes(static_cast<size_t>(nbytes)) > after_header - static_cast<size_t>(nbytes)) {
+      why = concat("entry ", index, " (", meta.to_string(), ", ", nbytes,
+                   " bytes and padding) is cut off: only ", after_header, " bytes are left");
+      return false;
+    }
+    const size_t data_offset = offset + entry_header;
+    auto storage = buffer.storage();
+    at::Tensor tensor = at::from_blob(
+        buffer.data() + data_offset, meta.shape, [storage](void*) mutable { storage.reset(); },
+        at::TensorOptions().dtype(meta.dtype).device(at::kCPU));
+    if (entry.flags & kFlagRequiresGrad) {
+      if (!can_require_grad(meta.dtype)) {
+        why = concat("entry ", index, " is ", meta.to_string(),
+                     " and marked requires_grad, which only floating point and complex tensors "
+                     "can be");
+        return false;
+      }
+      tensor.set_requires_grad(true);
+    }
+    out.push_back(std::move(tensor));
+    offset = data_offset + static_cast<size_t>(nbytes) + pad_bytes(static_cast<size_t>(nbytes));
+  }
+  if (offset != size) {
+    why = concat("its ", header.count, " entries end at byte ", offset, " but the message has ",
+                 size, " bytes");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace detail
+}  // namespace pipemat::comm

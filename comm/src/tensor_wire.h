@@ -1,0 +1,89 @@
+#pragma once
+// The tensor wire format of tensor.h (private): the single-tensor header and the list header,
+// writing them, and parsing a received message with the checks every header passes before any
+// of its data is handed out (Note [Tensor header checks]). tensor.cpp (single tensors) and
+// tensor_list.cpp (lists) send and receive with it.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipemat/comm/tensor.h"
+#include "pipemat/comm/transport.h"
+
+namespace pipemat::comm::detail {
+
+constexpr uint32_t kTensorMagic = 0x504d5431;  // "PMT1"
+constexpr int kMaxDims = 64;
+
+struct WireHeader {
+  uint32_t magic = kTensorMagic;
+  int32_t dtype = 0;
+  int32_t ndim = 0;
+  int32_t sender = -1;
+  uint64_t nbytes = 0;
+  uint64_t flags = 0;  // tensor lists only (kFlag*); 0 and ignored for single tensors
+  // followed by ndim int64 dims
+};
+static_assert(sizeof(WireHeader) == 32, "tensor header layout");
+
+constexpr uint64_t kFlagRequiresGrad = 1;
+constexpr uint64_t kFlagUndefined = 2;
+
+// Bytes of a tensor header with `ndim` dims: the fixed part and the dims, padded to 64 bytes.
+size_t header_size(size_t ndim);
+
+// Writes a header into `out`, which holds header_size(shape.size()) zeroed bytes.
+void write_header(uint8_t* out, int32_t dtype, const std::vector<int64_t>& shape, int sender,
+                  uint64_t nbytes, uint64_t flags);
+
+std::vector<uint8_t> encode_header(const TensorMeta& meta, int sender);
+
+// True when `data` starts like a single-tensor message (magic and room for the fixed header).
+bool has_tensor_magic(const uint8_t* data, size_t size);
+
+// The list header of send_tensors (wire format in tensor.h).
+constexpr uint32_t kListMagic = 0x504d4c31;  // "PML1"
+constexpr size_t kListHeaderBytes = 64;
+
+struct ListHeader {
+  uint32_t magic = kListMagic;
+  int32_t sender = -1;
+  uint32_t count = 0;
+  uint32_t reserved = 0;
+  uint64_t total_bytes = 0;  // the whole message, this header included
+};
+static_assert(sizeof(ListHeader) == 24 && sizeof(ListHeader) <= kListHeaderBytes,
+              "list header layout");
+
+// True when `data` starts with the list header's magic.
+bool is_tensor_list(const uint8_t* data, size_t size);
+
+// What a defined tensor (single or list entry) may be: a known, non-quantized ScalarType. `code` is
+// the raw wire integer, checked against the enum's range before any cast (the enum is 8 bits wide,
+// so a cast of e.g. 262 would wrap around to a valid code).
+enum class DtypeCheck { kOk, kNotADtype, kUndefined, kQuantized };
+DtypeCheck check_dtype_code(int32_t code);
+
+enum class Decoded { kOk, kNotATensor, kCorrupt };
+
+// Parses and checks a single-tensor message of `message_size` bytes sent by rank `sender`,
+// whose first `head_size` bytes (at least min(message_size, header_size(kMaxDims))) are at
+// `head`. kOk: `meta` and `header_bytes` describe it and the sizes add up.
+Decoded decode_tensor(const uint8_t* head, size_t head_size, size_t message_size, int sender,
+                      TensorMeta& meta, size_t& header_bytes, std::string& why);
+
+// Every block of a tensor list starts at a multiple of kBlock bytes.
+constexpr size_t kBlock = 64;
+
+inline size_t pad_bytes(size_t n) { return (kBlock - n % kBlock) % kBlock; }
+
+// Parses a received tensor-list message. Every read is bounds-checked against `size`; on failure
+// returns false with `why` describing the first problem.
+bool decode_list(const Buffer& buffer, const WorkInfo& info, std::vector<at::Tensor>& out,
+                 std::string& why);
+
+}  // namespace pipemat::comm::detail

@@ -1,0 +1,38 @@
+#pragma once
+// What the single-tensor handle (tensor.cpp) and the tensor-list handle (tensor_list.cpp) share
+// (private): the mode of a handle and the wait that turns its byte work into the result once.
+
+#include <chrono>
+#include <mutex>
+
+#include "pipemat/comm/tensor.h"
+#include "pipemat/core/error.h"
+
+namespace pipemat::comm::detail {
+
+enum class Mode { kSend, kRecvAny, kRecvExpected };
+
+// Turns the completed byte work into the result (once); called under the state's mutex.
+void finalize(TensorWork::State& s);      // tensor.cpp
+void finalize(TensorListWork::State& s);  // tensor_list.cpp
+
+// Waits for the byte work, turns it into the result once (finalize) and returns it or throws
+// the stored error. Shared by TensorWork and TensorListWork.
+template <typename State>
+const auto& wait_result(State& state, std::chrono::milliseconds timeout) {
+  try {
+    state.work->wait(timeout);
+  } catch (const CommError&) {
+    // The status is stored; finalize() turns it into the right message (e.g. a size mismatch
+    // into the tensor mismatch text).
+  }
+  std::lock_guard<std::mutex> lock(state.mutex);
+  finalize(state);
+  if (!state.error.empty()) {
+    if (state.timeout_error) throw TimeoutError(state.error);
+    throw CommError(state.error);
+  }
+  return state.result;
+}
+
+}  // namespace pipemat::comm::detail
