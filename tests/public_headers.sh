@@ -8,9 +8,7 @@
 #    defined out of line, which templates in a public header cannot avoid.
 set -euo pipefail
 src="$1"
-# Known exception: another change moves split_backward.h's autograd Edge/Node internals behind
-# the pp API; delete this entry when it lands.
-csrc_allowed=(pp/include/pipemat/pp/split_backward.h)
+csrc_allowed=()
 detail_allowed=(remat/include/pipemat/remat/wrappers.h)
 
 allowed() {  # allowed FILE LIST...
