@@ -34,7 +34,7 @@ std::string number(double v) {
 
 class Simulator {
  public:
-  Simulator(const Schedule& s, const CostModel& c, const SimulateOptions& o)
+  Simulator(const Schedule& s, const std::vector<CostModel>& c, const SimulateOptions& o)
       : schedule_(s),
         costs_(c),
         options_(o),
@@ -58,7 +58,7 @@ class Simulator {
           double ready = 0.0;
           if (!inputs_ready(r, a, &ready)) break;
           const double start = std::max(clock[r], ready);
-          const double end = start + duration(a.type);
+          const double end = start + duration(a);
           record(a, start, end);
           result.ranks[r].actions.push_back({a, static_cast<int>(next[r]), start, end});
           clock[r] = end;
@@ -104,21 +104,21 @@ class Simulator {
     return cells_[static_cast<size_t>(stage) * schedule_.micro_batches + mb];
   }
 
-  double duration(ActionType t) const {
-    const double lazy = schedule_.recompute == RecomputeMode::kLazy
-                            ? costs_.recompute_cost(schedule_.recompute)
-                            : 0.0;
-    switch (t) {
+  double duration(const Action& a) const {
+    const CostModel& c = costs_[a.stage];
+    const double lazy =
+        schedule_.recompute == RecomputeMode::kLazy ? c.recompute_cost(schedule_.recompute) : 0.0;
+    switch (a.type) {
       case ActionType::kForward:
-        return costs_.forward;
+        return c.forward;
       case ActionType::kBackward:
-        return costs_.backward_cost() + lazy;
+        return c.backward_cost() + lazy;
       case ActionType::kBackwardInput:
-        return costs_.backward_input + lazy;
+        return c.backward_input + lazy;
       case ActionType::kBackwardWeight:
-        return costs_.backward_weight;
+        return c.backward_weight;
       case ActionType::kRecompute:
-        return costs_.recompute_cost(schedule_.recompute);
+        return c.recompute_cost(schedule_.recompute);
       default:
         return 0.0;
     }
@@ -155,11 +155,11 @@ class Simulator {
         Cell& prev = cell(st - 1, mb);
         if (schedule_.rank_of(st - 1) == r || !comms_) {
           if (!need_local(prev.f, ActionType::kForward, st - 1)) return false;
-          if (schedule_.rank_of(st - 1) != r) *ready += costs_.message_cost();
+          if (schedule_.rank_of(st - 1) != r) *ready += costs_[st - 1].message_cost();
           return true;
         }
         double t = 0.0;
-        if (!arrival(prev.send_f, me.recv_f, costs_.message_cost(), &t)) {
+        if (!arrival(prev.send_f, me.recv_f, costs_[st - 1].message_cost(), &t)) {
           blocked_on_ = prev.send_f == kNotYet
                             ? format_action({st - 1, ActionType::kSendForward, mb}) + " on rank " +
                                   std::to_string(schedule_.rank_of(st - 1))
@@ -184,12 +184,12 @@ class Simulator {
                           std::to_string(schedule_.rank_of(st + 1));
             return false;
           }
-          if (schedule_.rank_of(st + 1) != r) *ready += costs_.message_cost();
+          if (schedule_.rank_of(st + 1) != r) *ready += costs_[st + 1].message_cost();
           *ready = std::max(*ready, before);
           return true;
         }
         double t = 0.0;
-        if (!arrival(nxt.send_b, me.recv_b, costs_.message_cost(), &t)) {
+        if (!arrival(nxt.send_b, me.recv_b, costs_[st + 1].message_cost(), &t)) {
           blocked_on_ = nxt.send_b == kNotYet
                             ? format_action({st + 1, ActionType::kSendBackward, mb}) + " on rank " +
                                   std::to_string(schedule_.rank_of(st + 1))
@@ -293,7 +293,7 @@ class Simulator {
   }
 
   const Schedule& schedule_;
-  const CostModel& costs_;
+  const std::vector<CostModel>& costs_;  // per stage
   const SimulateOptions& options_;
   bool comms_;
   std::vector<Cell> cells_;
@@ -362,6 +362,17 @@ double span_bubble_ratio(const SimulationResult& result) {
 
 SimulationResult simulate(const Schedule& schedule, const CostModel& costs,
                           const SimulateOptions& options) {
+  return simulate(
+      schedule,
+      std::vector<CostModel>(static_cast<size_t>(std::max(schedule.stages_count, 0)), costs),
+      options);
+}
+
+SimulationResult simulate(const Schedule& schedule, const std::vector<CostModel>& stage_costs,
+                          const SimulateOptions& options) {
+  PIPEMAT_CHECK(static_cast<int>(stage_costs.size()) == schedule.stages_count, ScheduleError,
+                "simulate: ", stage_costs.size(), " stage costs for a schedule of ",
+                schedule.stages_count, " stages; give one CostModel per stage.");
   PIPEMAT_CHECK(static_cast<int>(schedule.actions.size()) == schedule.ranks_count &&
                     static_cast<int>(schedule.stage_to_rank.size()) == schedule.stages_count,
                 ScheduleError, "simulate: the schedule's shape is inconsistent (",
@@ -374,7 +385,7 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs,
                 ScheduleError, "simulate: ", schedule.stages_count, " stages x ",
                 schedule.micro_batches, " micro-batches is outside what pipemat handles (1 to ",
                 kMaxStageMicroBatches, " pairs).");
-  return Simulator(schedule, costs, options).run();
+  return Simulator(schedule, stage_costs, options).run();
 }
 
 }  // namespace pipemat::schedule

@@ -59,6 +59,35 @@ TEST(ScheduleRecomputeTest, PretriggerShortensTheMakespanWhenRFitsInTheWait) {
   }
 }
 
+TEST(ScheduleRecomputeTest, PerStageCostsChargeEachStageItsOwn) {
+  // P=2, M=1, 1F1B with comms, comm 1. Stage 0: F 1, B 2, no recompute; stage 1: F 2, B 4,
+  // R 1 and messages of cost 0.5. F0 [0,1] -> F1 starts at 1 + 1 (stage 0 sends), ends 4;
+  // R1 [4,5], B1 [5,9]; the gradient arrives at 9 + 0.5 (stage 1 sends); B0 [9.5,11.5].
+  const Schedule s =
+      build_schedule(options(ScheduleKind::kOneFOneB, 2, 1, 1, RecomputeMode::kPretrigger));
+  CostModel first, second;
+  first.forward = 1;
+  first.backward = 2;
+  first.recompute = 0;
+  first.comm = 1;
+  second.forward = 2;
+  second.backward = 4;
+  second.recompute = 1;
+  second.comm = 0.5;
+  EXPECT_DOUBLE_EQ(simulate(s, std::vector<CostModel>{first, second}).makespan, 11.5);
+  // Equal per-stage costs are the uniform model.
+  EXPECT_DOUBLE_EQ(simulate(s, std::vector<CostModel>{first, first}).makespan,
+                   simulate(s, first).makespan);
+  try {
+    simulate(s, std::vector<CostModel>{first});
+    FAIL() << "expected ScheduleError";
+  } catch (const ScheduleError& e) {
+    EXPECT_STREQ(e.what(),
+                 "simulate: 1 stage costs for a schedule of 2 stages; give one CostModel per "
+                 "stage.");
+  }
+}
+
 TEST(ScheduleRecomputeTest, LazyAddsRToEveryBackward) {
   CostModel c;  // R defaults to F when recompute is on
   const Schedule lazy =

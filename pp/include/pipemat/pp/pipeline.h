@@ -6,6 +6,7 @@
 //     checkpoint.h  save, find and resume checkpoints of a run, or load their weights into
 //                   modules (Note [Checkpoint layout]).
 //     compute.h     compute threads, the BLAS in use, retain_freed_memory.
+//     profile.h     the remat profiler: a layer's candidate policies, measured (for plan/).
 //   Private, pp/src/ (pipeline_impl.h declares Pipeline::Impl, the state the files below share):
 //     pipeline.cpp        setup: plan, option and stage checks, the rank's generator and
 //                         Note [Random streams of a step]; Pipeline's members (forward to Impl).
@@ -18,7 +19,7 @@
 //     evaluate.cpp        evaluate: forward only, in eval mode.
 //     split_backward.h/.cpp  B, and I / W (Note [Split backward]) on the autograd engine: pp's
 //                         only use of torch/csrc (Note [Autograd internals of pp's backward]).
-//     checkpoint.cpp, compute.cpp  what checkpoint.h and compute.h declare.
+//     checkpoint.cpp, compute.cpp, profile.cpp  what checkpoint.h, compute.h, profile.h declare.
 //
 // pp as a library: pipeline-train your own LibTorch model.
 //

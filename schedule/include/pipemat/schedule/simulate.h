@@ -92,5 +92,10 @@ struct SimulateOptions {
 // build_schedule and import_torch_csv do). Throws ScheduleError on deadlock.
 SimulationResult simulate(const Schedule& schedule, const CostModel& costs = {},
                           const SimulateOptions& options = {});
+// The same with costs per model stage (size stages_count): stage s runs its F, B, I, W and R with
+// stage_costs[s], and a message takes the message_cost() of the stage that sends it. For stages
+// that hold different work, e.g. a remat plan that recomputes on some stages only.
+SimulationResult simulate(const Schedule& schedule, const std::vector<CostModel>& stage_costs,
+                          const SimulateOptions& options = {});
 
 }  // namespace pipemat::schedule

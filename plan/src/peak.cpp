@@ -1,0 +1,89 @@
+// The per-rank memory model of Note [Plan memory], read off the schedule's action order.
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "internal.h"
+#include "pipemat/core/error.h"
+
+namespace pipemat::plan::detail {
+
+void StageSums::add(const Candidate& c) {
+  resident += c.resident_bytes;
+  replayed += c.replayed_bytes;
+  forward += c.forward;
+  backward_input += c.backward_input;
+  backward_weight += c.backward_weight;
+  recompute += c.recompute;
+}
+
+schedule::CostModel StageSums::costs(double message_cost) const {
+  schedule::CostModel c;
+  c.forward = forward;
+  c.backward_input = backward_input;
+  c.backward_weight = backward_weight;
+  c.recompute = recompute;
+  c.comm = message_cost;
+  return c;
+}
+
+PeakForms peak_forms(const schedule::Schedule& schedule, int rank) {
+  PeakForms forms;
+  forms.stages = schedule.stages_of(rank);
+  const size_t n = forms.stages.size();
+  auto local = [&](int stage) {
+    return static_cast<size_t>(std::lower_bound(forms.stages.begin(), forms.stages.end(), stage) -
+                               forms.stages.begin());
+  };
+  std::vector<int> resident(n, 0), replay(n, 0);
+  // A micro-batch's replay is freed by its B or I; its resident bytes by its B or W.
+  std::set<std::pair<std::vector<int>, std::vector<int>>> seen;
+  for (const schedule::Action& a : schedule.compute_actions(rank)) {
+    const size_t s = local(a.stage);
+    switch (a.type) {
+      case schedule::ActionType::kForward:
+        ++resident[s];
+        break;
+      case schedule::ActionType::kRecompute:
+        ++replay[s];
+        break;
+      default:
+        break;
+    }
+    if (seen.insert({resident, replay}).second) {
+      forms.resident_count.push_back(resident);
+      forms.replay_count.push_back(replay);
+    }
+    switch (a.type) {
+      case schedule::ActionType::kBackward:
+        --resident[s];
+        if (replay[s] > 0) --replay[s];
+        break;
+      case schedule::ActionType::kBackwardInput:
+        if (replay[s] > 0) --replay[s];
+        break;
+      case schedule::ActionType::kBackwardWeight:
+        --resident[s];
+        break;
+      default:
+        break;
+    }
+  }
+  return forms;
+}
+
+double PeakForms::peak(const std::vector<StageSums>& sums) const {
+  double worst = 0.0;
+  for (size_t f = 0; f < resident_count.size(); ++f) {
+    double bytes = 0.0;
+    for (size_t s = 0; s < stages.size(); ++s) {
+      const StageSums& sum = sums[stages[s]];
+      bytes += resident_count[f][s] * sum.resident + replay_count[f][s] * sum.replayed;
+    }
+    worst = std::max(worst, bytes);
+  }
+  return worst;
+}
+
+}  // namespace pipemat::plan::detail

@@ -1,0 +1,62 @@
+#pragma once
+// The remat profiler: for one layer of a user's model, every candidate policy generated from the
+// layer's module tree, each measured in one forward / replay / split backward with the tracking
+// allocator. Its output is what the planner (pipemat::plan) chooses from.
+//
+// Candidates: "none" (keep every activation), "full" (the layer is one checkpoint unit) and, for
+// every non-empty set S of the layer's SAVE leaves, "save:<S>" (a checkpoint unit whose members
+// in S are SAVE regions: their outputs are cached, so replay skips them). A SAVE leaf is a
+// descendant module that remat can declare a SAVE region (a Remat<H> member or a Sequential entry,
+// remat/policy.h) and that holds no such descendant itself. With more than
+// ProfileOptions::max_save_leaves leaves, the first ones in module order are used.
+//
+// Measurement of a candidate, on a fresh copy of the layer with the policy applied, repeated
+// ProfileOptions::repeats times (times: the median; bytes: equal in every repeat):
+//   resident  bytes alive after the forward that it allocated (its output included: the next
+//             layer keeps it as its input);
+//   replayed  bytes a pre-triggered replay adds (InvocationGroup::pretrigger, the R action);
+//   times     forward, replay (R), I and W (the split backward of the pipeline) in ms.
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/any.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pipemat/plan/plan.h"
+#include "pipemat/remat/policy.h"
+
+namespace pipemat::pp {
+
+struct ProfileOptions {
+  int repeats = 3;
+  int max_save_leaves = 6;  // 2^6 - 1 selective candidates at most
+};
+
+// One candidate's declaration, with paths relative to the layer: "" is the layer itself.
+struct LayerPolicy {
+  bool checkpoint = false;
+  std::vector<remat::ExcludeRule> exclude;  // paths below the layer, e.g. "attn.qkv"
+};
+
+struct LayerCandidates {
+  plan::LayerProfile profile;         // profile.candidates[k] measures policies[k]
+  std::vector<LayerPolicy> policies;  // same order
+  std::vector<std::string> save_leaves;
+};
+
+// Profiles the layer that `make_layer` builds (called once per candidate and repeat setup; each
+// call must return a layer of the same structure; the weights need not be equal) on `input`
+// (one micro-batch, as the layer receives it). `name` labels the profile (e.g. "layers.*").
+// The layer's output must be one tensor. Installs the tracking allocator.
+LayerCandidates profile_layer(const std::string& name,
+                              const std::function<torch::nn::AnyModule()>& make_layer,
+                              const at::Tensor& input, const ProfileOptions& options = {});
+
+// The stage-relative RematPolicy of per-layer choices: layer i of the stage is
+// `layer_prefix` + i (e.g. "layers.3"), with the candidate policies[choice[i]] of profiles[i].
+remat::RematPolicy stage_policy_of(const std::vector<const LayerCandidates*>& layers,
+                                   const std::vector<int>& choice, const std::string& layer_prefix);
+
+}  // namespace pipemat::pp

@@ -1,0 +1,275 @@
+// The planner: exact peaks from the action order (Note [Plan memory]), steps from the simulator,
+// and the search (Note [Plan search]) against exhaustive enumeration.
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pipemat/core/error.h"
+#include "pipemat/plan/plan.h"
+#include "pipemat/schedule/simulate.h"
+
+namespace pipemat::plan {
+namespace {
+
+using schedule::ScheduleKind;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+Candidate candidate(const std::string& name, double resident, double replayed, double f, double i,
+                    double w, double r) {
+  return {name, resident, replayed, f, i, w, r};
+}
+
+// The three uniform choices of a transformer-like layer: keep everything, recompute the whole
+// layer (its input stays), recompute all but the attention (its output stays).
+std::vector<Candidate> three_policies() {
+  return {candidate("none", 40, 0, 1, 1, 1, 0), candidate("full", 4, 36, 1, 1, 1, 1),
+          candidate("selective", 12, 28, 1, 1, 1, 0.5)};
+}
+
+PlanProblem problem_of(ScheduleKind kind, int ranks, int micro_batches, int layers_per_stage,
+                       const std::vector<Candidate>& candidates, double budget) {
+  PlanProblem p;
+  p.schedule.kind = kind;
+  p.schedule.stages = ranks;
+  p.schedule.micro_batches = micro_batches;
+  p.schedule.virtual_stages = kind == ScheduleKind::kZeroBubbleV ? 2 : 1;
+  const int stages = ranks * p.schedule.virtual_stages;
+  for (int s = 0; s < stages; ++s) {
+    for (int l = 0; l < layers_per_stage; ++l) {
+      p.layers.push_back({"layers." + std::to_string(s * layers_per_stage + l), candidates});
+      p.stage_of_layer.push_back(s);
+    }
+  }
+  p.fixed_bytes.assign(ranks, 100);
+  p.budget_bytes.assign(ranks, budget);
+  return p;
+}
+
+TEST(PlanPeak, OneFOneBHoldsRanksMinusRankMicroBatchesAndOneReplay) {
+  // One layer per stage: resident 10, replayed 3, fixed 100. Rank 0 replays micro-batch 0 with
+  // micro-batches 0 and 1 in flight; rank 1 holds one.
+  PlanProblem p =
+      problem_of(ScheduleKind::kOneFOneB, 2, 4, 1, {candidate("full", 10, 3, 1, 1, 1, 1)}, 1000);
+  const Prediction got = evaluate(p, {0, 0});
+  ASSERT_EQ(got.ranks.size(), 2u);
+  EXPECT_DOUBLE_EQ(got.ranks[0].peak_bytes, 100 + 2 * 10 + 3);
+  EXPECT_DOUBLE_EQ(got.ranks[1].peak_bytes, 100 + 10 + 3);
+  EXPECT_TRUE(got.fits());
+}
+
+TEST(PlanPeak, GPipeHoldsEveryMicroBatch) {
+  PlanProblem p =
+      problem_of(ScheduleKind::kGPipe, 2, 4, 1, {candidate("full", 10, 3, 1, 1, 1, 1)}, 140);
+  const Prediction got = evaluate(p, {0, 0});
+  EXPECT_DOUBLE_EQ(got.ranks[0].peak_bytes, 100 + 4 * 10 + 3);
+  EXPECT_DOUBLE_EQ(got.ranks[1].peak_bytes, 100 + 4 * 10 + 3);
+  EXPECT_FALSE(got.ranks[0].fits());
+  EXPECT_FALSE(got.fits());
+}
+
+TEST(PlanPeak, SplitBackwardFreesTheReplayAtIAndTheResidentAtW) {
+  // ZB-H1 on 2 ranks, 4 micro-batches (`pipemat schedule --kind zb-h1 --stages 2
+  // --micro-batches 4 --recompute pretrigger`):
+  //   rank 0: F0 F1 R0 I0 W0 F2 R1 I1 W1 F3 R2 I2 W2 R3 I3 W3
+  //   rank 1: F0 R0 I0 F1 R1 I1 W0 F2 R2 I2 W1 F3 R3 I3 W2 W3
+  // Both peak at two residents and one replay: rank 0 at R0, rank 1 at R1 (its W0 comes after).
+  PlanProblem p = problem_of(ScheduleKind::kZeroBubbleH1, 2, 4, 1,
+                             {candidate("full", 10, 3, 1, 1, 1, 1)}, 1000);
+  const schedule::Schedule s = plan_schedule(p);
+  // The expected peak from a direct walk of the list with the rule of Note [Plan memory].
+  for (int r = 0; r < 2; ++r) {
+    double alive = 0, peak = 0;
+    for (const schedule::Action& a : s.compute_actions(r)) {
+      if (a.type == schedule::ActionType::kForward) alive += 10;
+      if (a.type == schedule::ActionType::kRecompute) alive += 3;
+      peak = std::max(peak, alive);
+      if (a.type == schedule::ActionType::kBackwardInput) alive -= 3;
+      if (a.type == schedule::ActionType::kBackwardWeight) alive -= 10;
+    }
+    EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[r].peak_bytes, 100 + peak) << "rank " << r;
+  }
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[0].peak_bytes, 100 + 2 * 10 + 3);
+  // Rank 1 at R1: had I0 not freed replay 0 it would hold 126; had I0 freed resident 0, 113.
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[1].peak_bytes, 100 + 2 * 10 + 3);
+}
+
+TEST(PlanStep, EqualStagesEqualTheUniformSimulation) {
+  // Two layers per stage with F = 1, I = W = 1, R = 0.5 each: a stage is F=2, I=2, W=2, R=1;
+  // the per-stage simulation of the plan equals the uniform one.
+  PlanProblem p =
+      problem_of(ScheduleKind::kOneFOneB, 2, 4, 2, {candidate("c", 1, 1, 1, 1, 1, 0.5)}, 1000);
+  p.message_cost = 0.25;
+  schedule::ScheduleOptions o = p.schedule;
+  o.recompute = schedule::RecomputeMode::kPretrigger;
+  schedule::CostModel c;
+  c.forward = 2;
+  c.backward_input = 2;
+  c.backward_weight = 2;
+  c.recompute = 1;
+  c.comm = 0.25;
+  const double expected = schedule::simulate(schedule::build_schedule(o), c).makespan;
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0, 0, 0}).step, expected);
+}
+
+TEST(PlanStep, PerStageCostsSlowOnlyTheirStage) {
+  // M = 1. R on stage 1 sits on the critical path; on stage 0 it runs while rank 0 waits for
+  // the gradient, so it costs nothing.
+  PlanProblem p =
+      problem_of(ScheduleKind::kOneFOneB, 2, 1, 1,
+                 {candidate("none", 10, 0, 1, 1, 1, 0), candidate("full", 2, 8, 1, 1, 1, 1)}, 1000);
+  // F0 [0,1], F1 [1,2], R1 [2,3], B1 [3,5], B0 [5,7]; R0 runs in [1,2].
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).step, 6.0);
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 1}).step, 7.0);
+  EXPECT_DOUBLE_EQ(evaluate(p, {1, 0}).step, 6.0);
+  EXPECT_DOUBLE_EQ(evaluate(p, {1, 1}).step, 7.0);
+}
+
+TEST(PlanSolve, RecomputesWhereMicroBatchesPileUp) {
+  // 1F1B on 2 ranks, 4 micro-batches, two layers per stage. Rank 0 holds 2 micro-batches and a
+  // replay, rank 1 one. Budget 200: keeping everything costs rank 0 100 + 2 x 80 = 260 and
+  // rank 1 100 + 80 = 180. Rank 0 fits with one layer full and one selective:
+  // 100 + 2 x (4 + 12) + (36 + 28) = 196; every cheaper-in-time mix is over 200.
+  PlanProblem p = problem_of(ScheduleKind::kOneFOneB, 2, 4, 2, three_policies(), 200);
+  const PlanResult got = solve(p);
+  ASSERT_TRUE(got.best.fits());
+  EXPECT_DOUBLE_EQ(got.best.ranks[0].peak_bytes, 196);
+  EXPECT_DOUBLE_EQ(got.best.ranks[1].peak_bytes, 180);
+  EXPECT_EQ(got.best.choice[2], 0);  // rank 1 keeps everything
+  EXPECT_EQ(got.best.choice[3], 0);
+  EXPECT_EQ(got.best.choice[0] + got.best.choice[1], 1 + 2);  // one full, one selective
+  // Better than every uniform policy that fits: "full" everywhere is the only one.
+  const Prediction full = evaluate(p, {1, 1, 1, 1});
+  const Prediction selective = evaluate(p, {2, 2, 2, 2});
+  EXPECT_TRUE(full.fits());
+  EXPECT_FALSE(selective.fits());  // rank 0: 100 + 2 x 24 + 56 = 204
+  EXPECT_DOUBLE_EQ(selective.ranks[0].peak_bytes, 204);
+  EXPECT_LT(got.best.step, full.step);
+}
+
+TEST(PlanSolve, InfeasibleBudgetNamesTheRankAndTheSmallestBudget) {
+  // The smallest peaks: rank 0 100 + 2 x 8 + 72 = 188 with both layers full, rank 1
+  // 100 + 8 + 72 = 180.
+  PlanProblem p = problem_of(ScheduleKind::kOneFOneB, 2, 4, 2, three_policies(), 185);
+  try {
+    solve(p);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "plan: no remat plan fits the memory budget: rank 0 needs at least 188 B (budget "
+              "185 B). The smallest budget every rank fits is 188 B.");
+  }
+  p.budget_bytes = {188, 185};
+  EXPECT_TRUE(solve(p).best.fits());
+}
+
+TEST(PlanSolve, ShapeErrorsNameWhatDoesNotFit) {
+  PlanProblem p = problem_of(ScheduleKind::kOneFOneB, 2, 4, 1, three_policies(), 1000);
+  p.budget_bytes = {1};
+  EXPECT_THROW(solve(p), ConfigError);
+  p = problem_of(ScheduleKind::kOneFOneB, 2, 4, 1, three_policies(), 1000);
+  p.stage_of_layer = {0, 0};
+  try {
+    solve(p);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "plan: stage 1 holds no layer; every one of the 2 stages needs at least one.");
+  }
+  p.stage_of_layer = {1, 0};
+  EXPECT_THROW(solve(p), ConfigError);
+  p = problem_of(ScheduleKind::kOneFOneB, 2, 4, 1, three_policies(), 1000);
+  try {
+    evaluate(p, {0, 3});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "plan: layer 'layers.1' has no candidate 3 (it has 3).");
+  }
+}
+
+// Every assignment, evaluated: the reference the search must equal.
+Prediction exhaustive(const PlanProblem& p, long long* count) {
+  std::vector<int> choice(p.layers.size(), 0);
+  Prediction best;
+  bool found = false;
+  double best_bytes = 0;
+  while (true) {
+    const Prediction got = evaluate(p, choice);
+    ++*count;
+    double bytes = 0;
+    for (const auto& r : got.ranks) bytes += r.peak_bytes;
+    const double slack = 1e-9 * std::max(1.0, best.step);
+    if (got.fits() && (!found || got.step < best.step - slack ||
+                       (got.step <= best.step + slack && bytes < best_bytes))) {
+      best = got;
+      best_bytes = bytes;
+      found = true;
+    }
+    size_t l = 0;
+    while (l < choice.size() && ++choice[l] == static_cast<int>(p.layers[l].candidates.size()))
+      choice[l++] = 0;
+    if (l == choice.size()) break;
+  }
+  EXPECT_TRUE(found);
+  return best;
+}
+
+TEST(PlanSolve, EqualsExhaustiveEnumerationOnRandomProblems) {
+  std::mt19937 rng(20261202);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const ScheduleKind kinds[] = {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                                ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleV};
+  int solved = 0, infeasible = 0;
+  long long enumerated = 0, simulated = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const ScheduleKind kind = kinds[trial % 4];
+    const int ranks = 2 + (trial / 4) % 2;
+    const int per_stage = kind == ScheduleKind::kZeroBubbleV ? 1 : 2;
+    // Three candidates per layer with random bytes and times; recompute trades bytes for R.
+    PlanProblem p = problem_of(kind, ranks, 4, per_stage, {}, 0);
+    for (auto& layer : p.layers) {
+      for (int c = 0; c < 3; ++c) {
+        const double resident = std::round(1 + 60 * unit(rng));
+        layer.candidates.push_back(candidate("c" + std::to_string(c), resident,
+                                             std::round(40 * unit(rng)), 1 + unit(rng),
+                                             1 + unit(rng), 1 + unit(rng), 2 * unit(rng)));
+      }
+    }
+    for (int r = 0; r < ranks; ++r) p.budget_bytes[r] = 180 + std::round(300 * unit(rng));
+    long long count = 0;
+    PlanResult got;
+    try {
+      got = solve(p);
+    } catch (const ConfigError&) {
+      // No assignment fits: then enumeration finds none either.
+      std::vector<int> choice(p.layers.size(), 0);
+      bool any = false;
+      while (true) {
+        any = any || evaluate(p, choice).fits();
+        size_t l = 0;
+        while (l < choice.size() && ++choice[l] == 3) choice[l++] = 0;
+        if (l == choice.size()) break;
+      }
+      EXPECT_FALSE(any) << "trial " << trial;
+      ++infeasible;
+      continue;
+    }
+    const Prediction want = exhaustive(p, &count);
+    enumerated += count;
+    simulated += got.simulations;
+    EXPECT_NEAR(got.best.step, want.step, 1e-9) << "trial " << trial;
+    EXPECT_TRUE(got.best.fits()) << "trial " << trial;
+    ++solved;
+  }
+  // The seed gives both outcomes; the search simulates far fewer steps than enumeration.
+  EXPECT_EQ(solved + infeasible, 40);
+  EXPECT_GT(solved, 20);
+  EXPECT_GT(infeasible, 0);
+  EXPECT_LT(simulated * 4, enumerated);
+}
+
+}  // namespace
+}  // namespace pipemat::plan

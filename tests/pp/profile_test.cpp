@@ -1,0 +1,70 @@
+// The remat profiler: candidates generated from the module tree and their measured bytes.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "pipemat/models/zoo.h"
+#include "pipemat/pp/profile.h"
+
+namespace pipemat::pp {
+namespace {
+
+constexpr int64_t kTokens = 8, kHidden = 16, kFfn = 32;
+
+torch::nn::AnyModule mlp_block() { return torch::nn::AnyModule(models::MlpBlock(kHidden, kFfn)); }
+
+std::vector<std::string> names(const LayerCandidates& c) {
+  std::vector<std::string> out;
+  for (const auto& k : c.profile.candidates) out.push_back(k.name);
+  return out;
+}
+
+TEST(Profile, CandidatesComeFromTheModuleTree) {
+  at::manual_seed(3);
+  const LayerCandidates c = profile_layer("layers.*", mlp_block, at::randn({kTokens, kHidden}));
+  EXPECT_EQ(c.save_leaves, (std::vector<std::string>{"norm", "up", "down"}));
+  EXPECT_EQ(names(c), (std::vector<std::string>{"none", "full", "save:norm", "save:up",
+                                                "save:norm+up", "save:down", "save:norm+down",
+                                                "save:up+down", "save:norm+up+down"}));
+  // x + down(silu(up(norm(x)))) on [8, 16] float32, ffn 32. "full" keeps only its output
+  // (512 B; the input is the caller's) and its replay rebuilds exactly what "none" keeps.
+  const auto& k = c.profile.candidates;
+  const double output = kTokens * kHidden * 4;
+  EXPECT_EQ(k[0].replayed_bytes, 0);
+  EXPECT_EQ(k[0].recompute, 0);
+  EXPECT_EQ(k[1].resident_bytes, output);
+  EXPECT_EQ(k[1].resident_bytes + k[1].replayed_bytes, k[0].resident_bytes);
+  EXPECT_EQ(k[0].resident_bytes, 4128);
+  for (size_t i = 2; i < k.size(); ++i) {
+    // A SAVE region moves bytes from the replay to the resident set. The outputs of norm and up
+    // are saved by the next op anyway; down's output is not (the residual add saves nothing),
+    // so caching it adds its 512 B.
+    const bool down = k[i].name.find("down") != std::string::npos;
+    EXPECT_EQ(k[i].resident_bytes + k[i].replayed_bytes, k[0].resident_bytes + (down ? output : 0))
+        << k[i].name;
+    EXPECT_GT(k[i].replayed_bytes, 0) << k[i].name;
+    EXPECT_GT(k[i].recompute, 0) << k[i].name;
+  }
+  // "save:up" caches up's output [8, 32]: 1024 B more resident, 1024 B less replayed.
+  EXPECT_EQ(k[3].name, "save:up");
+  EXPECT_EQ(k[3].resident_bytes, output + kTokens * kFfn * 4);
+  EXPECT_EQ(k[3].replayed_bytes, k[1].replayed_bytes - kTokens * kFfn * 4);
+}
+
+TEST(Profile, StagePolicyNamesEachLayerByItsIndex) {
+  at::manual_seed(3);
+  const LayerCandidates c =
+      profile_layer("layers.*", mlp_block, at::randn({kTokens, kHidden}), {1, 6});
+  const remat::RematPolicy p = stage_policy_of({&c, &c, &c}, {0, 1, 4}, "layers.");
+  EXPECT_EQ(p.checkpoint, (std::vector<std::string>{"layers.1", "layers.2"}));
+  ASSERT_EQ(p.exclude.size(), 2u);
+  EXPECT_EQ(p.exclude[0].path, "layers.2.norm");
+  EXPECT_EQ(p.exclude[1].path, "layers.2.up");
+}
+
+}  // namespace
+}  // namespace pipemat::pp
