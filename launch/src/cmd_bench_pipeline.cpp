@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "pipemat/core/format.h"
 #include "pipemat/models/bench_pipeline.h"
+#include "pipemat/models/config.h"
 
 namespace pipemat::launch {
 
@@ -57,6 +58,8 @@ void add_bench_pipeline_command(CLI::App& bench) {
                                      : "NO");
       std::fflush(stdout);
     };
+    // run_bench_pipeline reads the config once per variant; its warnings are said once here.
+    print_config_warnings(models::load_config(f->bench.config, f->bench.overrides).warnings);
     if (!f->json) {
       std::printf("%-6s %-9s %3s %9s %8s %7s %7s %8s %9s %9s %9s %11s  %s\n", "sched", "transport",
                   "thr", "step ms", "speedup", "bubble", "sched.b", "sim", "sim+comm", "delay ms",

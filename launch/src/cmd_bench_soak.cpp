@@ -50,6 +50,7 @@ void add_bench_soak_command(CLI::App& bench) {
     const models::TrainConfig config =
         f->config.empty() ? models::parse_config(models::kSoakPipeline, "bench soak", f->overrides)
                           : models::load_config(f->config, f->overrides);
+    print_config_warnings(config.warnings);
     pp::set_compute_threads(f->threads);
     const auto print = [&](const models::SoakSample& s) {
       if (f->json) return;

@@ -48,6 +48,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--print-config", f->print_config, "Print the effective config and exit");
   cmd->callback([f] {
     models::TrainConfig config = models::load_config(f->config, f->overrides);
+    print_config_warnings(config.warnings);
     if (!f->metrics.empty()) config.output.metrics = f->metrics;
     if (f->stop_after > 0) config.training.stop_after = f->stop_after;
     if (!f->resume.empty()) {

@@ -5,6 +5,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+#include <vector>
+
 namespace pipemat::launch {
 
 void add_demo_command(CLI::App& app);      // cmd_demo.cpp
@@ -18,5 +21,9 @@ void add_bench_remat_command(CLI::App& bench);     // cmd_bench_remat.cpp
 void add_bench_p2p_command(CLI::App& bench);       // cmd_bench_p2p.cpp
 void add_bench_soak_command(CLI::App& bench);      // cmd_bench_soak.cpp
 void add_bench_pipeline_command(CLI::App& bench);  // cmd_bench_pipeline.cpp
+
+// Prints what parse_config noticed (TrainConfig::warnings, e.g. a deprecated key) to stderr, one
+// "pipemat: warning: ..." line each; under a launcher only rank 0 prints (config_warnings.cpp).
+void print_config_warnings(const std::vector<std::string>& warnings);
 
 }  // namespace pipemat::launch

@@ -21,8 +21,8 @@ GenerateResult generate_text(const std::string& dir, const SampleOptions& option
                 " holds no run config in its manifest; sample from a checkpoint that "
                 "`pipemat train` wrote for a gpt model");
   const TrainConfig config = parse_config(manifest.metadata, dir + "/manifest.json (metadata)");
-  PIPEMAT_CHECK(config.model.kind == "gpt", ConfigError, "generate: ", dir,
-                " is a checkpoint of model.kind ", config.model.kind,
+  PIPEMAT_CHECK(config.model.kind == ModelKind::kGpt, ConfigError, "generate: ", dir,
+                " is a checkpoint of model.kind ", to_string(config.model.kind),
                 "; pipemat generate samples text from gpt checkpoints only");
   const GptShape shape = gpt_shape(config.model);
   const GptParts parts = build_gpt(shape, config.training.seed);

@@ -51,8 +51,9 @@ ModelRun zoo_run(const TrainConfig& config, int stages) {
     return renumber(name, "layers", (*bounds)[s]);
   };
   run.tokens_per_micro_batch = tokens_per_micro_batch(config.model);
-  run.summary = config.model.kind + ": " + std::to_string(config.model.layers) +
-                " layers, hidden " + std::to_string(config.model.hidden) + ", synthetic data";
+  run.summary = std::string(to_string(config.model.kind)) + ": " +
+                std::to_string(config.model.layers) + " layers, hidden " +
+                std::to_string(config.model.hidden) + ", synthetic data";
   return run;
 }
 
@@ -110,28 +111,29 @@ ModelRun gpt_run(const TrainConfig& config, int stages) {
 }  // namespace
 
 ModelRun make_model_run(const TrainConfig& config, int stages) {
-  const std::vector<std::string>& names = config.remat.stages;
+  const std::vector<RematPolicyKind>& per_stage = config.remat.stages;
   PIPEMAT_CHECK(
-      names.empty() || static_cast<int>(names.size()) == stages, ConfigError,
-      "remat.stages: ", names.size(), " entries for ", stages,
-      " model stages (schedule.stages x chunks per rank); give one policy per stage, e.g. [",
+      per_stage.empty() || static_cast<int>(per_stage.size()) == stages, ConfigError,
+      "remat.stages: ", per_stage.size(), " entries for ", stages,
+      " model stages (schedule.ranks x chunks per rank); give one policy per stage, e.g. [",
       join(std::vector<std::string>(static_cast<size_t>(stages), "selective"), ", "), "]");
-  ModelRun run = config.model.kind == "gpt" ? gpt_run(config, stages) : zoo_run(config, stages);
-  for (int s = 0; s < static_cast<int>(names.size()); ++s) {
+  ModelRun run =
+      config.model.kind == ModelKind::kGpt ? gpt_run(config, stages) : zoo_run(config, stages);
+  for (int s = 0; s < static_cast<int>(per_stage.size()); ++s) {
     RematConfig one = config.remat;
-    one.policy = names[static_cast<size_t>(s)];
+    one.policy = per_stage[static_cast<size_t>(s)];
     run.stage_policies[s] = stage_policy(config.model, one);
   }
   return run;
 }
 
 int64_t tokens_per_micro_batch(const ModelOptions& model) {
-  return model.kind == "gpt" ? model.batch * model.seq_len : model.tokens;
+  return model.kind == ModelKind::kGpt ? model.batch * model.seq_len : model.tokens;
 }
 
 double lr_at(const TrainingOptions& t, int64_t step) {
   if (step < t.warmup) return t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup);
-  if (t.lr_decay != "cosine") return t.lr;
+  if (t.lr_decay != LrDecay::kCosine) return t.lr;
   const int64_t span = t.steps - 1 - t.warmup;
   const double progress =
       span <= 0 ? 1.0

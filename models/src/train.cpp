@@ -177,14 +177,16 @@ namespace {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainingOptions& t,
                                                         const std::vector<at::Tensor>& params) {
-  if (t.optimizer == "sgd") {
-    return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(t.weight_decay));
+  switch (t.optimizer) {
+    case OptimizerKind::kSgd:
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(t.weight_decay));
+    case OptimizerKind::kAdamW:
+      return std::make_unique<torch::optim::AdamW>(
+          params, torch::optim::AdamWOptions(t.lr).weight_decay(t.weight_decay));
   }
-  PIPEMAT_CHECK(t.optimizer == "adamw", ConfigError, "training.optimizer: '", t.optimizer,
-                "' is not allowed; allowed: sgd, adamw");
-  return std::make_unique<torch::optim::AdamW>(
-      params, torch::optim::AdamWOptions(t.lr).weight_decay(t.weight_decay));
+  PIPEMAT_INTERNAL_ASSERT(false, "training.optimizer ", static_cast<int>(t.optimizer),
+                          " is not a value of OptimizerKind");
 }
 
 double since_ms(std::chrono::steady_clock::time_point t0) {
@@ -222,7 +224,7 @@ void check_schedule(const ResolvedSchedule& resolved) {
     std::string text = e.what();
     const std::pair<const char*, const char*> keys[] = {
         {"--micro-batches", "schedule.micro_batches"},
-        {"--stages", "schedule.stages"},
+        {"--stages", "schedule.ranks"},
         {"--virtual", "schedule.virtual_stages"},
         {"--kind", "schedule.kind"}};
     for (const auto& [flag, key] : keys) {
@@ -258,7 +260,7 @@ ResolvedSchedule resolve_schedule(const TrainConfig& config) {
 namespace {
 
 pp::LrSchedule lr_schedule_of(const TrainingOptions& training) {
-  if (training.warmup == 0 && training.lr_decay == "none") return nullptr;
+  if (training.warmup == 0 && training.lr_decay == LrDecay::kNone) return nullptr;
   return [training](torch::optim::Optimizer& optimizer, int64_t step) {
     const double lr = lr_at(training, step);
     for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
@@ -471,7 +473,7 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
                              const AfterStep& after_step) {
   const ResolvedSchedule resolved = resolve_schedule(config);
   const int ranks = resolved.config.schedule.stages;
-  PIPEMAT_CHECK(ranks >= 1, ConfigError, "schedule.stages must be at least 1");
+  PIPEMAT_CHECK(ranks >= 1, ConfigError, "schedule.ranks must be at least 1");
   check_schedule(resolved);  // before any thread or tensor exists
   comm::TransportOptions options = config.transport;
   options.kind = comm::TransportKind::kLocal;
@@ -497,7 +499,7 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
     PIPEMAT_THROW(ConfigError, "transport local: could not start thread ", threads.size() + 1,
                   " of ", ranks, " (", e.what(),
                   "); run fewer ranks in one process "
-                  "(schedule.stages) or use transport.kind mpi / tcp");
+                  "(schedule.ranks) or use transport.kind mpi / tcp");
   }
   for (auto& t : threads) t.join();
   // The root cause is the first error that is not a consequence of a peer going away.

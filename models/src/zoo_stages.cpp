@@ -18,21 +18,21 @@ std::vector<torch::nn::AnyModule> build_layers(const ModelOptions& m, uint64_t s
   const int64_t ffn = m.ffn > 0 ? m.ffn : 4 * m.hidden;
   std::vector<torch::nn::AnyModule> layers;
   for (int64_t i = 0; i < m.layers; ++i) {
-    if (m.kind == "rmsnorm-gemm") {
+    if (m.kind == ModelKind::kRmsNormGemm) {
       layers.emplace_back(models::SiluBlock(m.hidden));
-    } else if (m.kind == "mlp") {
+    } else if (m.kind == ModelKind::kMlp) {
       layers.emplace_back(models::MlpBlock(m.hidden, ffn));
-    } else if (m.kind == "transformer") {
+    } else if (m.kind == ModelKind::kTransformer) {
       PIPEMAT_CHECK(m.heads > 0 && m.hidden % m.heads == 0, ConfigError, "model.heads: ", m.heads,
                     " does not divide model.hidden ", m.hidden);
       layers.emplace_back(models::TransformerBlock(m.hidden, m.heads, ffn));
-    } else if (m.kind == "moe") {
+    } else if (m.kind == ModelKind::kMoe) {
       layers.emplace_back(models::MoELayer(m.hidden, m.experts, m.top_k));
-    } else if (m.kind == "save-chain") {
+    } else if (m.kind == ModelKind::kSaveChain) {
       // A small scale keeps the squaring chain bounded over many layers and steps.
       layers.emplace_back(models::SaveChain(0.25));
     } else {
-      PIPEMAT_THROW(ConfigError, "model.kind: '", m.kind,
+      PIPEMAT_THROW(ConfigError, "model.kind: '", to_string(m.kind),
                     "' is not allowed; allowed: mlp, rmsnorm-gemm, transformer, moe, save-chain");
     }
   }
@@ -56,7 +56,7 @@ std::vector<int64_t> partition_sizes(const std::vector<double>& sizes,
   PIPEMAT_CHECK(n >= stages, ConfigError, "the model has ", n, " layers but the schedule has ",
                 stages,
                 " stages; every stage needs at least one layer (raise model.layers or "
-                "lower schedule.stages / schedule.virtual_stages)");
+                "lower schedule.ranks / schedule.virtual_stages)");
   std::vector<int64_t> bounds{0};
   if (!partition.layers_per_stage.empty()) {
     PIPEMAT_CHECK(static_cast<int>(partition.layers_per_stage.size()) == stages, ConfigError,
@@ -81,29 +81,30 @@ at::Tensor StageImpl::forward(const at::Tensor& x) { return layers->forward(x); 
 remat::RematPolicy stage_policy(const ModelOptions& model, const RematConfig& config) {
   remat::RematPolicy p;
   p.checkpoint_options.early_stop = config.early_stop;
-  if (config.policy == "none") return p;
-  if (config.policy == "custom") {
+  if (config.policy == RematPolicyKind::kNone) return p;
+  if (config.policy == RematPolicyKind::kCustom) {
     p = config.custom;
     p.checkpoint_options.early_stop = config.early_stop;
     return p;
   }
   // gpt stages hold their blocks as "blocks.*" (gpt.h), the zoo's as "layers.*".
-  const std::string units = model.kind == "gpt" ? "blocks" : "layers";
+  const std::string units = model.kind == ModelKind::kGpt ? "blocks" : "layers";
   p.checkpoint = {units + ".*"};
-  if (config.policy == "full") return p;
-  PIPEMAT_CHECK(config.policy == "selective", ConfigError, "remat.policy: '", config.policy,
+  if (config.policy == RematPolicyKind::kFull) return p;
+  PIPEMAT_CHECK(config.policy == RematPolicyKind::kSelective, ConfigError, "remat.policy: '",
+                to_string(config.policy),
                 "' is not allowed; allowed: none, full, selective, custom");
-  if (model.kind == "gpt") {
+  if (model.kind == ModelKind::kGpt) {
     p.exclude = {{"blocks.*.attn.qkv", true}, {"blocks.*.mlp.up", true}};
-  } else if (model.kind == "rmsnorm-gemm") {
+  } else if (model.kind == ModelKind::kRmsNormGemm) {
     p.exclude = {{"layers.*.gemm", true}};
-  } else if (model.kind == "mlp") {
+  } else if (model.kind == ModelKind::kMlp) {
     p.exclude = {{"layers.*.up", true}};
-  } else if (model.kind == "transformer") {
+  } else if (model.kind == ModelKind::kTransformer) {
     p.exclude = {{"layers.*.attn.qkv", true}, {"layers.*.mlp.up", true}};
-  } else if (model.kind == "moe") {
+  } else if (model.kind == ModelKind::kMoe) {
     p.exclude = {{"layers.*.experts", true}};
-  } else if (model.kind == "save-chain") {
+  } else if (model.kind == ModelKind::kSaveChain) {
     p.exclude = {{"layers.*.s1", false},
                  {"layers.*.s2", false},
                  {"layers.*.s3", false},

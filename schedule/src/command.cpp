@@ -1,6 +1,7 @@
 #include "pipemat/schedule/command.h"
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "pipemat/core/error.h"
@@ -53,11 +54,38 @@ int parse_int_flag(const std::string& flag, const std::string& text) {
   return static_cast<int>(value);
 }
 
+const char* to_string(OutputFormat format) {
+  switch (format) {
+    case OutputFormat::kText:
+      return "text";
+    case OutputFormat::kCsv:
+      return "csv";
+    case OutputFormat::kJson:
+      return "json";
+    case OutputFormat::kSvg:
+      return "svg";
+  }
+  return "?";
+}
+
+std::optional<OutputFormat> parse_output_format(const std::string& text) {
+  for (OutputFormat format : output_format_values()) {
+    if (text == to_string(format)) return format;
+  }
+  return std::nullopt;
+}
+
+const std::vector<OutputFormat>& output_format_values() {
+  static const std::vector<OutputFormat> kValues = {OutputFormat::kText, OutputFormat::kCsv,
+                                                    OutputFormat::kJson, OutputFormat::kSvg};
+  return kValues;
+}
+
 std::string render_schedule_command(const ScheduleCommandOptions& o) {
   const RecomputeMode recompute = parse_recompute_mode(o.recompute);
   const CostModel costs = parse_costs(o.costs);
-  PIPEMAT_CHECK(o.format == "text" || o.format == "csv" || o.format == "json" || o.format == "svg",
-                ConfigError, "--format '", o.format,
+  const std::optional<OutputFormat> format = parse_output_format(o.format);
+  PIPEMAT_CHECK(format.has_value(), ConfigError, "--format '", o.format,
                 "' is unknown; expected text, csv, json or svg.");
   Schedule schedule;
   if (!o.import_path.empty()) {
@@ -85,9 +113,16 @@ std::string render_schedule_command(const ScheduleCommandOptions& o) {
   RenderOptions render;
   render.with_comms = o.with_comms;
   render.costs_label = format_costs(costs, schedule.recompute);
-  if (o.format == "csv") return render_csv(schedule, render);
-  if (o.format == "json") return render_json(schedule, sim, render);
-  if (o.format == "svg") return render_svg(schedule, sim, render);
+  switch (*format) {
+    case OutputFormat::kCsv:
+      return render_csv(schedule, render);
+    case OutputFormat::kJson:
+      return render_json(schedule, sim, render);
+    case OutputFormat::kSvg:
+      return render_svg(schedule, sim, render);
+    case OutputFormat::kText:
+      break;
+  }
   return render_text(schedule, sim, render);
 }
 

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
+#include "pipemat/schedule/command.h"
 
 namespace pipemat::schedule {
 namespace {
@@ -211,11 +213,19 @@ std::string render_project_command(const ProjectCommandOptions& c) {
   o.layers = c.layers;
   o.layer_costs = parse_costs(c.costs);
   o.recompute = parse_recompute_mode(c.recompute);
-  PIPEMAT_CHECK(c.format == "text" || c.format == "json" || c.format == "svg", ConfigError,
-                "--format '", c.format, "' is unknown; expected text, json or svg");
+  const std::optional<OutputFormat> format = parse_output_format(c.format);
+  PIPEMAT_CHECK(format.has_value() && *format != OutputFormat::kCsv, ConfigError, "--format '",
+                c.format, "' is unknown; expected text, json or svg");
   const std::vector<ProjectionPoint> points = project_scaling(o);
-  if (c.format == "json") return render_projection_json(o, points);
-  if (c.format == "svg") return render_projection_svg(o, points);
+  switch (*format) {
+    case OutputFormat::kJson:
+      return render_projection_json(o, points);
+    case OutputFormat::kSvg:
+      return render_projection_svg(o, points);
+    case OutputFormat::kText:
+    case OutputFormat::kCsv:
+      break;
+  }
   return render_projection_text(o, points);
 }
 

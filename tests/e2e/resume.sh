@@ -39,7 +39,7 @@ fi
 grep -q "schedule_kind is \"$kind\" in the checkpoint but \"$other\" in this pipeline" <<<"$out" ||
   { echo "$out" | tail -5; echo "FAIL: the refusal does not name the field"; exit 1; }
 # Another world size: one rank holding both stages.
-if out=$("$run" -n 1 "$config" -- "${common[@]}" --set schedule.stages=1 --set training.steps=12 \
+if out=$("$run" -n 1 "$config" -- "${common[@]}" --set schedule.ranks=1 --set training.steps=12 \
          --set "checkpoint.dir=$work/ck" --resume latest 2>&1); then
   echo "FAIL: resuming on 1 rank was accepted"; exit 1
 fi

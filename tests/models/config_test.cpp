@@ -104,7 +104,7 @@ const char* const kFullConfig = R"(# every key
 model: {kind: gpt, layers: 6, hidden: 48, tokens: 16, heads: 3, ffn: 96, experts: 8, top_k: 3, seq_len: 64, batch: 3, dropout: 0.25}
 data: {path: "text.txt", validation: 0.1}
 partition: {layers_per_stage: [1, 2, 3]}
-schedule: {kind: zb-h2, stages: 3, micro_batches: 6, virtual_stages: 2, recompute: lazy, csv: "s.csv"}
+schedule: {kind: zb-h2, ranks: 3, micro_batches: 6, virtual_stages: 2, recompute: lazy, csv: "s.csv"}
 remat:
   policy: custom
   early_stop: false
@@ -128,7 +128,7 @@ TEST(ConfigParse, EmptyDocumentGivesTheDefaults) {
 
 TEST(ConfigParse, DefaultsAreThoseOfTheOptionsStructs) {
   const TrainConfig config = parse_config("", kSource);
-  EXPECT_EQ(config.model.kind, "rmsnorm-gemm");
+  EXPECT_EQ(config.model.kind, ModelKind::kRmsNormGemm);
   EXPECT_EQ(config.model.layers, 8);
   EXPECT_EQ(config.model.hidden, 64);
   EXPECT_EQ(config.model.tokens, 32);
@@ -142,7 +142,7 @@ TEST(ConfigParse, DefaultsAreThoseOfTheOptionsStructs) {
   EXPECT_EQ(config.schedule.micro_batches, 1);
   EXPECT_EQ(config.schedule.virtual_stages, 1);
   EXPECT_EQ(config.schedule.recompute, RecomputeMode::kNone);
-  EXPECT_EQ(config.remat.policy, "selective");
+  EXPECT_EQ(config.remat.policy, RematPolicyKind::kSelective);
   EXPECT_TRUE(config.remat.early_stop);
   EXPECT_TRUE(config.remat.custom.checkpoint.empty());
   EXPECT_TRUE(config.remat.custom.exclude.empty());
@@ -151,7 +151,7 @@ TEST(ConfigParse, DefaultsAreThoseOfTheOptionsStructs) {
   EXPECT_EQ(config.transport.master, "");
   EXPECT_EQ(config.transport.connect_retries, 40);
   EXPECT_EQ(config.training.steps, 5);
-  EXPECT_EQ(config.training.optimizer, "sgd");
+  EXPECT_EQ(config.training.optimizer, OptimizerKind::kSgd);
   EXPECT_EQ(config.training.lr, 0.01);
   EXPECT_EQ(config.training.momentum, 0.0);
   EXPECT_EQ(config.training.weight_decay, 0.0);
@@ -163,7 +163,7 @@ TEST(ConfigParse, DefaultsAreThoseOfTheOptionsStructs) {
 
 TEST(ConfigParse, EveryKeyIsRead) {
   const TrainConfig config = parse_config(kFullConfig, kSource);
-  EXPECT_EQ(config.model.kind, "gpt");
+  EXPECT_EQ(config.model.kind, ModelKind::kGpt);
   EXPECT_EQ(config.model.layers, 6);
   EXPECT_EQ(config.model.hidden, 48);
   EXPECT_EQ(config.model.tokens, 16);
@@ -183,7 +183,7 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.schedule.virtual_stages, 2);
   EXPECT_EQ(config.schedule.recompute, RecomputeMode::kLazy);
   EXPECT_EQ(config.schedule_csv, "s.csv");
-  EXPECT_EQ(config.remat.policy, "custom");
+  EXPECT_EQ(config.remat.policy, RematPolicyKind::kCustom);
   EXPECT_FALSE(config.remat.early_stop);
   EXPECT_FALSE(config.remat.custom.checkpoint_options.early_stop);
   EXPECT_EQ(config.remat.custom.checkpoint, (std::vector<std::string>{"layers.*", "head"}));
@@ -197,7 +197,7 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.transport.master, "10.0.0.1:1234");
   EXPECT_EQ(config.transport.connect_retries, 7);
   EXPECT_EQ(config.training.steps, 11);
-  EXPECT_EQ(config.training.optimizer, "adamw");
+  EXPECT_EQ(config.training.optimizer, OptimizerKind::kAdamW);
   EXPECT_EQ(config.training.lr, 0.003);
   EXPECT_EQ(config.training.momentum, 0.9);
   EXPECT_EQ(config.training.clip_grad_norm, 1.5);
@@ -205,7 +205,7 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.training.weight_decay, 0.1);
   EXPECT_EQ(config.training.seed, 18446744073709551615u);
   EXPECT_EQ(config.training.warmup, 2);
-  EXPECT_EQ(config.training.lr_decay, "cosine");
+  EXPECT_EQ(config.training.lr_decay, LrDecay::kCosine);
   EXPECT_EQ(config.training.min_lr, 0.001);
   EXPECT_EQ(config.training.eval_every, 4);
   EXPECT_EQ(config.training.eval_batches, 3);
@@ -244,11 +244,15 @@ TEST(ConfigParse, EveryEnumSpellingIsAccepted) {
             comm::TransportKind::kLocal);
   for (const char* kind :
        {"mlp", "rmsnorm-gemm", "transformer", "moe", "save-chain"}) {  // gpt: data
-    EXPECT_EQ(parse_config(std::string("model: {kind: ") + kind + "}", kSource).model.kind, kind);
+    EXPECT_STREQ(
+        to_string(parse_config(std::string("model: {kind: ") + kind + "}", kSource).model.kind),
+        kind);
   }
   for (const char* policy : {"none", "full", "selective"}) {
-    EXPECT_EQ(parse_config(std::string("remat: {policy: ") + policy + "}", kSource).remat.policy,
-              policy);
+    EXPECT_STREQ(
+        to_string(
+            parse_config(std::string("remat: {policy: ") + policy + "}", kSource).remat.policy),
+        policy);
   }
 }
 
@@ -264,7 +268,7 @@ TEST(ConfigParse, ScalarSpellings) {
   EXPECT_EQ(config.transport.timeout, std::chrono::milliseconds(1));
   // A quoted string is a string: free-form values may be quoted or not.
   EXPECT_EQ(parse_config("output: {metrics: 'a b.jsonl'}", kSource).output.metrics, "a b.jsonl");
-  EXPECT_EQ(parse_config("model: {kind: \"moe\"}", kSource).model.kind, "moe");
+  EXPECT_EQ(parse_config("model: {kind: \"moe\"}", kSource).model.kind, ModelKind::kMoe);
 }
 
 TEST(ConfigParse, ChecksWithinOneConfigPass) {
@@ -282,7 +286,7 @@ TEST(ConfigParse, ChecksWithinOneConfigPass) {
   // Empty lists are fine with any policy.
   EXPECT_EQ(
       parse_config("remat: {policy: none, checkpoint: [], exclude: []}", kSource).remat.policy,
-      "none");
+      RematPolicyKind::kNone);
 }
 
 // ---- errors ------------------------------------------------------------------------------
@@ -308,13 +312,15 @@ TEST(ConfigErrors, DocumentShape) {
             "hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout");
   EXPECT_EQ(error_of("schedule: [1f1b]\n"),
             "x.yaml:1: schedule: a list is not a mapping; expected a mapping with keys kind, "
-            "stages, micro_batches, virtual_stages, recompute, csv");
+            "ranks, micro_batches, virtual_stages, recompute, csv");
 }
 
 // remat.stages: a policy name per model stage; custom stages use remat.checkpoint / exclude.
 TEST(ConfigRemat, StagesListOnePolicyPerStage) {
   const TrainConfig c = parse_config("remat: {stages: [selective, none, full]}\n", kSource);
-  EXPECT_EQ(c.remat.stages, (std::vector<std::string>{"selective", "none", "full"}));
+  EXPECT_EQ(c.remat.stages,
+            (std::vector<RematPolicyKind>{RematPolicyKind::kSelective, RematPolicyKind::kNone,
+                                          RematPolicyKind::kFull}));
   EXPECT_EQ(parse_config(config_to_yaml(c), kSource).remat.stages, c.remat.stages);
   EXPECT_EQ(error_of("remat: {stages: [selective, fast]}\n"),
             "x.yaml:1: remat.stages[1]: 'fast' is not allowed; allowed: none, full, selective, "
@@ -347,7 +353,7 @@ TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
             "dropout");
   EXPECT_EQ(error_of("schedule:\n  kind: 1f1b\n  micro_batch: 4\n"),
             "x.yaml:3: schedule.micro_batch: unknown key; did you mean 'schedule.micro_batches'? "
-            "allowed in schedule: kind, stages, micro_batches, virtual_stages, recompute, csv");
+            "allowed in schedule: kind, ranks, micro_batches, virtual_stages, recompute, csv");
   EXPECT_EQ(error_of("training: {steps: 2, batch_size: 4}\n"),
             "x.yaml:1: training.batch_size: unknown key; allowed in training: steps, optimizer, "
             "lr, momentum, weight_decay, clip_grad_norm, seed, threads, warmup, lr_decay, min_lr, "
@@ -454,9 +460,10 @@ TEST(ConfigErrors, OutOfRangeNumbers) {
             "than the limit of 4 GiB per micro-batch; lower model.tokens or the model's width");
   EXPECT_EQ(error_of("training: {lr: 1e300}\n"),
             "x.yaml:1: training.lr: '1e300' is out of range; expected a number in (0, 1000000]");
-  EXPECT_EQ(error_of("schedule:\n  kind: 1f1b\n  stages: 0\n"),
-            "x.yaml:3: schedule.stages: '0' is out of range; expected an integer in [1, "
+  EXPECT_EQ(error_of("schedule:\n  kind: 1f1b\n  ranks: 0\n"),
+            "x.yaml:3: schedule.ranks: '0' is out of range; expected an integer in [1, "
             "2147483647]");
+  // The deprecated name has the same checks; the error names the key as written.
   EXPECT_EQ(error_of("schedule: {stages: 2147483648}\n"),
             "x.yaml:1: schedule.stages: '2147483648' is out of range; expected an integer in [1, "
             "2147483647]");
@@ -569,7 +576,7 @@ TEST(ConfigErrors, ErrorsAreConfigErrors) {
 // ---- overrides ---------------------------------------------------------------------------
 
 TEST(ConfigOverrides, ApplyOnTopOfTheDocument) {
-  const std::string yaml = "model: {layers: 8, hidden: 64}\nschedule: {kind: 1f1b, stages: 2}\n";
+  const std::string yaml = "model: {layers: 8, hidden: 64}\nschedule: {kind: 1f1b, ranks: 2}\n";
   const TrainConfig config = parse_config(
       yaml, kSource,
       {"schedule.kind=zb-v", "model.layers=4", "training.lr=0.5", "output.metrics=out/m.jsonl",
@@ -606,7 +613,7 @@ TEST(ConfigOverrides, CreateMissingSectionsAndTheLastOneWins) {
   EXPECT_EQ(config.training.steps, 9);
   // An empty value is null: the default.
   EXPECT_EQ(parse_config("model: {kind: moe}", kSource, {"model.kind="}).model.kind,
-            "rmsnorm-gemm");
+            ModelKind::kRmsNormGemm);
 }
 
 TEST(ConfigOverrides, EveryLeafKeyCanBeSet) {
@@ -632,7 +639,7 @@ TEST(ConfigOverrides, Errors) {
   const std::string all_keys =
       "model.kind, model.layers, model.hidden, model.tokens, model.heads, model.ffn, "
       "model.experts, model.top_k, model.seq_len, model.batch, model.dropout, data.path, "
-      "data.validation, partition.layers_per_stage, schedule.kind, schedule.stages, "
+      "data.validation, partition.layers_per_stage, schedule.kind, schedule.ranks, "
       "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, schedule.csv, "
       "remat.policy, "
       "remat.early_stop, remat.checkpoint, remat.exclude, remat.stages, transport.kind, "
@@ -670,6 +677,65 @@ TEST(ConfigOverrides, Errors) {
             "hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout");
 }
 
+// ---- deprecated keys (Note [Deprecated keys]) -------------------------------------------
+
+TEST(ConfigDeprecated, ScheduleStagesReadsAsRanksWithAWarning) {
+  const TrainConfig config = parse_config("schedule:\n  kind: 1f1b\n  stages: 3\n", kSource);
+  EXPECT_EQ(config.schedule.stages, 3);
+  EXPECT_EQ(config.warnings,
+            (std::vector<std::string>{"x.yaml:3: schedule.stages: deprecated name of "
+                                      "schedule.ranks; write schedule.ranks instead"}));
+  // Given as null it is still the old name.
+  EXPECT_EQ(parse_config("schedule: {stages: ~}\n", kSource).warnings.size(), 1u);
+  const TrainConfig current = parse_config("schedule: {ranks: 3}\n", kSource);
+  EXPECT_EQ(current.schedule.stages, 3);
+  EXPECT_TRUE(current.warnings.empty());
+  EXPECT_TRUE(parse_config("", kSource).warnings.empty());
+  // The effective config holds the new name only.
+  const std::string echoed = config_to_yaml(config);
+  EXPECT_NE(echoed.find("\n  ranks: 3\n"), std::string::npos) << echoed;
+  EXPECT_EQ(echoed.find("\n  stages:"), echoed.rfind("\n  stages: []"));  // remat.stages only
+}
+
+TEST(ConfigDeprecated, BothNamesAreAnErrorNamingBoth) {
+  EXPECT_EQ(error_of("schedule:\n  stages: 2\n  ranks: 2\n"),
+            "x.yaml:3: schedule.ranks: given together with schedule.stages (line 2); "
+            "schedule.stages is the deprecated name of schedule.ranks: keep only schedule.ranks");
+  EXPECT_EQ(error_of("schedule: {ranks: 2, stages: ~}\n"),
+            "x.yaml:1: schedule.stages: given together with schedule.ranks (line 1); "
+            "schedule.stages is the deprecated name of schedule.ranks: keep only schedule.ranks");
+}
+
+TEST(ConfigDeprecated, OverridesUnderEitherName) {
+  const TrainConfig old_name = parse_config("", kSource, {"schedule.stages=4"});
+  EXPECT_EQ(old_name.schedule.stages, 4);
+  EXPECT_EQ(old_name.warnings,
+            (std::vector<std::string>{"--set: schedule.stages: deprecated name of schedule.ranks; "
+                                      "write schedule.ranks instead"}));
+  // An override replaces the document's value under either name: no conflict.
+  const TrainConfig new_over_old =
+      parse_config("schedule: {stages: 2}\n", kSource, {"schedule.ranks=4"});
+  EXPECT_EQ(new_over_old.schedule.stages, 4);
+  EXPECT_TRUE(new_over_old.warnings.empty());
+  const TrainConfig old_over_new =
+      parse_config("schedule: {ranks: 2}\n", kSource, {"schedule.stages=4"});
+  EXPECT_EQ(old_over_new.schedule.stages, 4);
+  EXPECT_EQ(old_over_new.warnings.size(), 1u);
+  EXPECT_EQ(error_of("", {"schedule.stages=0"}),
+            "--set: schedule.stages: '0' is out of range; expected an integer in [1, "
+            "2147483647]");
+}
+
+TEST(ConfigDeprecated, TyposNearTheOldNameSuggestTheNewOne) {
+  EXPECT_EQ(error_of("schedule:\n  kind: 1f1b\n  stagez: 2\n"),
+            "x.yaml:3: schedule.stagez: unknown key; did you mean 'schedule.ranks' (formerly "
+            "'schedule.stages')? allowed in schedule: kind, ranks, micro_batches, "
+            "virtual_stages, recompute, csv");
+  EXPECT_EQ(error_of("", {"schedule.stagez=2"}),
+            "--set: schedule.stagez: unknown key; did you mean 'schedule.ranks' (formerly "
+            "'schedule.stages')?");
+}
+
 // ---- round trip --------------------------------------------------------------------------
 
 TEST(ConfigRoundTrip, DefaultsAsYaml) {
@@ -693,7 +759,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  layers_per_stage: []\n"
             "schedule:\n"
             "  kind: 1f1b\n"
-            "  stages: 1\n"
+            "  ranks: 1\n"
             "  micro_batches: 1\n"
             "  virtual_stages: 1\n"
             "  recompute: none\n"
@@ -758,7 +824,7 @@ TEST(ConfigRoundTrip, AwkwardValues) {
   config.transport.timeout = std::chrono::milliseconds(1);
   config.output.metrics = "a: b # c\n\"d\"";
   config.output.timeline_svg = "true";
-  config.remat.policy = "custom";
+  config.remat.policy = RematPolicyKind::kCustom;
   config.remat.custom.checkpoint = {"*", "[ab]?.**"};
   config.remat.custom.exclude = {{"x.y", false}, {"- z", true}};
   config.remat.custom.checkpoint_options.early_stop = config.remat.early_stop;
@@ -805,15 +871,15 @@ TEST(ConfigFiles, EveryShippedScheduleBuilds) {
 
 TEST(ConfigFiles, DefaultIsTheGptMainJob) {
   const TrainConfig config = load_config((configs_dir() / "default.yaml").string());
-  EXPECT_EQ(config.model.kind, "gpt");
+  EXPECT_EQ(config.model.kind, ModelKind::kGpt);
   EXPECT_EQ(config.data.path, "/usr/share/games/fortunes");
   EXPECT_EQ(config.model.dropout, 0.05);
   EXPECT_EQ(config.schedule.kind, ScheduleKind::kZeroBubbleH1);  // split backward
   EXPECT_EQ(config.schedule.stages, 2);
   EXPECT_EQ(config.schedule.recompute, RecomputeMode::kPretrigger);
-  EXPECT_EQ(config.remat.policy, "selective");
-  EXPECT_EQ(config.training.optimizer, "adamw");
-  EXPECT_EQ(config.training.lr_decay, "cosine");
+  EXPECT_EQ(config.remat.policy, RematPolicyKind::kSelective);
+  EXPECT_EQ(config.training.optimizer, OptimizerKind::kAdamW);
+  EXPECT_EQ(config.training.lr_decay, LrDecay::kCosine);
   EXPECT_EQ(config.training.eval_every, 100);
   EXPECT_EQ(config.sample.tokens, 200);
   EXPECT_FALSE(config.checkpoint.dir.empty());
@@ -821,7 +887,7 @@ TEST(ConfigFiles, DefaultIsTheGptMainJob) {
 
 TEST(ConfigFiles, ZooIsTheTwoStageSyntheticRun) {
   const TrainConfig config = load_config((configs_dir() / "zoo.yaml").string());
-  EXPECT_EQ(config.model.kind, "rmsnorm-gemm");
+  EXPECT_EQ(config.model.kind, ModelKind::kRmsNormGemm);
   EXPECT_EQ(config.model.layers, 8);
   EXPECT_EQ(config.model.hidden, 64);
   EXPECT_EQ(config.model.tokens, 32);
@@ -830,10 +896,10 @@ TEST(ConfigFiles, ZooIsTheTwoStageSyntheticRun) {
   EXPECT_EQ(config.schedule.micro_batches, 4);
   EXPECT_EQ(config.schedule.virtual_stages, 1);
   EXPECT_EQ(config.schedule.recompute, RecomputeMode::kPretrigger);
-  EXPECT_EQ(config.remat.policy, "selective");
+  EXPECT_EQ(config.remat.policy, RematPolicyKind::kSelective);
   EXPECT_EQ(config.transport.kind, comm::TransportKind::kAuto);
   EXPECT_EQ(config.training.steps, 5);
-  EXPECT_EQ(config.training.optimizer, "sgd");
+  EXPECT_EQ(config.training.optimizer, OptimizerKind::kSgd);
   EXPECT_EQ(config.training.lr, 0.05);
 }
 
@@ -857,8 +923,8 @@ TEST(ConfigFiles, ZbV4RankUsesACustomPolicy) {
   const TrainConfig config = load_config((configs_dir() / "zb-v-4rank.yaml").string());
   EXPECT_EQ(config.schedule.kind, ScheduleKind::kZeroBubbleV);
   EXPECT_EQ(config.schedule.stages, 4);
-  EXPECT_EQ(config.model.kind, "transformer");
-  EXPECT_EQ(config.remat.policy, "custom");
+  EXPECT_EQ(config.model.kind, ModelKind::kTransformer);
+  EXPECT_EQ(config.remat.policy, RematPolicyKind::kCustom);
   EXPECT_EQ(config.remat.custom.checkpoint, (std::vector<std::string>{"layers.*"}));
   ASSERT_FALSE(config.remat.custom.exclude.empty());
   EXPECT_EQ(config.remat.custom.exclude[0].path, "layers.*.attn.qkv");
@@ -927,7 +993,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "data.validation",
                                                      "partition.layers_per_stage",
                                                      "schedule.kind",
-                                                     "schedule.stages",
+                                                     "schedule.ranks",
                                                      "schedule.micro_batches",
                                                      "schedule.virtual_stages",
                                                      "schedule.recompute",
@@ -979,6 +1045,43 @@ TEST(ConfigKeys, EveryKeyIsDocumented) {
   text << in.rdbuf();
   for (const std::string& key : config_keys()) {
     EXPECT_NE(text.str().find("`" + key + "`"), std::string::npos) << key;
+  }
+}
+
+// docs/config.md holds the reference row of every key, as the field table has it (type, the
+// default config_to_yaml writes, allowed values, meaning), in the table's order. A failure
+// prints the row to paste.
+TEST(ConfigKeys, EveryKeysRowIsInTheDocsInOrder) {
+  std::ifstream in(std::filesystem::path(PIPEMAT_SOURCE_DIR) / "docs" / "config.md");
+  ASSERT_TRUE(in.is_open());
+  std::vector<std::string> rows;  // the lines of the key tables
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| `", 0) == 0) rows.push_back(line);
+  }
+  const std::vector<ConfigKeyDoc> docs = config_key_docs();
+  ASSERT_EQ(docs.size(), config_keys().size());
+  for (size_t i = 0; i < docs.size(); ++i) EXPECT_EQ(docs[i].key, config_keys()[i]);
+  std::vector<std::string> want;
+  for (const ConfigKeyDoc& doc : docs) want.push_back(doc.row());
+  std::vector<std::string> found;  // the rows of config keys, in document order
+  for (const std::string& row : rows) {
+    for (const ConfigKeyDoc& doc : docs) {
+      if (row.rfind("| `" + doc.key + "` |", 0) == 0) found.push_back(row);
+    }
+  }
+  ASSERT_EQ(found.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(found[i], want[i]) << docs[i].key;
+}
+
+TEST(ConfigKeys, RowsOfTheFieldTable) {
+  const std::vector<ConfigKeyDoc> docs = config_key_docs();
+  ASSERT_FALSE(docs.empty());
+  EXPECT_EQ(docs[1].row(),
+            "| `model.layers` | integer | `8` | >= 1 | number of layers (gpt: decoder blocks) |");
+  for (const ConfigKeyDoc& doc : docs) {
+    EXPECT_FALSE(doc.type.empty()) << doc.key;
+    EXPECT_FALSE(doc.default_value.empty()) << doc.key;
+    EXPECT_FALSE(doc.meaning.empty()) << doc.key;
   }
 }
 

@@ -164,7 +164,7 @@ TEST(TextData, WindowsAreNextByteTargetsAndDeterministic) {
 TrainConfig gpt_config(const std::string& text_path, const std::string& kind,
                        const std::string& policy) {
   TrainConfig c;
-  c.model.kind = "gpt";
+  c.model.kind = ModelKind::kGpt;
   c.model.layers = 4;
   c.model.hidden = 16;
   c.model.heads = 2;
@@ -180,14 +180,14 @@ TrainConfig gpt_config(const std::string& text_path, const std::string& kind,
   c.schedule.virtual_stages = kind == "interleaved" ? 2 : 1;
   c.schedule.recompute =
       policy == "none" ? schedule::RecomputeMode::kNone : schedule::RecomputeMode::kPretrigger;
-  c.remat.policy = policy;
+  c.remat.policy = parse_remat_policy(policy).value();
   c.training.steps = 3;
-  c.training.optimizer = "adamw";
+  c.training.optimizer = OptimizerKind::kAdamW;
   c.training.lr = 0.01;
   c.training.weight_decay = 0.01;
   c.training.clip_grad_norm = 0.5;
   c.training.warmup = 1;
-  c.training.lr_decay = "cosine";
+  c.training.lr_decay = LrDecay::kCosine;
   c.training.min_lr = 0.001;
   c.training.eval_every = 2;
   c.training.eval_batches = 2;
@@ -311,7 +311,7 @@ TEST(Gpt, PerStagePoliciesReplayOnlyWhereAsked) {
   TempDir dir;
   write(dir.path() / "text.txt", words(16 * kSplitBlock));
   TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "1f1b", "selective");
-  c.remat.stages = {"selective", "none"};
+  c.remat.stages = {RematPolicyKind::kSelective, RematPolicyKind::kNone};
   const TrainResult pipe = train_in_process(c, nullptr);
   const TrainResult ref = train_reference(c, nullptr);
   ASSERT_EQ(pipe.steps.size(), 3u);
@@ -332,17 +332,18 @@ TEST(Gpt, PerStagePoliciesReplayOnlyWhereAsked) {
 
   // zb-v has 4 model stages on 2 ranks: one name per stage.
   c.schedule.kind = schedule::ScheduleKind::kZeroBubbleV;
-  c.remat.stages = {"full", "none", "selective", "none"};
+  c.remat.stages = {RematPolicyKind::kFull, RematPolicyKind::kNone, RematPolicyKind::kSelective,
+                    RematPolicyKind::kNone};
   const TrainResult v = train_in_process(c, nullptr);
   const TrainResult v_ref = train_reference(c, nullptr);
   for (size_t s = 0; s < 3; ++s) EXPECT_EQ(v.steps[s].loss, v_ref.steps[s].loss) << s;
-  c.remat.stages = {"full", "none"};
+  c.remat.stages = {RematPolicyKind::kFull, RematPolicyKind::kNone};
   try {
     train_in_process(c, nullptr);
     ADD_FAILURE() << "two names for four stages were taken";
   } catch (const ConfigError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "remat.stages: 2 entries for 4 model stages (schedule.stages x chunks per rank); "
+              "remat.stages: 2 entries for 4 model stages (schedule.ranks x chunks per rank); "
               "give one policy per stage, e.g. [selective, selective, selective, selective]");
   }
 }
@@ -421,14 +422,14 @@ TEST(LrSchedule, WarmupThenCosineToMinLr) {
   t.steps = 11;
   t.lr = 1.0;
   t.warmup = 2;
-  t.lr_decay = "cosine";
+  t.lr_decay = LrDecay::kCosine;
   t.min_lr = 0.1;
   EXPECT_DOUBLE_EQ(lr_at(t, 0), 0.5);
   EXPECT_DOUBLE_EQ(lr_at(t, 1), 1.0);
   EXPECT_DOUBLE_EQ(lr_at(t, 2), 1.0);  // the cosine starts at lr
   EXPECT_DOUBLE_EQ(lr_at(t, 6), 0.1 + 0.45 * (1 + std::cos(M_PI * 4 / 8)));
   EXPECT_DOUBLE_EQ(lr_at(t, 10), 0.1);  // the last step: min_lr
-  t.lr_decay = "none";
+  t.lr_decay = LrDecay::kNone;
   EXPECT_DOUBLE_EQ(lr_at(t, 10), 1.0);
 }
 

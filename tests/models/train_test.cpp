@@ -27,7 +27,7 @@ namespace {
 TrainConfig small_config(const std::string& kind, int ranks, const std::string& model,
                          const std::string& remat_policy) {
   TrainConfig c;
-  c.model.kind = model;
+  c.model.kind = parse_model_kind(model).value();
   c.model.layers = 8;
   c.model.hidden = 16;
   c.model.tokens = 8;
@@ -38,7 +38,7 @@ TrainConfig small_config(const std::string& kind, int ranks, const std::string& 
   c.schedule.virtual_stages = kind == "interleaved" ? 2 : 1;
   c.schedule.recompute = remat_policy == "none" ? schedule::RecomputeMode::kNone
                                                 : schedule::RecomputeMode::kPretrigger;
-  c.remat.policy = remat_policy;
+  c.remat.policy = parse_remat_policy(remat_policy).value();
   c.training.steps = 2;
   c.training.lr = 0.05;
   c.output.progress = false;
@@ -106,7 +106,7 @@ INSTANTIATE_TEST_SUITE_P(Schedules, PipelineGrid, ::testing::ValuesIn(grid()),
 TEST(PipelineTrain, LazyRecomputeAndAdamWAlsoMatch) {
   auto c = small_config("zb-h1", 2, "rmsnorm-gemm", "selective");
   c.schedule.recompute = schedule::RecomputeMode::kLazy;
-  c.training.optimizer = "adamw";
+  c.training.optimizer = OptimizerKind::kAdamW;
   c.training.lr = 0.01;
   expect_matches_reference(c);
 }
@@ -296,7 +296,7 @@ TEST(PartitionLayers, BalancedByParametersOrExplicit) {
   };
   EXPECT_EQ(message({}, 5),
             "the model has 4 layers but the schedule has 5 stages; every stage needs at least one "
-            "layer (raise model.layers or lower schedule.stages / schedule.virtual_stages)");
+            "layer (raise model.layers or lower schedule.ranks / schedule.virtual_stages)");
   EXPECT_EQ(message(explicit_split, 3),
             "partition.layers_per_stage has 2 entries but the schedule has 3 stages");
   explicit_split.layers_per_stage = {1, 2};

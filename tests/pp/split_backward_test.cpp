@@ -33,13 +33,13 @@ class SplitBackwardEquality : public ::testing::TestWithParam<Case> {};
 TEST_P(SplitBackwardEquality, InputThenWeightEqualsFusedBackward) {
   const Case c = GetParam();
   ModelOptions m;
-  m.kind = c.kind;
+  m.kind = models::parse_model_kind(c.kind).value();
   m.layers = 2;
   m.hidden = 16;
   m.tokens = 8;
   m.heads = 2;
   RematConfig rc;
-  rc.policy = c.policy;
+  rc.policy = models::parse_remat_policy(c.policy).value();
   auto run = [&](bool split, std::vector<at::Tensor>* grads) {
     Stage stage(build_layers(m, 3));
     auto policy = stage_policy(m, rc);
@@ -99,14 +99,14 @@ INSTANTIATE_TEST_SUITE_P(Zoo, SplitBackwardEquality,
 TEST(SplitBackwardMemory, RederivedGemmInputLivesOnlyFromRToW) {
   remat::install_tracking_allocator();
   ModelOptions m;
-  m.kind = "rmsnorm-gemm";
+  m.kind = models::ModelKind::kRmsNormGemm;
   m.layers = 3;
   m.hidden = 32;
   m.tokens = 16;
   const int64_t act = m.tokens * m.hidden * 4;  // one [tokens, hidden] float32 activation
   Stage stage(build_layers(m, 5));
   RematConfig rc;
-  rc.policy = "selective";
+  rc.policy = models::RematPolicyKind::kSelective;
   remat::apply_policy(*stage, stage_policy(m, rc));
   auto params = stage->parameters();
   int64_t param_bytes = 0;

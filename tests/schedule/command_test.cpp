@@ -8,7 +8,11 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
@@ -121,6 +125,22 @@ TEST(ScheduleCommandTest, ImportAndOutputFile) {
   EXPECT_EQ(render_schedule_command(o), "0F0,0F1,0R0,0B0,0R1,0B1\n1F0,1R0,1B0,1F1,1R1,1B1\n");
   std::remove(csv_path.c_str());
   std::remove(temp_path("out.json").c_str());
+}
+
+TEST(ScheduleCommandTest, OutputFormatSpellings) {
+  const std::vector<std::pair<std::string, OutputFormat>> formats = {{"text", OutputFormat::kText},
+                                                                     {"csv", OutputFormat::kCsv},
+                                                                     {"json", OutputFormat::kJson},
+                                                                     {"svg", OutputFormat::kSvg}};
+  ASSERT_EQ(output_format_values().size(), formats.size());
+  for (size_t i = 0; i < formats.size(); ++i) {
+    const auto& [text, format] = formats[i];
+    EXPECT_EQ(output_format_values()[i], format) << text;
+    EXPECT_EQ(std::string(to_string(format)), text);
+    EXPECT_TRUE(parse_output_format(text) == std::optional<OutputFormat>(format)) << text;
+  }
+  EXPECT_FALSE(parse_output_format("yaml").has_value());
+  EXPECT_FALSE(parse_output_format("Text").has_value());
 }
 
 TEST(ScheduleCommandTest, BadInputIsAConfigOrScheduleErrorNamingTheFlag) {

@@ -16,7 +16,7 @@ namespace pipemat::models {
 
 // The pipeline loop's config when none is given: the built-in defaults on 2 ranks.
 inline constexpr const char* kSoakPipeline =
-    "schedule: {kind: 1f1b, stages: 2, micro_batches: 4, recompute: pretrigger}\n";
+    "schedule: {kind: 1f1b, ranks: 2, micro_batches: 4, recompute: pretrigger}\n";
 
 struct BenchSoakOptions {
   std::string loops = "both";  // pipeline | remat | both

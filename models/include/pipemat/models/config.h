@@ -3,7 +3,7 @@
 //
 //   model:     {kind: rmsnorm-gemm, layers: 8, hidden: 64, tokens: 32}
 //   partition: {layers_per_stage: [4, 4]}
-//   schedule:  {kind: 1f1b, stages: 2, micro_batches: 4, recompute: pretrigger}
+//   schedule:  {kind: 1f1b, ranks: 2, micro_batches: 4, recompute: pretrigger}
 //   remat:     {policy: custom, checkpoint: ["layers.*"], exclude: [{path: "layers.*.gemm"}]}
 //   transport: {kind: auto, timeout: 300}
 //   training:  {steps: 5, optimizer: sgd, lr: 0.05}
@@ -18,8 +18,18 @@
 // Validation covers each value on its own (type, range, enum spelling) and the checks inside one
 // config (partition sum vs model.layers, moe top_k vs experts, transformer hidden vs heads,
 // checkpoint / exclude only with remat.policy custom). Checks that need the world size or the
-// built schedule (stages vs ranks, micro-batches vs stages, partition entries vs stages) are left
-// to the runtime.
+// built schedule (ranks vs world size, micro-batches vs stages, partition entries vs stages) are
+// left to the runtime.
+//
+// Note [Deprecated keys]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A renamed key keeps its old name as a deprecated alias: schedule.stages is schedule.ranks
+// (pipeline ranks; the C++ member is still ScheduleOptions::stages). The old name reads exactly as
+// the new one (same checks, errors name the key as written) and adds one message to
+// TrainConfig::warnings, located like an error: "x.yaml:3: schedule.stages: deprecated name of
+// schedule.ranks; write schedule.ranks instead". Both names in one section are an error naming
+// both. An override of either name (`--set schedule.stages=2`) replaces the document's value
+// under either name. config_to_yaml, config_keys() and docs/config.md hold the new name only.
 //
 // Errors: every function throws pipemat::ConfigError whose message starts with where the bad
 // value is and names the key path, the value found and what is allowed:
@@ -37,7 +47,9 @@
 namespace pipemat::models {
 
 // Parses and validates `yaml_text`, then returns the config. `source_name` names the text in
-// errors (usually the file path). An empty document gives the defaults of options.h.
+// errors (usually the file path). An empty document gives the defaults of options.h. What is
+// read but deprecated is in the returned config's `warnings` (Note [Deprecated keys]); this
+// function prints nothing.
 TrainConfig parse_config(const std::string& yaml_text, const std::string& source_name,
                          const std::vector<std::string>& overrides = {});
 
@@ -51,7 +63,22 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 std::string config_to_yaml(const TrainConfig& config);
 
 // Every key path parse_config accepts, in document order: "model.kind", ..., with list entries
-// of remat.exclude as "remat.exclude[].path" and "remat.exclude[].save_output".
+// of remat.exclude as "remat.exclude[].path" and "remat.exclude[].save_output". Deprecated names
+// (Note [Deprecated keys]) are not listed.
 std::vector<std::string> config_keys();
+
+// The reference row of one key in docs/config.md: the cells of its table row.
+struct ConfigKeyDoc {
+  std::string key;            // "model.layers"
+  std::string type;           // "integer"
+  std::string default_value;  // "`8`": the default as config_to_yaml writes it, or a note
+  std::string allowed;        // ">= 1" (may be empty)
+  std::string meaning;        // "number of layers (gpt: decoder blocks)"
+  // "| `model.layers` | integer | `8` | >= 1 | number of layers (gpt: decoder blocks) |"
+  std::string row() const;
+};
+
+// One ConfigKeyDoc per key of config_keys(), in the same order.
+std::vector<ConfigKeyDoc> config_key_docs();
 
 }  // namespace pipemat::models

@@ -3,6 +3,7 @@
 // built directly by tests. Plain values with defaults; validated by load_config / the runtime.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,13 +13,48 @@
 
 namespace pipemat::models {
 
+// The choices of the config that are spelled as words (model.kind, remat.policy and
+// remat.stages, training.optimizer, training.lr_decay), in the pattern of schedule::ScheduleKind:
+// to_string gives the spelling of a value (the YAML value, the CLI choice); parse_* gives the
+// value of a spelling, or nullopt for any other text (the caller names the key or flag in its
+// error); the *_values() lists hold every value in the order messages and docs list them.
+enum class ModelKind { kGpt, kMlp, kRmsNormGemm, kTransformer, kMoe, kSaveChain };
+enum class RematPolicyKind { kNone, kFull, kSelective, kCustom };
+enum class OptimizerKind { kSgd, kAdamW };
+enum class LrDecay { kNone, kCosine };
+
+const char* to_string(ModelKind kind);  // gpt | mlp | rmsnorm-gemm | transformer | moe | save-chain
+const char* to_string(RematPolicyKind policy);   // none | full | selective | custom
+const char* to_string(OptimizerKind optimizer);  // sgd | adamw
+const char* to_string(LrDecay decay);            // none | cosine
+
+std::optional<ModelKind> parse_model_kind(const std::string& text);
+std::optional<RematPolicyKind> parse_remat_policy(const std::string& text);
+std::optional<OptimizerKind> parse_optimizer(const std::string& text);
+std::optional<LrDecay> parse_lr_decay(const std::string& text);
+
+const std::vector<ModelKind>& model_kind_values();
+const std::vector<RematPolicyKind>& remat_policy_values();
+const std::vector<OptimizerKind>& optimizer_values();
+const std::vector<LrDecay>& lr_decay_values();
+
+// The spellings of `values` in order ("gpt", "mlp", ...), for messages and CLI11 choices. Works
+// for every enum with a to_string (found by argument-dependent lookup), e.g. the lists above.
+template <typename Enum>
+std::vector<std::string> spellings(const std::vector<Enum>& values) {
+  std::vector<std::string> names;
+  names.reserve(values.size());
+  for (Enum value : values) names.emplace_back(to_string(value));
+  return names;
+}
+
 // The model. Kind gpt (gpt.h): a byte-level GPT of `layers` decoder blocks trained on the text
 // of `data` with cross-entropy; a micro-batch is `batch` windows of `seq_len` bytes. The zoo
 // kinds: a stack of `layers` identical layers fed with synthetic data (fixed seeds, no
 // downloads); input and target of a micro-batch are [tokens, hidden], the loss is the mean
 // squared error on the last stage.
 struct ModelOptions {
-  std::string kind = "rmsnorm-gemm";  // gpt | mlp | rmsnorm-gemm | transformer | moe | save-chain
+  ModelKind kind = ModelKind::kRmsNormGemm;
   int64_t layers = 8;
   int64_t hidden = 64;
   int64_t tokens = 32;    // tokens (rows) per micro-batch
@@ -40,7 +76,7 @@ struct DataOptions {
 
 // How layers map to stages. `layers_per_stage` empty: balanced by parameter count (contiguous
 // ranges, as equal as the layer sizes allow); otherwise one entry per stage, summing to
-// model.layers. The number of stages is schedule.stages * schedule.virtual_stages (2 per rank
+// model.layers. The number of stages is schedule.ranks * schedule.virtual_stages (2 per rank
 // for zb-v); stage s runs on the rank the schedule's stage_to_rank gives.
 struct PartitionOptions {
   std::vector<int64_t> layers_per_stage;
@@ -52,17 +88,17 @@ struct PartitionOptions {
 // chain). `custom`: the `checkpoint` / `exclude` paths given (paths relative to a stage, e.g.
 // "layers.*" and "layers.*.gemm").
 struct RematConfig {
-  std::string policy = "selective";  // none | full | selective | custom
-  remat::RematPolicy custom;         // used with policy == "custom"
-  // One policy name per model stage (schedule.stages x chunks per rank) instead of `policy` on
-  // every stage; empty: `policy` everywhere.
-  std::vector<std::string> stages;
+  RematPolicyKind policy = RematPolicyKind::kSelective;
+  remat::RematPolicy custom;  // used with policy kCustom
+  // One policy per model stage (schedule.ranks x chunks per rank) instead of `policy` on every
+  // stage; empty: `policy` everywhere.
+  std::vector<RematPolicyKind> stages;
   bool early_stop = true;
 };
 
 struct TrainingOptions {
   int64_t steps = 5;
-  std::string optimizer = "sgd";  // sgd | adamw
+  OptimizerKind optimizer = OptimizerKind::kSgd;
   double lr = 0.01;
   double momentum = 0.0;        // sgd
   double weight_decay = 0.0;    // sgd, adamw
@@ -72,7 +108,7 @@ struct TrainingOptions {
   // Learning rate of step t: lr * (t + 1) / warmup during the first `warmup` steps, then
   // constant (lr_decay none) or a cosine from lr down to min_lr at the last step (cosine).
   int64_t warmup = 0;
-  std::string lr_decay = "none";  // none | cosine
+  LrDecay lr_decay = LrDecay::kNone;
   double min_lr = 0.0;
   // Forward-only validation loss every `eval_every` steps and after the last (0: never), over
   // `eval_batches` micro-batches of the validation text (gpt; the same windows every time).
@@ -116,16 +152,21 @@ struct TrainConfig {
   ModelOptions model;
   DataOptions data;
   PartitionOptions partition;
-  schedule::ScheduleOptions schedule;  // kind, stages (= ranks), micro_batches, virtual_stages,
-                                       // recompute (none | lazy | pretrigger)
-  std::string schedule_csv;            // schedule.csv: a torch CSV action list replacing the
-                                       // generated schedule (kind, stages, micro-batches)
+  // kind, stages (the YAML key schedule.ranks: pipeline ranks), micro_batches, virtual_stages,
+  // recompute (none | lazy | pretrigger).
+  schedule::ScheduleOptions schedule;
+  std::string schedule_csv;  // schedule.csv: a torch CSV action list replacing the generated
+                             // schedule (kind, ranks, micro-batches)
   RematConfig remat;
   comm::TransportOptions transport;  // kind (auto | mpi | tcp | local), timeout, tcp rendezvous
   TrainingOptions training;
   CheckpointOptions checkpoint;
   SampleOptions sample;
   OutputOptions output;
+  // What parse_config noticed without failing (a deprecated key, Note [Deprecated keys] in
+  // config.h), one message each, located like an error ("x.yaml:3: schedule.stages: ...").
+  // Commands print them to stderr as "pipemat: warning: ..."; nothing else reads them.
+  std::vector<std::string> warnings;
 };
 
 }  // namespace pipemat::models

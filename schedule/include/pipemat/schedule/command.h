@@ -6,10 +6,20 @@
 // Errors: ConfigError for flag values (naming the flag), ScheduleError for schedules that
 // cannot run (invalid imports, deadlocks). Thread safety: no shared state.
 
+#include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 namespace pipemat::schedule {
+
+// The document a command renders. to_string gives the `--format` spelling; parse_output_format
+// the value of a spelling, or nullopt for any other text (the command names the flag in its
+// error); output_format_values() every value in the order help texts list them.
+enum class OutputFormat { kText, kCsv, kJson, kSvg };  // text | csv (torch CSV) | json | svg
+const char* to_string(OutputFormat format);
+std::optional<OutputFormat> parse_output_format(const std::string& text);
+const std::vector<OutputFormat>& output_format_values();
 
 struct ScheduleCommandOptions {
   std::string kind;        // gpipe|1f1b|interleaved|zb-h1|zb-h2|zb-v; unused with import_path
@@ -19,7 +29,7 @@ struct ScheduleCommandOptions {
   std::string recompute = "none";  // none|lazy|pretrigger
   std::string costs;               // "F=1,I=1,W=1,B=2,R=1,comm=0", any subset
   std::string import_path;         // torch CSV to read instead of generating
-  std::string format = "text";     // text|csv|json|svg
+  std::string format = "text";     // an OutputFormat spelling: text|csv|json|svg
   std::string output;       // file to write; empty = the stream given to run_schedule_command
   bool with_comms = false;  // list SEND/RECV actions in text, csv and json
 };

@@ -67,7 +67,7 @@ struct ProjectCommandOptions {
   int layers = 32;
   std::string costs;               // parse_costs, per layer and per message
   std::string recompute = "none";  // none | lazy | pretrigger
-  std::string format = "text";     // text | json | svg
+  std::string format = "text";     // an OutputFormat spelling (command.h): text | json | svg
 };
 std::string render_project_command(const ProjectCommandOptions& options);
 
