@@ -55,9 +55,8 @@ std::vector<ConfigKeyDoc> config_key_docs() {
 
 std::string ConfigKeyDoc::row() const {
   std::string text = "|";
-  for (const std::string* cell : {&key, &type, &default_value, &allowed, &meaning}) {
-    const std::string value = cell == &key ? "`" + key + "`" : *cell;
-    text += value.empty() ? " |" : " " + value + " |";
+  for (const std::string& cell : {"`" + key + "`", type, default_value, allowed, meaning}) {
+    text += cell.empty() ? " |" : " " + cell + " |";  // an empty cell as "| |"
   }
   return text;
 }

@@ -256,6 +256,25 @@ TEST(ConfigParse, EveryEnumSpellingIsAccepted) {
   }
 }
 
+// The word choices of options.h: every value has one spelling, and parse_* inverts to_string.
+template <typename Enum, typename Parse>
+void expect_spellings(const std::vector<Enum>& values, Parse parse,
+                      const std::vector<std::string>& names) {
+  EXPECT_EQ(spellings(values), names);
+  for (Enum value : values) EXPECT_TRUE(parse(to_string(value)) == value) << to_string(value);
+  EXPECT_FALSE(parse("nope").has_value());
+  EXPECT_FALSE(parse("").has_value());
+}
+
+TEST(ConfigParse, WordChoicesAndTheirSpellings) {
+  expect_spellings(model_kind_values(), parse_model_kind,
+                   {"gpt", "mlp", "rmsnorm-gemm", "transformer", "moe", "save-chain"});
+  expect_spellings(remat_policy_values(), parse_remat_policy,
+                   {"none", "full", "selective", "custom"});
+  expect_spellings(optimizer_values(), parse_optimizer, {"sgd", "adamw"});
+  expect_spellings(lr_decay_values(), parse_lr_decay, {"none", "cosine"});
+}
+
 TEST(ConfigParse, ScalarSpellings) {
   const TrainConfig config = parse_config(
       "output: {progress: False}\nremat: {early_stop: TRUE}\ntraining: {lr: 1e-3, seed: +7}\n"
