@@ -29,7 +29,7 @@ std::string InvocationId::str() const {
     first = false;
   };
   part("step", key.step);
-  part("chunk", key.chunk);
+  part("stage", key.stage);
   part("micro-batch", key.micro_batch);
   os << (first ? "" : ", ") << "unit call #" << call;
   return os.str();
@@ -110,8 +110,8 @@ class InvocationGroupAccess {
 void InvocationGroup::pretrigger() {
   detail::RematCode remat_code;
   PIPEMAT_CHECK(!released_, RematError,
-                "pre-triggered replay of a released invocation group (step ", key_.step, ", chunk ",
-                key_.chunk, ", micro-batch ", key_.micro_batch,
+                "pre-triggered replay of a released invocation group (step ", key_.step, ", stage ",
+                key_.stage, ", micro-batch ", key_.micro_batch,
                 "): release() must come after the last backward");
   retain();
   auto& list = invocations_->list;

@@ -155,12 +155,12 @@ TEST(PipelineTrain, TraceShowsNoSlotSharedAcrossMicroBatches) {
   });
   train_in_process(c, nullptr);
   remat::set_trace_sink(nullptr);
-  // "rederive: ... as slot #K, ... (checkpoint unit 'layers.N' (step S, chunk C, micro-batch I,
+  // "rederive: ... as slot #K, ... (checkpoint unit 'layers.N' (step S, stage C, micro-batch I,
   // unit call #J))" and "unpack slot #K of SAVE region '...' (checkpoint unit ... (...), phase".
   std::regex created(
-      R"(as slot #(\d+).*\((checkpoint unit '[^']+' \(step \d+, chunk \d+, micro-batch \d+, unit call #\d+\))\)$)");
+      R"(as slot #(\d+).*\((checkpoint unit '[^']+' \(step \d+, stage \d+, micro-batch \d+, unit call #\d+\))\)$)");
   std::regex unpacked(
-      R"(unpack slot #(\d+) .*\((checkpoint unit '[^']+' \(step \d+, chunk \d+, micro-batch \d+, unit call #\d+\)), phase)");
+      R"(unpack slot #(\d+) .*\((checkpoint unit '[^']+' \(step \d+, stage \d+, micro-batch \d+, unit call #\d+\)), phase)");
   std::set<std::string> slots;
   int creates = 0, unpacks = 0;
   for (const auto& l : lines) {

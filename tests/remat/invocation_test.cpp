@@ -41,7 +41,7 @@ TEST(Invocation, PretriggerThenSplitBackwardReplaysOnceAndMatchesFusedBackward) 
   std::shared_ptr<InvocationGroup> group;
   at::Tensor loss;
   {
-    InvocationScope scope({/*step=*/0, /*chunk=*/0, /*micro_batch=*/0});
+    InvocationScope scope({/*step=*/0, /*stage=*/0, /*micro_batch=*/0});
     loss = loss_of(unit(x));
     group = scope.group();
   }
@@ -126,7 +126,7 @@ TEST(Invocation, IdsNameStepChunkMicroBatchAndCall) {
   id.key = {3, 1, 2};
   id.call = 4;
   id.standalone = false;
-  EXPECT_EQ(id.str(), "step 3, chunk 1, micro-batch 2, unit call #4");
+  EXPECT_EQ(id.str(), "step 3, stage 1, micro-batch 2, unit call #4");
   InvocationId lone;
   lone.call = 9;
   EXPECT_EQ(lone.str(), "standalone unit call #9");
@@ -143,7 +143,7 @@ TEST(Invocation, UnpackAfterReleaseIsAnErrorNamingTheInvocation) {
     FAIL() << "no error";
   } catch (const RematError& e) {
     std::string what = e.what();
-    EXPECT_NE(what.find("(step 5, chunk 0, micro-batch 1, unit call #0) was released before its "
+    EXPECT_NE(what.find("(step 5, stage 0, micro-batch 1, unit call #0) was released before its "
                         "backward used it"),
               std::string::npos)
         << what;

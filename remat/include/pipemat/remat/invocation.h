@@ -28,7 +28,7 @@ namespace pipemat::remat {
 // Which micro-batch of which step and virtual stage a forward belongs to. -1 = not set.
 struct InvocationKey {
   int64_t step = -1;
-  int64_t chunk = -1;  // virtual stage / model chunk
+  int64_t stage = -1;  // model stage (the global index: with V chunks per rank, one of P x V)
   int64_t micro_batch = -1;
 };
 
@@ -36,7 +36,7 @@ struct InvocationId {
   InvocationKey key;
   int64_t call = 0;        // index of the checkpoint-unit call within the scope (or process)
   bool standalone = true;  // made outside any InvocationScope
-  // "step 3, chunk 0, micro-batch 2, unit call #1" or "standalone unit call #17".
+  // "step 3, stage 0, micro-batch 2, unit call #1" or "standalone unit call #17".
   std::string str() const;
 };
 
