@@ -104,24 +104,26 @@ struct Search {
   std::vector<std::vector<Partial>> frontiers;    // per model stage
   std::vector<std::vector<RankOption>> options;   // per rank, fitting and non-dominated
   std::vector<std::vector<double>> rank_minimum;  // per rank: per-component minimum times
+  std::vector<std::vector<int>> rank_stages;      // per rank: its model stages, ascending
   std::vector<size_t> fixed;                      // per rank: chosen option while searching
   std::vector<size_t> best;
   double best_step = 0.0, best_bytes = 0.0;
   bool found = false;
   long long simulations = 0;
 
+  // The stage costs with ranks below `fixed_ranks` at their chosen option and the others at
+  // their per-component minimum (the bound of Note [Plan search]).
   std::vector<schedule::CostModel> stage_costs(int fixed_ranks) const {
     std::vector<schedule::CostModel> costs(schedule.stages_count);
     for (int r = 0; r < schedule.ranks_count; ++r) {
-      const std::vector<int> stages = schedule.stages_of(r);
       const std::vector<double>& t = r < fixed_ranks ? options[r][fixed[r]].times : rank_minimum[r];
-      for (size_t s = 0; s < stages.size(); ++s) {
-        schedule::CostModel& c = costs[stages[s]];
-        c.forward = t[4 * s];
-        c.backward_input = t[4 * s + 1];
-        c.backward_weight = t[4 * s + 2];
-        c.recompute = t[4 * s + 3];
-        c.comm = problem.message_cost;
+      for (size_t s = 0; s < rank_stages[r].size(); ++s) {
+        StageSums sums;
+        sums.forward = t[4 * s];
+        sums.backward_input = t[4 * s + 1];
+        sums.backward_weight = t[4 * s + 2];
+        sums.recompute = t[4 * s + 3];
+        costs[rank_stages[r][s]] = sums.costs(problem.message_cost);
       }
     }
     return costs;
@@ -273,7 +275,9 @@ Prediction evaluate(const PlanProblem& problem, const std::vector<int>& choice) 
 PlanResult solve(const PlanProblem& problem) {
   const schedule::Schedule schedule = plan_schedule(problem);
   detail::check_problem(problem, schedule);
-  Search search{problem, schedule, {}, {}, {}, {}, {}, 0.0, 0.0, false, 0};
+  Search search{problem, schedule, {}, {}, {}, {}, {}, {}, 0.0, 0.0, false, 0};
+  for (int r = 0; r < schedule.ranks_count; ++r)
+    search.rank_stages.push_back(schedule.stages_of(r));
   for (int s = 0; s < schedule.stages_count; ++s)
     search.frontiers.push_back(stage_frontier(problem, layers_of_stage(problem, s), s));
 
