@@ -11,7 +11,7 @@
 // ProfileOptions::max_save_leaves leaves, the first ones in module order are used.
 //
 // Measurement of a candidate, on a fresh copy of the layer with the policy applied, repeated
-// ProfileOptions::repeats times (times: the median; bytes: equal in every repeat):
+// ProfileOptions::repeats times (times: the median; bytes: those of the last repeat):
 //   resident  bytes alive after the forward that it allocated (its output included: the next
 //             layer keeps it as its input);
 //   replayed  bytes a pre-triggered replay adds (InvocationGroup::pretrigger, the R action);
