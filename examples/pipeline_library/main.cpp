@@ -88,7 +88,7 @@ int main() {
 
   pipemat::pp::PipelineOptions options;
   options.schedule.kind = pipemat::schedule::ScheduleKind::kOneFOneB;
-  options.schedule.stages = 2;  // ranks
+  options.schedule.ranks = 2;  // ranks
   options.schedule.micro_batches = 4;
   options.schedule.recompute = pipemat::schedule::RecomputeMode::kPretrigger;
   options.remat.checkpoint = {"block*"};                        // blocks recompute in backward...

@@ -173,7 +173,7 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
     with_kind.push_back("schedule.kind=" + s);
     variant.emplace(s, load_config(o.config, with_kind));
   }
-  const int ranks = static_cast<int>(base.schedule.stages);
+  const int ranks = static_cast<int>(base.schedule.ranks);
   std::vector<BenchPipelineRow> rows;
   const auto add = [&](BenchPipelineRow row) {
     if (on_row) on_row(row);

@@ -201,8 +201,7 @@ std::vector<ConfigField> make_fields() {
       {"schedule", "kind", choice(PIPEMAT_MEMBER(schedule.kind), schedule_kinds()),
        "`gpipe`, `1f1b`, `interleaved`, `zb-h1`, `zb-h2`, `zb-v`",
        "pipeline schedule (see docs/schedules.md)"},
-      // The key is ranks; the member keeps its old name for now (Note [Deprecated keys]).
-      {"schedule", "ranks", integer(PIPEMAT_MEMBER(schedule.stages), 1, kIntMax), "1 .. 2147483647",
+      {"schedule", "ranks", integer(PIPEMAT_MEMBER(schedule.ranks), 1, kIntMax), "1 .. 2147483647",
        "pipeline ranks P; must equal the number of processes. Formerly `schedule.stages`, which is "
        "still read with a warning (giving both is an error)",
        "", "stages"},

@@ -249,7 +249,7 @@ ResolvedSchedule resolve_schedule(const TrainConfig& config) {
   schedule::TorchCsvImport imported = schedule::import_torch_csv_report(text, config.schedule_csv);
   schedule::ScheduleOptions& s = out.config.schedule;
   s.kind = schedule::ScheduleKind::kImported;
-  s.stages = imported.schedule.ranks_count;
+  s.ranks = imported.schedule.ranks_count;
   s.micro_batches = imported.schedule.micro_batches;
   s.virtual_stages = imported.schedule.virtual_stages;
   out.actions = std::move(imported.schedule);
@@ -472,7 +472,7 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
 TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
                              const AfterStep& after_step) {
   const ResolvedSchedule resolved = resolve_schedule(config);
-  const int ranks = resolved.config.schedule.stages;
+  const int ranks = resolved.config.schedule.ranks;
   PIPEMAT_CHECK(ranks >= 1, ConfigError, "schedule.ranks must be at least 1");
   check_schedule(resolved);  // before any thread or tensor exists
   comm::TransportOptions options = config.transport;
@@ -561,7 +561,7 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out) {
   // The ranks of this machine share its cores (all of them when they are threads here). The
   // reference computes with the threads one rank of that pipeline gets: LibTorch's reductions
   // depend on the thread count, and the oracle must be comparable bitwise.
-  int ranks_on_host = resolved.config.schedule.stages;
+  int ranks_on_host = resolved.config.schedule.ranks;
   if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
     ranks_on_host = std::atoi(local);
   pp::set_compute_threads(config.training.threads > 0 ? static_cast<int>(config.training.threads)

@@ -42,7 +42,7 @@ int stage_count(const PipelineOptions& options) {
                     : (options.schedule.kind == schedule::ScheduleKind::kInterleaved
                            ? options.schedule.virtual_stages
                            : 1);
-  return options.schedule.stages * v;
+  return options.schedule.ranks * v;
 }
 
 Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& build)
@@ -59,10 +59,10 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
   PIPEMAT_CHECK(static_cast<bool>(build), ConfigError, "Pipeline: the stage factory is empty");
   plan = plan_of(options);
   rank = transport.rank();
-  PIPEMAT_CHECK(plan.ranks_count == transport.world_size(), ConfigError, "schedule.stages is ",
+  PIPEMAT_CHECK(plan.ranks_count == transport.world_size(), ConfigError, "schedule.ranks is ",
                 plan.ranks_count, " but the job has ", transport.world_size(),
-                " ranks; start as many ranks as schedule.stages (e.g. pipemat-run -n ",
-                plan.ranks_count, " ...) or set schedule.stages=", transport.world_size());
+                " ranks; start as many ranks as schedule.ranks (e.g. pipemat-run -n ",
+                plan.ranks_count, " ...) or set schedule.ranks=", transport.world_size());
   last_stage = plan.stages_count - 1;
   for (const auto& [s, policy] : options.stage_remat) {
     PIPEMAT_CHECK(s >= 0 && s < plan.stages_count, ConfigError,

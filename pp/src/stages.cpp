@@ -69,7 +69,7 @@ std::vector<int64_t> balance_by_size(const std::vector<double>& sizes, int stage
   PIPEMAT_CHECK(n >= stages, ConfigError, "the model has ", n, " layers but the schedule has ",
                 stages,
                 " stages; every stage needs at least one layer (raise model.layers or lower "
-                "schedule.stages / schedule.virtual_stages)");
+                "schedule.ranks / schedule.virtual_stages)");
   double total = 0;
   for (double s : sizes) total += s;
   std::vector<int64_t> bounds{0};

@@ -103,7 +103,7 @@ std::string render_schedule_command(const ScheduleCommandOptions& o) {
                   o.micro_batches, "; e.g. --micro-batches 8.");
     ScheduleOptions options;
     options.kind = parse_schedule_kind(o.kind);
-    options.stages = o.stages;
+    options.ranks = o.stages;
     options.micro_batches = o.micro_batches;
     options.virtual_stages = o.virtual_stages;
     options.recompute = recompute;

@@ -20,15 +20,15 @@ Action make(int stage, ActionType type, int mb) { return Action{stage, type, mb}
 Schedule empty_schedule(const ScheduleOptions& o, int virtual_stages, StageLayout layout) {
   Schedule s;
   s.kind = o.kind;
-  s.ranks_count = o.stages;
+  s.ranks_count = o.ranks;
   s.virtual_stages = virtual_stages;
-  s.stages_count = o.stages * virtual_stages;
+  s.stages_count = o.ranks * virtual_stages;
   s.micro_batches = o.micro_batches;
   s.layout = layout;
   s.recompute = RecomputeMode::kNone;
-  s.stage_to_rank = layout == StageLayout::kV ? v_stage_to_rank(o.stages)
-                                              : loop_stage_to_rank(o.stages, s.stages_count);
-  s.actions.assign(o.stages, {});
+  s.stage_to_rank = layout == StageLayout::kV ? v_stage_to_rank(o.ranks)
+                                              : loop_stage_to_rank(o.ranks, s.stages_count);
+  s.actions.assign(o.ranks, {});
   return s;
 }
 
@@ -212,10 +212,10 @@ void check_range(int value, int lo, int hi, const char* flag, const char* what) 
 }  // namespace
 
 Schedule generate_schedule(const ScheduleOptions& o) {
-  check_range(o.stages, 1, kMaxRanks, "--stages", "number of pipeline ranks");
+  check_range(o.ranks, 1, kMaxRanks, "--stages", "number of pipeline ranks");
   check_range(o.micro_batches, 1, kMaxMicroBatches, "--micro-batches", "micro-batches per step");
   check_range(o.virtual_stages, 1, kMaxVirtual, "--virtual", "stages per rank");
-  const int p = o.stages, m = o.micro_batches, v = o.virtual_stages;
+  const int p = o.ranks, m = o.micro_batches, v = o.virtual_stages;
   const long long stages =
       static_cast<long long>(p) * (o.kind == ScheduleKind::kZeroBubbleV ? 2 : v);
   PIPEMAT_CHECK(stages * m <= kMaxStageMicroBatches, ConfigError, "--stages ", p, " x --virtual ",

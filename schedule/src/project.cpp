@@ -57,7 +57,7 @@ std::vector<ProjectionPoint> project_scaling(const ProjectionOptions& o) {
         point.micro_batches = m;
         ScheduleOptions so;
         so.kind = kind;
-        so.stages = p;
+        so.ranks = p;
         so.micro_batches = m;
         so.virtual_stages = kind == ScheduleKind::kInterleaved ? o.virtual_stages : 1;
         so.recompute = o.recompute;

@@ -112,7 +112,7 @@ TEST(ConfigFuzz, MutatedTorchCsvSchedulesImportOrFailWithAScheduleError) {
                     schedule::ScheduleKind::kInterleaved}) {
     schedule::ScheduleOptions o;
     o.kind = kind;
-    o.stages = 2;
+    o.ranks = 2;
     o.micro_batches = 4;
     o.virtual_stages = kind == schedule::ScheduleKind::kInterleaved ? 2 : 1;
     seeds.push_back(schedule::export_torch_csv(schedule::generate_schedule(o)));

@@ -52,7 +52,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.data.validation, b.data.validation);
   EXPECT_EQ(a.partition.layers_per_stage, b.partition.layers_per_stage);
   EXPECT_EQ(a.schedule.kind, b.schedule.kind);
-  EXPECT_EQ(a.schedule.stages, b.schedule.stages);
+  EXPECT_EQ(a.schedule.ranks, b.schedule.ranks);
   EXPECT_EQ(a.schedule.micro_batches, b.schedule.micro_batches);
   EXPECT_EQ(a.schedule.virtual_stages, b.schedule.virtual_stages);
   EXPECT_EQ(a.schedule.recompute, b.schedule.recompute);
@@ -138,7 +138,7 @@ TEST(ConfigParse, DefaultsAreThoseOfTheOptionsStructs) {
   EXPECT_EQ(config.model.top_k, 2);
   EXPECT_TRUE(config.partition.layers_per_stage.empty());
   EXPECT_EQ(config.schedule.kind, ScheduleKind::kOneFOneB);
-  EXPECT_EQ(config.schedule.stages, 1);
+  EXPECT_EQ(config.schedule.ranks, 1);
   EXPECT_EQ(config.schedule.micro_batches, 1);
   EXPECT_EQ(config.schedule.virtual_stages, 1);
   EXPECT_EQ(config.schedule.recompute, RecomputeMode::kNone);
@@ -178,7 +178,7 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.data.validation, 0.1);
   EXPECT_EQ(config.partition.layers_per_stage, (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(config.schedule.kind, ScheduleKind::kZeroBubbleH2);
-  EXPECT_EQ(config.schedule.stages, 3);
+  EXPECT_EQ(config.schedule.ranks, 3);
   EXPECT_EQ(config.schedule.micro_batches, 6);
   EXPECT_EQ(config.schedule.virtual_stages, 2);
   EXPECT_EQ(config.schedule.recompute, RecomputeMode::kLazy);
@@ -601,7 +601,7 @@ TEST(ConfigOverrides, ApplyOnTopOfTheDocument) {
       {"schedule.kind=zb-v", "model.layers=4", "training.lr=0.5", "output.metrics=out/m.jsonl",
        "transport.timeout=1.5", "transport.master=127.0.0.1:29500", "remat.early_stop=false"});
   EXPECT_EQ(config.schedule.kind, ScheduleKind::kZeroBubbleV);
-  EXPECT_EQ(config.schedule.stages, 2);
+  EXPECT_EQ(config.schedule.ranks, 2);
   EXPECT_EQ(config.model.layers, 4);
   EXPECT_EQ(config.model.hidden, 64);
   EXPECT_EQ(config.training.lr, 0.5);
@@ -700,14 +700,14 @@ TEST(ConfigOverrides, Errors) {
 
 TEST(ConfigDeprecated, ScheduleStagesReadsAsRanksWithAWarning) {
   const TrainConfig config = parse_config("schedule:\n  kind: 1f1b\n  stages: 3\n", kSource);
-  EXPECT_EQ(config.schedule.stages, 3);
+  EXPECT_EQ(config.schedule.ranks, 3);
   EXPECT_EQ(config.warnings,
             (std::vector<std::string>{"x.yaml:3: schedule.stages: deprecated name of "
                                       "schedule.ranks; write schedule.ranks instead"}));
   // Given as null it is still the old name.
   EXPECT_EQ(parse_config("schedule: {stages: ~}\n", kSource).warnings.size(), 1u);
   const TrainConfig current = parse_config("schedule: {ranks: 3}\n", kSource);
-  EXPECT_EQ(current.schedule.stages, 3);
+  EXPECT_EQ(current.schedule.ranks, 3);
   EXPECT_TRUE(current.warnings.empty());
   EXPECT_TRUE(parse_config("", kSource).warnings.empty());
   // The effective config holds the new name only.
@@ -727,18 +727,18 @@ TEST(ConfigDeprecated, BothNamesAreAnErrorNamingBoth) {
 
 TEST(ConfigDeprecated, OverridesUnderEitherName) {
   const TrainConfig old_name = parse_config("", kSource, {"schedule.stages=4"});
-  EXPECT_EQ(old_name.schedule.stages, 4);
+  EXPECT_EQ(old_name.schedule.ranks, 4);
   EXPECT_EQ(old_name.warnings,
             (std::vector<std::string>{"--set: schedule.stages: deprecated name of schedule.ranks; "
                                       "write schedule.ranks instead"}));
   // An override replaces the document's value under either name: no conflict.
   const TrainConfig new_over_old =
       parse_config("schedule: {stages: 2}\n", kSource, {"schedule.ranks=4"});
-  EXPECT_EQ(new_over_old.schedule.stages, 4);
+  EXPECT_EQ(new_over_old.schedule.ranks, 4);
   EXPECT_TRUE(new_over_old.warnings.empty());
   const TrainConfig old_over_new =
       parse_config("schedule: {ranks: 2}\n", kSource, {"schedule.stages=4"});
-  EXPECT_EQ(old_over_new.schedule.stages, 4);
+  EXPECT_EQ(old_over_new.schedule.ranks, 4);
   EXPECT_EQ(old_over_new.warnings.size(), 1u);
   EXPECT_EQ(error_of("", {"schedule.stages=0"}),
             "--set: schedule.stages: '0' is out of range; expected an integer in [1, "
@@ -894,7 +894,7 @@ TEST(ConfigFiles, DefaultIsTheGptMainJob) {
   EXPECT_EQ(config.data.path, "/usr/share/games/fortunes");
   EXPECT_EQ(config.model.dropout, 0.05);
   EXPECT_EQ(config.schedule.kind, ScheduleKind::kZeroBubbleH1);  // split backward
-  EXPECT_EQ(config.schedule.stages, 2);
+  EXPECT_EQ(config.schedule.ranks, 2);
   EXPECT_EQ(config.schedule.recompute, RecomputeMode::kPretrigger);
   EXPECT_EQ(config.remat.policy, RematPolicyKind::kSelective);
   EXPECT_EQ(config.training.optimizer, OptimizerKind::kAdamW);
@@ -911,7 +911,7 @@ TEST(ConfigFiles, ZooIsTheTwoStageSyntheticRun) {
   EXPECT_EQ(config.model.hidden, 64);
   EXPECT_EQ(config.model.tokens, 32);
   EXPECT_EQ(config.schedule.kind, ScheduleKind::kOneFOneB);
-  EXPECT_EQ(config.schedule.stages, 2);
+  EXPECT_EQ(config.schedule.ranks, 2);
   EXPECT_EQ(config.schedule.micro_batches, 4);
   EXPECT_EQ(config.schedule.virtual_stages, 1);
   EXPECT_EQ(config.schedule.recompute, RecomputeMode::kPretrigger);
@@ -933,7 +933,7 @@ TEST(ConfigFiles, OneConfigPerScheduleKind) {
   for (const auto& [name, kind] : files) {
     const TrainConfig config = load_config((configs_dir() / (name + ".yaml")).string());
     EXPECT_EQ(config.schedule.kind, kind) << name;
-    EXPECT_EQ(config.schedule.stages, 2) << name;
+    EXPECT_EQ(config.schedule.ranks, 2) << name;
     EXPECT_EQ(config.schedule.virtual_stages, name == "interleaved" ? 2 : 1) << name;
   }
 }
@@ -941,7 +941,7 @@ TEST(ConfigFiles, OneConfigPerScheduleKind) {
 TEST(ConfigFiles, ZbV4RankUsesACustomPolicy) {
   const TrainConfig config = load_config((configs_dir() / "zb-v-4rank.yaml").string());
   EXPECT_EQ(config.schedule.kind, ScheduleKind::kZeroBubbleV);
-  EXPECT_EQ(config.schedule.stages, 4);
+  EXPECT_EQ(config.schedule.ranks, 4);
   EXPECT_EQ(config.model.kind, ModelKind::kTransformer);
   EXPECT_EQ(config.remat.policy, RematPolicyKind::kCustom);
   EXPECT_EQ(config.remat.custom.checkpoint, (std::vector<std::string>{"layers.*"}));

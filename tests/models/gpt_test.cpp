@@ -175,7 +175,7 @@ TrainConfig gpt_config(const std::string& text_path, const std::string& kind,
   c.data.path = text_path;
   c.data.validation = 0.25;
   c.schedule.kind = schedule::parse_schedule_kind(kind);
-  c.schedule.stages = 2;
+  c.schedule.ranks = 2;
   c.schedule.micro_batches = 4;
   c.schedule.virtual_stages = kind == "interleaved" ? 2 : 1;
   c.schedule.recompute =
@@ -398,7 +398,7 @@ TEST(Generate, ACheckpointOfAnotherModelIsAClearError) {
   zoo.model.layers = 2;
   zoo.model.hidden = 8;
   zoo.model.tokens = 4;
-  zoo.schedule.stages = 2;
+  zoo.schedule.ranks = 2;
   zoo.schedule.micro_batches = 2;
   zoo.training.steps = 1;
   zoo.checkpoint.dir = (dir.path() / "ck").string();

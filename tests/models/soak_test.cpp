@@ -22,7 +22,7 @@ TEST(Soak, AllocatorBytesAreExactlyFlatAfterWarmupInBothLoops) {
   o.every = 100;
   o.warmup = 20;
   const TrainConfig config = parse_config(kSoakPipeline, "bench soak");
-  ASSERT_EQ(config.schedule.stages, 2);
+  ASSERT_EQ(config.schedule.ranks, 2);
   const auto samples = run_bench_soak(config, o, nullptr);
   const auto summaries = summarize_soak(samples);
   ASSERT_EQ(summaries.size(), 2u);

@@ -33,7 +33,7 @@ TrainConfig small_config(const std::string& kind, int ranks, const std::string& 
   c.model.tokens = 8;
   c.model.heads = 2;
   c.schedule.kind = schedule::parse_schedule_kind(kind);
-  c.schedule.stages = ranks;
+  c.schedule.ranks = ranks;
   c.schedule.micro_batches = 4;
   c.schedule.virtual_stages = kind == "interleaved" ? 2 : 1;
   c.schedule.recompute = remat_policy == "none" ? schedule::RecomputeMode::kNone
@@ -237,7 +237,7 @@ TEST(PipelineTrain, ScheduleFromATorchCsvFileMatchesTheReference) {
   // A ZB-H1 schedule exported as torch writes it, with FSDP cells, read through schedule.csv.
   schedule::ScheduleOptions so;
   so.kind = schedule::ScheduleKind::kZeroBubbleH1;
-  so.stages = 2;
+  so.ranks = 2;
   so.micro_batches = 4;
   const std::string csv = schedule::export_torch_csv(schedule::generate_schedule(so));
   const std::string path = ::testing::TempDir() + "pipemat_zb_h1.csv";

@@ -34,7 +34,7 @@ PlanProblem problem_of(ScheduleKind kind, int ranks, int micro_batches, int laye
                        const std::vector<Candidate>& candidates, double budget) {
   PlanProblem p;
   p.schedule.kind = kind;
-  p.schedule.stages = ranks;
+  p.schedule.ranks = ranks;
   p.schedule.micro_batches = micro_batches;
   p.schedule.virtual_stages = kind == ScheduleKind::kZeroBubbleV ? 2 : 1;
   const int stages = ranks * p.schedule.virtual_stages;

@@ -141,7 +141,7 @@ TEST(Pipeline, ImportedTorchCsvScheduleRunsAndEqualsThePlainLoop) {
   // A 1F1B schedule written as torch.distributed.pipelining writes it, with FSDP cells.
   schedule::ScheduleOptions so;
   so.kind = ScheduleKind::kOneFOneB;
-  so.stages = 2;
+  so.ranks = 2;
   so.micro_batches = 4;
   std::string csv = schedule::export_torch_csv(schedule::generate_schedule(so));
   std::string with_fsdp;
@@ -335,7 +335,7 @@ void expect_boundary_error(const std::function<Tensors(const Tensors&)>& late_ou
   auto errors = run_ranks(2, [&](comm::Transport& t) {
     PipelineOptions o;
     o.schedule.kind = ScheduleKind::kOneFOneB;
-    o.schedule.stages = 2;
+    o.schedule.ranks = 2;
     o.schedule.micro_batches = 4;
     o.loss = [](const Tensors& out, const Tensors&) { return out.at(0).sum(); };
     o.optimizer = [](const std::vector<at::Tensor>& p) {
@@ -383,7 +383,7 @@ TEST(Pipeline, StageReturningAnotherDtypeIsAnErrorOnBothSides) {
 TEST(Pipeline, MisuseIsAClearError) {
   auto one_rank = comm::make_local_transports(1);
   PipelineOptions o;
-  o.schedule.stages = 1;
+  o.schedule.ranks = 1;
   auto module = std::make_shared<torch::nn::Module>();
   auto identity = [](const Tensors& in) { return in; };
   auto expect_error = [&](const PipelineOptions& opts, const StageFactory& f, const char* text) {
@@ -406,9 +406,9 @@ TEST(Pipeline, MisuseIsAClearError) {
       "the stage factory was asked for stage 0 on rank 0 but returned stage 3");
   expect_error(
       o, [&](int s) { return make_stage(s, nullptr, identity); }, "stage 0 has no module");
-  o.schedule.stages = 2;
-  expect_error(o, good, "schedule.stages is 2 but the job has 1 ranks");
-  o.schedule.stages = 1;
+  o.schedule.ranks = 2;
+  expect_error(o, good, "schedule.ranks is 2 but the job has 1 ranks");
+  o.schedule.ranks = 1;
   o.stage_remat[1] = remat::RematPolicy{};
   expect_error(o, good,
                "PipelineOptions::stage_remat names stage 1 but the schedule has 1 stages (0 to 0)");
@@ -513,7 +513,7 @@ TEST(Pipeline, Bfloat16BoundaryAnyModuleAndCallableStagesEqualAPlainLoop) {
     auto [f, h] = make();
     PipelineOptions o;
     o.schedule.kind = ScheduleKind::kOneFOneB;
-    o.schedule.stages = 2;
+    o.schedule.ranks = 2;
     o.schedule.micro_batches = 2;
     o.loss = [&](const Tensors& out, const Tensors& y) { return loss(out.at(0), y.at(0)); };
     o.optimizer = [](const std::vector<at::Tensor>& p) {

@@ -57,7 +57,7 @@ struct PipelineCase {
 inline pipemat::pp::PipelineOptions pipeline_options(const PipelineCase& c) {
   pipemat::pp::PipelineOptions o;
   o.schedule.kind = c.kind;
-  o.schedule.stages = c.ranks;
+  o.schedule.ranks = c.ranks;
   o.schedule.micro_batches = c.micro_batches;
   o.schedule.virtual_stages = c.kind == pipemat::schedule::ScheduleKind::kInterleaved ? 2 : 1;
   o.schedule.recompute = c.remat ? c.recompute : pipemat::schedule::RecomputeMode::kNone;

@@ -61,7 +61,7 @@ TEST(Projection, ZbvChunksHoldHalfAStagesLayers) {
   const auto p = project_scaling(o);
   ScheduleOptions so;
   so.kind = ScheduleKind::kZeroBubbleV;
-  so.stages = 4;
+  so.ranks = 4;
   so.micro_batches = 8;
   const SimulationResult sim = simulate(build_schedule(so), parse_costs("F=4,I=4,W=4,comm=0.25"));
   EXPECT_DOUBLE_EQ(p[0].step, sim.makespan);

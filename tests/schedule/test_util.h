@@ -13,7 +13,7 @@ inline ScheduleOptions options(ScheduleKind kind, int p, int m, int v = 1,
                                RecomputeMode recompute = RecomputeMode::kNone) {
   ScheduleOptions o;
   o.kind = kind;
-  o.stages = p;
+  o.ranks = p;
   o.micro_batches = m;
   o.virtual_stages = v;
   o.recompute = recompute;

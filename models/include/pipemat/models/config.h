@@ -24,7 +24,7 @@
 // Note [Deprecated keys]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // A renamed key keeps its old name as a deprecated alias: schedule.stages is schedule.ranks
-// (pipeline ranks; the C++ member is still ScheduleOptions::stages). The old name reads exactly as
+// (pipeline ranks, ScheduleOptions::ranks). The old name reads exactly as
 // the new one (same checks, errors name the key as written) and adds one message to
 // TrainConfig::warnings, located like an error: "x.yaml:3: schedule.stages: deprecated name of
 // schedule.ranks; write schedule.ranks instead". Both names in one section are an error naming

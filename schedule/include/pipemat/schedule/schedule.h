@@ -141,7 +141,7 @@ constexpr long long kMaxStageMicroBatches = 1LL << 22;
 
 struct ScheduleOptions {
   ScheduleKind kind = ScheduleKind::kOneFOneB;
-  int stages = 1;          // pipeline ranks P
+  int ranks = 1;           // pipeline ranks P (YAML `schedule.ranks`)
   int micro_batches = 1;   // M
   int virtual_stages = 1;  // V: chunks per rank (interleaved); zb-v always uses 2
   RecomputeMode recompute = RecomputeMode::kNone;
