@@ -14,6 +14,7 @@ void add_demo_command(CLI::App& app);      // cmd_demo.cpp
 void add_generate_command(CLI::App& app);  // cmd_generate.cpp
 void add_schedule_command(CLI::App& app);  // cmd_schedule.cpp
 void add_project_command(CLI::App& app);   // cmd_project.cpp
+void add_plan_command(CLI::App& app);      // cmd_plan.cpp
 void add_train_command(CLI::App& app);     // cmd_train.cpp
 
 // `pipemat bench <what>`: benchmarks that print measured numbers.

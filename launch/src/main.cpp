@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   pipemat::launch::add_generate_command(app);
   pipemat::launch::add_schedule_command(app);
   pipemat::launch::add_project_command(app);
+  pipemat::launch::add_plan_command(app);
   auto* bench =
       app.add_subcommand("bench", "Benchmarks that print measured numbers (JSON with --json)");
   bench->require_subcommand(1);

@@ -110,8 +110,11 @@ void check_consistency(const TrainConfig& config, const ConfigReader& reader) {
   }
 
   const RematConfig& remat = config.remat;
-  const bool custom_stage = std::find(remat.stages.begin(), remat.stages.end(),
-                                      RematPolicyKind::kCustom) != remat.stages.end();
+  // A stage named `custom` uses remat.checkpoint / exclude; a stage's own lists do not.
+  const bool custom_stage =
+      std::any_of(remat.stages.begin(), remat.stages.end(), [](const StageRemat& stage) {
+        return stage.policy == RematPolicyKind::kCustom && !stage.own;
+      });
   if (remat.policy != RematPolicyKind::kCustom && !custom_stage) {
     for (const char* key : {"remat.checkpoint", "remat.exclude"}) {
       const bool is_set = std::string(key) == "remat.checkpoint" ? !remat.custom.checkpoint.empty()

@@ -3,6 +3,7 @@
 
 #include "config_fields.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -58,23 +59,30 @@ std::string read_pattern(const ConfigReader& r, const YAML::Node& node, const st
   return pattern;
 }
 
+std::vector<std::string> read_patterns(ConfigReader& r, const YAML::Node& v,
+                                       const std::string& key) {
+  std::vector<std::string> patterns;
+  r.for_each_item(v, key, "a list of module path patterns, e.g. [\"layers.*\"]",
+                  [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                    patterns.push_back(read_pattern(r, item, item_key));
+                  });
+  return patterns;
+}
+
+void write_patterns(YAML::Emitter& out, const std::vector<std::string>& patterns) {
+  out << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& pattern : patterns) out << YAML::DoubleQuoted << pattern;
+  out << YAML::EndSeq;
+}
+
 // remat.checkpoint.
 Codec pattern_list() {
   return {"list of strings",
           [](ConfigReader& r, const YAML::Node& v, const std::string& key, TrainConfig& c) {
-            std::vector<std::string>& patterns = c.remat.custom.checkpoint;
-            patterns.clear();
-            r.for_each_item(v, key, "a list of module path patterns, e.g. [\"layers.*\"]",
-                            [&](size_t, const std::string& item_key, const YAML::Node& item) {
-                              patterns.push_back(read_pattern(r, item, item_key));
-                            });
+            c.remat.custom.checkpoint = read_patterns(r, v, key);
           },
           [](YAML::Emitter& out, const TrainConfig& c) {
-            out << YAML::Flow << YAML::BeginSeq;
-            for (const std::string& pattern : c.remat.custom.checkpoint) {
-              out << YAML::DoubleQuoted << pattern;
-            }
-            out << YAML::EndSeq;
+            write_patterns(out, c.remat.custom.checkpoint);
           }};
 }
 
@@ -99,24 +107,91 @@ remat::ExcludeRule read_exclude_rule(ConfigReader& r, const YAML::Node& node,
   return rule;
 }
 
-// remat.exclude: a block list of flow mappings, or [] when empty.
+std::vector<remat::ExcludeRule> read_exclude_rules(ConfigReader& r, const YAML::Node& v,
+                                                   const std::string& key) {
+  std::vector<remat::ExcludeRule> rules;
+  r.for_each_item(v, key, "a list of {path: PATTERN, save_output: BOOL}",
+                  [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                    rules.push_back(read_exclude_rule(r, item, item_key));
+                  });
+  return rules;
+}
+
+// Flow mappings in a block list (`flow`: in a flow list), or [] when empty.
+void write_exclude_rules(YAML::Emitter& out, const std::vector<remat::ExcludeRule>& rules,
+                         bool flow) {
+  if (rules.empty() || flow) out << YAML::Flow;
+  out << YAML::BeginSeq;
+  for (const remat::ExcludeRule& rule : rules) {
+    out << YAML::Flow << YAML::BeginMap;
+    out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << rule.path;
+    out << YAML::Key << "save_output" << YAML::Value << rule.save_output;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+}
+
+// remat.exclude.
 Codec exclude_list() {
   return {"list of mappings",
           [](ConfigReader& r, const YAML::Node& v, const std::string& key, TrainConfig& c) {
-            std::vector<remat::ExcludeRule>& rules = c.remat.custom.exclude;
-            rules.clear();
-            r.for_each_item(v, key, "a list of {path: PATTERN, save_output: BOOL}",
+            c.remat.custom.exclude = read_exclude_rules(r, v, key);
+          },
+          [](YAML::Emitter& out, const TrainConfig& c) {
+            write_exclude_rules(out, c.remat.custom.exclude, false);
+          }};
+}
+
+// One entry of remat.stages: a policy name or {checkpoint: [...], exclude: [...]}.
+StageRemat read_stage_remat(ConfigReader& r, const YAML::Node& node, const std::string& key) {
+  if (!node.IsMap()) return StageRemat::named(r.read_enum(node, key, remat_policy_values()));
+  StageRemat entry = StageRemat::of({}, {});
+  r.for_each_entry(
+      node, key, section_keys("remat.stages[]"),
+      [&](const std::string& name, const std::string& item_key, const YAML::Node& value) {
+        if (name == "checkpoint") {
+          entry.lists.checkpoint = read_patterns(r, value, item_key);
+        } else {
+          entry.lists.exclude = read_exclude_rules(r, value, item_key);
+        }
+      });
+  if (entry.lists.checkpoint.empty()) {
+    r.fail(key, node.Mark(),
+           "a stage's own policy needs at least one checkpoint pattern, e.g. {checkpoint: "
+           "[\"layers.0\"]}; write none for a stage without recompute");
+  }
+  return entry;
+}
+
+// remat.stages: a flow list of names, or a block list when an entry is a mapping.
+Codec stage_list() {
+  return {"list",
+          [](ConfigReader& r, const YAML::Node& v, const std::string& key, TrainConfig& c) {
+            std::vector<StageRemat>& stages = c.remat.stages;
+            stages.clear();
+            r.for_each_item(v, key,
+                            "a list with one entry per model stage: a policy name or {checkpoint: "
+                            "[...], exclude: [...]}",
                             [&](size_t, const std::string& item_key, const YAML::Node& item) {
-                              rules.push_back(read_exclude_rule(r, item, item_key));
+                              stages.push_back(read_stage_remat(r, item, item_key));
                             });
           },
           [](YAML::Emitter& out, const TrainConfig& c) {
-            if (c.remat.custom.exclude.empty()) out << YAML::Flow;
+            const std::vector<StageRemat>& stages = c.remat.stages;
+            const bool any_own = std::any_of(stages.begin(), stages.end(),
+                                             [](const StageRemat& s) { return s.own; });
+            if (!any_own) out << YAML::Flow;
             out << YAML::BeginSeq;
-            for (const remat::ExcludeRule& rule : c.remat.custom.exclude) {
+            for (const StageRemat& stage : stages) {
+              if (!stage.own) {
+                out << to_string(stage.policy);
+                continue;
+              }
               out << YAML::Flow << YAML::BeginMap;
-              out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << rule.path;
-              out << YAML::Key << "save_output" << YAML::Value << rule.save_output;
+              out << YAML::Key << "checkpoint" << YAML::Value;
+              write_patterns(out, stage.lists.checkpoint);
+              out << YAML::Key << "exclude" << YAML::Value;
+              write_exclude_rules(out, stage.lists.exclude, true);
               out << YAML::EndMap;
             }
             out << YAML::EndSeq;
@@ -241,13 +316,16 @@ std::vector<ConfigField> make_fields() {
        "cache the region's output for replay; `false` keeps only placeholders, for an output that "
        "goes whole into the next SAVE region",
        "`true`"},
-      {"remat", "stages",
-       choice_list(PIPEMAT_MEMBER(remat.stages), remat_policy_values(),
-                   "a list of policy names, one per model stage"),
-       "one of the policy names per model stage (`schedule.ranks` x chunks per rank: 2 for "
-       "`zb-v`, `virtual_stages` for `interleaved`)",
+      {"remat", "stages", stage_list(),
+       "one entry per model stage (`schedule.ranks` x chunks per rank: 2 for `zb-v`, "
+       "`virtual_stages` for `interleaved`): a policy name, or a mapping with the keys below",
        "a policy per stage instead of `remat.policy` on every stage, e.g. `[selective, none]`: the "
-       "first stage of a 1F1B pipeline holds P micro-batches in flight, the last one"},
+       "first stage of a 1F1B pipeline holds P micro-batches in flight, the last one. A mapping is "
+       "the stage's own custom policy, e.g. a choice per layer from `pipemat plan --out`"},
+      {"remat.stages[]", "checkpoint", list_entry_key("list of strings"),
+       "non-empty patterns, relative to the stage", "the stage's checkpoint units", "(required)"},
+      {"remat.stages[]", "exclude", list_entry_key("list of mappings"),
+       "entries as in `remat.exclude`", "the stage's SAVE regions", "`[]`"},
       {"transport", "kind", choice(PIPEMAT_MEMBER(transport.kind), transport_kinds()),
        "`auto`, `mpi`, `tcp`, `local`",
        "`auto`: mpi under mpirun, tcp when `PIPEMAT_MASTER` is set"},

@@ -162,24 +162,4 @@ Codec integer_list(Get get, std::string expected, int64_t item_min) {
           }};
 }
 
-// A list of `values`, spelled as their to_string.
-template <typename Get, typename Enum>
-Codec choice_list(Get get, std::vector<Enum> values, std::string expected) {
-  return {"list of strings",
-          [get, values, expected](ConfigReader& r, const YAML::Node& v, const std::string& key,
-                                  TrainConfig& c) {
-            auto& list = get(c);
-            list.clear();
-            r.for_each_item(v, key, expected,
-                            [&](size_t, const std::string& item_key, const YAML::Node& item) {
-                              list.push_back(r.read_enum(item, item_key, values));
-                            });
-          },
-          [get](YAML::Emitter& out, const TrainConfig& c) {
-            out << YAML::Flow << YAML::BeginSeq;
-            for (auto value : get(c)) out << to_string(value);
-            out << YAML::EndSeq;
-          }};
-}
-
 }  // namespace pipemat::models::config_detail

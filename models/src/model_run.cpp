@@ -111,7 +111,7 @@ ModelRun gpt_run(const TrainConfig& config, int stages) {
 }  // namespace
 
 ModelRun make_model_run(const TrainConfig& config, int stages) {
-  const std::vector<RematPolicyKind>& per_stage = config.remat.stages;
+  const std::vector<StageRemat>& per_stage = config.remat.stages;
   PIPEMAT_CHECK(
       per_stage.empty() || static_cast<int>(per_stage.size()) == stages, ConfigError,
       "remat.stages: ", per_stage.size(), " entries for ", stages,
@@ -120,8 +120,10 @@ ModelRun make_model_run(const TrainConfig& config, int stages) {
   ModelRun run =
       config.model.kind == ModelKind::kGpt ? gpt_run(config, stages) : zoo_run(config, stages);
   for (int s = 0; s < static_cast<int>(per_stage.size()); ++s) {
+    const StageRemat& entry = per_stage[static_cast<size_t>(s)];
     RematConfig one = config.remat;
-    one.policy = per_stage[static_cast<size_t>(s)];
+    one.policy = entry.policy;
+    if (entry.own) one.custom = entry.lists;  // the stage's own lists, not remat.checkpoint's
     run.stage_policies[s] = stage_policy(config.model, one);
   }
   return run;

@@ -1,7 +1,8 @@
-// Spellings of the word-valued choices of options.h.
+// Spellings of the word-valued choices of options.h, and StageRemat's construction and equality.
 
 #include "pipemat/models/options.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace pipemat::models {
@@ -98,6 +99,25 @@ const std::vector<OptimizerKind>& optimizer_values() {
 const std::vector<LrDecay>& lr_decay_values() {
   static const std::vector<LrDecay> kValues = values_of(lr_decays());
   return kValues;
+}
+
+StageRemat StageRemat::of(std::vector<std::string> checkpoint,
+                          std::vector<remat::ExcludeRule> exclude) {
+  StageRemat entry{RematPolicyKind::kCustom, true, {}};
+  entry.lists.checkpoint = std::move(checkpoint);
+  entry.lists.exclude = std::move(exclude);
+  return entry;
+}
+
+bool operator==(const StageRemat& a, const StageRemat& b) {
+  if (a.policy != b.policy || a.own != b.own) return false;
+  if (!a.own) return true;
+  const auto same_rule = [](const remat::ExcludeRule& x, const remat::ExcludeRule& y) {
+    return x.path == y.path && x.save_output == y.save_output;
+  };
+  return a.lists.checkpoint == b.lists.checkpoint &&
+         std::equal(a.lists.exclude.begin(), a.lists.exclude.end(), b.lists.exclude.begin(),
+                    b.lists.exclude.end(), same_rule);
 }
 
 }  // namespace pipemat::models

@@ -18,18 +18,22 @@ struct StageSums {
 };
 
 // A rank's peak as a function of its stages' sums: fixed + max over forms of
-// sum_s resident_count[s] * resident(s) + replay_count[s] * replayed(s), one form per compute
-// action of the rank's list (duplicates removed). Index s runs over the rank's own stages.
+// constant + sum_s resident_count[s] * resident(s) + replay_count[s] * replayed(s), one form per
+// compute action of the rank's list (duplicates removed); the constant is the gradient bytes of
+// the stages whose first B / W has started. Index s runs over the rank's own stages.
 struct PeakForms {
   std::vector<int> stages;  // the rank's model stages, ascending
   std::vector<std::vector<int>> resident_count;
   std::vector<std::vector<int>> replay_count;
+  std::vector<double> constant;
 
   // `sums` is indexed by model stage.
   double peak(const std::vector<StageSums>& sums) const;
 };
 
-PeakForms peak_forms(const schedule::Schedule& schedule, int rank);
+// `gradient_bytes` by model stage (PlanProblem::gradient_bytes; empty: none).
+PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
+                     const std::vector<double>& gradient_bytes);
 
 // Checks the problem's shape; ConfigError naming what does not fit.
 void check_problem(const PlanProblem& problem, const schedule::Schedule& schedule);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "internal.h"
@@ -28,7 +29,8 @@ schedule::CostModel StageSums::costs(double message_cost) const {
   return c;
 }
 
-PeakForms peak_forms(const schedule::Schedule& schedule, int rank) {
+PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
+                     const std::vector<double>& gradient_bytes) {
   PeakForms forms;
   forms.stages = schedule.stages_of(rank);
   const size_t n = forms.stages.size();
@@ -37,8 +39,10 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank) {
                                forms.stages.begin());
   };
   std::vector<int> resident(n, 0), replay(n, 0);
+  double gradients = 0.0;  // of the stages whose first B / W has started
+  std::vector<bool> has_gradients(n, false);
   // A micro-batch's replay is freed by its B or I; its resident bytes by its B or W.
-  std::set<std::pair<std::vector<int>, std::vector<int>>> seen;
+  std::set<std::tuple<std::vector<int>, std::vector<int>, double>> seen;
   for (const schedule::Action& a : schedule.compute_actions(rank)) {
     const size_t s = local(a.stage);
     switch (a.type) {
@@ -48,12 +52,20 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank) {
       case schedule::ActionType::kRecompute:
         ++replay[s];
         break;
+      case schedule::ActionType::kBackward:
+      case schedule::ActionType::kBackwardWeight:
+        if (!has_gradients[s] && static_cast<size_t>(a.stage) < gradient_bytes.size()) {
+          gradients += gradient_bytes[static_cast<size_t>(a.stage)];
+        }
+        has_gradients[s] = true;
+        break;
       default:
         break;
     }
-    if (seen.insert({resident, replay}).second) {
+    if (seen.insert({resident, replay, gradients}).second) {
       forms.resident_count.push_back(resident);
       forms.replay_count.push_back(replay);
+      forms.constant.push_back(gradients);
     }
     switch (a.type) {
       case schedule::ActionType::kBackward:
@@ -76,7 +88,7 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank) {
 double PeakForms::peak(const std::vector<StageSums>& sums) const {
   double worst = 0.0;
   for (size_t f = 0; f < resident_count.size(); ++f) {
-    double bytes = 0.0;
+    double bytes = constant[f];
     for (size_t s = 0; s < stages.size(); ++s) {
       const StageSums& sum = sums[stages[s]];
       bytes += resident_count[f][s] * sum.resident + replay_count[f][s] * sum.replayed;

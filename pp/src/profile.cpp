@@ -73,6 +73,32 @@ std::vector<std::string> leaves_of(const std::vector<std::string>& all) {
   return leaves;
 }
 
+// The `keep` leaves with the most parameters (the GEMMs whose replay a SAVE region skips), in
+// module order; ties go to the earlier leaf.
+std::vector<std::string> keep_largest(std::vector<std::string> leaves,
+                                      const std::function<torch::nn::AnyModule()>& make_layer,
+                                      size_t keep) {
+  if (leaves.size() <= keep) return leaves;
+  const torch::nn::Sequential probe = wrap(make_layer());
+  std::vector<std::pair<int64_t, size_t>> order;  // (-parameters, module order)
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    int64_t params = 0;
+    for (const auto& item : probe->named_modules("", /*include_self=*/false)) {
+      if (item.key() != "0." + leaves[i]) continue;
+      for (const auto& p : item.value()->parameters()) params += p.numel();
+    }
+    order.emplace_back(-params, i);
+  }
+  std::sort(order.begin(), order.end());
+  order.resize(keep);
+  std::vector<size_t> kept;
+  for (const auto& o : order) kept.push_back(o.second);
+  std::sort(kept.begin(), kept.end());
+  std::vector<std::string> out;
+  for (size_t i : kept) out.push_back(leaves[i]);
+  return out;
+}
+
 struct Measured {
   double resident = 0, replayed = 0;
   std::vector<double> forward, input, weight, recompute;
@@ -133,9 +159,8 @@ LayerCandidates profile_layer(const std::string& name,
   remat::install_tracking_allocator();
   LayerCandidates out;
   out.profile.layer = name;
-  out.save_leaves = leaves_of(excludable(make_layer));
-  if (static_cast<int>(out.save_leaves.size()) > options.max_save_leaves)
-    out.save_leaves.resize(options.max_save_leaves);
+  out.save_leaves = keep_largest(leaves_of(excludable(make_layer)), make_layer,
+                                 static_cast<size_t>(options.max_save_leaves));
   out.policies.push_back({false, {}});
   out.policies.push_back({true, {}});
   const size_t n = out.save_leaves.size();
@@ -182,6 +207,85 @@ remat::RematPolicy stage_policy_of(const std::vector<const LayerCandidates*>& la
       policy.exclude.push_back({path + "." + rule.path, rule.save_output});
   }
   return policy;
+}
+
+StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, const LossFn& loss,
+                           const Tensors& targets, int repeats) {
+  PIPEMAT_CHECK(repeats >= 1, ConfigError, "profile: repeats must be >= 1 (got ", repeats, ").");
+  PIPEMAT_CHECK(static_cast<bool>(stage.forward), ConfigError, "profile: stage ", stage.index,
+                " has no forward.");
+  remat::install_tracking_allocator();
+  StageProfile out;
+  std::vector<double> forward, backward;
+  for (int r = 0; r < repeats; ++r) {
+    if (stage.module) {
+      for (auto p : stage.module->parameters()) p.mutable_grad() = at::Tensor();
+    }
+    const int64_t before_inputs = remat::memory_stats().current_bytes;
+    Tensors x;
+    std::vector<at::Tensor> leaves;
+    for (const at::Tensor& t : inputs) {
+      at::Tensor copy = t.detach().clone();
+      if (copy.is_floating_point()) {
+        copy.requires_grad_(true);
+        leaves.push_back(copy);
+      }
+      x.push_back(copy);
+    }
+    const int64_t base = remat::memory_stats().current_bytes;
+    auto t0 = Clock::now();
+    Tensors y;
+    at::Tensor root;
+    std::vector<at::Tensor> dy;
+    {
+      remat::InvocationScope scope({0, stage.index, 0});
+      y = stage.forward(x);
+    }
+    if (loss) root = loss(y, targets);
+    forward.push_back(ms_since(t0));
+    std::vector<torch::autograd::Edge> roots;
+    std::vector<at::Tensor> root_tensors;  // for the shapes of the output gradients
+    if (root.defined()) {
+      roots.push_back(gradient_edge(root));
+      root_tensors.push_back(root);
+    } else {
+      for (const at::Tensor& t : y) {
+        if (!t.defined() || !t.requires_grad()) continue;
+        roots.push_back(gradient_edge(t));
+        root_tensors.push_back(at::empty_like(t).detach());
+      }
+    }
+    // The next stage's inputs, copied; then the outputs go as the pipeline's go once sent: what
+    // stays is what the graph saved.
+    out.outputs.clear();
+    int64_t copies = 0;
+    for (const at::Tensor& t : y) {
+      out.outputs.push_back(t.defined() ? t.detach().clone() : t);
+      copies += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+    }
+    int64_t shapes = 0;
+    for (const at::Tensor& t : root_tensors) shapes += static_cast<int64_t>(t.nbytes());
+    y.clear();
+    out.input_bytes = static_cast<double>(base - before_inputs);
+    out.resident_bytes =
+        static_cast<double>(remat::memory_stats().current_bytes - base - copies - shapes);
+    for (const at::Tensor& t : root_tensors) {
+      dy.push_back(root.defined() ? at::ones_like(t) : at::randn_like(t));
+    }
+    root_tensors.clear();
+    PIPEMAT_CHECK(!roots.empty(), PipelineError, "profile: stage ", stage.index,
+                  " has no output that requires grad.");
+    std::vector<at::Tensor> params;
+    if (stage.module) params = stage.module->parameters();
+    SplitBackward split(roots, leaves, params);
+    t0 = Clock::now();
+    split.run_input(dy);
+    split.run_weight();
+    backward.push_back(ms_since(t0));
+  }
+  out.forward = median(forward);
+  out.backward = median(backward);
+  return out;
 }
 
 }  // namespace pipemat::pp

@@ -337,9 +337,9 @@ TEST(ConfigErrors, DocumentShape) {
 // remat.stages: a policy name per model stage; custom stages use remat.checkpoint / exclude.
 TEST(ConfigRemat, StagesListOnePolicyPerStage) {
   const TrainConfig c = parse_config("remat: {stages: [selective, none, full]}\n", kSource);
-  EXPECT_EQ(c.remat.stages,
-            (std::vector<RematPolicyKind>{RematPolicyKind::kSelective, RematPolicyKind::kNone,
-                                          RematPolicyKind::kFull}));
+  EXPECT_EQ(c.remat.stages, (std::vector<StageRemat>{StageRemat::named(RematPolicyKind::kSelective),
+                                                     StageRemat::named(RematPolicyKind::kNone),
+                                                     StageRemat::named(RematPolicyKind::kFull)}));
   EXPECT_EQ(parse_config(config_to_yaml(c), kSource).remat.stages, c.remat.stages);
   EXPECT_EQ(error_of("remat: {stages: [selective, fast]}\n"),
             "x.yaml:1: remat.stages[1]: 'fast' is not allowed; allowed: none, full, selective, "
@@ -350,6 +350,41 @@ TEST(ConfigRemat, StagesListOnePolicyPerStage) {
   EXPECT_EQ(parse_config("remat: {stages: [none, custom], checkpoint: [\"layers.*\"]}\n", kSource)
                 .remat.custom.checkpoint,
             std::vector<std::string>{"layers.*"});
+}
+
+// remat.stages entries may be a stage's own lists (what `pipemat plan --out` writes).
+TEST(ConfigRemat, StagesEntryMayBeTheStagesOwnLists) {
+  const TrainConfig c = parse_config(
+      "remat:\n"
+      "  stages:\n"
+      "    - {checkpoint: [layers.0, layers.2], exclude: [{path: layers.0.up}]}\n"
+      "    - none\n",
+      kSource);
+  const std::vector<StageRemat> want{
+      StageRemat::of({"layers.0", "layers.2"}, {{"layers.0.up", true}}),
+      StageRemat::named(RematPolicyKind::kNone)};
+  EXPECT_EQ(c.remat.stages, want);
+  EXPECT_NE(want[0], StageRemat::of({"layers.0", "layers.2"}, {{"layers.0.up", false}}));
+  const std::string yaml = config_to_yaml(c);
+  EXPECT_NE(yaml.find("  stages:\n    - {checkpoint: [\"layers.0\", \"layers.2\"], exclude: "
+                      "[{path: \"layers.0.up\", save_output: true}]}\n    - none\n"),
+            std::string::npos)
+      << yaml;
+  EXPECT_EQ(parse_config(yaml, kSource).remat.stages, want);
+  // A stage's own lists need no remat.policy: custom, and do not allow remat.checkpoint.
+  EXPECT_EQ(error_of("remat: {stages: [{exclude: [{path: layers.0.up}]}]}\n"),
+            "x.yaml:1: remat.stages[0]: a stage's own policy needs at least one checkpoint "
+            "pattern, e.g. {checkpoint: [\"layers.0\"]}; write none for a stage without "
+            "recompute");
+  EXPECT_EQ(error_of("remat: {stages: [{checkpoint: [layers.0], save: [x]}]}\n"),
+            "x.yaml:1: remat.stages[0].save: unknown key; allowed in remat.stages[0]: checkpoint, "
+            "exclude");
+  EXPECT_EQ(error_of("remat: {stages: [{checkpoint: [\"\"]}]}\n"),
+            "x.yaml:1: remat.stages[0].checkpoint[0]: '' is empty; expected a module path "
+            "pattern, e.g. \"layers.*.gemm\"");
+  EXPECT_EQ(error_of("remat: {stages: [{checkpoint: [layers.0]}], checkpoint: [layers.*]}\n"),
+            "x.yaml:1: remat.checkpoint: only allowed with remat.policy custom, but the policy "
+            "is 'selective'; set remat.policy: custom or remove remat.checkpoint");
 }
 
 TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
@@ -867,9 +902,10 @@ TEST(ConfigFiles, EveryShippedConfigParsesAndStartsWithAComment) {
     std::getline(in, first_line);
     EXPECT_EQ(first_line.rfind("# ", 0), 0u) << entry.path() << ": " << first_line;
   }
-  EXPECT_EQ(names, (std::set<std::string>{"default.yaml", "zoo.yaml", "gpipe.yaml", "1f1b.yaml",
-                                          "interleaved.yaml", "zb-h1.yaml", "zb-h2.yaml",
-                                          "zb-v.yaml", "zb-v-4rank.yaml", "bench.yaml"}));
+  EXPECT_EQ(names,
+            (std::set<std::string>{"default.yaml", "zoo.yaml", "gpipe.yaml", "1f1b.yaml",
+                                   "interleaved.yaml", "zb-h1.yaml", "zb-h2.yaml", "zb-v.yaml",
+                                   "zb-v-4rank.yaml", "bench.yaml", "plan-transformer.yaml"}));
 }
 
 TEST(ConfigFiles, EveryShippedScheduleBuilds) {
@@ -1024,6 +1060,8 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "remat.exclude[].path",
                                                      "remat.exclude[].save_output",
                                                      "remat.stages",
+                                                     "remat.stages[].checkpoint",
+                                                     "remat.stages[].exclude",
                                                      "transport.kind",
                                                      "transport.timeout",
                                                      "transport.master",

@@ -305,13 +305,19 @@ TEST(Gpt, SelectiveRematSavesTheProjectionsAndReplaysTheRest) {
   EXPECT_EQ(k.save_skips, 32);
 }
 
+std::vector<StageRemat> named(const std::vector<RematPolicyKind>& kinds) {
+  std::vector<StageRemat> stages;
+  for (RematPolicyKind kind : kinds) stages.push_back(StageRemat::named(kind));
+  return stages;
+}
+
 // remat.stages: a policy per model stage. Selective on the first stage and none on the last:
 // only the first stage's blocks are units and replay, and the run still equals the reference.
 TEST(Gpt, PerStagePoliciesReplayOnlyWhereAsked) {
   TempDir dir;
   write(dir.path() / "text.txt", words(16 * kSplitBlock));
   TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "1f1b", "selective");
-  c.remat.stages = {RematPolicyKind::kSelective, RematPolicyKind::kNone};
+  c.remat.stages = named({RematPolicyKind::kSelective, RematPolicyKind::kNone});
   const TrainResult pipe = train_in_process(c, nullptr);
   const TrainResult ref = train_reference(c, nullptr);
   ASSERT_EQ(pipe.steps.size(), 3u);
@@ -330,14 +336,25 @@ TEST(Gpt, PerStagePoliciesReplayOnlyWhereAsked) {
   EXPECT_EQ(k.save_calls, first_blocks * 4 * 2);  // qkv and mlp.up
   EXPECT_EQ(k.save_skips, first_blocks * 4 * 2);
 
+  // A stage's own lists: only its first block is a unit, with mlp.up saved.
+  c.remat.stages = {StageRemat::of({"blocks.0"}, {{"blocks.0.mlp.up", true}}),
+                    StageRemat::named(RematPolicyKind::kNone)};
+  const TrainResult own = train_in_process(c, nullptr);
+  for (size_t s = 0; s < 3; ++s) EXPECT_EQ(own.steps[s].loss, ref.steps[s].loss) << s;
+  const remat::RematCounters& o = own.last.remat;
+  EXPECT_EQ(o.unit_calls, 4);
+  EXPECT_EQ(o.replays, 4);
+  EXPECT_EQ(o.save_calls, 4);
+  EXPECT_EQ(o.save_skips, 4);
+
   // zb-v has 4 model stages on 2 ranks: one name per stage.
   c.schedule.kind = schedule::ScheduleKind::kZeroBubbleV;
-  c.remat.stages = {RematPolicyKind::kFull, RematPolicyKind::kNone, RematPolicyKind::kSelective,
-                    RematPolicyKind::kNone};
+  c.remat.stages = named({RematPolicyKind::kFull, RematPolicyKind::kNone,
+                          RematPolicyKind::kSelective, RematPolicyKind::kNone});
   const TrainResult v = train_in_process(c, nullptr);
   const TrainResult v_ref = train_reference(c, nullptr);
   for (size_t s = 0; s < 3; ++s) EXPECT_EQ(v.steps[s].loss, v_ref.steps[s].loss) << s;
-  c.remat.stages = {RematPolicyKind::kFull, RematPolicyKind::kNone};
+  c.remat.stages = named({RematPolicyKind::kFull, RematPolicyKind::kNone});
   try {
     train_in_process(c, nullptr);
     ADD_FAILURE() << "two names for four stages were taken";

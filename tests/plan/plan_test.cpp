@@ -71,6 +71,29 @@ TEST(PlanPeak, GPipeHoldsEveryMicroBatch) {
   EXPECT_FALSE(got.fits());
 }
 
+TEST(PlanPeak, GradientsCountFromTheStagesFirstBackward) {
+  // 1F1B, 2 ranks, 4 micro-batches, gradients 50 on stage 0 and 7 on stage 1. Rank 0 peaks at
+  // R1 (F0 F1 R0 B0 F2 R1 ...): two residents, one replay and its gradients; rank 1 at R0 with
+  // one resident (its gradients start with B0, when the resident is freed).
+  PlanProblem p =
+      problem_of(ScheduleKind::kOneFOneB, 2, 4, 1, {candidate("full", 10, 3, 1, 1, 1, 1)}, 1000);
+  p.gradient_bytes = {50, 7};
+  const Prediction got = evaluate(p, {0, 0});
+  EXPECT_DOUBLE_EQ(got.ranks[0].peak_bytes, 100 + 50 + 2 * 10 + 3);
+  EXPECT_DOUBLE_EQ(got.ranks[1].peak_bytes, 100 + 7 + 10 + 3);
+  // GPipe peaks at its first backward: every micro-batch in flight, one replay, the gradients.
+  p.schedule.kind = ScheduleKind::kGPipe;
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[0].peak_bytes, 100 + 50 + 4 * 10 + 3);
+  p.gradient_bytes = {50};
+  try {
+    evaluate(p, {0, 0});
+    ADD_FAILURE() << "one gradient count for two stages was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "plan: 1 gradient byte counts for 2 stages; give one per stage or none.");
+  }
+}
+
 TEST(PlanPeak, SplitBackwardFreesTheReplayAtIAndTheResidentAtW) {
   // ZB-H1 on 2 ranks, 4 micro-batches (`pipemat schedule --kind zb-h1 --stages 2
   // --micro-batches 4 --recompute pretrigger`):

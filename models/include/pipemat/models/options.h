@@ -87,12 +87,27 @@ struct PartitionOptions {
 // (rmsnorm-gemm: gemm; moe: experts; transformer: attn.qkv and mlp.up; mlp: up; save-chain: the
 // chain). `custom`: the `checkpoint` / `exclude` paths given (paths relative to a stage, e.g.
 // "layers.*" and "layers.*.gemm").
+// One entry of remat.stages: a policy name, or a stage's own checkpoint units and SAVE regions
+// (YAML `{checkpoint: [...], exclude: [...]}`, what `pipemat plan --out` writes: a choice per
+// layer). Paths are relative to the stage's module, like remat.checkpoint's.
+struct StageRemat {
+  RematPolicyKind policy = RematPolicyKind::kSelective;
+  bool own = false;          // a mapping: policy is kCustom and `lists` holds its lists
+  remat::RematPolicy lists;  // checkpoint and exclude of an own entry
+  static StageRemat named(RematPolicyKind kind) { return {kind, false, {}}; }
+  static StageRemat of(std::vector<std::string> checkpoint,
+                       std::vector<remat::ExcludeRule> exclude);
+};
+// Same policy name, or the same lists in the same order (checkpoint options aside).
+bool operator==(const StageRemat& a, const StageRemat& b);
+inline bool operator!=(const StageRemat& a, const StageRemat& b) { return !(a == b); }
+
 struct RematConfig {
   RematPolicyKind policy = RematPolicyKind::kSelective;
   remat::RematPolicy custom;  // used with policy kCustom
-  // One policy per model stage (schedule.ranks x chunks per rank) instead of `policy` on every
+  // One entry per model stage (schedule.ranks x chunks per rank) instead of `policy` on every
   // stage; empty: `policy` everywhere.
-  std::vector<RematPolicyKind> stages;
+  std::vector<StageRemat> stages;
   bool early_stop = true;
 };
 

@@ -17,11 +17,12 @@
 //   replayed: what its recompute rebuilds (0 without remat), held from R until B / I ends.
 // A stage's bytes are the sums over its layers (R replays the whole stage's micro-batch before
 // its backward, so the rebuilt activations of all its layers coexist). A rank's predicted peak
-// is its fixed bytes (weights, gradients, optimizer state, stage I/O buffers) plus the maximum,
-// over its compute actions in schedule order, of the bytes alive right after the action starts:
-// F(s, i) adds resident(s); R(s, i) adds replayed(s); B(s, i) frees both at its end; I frees
-// replayed(s) and W frees resident(s). So under 1F1B rank r holds p - r micro-batches' resident
-// bytes and one replay; ZB-H2 and ZB-V hold more or other mixes, read off their own action lists.
+// is its fixed bytes (weights, optimizer state) plus the maximum, over its compute actions in
+// schedule order, of the bytes alive right after the action starts: F(s, i) adds resident(s);
+// R(s, i) adds replayed(s); B(s, i) frees both at its end; I frees replayed(s) and W frees
+// resident(s); the first B / W of stage s adds its gradient bytes for the rest of the step. So
+// under 1F1B rank r holds p - r micro-batches' resident bytes and one replay; ZB-H2 and ZB-V hold
+// more or other mixes, read off their own action lists.
 
 #include <string>
 #include <vector>
@@ -51,9 +52,12 @@ struct PlanProblem {
   schedule::ScheduleOptions schedule;  // kind, ranks, micro-batches, v (recompute is the plan's)
   std::vector<LayerProfile> layers;    // in model order
   std::vector<int> stage_of_layer;     // model stage of each layer (non-decreasing)
-  std::vector<double> fixed_bytes;     // per rank: weights + optimizer state + stage I/O
-  std::vector<double> budget_bytes;    // per rank
-  double message_cost = 0.0;           // one stage-boundary message, in the time unit
+  std::vector<double> fixed_bytes;     // per rank: weights + optimizer state
+  // Per model stage: its parameters' gradients, alive from the stage's first B / W of the step
+  // on (empty: none counted).
+  std::vector<double> gradient_bytes;
+  std::vector<double> budget_bytes;  // per rank
+  double message_cost = 0.0;         // one stage-boundary message, in the time unit
 };
 
 struct RankPrediction {

@@ -8,7 +8,8 @@
 // in S are SAVE regions: their outputs are cached, so replay skips them). A SAVE leaf is a
 // descendant module that remat can declare a SAVE region (a Remat<H> member or a Sequential entry,
 // remat/policy.h) and that holds no such descendant itself. With more than
-// ProfileOptions::max_save_leaves leaves, the first ones in module order are used.
+// ProfileOptions::max_save_leaves leaves, those with the most parameters are used (the GEMMs,
+// whose replay a SAVE region skips; ties: module order).
 //
 // Measurement of a candidate, on a fresh copy of the layer with the policy applied, repeated
 // ProfileOptions::repeats times (times: the median; bytes: those of the last repeat):
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "pipemat/plan/plan.h"
+#include "pipemat/pp/pipeline.h"
 #include "pipemat/remat/policy.h"
 
 namespace pipemat::pp {
@@ -58,5 +60,23 @@ LayerCandidates profile_layer(const std::string& name,
 // `layer_prefix` + i (e.g. "layers.3"), with the candidate policies[choice[i]] of profiles[i].
 remat::RematPolicy stage_policy_of(const std::vector<const LayerCandidates*>& layers,
                                    const std::vector<int>& choice, const std::string& layer_prefix);
+
+// One measured micro-batch of a whole pipeline stage without remat: what the planner adds to
+// its layers' sums (the stage input held until the backward, an embedding, a head, the loss).
+struct StageProfile {
+  double input_bytes = 0;     // the stage's inputs, held from F until the backward
+  double resident_bytes = 0;  // alive after F (and the loss on the last stage), inputs excluded
+  double forward = 0;         // ms, the loss included on the last stage
+  double backward = 0;        // ms, a fused backward
+  Tensors outputs;            // detached: the next stage's inputs
+};
+
+// Runs `stage` (its remat policy as built: give one without) on `inputs` as the pipeline does:
+// floating inputs as leaves that require grad (received activations), others as they are; with
+// `loss` (the last stage) on `targets`; then the backward (a random output gradient on other
+// stages). Times: the median of `repeats`; bytes: those of the last. Installs the tracking
+// allocator.
+StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, const LossFn& loss,
+                           const Tensors& targets, int repeats = 3);
 
 }  // namespace pipemat::pp

@@ -1,0 +1,204 @@
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "pipemat/core/error.h"
+#include "pipemat/core/format.h"
+#include "pipemat/models/config.h"
+#include "pipemat/models/plan.h"
+
+namespace pipemat::launch {
+namespace {
+
+std::vector<int64_t> parse_budgets(const std::string& text) {
+  std::vector<int64_t> budgets;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) budgets.push_back(parse_bytes(item, "--memory-budget"));
+  PIPEMAT_CHECK(!budgets.empty(), ConfigError,
+                "--memory-budget: expected a size such as 48MiB, or one per rank: 64MiB,48MiB");
+  return budgets;
+}
+
+// "layers.0-3 full, layers.4 save:up": consecutive layers of one stage with one choice merged.
+std::string stage_choices(const models::PlanReport& report, const std::vector<int>& choice,
+                          int stage) {
+  const plan::PlanProblem& problem = report.problem;
+  std::vector<std::string> parts;
+  size_t l = 0;
+  while (l < problem.layers.size()) {
+    if (problem.stage_of_layer[l] != stage || !report.is_layer[l]) {
+      ++l;
+      continue;
+    }
+    size_t end = l + 1;
+    while (end < problem.layers.size() && problem.stage_of_layer[end] == stage &&
+           report.is_layer[end] && choice[end] == choice[l])
+      ++end;
+    const std::string& first = problem.layers[l].layer;
+    std::string name = first;
+    if (end - l > 1) {
+      const std::string& last = problem.layers[end - 1].layer;
+      name += "-" + last.substr(last.find('.') + 1);
+    }
+    parts.push_back(name + " " + problem.layers[l].candidates[static_cast<size_t>(choice[l])].name);
+    l = end;
+  }
+  return join(parts, ", ");
+}
+
+std::string peaks_of(const plan::Prediction& p) {
+  std::vector<std::string> peaks;
+  for (const plan::RankPrediction& r : p.ranks)
+    peaks.push_back(format_bytes(static_cast<int64_t>(r.peak_bytes)));
+  return join(peaks, ", ");
+}
+
+nlohmann::json prediction_json(const plan::Prediction& p) {
+  nlohmann::json out;
+  out["step_ms"] = p.step;
+  out["fits"] = p.fits();
+  for (const plan::RankPrediction& r : p.ranks) {
+    out["ranks"].push_back({{"rank", r.rank},
+                            {"peak_bytes", static_cast<int64_t>(r.peak_bytes)},
+                            {"budget_bytes", static_cast<int64_t>(r.budget_bytes)},
+                            {"fits", r.fits()}});
+  }
+  return out;
+}
+
+void print_text(const models::PlanReport& report, std::ostream& out) {
+  const plan::Prediction& best = report.result.best;
+  const plan::PlanProblem& problem = report.problem;
+  out << "plan: " << report.summary << "\n";
+  out << "plan: predicted step " << format_fixed(best.step, 2) << " ms ("
+      << report.result.simulations << " schedules simulated)\n";
+  const schedule::Schedule s = plan::plan_schedule(problem);
+  for (const plan::RankPrediction& r : best.ranks) {
+    out << "  rank " << r.rank << ": peak " << format_bytes(static_cast<int64_t>(r.peak_bytes))
+        << " of " << format_bytes(static_cast<int64_t>(r.budget_bytes)) << " (weights and "
+        << "optimizer state " << format_bytes(static_cast<int64_t>(problem.fixed_bytes[r.rank]))
+        << ")\n";
+    for (int stage : s.stages_of(r.rank)) {
+      out << "    stage " << stage << ": " << stage_choices(report, best.choice, stage) << "\n";
+    }
+  }
+  out << "uniform policies (same schedule and profiles):\n";
+  const plan::Prediction* best_uniform = nullptr;
+  std::string best_name;
+  for (const models::UniformPrediction& u : report.uniform) {
+    const plan::Prediction& p = u.prediction;
+    out << "  " << std::left << std::setw(10) << u.policy << std::right << " step " << std::setw(9)
+        << format_fixed(p.step, 2) << " ms  peaks " << peaks_of(p) << "  "
+        << (p.fits() ? "fits" : "over budget") << "\n";
+    if (p.fits() && (best_uniform == nullptr || p.step < best_uniform->step)) {
+      best_uniform = &p;
+      best_name = u.policy;
+    }
+  }
+  if (best_uniform != nullptr) {
+    out << "plan: " << format_fixed(best_uniform->step / best.step, 3)
+        << "x the speed of the fastest uniform policy that fits (" << best_name << ")\n";
+  } else {
+    out << "plan: no uniform policy fits the budget\n";
+  }
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app) {
+  struct Flags {
+    std::string config;
+    std::vector<std::string> overrides;
+    std::string budget;
+    std::string out;
+    bool json = false;
+    models::PlanOptions plan;
+  };
+  auto f = std::make_shared<Flags>();
+  auto* cmd = app.add_subcommand(
+      "plan",
+      "Chooses a remat policy per layer and rank under a memory budget. Profiles the config's\n"
+      "layers (every candidate: none, full, and each set of SAVE regions from the layer's module\n"
+      "tree) and each pipeline stage on this machine, then picks the candidates whose simulated\n"
+      "step is shortest while every rank's predicted peak (weights, optimizer state, gradients,\n"
+      "in-flight micro-batches, the replay) fits its budget; prints the same prediction for the\n"
+      "uniform policies. --out writes a config that `pipemat train` runs as is "
+      "(schedule.recompute\n"
+      "pretrigger, remat.stages with each stage's lists). Examples:\n"
+      "  pipemat plan --config configs/1f1b.yaml --memory-budget 24MiB\n"
+      "  pipemat plan --config configs/1f1b.yaml --memory-budget 32MiB,20MiB --out plan.yaml\n"
+      "  pipemat-run -n 2 plan.yaml");
+  cmd->add_option("--config", f->config, "YAML config (docs/config.md)")->required();
+  cmd->add_option("--set", f->overrides, "Override a config key: --set schedule.ranks=4")
+      ->take_all();
+  cmd->add_option("--memory-budget", f->budget,
+                  "Bytes per rank: one size for every rank (48MiB) or one per rank (64MiB,48MiB)")
+      ->required();
+  cmd->add_option("--out", f->out, "Write the planned config here (YAML)");
+  cmd->add_flag("--json", f->json, "Print one JSON object instead of lines");
+  cmd->add_option("--repeats", f->plan.repeats, "Profiler repeats per candidate (times: median)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd->add_option("--max-save-leaves", f->plan.max_save_leaves,
+                  "SAVE regions per layer to combine (2^n - 1 selective candidates)")
+      ->check(CLI::Range(0, 10))
+      ->capture_default_str();
+  cmd->callback([f] {
+    const models::TrainConfig config = models::load_config(f->config, f->overrides);
+    print_config_warnings(config.warnings);
+    f->plan.budget_bytes = parse_budgets(f->budget);
+    const models::PlanReport report = models::run_plan(config, f->plan);
+    if (!f->out.empty()) {
+      std::ofstream file(f->out);
+      PIPEMAT_CHECK(file.good(), ConfigError, "--out: cannot write '", f->out, "'");
+      file << "# pipemat plan --config " << f->config << " --memory-budget " << f->budget
+           << ": predicted step " << format_fixed(report.result.best.step, 2) << " ms, peaks "
+           << peaks_of(report.result.best) << "\n"
+           << models::config_to_yaml(report.config);
+      PIPEMAT_CHECK(file.good(), ConfigError, "--out: cannot write '", f->out, "'");
+    }
+    if (f->json) {
+      nlohmann::json out;
+      out["summary"] = report.summary;
+      out["plan"] = prediction_json(report.result.best);
+      out["simulations"] = report.result.simulations;
+      const plan::PlanProblem& problem = report.problem;
+      for (size_t l = 0; l < problem.layers.size(); ++l) {
+        if (!report.is_layer[l]) continue;
+        const auto& c =
+            problem.layers[l].candidates[static_cast<size_t>(report.result.best.choice[l])];
+        out["plan"]["layers"].push_back({{"layer", problem.layers[l].layer},
+                                         {"stage", problem.stage_of_layer[l]},
+                                         {"policy", c.name}});
+      }
+      for (const models::UniformPrediction& u : report.uniform)
+        out["uniform"][u.policy] = prediction_json(u.prediction);
+      for (const plan::Candidate& c : problem.layers.at(1).candidates) {
+        out["candidates"].push_back({{"name", c.name},
+                                     {"resident_bytes", c.resident_bytes},
+                                     {"replayed_bytes", c.replayed_bytes},
+                                     {"forward_ms", c.forward},
+                                     {"backward_input_ms", c.backward_input},
+                                     {"backward_weight_ms", c.backward_weight},
+                                     {"recompute_ms", c.recompute}});
+      }
+      if (!f->out.empty()) out["out"] = f->out;
+      std::cout << out.dump() << std::endl;
+      return;
+    }
+    print_text(report, std::cout);
+    if (!f->out.empty()) {
+      std::cout << "plan: wrote " << f->out << "; run it with: pipemat-run -n "
+                << config.schedule.ranks << " " << f->out << "\n";
+    }
+  });
+}
+
+}  // namespace pipemat::launch

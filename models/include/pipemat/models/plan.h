@@ -1,0 +1,63 @@
+#pragma once
+// `pipemat plan`: a remat policy per layer and rank for a config under a memory budget. Profiles
+// the config's layers (pp::profile_layer: every candidate from the layer's module tree) and each
+// pipeline stage as a whole (pp::profile_stage: its input, embedding, head and loss), builds the
+// planning problem of its schedule and partition (pipemat::plan) and solves it; predicts the
+// uniform policies (none, full, selective) next to the plan; and returns the config that runs the
+// plan (remat.stages with each stage's own lists, schedule.recompute pretrigger).
+//
+// Note [Plan inputs]
+// ~~~~~~~~~~~~~~~~~~
+// The problem's layers, per model stage in order: one "stage s" entry with a single candidate
+// (what the stage holds besides its layers: its input from F until the backward, the embedding
+// and head of the gpt, the loss; measured as the whole stage without remat minus its layers
+// without remat, so the layers' outputs that the stage sends are not counted twice), then the
+// stage's layers, all profiled from one layer of the kind (the zoo's and the gpt's layers are
+// identical). Fixed bytes of a rank: its stages' parameters x (1 + optimizer states: sgd with
+// momentum 1, adamw 2) x 4 bytes; gradient bytes of a stage: its parameters x 4 bytes, from its
+// first backward on (Note [Plan memory]). Times are milliseconds on this machine with the
+// config's threads; messages are free (the local transport). Every candidate of a layer gets the
+// forward, I and W times of `none` (a checkpointed layer runs the same math; what remat adds is
+// the replay, R): timer noise between candidates would otherwise decide the plan.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipemat/models/options.h"
+#include "pipemat/plan/plan.h"
+#include "pipemat/pp/profile.h"
+
+namespace pipemat::models {
+
+struct PlanOptions {
+  // Memory budget of every rank, or one per rank (bytes).
+  std::vector<int64_t> budget_bytes;
+  int repeats = 3;          // profiler repeats (times: median)
+  int max_save_leaves = 4;  // SAVE leaves per layer tried (2^n - 1 selective candidates)
+};
+
+struct UniformPrediction {
+  std::string policy;  // "none", "full", "selective"
+  plan::Prediction prediction;
+};
+
+struct PlanReport {
+  std::string summary;                    // model, schedule, what was profiled
+  plan::PlanProblem problem;              // Note [Plan inputs]; layer names are global
+  std::vector<bool> is_layer;             // per problem layer: false for the "stage s" entries
+  std::vector<pp::LayerPolicy> policies;  // per candidate of a layer (same for every layer)
+  plan::PlanResult result;
+  std::vector<UniformPrediction> uniform;
+  TrainConfig config;  // runs the plan as is
+};
+
+// ConfigError for a config the planner cannot take (schedule.csv, remat.policy custom, budgets
+// not one or one per rank) and, from plan::solve, for a budget no assignment fits (naming the
+// smallest budget that does).
+PlanReport run_plan(const TrainConfig& config, const PlanOptions& options);
+
+// The remat.stages of an assignment (candidate per problem layer) of `report`.
+std::vector<StageRemat> stages_of_plan(const PlanReport& report, const std::vector<int>& choice);
+
+}  // namespace pipemat::models

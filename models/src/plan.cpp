@@ -1,0 +1,224 @@
+// `pipemat plan` (models/plan.h): the config's profiles, its planning problem and the plan.
+
+#include "pipemat/models/plan.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipemat/core/error.h"
+#include "pipemat/core/format.h"
+#include "pipemat/models/gpt.h"
+#include "pipemat/models/model_run.h"
+#include "pipemat/models/zoo_stages.h"
+#include "pipemat/pp/compute.h"
+#include "pipemat/pp/pipeline.h"
+#include "pipemat/pp/profile.h"
+
+namespace pipemat::models {
+namespace {
+
+constexpr double kFloatBytes = 4.0;
+
+int optimizer_states(const TrainingOptions& t) {
+  if (t.optimizer == OptimizerKind::kAdamW) return 2;
+  return t.momentum > 0 ? 1 : 0;
+}
+
+// The layers of the model kind: their paths in a stage, one fresh layer, its input.
+struct LayerKind {
+  std::string prefix;  // "layers" / "blocks"
+  std::function<torch::nn::AnyModule()> make;
+  at::Tensor input;
+  std::vector<int64_t> bounds;  // first layer of every stage, then the end
+};
+
+LayerKind layer_kind(const TrainConfig& config, int stages) {
+  LayerKind kind;
+  const ModelOptions& m = config.model;
+  if (m.kind == ModelKind::kGpt) {
+    GptShape shape = gpt_shape(m);
+    kind.bounds = partition_gpt(build_gpt(shape, config.training.seed), config.partition, stages);
+    shape.dropout = 0.0;  // Note [Plan inputs]: the profile has no dropout masks
+    kind.prefix = "blocks";
+    kind.make = [shape] { return torch::nn::AnyModule(GptBlock(shape)); };
+    kind.input = at::randn({m.batch, shape.seq_len, shape.hidden});
+    return kind;
+  }
+  ModelOptions one = m;
+  one.layers = 1;
+  kind.bounds = partition_layers(build_layers(m, config.training.seed), config.partition, stages);
+  kind.prefix = "layers";
+  kind.make = [one, seed = config.training.seed] { return build_layers(one, seed).front(); };
+  kind.input = at::randn({m.tokens, m.hidden});
+  return kind;
+}
+
+// The candidate of `layer` whose SAVE regions are the selective policy's for the kind.
+int selective_candidate(const pp::LayerCandidates& layer, const TrainConfig& config,
+                        const std::string& prefix) {
+  RematConfig selective = config.remat;
+  selective.policy = RematPolicyKind::kSelective;
+  const remat::RematPolicy policy = stage_policy(config.model, selective);
+  std::vector<std::pair<std::string, bool>> want;
+  const std::string head = prefix + ".*.";
+  for (const remat::ExcludeRule& rule : policy.exclude) {
+    if (rule.path.compare(0, head.size(), head) != 0) return -1;
+    want.emplace_back(rule.path.substr(head.size()), rule.save_output);
+  }
+  std::sort(want.begin(), want.end());
+  for (size_t k = 0; k < layer.policies.size(); ++k) {
+    const pp::LayerPolicy& p = layer.policies[k];
+    if (!p.checkpoint) continue;
+    std::vector<std::pair<std::string, bool>> got;
+    for (const remat::ExcludeRule& rule : p.exclude) got.emplace_back(rule.path, rule.save_output);
+    std::sort(got.begin(), got.end());
+    if (got == want) return static_cast<int>(k);
+  }
+  return -1;
+}
+
+}  // namespace
+
+PlanReport run_plan(const TrainConfig& given, const PlanOptions& options) {
+  PIPEMAT_CHECK(given.schedule_csv.empty(), ConfigError,
+                "plan: schedule.csv is not supported; plan a generated schedule (schedule.kind)");
+  PIPEMAT_CHECK(given.schedule.kind != schedule::ScheduleKind::kImported, ConfigError,
+                "plan: an imported schedule is not supported");
+  const int ranks = given.schedule.ranks;
+  PIPEMAT_CHECK(
+      options.budget_bytes.size() == 1 || options.budget_bytes.size() == static_cast<size_t>(ranks),
+      ConfigError, "plan: ", options.budget_bytes.size(), " memory budgets for ", ranks,
+      " ranks; give one for every rank or one per rank");
+  for (int64_t b : options.budget_bytes) {
+    PIPEMAT_CHECK(b > 0, ConfigError, "plan: a memory budget must be > 0 bytes, got ", b);
+  }
+  PlanReport report;
+  report.config = given;
+  TrainConfig& config = report.config;
+  config.schedule.recompute = schedule::RecomputeMode::kPretrigger;
+  config.remat.policy = RematPolicyKind::kNone;
+  config.remat.custom = {};
+  config.remat.stages.clear();
+
+  const int threads = config.training.threads > 0 ? static_cast<int>(config.training.threads)
+                                                  : pp::default_compute_threads(ranks);
+  pp::set_compute_threads(threads);
+  at::manual_seed(static_cast<uint64_t>(config.training.seed));
+
+  plan::PlanProblem& problem = report.problem;
+  problem.schedule = config.schedule;
+  const schedule::Schedule plan_schedule = plan::plan_schedule(problem);
+  const int stages = plan_schedule.stages_count;
+  const ModelRun run = make_model_run(config, stages);
+  const LayerKind kind = layer_kind(config, stages);
+
+  pp::ProfileOptions profile_options;
+  profile_options.repeats = options.repeats;
+  profile_options.max_save_leaves = options.max_save_leaves;
+  pp::LayerCandidates layer =
+      pp::profile_layer(kind.prefix + ".*", kind.make, kind.input, profile_options);
+  const plan::Candidate none = layer.profile.candidates.front();
+  for (plan::Candidate& c : layer.profile.candidates) {  // Note [Plan inputs]: one F, I, W
+    c.forward = none.forward;
+    c.backward_input = none.backward_input;
+    c.backward_weight = none.backward_weight;
+  }
+
+  problem.fixed_bytes.assign(static_cast<size_t>(ranks), 0.0);
+  problem.gradient_bytes.assign(static_cast<size_t>(stages), 0.0);
+  const pp::MicroBatch data = run.train_data(0, 0);
+  pp::Tensors inputs = data.inputs;
+  for (int s = 0; s < stages; ++s) {
+    const pp::PipelineStage stage = run.stage(s);
+    double params = 0;
+    for (const auto& p : stage.module->parameters()) params += static_cast<double>(p.numel());
+    problem.gradient_bytes[static_cast<size_t>(s)] = params * kFloatBytes;
+    problem.fixed_bytes[static_cast<size_t>(plan_schedule.rank_of(s))] +=
+        params * kFloatBytes * (1 + optimizer_states(config.training));
+    const bool last = s == stages - 1;
+    const pp::StageProfile whole =
+        pp::profile_stage(stage, inputs, last ? run.loss : pp::LossFn{},
+                          last ? data.targets : pp::Tensors{}, options.repeats);
+    inputs = whole.outputs;
+    const int64_t layers =
+        kind.bounds[static_cast<size_t>(s) + 1] - kind.bounds[static_cast<size_t>(s)];
+    const double n = static_cast<double>(layers);
+    plan::Candidate rest;
+    rest.name = "fixed";
+    rest.resident_bytes = whole.input_bytes + whole.resident_bytes - n * none.resident_bytes;
+    rest.forward = std::max(0.0, whole.forward - n * none.forward);
+    rest.backward_input =
+        std::max(0.0, whole.backward - n * (none.backward_input + none.backward_weight));
+    problem.layers.push_back({"stage " + std::to_string(s), {rest}});
+    problem.stage_of_layer.push_back(s);
+    report.is_layer.push_back(false);
+    for (int64_t l = kind.bounds[static_cast<size_t>(s)];
+         l < kind.bounds[static_cast<size_t>(s) + 1]; ++l) {
+      problem.layers.push_back({kind.prefix + "." + std::to_string(l), layer.profile.candidates});
+      problem.stage_of_layer.push_back(s);
+      report.is_layer.push_back(true);
+    }
+  }
+  for (int r = 0; r < ranks; ++r) {
+    problem.budget_bytes.push_back(static_cast<double>(
+        options.budget_bytes.size() == 1 ? options.budget_bytes[0]
+                                         : options.budget_bytes[static_cast<size_t>(r)]));
+  }
+
+  const auto uniform = [&](int candidate) {
+    std::vector<int> choice;
+    for (bool is_layer : report.is_layer) choice.push_back(is_layer ? candidate : 0);
+    return choice;
+  };
+  report.uniform.push_back({"none", plan::evaluate(problem, uniform(0))});
+  report.uniform.push_back({"full", plan::evaluate(problem, uniform(1))});
+  const int selective = selective_candidate(layer, config, kind.prefix);
+  if (selective >= 0) {
+    report.uniform.push_back({"selective", plan::evaluate(problem, uniform(selective))});
+  }
+  report.policies = layer.policies;
+  report.result = plan::solve(problem);
+  config.remat.stages = stages_of_plan(report, report.result.best.choice);
+
+  report.summary = run.summary + "; " + to_string(config.schedule.kind) + " on " +
+                   std::to_string(ranks) + " ranks (" + std::to_string(stages) + " stages), " +
+                   std::to_string(config.schedule.micro_batches) + " micro-batches; " +
+                   std::to_string(layer.profile.candidates.size()) + " candidates per layer (" +
+                   join(layer.save_leaves, ", ") + " as SAVE leaves), profiled with " +
+                   std::to_string(threads) + (threads == 1 ? " thread" : " threads");
+  return report;
+}
+
+std::vector<StageRemat> stages_of_plan(const PlanReport& report, const std::vector<int>& choice) {
+  const plan::PlanProblem& problem = report.problem;
+  PIPEMAT_CHECK(choice.size() == problem.layers.size(), ConfigError, "plan: ", choice.size(),
+                " choices for ", problem.layers.size(), " layers");
+  const int stages = problem.stage_of_layer.empty() ? 0 : problem.stage_of_layer.back() + 1;
+  std::vector<StageRemat> out;
+  for (int s = 0; s < stages; ++s) {
+    std::vector<std::string> checkpoint;
+    std::vector<remat::ExcludeRule> exclude;
+    int local = 0;
+    for (size_t l = 0; l < problem.layers.size(); ++l) {
+      if (problem.stage_of_layer[l] != s || !report.is_layer[l]) continue;
+      const std::string& global = problem.layers[l].layer;
+      const std::string path = global.substr(0, global.find('.')) + "." + std::to_string(local++);
+      const pp::LayerPolicy& policy = report.policies.at(static_cast<size_t>(choice[l]));
+      if (!policy.checkpoint) continue;
+      checkpoint.push_back(path);
+      for (const remat::ExcludeRule& rule : policy.exclude) {
+        exclude.push_back({path + "." + rule.path, rule.save_output});
+      }
+    }
+    out.push_back(checkpoint.empty() ? StageRemat::named(RematPolicyKind::kNone)
+                                     : StageRemat::of(std::move(checkpoint), std::move(exclude)));
+  }
+  return out;
+}
+
+}  // namespace pipemat::models
