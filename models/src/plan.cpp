@@ -131,6 +131,7 @@ PlanReport run_plan(const TrainConfig& given, const PlanOptions& options) {
 
   problem.fixed_bytes.assign(static_cast<size_t>(ranks), 0.0);
   problem.gradient_bytes.assign(static_cast<size_t>(stages), 0.0);
+  problem.backward_bytes.clear();
   const pp::MicroBatch data = run.train_data(0, 0);
   pp::Tensors inputs = data.inputs;
   for (int s = 0; s < stages; ++s) {
@@ -145,6 +146,9 @@ PlanReport run_plan(const TrainConfig& given, const PlanOptions& options) {
         pp::profile_stage(stage, inputs, last ? run.loss : pp::LossFn{},
                           last ? data.targets : pp::Tensors{}, options.repeats);
     inputs = whole.outputs;
+    // The backward's peak above its start, less the gradients it creates (counted on their own).
+    problem.backward_bytes.push_back(
+        std::max(0.0, whole.backward_peak_bytes - params * kFloatBytes));
     const int64_t layers =
         kind.bounds[static_cast<size_t>(s) + 1] - kind.bounds[static_cast<size_t>(s)];
     const double n = static_cast<double>(layers);

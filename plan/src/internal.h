@@ -20,7 +20,8 @@ struct StageSums {
 // A rank's peak as a function of its stages' sums: fixed + max over forms of
 // constant + sum_s resident_count[s] * resident(s) + replay_count[s] * replayed(s), one form per
 // compute action of the rank's list (duplicates removed); the constant is the gradient bytes of
-// the stages whose first B / W has started. Index s runs over the rank's own stages.
+// the stages whose first B / W has started, plus the backward temporaries of a B / I / W.
+// Index s runs over the rank's own stages.
 struct PeakForms {
   std::vector<int> stages;  // the rank's model stages, ascending
   std::vector<std::vector<int>> resident_count;
@@ -31,9 +32,10 @@ struct PeakForms {
   double peak(const std::vector<StageSums>& sums) const;
 };
 
-// `gradient_bytes` by model stage (PlanProblem::gradient_bytes; empty: none).
+// `gradient_bytes`, `backward_bytes` by model stage (PlanProblem's; empty: none).
 PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
-                     const std::vector<double>& gradient_bytes);
+                     const std::vector<double>& gradient_bytes,
+                     const std::vector<double>& backward_bytes);
 
 // Checks the problem's shape; ConfigError naming what does not fit.
 void check_problem(const PlanProblem& problem, const schedule::Schedule& schedule);

@@ -30,7 +30,8 @@ schedule::CostModel StageSums::costs(double message_cost) const {
 }
 
 PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
-                     const std::vector<double>& gradient_bytes) {
+                     const std::vector<double>& gradient_bytes,
+                     const std::vector<double>& backward_bytes) {
   PeakForms forms;
   forms.stages = schedule.stages_of(rank);
   const size_t n = forms.stages.size();
@@ -62,10 +63,17 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
       default:
         break;
     }
-    if (seen.insert({resident, replay, gradients}).second) {
+    double temporaries = 0.0;
+    const bool backward = a.type == schedule::ActionType::kBackward ||
+                          a.type == schedule::ActionType::kBackwardInput ||
+                          a.type == schedule::ActionType::kBackwardWeight;
+    if (backward && static_cast<size_t>(a.stage) < backward_bytes.size()) {
+      temporaries = backward_bytes[static_cast<size_t>(a.stage)];
+    }
+    if (seen.insert({resident, replay, gradients + temporaries}).second) {
       forms.resident_count.push_back(resident);
       forms.replay_count.push_back(replay);
-      forms.constant.push_back(gradients);
+      forms.constant.push_back(gradients + temporaries);
     }
     switch (a.type) {
       case schedule::ActionType::kBackward:

@@ -168,7 +168,8 @@ std::vector<int> layers_of_stage(const PlanProblem& problem, int stage) {
 // Step 2 for one rank: every combination of its stages' frontiers, the fitting ones kept when
 // no other fitting one is as fast in every stage time. Returns the smallest peak of all.
 double rank_options(Search& search, int rank, std::vector<RankOption>* out) {
-  const PeakForms forms = detail::peak_forms(search.schedule, rank, search.problem.gradient_bytes);
+  const PeakForms forms = detail::peak_forms(search.schedule, rank, search.problem.gradient_bytes,
+                                             search.problem.backward_bytes);
   const size_t n = forms.stages.size();
   std::vector<StageSums> sums(search.schedule.stages_count);
   std::vector<size_t> at(n, 0);
@@ -227,6 +228,10 @@ void check_problem(const PlanProblem& problem, const schedule::Schedule& schedul
                     problem.gradient_bytes.size() == static_cast<size_t>(schedule.stages_count),
                 ConfigError, "plan: ", problem.gradient_bytes.size(), " gradient byte counts for ",
                 schedule.stages_count, " stages; give one per stage or none.");
+  PIPEMAT_CHECK(problem.backward_bytes.empty() ||
+                    problem.backward_bytes.size() == static_cast<size_t>(schedule.stages_count),
+                ConfigError, "plan: ", problem.backward_bytes.size(), " backward byte counts for ",
+                schedule.stages_count, " stages; give one per stage or none.");
   PIPEMAT_CHECK(problem.stage_of_layer.size() == problem.layers.size(), ConfigError,
                 "plan: ", problem.stage_of_layer.size(), " stage numbers for ",
                 problem.layers.size(), " layers; give the stage of every layer.");
@@ -271,7 +276,8 @@ Prediction evaluate(const PlanProblem& problem, const std::vector<int>& choice) 
   prediction.step = schedule::simulate(schedule, costs).makespan;
   for (int r = 0; r < schedule.ranks_count; ++r) {
     const double peak =
-        problem.fixed_bytes[r] + detail::peak_forms(schedule, r, problem.gradient_bytes).peak(sums);
+        problem.fixed_bytes[r] +
+        detail::peak_forms(schedule, r, problem.gradient_bytes, problem.backward_bytes).peak(sums);
     prediction.ranks.push_back({r, peak, problem.budget_bytes[r]});
   }
   return prediction;

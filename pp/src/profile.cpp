@@ -278,10 +278,12 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
     std::vector<at::Tensor> params;
     if (stage.module) params = stage.module->parameters();
     SplitBackward split(roots, leaves, params);
+    const int64_t before_backward = remat::begin_peak_window();
     t0 = Clock::now();
     split.run_input(dy);
     split.run_weight();
     backward.push_back(ms_since(t0));
+    out.backward_peak_bytes = static_cast<double>(remat::window_peak_bytes() - before_backward);
   }
   out.forward = median(forward);
   out.backward = median(backward);

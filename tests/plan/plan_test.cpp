@@ -94,6 +94,26 @@ TEST(PlanPeak, GradientsCountFromTheStagesFirstBackward) {
   }
 }
 
+TEST(PlanPeak, BackwardTemporariesCountWhileTheBackwardRuns) {
+  // 1F1B as above with backward temporaries 5 on stage 0 and 9 on stage 1: rank 0 peaks at B0
+  // (two residents, one replay, 5), rank 1 at B0 too (one resident, one replay, 9): at F and R
+  // the temporaries are gone.
+  PlanProblem p =
+      problem_of(ScheduleKind::kOneFOneB, 2, 4, 1, {candidate("full", 10, 3, 1, 1, 1, 1)}, 1000);
+  p.backward_bytes = {5, 9};
+  const Prediction got = evaluate(p, {0, 0});
+  EXPECT_DOUBLE_EQ(got.ranks[0].peak_bytes, 100 + 2 * 10 + 3 + 5);
+  EXPECT_DOUBLE_EQ(got.ranks[1].peak_bytes, 100 + 10 + 3 + 9);
+  p.backward_bytes = {1, 2, 3};
+  try {
+    evaluate(p, {0, 0});
+    ADD_FAILURE() << "three backward counts for two stages were taken";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "plan: 3 backward byte counts for 2 stages; give one per stage or none.");
+  }
+}
+
 TEST(PlanPeak, SplitBackwardFreesTheReplayAtIAndTheResidentAtW) {
   // ZB-H1 on 2 ranks, 4 micro-batches (`pipemat schedule --kind zb-h1 --stages 2
   // --micro-batches 4 --recompute pretrigger`):

@@ -15,9 +15,10 @@
 // stage's layers, all profiled from one layer of the kind (the zoo's and the gpt's layers are
 // identical). Fixed bytes of a rank: its stages' parameters x (1 + optimizer states: sgd with
 // momentum 1, adamw 2) x 4 bytes; gradient bytes of a stage: its parameters x 4 bytes, from its
-// first backward on (Note [Plan memory]). Times are milliseconds on this machine with the
-// config's threads; messages are free (the local transport). Every candidate of a layer gets the
-// forward, I and W times of `none` (a checkpointed layer runs the same math; what remat adds is
+// first backward on; backward bytes of a stage: the peak its whole-stage backward reaches above
+// its start, less those gradients (Note [Plan memory]). Times are milliseconds on this machine with
+// the config's threads; messages are free (the local transport). Every candidate of a layer gets
+// the forward, I and W times of `none` (a checkpointed layer runs the same math; what remat adds is
 // the replay, R): timer noise between candidates would otherwise decide the plan.
 
 #include <cstdint>

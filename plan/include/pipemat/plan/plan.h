@@ -20,7 +20,8 @@
 // is its fixed bytes (weights, optimizer state) plus the maximum, over its compute actions in
 // schedule order, of the bytes alive right after the action starts: F(s, i) adds resident(s);
 // R(s, i) adds replayed(s); B(s, i) frees both at its end; I frees replayed(s) and W frees
-// resident(s); the first B / W of stage s adds its gradient bytes for the rest of the step. So
+// resident(s); the first B / W of stage s adds its gradient bytes for the rest of the step, and
+// each B / I / W its stage's backward temporaries while it runs. So
 // under 1F1B rank r holds p - r micro-batches' resident bytes and one replay; ZB-H2 and ZB-V hold
 // more or other mixes, read off their own action lists.
 
@@ -56,6 +57,9 @@ struct PlanProblem {
   // Per model stage: its parameters' gradients, alive from the stage's first B / W of the step
   // on (empty: none counted).
   std::vector<double> gradient_bytes;
+  // Per model stage: what one backward (B, I or W) allocates at its peak above the bytes alive
+  // when it starts, beyond the stage's gradients (its temporaries); empty: none counted.
+  std::vector<double> backward_bytes;
   std::vector<double> budget_bytes;  // per rank
   double message_cost = 0.0;         // one stage-boundary message, in the time unit
 };

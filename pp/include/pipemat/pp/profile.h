@@ -66,9 +66,12 @@ remat::RematPolicy stage_policy_of(const std::vector<const LayerCandidates*>& la
 struct StageProfile {
   double input_bytes = 0;     // the stage's inputs, held from F until the backward
   double resident_bytes = 0;  // alive after F (and the loss on the last stage), inputs excluded
-  double forward = 0;         // ms, the loss included on the last stage
-  double backward = 0;        // ms, a fused backward
-  Tensors outputs;            // detached: the next stage's inputs
+  // What the backward allocates above the bytes alive when it starts (gradients of the
+  // parameters and of the activations, its temporaries), at its peak.
+  double backward_peak_bytes = 0;
+  double forward = 0;   // ms, the loss included on the last stage
+  double backward = 0;  // ms, a fused backward
+  Tensors outputs;      // detached: the next stage's inputs
 };
 
 // Runs `stage` (its remat policy as built: give one without) on `inputs` as the pipeline does:
