@@ -60,22 +60,10 @@ std::string read_pattern(const ConfigReader& r, const YAML::Node& node, const st
 
 // remat.checkpoint.
 Codec pattern_list() {
-  return {"list of strings",
-          [](ConfigReader& r, const YAML::Node& v, const std::string& key, TrainConfig& c) {
-            std::vector<std::string>& patterns = c.remat.custom.checkpoint;
-            patterns.clear();
-            r.for_each_item(v, key, "a list of module path patterns, e.g. [\"layers.*\"]",
-                            [&](size_t, const std::string& item_key, const YAML::Node& item) {
-                              patterns.push_back(read_pattern(r, item, item_key));
-                            });
-          },
-          [](YAML::Emitter& out, const TrainConfig& c) {
-            out << YAML::Flow << YAML::BeginSeq;
-            for (const std::string& pattern : c.remat.custom.checkpoint) {
-              out << YAML::DoubleQuoted << pattern;
-            }
-            out << YAML::EndSeq;
-          }};
+  return list_of(
+      "list of strings", PIPEMAT_MEMBER(remat.custom.checkpoint),
+      "a list of module path patterns, e.g. [\"layers.*\"]", read_pattern,
+      [](YAML::Emitter& out, const std::string& pattern) { out << YAML::DoubleQuoted << pattern; });
 }
 
 remat::ExcludeRule read_exclude_rule(ConfigReader& r, const YAML::Node& node,
