@@ -1,7 +1,11 @@
 #pragma once
-// Shared wording of the comm error messages, so every backend says the same thing.
+// What the backends share (private): the wording of the comm error messages, so every backend
+// says the same thing, and the span-carrying Work each backend builds from a Transport::Request.
 
+#include <chrono>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipemat/comm/transport.h"
@@ -29,5 +33,18 @@ class SpanWork : public Work {
   std::vector<ConstSpan> send_spans;
   std::vector<MutableSpan> recv_spans;
 };
+
+// What every backend's post_send / post_recv does first: BackendWork(request.info, timeout,
+// args...) holding request.keep_alive and owning the request's spans (a send's or a receive's;
+// the other list is empty). `Request` is Transport::Request.
+template <typename BackendWork, typename Request, typename... Args>
+std::shared_ptr<BackendWork> make_span_work(Request request, std::chrono::milliseconds timeout,
+                                            Args&&... args) {
+  auto work = std::make_shared<BackendWork>(request.info, timeout, std::forward<Args>(args)...);
+  work->hold(std::move(request.keep_alive));
+  work->send_spans = std::move(request.send_spans);
+  work->recv_spans = std::move(request.recv_spans);
+  return work;
+}
 
 }  // namespace pipemat::comm::detail

@@ -142,24 +142,38 @@ Codec choice(Get get, std::vector<Enum> values) {
           [get](YAML::Emitter& out, const TrainConfig& c) { out << to_string(get(c)); }};
 }
 
-// A list of integers >= item_min; the list given replaces the default one.
-template <typename Get>
-Codec integer_list(Get get, std::string expected, int64_t item_min) {
-  return {"list of integers",
-          [get, expected, item_min](ConfigReader& r, const YAML::Node& v, const std::string& key,
-                                    TrainConfig& c) {
+// A list of `type` ("list of integers", ...); the list given replaces the default one. Each item
+// is read by `read_item(reader, item, item_key)` (`expected` says what the list should be when
+// it is not one) and written by `write_item(out, item)` into a flow sequence.
+template <typename Get, typename ReadItem, typename WriteItem>
+Codec list_of(std::string type, Get get, std::string expected, ReadItem read_item,
+              WriteItem write_item) {
+  return {std::move(type),
+          [get, expected, read_item](ConfigReader& r, const YAML::Node& v, const std::string& key,
+                                     TrainConfig& c) {
             auto& list = get(c);
             list.clear();
             r.for_each_item(v, key, expected,
                             [&](size_t, const std::string& item_key, const YAML::Node& item) {
-                              list.push_back(r.read_int(item, item_key, item_min));
+                              list.push_back(read_item(r, item, item_key));
                             });
           },
-          [get](YAML::Emitter& out, const TrainConfig& c) {
+          [get, write_item](YAML::Emitter& out, const TrainConfig& c) {
             out << YAML::Flow << YAML::BeginSeq;
-            for (int64_t value : get(c)) out << value;
+            for (const auto& value : get(c)) write_item(out, value);
             out << YAML::EndSeq;
           }};
+}
+
+// A list of integers >= item_min.
+template <typename Get>
+Codec integer_list(Get get, std::string expected, int64_t item_min) {
+  return list_of(
+      "list of integers", get, std::move(expected),
+      [item_min](ConfigReader& r, const YAML::Node& item, const std::string& item_key) {
+        return r.read_int(item, item_key, item_min);
+      },
+      [](YAML::Emitter& out, int64_t value) { out << value; });
 }
 
 }  // namespace pipemat::models::config_detail

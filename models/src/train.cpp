@@ -1,26 +1,20 @@
+// The pipeline's training drivers: one rank on this process's transport (train_on), all ranks
+// as threads here (train_in_process), and `pipemat train` (run_train), which picks between them
+// and the reference (train_reference.cpp). What they print and write: train_report.h.
+
 #include "pipemat/models/train.h"
 
-#include <torch/nn/utils/clip_grad.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
-
-#include <chrono>
-#include <cmath>
-#include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <system_error>
 #include <thread>
 
 #include "pipemat/core/error.h"
-#include "pipemat/core/format.h"
 #include "pipemat/models/config.h"
 #include "pipemat/models/generate.h"
 #include "pipemat/models/loss_curve.h"
@@ -28,173 +22,11 @@
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/remat/memory.h"
-#include "pipemat/remat/rng.h"
-#include "pipemat/schedule/render.h"
-#include "pipemat/schedule/simulate.h"
 #include "pipemat/schedule/torch_csv.h"
+#include "train_optimizer.h"
+#include "train_report.h"
 
 namespace pipemat::models {
-namespace {
-
-// Elapsed time and steps of this process's run, for tokens/s and the ETA.
-struct Pace {
-  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-  int64_t first_step = 0;  // the step this process started at (resume: not 0)
-  int64_t tokens_per_step = 0;
-};
-
-void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& m, bool pipeline,
-                    const Pace& pace) {
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - pace.start).count();
-  const auto done = static_cast<double>(m.step + 1 - pace.first_step);
-  const double eta = elapsed / done * static_cast<double>(c.training.steps - m.step - 1);
-  const double tokens_per_s =
-      m.step_ms > 0 ? static_cast<double>(pace.tokens_per_step) * 1000.0 / m.step_ms : 0.0;
-  const int percent = static_cast<int>(100 * (m.step + 1) / c.training.steps);
-  char line[400];
-  int n =
-      std::snprintf(line, sizeof(line), "step %lld/%lld  loss %.6f  %s tok/s  %.1f ms",
-                    static_cast<long long>(m.step + 1), static_cast<long long>(c.training.steps),
-                    m.loss, format_count(tokens_per_s).c_str(), m.step_ms);
-  if (pipeline) {
-    n += std::snprintf(line + n, sizeof(line) - n, "  bubble %.3f (simulated %.3f)", m.bubble,
-                       m.simulated_bubble);
-  }
-  n += std::snprintf(line + n, sizeof(line) - n, "  peak %s  %3d%%  ETA %s",
-                     format_bytes(m.peak_bytes).c_str(), percent, format_duration(eta).c_str());
-  if (pipeline) {
-    std::snprintf(
-        line + n, sizeof(line) - n,
-        "  remat: units %lld replays %lld early-stops %lld save %lld skipped %lld",
-        static_cast<long long>(m.remat.unit_calls), static_cast<long long>(m.remat.replays),
-        static_cast<long long>(m.remat.early_stops), static_cast<long long>(m.remat.save_calls),
-        static_cast<long long>(m.remat.save_skips));
-  } else {
-    std::snprintf(line + n, sizeof(line) - n, "  (reference)");
-  }
-  out << line << "\n" << std::flush;
-}
-
-void print_validation(std::ostream& out, int64_t step, double loss) {
-  char line[160];
-  std::snprintf(line, sizeof(line), "validation after step %lld: loss %.4f nats/byte (%.3f bits)\n",
-                static_cast<long long>(step + 1), loss, loss / std::log(2.0));
-  out << line << std::flush;
-}
-
-// The first progress line: which BLAS runs the GEMMs and with how many threads.
-void print_compute(std::ostream& out, int ranks) {
-  const pp::ComputeInfo info = pp::compute_info();
-  out << "compute: " << ranks << (ranks == 1 ? " rank" : " ranks") << ", " << info.threads
-      << (info.threads == 1 ? " thread" : " threads") << " per rank (training.threads), BLAS "
-      << info.blas << (info.freed_memory_retained ? "; freed memory kept for reuse" : "") << "\n";
-  if (info.reference_blas) {
-    out << "warning: this is Debian's reference BLAS, about 10x slower than OpenBLAS for the "
-           "GEMMs of training; install libopenblas0-pthread (scripts/install-deps.sh does)\n";
-  }
-  out << std::flush;
-}
-
-class MetricsFile {
- public:
-  // `append`: a resumed run adds its steps to the lines of the run it continues.
-  explicit MetricsFile(const std::string& path, bool append = false) {
-    if (path.empty()) return;
-    file_.open(path, append ? std::ios::app : std::ios::trunc);
-    PIPEMAT_CHECK(file_.good(), ConfigError, "output.metrics: cannot write '", path, "'");
-  }
-  void write(const StepMetrics& m, std::optional<double> validation = std::nullopt) {
-    if (file_.is_open()) file_ << metrics_json(m, validation) << "\n" << std::flush;
-  }
-
- private:
-  std::ofstream file_;
-};
-
-// "run.svg" -> "run.predicted.svg".
-std::string predicted_svg_path(const std::string& path) {
-  const auto dot = path.rfind('.');
-  const auto slash = path.rfind('/');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) {
-    return path + ".predicted.svg";
-  }
-  return path.substr(0, dot) + ".predicted" + path.substr(dot);
-}
-
-// The measured timeline of a step next to the simulator's prediction with the measured costs.
-void write_timeline_svg(const TrainConfig& config, const schedule::Schedule& plan,
-                        const StepMetrics& m) {
-  schedule::RenderOptions measured_options;
-  measured_options.costs_label = "measured (ms)";
-  const std::string measured = schedule::render_svg(plan, m.measured, measured_options);
-  std::ofstream file(config.output.timeline_svg);
-  PIPEMAT_CHECK(file.good(), ConfigError, "output.timeline_svg: cannot write '",
-                config.output.timeline_svg, "'");
-  file << measured;
-  // Next to it: the simulator's prediction for the same schedule with the measured costs.
-  schedule::RenderOptions predicted_options;
-  predicted_options.costs_label = "simulated with the measured mean costs (ms)";
-  const std::string path = predicted_svg_path(config.output.timeline_svg);
-  std::ofstream predicted(path);
-  PIPEMAT_CHECK(predicted.good(), ConfigError, "output.timeline_svg: cannot write '", path, "'");
-  predicted << schedule::render_svg(plan, schedule::simulate(plan, m.measured_costs),
-                                    predicted_options);
-}
-
-}  // namespace
-
-std::string metrics_json(const StepMetrics& m, std::optional<double> validation_loss) {
-  nlohmann::ordered_json j;
-  j["step"] = m.step;
-  j["loss"] = m.loss;
-  if (validation_loss) j["val_loss"] = *validation_loss;
-  j["step_ms"] = m.step_ms;
-  j["bubble"] = m.bubble;
-  j["schedule_bubble"] = m.measured.bubble_ratio;
-  j["simulated_bubble"] = m.simulated_bubble;
-  j["simulated_bubble_comm"] = m.simulated_bubble_comm;
-  j["message_delay_ms"] = m.message_delay_ms;
-  j["recv_wait_ms"] = m.recv_wait_ms;
-  j["peak_bytes"] = m.peak_bytes;
-  j["max_rank_peak_bytes"] = m.max_rank_peak_bytes;
-  j["replays"] = m.remat.replays;
-  j["early_stops"] = m.remat.early_stops;
-  j["save_calls"] = m.remat.save_calls;
-  j["save_skips"] = m.remat.save_skips;
-  // The measured mean time of each action type (ms), the simulator's costs: what `bench
-  // pipeline` turns into per-layer costs for `pipemat project`.
-  const schedule::CostModel& c = m.measured_costs;
-  j["costs"] = {{"F", c.forward},
-                {"B", c.backward_cost()},
-                {"I", c.backward_input},
-                {"W", c.backward_weight},
-                {"R", c.recompute.value_or(0.0)}};
-  return j.dump();
-}
-
-namespace {
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainingOptions& t,
-                                                        const std::vector<at::Tensor>& params) {
-  switch (t.optimizer) {
-    case OptimizerKind::kSgd:
-      return std::make_unique<torch::optim::SGD>(
-          params, torch::optim::SGDOptions(t.lr).momentum(t.momentum).weight_decay(t.weight_decay));
-    case OptimizerKind::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(
-          params, torch::optim::AdamWOptions(t.lr).weight_decay(t.weight_decay));
-  }
-  PIPEMAT_INTERNAL_ASSERT(false, "training.optimizer ", static_cast<int>(t.optimizer),
-                          " is not a value of OptimizerKind");
-}
-
-double since_ms(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
-
 namespace {
 
 // Keeps `m` whole as the last step and its summary (no timelines; of `measured` only the
@@ -209,10 +41,6 @@ void keep_step(TrainResult& result, StepMetrics m) {
   if (result.steps.size() == kKeptSteps) result.steps.erase(result.steps.begin());
   result.steps.push_back(std::move(m));
 }
-
-}  // namespace
-
-namespace {
 
 // Builds the generated schedule of `config` to check its constraints before anything runs.
 // The schedule module names its options by their `pipemat schedule` flags; a config names keys.
@@ -256,34 +84,6 @@ ResolvedSchedule resolve_schedule(const TrainConfig& config) {
   out.note = std::move(imported.note);
   return out;
 }
-
-namespace {
-
-pp::LrSchedule lr_schedule_of(const TrainingOptions& training) {
-  if (training.warmup == 0 && training.lr_decay == LrDecay::kNone) return nullptr;
-  return [training](torch::optim::Optimizer& optimizer, int64_t step) {
-    const double lr = lr_at(training, step);
-    for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
-  };
-}
-
-// Creates the parent directory of an output file.
-void make_parent(const std::string& path) {
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  if (parent.empty()) return;
-  std::error_code ec;
-  std::filesystem::create_directories(parent, ec);
-}
-
-void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train,
-                    const std::vector<LossPoint>& validation, const std::string& title) {
-  make_parent(path);
-  std::ofstream file(path);
-  PIPEMAT_CHECK(file.good(), ConfigError, "output.loss_svg: cannot write '", path, "'");
-  file << render_loss_svg(train, validation, title);
-}
-
-}  // namespace
 
 TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::ostream* progress,
                      const AfterStep& after_step) {
@@ -390,85 +190,6 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   return result;
 }
 
-std::vector<StepMetrics> run_reference(const TrainConfig& given,
-                                       std::vector<std::pair<std::string, at::Tensor>>* params,
-                                       std::vector<std::pair<int64_t, double>>* validation) {
-  const TrainConfig config = resolve_schedule(given).config;
-  // The same stages as the pipeline, chained in one process: no transport, no remat.
-  pp::PipelineOptions shape;
-  shape.schedule = config.schedule;
-  const int stages = pp::stage_count(shape);
-  const ModelRun run = make_model_run(config, stages);
-  std::vector<pp::PipelineStage> chain;
-  std::vector<at::Tensor> all;
-  for (int s = 0; s < stages; ++s) {
-    chain.push_back(run.stage(s));
-    for (const auto& p : chain.back().module->parameters()) all.push_back(p);
-  }
-  auto optimizer = make_optimizer(config.training, all);
-  const pp::LrSchedule lr_schedule = lr_schedule_of(config.training);
-  const uint64_t seed = config.training.seed;
-  // Stage s of micro-batch i draws from forward_seed(seed, step, i, s) when the model is
-  // random, as the pipeline's ranks do (Note [Random streams of a step]).
-  auto forward = [&](pp::Tensors x, int64_t step, int64_t i) {
-    for (int s = 0; s < stages; ++s) {
-      std::optional<remat::ThreadGeneratorScope> rng;
-      if (run.random) rng.emplace(pp::forward_seed(seed, step, i, s));
-      x = chain[s].forward(x);
-    }
-    return x;
-  };
-  std::vector<StepMetrics> out;
-  const int64_t M = config.schedule.micro_batches;
-  const int64_t eval_every = run.eval_data ? config.training.eval_every : 0;
-  for (int64_t step = 0; step < config.training.steps; ++step) {
-    StepMetrics m;
-    m.step = step;
-    for (auto& p : all) p.mutable_grad().reset();
-    remat::reset_peak_bytes();
-    const int64_t bytes0 = remat::memory_stats().current_bytes;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < M; ++i) {
-      const pp::MicroBatch b = run.train_data(step, i);
-      auto loss = run.loss(forward(b.inputs, step, i), b.targets) / static_cast<double>(M);
-      m.loss += loss.item<double>();
-      loss.backward();
-    }
-    if (config.training.clip_grad_norm > 0) {
-      m.grad_norm = torch::nn::utils::clip_grad_norm_(all, config.training.clip_grad_norm);
-    }
-    if (lr_schedule) lr_schedule(*optimizer, step);
-    optimizer->step();
-    m.step_ms = since_ms(t0);
-    m.busy_ms = m.step_ms;
-    m.peak_bytes = remat::memory_stats().peak_bytes - bytes0;
-    out.push_back(std::move(m));
-    if (eval_every > 0 && ((step + 1) % eval_every == 0 || step + 1 == config.training.steps) &&
-        validation) {
-      for (auto& c : chain) c.module->eval();
-      c10::AutoGradMode no_grad(false);
-      const int64_t E = config.training.eval_batches;
-      double loss = 0;
-      for (int64_t i = 0; i < E; ++i) {
-        const pp::MicroBatch b = run.eval_data(step, i);
-        loss += (run.loss(forward(b.inputs, step, i), b.targets) / static_cast<double>(E))
-                    .item<double>();
-      }
-      for (auto& c : chain) c.module->train();
-      validation->push_back({step, loss});
-    }
-  }
-  if (params) {
-    params->clear();
-    for (int s = 0; s < stages; ++s) {
-      for (const auto& item : chain[s].module->named_parameters()) {
-        params->emplace_back(run.global_name(s, item.key()), item.value());
-      }
-    }
-  }
-  return out;
-}
-
 TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
                              const AfterStep& after_step) {
   const ResolvedSchedule resolved = resolve_schedule(config);
@@ -528,31 +249,6 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
     merged.params.insert(merged.params.end(), r.params.begin(), r.params.end());
   }
   return merged;
-}
-
-TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {
-  remat::install_tracking_allocator();
-  if (progress && config.output.progress) print_compute(*progress, 1);
-  TrainResult result;
-  result.last_stage_rank = true;
-  result.steps = run_reference(config, &result.params, &result.validation);
-  MetricsFile metrics(config.output.metrics);
-  Pace pace;
-  pace.tokens_per_step = tokens_per_micro_batch(config.model) * config.schedule.micro_batches;
-  size_t next_validation = 0;
-  for (const auto& m : result.steps) {
-    std::optional<double> validation;
-    if (next_validation < result.validation.size() &&
-        result.validation[next_validation].first == m.step) {
-      validation = result.validation[next_validation++].second;
-    }
-    metrics.write(m, validation);
-    if (progress && config.output.progress) {
-      print_progress(*progress, config, m, false, pace);
-      if (validation) print_validation(*progress, m.step, *validation);
-    }
-  }
-  return result;
 }
 
 int run_train(const TrainConfig& config, bool reference, std::ostream& out) {

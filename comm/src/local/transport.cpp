@@ -260,17 +260,13 @@ class LocalTransport final : public Transport {
 
  protected:
   WorkPtr post_send(Request request) override {
-    auto work = std::make_shared<LocalWork>(request.info, timeout(), hub_);
-    work->hold(std::move(request.keep_alive));
-    work->send_spans = std::move(request.send_spans);
+    auto work = make_span_work<LocalWork>(std::move(request), timeout(), hub_);
     hub_->post_send(work);
     return work;
   }
 
   WorkPtr post_recv(Request request) override {
-    auto work = std::make_shared<LocalWork>(request.info, timeout(), hub_);
-    work->hold(std::move(request.keep_alive));
-    work->recv_spans = std::move(request.recv_spans);
+    auto work = make_span_work<LocalWork>(std::move(request), timeout(), hub_);
     hub_->post_recv(work);
     return work;
   }

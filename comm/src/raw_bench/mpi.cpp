@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "mpi/transport.h"
+#include "mpi/environment.h"
 #include "raw_bench/baselines.h"
 
 namespace pipemat::comm::detail {

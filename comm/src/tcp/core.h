@@ -9,15 +9,20 @@
 // into a Buffer (unexpected message, any-size receive or size mismatch). All peer state is touched
 // only on the I/O thread; handlers carry error codes as values and the Work turns them into
 // exceptions at wait() (Note [Work contract]).
+//
+// TcpCore's members live in three files: tcp/core.cpp (the I/O thread, aborts, failing and
+// shutting down peers), tcp/core_send.cpp (the send path) and tcp/core_recv.cpp (the read loop).
 
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -75,6 +80,10 @@ struct Peer {
   std::shared_ptr<TcpWork> reading;  // the receive the payload in flight belongs to, if any
   Buffer reading_buffer;             // where the payload goes unless straight into `reading`
 };
+
+// The error of a receive from `peer` whose connection failed with `what`: the peer failure
+// message, or "<info> failed: <what>" when this side refused what the peer sent.
+std::string recv_failure_message(const Peer& peer, const WorkInfo& info, const std::string& what);
 
 class TcpCore : public std::enable_shared_from_this<TcpCore> {
  public:
@@ -151,5 +160,22 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
   bool running_ = false;
   bool all_closed_ = false;
 };
+
+// Defined here: handlers of the send path and of the read loop both run under it.
+template <typename Doing, typename Fn>
+void TcpCore::guard_peer(Peer& peer, Doing&& doing, Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::bad_alloc&) {
+    refuse_peer(peer,
+                concat("rank ", rank_, " ran out of memory ", doing(), " (std::bad_alloc); rank ",
+                       rank_, " closed the connection to rank ", peer.rank,
+                       ". Lower TransportOptions::max_message_bytes (now ", max_message_bytes_,
+                       " bytes) to refuse such messages up front, or send smaller ones"));
+  } catch (const std::exception& e) {
+    refuse_peer(peer, concat("rank ", rank_, " failed ", doing(), " (", e.what(), "); rank ", rank_,
+                             " closed the connection to rank ", peer.rank));
+  }
+}
 
 }  // namespace pipemat::comm::detail::tcp

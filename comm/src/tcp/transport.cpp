@@ -40,17 +40,13 @@ class TcpTransport final : public Transport {
 
  protected:
   WorkPtr post_send(Request request) override {
-    auto work = std::make_shared<TcpWork>(request.info, timeout(), core_);
-    work->hold(std::move(request.keep_alive));
-    work->send_spans = std::move(request.send_spans);
+    auto work = make_span_work<TcpWork>(std::move(request), timeout(), core_);
     core_->post_send(work);
     return work;
   }
 
   WorkPtr post_recv(Request request) override {
-    auto work = std::make_shared<TcpWork>(request.info, timeout(), core_);
-    work->hold(std::move(request.keep_alive));
-    work->recv_spans = std::move(request.recv_spans);
+    auto work = make_span_work<TcpWork>(std::move(request), timeout(), core_);
     core_->post_recv(work);
     return work;
   }

@@ -16,7 +16,10 @@
 //   generate.h        sampling from a gpt checkpoint
 //   demo.h, bench_remat.h, bench_soak.h, bench_pipeline.h   the demo and the benchmarks; they
 //                     return their numbers and the commands print them
-//   private: src/scenario.h/.cpp, the remat scenarios shared by bench remat and bench soak
+//   private: src/scenario.h/.cpp, the remat scenarios shared by bench remat and bench soak;
+//            src/train_report.h/.cpp, a run's progress lines and output files (metrics_json);
+//            src/train_optimizer.h/.cpp, its optimizer and lr schedule;
+//            src/train_reference.cpp, the reference drivers (run_reference, train_reference)
 
 #include <ATen/core/Tensor.h>
 

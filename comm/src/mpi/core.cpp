@@ -1,0 +1,330 @@
+// The mpi backend's request engine (mpi/core.h): posting, matching with MPI_Improbe, progress
+// (also on the progress thread), abort and shutdown.
+
+#include "mpi/core.h"
+
+#include <algorithm>
+#include <climits>
+#include <exception>
+#include <iterator>
+
+#include "mpi/environment.h"
+#include "pipemat/core/error.h"
+
+namespace pipemat::comm::detail::mpi {
+namespace {
+
+Status mpi_failure(const char* call, int code, const WorkInfo& info) {
+  return Status{StatusCode::kCommError,
+                concat(call, " failed on rank ", info.rank, " during ", info.describe(), ": ",
+                       mpi_error_string(code), " (MPI error code ", code, ")")};
+}
+
+// Builds the (buffer, count, datatype) triple for a list of spans: plain bytes for one span,
+// an hindexed type over absolute addresses (MPI_BOTTOM) for several. Returns MPI_SUCCESS or a
+// code; `type` must be freed with MPI_Type_free when it is not MPI_BYTE.
+template <typename Span>
+int describe_spans(const std::vector<Span>& spans, void*& base, int& count, MPI_Datatype& type) {
+  std::vector<const Span*> used;
+  for (const auto& s : spans) {
+    if (s.size) used.push_back(&s);
+  }
+  type = MPI_BYTE;
+  if (used.size() <= 1) {
+    base = used.empty() ? nullptr : const_cast<void*>(static_cast<const void*>(used[0]->data));
+    count = used.empty() ? 0 : static_cast<int>(used[0]->size);
+    return MPI_SUCCESS;
+  }
+  std::vector<int> lengths;
+  std::vector<MPI_Aint> displacements;
+  for (const Span* s : used) {
+    MPI_Aint address = 0;
+    MPI_Get_address(s->data, &address);
+    lengths.push_back(static_cast<int>(s->size));
+    displacements.push_back(address);
+  }
+  int rc = MPI_Type_create_hindexed(static_cast<int>(used.size()), lengths.data(),
+                                    displacements.data(), MPI_BYTE, &type);
+  if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&type);
+  base = MPI_BOTTOM;
+  count = 1;
+  return rc;
+}
+
+}  // namespace
+
+void MpiCore::post_send(const std::shared_ptr<MpiWork>& work) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const WorkInfo& info = work->info();
+  if (!check_usable(work)) return;
+  void* base = nullptr;
+  int count = 0;
+  MPI_Datatype type = MPI_BYTE;
+  int rc = describe_spans(work->send_spans, base, count, type);
+  if (rc == MPI_SUCCESS) {
+    rc = MPI_Isend(base, count, type, info.peer, info.tag, comm, &work->request);
+  }
+  if (type != MPI_BYTE) MPI_Type_free(&type);
+  if (rc != MPI_SUCCESS) {
+    work->finish(mpi_failure("MPI_Isend", rc, info));
+    return;
+  }
+  active_.push_back(work);
+  pending_.notify_one();
+}
+
+void MpiCore::post_recv(const std::shared_ptr<MpiWork>& work) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!check_usable(work)) return;
+  const WorkInfo& info = work->info();
+  unmatched_[{info.peer, info.tag}].push_back(work);
+  progress_locked();
+  pending_.notify_one();
+}
+
+MpiCore::~MpiCore() { stop_progress_thread(); }
+
+void MpiCore::start_progress_thread(std::chrono::microseconds interval) {
+  if (interval.count() <= 0) return;
+  has_progress_thread_ = true;
+  progress_thread_ = std::thread([this, interval] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_) {
+      if (unmatched_.empty() && active_.empty()) {
+        pending_.wait(lock, [&] { return stopping_ || !unmatched_.empty() || !active_.empty(); });
+        continue;
+      }
+      progress_locked();
+      lock.unlock();
+      std::this_thread::sleep_for(interval);
+      lock.lock();
+    }
+  });
+}
+
+void MpiCore::stop_progress_thread() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  pending_.notify_all();
+  if (progress_thread_.joinable()) progress_thread_.join();
+  has_progress_thread_ = false;
+}
+
+void MpiCore::progress() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  progress_locked();
+}
+
+void MpiCore::abort(MpiWork* work, const Status& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const WorkInfo& info = work->info();
+  if (info.op == OpKind::kRecv) {
+    auto it = unmatched_.find({info.peer, info.tag});
+    if (it != unmatched_.end()) {
+      auto& queue = it->second;
+      for (auto i = queue.begin(); i != queue.end(); ++i) {
+        if (i->get() == work) {
+          queue.erase(i);
+          work->finish(reason);
+          return;
+        }
+      }
+    }
+  }
+  auto it =
+      std::find_if(active_.begin(), active_.end(), [&](const auto& w) { return w.get() == work; });
+  if (it == active_.end()) {
+    work->finish(reason);
+    return;
+  }
+  std::shared_ptr<MpiWork> owned = *it;
+  active_.erase(it);
+  if (info.op == OpKind::kRecv && comm != MPI_COMM_NULL) MPI_Cancel(&owned->request);
+  // MPI cannot withdraw a send (nor a matched receive): keep the request and the Work (with
+  // its hold() objects) until MPI releases it (Note [Work contract]).
+  int flag = 0;
+  MPI_Status status;
+  MPI_Test(&owned->request, &flag, &status);
+  if (!flag) orphans_.push_back(owned);
+  work->finish(reason);
+}
+
+void MpiCore::shutdown(std::chrono::milliseconds linger) noexcept {
+  stop_progress_thread();
+  const auto deadline = Clock::now() + linger;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      progress_locked();
+      bool sends_left = std::any_of(active_.begin(), active_.end(),
+                                    [](const auto& w) { return w->info().op == OpKind::kSend; });
+      if (!sends_left || Clock::now() >= deadline) break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [key, queue] : unmatched_) {
+    for (auto& work : queue) {
+      work->finish(Status{StatusCode::kAborted, shutdown_message(work->info())});
+    }
+  }
+  unmatched_.clear();
+  // A request MPI has not released may still read or write its buffers (a send, or a
+  // receive matched by MPI_Improbe that MPI_Cancel cannot withdraw), so its Work and the
+  // objects it holds are never freed: they move to a list that lives until the process
+  // ends. This only happens when a peer failed or stopped; the memory is bounded by what
+  // was in flight then.
+  bool pending = false;
+  auto retire = [&](std::shared_ptr<MpiWork>& work) {
+    int flag = 0;
+    MPI_Status status;
+    MPI_Test(&work->request, &flag, &status);
+    if (!flag) {
+      pending = true;
+      unreleased().push_back(work);
+    }
+  };
+  for (auto& work : active_) {
+    if (work->info().op == OpKind::kRecv) MPI_Cancel(&work->request);
+    retire(work);
+    work->finish(Status{StatusCode::kAborted, shutdown_message(work->info())});
+  }
+  active_.clear();
+  for (auto& work : orphans_) retire(work);
+  orphans_.clear();
+  // Operations still pending would run on a freed communicator inside the MPI library;
+  // keep it when any request is still active.
+  if (comm != MPI_COMM_NULL && !pending) MPI_Comm_free(&comm);
+  comm = MPI_COMM_NULL;
+}
+
+std::vector<std::shared_ptr<MpiWork>>& MpiCore::unreleased() {
+  static auto* works = new std::vector<std::shared_ptr<MpiWork>>();  // never destroyed
+  return *works;
+}
+
+bool MpiCore::check_usable(const std::shared_ptr<MpiWork>& work) {
+  const WorkInfo& info = work->info();
+  if (comm == MPI_COMM_NULL) {
+    work->finish(Status{StatusCode::kAborted, shutdown_message(info)});
+    return false;
+  }
+  if (info.tag > tag_upper_bound) {
+    work->finish(Status{StatusCode::kCommError,
+                        concat("mpi transport: tag ", info.tag, " of ", info.describe(),
+                               " exceeds MPI_TAG_UB = ", tag_upper_bound,
+                               " of this MPI library; use smaller tags")});
+    return false;
+  }
+  if (info.bytes > static_cast<size_t>(INT_MAX)) {
+    work->finish(Status{StatusCode::kCommError,
+                        concat("mpi transport: ", info.describe(),
+                               " exceeds the 2 GiB limit of one MPI message; split the tensor")});
+    return false;
+  }
+  return true;
+}
+
+void MpiCore::progress_locked() {
+  if (comm == MPI_COMM_NULL) return;
+  for (auto it = unmatched_.begin(); it != unmatched_.end();) {
+    auto& queue = it->second;
+    while (!queue.empty()) {
+      int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      const auto& work = queue.front();
+      int rc = MPI_Improbe(it->first.first, it->first.second, comm, &flag, &message, &status);
+      if (rc != MPI_SUCCESS) {
+        work->finish(mpi_failure("MPI_Improbe", rc, work->info()));
+        queue.pop_front();
+        continue;
+      }
+      if (!flag) break;
+      start_matched_recv(work, message, status);
+      queue.pop_front();
+    }
+    it = queue.empty() ? unmatched_.erase(it) : std::next(it);
+  }
+  for (auto it = active_.begin(); it != active_.end();) {
+    auto& work = *it;
+    int flag = 0;
+    MPI_Status status;
+    int rc = MPI_Test(&work->request, &flag, &status);
+    if (rc != MPI_SUCCESS) {
+      work->finish(mpi_failure("MPI_Test", rc, work->info()));
+      it = active_.erase(it);
+      continue;
+    }
+    if (!flag) {
+      ++it;
+      continue;
+    }
+    complete(work);
+    it = active_.erase(it);
+  }
+  for (auto it = orphans_.begin(); it != orphans_.end();) {
+    int flag = 0;
+    MPI_Status status;
+    MPI_Test(&(*it)->request, &flag, &status);
+    it = flag ? orphans_.erase(it) : std::next(it);
+  }
+}
+
+void MpiCore::start_matched_recv(const std::shared_ptr<MpiWork>& work, MPI_Message& message,
+                                 const MPI_Status& status) {
+  const WorkInfo& info = work->info();
+  int count = 0;
+  MPI_Get_count(&status, MPI_BYTE, &count);
+  work->incoming = static_cast<size_t>(count);
+  int rc = MPI_SUCCESS;
+  if (info.any_size || work->incoming != info.bytes) {
+    work->target = Buffer::allocate(work->incoming);
+    rc = MPI_Imrecv(work->target.data(), count, MPI_BYTE, &message, &work->request);
+  } else {
+    void* base = nullptr;
+    int n = 0;
+    MPI_Datatype type = MPI_BYTE;
+    rc = describe_spans(work->recv_spans, base, n, type);
+    if (rc == MPI_SUCCESS) rc = MPI_Imrecv(base, n, type, &message, &work->request);
+    if (type != MPI_BYTE) MPI_Type_free(&type);
+  }
+  if (rc != MPI_SUCCESS) {
+    work->finish(mpi_failure("MPI_Imrecv", rc, info));
+    return;
+  }
+  active_.push_back(work);
+}
+
+void MpiCore::complete(const std::shared_ptr<MpiWork>& work) {
+  const WorkInfo& info = work->info();
+  if (info.op == OpKind::kSend) {
+    work->finish(Status{});
+    return;
+  }
+  if (work->target.data() != nullptr) {
+    work->set_received(work->incoming, work->target);
+    if (!info.any_size && work->incoming != info.bytes) {
+      work->finish(Status{StatusCode::kSizeMismatch, size_mismatch_message(info, work->incoming)});
+      return;
+    }
+  } else {
+    work->set_received(work->incoming);
+  }
+  work->finish(Status{});
+}
+
+void MpiWork::progress() { core_->progress(); }
+bool MpiWork::progress_thread() const { return core_->has_progress_thread(); }
+
+void MpiWork::abort_impl(const Status& reason) noexcept {
+  try {
+    core_->abort(this, reason);
+  } catch (...) {
+    finish(reason);
+  }
+}
+
+}  // namespace pipemat::comm::detail::mpi

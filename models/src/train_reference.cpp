@@ -1,0 +1,130 @@
+// The oracle (`pipemat train --reference`): the stages of a run chained in one process, with
+// the same progress lines and metrics file as the pipeline's last rank.
+
+#include "pipemat/models/train.h"
+
+#include <torch/nn/utils/clip_grad.h>
+
+#include <chrono>
+#include <optional>
+
+#include "pipemat/models/model_run.h"
+#include "pipemat/remat/memory.h"
+#include "pipemat/remat/rng.h"
+#include "train_optimizer.h"
+#include "train_report.h"
+
+namespace pipemat::models {
+namespace {
+
+double since_ms(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::vector<StepMetrics> run_reference(const TrainConfig& given,
+                                       std::vector<std::pair<std::string, at::Tensor>>* params,
+                                       std::vector<std::pair<int64_t, double>>* validation) {
+  const TrainConfig config = resolve_schedule(given).config;
+  // The same stages as the pipeline, chained in one process: no transport, no remat.
+  pp::PipelineOptions shape;
+  shape.schedule = config.schedule;
+  const int stages = pp::stage_count(shape);
+  const ModelRun run = make_model_run(config, stages);
+  std::vector<pp::PipelineStage> chain;
+  std::vector<at::Tensor> all;
+  for (int s = 0; s < stages; ++s) {
+    chain.push_back(run.stage(s));
+    for (const auto& p : chain.back().module->parameters()) all.push_back(p);
+  }
+  auto optimizer = make_optimizer(config.training, all);
+  const pp::LrSchedule lr_schedule = lr_schedule_of(config.training);
+  const uint64_t seed = config.training.seed;
+  // Stage s of micro-batch i draws from forward_seed(seed, step, i, s) when the model is
+  // random, as the pipeline's ranks do (Note [Random streams of a step]).
+  auto forward = [&](pp::Tensors x, int64_t step, int64_t i) {
+    for (int s = 0; s < stages; ++s) {
+      std::optional<remat::ThreadGeneratorScope> rng;
+      if (run.random) rng.emplace(pp::forward_seed(seed, step, i, s));
+      x = chain[s].forward(x);
+    }
+    return x;
+  };
+  std::vector<StepMetrics> out;
+  const int64_t M = config.schedule.micro_batches;
+  const int64_t eval_every = run.eval_data ? config.training.eval_every : 0;
+  for (int64_t step = 0; step < config.training.steps; ++step) {
+    StepMetrics m;
+    m.step = step;
+    for (auto& p : all) p.mutable_grad().reset();
+    remat::reset_peak_bytes();
+    const int64_t bytes0 = remat::memory_stats().current_bytes;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < M; ++i) {
+      const pp::MicroBatch b = run.train_data(step, i);
+      auto loss = run.loss(forward(b.inputs, step, i), b.targets) / static_cast<double>(M);
+      m.loss += loss.item<double>();
+      loss.backward();
+    }
+    if (config.training.clip_grad_norm > 0) {
+      m.grad_norm = torch::nn::utils::clip_grad_norm_(all, config.training.clip_grad_norm);
+    }
+    if (lr_schedule) lr_schedule(*optimizer, step);
+    optimizer->step();
+    m.step_ms = since_ms(t0);
+    m.busy_ms = m.step_ms;
+    m.peak_bytes = remat::memory_stats().peak_bytes - bytes0;
+    out.push_back(std::move(m));
+    if (eval_every > 0 && ((step + 1) % eval_every == 0 || step + 1 == config.training.steps) &&
+        validation) {
+      for (auto& c : chain) c.module->eval();
+      c10::AutoGradMode no_grad(false);
+      const int64_t E = config.training.eval_batches;
+      double loss = 0;
+      for (int64_t i = 0; i < E; ++i) {
+        const pp::MicroBatch b = run.eval_data(step, i);
+        loss += (run.loss(forward(b.inputs, step, i), b.targets) / static_cast<double>(E))
+                    .item<double>();
+      }
+      for (auto& c : chain) c.module->train();
+      validation->push_back({step, loss});
+    }
+  }
+  if (params) {
+    params->clear();
+    for (int s = 0; s < stages; ++s) {
+      for (const auto& item : chain[s].module->named_parameters()) {
+        params->emplace_back(run.global_name(s, item.key()), item.value());
+      }
+    }
+  }
+  return out;
+}
+
+TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {
+  remat::install_tracking_allocator();
+  if (progress && config.output.progress) print_compute(*progress, 1);
+  TrainResult result;
+  result.last_stage_rank = true;
+  result.steps = run_reference(config, &result.params, &result.validation);
+  MetricsFile metrics(config.output.metrics);
+  Pace pace;
+  pace.tokens_per_step = tokens_per_micro_batch(config.model) * config.schedule.micro_batches;
+  size_t next_validation = 0;
+  for (const auto& m : result.steps) {
+    std::optional<double> validation;
+    if (next_validation < result.validation.size() &&
+        result.validation[next_validation].first == m.step) {
+      validation = result.validation[next_validation++].second;
+    }
+    metrics.write(m, validation);
+    if (progress && config.output.progress) {
+      print_progress(*progress, config, m, false, pace);
+      if (validation) print_validation(*progress, m.step, *validation);
+    }
+  }
+  return result;
+}
+
+}  // namespace pipemat::models

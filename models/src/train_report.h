@@ -1,0 +1,66 @@
+#pragma once
+// What a training run reports (private to models): the progress lines of `pipemat train` and its
+// output files (output.metrics, output.timeline_svg, output.loss_svg). The drivers in train.cpp
+// and train_reference.cpp decide when; this file decides how it reads. metrics_json (one step's
+// JSON line) is public, in pipemat/models/train.h.
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "pipemat/models/loss_curve.h"
+#include "pipemat/models/options.h"
+#include "pipemat/pp/pipeline.h"
+#include "pipemat/schedule/schedule.h"
+
+namespace pipemat::models {
+
+// Elapsed time and steps of this process's run, for tokens/s and the ETA.
+struct Pace {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  int64_t first_step = 0;  // the step this process started at (resume: not 0)
+  int64_t tokens_per_step = 0;
+};
+
+// One progress line of step `m`: loss, tokens/s, step time, peak bytes, percent and ETA; with
+// `pipeline` also the bubbles and the remat counters, without it "(reference)".
+void print_progress(std::ostream& out, const TrainConfig& c, const pp::StepMetrics& m,
+                    bool pipeline, const Pace& pace);
+
+// "validation after step N: loss L nats/byte (B bits)".
+void print_validation(std::ostream& out, int64_t step, double loss);
+
+// The first progress line: which BLAS runs the GEMMs and with how many threads.
+void print_compute(std::ostream& out, int ranks);
+
+// The metrics file: one metrics_json line per step. An empty path writes nothing. ConfigError
+// naming output.metrics when the file cannot be opened.
+class MetricsFile {
+ public:
+  // `append`: a resumed run adds its steps to the lines of the run it continues.
+  explicit MetricsFile(const std::string& path, bool append = false);
+  void write(const pp::StepMetrics& m, std::optional<double> validation = std::nullopt);
+
+ private:
+  std::ofstream file_;
+};
+
+// Creates the parent directory of an output file (errors are left to the open that follows).
+void make_parent(const std::string& path);
+
+// output.timeline_svg: the measured timeline of step `m` of `plan`, and next to it
+// ("run.svg" -> "run.predicted.svg") the simulator's prediction with the measured costs.
+// ConfigError naming output.timeline_svg when a file cannot be written.
+void write_timeline_svg(const TrainConfig& config, const schedule::Schedule& plan,
+                        const pp::StepMetrics& m);
+
+// output.loss_svg: the loss curve (its parent directory created). ConfigError naming
+// output.loss_svg when the file cannot be written.
+void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train,
+                    const std::vector<LossPoint>& validation, const std::string& title);
+
+}  // namespace pipemat::models
