@@ -170,6 +170,7 @@ void add_plan_command(CLI::App& app) {
       out["plan"] = prediction_json(report.result.best);
       out["simulations"] = report.result.simulations;
       const plan::PlanProblem& problem = report.problem;
+      for (double bytes : problem.fixed_bytes) out["fixed_bytes"].push_back(bytes);
       for (size_t l = 0; l < problem.layers.size(); ++l) {
         if (!report.is_layer[l]) continue;
         const auto& c =
