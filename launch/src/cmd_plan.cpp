@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -181,7 +182,9 @@ void add_plan_command(CLI::App& app) {
       }
       for (const models::UniformPrediction& u : report.uniform)
         out["uniform"][u.policy] = prediction_json(u.prediction);
-      for (const plan::Candidate& c : problem.layers.at(1).candidates) {
+      const auto first_layer = std::find(report.is_layer.begin(), report.is_layer.end(), true);
+      const size_t layer = static_cast<size_t>(first_layer - report.is_layer.begin());
+      for (const plan::Candidate& c : problem.layers.at(layer).candidates) {
         out["candidates"].push_back({{"name", c.name},
                                      {"resident_bytes", c.resident_bytes},
                                      {"replayed_bytes", c.replayed_bytes},

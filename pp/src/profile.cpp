@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
@@ -80,15 +81,15 @@ std::vector<std::string> keep_largest(std::vector<std::string> leaves,
                                       size_t keep) {
   if (leaves.size() <= keep) return leaves;
   const torch::nn::Sequential probe = wrap(make_layer());
-  std::vector<std::pair<int64_t, size_t>> order;  // (-parameters, module order)
-  for (size_t i = 0; i < leaves.size(); ++i) {
+  std::map<std::string, int64_t> params_of;  // path below the layer -> parameters
+  for (const auto& item : probe->named_modules("", /*include_self=*/false)) {
+    if (item.key().rfind("0.", 0) != 0) continue;
     int64_t params = 0;
-    for (const auto& item : probe->named_modules("", /*include_self=*/false)) {
-      if (item.key() != "0." + leaves[i]) continue;
-      for (const auto& p : item.value()->parameters()) params += p.numel();
-    }
-    order.emplace_back(-params, i);
+    for (const auto& p : item.value()->parameters()) params += p.numel();
+    params_of[item.key().substr(2)] = params;
   }
+  std::vector<std::pair<int64_t, size_t>> order;  // (-parameters, module order)
+  for (size_t i = 0; i < leaves.size(); ++i) order.emplace_back(-params_of[leaves[i]], i);
   std::sort(order.begin(), order.end());
   order.resize(keep);
   std::vector<size_t> kept;
@@ -221,6 +222,7 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
     if (stage.module) {
       for (auto p : stage.module->parameters()) p.mutable_grad() = at::Tensor();
     }
+    out.outputs.clear();  // the last repeat's, freed before anything is measured
     const int64_t before_inputs = remat::memory_stats().current_bytes;
     Tensors x;
     std::vector<at::Tensor> leaves;
@@ -244,35 +246,32 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
     if (loss) root = loss(y, targets);
     forward.push_back(ms_since(t0));
     std::vector<torch::autograd::Edge> roots;
-    std::vector<at::Tensor> root_tensors;  // for the shapes of the output gradients
+    // Sizes and options of each output's gradient (holding the outputs would keep them alive).
+    std::vector<std::pair<std::vector<int64_t>, at::TensorOptions>> grad_like;
     if (root.defined()) {
       roots.push_back(gradient_edge(root));
-      root_tensors.push_back(root);
     } else {
       for (const at::Tensor& t : y) {
         if (!t.defined() || !t.requires_grad()) continue;
         roots.push_back(gradient_edge(t));
-        root_tensors.push_back(at::empty_like(t).detach());
+        grad_like.emplace_back(t.sizes().vec(), t.options());
       }
     }
     // The next stage's inputs, copied; then the outputs go as the pipeline's go once sent: what
     // stays is what the graph saved.
-    out.outputs.clear();
     int64_t copies = 0;
     for (const at::Tensor& t : y) {
       out.outputs.push_back(t.defined() ? t.detach().clone() : t);
       copies += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
     }
-    int64_t shapes = 0;
-    for (const at::Tensor& t : root_tensors) shapes += static_cast<int64_t>(t.nbytes());
     y.clear();
     out.input_bytes = static_cast<double>(base - before_inputs);
-    out.resident_bytes =
-        static_cast<double>(remat::memory_stats().current_bytes - base - copies - shapes);
-    for (const at::Tensor& t : root_tensors) {
-      dy.push_back(root.defined() ? at::ones_like(t) : at::randn_like(t));
+    out.resident_bytes = static_cast<double>(remat::memory_stats().current_bytes - base - copies);
+    if (root.defined()) {
+      dy.push_back(at::ones_like(root));
+    } else {
+      for (const auto& [sizes, options] : grad_like) dy.push_back(at::randn(sizes, options));
     }
-    root_tensors.clear();
     PIPEMAT_CHECK(!roots.empty(), PipelineError, "profile: stage ", stage.index,
                   " has no output that requires grad.");
     std::vector<at::Tensor> params;

@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
 
 #include <string>
 #include <vector>
 
 #include "pipemat/models/zoo.h"
+#include "pipemat/pp/pipeline.h"
 #include "pipemat/pp/profile.h"
 
 namespace pipemat::pp {
@@ -64,6 +67,26 @@ TEST(Profile, StagePolicyNamesEachLayerByItsIndex) {
   ASSERT_EQ(p.exclude.size(), 2u);
   EXPECT_EQ(p.exclude[0].path, "layers.2.norm");
   EXPECT_EQ(p.exclude[1].path, "layers.2.up");
+}
+
+// A stage of two Linear(16, 16, no bias) on [8, 16]: the input (512 B) is held on its own; the
+// graph keeps the first Linear's output (512 B, saved by the second for its weight gradient); the
+// stage's output is sent and freed.
+TEST(Profile, StageBytesAreItsInputAndWhatItsGraphSaved) {
+  auto seq = torch::nn::Sequential(torch::nn::Linear(torch::nn::LinearOptions(16, 16).bias(false)),
+                                   torch::nn::Linear(torch::nn::LinearOptions(16, 16).bias(false)));
+  PipelineStage stage;
+  stage.index = 0;
+  stage.module = seq.ptr();
+  stage.forward = [seq](const Tensors& in) mutable { return Tensors{seq->forward(in.at(0))}; };
+  const at::Tensor x = at::randn({8, 16});
+  const StageProfile p = profile_stage(stage, {x}, nullptr, {}, 2);
+  EXPECT_EQ(p.input_bytes, 512);
+  EXPECT_EQ(p.resident_bytes, 512);
+  ASSERT_EQ(p.outputs.size(), 1u);
+  EXPECT_TRUE(at::equal(p.outputs[0], seq->forward(x)));
+  EXPECT_FALSE(p.outputs[0].requires_grad());
+  EXPECT_GE(p.backward_peak_bytes, 2 * 16 * 16 * 4);  // the weights' gradients at least
 }
 
 }  // namespace
