@@ -37,7 +37,9 @@ void add_project_command(CLI::App& app) {
       ->required();
   cmd->add_option("--schedules", o.schedules, "Schedule kinds (default 1f1b,zb-h1,zb-v)")
       ->delimiter(',');
-  cmd->add_option("--stages", o.stages, "Pipeline ranks P (default 4,8,16,32)")->delimiter(',');
+  cmd->add_option("--ranks,--stages", o.ranks,
+                  "Pipeline ranks P (default 4,8,16,32; --stages is the old name)")
+      ->delimiter(',');
   cmd->add_option("--micro-batches", o.micro_batches,
                   "Micro-batches per step M (default 8,16,32,64)")
       ->delimiter(',');

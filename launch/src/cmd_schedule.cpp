@@ -12,7 +12,7 @@ namespace {
 
 struct ScheduleFlags {
   schedule::ScheduleCommandOptions options;
-  std::string stages = "0", micro_batches = "0", virtual_stages = "1";
+  std::string ranks = "0", micro_batches = "0", virtual_stages = "1";
 };
 
 }  // namespace
@@ -26,11 +26,11 @@ void add_schedule_command(CLI::App& app) {
       "CSV, JSON or an SVG picture");
   cmd->footer(
       "Examples:\n"
-      "  pipemat schedule --kind 1f1b --stages 4 --micro-batches 8\n"
-      "  pipemat schedule --kind interleaved --stages 4 --micro-batches 8 --virtual 2 --format "
+      "  pipemat schedule --kind 1f1b --ranks 4 --micro-batches 8\n"
+      "  pipemat schedule --kind interleaved --ranks 4 --micro-batches 8 --virtual 2 --format "
       "json\n"
-      "  pipemat schedule --kind zb-v --stages 4 --micro-batches 8 --format svg --output zbv.svg\n"
-      "  pipemat schedule --kind 1f1b --stages 4 --micro-batches 8 --recompute pretrigger "
+      "  pipemat schedule --kind zb-v --ranks 4 --micro-batches 8 --format svg --output zbv.svg\n"
+      "  pipemat schedule --kind 1f1b --ranks 4 --micro-batches 8 --recompute pretrigger "
       "--costs F=1,B=2,R=1,comm=0.5\n"
       "  pipemat schedule --import torch_schedule.csv --format text\n"
       "bubble_ratio = 1 - sum(busy) / (ranks * makespan); peak_activations counts micro-batches\n"
@@ -39,7 +39,7 @@ void add_schedule_command(CLI::App& app) {
                   "gpipe | 1f1b | interleaved (V chunks per rank) | zb-h1 | zb-h2 | zb-v (two "
                   "chunks per rank in a V). Required unless --import is given")
       ->type_name("KIND");
-  cmd->add_option("--stages", flags->stages,
+  cmd->add_option("--ranks,--stages", flags->ranks,
                   "Number of pipeline ranks P (with --virtual V there are P*V model stages)")
       ->type_name("P");
   cmd->add_option("--micro-batches", flags->micro_batches, "Micro-batches per step M")
@@ -66,7 +66,7 @@ void add_schedule_command(CLI::App& app) {
                 "Also list the lowered SEND_F/RECV_F/SEND_B/RECV_B actions (text, csv, json)");
   cmd->callback([flags] {
     auto options = flags->options;
-    options.stages = schedule::parse_int_flag("--stages", flags->stages);
+    options.ranks = schedule::parse_int_flag("--ranks", flags->ranks);
     options.micro_batches = schedule::parse_int_flag("--micro-batches", flags->micro_batches);
     options.virtual_stages = schedule::parse_int_flag("--virtual", flags->virtual_stages);
     schedule::run_schedule_command(options, std::cout);

@@ -1,7 +1,6 @@
 #include "pipemat/remat/region.h"
 
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
 

@@ -2,7 +2,7 @@
 // stop and Note [Replay RNG alignment]), unpack of the handles in backward, and release.
 
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/variable.h>
+#include <c10/core/TensorImpl.h>
 
 #include <algorithm>
 #include <optional>
@@ -36,7 +36,7 @@ c10::IValue Invocation::run_forward() {
   for (size_t i = 0; i < inputs_.size(); ++i) {
     for_each_tensor_leaf(inputs_[i], "args[" + std::to_string(i) + "]",
                          [&](const std::string&, const at::Tensor& t) {
-                           const auto& vc = torch::autograd::impl::version_counter(t);
+                           const auto& vc = t.unsafeGetTensorImpl()->version_counter();
                            input_versions_.emplace_back(vc, vc.current_version());
                            if (t.has_storage()) {
                              unit_input_storages_.push_back(t.storage().unsafeGetStorageImpl());
@@ -73,7 +73,7 @@ int64_t Invocation::register_handle(const at::Tensor& saved) {
   HandleMeta meta;
   meta.dtype = saved.scalar_type();
   meta.sizes = saved.sizes().vec();
-  meta.version = torch::autograd::impl::version_counter(saved);
+  meta.version = saved.unsafeGetTensorImpl()->version_counter();
   meta.saved_version = meta.version.current_version();
   handles_.push_back(std::move(meta));
   bump(Counter::kPacks);

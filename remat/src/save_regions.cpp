@@ -3,7 +3,7 @@
 // rederivation slots that replay fills and backward unpacks.
 
 #include <ATen/ops/empty.h>
-#include <torch/csrc/autograd/variable.h>
+#include <c10/core/TensorImpl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -180,7 +180,7 @@ int64_t Invocation::try_rederive(SaveEntry& entry, const at::Tensor& saved) {
     slot.strides = saved.strides().vec();
     slot.relative_offset = saved.storage_offset() - rec.offset;
     slot.exact = exact;
-    slot.version = torch::autograd::impl::version_counter(saved);
+    slot.version = saved.unsafeGetTensorImpl()->version_counter();
     slot.saved_version = slot.version.current_version();
     slots_.push_back(std::move(slot));
     const auto index = static_cast<int64_t>(slots_.size()) - 1;

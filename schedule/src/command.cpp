@@ -21,9 +21,9 @@ Schedule import_file(const ScheduleCommandOptions& o, RecomputeMode recompute) {
   std::ostringstream text;
   text << in.rdbuf();
   Schedule s = import_torch_csv(text.str(), o.import_path);
-  PIPEMAT_CHECK(o.stages == 0 || o.stages == s.ranks_count, ConfigError, "--stages ", o.stages,
+  PIPEMAT_CHECK(o.ranks == 0 || o.ranks == s.ranks_count, ConfigError, "--ranks ", o.ranks,
                 " does not match --import ", o.import_path, ", which has ", s.ranks_count,
-                " ranks (rows); drop --stages or fix the file.");
+                " ranks (rows); drop --ranks or fix the file.");
   PIPEMAT_CHECK(o.micro_batches == 0 || o.micro_batches == s.micro_batches, ConfigError,
                 "--micro-batches ", o.micro_batches, " does not match --import ", o.import_path,
                 ", which uses ", s.micro_batches,
@@ -96,14 +96,14 @@ std::string render_schedule_command(const ScheduleCommandOptions& o) {
     PIPEMAT_CHECK(!o.kind.empty(), ConfigError,
                   "--kind is required (gpipe, 1f1b, interleaved, zb-h1, zb-h2 or zb-v), or give "
                   "--import FILE.csv.");
-    PIPEMAT_CHECK(o.stages >= 1, ConfigError,
-                  "--stages (number of pipeline ranks) must be >= 1, found ", o.stages,
-                  "; e.g. --stages 4.");
+    PIPEMAT_CHECK(o.ranks >= 1, ConfigError,
+                  "--ranks (number of pipeline ranks) must be >= 1, found ", o.ranks,
+                  "; e.g. --ranks 4.");
     PIPEMAT_CHECK(o.micro_batches >= 1, ConfigError, "--micro-batches must be >= 1, found ",
                   o.micro_batches, "; e.g. --micro-batches 8.");
     ScheduleOptions options;
     options.kind = parse_schedule_kind(o.kind);
-    options.ranks = o.stages;
+    options.ranks = o.ranks;
     options.micro_batches = o.micro_batches;
     options.virtual_stages = o.virtual_stages;
     options.recompute = recompute;

@@ -212,14 +212,14 @@ void check_range(int value, int lo, int hi, const char* flag, const char* what) 
 }  // namespace
 
 Schedule generate_schedule(const ScheduleOptions& o) {
-  check_range(o.ranks, 1, kMaxRanks, "--stages", "number of pipeline ranks");
+  check_range(o.ranks, 1, kMaxRanks, "--ranks", "number of pipeline ranks");
   check_range(o.micro_batches, 1, kMaxMicroBatches, "--micro-batches", "micro-batches per step");
   check_range(o.virtual_stages, 1, kMaxVirtual, "--virtual", "stages per rank");
   const int p = o.ranks, m = o.micro_batches, v = o.virtual_stages;
   const long long stages =
       static_cast<long long>(p) * (o.kind == ScheduleKind::kZeroBubbleV ? 2 : v);
-  PIPEMAT_CHECK(stages * m <= kMaxStageMicroBatches, ConfigError, "--stages ", p, " x --virtual ",
-                v, " x --micro-batches ", m, " = ", stages * m,
+  PIPEMAT_CHECK(stages * m <= kMaxStageMicroBatches, ConfigError, "--ranks ", p, " x --virtual ", v,
+                " x --micro-batches ", m, " = ", stages * m,
                 " (stage, micro-batch) pairs is more than the ", kMaxStageMicroBatches,
                 " pipemat schedules; use fewer micro-batches or stages.");
   switch (o.kind) {
@@ -249,8 +249,8 @@ Schedule generate_schedule(const ScheduleOptions& o) {
         int below = m - 1, above = m + 1;
         while (below >= 1 && below % std::max(1, below / p) != 0) --below;
         while (above % std::max(1, above / p) != 0) ++above;
-        PIPEMAT_THROW(ConfigError, "--kind interleaved with --stages ", p,
-                      " runs micro-batches in ", rounds, " rounds of at least ", p,
+        PIPEMAT_THROW(ConfigError, "--kind interleaved with --ranks ", p, " runs micro-batches in ",
+                      rounds, " rounds of at least ", p,
                       " (one per rank), so --micro-batches must "
                       "split into equal rounds; ",
                       m, " does not (", m, " % ", rounds, " = ", m % rounds,

@@ -35,12 +35,12 @@ double projection_reference_step(const ProjectionOptions& o, int micro_batches) 
 }
 
 std::vector<ProjectionPoint> project_scaling(const ProjectionOptions& o) {
-  PIPEMAT_CHECK(!o.kinds.empty() && !o.stages.empty() && !o.micro_batches.empty(), ConfigError,
+  PIPEMAT_CHECK(!o.kinds.empty() && !o.ranks.empty() && !o.micro_batches.empty(), ConfigError,
                 "project: give at least one schedule, one stage count and one micro-batch count");
   PIPEMAT_CHECK(o.layers >= 1 && o.layers <= 1 << 20, ConfigError, "project: --layers ", o.layers,
                 " is outside [1, 1048576]");
-  for (int p : o.stages)
-    PIPEMAT_CHECK(p >= 2 && p <= 4096, ConfigError, "project: --stages ", p,
+  for (int p : o.ranks)
+    PIPEMAT_CHECK(p >= 2 && p <= 4096, ConfigError, "project: --ranks ", p,
                   " is outside [2, 4096]; a projection is of pipelines");
   for (int m : o.micro_batches)
     PIPEMAT_CHECK(m >= 1 && m <= 4096, ConfigError, "project: --micro-batches ", m,
@@ -49,11 +49,11 @@ std::vector<ProjectionPoint> project_scaling(const ProjectionOptions& o) {
                 "project: the per-layer costs are all zero; give e.g. --costs F=1,I=1,W=1");
   std::vector<ProjectionPoint> points;
   for (ScheduleKind kind : o.kinds) {
-    for (int p : o.stages) {
+    for (int p : o.ranks) {
       for (int m : o.micro_batches) {
         ProjectionPoint point;
         point.kind = kind;
-        point.stages = p;
+        point.ranks = p;
         point.micro_batches = m;
         ScheduleOptions so;
         so.kind = kind;
@@ -96,14 +96,14 @@ std::string render_projection_text(const ProjectionOptions& o,
   os << line;
   for (const ProjectionPoint& p : points) {
     if (!p.feasible) {
-      std::snprintf(line, sizeof(line), "%-12s %5d %5d  n/a: ", to_string(p.kind), p.stages,
+      std::snprintf(line, sizeof(line), "%-12s %5d %5d  n/a: ", to_string(p.kind), p.ranks,
                     p.micro_batches);
       os << line << p.why << "\n";
       continue;
     }
     std::snprintf(line, sizeof(line), "%-12s %5d %5d %12s %8.3f %7.2fx %6.2f %9d\n",
-                  to_string(p.kind), p.stages, p.micro_batches, format_fixed(p.step, 2).c_str(),
-                  p.bubble, p.speedup, p.speedup / p.stages, p.peak_activations);
+                  to_string(p.kind), p.ranks, p.micro_batches, format_fixed(p.step, 2).c_str(),
+                  p.bubble, p.speedup, p.speedup / p.ranks, p.peak_activations);
     os << line;
   }
   return os.str();
@@ -114,7 +114,7 @@ std::string render_projection_json(const ProjectionOptions& o,
   nlohmann::json rows = nlohmann::json::array();
   for (const ProjectionPoint& p : points) {
     nlohmann::json row = {{"schedule", to_string(p.kind)},
-                          {"stages", p.stages},
+                          {"ranks", p.ranks},
                           {"micro_batches", p.micro_batches},
                           {"feasible", p.feasible}};
     if (p.feasible) {
@@ -140,8 +140,8 @@ std::string render_projection_svg(const ProjectionOptions& o,
   // One panel per P: bubble (0 to the largest, rounded up to 0.1) against log2 M.
   static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
   const int panel_w = 330, panel_h = 220, margin_l = 60, margin_t = 50, gap = 40;
-  const int columns = std::min<int>(2, static_cast<int>(o.stages.size()));
-  const int rows = (static_cast<int>(o.stages.size()) + columns - 1) / columns;
+  const int columns = std::min<int>(2, static_cast<int>(o.ranks.size()));
+  const int rows = (static_cast<int>(o.ranks.size()) + columns - 1) / columns;
   const int width = margin_l + columns * (panel_w + gap) + 120;
   const int height = margin_t + rows * (panel_h + gap + 20) + 10;
   double top = 0.1;
@@ -156,7 +156,7 @@ std::string render_projection_svg(const ProjectionOptions& o,
      << "<text x=\"" << margin_l << "\" y=\"22\" font-size=\"15\">Simulated bubble vs "
      << "micro-batches, " << o.layers << " layers, message cost "
      << format_fixed(o.layer_costs.message_cost(), 3) << " per message</text>\n";
-  for (size_t pi = 0; pi < o.stages.size(); ++pi) {
+  for (size_t pi = 0; pi < o.ranks.size(); ++pi) {
     const int x0 = margin_l + static_cast<int>(pi % columns) * (panel_w + gap);
     const int y0 = margin_t + static_cast<int>(pi / columns) * (panel_h + gap + 20);
     auto x_of = [&](int m) {
@@ -164,7 +164,7 @@ std::string render_projection_svg(const ProjectionOptions& o,
       return x0 + f * panel_w;
     };
     auto y_of = [&](double b) { return y0 + panel_h - b / top * panel_h; };
-    os << "<text x=\"" << x0 << "\" y=\"" << y0 - 6 << "\">P = " << o.stages[pi] << "</text>\n"
+    os << "<text x=\"" << x0 << "\" y=\"" << y0 - 6 << "\">P = " << o.ranks[pi] << "</text>\n"
        << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << panel_w << "\" height=\""
        << panel_h << "\" fill=\"none\" stroke=\"#999\"/>\n";
     for (int t = 0; t <= 4; ++t) {
@@ -178,7 +178,7 @@ std::string render_projection_svg(const ProjectionOptions& o,
     for (size_t ki = 0; ki < o.kinds.size(); ++ki) {
       std::ostringstream line;
       for (const ProjectionPoint& p : points) {
-        if (p.kind != o.kinds[ki] || p.stages != o.stages[pi] || !p.feasible) continue;
+        if (p.kind != o.kinds[ki] || p.ranks != o.ranks[pi] || !p.feasible) continue;
         line << format_fixed(x_of(p.micro_batches), 1) << "," << format_fixed(y_of(p.bubble), 1)
              << " ";
       }
@@ -207,7 +207,7 @@ std::string render_project_command(const ProjectCommandOptions& c) {
   ProjectionOptions o;
   o.kinds.clear();
   for (const std::string& kind : c.schedules) o.kinds.push_back(parse_schedule_kind(kind));
-  o.stages = c.stages;
+  o.ranks = c.ranks;
   o.micro_batches = c.micro_batches;
   o.virtual_stages = c.virtual_stages;
   o.layers = c.layers;

@@ -177,7 +177,7 @@ std::string render_json(const Schedule& s, const SimulationResult& sim, const Re
                      {"peak_activations", rank.peak_activations}});
   }
   const nlohmann::ordered_json doc = {{"kind", to_string(s.kind)},
-                                      {"stages", s.ranks_count},
+                                      {"stages", s.stages_count},
                                       {"ranks_count", s.ranks_count},
                                       {"micro_batches", s.micro_batches},
                                       {"virtual", s.virtual_stages},
@@ -194,7 +194,7 @@ std::string render_svg(const Schedule& s, const SimulationResult& sim, const Ren
                 "--format svg draws one block per action, and ", blocks, " actions (more than ",
                 kMaxSvgActions,
                 ") would make a picture nobody can open. Use --format json or text, or fewer "
-                "--micro-batches / --stages.");
+                "--micro-batches / --ranks.");
   const double makespan = std::max(sim.makespan, 1e-9);
   const double unit = std::clamp(1100.0 / makespan, 2.0, 48.0);  // px per time unit
   const int left = 70, top = 58, row_h = 30, gap = 8;

@@ -115,7 +115,7 @@ TEST(PlanPeak, BackwardTemporariesCountWhileTheBackwardRuns) {
 }
 
 TEST(PlanPeak, SplitBackwardFreesTheReplayAtIAndTheResidentAtW) {
-  // ZB-H1 on 2 ranks, 4 micro-batches (`pipemat schedule --kind zb-h1 --stages 2
+  // ZB-H1 on 2 ranks, 4 micro-batches (`pipemat schedule --kind zb-h1 --ranks 2
   // --micro-batches 4 --recompute pretrigger`):
   //   rank 0: F0 F1 R0 I0 W0 F2 R1 I1 W1 F3 R2 I2 W2 R3 I3 W3
   //   rank 1: F0 R0 I0 F1 R1 I1 W0 F2 R2 I2 W1 F3 R3 I3 W2 W3

@@ -23,7 +23,7 @@ namespace {
 ScheduleCommandOptions cli(const std::string& kind, int p, int m, const std::string& format) {
   ScheduleCommandOptions o;
   o.kind = kind;
-  o.stages = p;
+  o.ranks = p;
   o.micro_batches = m;
   o.format = format;
   return o;
@@ -42,7 +42,7 @@ TEST(ScheduleCommandTest, JsonHasTheDocumentedKeys) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_EQ(j["kind"], "interleaved");
-  EXPECT_EQ(j["stages"], 4);
+  EXPECT_EQ(j["stages"], 8);  // model stages: 4 ranks x 2 chunks
   EXPECT_EQ(j["ranks_count"], 4);
   EXPECT_EQ(j["micro_batches"], 8);
   EXPECT_EQ(j["virtual"], 2);
@@ -76,7 +76,8 @@ TEST(ScheduleCommandTest, JsonWithCommsListsTheLoweredActions) {
 TEST(ScheduleCommandTest, ZeroBubbleVReportsTwoChunksPerRank) {
   const auto j = nlohmann::json::parse(render_schedule_command(cli("zb-v", 4, 8, "json")));
   EXPECT_EQ(j["virtual"], 2);
-  EXPECT_EQ(j["stages"], 4);
+  EXPECT_EQ(j["stages"], 8);
+  EXPECT_EQ(j["ranks_count"], 4);
   EXPECT_EQ(j["makespan"], 51);
 }
 
@@ -154,7 +155,7 @@ TEST(ScheduleCommandTest, BadInputIsAConfigOrScheduleErrorNamingTheFlag) {
   };
   EXPECT_NE(error(cli("zb", 4, 8, "text")).find("--kind 'zb'"), std::string::npos);
   EXPECT_NE(error(cli("", 4, 8, "text")).find("--kind is required"), std::string::npos);
-  EXPECT_NE(error(cli("1f1b", 0, 8, "text")).find("--stages"), std::string::npos);
+  EXPECT_NE(error(cli("1f1b", 0, 8, "text")).find("--ranks"), std::string::npos);
   EXPECT_NE(error(cli("1f1b", 4, 0, "text")).find("--micro-batches"), std::string::npos);
   EXPECT_NE(error(cli("1f1b", 4, 8, "yaml")).find("--format 'yaml'"), std::string::npos);
   ScheduleCommandOptions costs = cli("1f1b", 4, 8, "text");
@@ -194,9 +195,9 @@ TEST(ScheduleCommandTest, ImportChecksConflictingFlagsAndAppliesRecompute) {
   o.kind = "1f1b";
   EXPECT_THROW(render_schedule_command(o), ConfigError);
   o.kind.clear();
-  o.stages = 3;
+  o.ranks = 3;
   EXPECT_THROW(render_schedule_command(o), ConfigError);
-  o.stages = 0;
+  o.ranks = 0;
   o.virtual_stages = 2;
   EXPECT_THROW(render_schedule_command(o), ConfigError);
   std::remove(csv_path.c_str());
@@ -231,14 +232,14 @@ TEST(ScheduleCommandTest, UnevenCostsKeepTheTextTimelineNarrow) {
 }
 
 TEST(ScheduleCommandTest, ParseIntFlag) {
-  EXPECT_EQ(parse_int_flag("--stages", "8"), 8);
-  EXPECT_EQ(parse_int_flag("--stages", "0"), 0);
+  EXPECT_EQ(parse_int_flag("--ranks", "8"), 8);
+  EXPECT_EQ(parse_int_flag("--ranks", "0"), 0);
   for (const char* bad : {"", "x", "4x", "1.5", "99999999999"}) {
     try {
-      parse_int_flag("--stages", bad);
+      parse_int_flag("--ranks", bad);
       FAIL() << bad;
     } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("--stages '"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("--ranks '"), std::string::npos);
     }
   }
 }

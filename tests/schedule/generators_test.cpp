@@ -298,7 +298,7 @@ TEST(ScheduleGeneratorsTest, RejectsBadOptionsNamingTheFlag) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message(options(ScheduleKind::kOneFOneB, 0, 4)).find("--stages"), std::string::npos);
+  EXPECT_NE(message(options(ScheduleKind::kOneFOneB, 0, 4)).find("--ranks"), std::string::npos);
   EXPECT_NE(message(options(ScheduleKind::kOneFOneB, 4, 0)).find("--micro-batches"),
             std::string::npos);
   EXPECT_NE(message(options(ScheduleKind::kOneFOneB, 4, 8, 2)).find("--kind interleaved"),

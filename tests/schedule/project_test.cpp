@@ -16,7 +16,7 @@ namespace {
 ProjectionOptions one(ScheduleKind kind, int p, int m, int layers, const std::string& costs) {
   ProjectionOptions o;
   o.kinds = {kind};
-  o.stages = {p};
+  o.ranks = {p};
   o.micro_batches = {m};
   o.layers = layers;
   o.layer_costs = parse_costs(costs);
@@ -72,7 +72,7 @@ TEST(Projection, ZbvChunksHoldHalfAStagesLayers) {
 TEST(Projection, GridTableJsonAndChart) {
   ProjectionOptions o;
   o.kinds = {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleV};
-  o.stages = {4, 8};
+  o.ranks = {4, 8};
   o.micro_batches = {8, 9, 16};
   o.layer_costs = parse_costs("F=1,I=1,W=1,R=0.5,comm=0.1");
   o.recompute = RecomputeMode::kPretrigger;
@@ -81,15 +81,15 @@ TEST(Projection, GridTableJsonAndChart) {
   // Interleaved over 4 ranks runs M in rounds of >= 4: 9 does not split (2 rounds).
   const ProjectionPoint& refused = points[6 + 1];
   EXPECT_EQ(refused.kind, ScheduleKind::kInterleaved);
-  EXPECT_EQ(refused.stages, 4);
+  EXPECT_EQ(refused.ranks, 4);
   EXPECT_EQ(refused.micro_batches, 9);
   EXPECT_FALSE(refused.feasible);
   EXPECT_NE(refused.why.find("must split into equal rounds"), std::string::npos) << refused.why;
   for (const auto& p : points) {
     if (&p == &refused) continue;
-    EXPECT_TRUE(p.feasible) << to_string(p.kind) << " P=" << p.stages << " M=" << p.micro_batches;
+    EXPECT_TRUE(p.feasible) << to_string(p.kind) << " P=" << p.ranks << " M=" << p.micro_batches;
     EXPECT_GT(p.speedup, 1.0);
-    EXPECT_LT(p.speedup, p.stages);
+    EXPECT_LT(p.speedup, p.ranks);
   }
   // More micro-batches, smaller 1F1B bubble.
   EXPECT_LT(points[2].bubble, points[0].bubble);
@@ -121,7 +121,7 @@ TEST(Projection, BadOptionsAreConfigErrors) {
   c.schedules = {"2f2b"};
   EXPECT_THROW(render_project_command(c), ConfigError);
   c.schedules = {"zb-h1"};
-  c.stages = {4};
+  c.ranks = {4};
   c.micro_batches = {8};
   EXPECT_EQ(nlohmann::json::parse(render_project_command(c))["points"].size(), 1u);
 }

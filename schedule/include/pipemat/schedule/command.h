@@ -23,7 +23,7 @@ const std::vector<OutputFormat>& output_format_values();
 
 struct ScheduleCommandOptions {
   std::string kind;        // gpipe|1f1b|interleaved|zb-h1|zb-h2|zb-v; unused with import_path
-  int stages = 0;          // pipeline ranks P (required without import_path)
+  int ranks = 0;           // pipeline ranks P (required without import_path)
   int micro_batches = 0;   // M (required without import_path)
   int virtual_stages = 1;  // V, chunks per rank (interleaved)
   std::string recompute = "none";  // none|lazy|pretrigger
@@ -34,7 +34,7 @@ struct ScheduleCommandOptions {
   bool with_comms = false;  // list SEND/RECV actions in text, csv and json
 };
 
-// The integer value of a flag ("--stages", "8"). ConfigError naming the flag and the text when it
+// The integer value of a flag ("--ranks", "8"). ConfigError naming the flag and the text when it
 // is not a whole number (the CLI takes integers as text so that a typo is a pipemat error with
 // exit code 1, like every other bad value).
 int parse_int_flag(const std::string& flag, const std::string& text);

@@ -24,7 +24,7 @@ namespace pipemat::schedule {
 struct ProjectionOptions {
   std::vector<ScheduleKind> kinds = {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1,
                                      ScheduleKind::kZeroBubbleV};
-  std::vector<int> stages = {4, 8, 16, 32};          // P
+  std::vector<int> ranks = {4, 8, 16, 32};           // P
   std::vector<int> micro_batches = {8, 16, 32, 64};  // M
   int virtual_stages = 2;                            // V of interleaved
   int layers = 32;
@@ -35,7 +35,7 @@ struct ProjectionOptions {
 
 struct ProjectionPoint {
   ScheduleKind kind = ScheduleKind::kOneFOneB;
-  int stages = 0, micro_batches = 0;
+  int ranks = 0, micro_batches = 0;
   bool feasible = true;  // false when the generator refuses this (P, M): `why` says why
   std::string why;
   double step = 0;           // simulated makespan, in the cost unit
@@ -61,7 +61,7 @@ std::string render_projection_svg(const ProjectionOptions& options,
 // `pipemat project`: the options as the CLI spells them -> the rendered document.
 struct ProjectCommandOptions {
   std::vector<std::string> schedules = {"1f1b", "zb-h1", "zb-v"};
-  std::vector<int> stages = {4, 8, 16, 32};
+  std::vector<int> ranks = {4, 8, 16, 32};
   std::vector<int> micro_batches = {8, 16, 32, 64};
   int virtual_stages = 2;
   int layers = 32;

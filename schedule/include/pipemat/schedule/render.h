@@ -27,10 +27,10 @@ std::string render_text(const Schedule& schedule, const SimulationResult& sim,
 // torch.distributed.pipelining CSV (export_torch_csv).
 std::string render_csv(const Schedule& schedule, const RenderOptions& options = {});
 
-// {"kind": ..., "stages": P, "ranks_count": P, "micro_batches": M, "virtual": V,
+// {"kind": ..., "stages": P*V, "ranks_count": P, "micro_batches": M, "virtual": V,
 //  "makespan": ..., "bubble_ratio": ...,
 //  "ranks": [{"rank": r, "actions": ["0F0", ...], "busy": ..., "peak_activations": k}, ...]}
-// where "stages" is the number of pipeline ranks (the CLI's --stages) and
+// where "stages" is the number of model stages (P ranks x V chunks; the CLI's --ranks is P) and
 // bubble_ratio = 1 - sum(busy) / (ranks_count * makespan).
 std::string render_json(const Schedule& schedule, const SimulationResult& sim,
                         const RenderOptions& options = {});

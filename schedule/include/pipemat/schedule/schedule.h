@@ -103,7 +103,7 @@ std::vector<int> v_stage_to_rank(int ranks);  // 2 * ranks stages
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::kOneFOneB;
-  int ranks_count = 1;   // pipeline ranks (`--stages` on the CLI)
+  int ranks_count = 1;   // pipeline ranks (`--ranks` on the CLI)
   int stages_count = 1;  // model stages = ranks_count * virtual_stages
   int micro_batches = 1;
   int virtual_stages = 1;  // stages per rank (v); 2 for zb-v
