@@ -5,7 +5,6 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include "pipemat/models/zoo_stages.h"
 #include "pipemat/remat/memory.h"
@@ -57,7 +56,7 @@ TEST_P(SplitBackwardEquality, InputThenWeightEqualsFusedBackward) {
     at::Tensor dx;
     if (split) {
       group->retain();
-      SplitBackward sb({torch::autograd::impl::gradient_edge(loss)}, {x}, params);
+      SplitBackward sb({gradient_edge(loss)}, {x}, params);
       dx = sb.run_input({at::ones_like(loss)}).at(0);
       for (const auto& p : params) EXPECT_FALSE(p.grad().defined()) << "I computed a dW";
       sb.run_weight();
@@ -132,7 +131,7 @@ TEST(SplitBackwardMemory, RederivedGemmInputLivesOnlyFromRToW) {
     auto after_r = group->report();
     EXPECT_GE(after_r.replayed_bytes, m.layers * act) << "R regenerated the GEMM inputs";
 
-    SplitBackward split({torch::autograd::impl::gradient_edge(loss)}, {x}, params);
+    SplitBackward split({gradient_edge(loss)}, {x}, params);
     dx = split.run_input({at::ones_like(loss)}).at(0);  // I
     EXPECT_EQ(group->report().replayed_bytes, after_r.replayed_bytes) << "kept for W";
     split.run_weight();  // W

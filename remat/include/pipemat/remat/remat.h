@@ -34,7 +34,8 @@
 //   memory.cpp           the CPU allocator replacement (Note [CPU allocator replacement]).
 //   rng.cpp              dispatch key and generator state (Note [LibTorch generator internals]).
 // tests/public_headers.sh (ctest Headers.*) fails when a public header includes torch/csrc or
-// declares remat detail:: internals (wrappers.h's header-only templates excepted).
+// declares detail:: internals (header-only template and macro machinery excepted: wrappers.h,
+// core/error.h, pp/pipeline.h).
 #include "pipemat/remat/any_module.h"
 #include "pipemat/remat/containers.h"
 #include "pipemat/remat/invocation.h"
