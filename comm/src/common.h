@@ -34,17 +34,39 @@ class SpanWork : public Work {
   std::vector<MutableSpan> recv_spans;
 };
 
-// What every backend's post_send / post_recv does first: BackendWork(request.info, timeout,
-// args...) holding request.keep_alive and owning the request's spans (a send's or a receive's;
-// the other list is empty). `Request` is Transport::Request.
-template <typename BackendWork, typename Request, typename... Args>
-std::shared_ptr<BackendWork> make_span_work(Request request, std::chrono::milliseconds timeout,
-                                            Args&&... args) {
-  auto work = std::make_shared<BackendWork>(request.info, timeout, std::forward<Args>(args)...);
-  work->hold(std::move(request.keep_alive));
-  work->send_spans = std::move(request.send_spans);
-  work->recv_spans = std::move(request.recv_spans);
-  return work;
-}
+// The post_send / post_recv every backend has: build BackendWork(request.info, timeout, core)
+// holding request.keep_alive and owning the request's spans (a send's or a receive's; the other
+// list is empty), then hand it to core->post_send / post_recv. Derived::core() returns the
+// backend's shared core (the hub of the local backend); it stays a member of Derived so the
+// backend keeps its own construction and destruction order.
+template <typename Derived, typename BackendWork>
+class SpanTransport : public Transport {
+ protected:
+  using Transport::Transport;
+
+  WorkPtr post_send(Request request) override {
+    const auto& core = static_cast<Derived&>(*this).core();
+    auto work = make_work(std::move(request), core);
+    core->post_send(work);
+    return work;
+  }
+
+  WorkPtr post_recv(Request request) override {
+    const auto& core = static_cast<Derived&>(*this).core();
+    auto work = make_work(std::move(request), core);
+    core->post_recv(work);
+    return work;
+  }
+
+ private:
+  template <typename Core>
+  std::shared_ptr<BackendWork> make_work(Request request, const Core& core) {
+    auto work = std::make_shared<BackendWork>(request.info, timeout(), core);
+    work->hold(std::move(request.keep_alive));
+    work->send_spans = std::move(request.send_spans);
+    work->recv_spans = std::move(request.recv_spans);
+    return work;
+  }
+};
 
 }  // namespace pipemat::comm::detail

@@ -52,7 +52,7 @@ void check_schedule(const ResolvedSchedule& resolved) {
     std::string text = e.what();
     const std::pair<const char*, const char*> keys[] = {
         {"--micro-batches", "schedule.micro_batches"},
-        {"--stages", "schedule.ranks"},
+        {"--ranks", "schedule.ranks"},
         {"--virtual", "schedule.virtual_stages"},
         {"--kind", "schedule.kind"}};
     for (const auto& [flag, key] : keys) {

@@ -248,28 +248,19 @@ void LocalWork::abort_impl(const Status& reason) noexcept {
   }
 }
 
-class LocalTransport final : public Transport {
+class LocalTransport final : public SpanTransport<LocalTransport, LocalWork> {
  public:
   LocalTransport(int rank, int world_size, const TransportOptions& options,
                  std::shared_ptr<LocalHub> hub)
-      : Transport(TransportKind::kLocal, rank, world_size, options.timeout), hub_(std::move(hub)) {}
+      : SpanTransport(TransportKind::kLocal, rank, world_size, options.timeout),
+        hub_(std::move(hub)) {}
 
   ~LocalTransport() override { hub_->close(rank()); }
 
   LocalHub& hub() { return *hub_; }
 
- protected:
-  WorkPtr post_send(Request request) override {
-    auto work = make_span_work<LocalWork>(std::move(request), timeout(), hub_);
-    hub_->post_send(work);
-    return work;
-  }
-
-  WorkPtr post_recv(Request request) override {
-    auto work = make_span_work<LocalWork>(std::move(request), timeout(), hub_);
-    hub_->post_recv(work);
-    return work;
-  }
+  // SpanTransport's post_send / post_recv hand their work to this.
+  const std::shared_ptr<LocalHub>& core() const { return hub_; }
 
  private:
   std::shared_ptr<LocalHub> hub_;

@@ -39,10 +39,10 @@ CommInfo world_info(const std::shared_ptr<MpiEnvironment>&) {
   return info;
 }
 
-class MpiTransport final : public Transport {
+class MpiTransport final : public SpanTransport<MpiTransport, MpiWork> {
  public:
   MpiTransport(const TransportOptions& options, std::shared_ptr<MpiEnvironment> env, CommInfo world)
-      : Transport(TransportKind::kMpi, world.rank, world.world_size, options.timeout),
+      : SpanTransport(TransportKind::kMpi, world.rank, world.world_size, options.timeout),
         env_(std::move(env)),
         shutdown_timeout_(options.shutdown_timeout),
         core_(std::make_shared<MpiCore>()) {
@@ -65,18 +65,8 @@ class MpiTransport final : public Transport {
                                                    : shutdown_timeout_);
   }
 
- protected:
-  WorkPtr post_send(Request request) override {
-    auto work = make_span_work<MpiWork>(std::move(request), timeout(), core_);
-    core_->post_send(work);
-    return work;
-  }
-
-  WorkPtr post_recv(Request request) override {
-    auto work = make_span_work<MpiWork>(std::move(request), timeout(), core_);
-    core_->post_recv(work);
-    return work;
-  }
+  // SpanTransport's post_send / post_recv hand their work to this.
+  const std::shared_ptr<MpiCore>& core() const { return core_; }
 
  private:
   std::shared_ptr<MpiEnvironment> env_;

@@ -19,10 +19,10 @@ namespace pipemat::comm::detail {
 namespace tcp {
 namespace {
 
-class TcpTransport final : public Transport {
+class TcpTransport final : public SpanTransport<TcpTransport, TcpWork> {
  public:
   explicit TcpTransport(const TransportOptions& options)
-      : Transport(TransportKind::kTcp, options.rank, options.world_size, options.timeout),
+      : SpanTransport(TransportKind::kTcp, options.rank, options.world_size, options.timeout),
         shutdown_timeout_(options.shutdown_timeout),
         core_(std::make_shared<TcpCore>(options.rank, options.world_size,
                                         options.max_message_bytes)) {
@@ -38,18 +38,8 @@ class TcpTransport final : public Transport {
 
   const Endpoints& endpoints() const { return endpoints_; }
 
- protected:
-  WorkPtr post_send(Request request) override {
-    auto work = make_span_work<TcpWork>(std::move(request), timeout(), core_);
-    core_->post_send(work);
-    return work;
-  }
-
-  WorkPtr post_recv(Request request) override {
-    auto work = make_span_work<TcpWork>(std::move(request), timeout(), core_);
-    core_->post_recv(work);
-    return work;
-  }
+  // SpanTransport's post_send / post_recv hand their work to this.
+  const std::shared_ptr<TcpCore>& core() const { return core_; }
 
  private:
   void rendezvous(const TransportOptions& options) {
