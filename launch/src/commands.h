@@ -22,6 +22,7 @@ void add_bench_remat_command(CLI::App& bench);     // cmd_bench_remat.cpp
 void add_bench_p2p_command(CLI::App& bench);       // cmd_bench_p2p.cpp
 void add_bench_soak_command(CLI::App& bench);      // cmd_bench_soak.cpp
 void add_bench_pipeline_command(CLI::App& bench);  // cmd_bench_pipeline.cpp
+void add_bench_plan_command(CLI::App& bench);      // cmd_bench_plan.cpp
 
 // Prints what parse_config noticed (TrainConfig::warnings, e.g. a deprecated key) to stderr, one
 // "pipemat: warning: ..." line each; under a launcher only rank 0 prints (config_warnings.cpp).

@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
   pipemat::launch::add_bench_p2p_command(*bench);
   pipemat::launch::add_bench_soak_command(*bench);
   pipemat::launch::add_bench_pipeline_command(*bench);
+  pipemat::launch::add_bench_plan_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,37 +1,19 @@
 #include "pipemat/models/bench_pipeline.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "bench_run.h"
 #include "pipemat/core/error.h"
 #include "pipemat/models/config.h"
 #include "pipemat/models/train.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/remat/memory.h"
 
-extern char** environ;
-
 namespace pipemat::models {
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // The medians of the steps after warm-up; losses compared with the reference's, bitwise.
 // `layers_per_stage` > 0: also the per-layer costs (BenchPipelineRow::layer_costs), with I and W
@@ -63,6 +45,7 @@ BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup
     w.push_back(m.measured_costs.backward_weight);
     r.push_back(m.measured_costs.recompute.value_or(0.0));
   }
+  using bench::median;
   row.step_ms = median(step_ms);
   row.bubble = median(bubble);
   row.schedule_bubble = median(schedule_bubble);
@@ -86,69 +69,6 @@ BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup
         ",R=" + per_layer(r) + ",comm=" + num(row.message_delay_ms);
   }
   return row;
-}
-
-std::string default_launcher() {
-  std::vector<char> path(4096);
-  const ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size() - 1);
-  PIPEMAT_CHECK(n > 0, ConfigError,
-                "bench pipeline: cannot find the running binary (/proc/self/exe); pass --launcher "
-                "with the path of pipemat-run");
-  std::string exe(path.data(), static_cast<size_t>(n));
-  return exe.substr(0, exe.rfind('/') + 1) + "pipemat-run";
-}
-
-// Runs argv with stdout and stderr appended to `log`; returns the exit status (or -1).
-int run_process(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  PIPEMAT_CHECK(rc == 0, ConfigError, "bench pipeline: cannot start ", args[0], ": ",
-                std::strerror(rc));
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-std::vector<StepMetrics> read_metrics(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<StepMetrics> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) continue;
-    StepMetrics m;
-    m.step = j.value("step", int64_t{0});
-    m.loss = j.value("loss", 0.0);
-    m.step_ms = j.value("step_ms", 0.0);
-    m.bubble = j.value("bubble", 0.0);
-    m.measured.bubble_ratio = j.value("schedule_bubble", 0.0);
-    m.simulated_bubble = j.value("simulated_bubble", 0.0);
-    m.simulated_bubble_comm = j.value("simulated_bubble_comm", 0.0);
-    m.message_delay_ms = j.value("message_delay_ms", 0.0);
-    m.recv_wait_ms = j.value("recv_wait_ms", 0.0);
-    m.peak_bytes = j.value("peak_bytes", int64_t{0});
-    m.max_rank_peak_bytes = j.value("max_rank_peak_bytes", int64_t{0});
-    if (j.contains("costs") && j["costs"].is_object()) {
-      const auto& c = j["costs"];
-      m.measured_costs.forward = c.value("F", 0.0);
-      m.measured_costs.backward = c.value("B", 0.0);
-      m.measured_costs.backward_input = c.value("I", 0.0);
-      m.measured_costs.backward_weight = c.value("W", 0.0);
-      m.measured_costs.recompute = c.value("R", 0.0);
-    }
-    out.push_back(m);
-  }
-  return out;
 }
 
 }  // namespace
@@ -217,15 +137,11 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
     add(row);
   }
 
-  const std::string launcher = o.launcher.empty() ? default_launcher() : o.launcher;
-  char temp_log[] = "/tmp/pipemat-bench-pipeline-XXXXXX.log";
-  std::string log = o.log;
-  if (log.empty()) {
-    const int fd = ::mkstemps(temp_log, 4);
-    PIPEMAT_CHECK(fd >= 0, ConfigError, "bench pipeline: cannot create a log file in /tmp");
-    ::close(fd);
-    log = temp_log;
-  }
+  const std::string who = "bench pipeline";
+  const std::string launcher = o.launcher.empty() ? bench::default_launcher(who) : o.launcher;
+  // Kept when a run fails: the error names it.
+  const bench::TempFile temp_log("pipemat-bench-pipeline-XXXXXX.log", who, /*keep=*/true);
+  const std::string log = o.log.empty() ? temp_log.path() : o.log;
   for (const auto& schedule : o.schedules) {
     for (const auto& transport : o.transports) {
       std::vector<StepMetrics> steps;
@@ -239,28 +155,8 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
         pp::set_compute_threads(rank_threads);
         steps = train_in_process(config, nullptr).steps;
       } else {
-        char metrics[] = "/tmp/pipemat-bench-metrics-XXXXXX.jsonl";
-        const int fd = ::mkstemps(metrics, 6);
-        PIPEMAT_CHECK(fd >= 0, ConfigError, "bench pipeline: cannot create a metrics file in /tmp");
-        ::close(fd);
-        std::vector<std::string> args = {launcher, "-n", std::to_string(ranks), o.config};
-        if (transport == "tcp") args.push_back("--tcp");
-        args.push_back("--");
-        for (const auto& s : sets) {
-          args.push_back("--set");
-          args.push_back(s);
-        }
-        args.push_back("--set");
-        args.push_back("output.progress=false");
-        args.push_back("--metrics");
-        args.push_back(metrics);
-        const int status = run_process(args, log);
-        steps = read_metrics(metrics);
-        std::remove(metrics);
-        PIPEMAT_CHECK(status == 0 && static_cast<int64_t>(steps.size()) == o.steps, PipelineError,
-                      "bench pipeline: the ", schedule, " run over ", transport, " failed (exit ",
-                      status, ", ", steps.size(), " of ", o.steps, " steps); its output is in ",
-                      log);
+        steps = bench::run_launched({launcher, ranks, transport, o.config, sets, log}, o.steps,
+                                    "bench pipeline: the " + schedule + " run over " + transport);
       }
       const TrainConfig& config = variant.at(schedule);
       pp::PipelineOptions shape;
@@ -279,7 +175,7 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
       add(row);
     }
   }
-  if (o.log.empty()) std::remove(log.c_str());
+  std::remove(temp_log.path().c_str());
   return rows;
 }
 

@@ -35,10 +35,12 @@ ModelRun zoo_run(const TrainConfig& config, int stages) {
   const auto bounds =
       std::make_shared<std::vector<int64_t>>(partition_layers(*layers, config.partition, stages));
   run.stage = [layers, bounds](int s) {
+    PIPEMAT_INTERNAL_ASSERT(!layers->empty(), "stage ", s, " asked after release_unused");
     return pp::make_stage(
         s, Stage(std::vector<torch::nn::AnyModule>(layers->begin() + (*bounds)[s],
                                                    layers->begin() + (*bounds)[s + 1])));
   };
+  run.release_unused = [layers] { std::vector<torch::nn::AnyModule>().swap(*layers); };
   run.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
     return micro_batch_loss(out.at(0), target.at(0), 1);  // pp divides by the micro-batches
   };
@@ -68,9 +70,11 @@ ModelRun gpt_run(const TrainConfig& config, int stages) {
   ModelRun run;
   run.stages = stages;
   run.stage = [parts, bounds, stages](int s) {
+    PIPEMAT_INTERNAL_ASSERT(!parts->blocks.empty(), "stage ", s, " asked after release_unused");
     return pp::make_stage(
         s, GptStage(*parts, (*bounds)[s], (*bounds)[s + 1], s == 0, s == stages - 1));
   };
+  run.release_unused = [parts] { *parts = GptParts{}; };
   run.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
     return gpt_loss(out.at(0), target.at(0));
   };

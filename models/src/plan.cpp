@@ -82,21 +82,30 @@ int selective_candidate(const pp::LayerCandidates& layer, const TrainConfig& con
   return -1;
 }
 
+void check_budgets(const std::vector<int64_t>& budget_bytes, int ranks) {
+  PIPEMAT_CHECK(budget_bytes.size() == 1 || budget_bytes.size() == static_cast<size_t>(ranks),
+                ConfigError, "plan: ", budget_bytes.size(), " memory budgets for ", ranks,
+                " ranks; give one for every rank or one per rank");
+  for (int64_t b : budget_bytes) {
+    PIPEMAT_CHECK(b > 0, ConfigError, "plan: a memory budget must be > 0 bytes, got ", b);
+  }
+}
+
 }  // namespace
 
-PlanReport run_plan(const TrainConfig& given, const PlanOptions& options) {
+PlanReport run_plan(const TrainConfig& config, const PlanOptions& options) {
+  check_budgets(options.budget_bytes, static_cast<int>(config.schedule.ranks));
+  PlanReport report = profile_plan(config, options);
+  solve_plan(report, options.budget_bytes);
+  return report;
+}
+
+PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
   PIPEMAT_CHECK(given.schedule_csv.empty(), ConfigError,
                 "plan: schedule.csv is not supported; plan a generated schedule (schedule.kind)");
   PIPEMAT_CHECK(given.schedule.kind != schedule::ScheduleKind::kImported, ConfigError,
                 "plan: an imported schedule is not supported");
   const int ranks = given.schedule.ranks;
-  PIPEMAT_CHECK(
-      options.budget_bytes.size() == 1 || options.budget_bytes.size() == static_cast<size_t>(ranks),
-      ConfigError, "plan: ", options.budget_bytes.size(), " memory budgets for ", ranks,
-      " ranks; give one for every rank or one per rank");
-  for (int64_t b : options.budget_bytes) {
-    PIPEMAT_CHECK(b > 0, ConfigError, "plan: a memory budget must be > 0 bytes, got ", b);
-  }
   PlanReport report;
   report.config = given;
   TrainConfig& config = report.config;
@@ -168,27 +177,8 @@ PlanReport run_plan(const TrainConfig& given, const PlanOptions& options) {
       report.is_layer.push_back(true);
     }
   }
-  for (int r = 0; r < ranks; ++r) {
-    problem.budget_bytes.push_back(static_cast<double>(
-        options.budget_bytes.size() == 1 ? options.budget_bytes[0]
-                                         : options.budget_bytes[static_cast<size_t>(r)]));
-  }
-
-  const auto uniform = [&](int candidate) {
-    std::vector<int> choice;
-    for (bool is_layer : report.is_layer) choice.push_back(is_layer ? candidate : 0);
-    return choice;
-  };
-  report.uniform.push_back({"none", plan::evaluate(problem, uniform(0))});
-  report.uniform.push_back({"full", plan::evaluate(problem, uniform(1))});
-  const int selective = selective_candidate(layer, config, kind.prefix);
-  if (selective >= 0) {
-    report.uniform.push_back({"selective", plan::evaluate(problem, uniform(selective))});
-  }
+  report.selective = selective_candidate(layer, config, kind.prefix);
   report.policies = layer.policies;
-  report.result = plan::solve(problem);
-  config.remat.stages = stages_of_plan(report, report.result.best.choice);
-
   report.summary = run.summary + "; " + to_string(config.schedule.kind) + " on " +
                    std::to_string(ranks) + " ranks (" + std::to_string(stages) + " stages), " +
                    std::to_string(config.schedule.micro_batches) + " micro-batches; " +
@@ -196,6 +186,38 @@ PlanReport run_plan(const TrainConfig& given, const PlanOptions& options) {
                    join(layer.save_leaves, ", ") + " as SAVE leaves), profiled with " +
                    std::to_string(threads) + (threads == 1 ? " thread" : " threads");
   return report;
+}
+
+void solve_plan(PlanReport& report, const std::vector<int64_t>& budget_bytes) {
+  plan::PlanProblem& problem = report.problem;
+  const int ranks = static_cast<int>(problem.schedule.ranks);
+  check_budgets(budget_bytes, ranks);
+  problem.budget_bytes.clear();
+  for (int r = 0; r < ranks; ++r) {
+    problem.budget_bytes.push_back(static_cast<double>(
+        budget_bytes.size() == 1 ? budget_bytes[0] : budget_bytes[static_cast<size_t>(r)]));
+  }
+  const auto uniform = [&](int candidate) {
+    std::vector<int> choice;
+    for (bool is_layer : report.is_layer) choice.push_back(is_layer ? candidate : 0);
+    return choice;
+  };
+  report.uniform.clear();
+  report.uniform.push_back({"none", plan::evaluate(problem, uniform(0))});
+  report.uniform.push_back({"full", plan::evaluate(problem, uniform(1))});
+  if (report.selective >= 0) {
+    report.uniform.push_back({"selective", plan::evaluate(problem, uniform(report.selective))});
+  }
+  report.config.remat.stages.clear();
+  report.result = plan::solve(problem);
+  report.config.remat.stages = stages_of_plan(report, report.result.best.choice);
+}
+
+TrainConfig uniform_config(const PlanReport& report, RematPolicyKind policy) {
+  TrainConfig config = report.config;
+  config.remat.stages.clear();
+  config.remat.policy = policy;
+  return config;
 }
 
 std::vector<StageRemat> stages_of_plan(const PlanReport& report, const std::vector<int>& choice) {

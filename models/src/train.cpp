@@ -105,6 +105,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   options.clip_grad_norm = config.training.clip_grad_norm;
   if (run.random) options.seed = config.training.seed;
   pp::Pipeline pipeline(transport, options, run.stage);
+  run.release_unused();  // the other ranks' stages' weights
   TrainResult result;
   result.last_stage_rank = pipeline.is_last_stage_rank();
   const bool talk = result.last_stage_rank && progress && config.output.progress;

@@ -292,6 +292,7 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
   optimizer->step();
   m.step_ms = since_us(t0) / 1000.0;
   m.busy_ms = busy_us / 1000.0;
+  m.start_bytes = bytes0;
   m.peak_bytes = remat::memory_stats().peak_bytes - bytes0;
   m.max_rank_peak_bytes = m.peak_bytes;
   m.recv_wait_ms = recv_wait_us / 1000.0;

@@ -20,7 +20,10 @@ namespace pipemat::models {
 
 struct ModelRun {
   int stages = 0;
-  pp::StageFactory stage;     // stage s; every call returns modules of the same weights
+  pp::StageFactory stage;  // stage s; every call returns modules of the same weights
+  // Drops the model's own reference to its weights: what no stage handed out holds is freed (a
+  // pipeline rank keeps its own stages' weights only). `stage` must not be called afterwards.
+  std::function<void()> release_unused;
   pp::LossFn loss;            // mean loss of one micro-batch (pp divides by micro-batches)
   pp::DataSource train_data;  // (step, micro-batch) -> inputs / targets
   pp::DataSource eval_data;   // (step, micro-batch), the same windows for every step; may be

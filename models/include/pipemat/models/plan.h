@@ -48,15 +48,30 @@ struct PlanReport {
   plan::PlanProblem problem;              // Note [Plan inputs]; layer names are global
   std::vector<bool> is_layer;             // per problem layer: false for the "stage s" entries
   std::vector<pp::LayerPolicy> policies;  // per candidate of a layer (same for every layer)
+  int selective = -1;  // the candidate remat.policy selective runs (-1: the layer has none)
   plan::PlanResult result;
   std::vector<UniformPrediction> uniform;
   TrainConfig config;  // runs the plan as is
 };
 
-// ConfigError for a config the planner cannot take (schedule.csv, remat.policy custom, budgets
-// not one or one per rank) and, from plan::solve, for a budget no assignment fits (naming the
-// smallest budget that does).
+// profile_plan + solve_plan. ConfigError for a config the planner cannot take (schedule.csv,
+// an imported schedule, budgets not one or one per rank) and, from plan::solve, for a budget no
+// assignment fits (naming the smallest budget that does).
 PlanReport run_plan(const TrainConfig& config, const PlanOptions& options);
+
+// The profiling half: the problem, its layers' candidates and the planned config's schedule;
+// budgets (options.budget_bytes) are ignored and result, uniform and the config's remat.stages
+// left empty. One profile serves any number of budgets.
+PlanReport profile_plan(const TrainConfig& config, const PlanOptions& options);
+
+// The solving half, on a profiled report: sets the budgets (one for every rank or one per rank),
+// predicts the uniform policies, solves, and writes the plan into report.config.
+void solve_plan(PlanReport& report, const std::vector<int64_t>& budget_bytes);
+
+// The config that runs `policy` (none / full / selective) on every stage of a profiled report:
+// its schedule (recompute pretrigger) and threads, so that it runs what the uniform predictions
+// predict.
+TrainConfig uniform_config(const PlanReport& report, RematPolicyKind policy);
 
 // The remat.stages of an assignment (candidate per problem layer) of `report`.
 std::vector<StageRemat> stages_of_plan(const PlanReport& report, const std::vector<int>& choice);

@@ -207,6 +207,12 @@ struct StepMetrics {
   double message_delay_ms = 0;
   double simulated_bubble_comm = 0;
   int64_t max_rank_peak_bytes = 0;  // max of peak_bytes over ranks (local: one process)
+  // The tracking allocator's bytes when the step started (weights, optimizer state and what else
+  // the process holds), this rank's; start_bytes + peak_bytes is its peak during the step.
+  int64_t start_bytes = 0;
+  // On the last stage's rank (with collect_timelines): start_bytes and peak_bytes of every rank,
+  // by rank (local: the one process's, the same for every rank). Empty elsewhere.
+  std::vector<int64_t> rank_start_bytes, rank_peak_bytes;
 };
 
 struct EvalOptions {

@@ -1,0 +1,155 @@
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "pipemat/core/error.h"
+#include "pipemat/core/format.h"
+#include "pipemat/models/bench_plan.h"
+#include "pipemat/models/config.h"
+
+namespace pipemat::launch {
+namespace {
+
+std::string mib(double bytes) { return format_fixed(bytes / (1024.0 * 1024.0), 2); }
+
+std::string error_of(double measured, double predicted) {
+  if (predicted <= 0) return "-";
+  const double e = (measured / predicted - 1) * 100;
+  return (e >= 0 ? "+" : "") + format_fixed(e, 1) + "%";
+}
+
+void print_run(const models::BenchPlanRun& r) {
+  std::string budget = r.budget > 0 ? format_bytes(r.budget) : "-";
+  std::printf("%-10s %10s %9.1f %9.1f %7s", r.policy.c_str(), budget.c_str(), r.predicted_step_ms,
+              r.step_ms, error_of(r.step_ms, r.predicted_step_ms).c_str());
+  for (size_t k = 0; k < r.peak_bytes.size(); ++k) {
+    const double want = k < r.predicted_peak_bytes.size() ? r.predicted_peak_bytes[k] : 0;
+    std::printf("  r%zu %s/%s %s", k, mib(want).c_str(),
+                mib(static_cast<double>(r.peak_bytes[k])).c_str(),
+                error_of(static_cast<double>(r.peak_bytes[k]), want).c_str());
+  }
+  std::printf("  %s\n", r.losses_equal ? "yes" : "NO");
+  std::fflush(stdout);
+}
+
+nlohmann::json run_json(const models::BenchPlanRun& r) {
+  return {{"policy", r.policy},
+          {"budget_bytes", r.budget},
+          {"predicted_step_ms", r.predicted_step_ms},
+          {"step_ms", r.step_ms},
+          {"predicted_peak_bytes", r.predicted_peak_bytes},
+          {"peak_bytes", r.peak_bytes},
+          {"losses_equal", r.losses_equal}};
+}
+
+}  // namespace
+
+void add_bench_plan_command(CLI::App& bench) {
+  struct Flags {
+    models::BenchPlanOptions bench;
+    std::string budgets;
+    std::string svg;
+    bool json = false;
+  };
+  auto f = std::make_shared<Flags>();
+  auto* cmd = bench.add_subcommand(
+      "plan",
+      "Does a plan keep its promises? Profiles the config once, then per budget plans it and\n"
+      "runs the plan as a multi-process job (pipemat-run), and runs the uniform policies (none,\n"
+      "full, selective) on the same schedule. Prints per run the predicted and measured step\n"
+      "(median after warm-up) and per rank the predicted / measured peak in MiB (the bytes at the\n"
+      "step's start plus its peak above them, max over all steps), and whether every loss equals\n"
+      "the single-process reference bitwise; then per budget the fastest uniform policy that fits\n"
+      "(measured) and the plan's speedup over it. Example:\n"
+      "  pipemat bench plan --config configs/plan-transformer.yaml --budgets 26MiB,30MiB "
+      "--svg plan.svg");
+  cmd->add_option("--config", f->bench.config, "YAML config (docs/config.md)")->required();
+  cmd->add_option("--set", f->bench.overrides, "Override a config key for every run")->take_all();
+  cmd->add_option("--budgets", f->budgets,
+                  "Memory budgets to plan for, each for every rank: 24MiB,28MiB,32MiB")
+      ->required();
+  cmd->add_option("--steps", f->bench.steps, "Steps per run, warm-up included")
+      ->check(CLI::Range(int64_t{2}, int64_t{1000000}))
+      ->capture_default_str();
+  cmd->add_option("--warmup", f->bench.warmup, "Steps left out of the step-time medians")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
+      ->capture_default_str();
+  cmd->add_option("--transport", f->bench.transport, "tcp or mpi")->capture_default_str();
+  cmd->add_option("--repeats", f->bench.repeats, "Profiler repeats per candidate (times: median)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd->add_option("--max-save-leaves", f->bench.max_save_leaves,
+                  "SAVE regions per layer to combine (2^n - 1 selective candidates)")
+      ->check(CLI::Range(0, 10))
+      ->capture_default_str();
+  cmd->add_option("--launcher", f->bench.launcher,
+                  "pipemat-run to start the runs (default: next to this binary)");
+  cmd->add_option("--log", f->bench.log, "Keep the output of the runs in this file");
+  cmd->add_option("--svg", f->svg, "Also draw step time vs budget into this SVG file");
+  cmd->add_flag("--json", f->json, "Print one JSON object instead of the tables");
+  cmd->callback([f] {
+    for (const std::string& b : split(f->budgets, ',')) {
+      f->bench.budgets.push_back(parse_bytes(b, "--budgets"));
+    }
+    print_config_warnings(models::load_config(f->bench.config, f->bench.overrides).warnings);
+    if (!f->json) {
+      std::printf("%-10s %10s %9s %9s %7s  %s  %s\n", "run", "budget", "pred ms", "step ms",
+                  "error", "per rank: predicted/measured peak MiB, error", "losses equal");
+    }
+    const models::BenchPlanReport report =
+        models::run_bench_plan(f->bench, [&](const models::BenchPlanRun& r) {
+          if (!f->json) print_run(r);
+        });
+    if (!f->svg.empty()) {
+      std::ofstream file(f->svg);
+      file << models::render_bench_plan_svg(report);
+      PIPEMAT_CHECK(file.good(), ConfigError, "--svg: cannot write '", f->svg, "'");
+    }
+    if (f->json) {
+      nlohmann::json out;
+      out["summary"] = report.summary;
+      out["fixed_bytes"] = report.fixed_bytes;
+      out["reference_losses"] = report.reference_losses;
+      for (const auto& u : report.uniform) out["uniform"].push_back(run_json(u));
+      for (const auto& b : report.budgets) {
+        nlohmann::json row = {{"budget_bytes", b.budget}};
+        if (!b.infeasible.empty()) {
+          row["infeasible"] = b.infeasible;
+        } else {
+          row["plan"] = run_json(b.plan);
+          row["best_uniform"] = b.best_uniform;
+          row["speedup"] = b.speedup;
+          row["predicted_best_uniform"] = b.predicted_best_uniform;
+          row["predicted_speedup"] = b.predicted_speedup;
+        }
+        out["budgets"].push_back(row);
+      }
+      std::cout << out.dump() << std::endl;
+      return;
+    }
+    std::printf("\n%s\n%10s %9s  %-10s %9s %8s  %s\n", report.summary.c_str(), "budget", "plan ms",
+                "best fit", "its ms", "speedup", "predicted: best fit, speedup");
+    for (const auto& b : report.budgets) {
+      if (!b.infeasible.empty()) {
+        std::printf("%10s  infeasible: %s\n", format_bytes(b.budget).c_str(), b.infeasible.c_str());
+        continue;
+      }
+      double best_ms = 0;
+      for (const auto& u : report.uniform)
+        if (u.policy == b.best_uniform) best_ms = u.step_ms;
+      std::printf(
+          "%10s %9.1f  %-10s %9.1f %7.3fx  %s %.3fx\n", format_bytes(b.budget).c_str(),
+          b.plan.step_ms, b.best_uniform.empty() ? "nothing fits" : b.best_uniform.c_str(), best_ms,
+          b.speedup,
+          b.predicted_best_uniform.empty() ? "nothing fits" : b.predicted_best_uniform.c_str(),
+          b.predicted_speedup);
+    }
+  });
+}
+
+}  // namespace pipemat::launch
