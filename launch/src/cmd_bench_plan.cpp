@@ -93,9 +93,7 @@ void add_bench_plan_command(CLI::App& bench) {
   cmd->add_option("--svg", f->svg, "Also draw step time vs budget into this SVG file");
   cmd->add_flag("--json", f->json, "Print one JSON object instead of the tables");
   cmd->callback([f] {
-    for (const std::string& b : split(f->budgets, ',')) {
-      f->bench.budgets.push_back(parse_bytes(b, "--budgets"));
-    }
+    f->bench.budgets = parse_byte_list(f->budgets, "--budgets", "sizes such as 24MiB,28MiB");
     print_config_warnings(models::load_config(f->bench.config, f->bench.overrides).warnings);
     if (!f->json) {
       std::printf("%-10s %10s %9s %9s %7s  %s  %s\n", "run", "budget", "pred ms", "step ms",

@@ -17,16 +17,6 @@
 namespace pipemat::launch {
 namespace {
 
-std::vector<int64_t> parse_budgets(const std::string& text) {
-  std::vector<int64_t> budgets;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) budgets.push_back(parse_bytes(item, "--memory-budget"));
-  PIPEMAT_CHECK(!budgets.empty(), ConfigError,
-                "--memory-budget: expected a size such as 48MiB, or one per rank: 64MiB,48MiB");
-  return budgets;
-}
-
 // "layers.0-3 full, layers.4 save:up": consecutive layers of one stage with one choice merged.
 std::string stage_choices(const models::PlanReport& report, const std::vector<int>& choice,
                           int stage) {
@@ -113,6 +103,14 @@ void print_text(const models::PlanReport& report, std::ostream& out) {
 
 }  // namespace
 
+std::vector<int64_t> parse_byte_list(const std::string& text, const std::string& flag,
+                                     const std::string& expected) {
+  std::vector<int64_t> out;
+  for (const std::string& item : split(text, ',')) out.push_back(parse_bytes(item, flag));
+  PIPEMAT_CHECK(!out.empty(), ConfigError, flag, ": expected ", expected);
+  return out;
+}
+
 void add_plan_command(CLI::App& app) {
   struct Flags {
     std::string config;
@@ -154,7 +152,8 @@ void add_plan_command(CLI::App& app) {
   cmd->callback([f] {
     const models::TrainConfig config = models::load_config(f->config, f->overrides);
     print_config_warnings(config.warnings);
-    f->plan.budget_bytes = parse_budgets(f->budget);
+    f->plan.budget_bytes = parse_byte_list(f->budget, "--memory-budget",
+                                           "a size such as 48MiB, or one per rank: 64MiB,48MiB");
     const models::PlanReport report = models::run_plan(config, f->plan);
     if (!f->out.empty()) {
       std::ofstream file(f->out);

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,5 +28,9 @@ void add_bench_plan_command(CLI::App& bench);      // cmd_bench_plan.cpp
 // Prints what parse_config noticed (TrainConfig::warnings, e.g. a deprecated key) to stderr, one
 // "pipemat: warning: ..." line each; under a launcher only rank 0 prints (config_warnings.cpp).
 void print_config_warnings(const std::vector<std::string>& warnings);
+// Comma-separated sizes ("24MiB,28MiB") of `flag`; ConfigError naming the flag and `expected`
+// when the list is empty or an item is no size (cmd_plan.cpp).
+std::vector<int64_t> parse_byte_list(const std::string& text, const std::string& flag,
+                                     const std::string& expected);
 
 }  // namespace pipemat::launch
