@@ -80,12 +80,14 @@ void add_bench_plan_command(CLI::App& bench) {
       ->check(CLI::Range(int64_t{0}, int64_t{1000000}))
       ->capture_default_str();
   cmd->add_option("--transport", f->bench.transport, "tcp or mpi")->capture_default_str();
-  cmd->add_option("--repeats", f->bench.repeats, "Profiler repeats per candidate (times: median)")
-      ->check(CLI::Range(1, 100))
+  add_plan_profile_flags(*cmd, f->bench.plan);
+  cmd->add_option("--message-ms", f->bench.message_ms,
+                  "Message cost of the predictions, ms (-1: measure it with a calibration run)")
+      ->check(CLI::Range(-1.0, 1e6))
       ->capture_default_str();
-  cmd->add_option("--max-save-leaves", f->bench.max_save_leaves,
-                  "SAVE regions per layer to combine (2^n - 1 selective candidates)")
-      ->check(CLI::Range(0, 10))
+  cmd->add_option("--calibration-steps", f->bench.calibration_steps,
+                  "Steps of the calibration run (remat none; the first is left out)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1000}))
       ->capture_default_str();
   cmd->add_option("--launcher", f->bench.launcher,
                   "pipemat-run to start the runs (default: next to this binary)");
@@ -111,6 +113,8 @@ void add_bench_plan_command(CLI::App& bench) {
     if (f->json) {
       nlohmann::json out;
       out["summary"] = report.summary;
+      out["message_ms"] = report.message_ms;
+      out["message_calibrated"] = report.message_calibrated;
       out["fixed_bytes"] = report.fixed_bytes;
       out["reference_losses"] = report.reference_losses;
       for (const auto& u : report.uniform) out["uniform"].push_back(run_json(u));
@@ -130,7 +134,9 @@ void add_bench_plan_command(CLI::App& bench) {
       std::cout << out.dump() << std::endl;
       return;
     }
-    std::printf("\n%s\n%10s %9s  %-10s %9s %8s  %s\n", report.summary.c_str(), "budget", "plan ms",
+    std::printf("\n%s; messages %.2f ms (%s)\n%10s %9s  %-10s %9s %8s  %s\n",
+                report.summary.c_str(), report.message_ms,
+                report.message_calibrated ? "calibration run" : "--message-ms", "budget", "plan ms",
                 "best fit", "its ms", "speedup", "predicted: best fit, speedup");
     for (const auto& b : report.budgets) {
       if (!b.infeasible.empty()) {

@@ -64,6 +64,20 @@ nlohmann::json prediction_json(const plan::Prediction& p) {
   return out;
 }
 
+nlohmann::json candidate_json(const plan::Candidate& c) {
+  return {{"name", c.name},
+          {"resident_bytes", c.resident_bytes},
+          {"replayed_bytes", c.replayed_bytes},
+          {"forward_ms", c.forward},
+          {"backward_input_ms", c.backward_input},
+          {"backward_weight_ms", c.backward_weight},
+          {"backward_ms", c.backward},
+          {"recompute_ms", c.recompute},
+          {"forward_temporary_bytes", c.forward_temporary_bytes},
+          {"recompute_temporary_bytes", c.recompute_temporary_bytes},
+          {"backward_temporary_bytes", c.backward_temporary_bytes}};
+}
+
 void print_text(const models::PlanReport& report, std::ostream& out) {
   const plan::Prediction& best = report.result.best;
   const plan::PlanProblem& problem = report.problem;
@@ -111,6 +125,25 @@ std::vector<int64_t> parse_byte_list(const std::string& text, const std::string&
   return out;
 }
 
+void add_plan_profile_flags(CLI::App& cmd, models::PlanOptions& plan) {
+  cmd.add_option("--repeats", plan.repeats, "Profiler repeats per candidate (times: median)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd.add_option("--profile-warmup", plan.warmup, "Unmeasured profiler rounds before the repeats")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
+  cmd.add_option("--max-save-leaves", plan.max_save_leaves,
+                 "SAVE regions per layer to combine (2^n - 1 selective candidates)")
+      ->check(CLI::Range(0, 10))
+      ->capture_default_str();
+  cmd.add_option("--cores", plan.cores,
+                 "Cores the ranks share: more ranks than cores / threads per rank compute at\n"
+                 "once only by sharing them (-1: this machine's, where pipemat-run starts the\n"
+                 "ranks; 0: each rank its own, e.g. ranks on separate machines)")
+      ->check(CLI::Range(-1, 1 << 20))
+      ->capture_default_str();
+}
+
 void add_plan_command(CLI::App& app) {
   struct Flags {
     std::string config;
@@ -142,12 +175,11 @@ void add_plan_command(CLI::App& app) {
       ->required();
   cmd->add_option("--out", f->out, "Write the planned config here (YAML)");
   cmd->add_flag("--json", f->json, "Print one JSON object instead of lines");
-  cmd->add_option("--repeats", f->plan.repeats, "Profiler repeats per candidate (times: median)")
-      ->check(CLI::Range(1, 100))
-      ->capture_default_str();
-  cmd->add_option("--max-save-leaves", f->plan.max_save_leaves,
-                  "SAVE regions per layer to combine (2^n - 1 selective candidates)")
-      ->check(CLI::Range(0, 10))
+  add_plan_profile_flags(*cmd, f->plan);
+  cmd->add_option("--message-ms", f->plan.message_ms,
+                  "What one stage-boundary message takes from send to use, ms: the\n"
+                  "message_delay_ms of a run's --metrics, or let `pipemat bench plan` measure it")
+      ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   cmd->callback([f] {
     const models::TrainConfig config = models::load_config(f->config, f->overrides);
@@ -183,15 +215,28 @@ void add_plan_command(CLI::App& app) {
         out["uniform"][u.policy] = prediction_json(u.prediction);
       const auto first_layer = std::find(report.is_layer.begin(), report.is_layer.end(), true);
       const size_t layer = static_cast<size_t>(first_layer - report.is_layer.begin());
-      for (const plan::Candidate& c : problem.layers.at(layer).candidates) {
-        out["candidates"].push_back({{"name", c.name},
-                                     {"resident_bytes", c.resident_bytes},
-                                     {"replayed_bytes", c.replayed_bytes},
-                                     {"forward_ms", c.forward},
-                                     {"backward_input_ms", c.backward_input},
-                                     {"backward_weight_ms", c.backward_weight},
-                                     {"recompute_ms", c.recompute}});
+      for (const plan::Candidate& c : problem.layers.at(layer).candidates)
+        out["candidates"].push_back(candidate_json(c));
+      // Each stage beyond its layers (Note [Plan inputs]) and its StageBytes.
+      for (size_t l = 0; l < problem.layers.size(); ++l) {
+        if (report.is_layer[l]) continue;
+        const size_t s = static_cast<size_t>(problem.stage_of_layer[l]);
+        nlohmann::json stage = candidate_json(problem.layers[l].candidates.front());
+        stage.erase("name");
+        stage["stage"] = s;
+        if (s < problem.stage_bytes.size()) {
+          const plan::StageBytes& b = problem.stage_bytes[s];
+          stage["gradient_bytes"] = b.gradients;
+          stage["input_temporary_bytes"] = b.backward_input;
+          stage["input_held_bytes"] = b.input_held;
+          stage["weight_temporary_bytes"] = b.backward_weight;
+        }
+        out["stages"].push_back(stage);
       }
+      out["step_tail_ms"] = problem.step_tail;
+      out["tails_wait_for_all"] = problem.tails_wait_for_all;
+      out["message_ms"] = problem.message_cost;
+      out["parallel_ranks"] = problem.parallel_ranks;
       if (!f->out.empty()) out["out"] = f->out;
       std::cout << out.dump() << std::endl;
       return;

@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+namespace pipemat::models {
+struct PlanOptions;
+}
+
 namespace pipemat::launch {
 
 void add_demo_command(CLI::App& app);      // cmd_demo.cpp
@@ -32,5 +36,8 @@ void print_config_warnings(const std::vector<std::string>& warnings);
 // when the list is empty or an item is no size (cmd_plan.cpp).
 std::vector<int64_t> parse_byte_list(const std::string& text, const std::string& flag,
                                      const std::string& expected);
+// The profiler and step-model flags of `pipemat plan` and `pipemat bench plan` (--repeats,
+// --profile-warmup, --max-save-leaves, --cores) into `plan` (cmd_plan.cpp).
+void add_plan_profile_flags(CLI::App& cmd, models::PlanOptions& plan);
 
 }  // namespace pipemat::launch

@@ -55,6 +55,26 @@ struct Runner {
   }
 };
 
+// Note [Measured message delay] of a short run of `config`: the median over its steps after the
+// first.
+double calibrate_message_ms(const Runner& runner, TrainConfig config, int64_t steps) {
+  config.training.steps = steps;
+  const bench::TempFile yaml("pipemat-bench-plan-XXXXXX.yaml", kWho);
+  {
+    std::ofstream file(yaml.path());
+    file << config_to_yaml(config);
+    PIPEMAT_CHECK(file.good(), ConfigError, kWho, ": cannot write ", yaml.path());
+  }
+  bench::LaunchedRun job = runner.launch;
+  job.config = yaml.path();
+  const std::vector<pp::StepMetrics> got =
+      bench::run_launched(job, steps, std::string(kWho) + ": the calibration run");
+  std::vector<double> delays;
+  for (const pp::StepMetrics& m : got)
+    if (m.step >= 1) delays.push_back(m.message_delay_ms);
+  return bench::median(delays);
+}
+
 bool fits(const std::vector<int64_t>& peaks, int64_t budget) {
   return std::all_of(peaks.begin(), peaks.end(), [&](int64_t p) { return p <= budget; });
 }
@@ -65,6 +85,8 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
                                const std::function<void(const BenchPlanRun&)>& on_run) {
   PIPEMAT_CHECK(o.warmup >= 0 && o.steps > o.warmup, ConfigError, kWho, ": --steps ", o.steps,
                 " must be more than --warmup ", o.warmup);
+  PIPEMAT_CHECK(o.calibration_steps >= 2, ConfigError, kWho, ": --calibration-steps ",
+                o.calibration_steps, " must be at least 2 (the first step is left out)");
   PIPEMAT_CHECK(!o.budgets.empty(), ConfigError, kWho,
                 ": give at least one memory budget, e.g. --budgets 24MiB,28MiB");
   PIPEMAT_CHECK(o.transport == "tcp" || o.transport == "mpi", ConfigError, kWho, ": --transport '",
@@ -86,9 +108,8 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
   for (const pp::StepMetrics& m : run_reference(config, nullptr))
     report.reference_losses.push_back(m.loss);
 
-  PlanOptions plan_options;
-  plan_options.repeats = o.repeats;
-  plan_options.max_save_leaves = o.max_save_leaves;
+  PlanOptions plan_options = o.plan;
+  plan_options.budget_bytes.clear();
   PlanReport profiled = profile_plan(config, plan_options);
   report.summary = profiled.summary;
   report.fixed_bytes = profiled.problem.fixed_bytes;
@@ -100,6 +121,14 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
   runner.launch.ranks = ranks;
   runner.launch.transport = o.transport;
   runner.launch.log = o.log.empty() ? temp_log.path() : o.log;
+
+  report.message_ms = o.message_ms;
+  if (o.message_ms < 0) {
+    report.message_ms = calibrate_message_ms(
+        runner, uniform_config(profiled, RematPolicyKind::kNone), o.calibration_steps);
+    report.message_calibrated = true;
+  }
+  profiled.problem.message_cost = report.message_ms;
 
   // The uniform predictions do not depend on the budget; solve_plan sets them before it solves.
   PlanReport uniform_report = profiled;

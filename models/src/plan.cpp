@@ -5,8 +5,10 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "pipemat/pp/compute.h"
 #include "pipemat/pp/pipeline.h"
 #include "pipemat/pp/profile.h"
+#include "train_optimizer.h"
 
 namespace pipemat::models {
 namespace {
@@ -82,6 +85,38 @@ int selective_candidate(const pp::LayerCandidates& layer, const TrainConfig& con
   return -1;
 }
 
+// Median ms of the optimizer step of `params` (their gradients set), with the gradient norms
+// and their scaling when the config clips (as pp's clipping computes them).
+double optimizer_ms(const TrainingOptions& training, const std::vector<at::Tensor>& params,
+                    int repeats, int warmup) {
+  if (params.empty()) return 0.0;
+  const auto optimizer = make_optimizer(training, params);
+  std::vector<double> times;
+  for (int r = 0; r < warmup + repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (training.clip_grad_norm > 0) {
+      std::vector<at::Tensor> norms;
+      for (const auto& p : params) {
+        if (p.grad().defined()) norms.push_back(p.grad().data().norm(2.0));
+      }
+      const double total = norms.empty() ? 0.0 : at::stack(norms).norm(2.0).item<double>();
+      const double scale = training.clip_grad_norm / (total + 1e-6);
+      if (scale < 1.0) {
+        for (const auto& p : params) {
+          if (p.grad().defined()) p.grad().data().mul_(scale);
+        }
+      }
+    }
+    optimizer->step();
+    if (r >= warmup) {
+      times.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 void check_budgets(const std::vector<int64_t>& budget_bytes, int ranks) {
   PIPEMAT_CHECK(budget_bytes.size() == 1 || budget_bytes.size() == static_cast<size_t>(ranks),
                 ConfigError, "plan: ", budget_bytes.size(), " memory budgets for ", ranks,
@@ -128,45 +163,57 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
 
   pp::ProfileOptions profile_options;
   profile_options.repeats = options.repeats;
+  profile_options.warmup = options.warmup;
   profile_options.max_save_leaves = options.max_save_leaves;
   pp::LayerCandidates layer =
       pp::profile_layer(kind.prefix + ".*", kind.make, kind.input, profile_options);
   const plan::Candidate none = layer.profile.candidates.front();
-  for (plan::Candidate& c : layer.profile.candidates) {  // Note [Plan inputs]: one F, I, W
+  for (plan::Candidate& c : layer.profile.candidates) {  // Note [Plan inputs]: one F, I, W, B
     c.forward = none.forward;
     c.backward_input = none.backward_input;
     c.backward_weight = none.backward_weight;
+    c.backward = none.backward;
   }
 
   problem.fixed_bytes.assign(static_cast<size_t>(ranks), 0.0);
-  problem.gradient_bytes.assign(static_cast<size_t>(stages), 0.0);
-  problem.backward_bytes.clear();
+  problem.stage_bytes.assign(static_cast<size_t>(stages), {});
+  problem.message_cost = options.message_ms;
   const pp::MicroBatch data = run.train_data(0, 0);
   pp::Tensors inputs = data.inputs;
+  std::vector<std::vector<at::Tensor>> rank_params(static_cast<size_t>(ranks));
   for (int s = 0; s < stages; ++s) {
     const pp::PipelineStage stage = run.stage(s);
+    const auto stage_params = stage.module->parameters();
+    auto& params_of_rank = rank_params[static_cast<size_t>(plan_schedule.rank_of(s))];
+    params_of_rank.insert(params_of_rank.end(), stage_params.begin(), stage_params.end());
     double params = 0;
-    for (const auto& p : stage.module->parameters()) params += static_cast<double>(p.numel());
-    problem.gradient_bytes[static_cast<size_t>(s)] = params * kFloatBytes;
+    for (const auto& p : stage_params) params += static_cast<double>(p.numel());
+    const double gradients = params * kFloatBytes;
     problem.fixed_bytes[static_cast<size_t>(plan_schedule.rank_of(s))] +=
-        params * kFloatBytes * (1 + optimizer_states(config.training));
+        gradients * (1 + optimizer_states(config.training));
     const bool last = s == stages - 1;
     const pp::StageProfile whole =
         pp::profile_stage(stage, inputs, last ? run.loss : pp::LossFn{},
-                          last ? data.targets : pp::Tensors{}, options.repeats);
+                          last ? data.targets : pp::Tensors{}, options.repeats, options.warmup);
     inputs = whole.outputs;
-    // The backward's peak above its start, less the gradients it creates (counted on their own).
-    problem.backward_bytes.push_back(
-        std::max(0.0, whole.backward_peak_bytes - params * kFloatBytes));
+    plan::StageBytes& bytes = problem.stage_bytes[static_cast<size_t>(s)];
+    bytes.gradients = gradients;
+    bytes.backward_input = std::max(0.0, whole.input_peak_bytes);
+    bytes.input_held = std::max(0.0, whole.input_held_bytes);
+    bytes.backward_weight = std::max(0.0, whole.weight_peak_bytes);
     const int64_t layers =
         kind.bounds[static_cast<size_t>(s) + 1] - kind.bounds[static_cast<size_t>(s)];
     const double n = static_cast<double>(layers);
+    // Note [Plan inputs]: the stage's sums under `none` are the whole stage's measurements.
     plan::Candidate rest;
     rest.name = "fixed";
     rest.resident_bytes = whole.input_bytes + whole.resident_bytes - n * none.resident_bytes;
-    rest.forward = std::max(0.0, whole.forward - n * none.forward);
-    rest.backward_input =
-        std::max(0.0, whole.backward - n * (none.backward_input + none.backward_weight));
+    rest.forward = whole.forward - n * none.forward;
+    rest.backward_input = whole.backward_input - n * none.backward_input;
+    rest.backward_weight = whole.backward_weight - n * none.backward_weight;
+    rest.backward = whole.backward - n * none.backward;
+    rest.forward_temporary_bytes = std::max(0.0, whole.forward_peak_bytes - whole.resident_bytes);
+    rest.backward_temporary_bytes = std::max(0.0, whole.backward_peak_bytes);
     problem.layers.push_back({"stage " + std::to_string(s), {rest}});
     problem.stage_of_layer.push_back(s);
     report.is_layer.push_back(false);
@@ -177,6 +224,16 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
       report.is_layer.push_back(true);
     }
   }
+  // The step's tail on each rank: its optimizer step (and gradient norms) on its parameters,
+  // whose gradients the stages' profiles left.
+  for (int r = 0; r < ranks; ++r) {
+    problem.step_tail.push_back(optimizer_ms(config.training, rank_params[static_cast<size_t>(r)],
+                                             options.repeats, options.warmup));
+  }
+  problem.tails_wait_for_all = config.training.clip_grad_norm > 0;
+  const int cores =
+      options.cores >= 0 ? options.cores : static_cast<int>(std::thread::hardware_concurrency());
+  problem.parallel_ranks = cores > 0 ? std::max(1, cores / threads) : 0;
   report.selective = selective_candidate(layer, config, kind.prefix);
   report.policies = layer.policies;
   report.summary = run.summary + "; " + to_string(config.schedule.kind) + " on " +

@@ -17,6 +17,10 @@ void StageSums::add(const Candidate& c) {
   backward_input += c.backward_input;
   backward_weight += c.backward_weight;
   recompute += c.recompute;
+  backward += c.backward > 0 ? c.backward : c.backward_input + c.backward_weight;
+  forward_temporary = std::max(forward_temporary, c.forward_temporary_bytes);
+  recompute_temporary = std::max(recompute_temporary, c.recompute_temporary_bytes);
+  backward_temporary = std::max(backward_temporary, c.backward_temporary_bytes);
 }
 
 schedule::CostModel StageSums::costs(double message_cost) const {
@@ -25,13 +29,14 @@ schedule::CostModel StageSums::costs(double message_cost) const {
   c.backward_input = backward_input;
   c.backward_weight = backward_weight;
   c.recompute = recompute;
+  c.backward = backward;
   c.comm = message_cost;
   return c;
 }
 
 PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
-                     const std::vector<double>& gradient_bytes,
-                     const std::vector<double>& backward_bytes) {
+                     const std::vector<StageBytes>& stage_bytes) {
+  using schedule::ActionType;
   PeakForms forms;
   forms.stages = schedule.stages_of(rank);
   const size_t n = forms.stages.size();
@@ -39,52 +44,68 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
     return static_cast<size_t>(std::lower_bound(forms.stages.begin(), forms.stages.end(), stage) -
                                forms.stages.begin());
   };
+  const StageBytes none;
+  auto bytes_of = [&](int stage) -> const StageBytes& {
+    return static_cast<size_t>(stage) < stage_bytes.size() ? stage_bytes[stage] : none;
+  };
   std::vector<int> resident(n, 0), replay(n, 0);
   double gradients = 0.0;  // of the stages whose first B / W has started
+  double held = 0.0;       // what the I passes whose W has not run yet left
   std::vector<bool> has_gradients(n, false);
-  // A micro-batch's replay is freed by its B or I; its resident bytes by its B or W.
-  std::set<std::tuple<std::vector<int>, std::vector<int>, double>> seen;
+  using Temporary = PeakForms::Temporary;
+  std::set<std::tuple<std::vector<int>, std::vector<int>, double, Temporary, int>> seen;
   for (const schedule::Action& a : schedule.compute_actions(rank)) {
     const size_t s = local(a.stage);
+    const StageBytes& bytes = bytes_of(a.stage);
+    double temporaries = 0.0;  // of I and W; those of F, R and B depend on the layers' choices
+    Temporary kind = Temporary::kNone;
     switch (a.type) {
-      case schedule::ActionType::kForward:
+      case ActionType::kForward:
         ++resident[s];
+        kind = Temporary::kForward;
         break;
-      case schedule::ActionType::kRecompute:
+      case ActionType::kRecompute:
         ++replay[s];
+        kind = Temporary::kRecompute;
         break;
-      case schedule::ActionType::kBackward:
-      case schedule::ActionType::kBackwardWeight:
-        if (!has_gradients[s] && static_cast<size_t>(a.stage) < gradient_bytes.size()) {
-          gradients += gradient_bytes[static_cast<size_t>(a.stage)];
-        }
+      case ActionType::kBackward:
+      case ActionType::kBackwardWeight:
+        if (!has_gradients[s]) gradients += bytes.gradients;
         has_gradients[s] = true;
+        if (a.type == ActionType::kBackward) {
+          kind = Temporary::kBackward;
+        } else {
+          temporaries = bytes.backward_weight;
+        }
+        break;
+      case ActionType::kBackwardInput:
+        temporaries = bytes.backward_input;
         break;
       default:
         break;
     }
-    double temporaries = 0.0;
-    const bool backward = a.type == schedule::ActionType::kBackward ||
-                          a.type == schedule::ActionType::kBackwardInput ||
-                          a.type == schedule::ActionType::kBackwardWeight;
-    if (backward && static_cast<size_t>(a.stage) < backward_bytes.size()) {
-      temporaries = backward_bytes[static_cast<size_t>(a.stage)];
-    }
-    if (seen.insert({resident, replay, gradients + temporaries}).second) {
+    const double constant = gradients + held + temporaries;
+    const int stage = kind == Temporary::kNone ? -1 : a.stage;
+    if (seen.insert({resident, replay, constant, kind, stage}).second) {
       forms.resident_count.push_back(resident);
       forms.replay_count.push_back(replay);
-      forms.constant.push_back(gradients + temporaries);
+      forms.constant.push_back(constant);
+      forms.temporary.push_back(kind);
+      forms.temporary_stage.push_back(stage);
     }
+    // What the action frees (or, for I, leaves) at its end.
     switch (a.type) {
-      case schedule::ActionType::kBackward:
+      case ActionType::kBackward:
         --resident[s];
         if (replay[s] > 0) --replay[s];
         break;
-      case schedule::ActionType::kBackwardInput:
-        if (replay[s] > 0) --replay[s];
+      case ActionType::kBackwardInput:
+        held += bytes.input_held;
         break;
-      case schedule::ActionType::kBackwardWeight:
+      case ActionType::kBackwardWeight:
         --resident[s];
+        if (replay[s] > 0) --replay[s];
+        held -= bytes.input_held;
         break;
       default:
         break;
@@ -100,6 +121,12 @@ double PeakForms::peak(const std::vector<StageSums>& sums) const {
     for (size_t s = 0; s < stages.size(); ++s) {
       const StageSums& sum = sums[stages[s]];
       bytes += resident_count[f][s] * sum.resident + replay_count[f][s] * sum.replayed;
+    }
+    if (temporary[f] != Temporary::kNone) {
+      const StageSums& sum = sums[temporary_stage[f]];
+      bytes += temporary[f] == Temporary::kForward     ? sum.forward_temporary
+               : temporary[f] == Temporary::kRecompute ? sum.recompute_temporary
+                                                       : sum.backward_temporary;
     }
     worst = std::max(worst, bytes);
   }

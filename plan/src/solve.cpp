@@ -3,17 +3,25 @@
 // Note [Plan search]
 // ~~~~~~~~~~~~~~~~~~
 // Both what is limited and what is minimised are monotone in a stage's sums: a rank's peak does
-// not fall when a stage's resident or replayed bytes grow (Note [Plan memory]), and the simulated
-// makespan does not fall when any stage's F, I, W or R grows (a longest path over a DAG whose
-// order the schedule fixes). So the search keeps only non-dominated partial sums and stays exact:
-//   1. per stage, a dynamic programme over its layers keeps the assignments whose six sums
-//      (resident, replayed, F, I, W, R) no other assignment beats or equals in all six; equal
-//      layers collapse here, since their permutations reach equal sums;
+// not fall when a stage's resident or replayed bytes grow (Note [Plan memory]), and with a core
+// per rank the simulated step does not fall when any stage's F, I, W, R or B grows (a longest
+// path over a DAG whose order the schedule fixes). So the search keeps only non-dominated partial
+// sums and stays exact:
+//   1. per stage, a dynamic programme over its layers keeps the assignments whose sums
+//      (resident, replayed, F, I, W, R, B; the largest temporaries of F, R and B) no other
+//      assignment beats or equals in all ten; equal layers collapse here, since their
+//      permutations reach equal sums;
 //   2. per rank, the product of its stages' frontiers, filtered by the budget, keeps the options
 //      no other fitting option beats in every stage time (ties: the smaller peak);
-//   3. across ranks, branch and bound: ranks are fixed one at a time, and the makespan simulated
+//   3. across ranks, branch and bound: ranks are fixed one at a time, and the step simulated
 //      with every unfixed rank at the per-component minimum of its options bounds every
 //      completion from below; a branch whose bound exceeds the best step found is cut.
+// With shared cores (Note [Plan step]) a leaf's step is simulated with processor sharing, and the
+// bound of step 3 is the own-core step (under sharing no action starts earlier or runs faster)
+// raised to the summed busy time over the cores: still a lower bound, so step 3 stays exact.
+// Steps 1 and 2 then assume that a stage that is slower in every time never makes the step
+// shorter, which sharing can break by a little (a slower action can move another rank's work out
+// of a contended stretch); the plan is then the best of the assignments they keep.
 // Cost: step 1 is O(layers x candidates x frontier^2) per stage; the frontier is at most
 // candidates^layers, and the multiset count C(candidates + layers - 1, layers) when the layers
 // are equal. Step 3 simulates at most the product of the ranks' option counts, far fewer in
@@ -38,10 +46,46 @@ using detail::StageSums;
 // search with an error instead of running for minutes.
 constexpr size_t kMaxFrontier = 20000;
 
+constexpr size_t kTimes = 5;  // F, I, W, R, B of a stage in RankOption::times
+
+bool shares_cores(const PlanProblem& problem, const schedule::Schedule& schedule) {
+  return problem.parallel_ranks > 0 && problem.parallel_ranks < schedule.ranks_count;
+}
+
+// The step of Note [Plan step] once every rank's last action has ended.
+double with_tails(const PlanProblem& problem, const schedule::SimulationResult& result) {
+  double step = 0.0, ends = 0.0, tails = 0.0;
+  for (const schedule::RankTimeline& rank : result.ranks) {
+    const size_t r = static_cast<size_t>(rank.rank);
+    const double tail = r < problem.step_tail.size() ? problem.step_tail[r] : 0.0;
+    step = std::max(step, rank.last_end + tail);
+    ends = std::max(ends, rank.last_end);
+    tails = std::max(tails, tail);
+  }
+  return problem.tails_wait_for_all ? ends + problem.message_cost + tails : step;
+}
+
+// A lower bound of the step for `costs` that is monotone in them (Note [Plan search]): the step
+// with every rank on its own cores and, when the ranks share cores, their summed busy time over
+// the cores (no more than `parallel_ranks` ranks' work is done per unit of time).
+double step_bound(const PlanProblem& problem, const schedule::Schedule& schedule,
+                  const std::vector<schedule::CostModel>& costs) {
+  const schedule::SimulationResult own = schedule::simulate(schedule, costs);
+  double step = with_tails(problem, own);
+  if (shares_cores(problem, schedule)) {
+    double busy = 0.0;
+    for (const schedule::RankTimeline& rank : own.ranks) busy += rank.busy;
+    step = std::max(step, busy / problem.parallel_ranks);
+  }
+  return step;
+}
+
 std::string bytes_text(double bytes) { return format_bytes(static_cast<int64_t>(bytes)); }
 
 std::vector<double> sums_vector(const StageSums& s) {
-  return {s.resident, s.replayed, s.forward, s.backward_input, s.backward_weight, s.recompute};
+  return {
+      s.resident,  s.replayed, s.forward,           s.backward_input,      s.backward_weight,
+      s.recompute, s.backward, s.forward_temporary, s.recompute_temporary, s.backward_temporary};
 }
 
 // a <= b in every component.
@@ -93,7 +137,7 @@ std::vector<Partial> stage_frontier(const PlanProblem& problem, const std::vecto
 // One fitting way to run a rank: a frontier entry per stage of the rank.
 struct RankOption {
   std::vector<size_t> entry;  // index into each of the rank's stage frontiers
-  std::vector<double> times;  // F, I, W, R of each of the rank's stages
+  std::vector<double> times;  // F, I, W, R, B of each of the rank's stages
   double peak = 0.0;          // fixed bytes included
   double total_time = 0.0;
 };
@@ -119,10 +163,11 @@ struct Search {
       const std::vector<double>& t = r < fixed_ranks ? options[r][fixed[r]].times : rank_minimum[r];
       for (size_t s = 0; s < rank_stages[r].size(); ++s) {
         StageSums sums;
-        sums.forward = t[4 * s];
-        sums.backward_input = t[4 * s + 1];
-        sums.backward_weight = t[4 * s + 2];
-        sums.recompute = t[4 * s + 3];
+        sums.forward = t[kTimes * s];
+        sums.backward_input = t[kTimes * s + 1];
+        sums.backward_weight = t[kTimes * s + 2];
+        sums.recompute = t[kTimes * s + 3];
+        sums.backward = t[kTimes * s + 4];
         costs[rank_stages[r][s]] = sums.costs(problem.message_cost);
       }
     }
@@ -140,18 +185,24 @@ struct Search {
     for (size_t o = 0; o < options[rank].size(); ++o) {
       fixed[rank] = o;
       ++simulations;
-      const double bound = schedule::simulate(schedule, stage_costs(rank + 1)).makespan;
+      const std::vector<schedule::CostModel> costs = stage_costs(rank + 1);
+      const double bound = step_bound(problem, schedule, costs);
       const double slack = 1e-9 * std::max(1.0, std::fabs(best_step));
       if (found && bound > best_step + slack) continue;
       if (rank + 1 < p) {
         descend(rank + 1);
         continue;
       }
+      double step = bound;
+      if (shares_cores(problem, schedule)) {
+        ++simulations;
+        step = detail::step_time(problem, schedule, costs);
+      }
       const double bytes = bytes_of(p);
-      if (!found || bound < best_step - slack || bytes < best_bytes) {
+      if (!found || step < best_step - slack || (step <= best_step + slack && bytes < best_bytes)) {
         found = true;
         best = fixed;
-        best_step = bound;
+        best_step = step;
         best_bytes = bytes;
       }
     }
@@ -168,8 +219,7 @@ std::vector<int> layers_of_stage(const PlanProblem& problem, int stage) {
 // Step 2 for one rank: every combination of its stages' frontiers, the fitting ones kept when
 // no other fitting one is as fast in every stage time. Returns the smallest peak of all.
 double rank_options(Search& search, int rank, std::vector<RankOption>* out) {
-  const PeakForms forms = detail::peak_forms(search.schedule, rank, search.problem.gradient_bytes,
-                                             search.problem.backward_bytes);
+  const PeakForms forms = detail::peak_forms(search.schedule, rank, search.problem.stage_bytes);
   const size_t n = forms.stages.size();
   std::vector<StageSums> sums(search.schedule.stages_count);
   std::vector<size_t> at(n, 0);
@@ -181,8 +231,8 @@ double rank_options(Search& search, int rank, std::vector<RankOption>* out) {
     for (size_t s = 0; s < n; ++s) {
       const StageSums& sum = search.frontiers[forms.stages[s]][at[s]].sums;
       sums[forms.stages[s]] = sum;
-      option.times.insert(option.times.end(),
-                          {sum.forward, sum.backward_input, sum.backward_weight, sum.recompute});
+      option.times.insert(option.times.end(), {sum.forward, sum.backward_input, sum.backward_weight,
+                                               sum.recompute, sum.backward});
     }
     option.peak = search.problem.fixed_bytes[rank] + forms.peak(sums);
     option.total_time = std::accumulate(option.times.begin(), option.times.end(), 0.0);
@@ -219,19 +269,28 @@ schedule::Schedule plan_schedule(const PlanProblem& problem) {
 
 namespace detail {
 
+double step_time(const PlanProblem& problem, const schedule::Schedule& schedule,
+                 const std::vector<schedule::CostModel>& costs) {
+  schedule::SimulateOptions options;
+  if (shares_cores(problem, schedule)) options.parallel_ranks = problem.parallel_ranks;
+  return with_tails(problem, schedule::simulate(schedule, costs, options));
+}
+
 void check_problem(const PlanProblem& problem, const schedule::Schedule& schedule) {
   const size_t ranks = static_cast<size_t>(schedule.ranks_count);
   PIPEMAT_CHECK(problem.fixed_bytes.size() == ranks && problem.budget_bytes.size() == ranks,
                 ConfigError, "plan: ", problem.fixed_bytes.size(), " fixed byte counts and ",
                 problem.budget_bytes.size(), " budgets for ", ranks, " ranks; give one per rank.");
-  PIPEMAT_CHECK(problem.gradient_bytes.empty() ||
-                    problem.gradient_bytes.size() == static_cast<size_t>(schedule.stages_count),
-                ConfigError, "plan: ", problem.gradient_bytes.size(), " gradient byte counts for ",
+  PIPEMAT_CHECK(problem.stage_bytes.empty() ||
+                    problem.stage_bytes.size() == static_cast<size_t>(schedule.stages_count),
+                ConfigError, "plan: ", problem.stage_bytes.size(), " stage byte counts for ",
                 schedule.stages_count, " stages; give one per stage or none.");
-  PIPEMAT_CHECK(problem.backward_bytes.empty() ||
-                    problem.backward_bytes.size() == static_cast<size_t>(schedule.stages_count),
-                ConfigError, "plan: ", problem.backward_bytes.size(), " backward byte counts for ",
-                schedule.stages_count, " stages; give one per stage or none.");
+  PIPEMAT_CHECK(problem.step_tail.empty() || problem.step_tail.size() == ranks, ConfigError,
+                "plan: ", problem.step_tail.size(), " step tails for ", ranks,
+                " ranks; give one per rank or none.");
+  PIPEMAT_CHECK(problem.parallel_ranks >= 0, ConfigError,
+                "plan: parallel_ranks must be >= 0 (0: every rank has its own cores), got ",
+                problem.parallel_ranks, ".");
   PIPEMAT_CHECK(problem.stage_of_layer.size() == problem.layers.size(), ConfigError,
                 "plan: ", problem.stage_of_layer.size(), " stage numbers for ",
                 problem.layers.size(), " layers; give the stage of every layer.");
@@ -273,11 +332,10 @@ Prediction evaluate(const PlanProblem& problem, const std::vector<int>& choice) 
   prediction.choice = choice;
   std::vector<schedule::CostModel> costs;
   for (const StageSums& s : sums) costs.push_back(s.costs(problem.message_cost));
-  prediction.step = schedule::simulate(schedule, costs).makespan;
+  prediction.step = detail::step_time(problem, schedule, costs);
   for (int r = 0; r < schedule.ranks_count; ++r) {
     const double peak =
-        problem.fixed_bytes[r] +
-        detail::peak_forms(schedule, r, problem.gradient_bytes, problem.backward_bytes).peak(sums);
+        problem.fixed_bytes[r] + detail::peak_forms(schedule, r, problem.stage_bytes).peak(sums);
     prediction.ranks.push_back({r, peak, problem.budget_bytes[r]});
   }
   return prediction;

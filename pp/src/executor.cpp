@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -68,11 +69,19 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
   const auto t0 = std::chrono::steady_clock::now();
   double busy_us = 0;
 
+  // Only the first stage reads a micro-batch's inputs and only the last its targets: a rank
+  // keeps neither half longer than its stages need it (the inputs go after F of stage 0, the
+  // targets after the loss).
+  const std::vector<int> my_stages = plan.stages_of(rank);
+  const bool reads_inputs = std::count(my_stages.begin(), my_stages.end(), 0) > 0;
+  const bool reads_targets = std::count(my_stages.begin(), my_stages.end(), last_stage) > 0;
   auto batch = [&](int micro_batch) -> MicroBatch& {
     auto it = batches.find(micro_batch);
     if (it == batches.end()) {
       reseed(step, micro_batch, kDataStream);
       it = batches.emplace(micro_batch, data(step, micro_batch)).first;
+      if (!reads_inputs) it->second.inputs.clear();
+      if (!reads_targets) it->second.targets.clear();
     }
     return it->second;
   };
@@ -277,6 +286,16 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
         break;
       }
     }
+    // A finished send's work holds the tensors it sent; dropping it at once (its error, if any,
+    // rethrown here) keeps them from piling up until the step's end, one message per
+    // micro-batch.
+    sends.erase(std::remove_if(sends.begin(), sends.end(),
+                               [](const comm::TensorListWork& w) {
+                                 if (!w.is_completed()) return false;
+                                 w.wait();
+                                 return true;
+                               }),
+                sends.end());
     if (schedule::is_compute(a.type)) {
       const double a1 = since_us(t0);
       busy_us += a1 - a0;

@@ -102,41 +102,75 @@ std::vector<std::string> keep_largest(std::vector<std::string> leaves,
 
 struct Measured {
   double resident = 0, replayed = 0;
-  std::vector<double> forward, input, weight, recompute;
+  // Peaks above what stays (Candidate::*_temporary_bytes), of the last round.
+  double forward_temporary = 0, recompute_temporary = 0, backward_temporary = 0;
+  std::vector<double> forward, input, weight, recompute, backward;
 };
 
+// One round of a candidate: forward, pre-triggered replay and the split backward (I, W), then a
+// second forward and replay for the fused backward (B). Adds its times to `m` when `record`.
 void measure_once(torch::nn::Sequential& layer, const at::Tensor& input, const at::Tensor& dy,
-                  Measured* m) {
+                  bool record, Measured* m) {
   const auto params = layer->parameters();
+  // The forward under an invocation scope, then R; returns the output and its group.
+  const auto forward = [&](const at::Tensor& x, bool measure) {
+    const int64_t base = remat::begin_peak_window();
+    auto t0 = Clock::now();
+    at::Tensor y;
+    std::shared_ptr<remat::InvocationGroup> group;
+    {
+      remat::InvocationScope scope({0, 0, 0});
+      y = layer->forward(x);
+      group = scope.group();
+    }
+    const double forward_ms = ms_since(t0);
+    const int64_t forward_peak = remat::window_peak_bytes();
+    const int64_t after_forward = remat::begin_peak_window();
+    group->retain();
+    t0 = Clock::now();
+    group->pretrigger();
+    const double recompute_ms = group->size() > 0 ? ms_since(t0) : 0.0;
+    if (measure) {
+      const int64_t after_replay = remat::memory_stats().current_bytes;
+      m->resident = static_cast<double>(after_forward - base);
+      m->replayed = static_cast<double>(after_replay - after_forward);
+      m->forward_temporary = static_cast<double>(forward_peak - after_forward);
+      m->recompute_temporary = static_cast<double>(remat::window_peak_bytes() - after_replay);
+      if (record) {
+        m->forward.push_back(forward_ms);
+        m->recompute.push_back(recompute_ms);
+      }
+    }
+    PIPEMAT_CHECK(y.requires_grad(), PipelineError,
+                  "profile: the layer's output does not require grad; profile a layer with "
+                  "parameters or a differentiable path from its input.");
+    return std::make_pair(y, group);
+  };
   for (auto p : params) p.mutable_grad() = at::Tensor();
-  const at::Tensor x = input.detach().clone().requires_grad_(true);
-  const int64_t base = remat::memory_stats().current_bytes;
-  auto t0 = Clock::now();
-  at::Tensor y;
-  std::shared_ptr<remat::InvocationGroup> group;
   {
-    remat::InvocationScope scope({0, 0, 0});
-    y = layer->forward(x);
-    group = scope.group();
+    const at::Tensor x = input.detach().clone().requires_grad_(true);
+    auto [y, group] = forward(x, /*measure=*/true);
+    SplitBackward split({gradient_edge(y)}, {x}, params);
+    auto t0 = Clock::now();
+    split.run_input({dy});
+    const double input_ms = ms_since(t0);
+    t0 = Clock::now();
+    split.run_weight();
+    if (record) {
+      m->weight.push_back(ms_since(t0));
+      m->input.push_back(input_ms);
+    }
+    group->release();
   }
-  m->forward.push_back(ms_since(t0));
-  const int64_t after_forward = remat::memory_stats().current_bytes;
-  m->resident = static_cast<double>(after_forward - base);
-  group->retain();
-  t0 = Clock::now();
-  group->pretrigger();
-  m->recompute.push_back(group->size() > 0 ? ms_since(t0) : 0.0);
-  m->replayed = static_cast<double>(remat::memory_stats().current_bytes - after_forward);
-  PIPEMAT_CHECK(y.requires_grad(), PipelineError,
-                "profile: the layer's output does not require grad; profile a layer with "
-                "parameters or a differentiable path from its input.");
-  SplitBackward split({gradient_edge(y)}, {x}, params);
-  t0 = Clock::now();
-  split.run_input({dy});
-  m->input.push_back(ms_since(t0));
-  t0 = Clock::now();
-  split.run_weight();
-  m->weight.push_back(ms_since(t0));
+  // B accumulates into the gradients W left, as every B of a step but its stage's first does:
+  // its peak above its start is all temporaries (new gradients before they are added in).
+  const at::Tensor x = input.detach().clone().requires_grad_(true);
+  auto [y, group] = forward(x, /*measure=*/false);
+  const int64_t start = remat::begin_peak_window();
+  const auto t0 = Clock::now();
+  run_backward({gradient_edge(y)}, {dy});
+  if (record) m->backward.push_back(ms_since(t0));
+  m->backward_temporary = static_cast<double>(remat::window_peak_bytes() - start);
   group->release();
 }
 
@@ -153,10 +187,11 @@ std::string candidate_name(const LayerPolicy& p) {
 LayerCandidates profile_layer(const std::string& name,
                               const std::function<torch::nn::AnyModule()>& make_layer,
                               const at::Tensor& input, const ProfileOptions& options) {
-  PIPEMAT_CHECK(
-      options.repeats >= 1 && options.max_save_leaves >= 0 && options.max_save_leaves <= 10,
-      ConfigError, "profile: repeats must be >= 1 (got ", options.repeats,
-      ") and max_save_leaves in [0, 10] (got ", options.max_save_leaves, ").");
+  PIPEMAT_CHECK(options.repeats >= 1 && options.warmup >= 0 && options.max_save_leaves >= 0 &&
+                    options.max_save_leaves <= 10,
+                ConfigError, "profile: repeats must be >= 1 (got ", options.repeats,
+                "), warmup >= 0 (got ", options.warmup, ") and max_save_leaves in [0, 10] (got ",
+                options.max_save_leaves, ").");
   remat::install_tracking_allocator();
   LayerCandidates out;
   out.profile.layer = name;
@@ -176,7 +211,9 @@ LayerCandidates profile_layer(const std::string& name,
     torch::nn::Sequential layer = wrap(make_layer());
     remat::apply_policy(*layer, full_policy(p));
     Measured m;
-    for (int r = 0; r < options.repeats; ++r) measure_once(layer, input, dy, &m);
+    for (int r = 0; r < options.warmup + options.repeats; ++r) {
+      measure_once(layer, input, dy, /*record=*/r >= options.warmup, &m);
+    }
     plan::Candidate c;
     c.name = candidate_name(p);
     c.resident_bytes = m.resident;
@@ -185,6 +222,10 @@ LayerCandidates profile_layer(const std::string& name,
     c.backward_input = median(m.input);
     c.backward_weight = median(m.weight);
     c.recompute = median(m.recompute);
+    c.backward = median(m.backward);
+    c.forward_temporary_bytes = m.forward_temporary;
+    c.recompute_temporary_bytes = m.recompute_temporary;
+    c.backward_temporary_bytes = m.backward_temporary;
     out.profile.candidates.push_back(std::move(c));
   }
   return out;
@@ -210,82 +251,136 @@ remat::RematPolicy stage_policy_of(const std::vector<const LayerCandidates*>& la
   return policy;
 }
 
+namespace {
+
+// One micro-batch of a stage up to its backward, as the pipeline runs it (profile_stage).
+struct ProfiledForward {
+  std::vector<at::Tensor> leaves;  // the inputs that require grad
+  std::vector<torch::autograd::Edge> roots;
+  std::vector<at::Tensor> dy;  // one per root
+  double ms = 0;               // the forward, the loss included
+  double peak_bytes = 0;       // its peak above its start
+};
+
+// Runs the forward of `stage` on copies of `inputs`; `outputs` gets detached copies of what it
+// returns and the outputs themselves are dropped (as the pipeline drops them once sent), so what
+// stays alive is the inputs and what the graph saved. `bytes` gets the inputs' and the rest.
+ProfiledForward stage_forward(const PipelineStage& stage, const Tensors& inputs, const LossFn& loss,
+                              const Tensors& targets, Tensors* outputs, double* input_bytes,
+                              double* resident_bytes) {
+  outputs->clear();  // the previous round's, freed before anything is measured
+  ProfiledForward out;
+  const int64_t before_inputs = remat::memory_stats().current_bytes;
+  Tensors x;
+  for (const at::Tensor& t : inputs) {
+    at::Tensor copy = t.detach().clone();
+    if (copy.is_floating_point()) {
+      copy.requires_grad_(true);
+      out.leaves.push_back(copy);
+    }
+    x.push_back(copy);
+  }
+  const int64_t base = remat::begin_peak_window();
+  const auto t0 = Clock::now();
+  Tensors y;
+  at::Tensor root;
+  {
+    remat::InvocationScope scope({0, stage.index, 0});
+    y = stage.forward(x);
+  }
+  if (loss) root = loss(y, targets);
+  out.ms = ms_since(t0);
+  out.peak_bytes = static_cast<double>(remat::window_peak_bytes() - base);
+  // Sizes and options of each output's gradient (holding the outputs would keep them alive).
+  std::vector<std::pair<std::vector<int64_t>, at::TensorOptions>> grad_like;
+  if (root.defined()) {
+    out.roots.push_back(gradient_edge(root));
+  } else {
+    for (const at::Tensor& t : y) {
+      if (!t.defined() || !t.requires_grad()) continue;
+      out.roots.push_back(gradient_edge(t));
+      grad_like.emplace_back(t.sizes().vec(), t.options());
+    }
+  }
+  int64_t copies = 0;
+  for (const at::Tensor& t : y) {
+    outputs->push_back(t.defined() ? t.detach().clone() : t);
+    copies += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  }
+  y.clear();
+  *input_bytes = static_cast<double>(base - before_inputs);
+  *resident_bytes = static_cast<double>(remat::memory_stats().current_bytes - base - copies);
+  if (root.defined()) {
+    out.dy.push_back(at::ones_like(root));
+  } else {
+    for (const auto& [sizes, options] : grad_like) out.dy.push_back(at::randn(sizes, options));
+  }
+  PIPEMAT_CHECK(!out.roots.empty(), PipelineError, "profile: stage ", stage.index,
+                " has no output that requires grad.");
+  return out;
+}
+
+}  // namespace
+
 StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, const LossFn& loss,
-                           const Tensors& targets, int repeats) {
-  PIPEMAT_CHECK(repeats >= 1, ConfigError, "profile: repeats must be >= 1 (got ", repeats, ").");
+                           const Tensors& targets, int repeats, int warmup) {
+  PIPEMAT_CHECK(repeats >= 1 && warmup >= 0, ConfigError, "profile: repeats must be >= 1 (got ",
+                repeats, ") and warmup >= 0 (got ", warmup, ").");
   PIPEMAT_CHECK(static_cast<bool>(stage.forward), ConfigError, "profile: stage ", stage.index,
                 " has no forward.");
   remat::install_tracking_allocator();
   StageProfile out;
-  std::vector<double> forward, backward;
-  for (int r = 0; r < repeats; ++r) {
+  std::vector<double> forward, backward, input, weight;
+  std::vector<at::Tensor> params;
+  if (stage.module) params = stage.module->parameters();
+  // Each round: a split backward into no gradients (the step's first), then a fused and a split
+  // one that accumulate into the gradients it left, as every later backward of a step does.
+  for (int r = 0; r < warmup + repeats; ++r) {
+    const bool record = r >= warmup;
+    const auto split_round = [&](bool measure) {
+      ProfiledForward f = stage_forward(stage, inputs, loss, targets, &out.outputs,
+                                        &out.input_bytes, &out.resident_bytes);
+      SplitBackward split(f.roots, f.leaves, params);
+      int64_t start = remat::begin_peak_window();
+      auto t0 = Clock::now();
+      split.run_input(f.dy);  // the input gradients are sent and freed
+      const double input_ms = ms_since(t0);
+      const int64_t input_peak = remat::window_peak_bytes() - start;
+      const int64_t held = remat::memory_stats().current_bytes - start;
+      start = remat::begin_peak_window();
+      t0 = Clock::now();
+      split.run_weight();
+      if (!measure) return;
+      if (record) {
+        weight.push_back(ms_since(t0));
+        input.push_back(input_ms);
+        forward.push_back(f.ms);
+      }
+      out.weight_peak_bytes = static_cast<double>(remat::window_peak_bytes() - start);
+      out.input_peak_bytes = static_cast<double>(input_peak);
+      out.input_held_bytes = static_cast<double>(held);
+      out.forward_peak_bytes = f.peak_bytes;
+    };
     if (stage.module) {
       for (auto p : stage.module->parameters()) p.mutable_grad() = at::Tensor();
     }
-    out.outputs.clear();  // the last repeat's, freed before anything is measured
-    const int64_t before_inputs = remat::memory_stats().current_bytes;
-    Tensors x;
-    std::vector<at::Tensor> leaves;
-    for (const at::Tensor& t : inputs) {
-      at::Tensor copy = t.detach().clone();
-      if (copy.is_floating_point()) {
-        copy.requires_grad_(true);
-        leaves.push_back(copy);
-      }
-      x.push_back(copy);
+    split_round(/*measure=*/false);
+    {  // B
+      ProfiledForward f = stage_forward(stage, inputs, loss, targets, &out.outputs,
+                                        &out.input_bytes, &out.resident_bytes);
+      const int64_t start = remat::begin_peak_window();
+      const auto t0 = Clock::now();
+      run_backward(f.roots, f.dy);
+      if (record) backward.push_back(ms_since(t0));
+      out.backward_peak_bytes = static_cast<double>(remat::window_peak_bytes() - start);
+      if (record) forward.push_back(f.ms);
     }
-    const int64_t base = remat::memory_stats().current_bytes;
-    auto t0 = Clock::now();
-    Tensors y;
-    at::Tensor root;
-    std::vector<at::Tensor> dy;
-    {
-      remat::InvocationScope scope({0, stage.index, 0});
-      y = stage.forward(x);
-    }
-    if (loss) root = loss(y, targets);
-    forward.push_back(ms_since(t0));
-    std::vector<torch::autograd::Edge> roots;
-    // Sizes and options of each output's gradient (holding the outputs would keep them alive).
-    std::vector<std::pair<std::vector<int64_t>, at::TensorOptions>> grad_like;
-    if (root.defined()) {
-      roots.push_back(gradient_edge(root));
-    } else {
-      for (const at::Tensor& t : y) {
-        if (!t.defined() || !t.requires_grad()) continue;
-        roots.push_back(gradient_edge(t));
-        grad_like.emplace_back(t.sizes().vec(), t.options());
-      }
-    }
-    // The next stage's inputs, copied; then the outputs go as the pipeline's go once sent: what
-    // stays is what the graph saved.
-    int64_t copies = 0;
-    for (const at::Tensor& t : y) {
-      out.outputs.push_back(t.defined() ? t.detach().clone() : t);
-      copies += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
-    }
-    y.clear();
-    out.input_bytes = static_cast<double>(base - before_inputs);
-    out.resident_bytes = static_cast<double>(remat::memory_stats().current_bytes - base - copies);
-    if (root.defined()) {
-      dy.push_back(at::ones_like(root));
-    } else {
-      for (const auto& [sizes, options] : grad_like) dy.push_back(at::randn(sizes, options));
-    }
-    PIPEMAT_CHECK(!roots.empty(), PipelineError, "profile: stage ", stage.index,
-                  " has no output that requires grad.");
-    std::vector<at::Tensor> params;
-    if (stage.module) params = stage.module->parameters();
-    SplitBackward split(roots, leaves, params);
-    const int64_t before_backward = remat::begin_peak_window();
-    t0 = Clock::now();
-    split.run_input(dy);
-    split.run_weight();
-    backward.push_back(ms_since(t0));
-    out.backward_peak_bytes = static_cast<double>(remat::window_peak_bytes() - before_backward);
+    split_round(/*measure=*/true);
   }
   out.forward = median(forward);
   out.backward = median(backward);
+  out.backward_input = median(input);
+  out.backward_weight = median(weight);
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -44,28 +45,13 @@ class Simulator {
   SimulationResult run() {
     const int p = schedule_.ranks_count;
     std::vector<size_t> next(p, 0);
-    std::vector<double> clock(p, 0.0);
     SimulationResult result;
     result.ranks.resize(p);
     for (int r = 0; r < p; ++r) result.ranks[r].rank = r;
-    bool progress = true;
-    while (progress) {
-      progress = false;
-      for (int r = 0; r < p; ++r) {
-        const auto& list = schedule_.actions[r];
-        while (next[r] < list.size()) {
-          const Action& a = list[next[r]];
-          double ready = 0.0;
-          if (!inputs_ready(r, a, &ready)) break;
-          const double start = std::max(clock[r], ready);
-          const double end = start + duration(a);
-          record(a, start, end);
-          result.ranks[r].actions.push_back({a, static_cast<int>(next[r]), start, end});
-          clock[r] = end;
-          ++next[r];
-          progress = true;
-        }
-      }
+    if (options_.parallel_ranks > 0 && options_.parallel_ranks < p) {
+      run_shared(next, result);
+    } else {
+      run_own_cores(next, result);
     }
     bool finished = true;
     for (int r = 0; r < p; ++r) finished = finished && next[r] == schedule_.actions[r].size();
@@ -96,6 +82,97 @@ class Simulator {
   }
 
  private:
+  // Every rank on its own cores: an action ends its cost after it starts.
+  void run_own_cores(std::vector<size_t>& next, SimulationResult& result) {
+    const int p = schedule_.ranks_count;
+    std::vector<double> clock(p, 0.0);
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      for (int r = 0; r < p; ++r) {
+        const auto& list = schedule_.actions[r];
+        while (next[r] < list.size()) {
+          const Action& a = list[next[r]];
+          double ready = 0.0;
+          if (!inputs_ready(r, a, &ready)) break;
+          const double start = std::max(clock[r], ready);
+          const double end = start + duration(a);
+          record(a, start, end);
+          result.ranks[r].actions.push_back({a, static_cast<int>(next[r]), start, end});
+          clock[r] = end;
+          ++next[r];
+          progress = true;
+        }
+      }
+    }
+  }
+
+  // Note [Shared cores]: time advances from event to event (an action's end, a message's
+  // arrival); between two events the computing ranks share the cores equally.
+  void run_shared(std::vector<size_t>& next, SimulationResult& result) {
+    const int p = schedule_.ranks_count;
+    std::vector<double> clock(p, 0.0);      // when the rank's previous action ended
+    std::vector<double> remaining(p, 0.0);  // cost left of the running compute action
+    std::vector<double> started(p, 0.0);
+    std::vector<bool> running(p, false);
+    double now = 0.0;
+    while (true) {
+      // Start what can start now; zero-time actions may unblock other ranks at the same time.
+      double wake = std::numeric_limits<double>::infinity();
+      bool progress = true;
+      while (progress) {
+        progress = false;
+        wake = std::numeric_limits<double>::infinity();
+        for (int r = 0; r < p; ++r) {
+          const auto& list = schedule_.actions[r];
+          while (!running[r] && next[r] < list.size()) {
+            const Action& a = list[next[r]];
+            double ready = 0.0;
+            if (!inputs_ready(r, a, &ready)) break;
+            const double start = std::max(clock[r], ready);
+            if (start > now + time_slack(now)) {  // a message still on its way
+              wake = std::min(wake, start);
+              break;
+            }
+            if (is_compute(a.type) && duration(a) > 0) {
+              running[r] = true;
+              remaining[r] = duration(a);
+              started[r] = now;
+              break;
+            }
+            record(a, now, now);
+            result.ranks[r].actions.push_back({a, static_cast<int>(next[r]), now, now});
+            clock[r] = now;
+            ++next[r];
+            progress = true;
+          }
+        }
+      }
+      const int computing = static_cast<int>(std::count(running.begin(), running.end(), true));
+      if (computing == 0 && !std::isfinite(wake)) return;  // finished, or a deadlock
+      const double speed =
+          computing > options_.parallel_ranks ? double(options_.parallel_ranks) / computing : 1.0;
+      double step = wake - now;
+      for (int r = 0; r < p; ++r)
+        if (running[r]) step = std::min(step, remaining[r] / speed);
+      now += step;
+      for (int r = 0; r < p; ++r) {
+        if (!running[r]) continue;
+        remaining[r] -= step * speed;
+        if (remaining[r] > time_slack(now)) continue;
+        const Action& a = schedule_.actions[r][next[r]];
+        record(a, started[r], now);
+        result.ranks[r].actions.push_back({a, static_cast<int>(next[r]), started[r], now});
+        clock[r] = now;
+        running[r] = false;
+        ++next[r];
+      }
+    }
+  }
+
+  // Rounding allowance when comparing times near `t`.
+  static double time_slack(double t) { return 1e-12 * std::max(1.0, std::fabs(t)); }
+
   struct Cell {
     double f = kNotYet, bwd = kNotYet, i = kNotYet, r = kNotYet;
     double send_f = kNotYet, recv_f = kNotYet, send_b = kNotYet, recv_b = kNotYet;

@@ -69,9 +69,13 @@ TEST(Plan, ProblemHoldsEachStagesWeightsGradientsAndLayers) {
   for (int s = 0; s < 2; ++s) {
     double params = 0;
     for (const auto& t : run.stage(s).module->parameters()) params += t.numel();
-    EXPECT_DOUBLE_EQ(p.gradient_bytes[s], params * 4) << s;
+    EXPECT_DOUBLE_EQ(p.stage_bytes[s].gradients, params * 4) << s;
     EXPECT_DOUBLE_EQ(p.fixed_bytes[s], params * 4 * 2) << s;  // weights + momentum
+    // Every rank's optimizer step is timed; no clipping, so the tails do not wait.
+    EXPECT_GT(p.step_tail.at(s), 0) << s;
   }
+  EXPECT_FALSE(p.tails_wait_for_all);
+  EXPECT_EQ(p.message_cost, 0);
   EXPECT_EQ(p.layers[1].candidates[0].name, "none");
   EXPECT_EQ(p.layers[1].candidates[1].name, "full");
   // Without a binding budget the plan is as fast as keeping everything; where a replay costs
@@ -126,6 +130,26 @@ TEST(Plan, ABudgetBetweenFullAndNoneGivesAPlanThatFitsAndTrainsLikeTheReference)
   std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
   for (const auto& [name, value] : pipe.params) EXPECT_TRUE(at::equal(value, want[name])) << name;
   EXPECT_GT(pipe.last.remat.replays, 0);
+}
+
+TEST(Plan, CoresBecomeTheRanksThatComputeAtOnce) {
+  TrainConfig c = mlp_config();
+  c.schedule.ranks = 4;
+  c.model.layers = 4;
+  PlanOptions o = budget(int64_t{1} << 40);
+  o.cores = 2;
+  o.message_ms = 0.25;
+  c.training.clip_grad_norm = 1.0;
+  const PlanReport r = run_plan(c, o);
+  EXPECT_EQ(r.problem.parallel_ranks, 2);  // two cores, one thread per rank
+  EXPECT_EQ(r.problem.message_cost, 0.25);
+  EXPECT_TRUE(r.problem.tails_wait_for_all);
+  // Four ranks on two cores take longer than on a core each.
+  plan::PlanProblem own = r.problem;
+  own.parallel_ranks = 0;
+  EXPECT_GT(r.result.best.step, plan::evaluate(own, r.result.best.choice).step);
+  o.cores = 0;
+  EXPECT_EQ(run_plan(c, o).problem.parallel_ranks, 0);
 }
 
 TEST(Plan, BadInputIsAConfigError) {

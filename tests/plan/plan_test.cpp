@@ -77,51 +77,70 @@ TEST(PlanPeak, GradientsCountFromTheStagesFirstBackward) {
   // one resident (its gradients start with B0, when the resident is freed).
   PlanProblem p =
       problem_of(ScheduleKind::kOneFOneB, 2, 4, 1, {candidate("full", 10, 3, 1, 1, 1, 1)}, 1000);
-  p.gradient_bytes = {50, 7};
+  p.stage_bytes.resize(2);
+  p.stage_bytes[0].gradients = 50;
+  p.stage_bytes[1].gradients = 7;
   const Prediction got = evaluate(p, {0, 0});
   EXPECT_DOUBLE_EQ(got.ranks[0].peak_bytes, 100 + 50 + 2 * 10 + 3);
   EXPECT_DOUBLE_EQ(got.ranks[1].peak_bytes, 100 + 7 + 10 + 3);
   // GPipe peaks at its first backward: every micro-batch in flight, one replay, the gradients.
   p.schedule.kind = ScheduleKind::kGPipe;
   EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[0].peak_bytes, 100 + 50 + 4 * 10 + 3);
-  p.gradient_bytes = {50};
+  p.stage_bytes.resize(1);
   try {
     evaluate(p, {0, 0});
-    ADD_FAILURE() << "one gradient count for two stages was taken";
+    ADD_FAILURE() << "one stage's bytes for two stages were taken";
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(),
-                 "plan: 1 gradient byte counts for 2 stages; give one per stage or none.");
+    EXPECT_STREQ(e.what(), "plan: 1 stage byte counts for 2 stages; give one per stage or none.");
   }
 }
 
-TEST(PlanPeak, BackwardTemporariesCountWhileTheBackwardRuns) {
-  // 1F1B as above with backward temporaries 5 on stage 0 and 9 on stage 1: rank 0 peaks at B0
-  // (two residents, one replay, 5), rank 1 at B0 too (one resident, one replay, 9): at F and R
-  // the temporaries are gone.
+TEST(PlanPeak, TemporariesCountWhileTheirActionRuns) {
+  // 1F1B as above (rank 0: F0 F1 R0 B0 F2 R1 B1 ...; rank 1: F0 R0 B0 F1 R1 B1 ...) with B
+  // temporaries 5 on stage 0 and 9 on stage 1: rank 0 peaks at B0 (two residents, one replay,
+  // 5), rank 1 at B0 too (one resident, one replay, 9): at F and R the temporaries are gone.
   PlanProblem p =
       problem_of(ScheduleKind::kOneFOneB, 2, 4, 1, {candidate("full", 10, 3, 1, 1, 1, 1)}, 1000);
-  p.backward_bytes = {5, 9};
-  const Prediction got = evaluate(p, {0, 0});
+  p.layers[0].candidates[0].backward_temporary_bytes = 5;
+  p.layers[1].candidates[0].backward_temporary_bytes = 9;
+  p.stage_bytes.resize(2);
+  p.stage_bytes[0].backward_input = p.stage_bytes[0].backward_weight = 1000;  // no I / W in 1F1B
+  Prediction got = evaluate(p, {0, 0});
   EXPECT_DOUBLE_EQ(got.ranks[0].peak_bytes, 100 + 2 * 10 + 3 + 5);
   EXPECT_DOUBLE_EQ(got.ranks[1].peak_bytes, 100 + 10 + 3 + 9);
-  p.backward_bytes = {1, 2, 3};
+  // F's temporaries on top of its resident bytes: rank 0's F1 holds 20 + 9 > 28.
+  p.layers[0].candidates[0].forward_temporary_bytes = 9;
+  // R's on top of its replay: rank 1's R0 holds 13 + 10 > 22.
+  p.layers[1].candidates[0].recompute_temporary_bytes = 10;
+  got = evaluate(p, {0, 0});
+  EXPECT_DOUBLE_EQ(got.ranks[0].peak_bytes, 100 + 2 * 10 + 9);
+  EXPECT_DOUBLE_EQ(got.ranks[1].peak_bytes, 100 + 10 + 3 + 10);
+  // A stage's temporaries are its largest layer's, not their sum.
+  PlanProblem two =
+      problem_of(ScheduleKind::kOneFOneB, 2, 4, 2, {candidate("full", 10, 3, 1, 1, 1, 1)}, 1000);
+  for (auto& layer : two.layers) layer.candidates[0].backward_temporary_bytes = 7;
+  EXPECT_DOUBLE_EQ(evaluate(two, {0, 0, 0, 0}).ranks[1].peak_bytes, 100 + 20 + 6 + 7);
+  p.stage_bytes.resize(3);
   try {
     evaluate(p, {0, 0});
-    ADD_FAILURE() << "three backward counts for two stages were taken";
+    ADD_FAILURE() << "three stages' bytes for two stages were taken";
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(),
-                 "plan: 3 backward byte counts for 2 stages; give one per stage or none.");
+    EXPECT_STREQ(e.what(), "plan: 3 stage byte counts for 2 stages; give one per stage or none.");
   }
 }
 
-TEST(PlanPeak, SplitBackwardFreesTheReplayAtIAndTheResidentAtW) {
+TEST(PlanPeak, SplitBackwardHoldsTheReplayAndWhatIPassesOnUntilW) {
   // ZB-H1 on 2 ranks, 4 micro-batches (`pipemat schedule --kind zb-h1 --ranks 2
   // --micro-batches 4 --recompute pretrigger`):
   //   rank 0: F0 F1 R0 I0 W0 F2 R1 I1 W1 F3 R2 I2 W2 R3 I3 W3
   //   rank 1: F0 R0 I0 F1 R1 I1 W0 F2 R2 I2 W1 F3 R3 I3 W2 W3
-  // Both peak at two residents and one replay: rank 0 at R0, rank 1 at R1 (its W0 comes after).
+  // W unpacks the same replay as I, so a micro-batch's resident (10) and replayed (3) bytes and
+  // what its I left for W (2) go at its W. Rank 0 peaks at W0 (two residents, one replay, one
+  // held), rank 1 at I1 / W0 (two of each).
   PlanProblem p = problem_of(ScheduleKind::kZeroBubbleH1, 2, 4, 1,
                              {candidate("full", 10, 3, 1, 1, 1, 1)}, 1000);
+  p.stage_bytes.resize(2);
+  p.stage_bytes[0].input_held = p.stage_bytes[1].input_held = 2;
   const schedule::Schedule s = plan_schedule(p);
   // The expected peak from a direct walk of the list with the rule of Note [Plan memory].
   for (int r = 0; r < 2; ++r) {
@@ -130,14 +149,18 @@ TEST(PlanPeak, SplitBackwardFreesTheReplayAtIAndTheResidentAtW) {
       if (a.type == schedule::ActionType::kForward) alive += 10;
       if (a.type == schedule::ActionType::kRecompute) alive += 3;
       peak = std::max(peak, alive);
-      if (a.type == schedule::ActionType::kBackwardInput) alive -= 3;
-      if (a.type == schedule::ActionType::kBackwardWeight) alive -= 10;
+      if (a.type == schedule::ActionType::kBackwardInput) alive += 2;
+      if (a.type == schedule::ActionType::kBackwardWeight) alive -= 10 + 3 + 2;
     }
     EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[r].peak_bytes, 100 + peak) << "rank " << r;
   }
-  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[0].peak_bytes, 100 + 2 * 10 + 3);
-  // Rank 1 at R1: had I0 not freed replay 0 it would hold 126; had I0 freed resident 0, 113.
-  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[1].peak_bytes, 100 + 2 * 10 + 3);
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[0].peak_bytes, 100 + 2 * 10 + 3 + 2);
+  // Had I0 freed replay 0 (and held nothing), rank 1 would peak at 123.
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[1].peak_bytes, 100 + 2 * 10 + 2 * 3 + 2 * 2);
+  // I's and W's temporaries count while they run: rank 1's W0 starts with 130 alive.
+  p.stage_bytes[1].backward_input = 1;
+  p.stage_bytes[1].backward_weight = 4;
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[1].peak_bytes, 100 + 30 + 4);
 }
 
 TEST(PlanStep, EqualStagesEqualTheUniformSimulation) {
@@ -260,13 +283,21 @@ Prediction exhaustive(const PlanProblem& p, long long* count) {
   return best;
 }
 
-TEST(PlanSolve, EqualsExhaustiveEnumerationOnRandomProblems) {
+struct RandomOutcome {
+  int solved = 0, infeasible = 0;
+  long long enumerated = 0, simulated = 0;
+  double worst_gap = 0;  // largest relative excess of the search's step over enumeration's
+};
+
+// 40 random problems (GPipe, 1F1B, ZB-H1, ZB-V; 2 and 3 ranks; three candidates per layer with
+// random bytes, temporaries and times; random step tails) solved and enumerated; the ranks share
+// `parallel` cores when it is > 0.
+RandomOutcome solve_random_problems(int parallel) {
   std::mt19937 rng(20261202);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   const ScheduleKind kinds[] = {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
                                 ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleV};
-  int solved = 0, infeasible = 0;
-  long long enumerated = 0, simulated = 0;
+  RandomOutcome out;
   for (int trial = 0; trial < 40; ++trial) {
     const ScheduleKind kind = kinds[trial % 4];
     const int ranks = 2 + (trial / 4) % 2;
@@ -276,12 +307,19 @@ TEST(PlanSolve, EqualsExhaustiveEnumerationOnRandomProblems) {
     for (auto& layer : p.layers) {
       for (int c = 0; c < 3; ++c) {
         const double resident = std::round(1 + 60 * unit(rng));
-        layer.candidates.push_back(candidate("c" + std::to_string(c), resident,
-                                             std::round(40 * unit(rng)), 1 + unit(rng),
-                                             1 + unit(rng), 1 + unit(rng), 2 * unit(rng)));
+        Candidate k = candidate("c" + std::to_string(c), resident, std::round(40 * unit(rng)),
+                                1 + unit(rng), 1 + unit(rng), 1 + unit(rng), 2 * unit(rng));
+        k.forward_temporary_bytes = std::round(20 * unit(rng));
+        k.recompute_temporary_bytes = std::round(10 * unit(rng));
+        k.backward_temporary_bytes = std::round(20 * unit(rng));
+        layer.candidates.push_back(k);
       }
     }
-    for (int r = 0; r < ranks; ++r) p.budget_bytes[r] = 180 + std::round(300 * unit(rng));
+    for (int r = 0; r < ranks; ++r) {
+      p.budget_bytes[r] = 180 + std::round(300 * unit(rng));
+      p.step_tail.push_back(unit(rng));
+    }
+    p.parallel_ranks = parallel > 0 ? std::min(parallel, ranks - 1) : 0;
     long long count = 0;
     PlanResult got;
     try {
@@ -297,21 +335,69 @@ TEST(PlanSolve, EqualsExhaustiveEnumerationOnRandomProblems) {
         if (l == choice.size()) break;
       }
       EXPECT_FALSE(any) << "trial " << trial;
-      ++infeasible;
+      ++out.infeasible;
       continue;
     }
     const Prediction want = exhaustive(p, &count);
-    enumerated += count;
-    simulated += got.simulations;
-    EXPECT_NEAR(got.best.step, want.step, 1e-9) << "trial " << trial;
+    out.enumerated += count;
+    out.simulated += got.simulations;
+    EXPECT_GE(got.best.step, want.step - 1e-9) << "trial " << trial;
+    out.worst_gap = std::max(out.worst_gap, got.best.step / want.step - 1);
     EXPECT_TRUE(got.best.fits()) << "trial " << trial;
-    ++solved;
+    ++out.solved;
   }
+  return out;
+}
+
+TEST(PlanSolve, EqualsExhaustiveEnumerationOnRandomProblems) {
+  const RandomOutcome got = solve_random_problems(0);
+  EXPECT_NEAR(got.worst_gap, 0, 1e-9);
   // The seed gives both outcomes; the search simulates far fewer steps than enumeration.
-  EXPECT_EQ(solved + infeasible, 40);
-  EXPECT_GT(solved, 20);
-  EXPECT_GT(infeasible, 0);
-  EXPECT_LT(simulated * 4, enumerated);
+  EXPECT_EQ(got.solved + got.infeasible, 40);
+  EXPECT_GT(got.solved, 20);
+  EXPECT_GT(got.infeasible, 0);
+  EXPECT_LT(got.simulated * 4, got.enumerated);
+}
+
+TEST(PlanSolve, EqualsExhaustiveEnumerationWithSharedCores) {
+  // Note [Plan search]: with shared cores the bound stays exact; the dominance filters could in
+  // principle drop an assignment that processor sharing makes faster, on none of these problems.
+  const RandomOutcome got = solve_random_problems(1);
+  EXPECT_NEAR(got.worst_gap, 0, 1e-9);
+  EXPECT_EQ(got.solved + got.infeasible, 40);
+  EXPECT_GT(got.solved, 20);
+  EXPECT_LT(got.simulated * 4, got.enumerated);
+}
+
+TEST(PlanStep, TailsFollowEachRanksLastAction) {
+  // M = 1 as in PerStageCostsSlowOnlyTheirStage: rank 1 ends at 4 (B1), rank 0 at 6 (B0).
+  PlanProblem p =
+      problem_of(ScheduleKind::kOneFOneB, 2, 1, 1, {candidate("none", 10, 0, 1, 1, 1, 0)}, 1000);
+  p.step_tail = {0.5, 3};
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).step, 7.0);  // rank 1: 4 + 3
+  // With clipping the tails start after every rank's end and the exchange of norms.
+  p.tails_wait_for_all = true;
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).step, 6 + 3);
+  p.step_tail = {1};
+  try {
+    evaluate(p, {0, 0});
+    ADD_FAILURE() << "one tail for two ranks was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "plan: 1 step tails for 2 ranks; give one per rank or none.");
+  }
+}
+
+TEST(PlanStep, SharedCoresSlowRanksThatComputeAtOnce) {
+  // SharedCores.RanksThatComputeAtOnceShareOneCore of the schedule module: 1F1B, 2 ranks, 2
+  // micro-batches, F = 1, B = 2 take 9 with a core each and 12 on one core.
+  PlanProblem p =
+      problem_of(ScheduleKind::kOneFOneB, 2, 2, 1, {candidate("none", 10, 0, 1, 1, 1, 0)}, 1000);
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).step, 9.0);
+  p.parallel_ranks = 1;
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).step, 12.0);
+  EXPECT_DOUBLE_EQ(solve(p).best.step, 12.0);
+  p.parallel_ranks = 2;
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).step, 9.0);
 }
 
 }  // namespace

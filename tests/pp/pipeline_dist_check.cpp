@@ -2,7 +2,10 @@
 // transport: `mpiexec -n N pipeline_dist_check --schedule 1f1b|zb-v|... --steps S`. Every rank
 // runs the plain single-process loop itself and compares its losses, gradient norms and the
 // parameters of its own stages after every step bitwise. Prints "N passed, N failed" per rank
-// and exits non-zero on any difference or error, and when it checked nothing.
+// and exits non-zero on any difference or error, and when it checked nothing. With --memory it
+// also trains with twice the micro-batches and requires every rank's step peak (its own process,
+// the tracking allocator) to stay the same: a schedule bounds what a rank holds in flight, so
+// nothing may pile up per micro-batch (sent tensors, the data halves a rank does not read).
 
 #include <CLI/CLI.hpp>
 
@@ -10,6 +13,7 @@
 #include <string>
 
 #include "pipemat/comm/transport.h"
+#include "pipemat/remat/memory.h"
 #include "pipemat/schedule/schedule.h"
 #include "user_model.h"
 #include "user_pipeline.h"
@@ -20,7 +24,10 @@ int main(int argc, char** argv) {
   CLI::App app{"The user model trained through the pp API under mpiexec, checked bitwise."};
   app.add_option("--schedule", kind, "Schedule kind (1f1b, zb-v, gpipe, zb-h1, ...)")->required();
   app.add_option("--steps", c.steps, "Training steps")->required()->check(CLI::Range(1, 1000));
+  bool memory = false;
+  app.add_flag("--memory", memory, "Also require the same step peak with twice the micro-batches");
   CLI11_PARSE(app, argc, argv);
+  if (memory) pipemat::remat::install_tracking_allocator();
   try {
     c.kind = pipemat::schedule::parse_schedule_kind(kind);
     pipemat::comm::TransportOptions options;
@@ -30,10 +37,23 @@ int main(int argc, char** argv) {
     c.micro_batches = 2 * c.ranks;
     const auto run = user_model::run_rank(*transport, c);
     const auto plain = user_model::plain_training(c.blocks, c.micro_batches, c.steps);
-    const auto diffs = user_model::differences(run, plain, transport->rank());
-    for (const auto& d : diffs) std::fprintf(stderr, "%s\n", d.c_str());
+    auto diffs = user_model::differences(run, plain, transport->rank());
     size_t checked = 2 * run.losses.size();
     for (const auto& ps : run.params) checked += ps.size();
+    if (memory) {
+      user_model::PipelineCase twice = c;
+      twice.micro_batches = 2 * c.micro_batches;
+      const auto more = user_model::run_rank(*transport, twice);
+      ++checked;
+      if (more.peak_bytes.back() != run.peak_bytes.back()) {
+        diffs.push_back("rank " + std::to_string(transport->rank()) + ": step peak " +
+                        std::to_string(more.peak_bytes.back()) + " bytes with " +
+                        std::to_string(twice.micro_batches) + " micro-batches, " +
+                        std::to_string(run.peak_bytes.back()) + " with " +
+                        std::to_string(c.micro_batches));
+      }
+    }
+    for (const auto& d : diffs) std::fprintf(stderr, "%s\n", d.c_str());
     transport->barrier();
     std::printf("rank %d (%s, %d ranks): %zu passed, %zu failed\n", transport->rank(),
                 pipemat::schedule::to_string(c.kind), c.ranks, checked - diffs.size(),

@@ -56,6 +56,19 @@ TEST(Profile, CandidatesComeFromTheModuleTree) {
   EXPECT_EQ(k[3].name, "save:up");
   EXPECT_EQ(k[3].resident_bytes, output + kTokens * kFfn * 4);
   EXPECT_EQ(k[3].replayed_bytes, k[1].replayed_bytes - kTokens * kFfn * 4);
+  // Temporaries: remat changes what F keeps, not what the backward allocates; a candidate's F
+  // peaks no higher than none's (it keeps less while it runs), and the replay keeps all it
+  // allocates.
+  for (const auto& x : k) {
+    EXPECT_EQ(x.backward_temporary_bytes, k[0].backward_temporary_bytes) << x.name;
+    EXPECT_LE(x.resident_bytes + x.forward_temporary_bytes,
+              k[0].resident_bytes + k[0].forward_temporary_bytes)
+        << x.name;
+    EXPECT_EQ(x.recompute_temporary_bytes, 0) << x.name;
+  }
+  EXPECT_LT(k[1].resident_bytes + k[1].forward_temporary_bytes,
+            k[0].resident_bytes + k[0].forward_temporary_bytes);
+  EXPECT_GT(k[0].backward_temporary_bytes, 0);
 }
 
 TEST(Profile, StagePolicyNamesEachLayerByItsIndex) {
@@ -86,7 +99,19 @@ TEST(Profile, StageBytesAreItsInputAndWhatItsGraphSaved) {
   ASSERT_EQ(p.outputs.size(), 1u);
   EXPECT_TRUE(at::equal(p.outputs[0], seq->forward(x)));
   EXPECT_FALSE(p.outputs[0].requires_grad());
-  EXPECT_GE(p.backward_peak_bytes, 2 * 16 * 16 * 4);  // the weights' gradients at least
+  // F: the first Linear's output and the stage's output. B, into the gradients a first backward
+  // left: the gradient of that output (512) and a new W2 gradient (1024) before it is added in.
+  // I: the gradients of the first Linear's output and of the input (512 each), of which the
+  // first stays for W; W: a new weight gradient (1024) and a transposed operand (512).
+  EXPECT_EQ(p.forward_peak_bytes, 1024);
+  EXPECT_EQ(p.backward_peak_bytes, 1536);
+  EXPECT_EQ(p.input_peak_bytes, 1024);
+  EXPECT_EQ(p.input_held_bytes, 512);
+  EXPECT_EQ(p.weight_peak_bytes, 1536);
+  EXPECT_GT(p.forward, 0);
+  EXPECT_GT(p.backward, 0);
+  EXPECT_GT(p.backward_input, 0);
+  EXPECT_GT(p.backward_weight, 0);
 }
 
 }  // namespace

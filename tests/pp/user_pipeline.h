@@ -81,6 +81,7 @@ inline pipemat::pp::PipelineOptions pipeline_options(const PipelineCase& c) {
 struct RankRun {
   std::vector<double> losses;
   std::vector<double> grad_norms;
+  std::vector<int64_t> peak_bytes;  // StepMetrics::peak_bytes (with the tracking allocator)
   std::vector<std::map<std::string, at::Tensor>> params;
 };
 
@@ -97,6 +98,7 @@ inline RankRun run_rank(pipemat::comm::Transport& transport, const PipelineCase&
     });
     run.losses.push_back(m.loss);
     run.grad_norms.push_back(m.grad_norm);
+    run.peak_bytes.push_back(m.peak_bytes);
     std::map<std::string, at::Tensor> ps;
     for (int s : pipe.stages()) {
       for (const auto& p : pipe.stage(s).module->named_parameters()) {

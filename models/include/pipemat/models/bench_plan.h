@@ -7,12 +7,15 @@
 // (the tracking allocator's bytes at the step's start plus the step's peak above them, the
 // maximum over every step), and whether every step's loss equals the single-process reference's
 // bitwise; per budget, the fastest uniform policy whose measured peaks fit and the plan's
-// speedup over it.
+// speedup over it. The predictions' message cost comes from a short calibration run of the same
+// job (remat none) unless given.
 
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "pipemat/models/plan.h"
 
 namespace pipemat::models {
 
@@ -25,8 +28,11 @@ struct BenchPlanOptions {
   std::string transport = "tcp";       // "tcp" or "mpi"
   std::string launcher;                // pipemat-run; empty: next to /proc/self/exe
   std::string log;                     // output of the runs; empty: a temp file
-  int repeats = 3;                     // profiler repeats (PlanOptions)
-  int max_save_leaves = 4;             // PlanOptions
+  PlanOptions plan;                    // the profiler and step model (budget_bytes unused)
+  // The message cost of the predictions, ms; below 0 measured by a calibration run: the median
+  // message_delay_ms of `calibration_steps` steps of remat none (its first step left out).
+  double message_ms = -1;
+  int64_t calibration_steps = 6;
 };
 
 struct BenchPlanRun {
@@ -52,6 +58,8 @@ struct BenchPlanBudget {
 
 struct BenchPlanReport {
   std::string summary;              // the planner's summary
+  double message_ms = 0;            // the message cost the predictions use
+  bool message_calibrated = false;  // measured by the calibration run
   std::vector<double> fixed_bytes;  // per rank: weights and optimizer state (Note [Plan inputs])
   std::vector<double> reference_losses;
   std::vector<BenchPlanRun> uniform;

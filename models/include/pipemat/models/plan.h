@@ -13,13 +13,18 @@
 // and head of the gpt, the loss; measured as the whole stage without remat minus its layers
 // without remat, so the layers' outputs that the stage sends are not counted twice), then the
 // stage's layers, all profiled from one layer of the kind (the zoo's and the gpt's layers are
-// identical). Fixed bytes of a rank: its stages' parameters x (1 + optimizer states: sgd with
-// momentum 1, adamw 2) x 4 bytes; gradient bytes of a stage: its parameters x 4 bytes, from its
-// first backward on; backward bytes of a stage: the peak its whole-stage backward reaches above
-// its start, less those gradients (Note [Plan memory]). Times are milliseconds on this machine with
-// the config's threads; messages are free (the local transport). Every candidate of a layer gets
-// the forward, I and W times of `none` (a checkpointed layer runs the same math; what remat adds is
-// the replay, R): timer noise between candidates would otherwise decide the plan.
+// identical); its times make the stage's sums under `none` equal the whole stage's (they are
+// negative where the layers alone measured slower), its temporaries are the whole stage's. Fixed
+// bytes of a rank: its stages' parameters x (1 + optimizer states: sgd with
+// momentum 1, adamw 2) x 4 bytes; a stage's StageBytes (Note [Plan memory]): gradients = its
+// parameters x 4 bytes, from its first backward on; the temporaries of its B, I and W and what I
+// leaves for W, from the whole stage's fused and split backward. Times are milliseconds on this
+// machine with the config's threads. Every candidate of a layer gets the forward, I, W and B
+// times of `none` (a checkpointed layer runs the same math; what remat adds is the replay, R):
+// timer noise between candidates would otherwise decide the plan. A rank's step tail is its
+// optimizer step (and, with clipping, the norms of its gradients) timed on its own parameters;
+// with clipping the tails wait for every rank and one message (the exchange of norms). Messages
+// cost PlanOptions::message_ms; the ranks share PlanOptions::cores over the config's threads.
 
 #include <cstdint>
 #include <string>
@@ -34,8 +39,15 @@ namespace pipemat::models {
 struct PlanOptions {
   // Memory budget of every rank, or one per rank (bytes).
   std::vector<int64_t> budget_bytes;
-  int repeats = 3;          // profiler repeats (times: median)
+  int repeats = 5;          // profiler repeats (times: median)
+  int warmup = 2;           // unmeasured profiler rounds before them
   int max_save_leaves = 4;  // SAVE leaves per layer tried (2^n - 1 selective candidates)
+  // What one stage-boundary message takes from its send to being usable on the peer, ms (the
+  // `message_delay_ms` of a run's metrics; 0: free).
+  double message_ms = 0.0;
+  // Cores the ranks share (Note [Plan step]): -1 this machine's (the ranks run here, as
+  // pipemat-run starts them); 0 every rank has its own (ranks on separate machines).
+  int cores = -1;
 };
 
 struct UniformPrediction {

@@ -13,17 +13,30 @@
 // ~~~~~~~~~~~~~~~~~~
 // A candidate policy of a layer has two byte counts, measured for one micro-batch:
 //   resident: what its forward leaves alive for the backward (saved activations, SAVE region
-//             outputs, checkpoint inputs), held from the end of F until the last of B / W;
-//   replayed: what its recompute rebuilds (0 without remat), held from R until B / I ends.
+//             outputs, checkpoint inputs), held from the end of F until B or W ends;
+//   replayed: what its recompute rebuilds (0 without remat), held from R until B or W ends (the
+//             split backward's W unpacks the same replay as its I, so I frees none of it).
 // A stage's bytes are the sums over its layers (R replays the whole stage's micro-batch before
-// its backward, so the rebuilt activations of all its layers coexist). A rank's predicted peak
-// is its fixed bytes (weights, optimizer state) plus the maximum, over its compute actions in
-// schedule order, of the bytes alive right after the action starts: F(s, i) adds resident(s);
-// R(s, i) adds replayed(s); B(s, i) frees both at its end; I frees replayed(s) and W frees
-// resident(s); the first B / W of stage s adds its gradient bytes for the rest of the step, and
-// each B / I / W its stage's backward temporaries while it runs. So
-// under 1F1B rank r holds p - r micro-batches' resident bytes and one replay; ZB-H2 and ZB-V hold
-// more or other mixes, read off their own action lists.
+// its backward, so the rebuilt activations of all its layers coexist). While F, R or B runs it
+// also holds temporaries (Candidate::*_temporary_bytes): for a stage, the largest of its layers'
+// (one layer runs at a time; the bytes the earlier layers leave are in the sums). A stage has its
+// own StageBytes: its gradients, the temporaries of I and W and what I leaves for W. A rank's
+// predicted peak is its fixed bytes (weights, optimizer state) plus the maximum, over its compute
+// actions in schedule order, of the bytes alive while the action runs: F(s, i) adds resident(s);
+// R(s, i) adds replayed(s); B(s, i) frees both at its end; I(s, i) adds input_held(s) at its end,
+// and W(s, i) frees that, the replay and the resident bytes; the first B / W of stage s adds its
+// gradients for the rest of the step, and each F / R / B / I / W its temporaries while it runs.
+// So under 1F1B rank r holds p - r micro-batches' resident bytes and one replay; ZB-H2 and ZB-V
+// hold more or other mixes, read off their own action lists.
+//
+// Note [Plan step]
+// ~~~~~~~~~~~~~~~~
+// The predicted step is the schedule simulated with each stage's summed F, I, W, B and R and a
+// message cost, the ranks sharing the machine's cores when fewer than all of them can compute at
+// once (`parallel_ranks`, Note [Shared cores] of schedule/simulate.h), plus each rank's
+// `step_tail` after its last action (the optimizer step): the latest rank's end. With
+// `tails_wait_for_all` (gradient clipping exchanges every rank's norms first) the tails start
+// once every rank has ended and one message has crossed.
 
 #include <string>
 #include <vector>
@@ -39,9 +52,16 @@ struct Candidate {
   double resident_bytes = 0.0;
   double replayed_bytes = 0.0;
   double forward = 0.0;
-  double backward_input = 0.0;   // I (dx); a fused B takes I + W
+  double backward_input = 0.0;   // I (dx)
   double backward_weight = 0.0;  // W (dw)
   double recompute = 0.0;        // R: the replay before the backward
+  double backward = 0.0;         // B, the fused backward; 0: I + W
+  // What F, R and B allocate at their peak beyond what stays (resident or replayed bytes; B's
+  // above its start, into existing parameter gradients) while they run: intermediate results,
+  // gradients of activations (Note [Plan memory]).
+  double forward_temporary_bytes = 0.0;
+  double recompute_temporary_bytes = 0.0;
+  double backward_temporary_bytes = 0.0;
 };
 
 struct LayerProfile {
@@ -49,19 +69,29 @@ struct LayerProfile {
   std::vector<Candidate> candidates;
 };
 
+// Bytes of a model stage that do not depend on its layers' candidates (Note [Plan memory]): all
+// measured for one micro-batch; a pass's temporaries are its peak above the bytes alive when it
+// starts, accumulating into existing parameter gradients.
+struct StageBytes {
+  double gradients = 0.0;        // the parameters' gradients, alive from the first B / W on
+  double backward_input = 0.0;   // I's temporaries
+  double input_held = 0.0;       // what I leaves alive until W (the gradients W starts from)
+  double backward_weight = 0.0;  // W's temporaries
+};
+
 struct PlanProblem {
-  schedule::ScheduleOptions schedule;  // kind, ranks, micro-batches, v (recompute is the plan's)
-  std::vector<LayerProfile> layers;    // in model order
-  std::vector<int> stage_of_layer;     // model stage of each layer (non-decreasing)
-  std::vector<double> fixed_bytes;     // per rank: weights + optimizer state
-  // Per model stage: its parameters' gradients, alive from the stage's first B / W of the step
-  // on (empty: none counted).
-  std::vector<double> gradient_bytes;
-  // Per model stage: what one backward (B, I or W) allocates at its peak above the bytes alive
-  // when it starts, beyond the stage's gradients (its temporaries); empty: none counted.
-  std::vector<double> backward_bytes;
-  std::vector<double> budget_bytes;  // per rank
-  double message_cost = 0.0;         // one stage-boundary message, in the time unit
+  schedule::ScheduleOptions schedule;   // kind, ranks, micro-batches, v (recompute is the plan's)
+  std::vector<LayerProfile> layers;     // in model order
+  std::vector<int> stage_of_layer;      // model stage of each layer (non-decreasing)
+  std::vector<double> fixed_bytes;      // per rank: weights + optimizer state
+  std::vector<StageBytes> stage_bytes;  // per model stage (empty: none counted)
+  std::vector<double> budget_bytes;     // per rank
+  double message_cost = 0.0;            // one stage-boundary message, in the time unit
+  // Note [Plan step]: per rank, the time after its last action (empty: none); how many ranks
+  // can compute at full speed at once (SimulateOptions::parallel_ranks; 0: every rank).
+  std::vector<double> step_tail;
+  bool tails_wait_for_all = false;  // the tails start after every rank's end and one message
+  int parallel_ranks = 0;
 };
 
 struct RankPrediction {

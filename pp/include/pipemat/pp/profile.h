@@ -12,11 +12,15 @@
 // whose replay a SAVE region skips; ties: module order).
 //
 // Measurement of a candidate, on a fresh copy of the layer with the policy applied, repeated
-// ProfileOptions::repeats times (times: the median; bytes: those of the last repeat):
+// ProfileOptions::repeats times after ProfileOptions::warmup unmeasured rounds (times: the
+// median; bytes: those of the last repeat):
 //   resident  bytes alive after the forward that it allocated (its output included: the next
 //             layer keeps it as its input);
 //   replayed  bytes a pre-triggered replay adds (InvocationGroup::pretrigger, the R action);
-//   times     forward, replay (R), I and W (the split backward of the pipeline) in ms.
+//   temporaries  F's and R's peaks above what they leave, B's above its start when it
+//             accumulates into existing gradients (plan::Candidate);
+//   times     forward, replay (R), I and W (the split backward of the pipeline) in ms, and the
+//             fused backward (B) on a second forward and replay, into the gradients W left.
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/any.h>
@@ -32,7 +36,8 @@
 namespace pipemat::pp {
 
 struct ProfileOptions {
-  int repeats = 3;
+  int repeats = 3;          // measured rounds per candidate (times: their median)
+  int warmup = 1;           // unmeasured rounds per candidate before them
   int max_save_leaves = 6;  // 2^6 - 1 selective candidates at most
 };
 
@@ -62,24 +67,36 @@ remat::RematPolicy stage_policy_of(const std::vector<const LayerCandidates*>& la
                                    const std::vector<int>& choice, const std::string& layer_prefix);
 
 // One measured micro-batch of a whole pipeline stage without remat: what the planner adds to
-// its layers' sums (the stage input held until the backward, an embedding, a head, the loss).
+// its layers' sums (the stage input held until the backward, an embedding, a head, the loss) and
+// what each backward pass allocates above the bytes alive when it starts.
 struct StageProfile {
-  double input_bytes = 0;     // the stage's inputs, held from F until the backward
-  double resident_bytes = 0;  // alive after F (and the loss on the last stage), inputs excluded
-  // What the backward allocates above the bytes alive when it starts (gradients of the
-  // parameters and of the activations, its temporaries), at its peak.
+  double input_bytes = 0;         // the stage's inputs, held from F until the backward
+  double resident_bytes = 0;      // alive after F (and the loss on the last stage), inputs excluded
+  double forward_peak_bytes = 0;  // F's peak above its start (the outputs included)
+  // Peaks above the bytes alive when the pass starts, accumulating into gradients that exist
+  // (every backward of a step but the stage's first): the fused B (which frees each saved
+  // activation as it goes), I and W of the split backward.
   double backward_peak_bytes = 0;
-  double forward = 0;   // ms, the loss included on the last stage
-  double backward = 0;  // ms, a fused backward
-  Tensors outputs;      // detached: the next stage's inputs
+  double input_peak_bytes = 0;
+  double weight_peak_bytes = 0;
+  // What I leaves alive for W beyond what F left (the gradients W's roots received; the input
+  // gradients are sent and freed): held per micro-batch from I until W.
+  double input_held_bytes = 0;
+  double forward = 0;          // ms, the loss included on the last stage
+  double backward = 0;         // ms, the fused B
+  double backward_input = 0;   // ms, I
+  double backward_weight = 0;  // ms, W
+  Tensors outputs;             // detached: the next stage's inputs
 };
 
 // Runs `stage` (its remat policy as built: give one without) on `inputs` as the pipeline does:
 // floating inputs as leaves that require grad (received activations), others as they are; with
-// `loss` (the last stage) on `targets`; then the backward (a random output gradient on other
-// stages). Times: the median of `repeats`; bytes: those of the last. Installs the tracking
-// allocator.
+// `loss` (the last stage) on `targets`; then a split backward (I, then W) that creates the
+// parameters' gradients, and on two more forwards a fused and a split backward that accumulate
+// into them, each with a random output gradient on other stages. `warmup` rounds
+// first, unmeasured (first calls allocate and fault in memory, start kernels); times: the median
+// of the `repeats` rounds after them; bytes: those of the last. Installs the tracking allocator.
 StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, const LossFn& loss,
-                           const Tensors& targets, int repeats = 3);
+                           const Tensors& targets, int repeats = 3, int warmup = 1);
 
 }  // namespace pipemat::pp

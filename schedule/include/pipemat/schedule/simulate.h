@@ -14,6 +14,11 @@
 //   - busy time of a rank = sum of its compute durations; bubble_ratio =
 //     1 - sum(busy) / (ranks_count * makespan).
 //   - in-flight activations: F(s,i) adds one on its rank; the last of B(s,i) / W(s,i) removes it.
+//   - Note [Shared cores]: with SimulateOptions::parallel_ranks = c > 0, at most c ranks compute
+//     at full speed; while k > c ranks are inside a compute action, each progresses at c / k of
+//     its speed (the kernel's fair share of c cores between k busy single-threaded processes).
+//     A rank that waits for a message takes no core. Such a simulation still waits on the same
+//     inputs; busy is then the wall time inside compute actions, not their cost.
 // A schedule whose lists cannot all run to the end throws ScheduleError ("cross-rank deadlock")
 // naming, for every unfinished rank, the blocked action, its position and what it waits for.
 //
@@ -86,6 +91,11 @@ struct SimulateOptions {
   // large messages, or a runtime that waits on each send). The default models the executor
   // contract: sends are issued and completed later, never waited on before the next action.
   bool rendezvous_sends = false;
+  // How many ranks can compute at full speed at once: the machine's cores over each rank's
+  // threads when the ranks share one machine. With more ranks computing than that, they share it
+  // by processor sharing: k computing ranks each run at parallel_ranks / k of full speed, so an
+  // action lasts longer than its cost (Note [Shared cores]). 0: every rank has its own cores.
+  int parallel_ranks = 0;
 };
 
 // Simulates a structurally valid schedule (run validate_schedule's per-rank rules first;
