@@ -23,10 +23,11 @@ std::string error_of(double measured, double predicted) {
   return (e >= 0 ? "+" : "") + format_fixed(e, 1) + "%";
 }
 
-void print_run(const models::BenchPlanRun& r) {
+// One row: `round` is the round's number, or "all" for the medians over rounds.
+void print_run(const models::BenchPlanRun& r, const std::string& round) {
   std::string budget = r.budget > 0 ? format_bytes(r.budget) : "-";
-  std::printf("%-10s %10s %9.1f %9.1f %7s", r.policy.c_str(), budget.c_str(), r.predicted_step_ms,
-              r.step_ms, error_of(r.step_ms, r.predicted_step_ms).c_str());
+  std::printf("%-5s %-10s %10s %9.1f %9.1f %7s", round.c_str(), r.policy.c_str(), budget.c_str(),
+              r.predicted_step_ms, r.step_ms, error_of(r.step_ms, r.predicted_step_ms).c_str());
   for (size_t k = 0; k < r.peak_bytes.size(); ++k) {
     const double want = k < r.predicted_peak_bytes.size() ? r.predicted_peak_bytes[k] : 0;
     std::printf("  r%zu %s/%s %s", k, mib(want).c_str(),
@@ -42,9 +43,29 @@ nlohmann::json run_json(const models::BenchPlanRun& r) {
           {"budget_bytes", r.budget},
           {"predicted_step_ms", r.predicted_step_ms},
           {"step_ms", r.step_ms},
+          {"round_predicted_step_ms", r.round_predicted_step_ms},
+          {"round_step_ms", r.round_step_ms},
           {"predicted_peak_bytes", r.predicted_peak_bytes},
           {"peak_bytes", r.peak_bytes},
           {"losses_equal", r.losses_equal}};
+}
+
+std::string list_of(const std::vector<double>& values, int digits) {
+  std::vector<std::string> parts;
+  for (double v : values) parts.push_back(format_fixed(v, digits));
+  return join(parts, ", ");
+}
+
+// The step model's calibration per round (Note [Plan calibration]).
+std::string calibration_text(const models::BenchPlanReport& r) {
+  std::string out = "step model per round: messages " + list_of(r.message_ms, 2) +
+                    " ms; sharing efficiency " + list_of(r.sharing_efficiency, 3);
+  if (!r.calibration_step_ms.empty() && r.calibration_step_ms.front() > 0) {
+    out += "; calibration runs of remat none " + list_of(r.calibration_step_ms, 1) +
+           " ms a step, predicted at sharing efficiency 1 " +
+           list_of(r.calibration_predicted_ms, 1) + " ms";
+  }
+  return out;
 }
 
 }  // namespace
@@ -82,12 +103,24 @@ void add_bench_plan_command(CLI::App& bench) {
   cmd->add_option("--transport", f->bench.transport, "tcp or mpi")->capture_default_str();
   add_plan_profile_flags(*cmd, f->bench.plan);
   cmd->add_option("--message-ms", f->bench.message_ms,
-                  "Message cost of the predictions, ms (-1: measure it with a calibration run)")
+                  "Message cost of the predictions, ms (-1: measure it with the calibration run)")
       ->check(CLI::Range(-1.0, 1e6))
       ->capture_default_str();
+  cmd->add_option("--sharing-efficiency", f->bench.sharing_efficiency,
+                  "Share of the cores' time that does work while ranks share them (-1: measure it\n"
+                  "with the calibration run)")
+      ->check(CLI::Range(-1.0, 1.0))
+      ->capture_default_str();
   cmd->add_option("--calibration-steps", f->bench.calibration_steps,
-                  "Steps of the calibration run (remat none; the first is left out)")
+                  "Steps of the calibration run (remat none, its own job; the first step is left\n"
+                  "out)")
       ->check(CLI::Range(int64_t{2}, int64_t{1000}))
+      ->capture_default_str();
+  cmd->add_option(
+         "--rounds", f->bench.rounds,
+         "Rounds of profile, calibration and runs (the machine's speed drifts): each run's\n"
+         "step and prediction are the medians over rounds")
+      ->check(CLI::Range(1, 100))
       ->capture_default_str();
   cmd->add_option("--launcher", f->bench.launcher,
                   "pipemat-run to start the runs (default: next to this binary)");
@@ -98,12 +131,13 @@ void add_bench_plan_command(CLI::App& bench) {
     f->bench.budgets = parse_byte_list(f->budgets, "--budgets", "sizes such as 24MiB,28MiB");
     print_config_warnings(models::load_config(f->bench.config, f->bench.overrides).warnings);
     if (!f->json) {
-      std::printf("%-10s %10s %9s %9s %7s  %s  %s\n", "run", "budget", "pred ms", "step ms",
-                  "error", "per rank: predicted/measured peak MiB, error", "losses equal");
+      std::printf("%-5s %-10s %10s %9s %9s %7s  %s  %s\n", "round", "run", "budget", "pred ms",
+                  "step ms", "error", "per rank: predicted/measured peak MiB, error",
+                  "losses equal");
     }
     const models::BenchPlanReport report =
         models::run_bench_plan(f->bench, [&](const models::BenchPlanRun& r) {
-          if (!f->json) print_run(r);
+          if (!f->json) print_run(r, std::to_string(r.round + 1));
         });
     if (!f->svg.empty()) {
       std::ofstream file(f->svg);
@@ -114,7 +148,9 @@ void add_bench_plan_command(CLI::App& bench) {
       nlohmann::json out;
       out["summary"] = report.summary;
       out["message_ms"] = report.message_ms;
-      out["message_calibrated"] = report.message_calibrated;
+      out["sharing_efficiency"] = report.sharing_efficiency;
+      out["calibration_step_ms"] = report.calibration_step_ms;
+      out["calibration_predicted_ms"] = report.calibration_predicted_ms;
       out["fixed_bytes"] = report.fixed_bytes;
       out["reference_losses"] = report.reference_losses;
       for (const auto& u : report.uniform) out["uniform"].push_back(run_json(u));
@@ -134,10 +170,15 @@ void add_bench_plan_command(CLI::App& bench) {
       std::cout << out.dump() << std::endl;
       return;
     }
-    std::printf("\n%s; messages %.2f ms (%s)\n%10s %9s  %-10s %9s %8s  %s\n",
-                report.summary.c_str(), report.message_ms,
-                report.message_calibrated ? "calibration run" : "--message-ms", "budget", "plan ms",
-                "best fit", "its ms", "speedup", "predicted: best fit, speedup");
+    if (f->bench.rounds > 1) {
+      std::printf("medians over the %d rounds:\n", f->bench.rounds);
+      for (const auto& u : report.uniform) print_run(u, "all");
+      for (const auto& b : report.budgets)
+        if (b.infeasible.empty()) print_run(b.plan, "all");
+    }
+    std::printf("\n%s\n%s\n%10s %9s  %-10s %9s %8s  %s\n", report.summary.c_str(),
+                calibration_text(report).c_str(), "budget", "plan ms", "best fit", "its ms",
+                "speedup", "predicted: best fit, speedup");
     for (const auto& b : report.budgets) {
       if (!b.infeasible.empty()) {
         std::printf("%10s  infeasible: %s\n", format_bytes(b.budget).c_str(), b.infeasible.c_str());

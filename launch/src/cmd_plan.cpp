@@ -178,8 +178,14 @@ void add_plan_command(CLI::App& app) {
   add_plan_profile_flags(*cmd, f->plan);
   cmd->add_option("--message-ms", f->plan.message_ms,
                   "What one stage-boundary message takes from send to use, ms: the\n"
-                  "message_delay_ms of a run's --metrics, or let `pipemat bench plan` measure it")
+                  "message_delay_ms of a run's --metrics, or what `pipemat bench plan` measures")
       ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  cmd->add_option(
+         "--sharing-efficiency", f->plan.sharing_efficiency,
+         "Share of the cores' time that does work while more ranks compute than\n"
+         "--cores allow (context switches cost the rest; `pipemat bench plan` measures it)")
+      ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
   cmd->callback([f] {
     const models::TrainConfig config = models::load_config(f->config, f->overrides);
@@ -237,6 +243,7 @@ void add_plan_command(CLI::App& app) {
       out["tails_wait_for_all"] = problem.tails_wait_for_all;
       out["message_ms"] = problem.message_cost;
       out["parallel_ranks"] = problem.parallel_ranks;
+      out["sharing_efficiency"] = problem.sharing_efficiency;
       if (!f->out.empty()) out["out"] = f->out;
       std::cout << out.dump() << std::endl;
       return;

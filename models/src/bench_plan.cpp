@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <utility>
 
 #include "bench_run.h"
 #include "pipemat/core/error.h"
@@ -55,9 +56,9 @@ struct Runner {
   }
 };
 
-// Note [Measured message delay] of a short run of `config`: the median over its steps after the
-// first.
-double calibrate_message_ms(const Runner& runner, TrainConfig config, int64_t steps) {
+// Note [Plan calibration]: the calibration run of `config`; returns its median message delay
+// and step, its first step left out.
+std::pair<double, double> calibration_run(const Runner& runner, TrainConfig config, int64_t steps) {
   config.training.steps = steps;
   const bench::TempFile yaml("pipemat-bench-plan-XXXXXX.yaml", kWho);
   {
@@ -69,10 +70,33 @@ double calibrate_message_ms(const Runner& runner, TrainConfig config, int64_t st
   job.config = yaml.path();
   const std::vector<pp::StepMetrics> got =
       bench::run_launched(job, steps, std::string(kWho) + ": the calibration run");
-  std::vector<double> delays;
-  for (const pp::StepMetrics& m : got)
-    if (m.step >= 1) delays.push_back(m.message_delay_ms);
-  return bench::median(delays);
+  std::vector<double> delays, step_ms;
+  for (const pp::StepMetrics& m : got) {
+    if (m.step < 1) continue;
+    delays.push_back(m.message_delay_ms);
+    step_ms.push_back(m.step_ms);
+  }
+  return {bench::median(delays), bench::median(step_ms)};
+}
+
+// Note [Plan calibration]: the sharing efficiency at which `problem` predicts `step_ms` for
+// `choice`.
+double fit_sharing_efficiency(plan::PlanProblem problem, const std::vector<int>& choice,
+                              double step_ms) {
+  const auto predicted = [&](double e) {
+    problem.sharing_efficiency = e;
+    return plan::evaluate(problem, choice).step;
+  };
+  const int ranks = static_cast<int>(problem.fixed_bytes.size());
+  if (problem.parallel_ranks <= 0 || problem.parallel_ranks >= ranks) return 1.0;  // no sharing
+  double lo = 0.2, hi = 1.0;
+  if (predicted(hi) >= step_ms) return hi;
+  if (predicted(lo) <= step_ms) return lo;
+  for (int i = 0; i < 40; ++i) {
+    const double mid = (lo + hi) / 2;
+    (predicted(mid) > step_ms ? lo : hi) = mid;
+  }
+  return (lo + hi) / 2;
 }
 
 bool fits(const std::vector<int64_t>& peaks, int64_t budget) {
@@ -85,6 +109,10 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
                                const std::function<void(const BenchPlanRun&)>& on_run) {
   PIPEMAT_CHECK(o.warmup >= 0 && o.steps > o.warmup, ConfigError, kWho, ": --steps ", o.steps,
                 " must be more than --warmup ", o.warmup);
+  PIPEMAT_CHECK(o.sharing_efficiency < 0 || (o.sharing_efficiency > 0 && o.sharing_efficiency <= 1),
+                ConfigError, kWho, ": --sharing-efficiency ", o.sharing_efficiency,
+                " must be in (0, 1], or below 0 to measure it");
+  PIPEMAT_CHECK(o.rounds >= 1, ConfigError, kWho, ": --rounds ", o.rounds, " must be at least 1");
   PIPEMAT_CHECK(o.calibration_steps >= 2, ConfigError, kWho, ": --calibration-steps ",
                 o.calibration_steps, " must be at least 2 (the first step is left out)");
   PIPEMAT_CHECK(!o.budgets.empty(), ConfigError, kWho,
@@ -110,9 +138,6 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
 
   PlanOptions plan_options = o.plan;
   plan_options.budget_bytes.clear();
-  PlanReport profiled = profile_plan(config, plan_options);
-  report.summary = profiled.summary;
-  report.fixed_bytes = profiled.problem.fixed_bytes;
 
   const std::string log_pattern = "pipemat-bench-plan-XXXXXX.log";
   const bench::TempFile temp_log(log_pattern, kWho, /*keep=*/true);  // named by errors
@@ -122,64 +147,108 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
   runner.launch.transport = o.transport;
   runner.launch.log = o.log.empty() ? temp_log.path() : o.log;
 
-  report.message_ms = o.message_ms;
-  if (o.message_ms < 0) {
-    report.message_ms = calibrate_message_ms(
-        runner, uniform_config(profiled, RematPolicyKind::kNone), o.calibration_steps);
-    report.message_calibrated = true;
-  }
-  profiled.problem.message_cost = report.message_ms;
-
-  // The uniform predictions do not depend on the budget; solve_plan sets them before it solves.
-  PlanReport uniform_report = profiled;
-  try {
-    solve_plan(uniform_report, {o.budgets.front()});
-  } catch (const ConfigError&) {
-  }
-  for (const UniformPrediction& u : uniform_report.uniform) {
-    BenchPlanRun run;
-    run.policy = u.policy;
-    run.predicted_step_ms = u.prediction.step;
-    for (const auto& r : u.prediction.ranks) run.predicted_peak_bytes.push_back(r.peak_bytes);
-    runner.run(uniform_config(profiled, *parse_remat_policy(u.policy)), run);
-    if (on_run) on_run(run);
-    report.uniform.push_back(run);
-  }
-
-  for (int64_t budget : o.budgets) {
-    BenchPlanBudget row;
-    row.budget = budget;
-    PlanReport planned = profiled;
-    try {
-      solve_plan(planned, {budget});
-    } catch (const ConfigError& e) {
-      row.infeasible = e.what();
-      report.budgets.push_back(row);
-      continue;
+  std::vector<RematPolicyKind> policies;
+  std::vector<std::vector<int>> plan_choices(o.budgets.size());
+  std::vector<TrainConfig> plan_configs(o.budgets.size());
+  for (int round = 0; round < o.rounds; ++round) {
+    PlanReport profiled = profile_plan(config, plan_options);
+    plan::PlanProblem& problem = profiled.problem;
+    problem.budget_bytes.assign(problem.fixed_bytes.size(), 1e300);  // evaluated, not solved
+    if (round == 0) {
+      report.summary = profiled.summary;
+      report.fixed_bytes = problem.fixed_bytes;
+      policies = uniform_policies(profiled);
+      report.uniform.resize(policies.size());
+      report.budgets.resize(o.budgets.size());
     }
-    row.plan.policy = "plan";
-    row.plan.budget = budget;
-    row.plan.predicted_step_ms = planned.result.best.step;
-    for (const auto& r : planned.result.best.ranks)
-      row.plan.predicted_peak_bytes.push_back(r.peak_bytes);
-    runner.run(planned.config, row.plan);
-    if (on_run) on_run(row.plan);
-    double best = 0, predicted_best = 0;
-    for (size_t u = 0; u < report.uniform.size(); ++u) {
-      const BenchPlanRun& run = report.uniform[u];
-      if (fits(run.peak_bytes, budget) && (best == 0 || run.step_ms < best)) {
-        best = run.step_ms;
-        row.best_uniform = run.policy;
+    // Note [Plan calibration].
+    double message_ms = o.message_ms, efficiency = o.sharing_efficiency;
+    double calibration_step = 0, calibration_predicted = 0;
+    if (message_ms < 0 || efficiency < 0) {
+      const auto [delay, step_ms] = calibration_run(
+          runner, uniform_config(profiled, RematPolicyKind::kNone), o.calibration_steps);
+      if (message_ms < 0) message_ms = delay;
+      problem.message_cost = message_ms;
+      problem.sharing_efficiency = 1;
+      const std::vector<int> none = uniform_choice(profiled, RematPolicyKind::kNone);
+      calibration_step = step_ms;
+      calibration_predicted = plan::evaluate(problem, none).step;
+      if (efficiency < 0) efficiency = fit_sharing_efficiency(problem, none, step_ms);
+    }
+    problem.message_cost = message_ms;
+    problem.sharing_efficiency = efficiency;
+    report.message_ms.push_back(message_ms);
+    report.sharing_efficiency.push_back(efficiency);
+    report.calibration_step_ms.push_back(calibration_step);
+    report.calibration_predicted_ms.push_back(calibration_predicted);
+
+    // One run of `config` predicted by `choice`, added to `total` (the report's row).
+    const auto run = [&](const TrainConfig& run_config, const std::vector<int>& choice,
+                         BenchPlanRun& total) {
+      const plan::Prediction p = plan::evaluate(problem, choice);
+      BenchPlanRun one;
+      one.policy = total.policy;
+      one.budget = total.budget;
+      one.round = round;
+      one.predicted_step_ms = p.step;
+      for (const auto& r : p.ranks) one.predicted_peak_bytes.push_back(r.peak_bytes);
+      runner.run(run_config, one);
+      if (on_run) on_run(one);
+      total.round = -1;
+      total.round_predicted_step_ms.push_back(one.predicted_step_ms);
+      total.round_step_ms.push_back(one.step_ms);
+      total.predicted_step_ms = bench::median(total.round_predicted_step_ms);
+      total.step_ms = bench::median(total.round_step_ms);
+      if (round == 0) total.predicted_peak_bytes = one.predicted_peak_bytes;
+      total.peak_bytes.resize(one.peak_bytes.size(), 0);
+      for (size_t r = 0; r < one.peak_bytes.size(); ++r)
+        total.peak_bytes[r] = std::max(total.peak_bytes[r], one.peak_bytes[r]);
+      total.losses_equal = total.losses_equal && one.losses_equal;
+    };
+    for (size_t u = 0; u < policies.size(); ++u) {
+      report.uniform[u].policy = to_string(policies[u]);
+      run(uniform_config(profiled, policies[u]), uniform_choice(profiled, policies[u]),
+          report.uniform[u]);
+    }
+    for (size_t b = 0; b < o.budgets.size(); ++b) {
+      BenchPlanBudget& row = report.budgets[b];
+      if (round == 0) {
+        row.budget = o.budgets[b];
+        PlanReport planned = profiled;
+        try {
+          solve_plan(planned, {o.budgets[b]});
+        } catch (const ConfigError& e) {
+          row.infeasible = e.what();
+        }
+        plan_choices[b] = planned.result.best.choice;
+        plan_configs[b] = planned.config;
+        row.plan.policy = "plan";
+        row.plan.budget = o.budgets[b];
       }
-      const plan::Prediction& p = planned.uniform[u].prediction;
-      if (p.fits() && (predicted_best == 0 || p.step < predicted_best)) {
-        predicted_best = p.step;
-        row.predicted_best_uniform = run.policy;
+      if (!row.infeasible.empty()) continue;
+      run(plan_configs[b], plan_choices[b], row.plan);
+    }
+  }
+
+  // Per budget: the fastest uniform policy that fits, measured and predicted.
+  for (BenchPlanBudget& row : report.budgets) {
+    if (!row.infeasible.empty()) continue;
+    double best = 0, predicted_best = 0;
+    for (const BenchPlanRun& u : report.uniform) {
+      if (fits(u.peak_bytes, row.budget) && (best == 0 || u.step_ms < best)) {
+        best = u.step_ms;
+        row.best_uniform = u.policy;
+      }
+      const bool predicted_fit =
+          std::all_of(u.predicted_peak_bytes.begin(), u.predicted_peak_bytes.end(),
+                      [&](double p) { return p <= static_cast<double>(row.budget); });
+      if (predicted_fit && (predicted_best == 0 || u.predicted_step_ms < predicted_best)) {
+        predicted_best = u.predicted_step_ms;
+        row.predicted_best_uniform = u.policy;
       }
     }
     if (best > 0 && row.plan.step_ms > 0) row.speedup = best / row.plan.step_ms;
     if (predicted_best > 0) row.predicted_speedup = predicted_best / row.plan.predicted_step_ms;
-    report.budgets.push_back(row);
   }
   std::remove(temp_log.path().c_str());
   return report;

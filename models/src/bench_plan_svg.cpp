@@ -27,24 +27,37 @@ double max_peak(const BenchPlanRun& run) {
 
 std::string render_bench_plan_svg(const BenchPlanReport& report) {
   constexpr double kWidth = 760, kHeight = 440, kLeft = 70, kRight = 170, kTop = 40, kBottom = 50;
-  double x_lo = INFINITY, x_hi = -INFINITY, y_hi = 0;
+  double x_lo = INFINITY, x_hi = -INFINITY, y_lo = INFINITY, y_hi = 0;
   for (const BenchPlanBudget& b : report.budgets) {
+    if (!b.infeasible.empty()) continue;
     x_lo = std::min(x_lo, b.budget / kMiB);
     x_hi = std::max(x_hi, b.budget / kMiB);
+    y_lo = std::min({y_lo, b.plan.step_ms, b.plan.predicted_step_ms});
     y_hi = std::max({y_hi, b.plan.step_ms, b.plan.predicted_step_ms});
   }
   for (const BenchPlanRun& u : report.uniform) {
     x_lo = std::min(x_lo, max_peak(u) / kMiB);
     x_hi = std::max(x_hi, max_peak(u) / kMiB);
+    y_lo = std::min(y_lo, u.step_ms);
     y_hi = std::max(y_hi, u.step_ms);
   }
   if (!std::isfinite(x_lo)) x_lo = 0, x_hi = 1;
+  if (!std::isfinite(y_lo)) y_lo = 0, y_hi = 1;
   x_lo = std::floor(x_lo) - 1;
   x_hi = std::ceil(x_hi) + 1;
-  y_hi = std::max(1.0, std::ceil(y_hi * 1.1 / 50) * 50);
+  // The step axis spans the values with a margin (not from 0: the differences are a few
+  // percent), ticks at a round step giving about 6 of them.
+  const double span = std::max(1.0, y_hi - y_lo);
+  double y_step = 1;
+  for (double s : {1.0, 2.0, 5.0, 10.0, 20.0, 25.0, 50.0, 100.0, 200.0, 500.0, 1000.0}) {
+    y_step = s;
+    if (span * 1.3 / s <= 7) break;
+  }
+  y_lo = std::max(0.0, std::floor((y_lo - 0.15 * span) / y_step) * y_step);
+  y_hi = std::ceil((y_hi + 0.15 * span) / y_step) * y_step;
   const double plot_w = kWidth - kLeft - kRight, plot_h = kHeight - kTop - kBottom;
   const auto x = [&](double mib) { return kLeft + plot_w * (mib - x_lo) / (x_hi - x_lo); };
-  const auto y = [&](double ms) { return kTop + plot_h * (y_hi - ms) / y_hi; };
+  const auto y = [&](double ms) { return kTop + plot_h * (y_hi - ms) / (y_hi - y_lo); };
 
   std::ostringstream os;
   os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight
@@ -52,17 +65,17 @@ std::string render_bench_plan_svg(const BenchPlanReport& report) {
      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
      << "<text x=\"" << kLeft << "\" y=\"22\" font-size=\"14\">step time vs memory budget "
      << "(pipemat bench plan)</text>\n";
-  // Axes with ticks: x every MiB step that gives about 8 ticks, y every 50 ms.
-  os << "<line x1=\"" << kLeft << "\" y1=\"" << y(0) << "\" x2=\"" << kLeft + plot_w << "\" y2=\""
-     << y(0) << "\" stroke=\"black\"/>\n"
-     << "<line x1=\"" << kLeft << "\" y1=\"" << kTop << "\" x2=\"" << kLeft << "\" y2=\"" << y(0)
+  // Axes with ticks: x every MiB step that gives about 8 ticks, y every y_step ms.
+  os << "<line x1=\"" << kLeft << "\" y1=\"" << y(y_lo) << "\" x2=\"" << kLeft + plot_w
+     << "\" y2=\"" << y(y_lo) << "\" stroke=\"black\"/>\n"
+     << "<line x1=\"" << kLeft << "\" y1=\"" << kTop << "\" x2=\"" << kLeft << "\" y2=\"" << y(y_lo)
      << "\" stroke=\"black\"/>\n";
   const double x_step = std::max(1.0, std::round((x_hi - x_lo) / 8));
   for (double v = x_lo; v <= x_hi + 1e-9; v += x_step) {
-    os << "<text x=\"" << num(x(v)) << "\" y=\"" << y(0) + 16 << "\" text-anchor=\"middle\">"
+    os << "<text x=\"" << num(x(v)) << "\" y=\"" << y(y_lo) + 16 << "\" text-anchor=\"middle\">"
        << num(v) << "</text>\n";
   }
-  for (double v = 0; v <= y_hi + 1e-9; v += std::max(50.0, std::round(y_hi / 8 / 50) * 50)) {
+  for (double v = y_lo; v <= y_hi + 1e-9; v += y_step) {
     os << "<text x=\"" << kLeft - 6 << "\" y=\"" << num(y(v) + 4) << "\" text-anchor=\"end\">"
        << num(v) << "</text>\n"
        << "<line x1=\"" << kLeft << "\" y1=\"" << num(y(v)) << "\" x2=\"" << kLeft + plot_w

@@ -234,6 +234,7 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
   const int cores =
       options.cores >= 0 ? options.cores : static_cast<int>(std::thread::hardware_concurrency());
   problem.parallel_ranks = cores > 0 ? std::max(1, cores / threads) : 0;
+  problem.sharing_efficiency = options.sharing_efficiency;
   report.selective = selective_candidate(layer, config, kind.prefix);
   report.policies = layer.policies;
   report.summary = run.summary + "; " + to_string(config.schedule.kind) + " on " +
@@ -241,7 +242,11 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
                    std::to_string(config.schedule.micro_batches) + " micro-batches; " +
                    std::to_string(layer.profile.candidates.size()) + " candidates per layer (" +
                    join(layer.save_leaves, ", ") + " as SAVE leaves), profiled with " +
-                   std::to_string(threads) + (threads == 1 ? " thread" : " threads");
+                   std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
+                   (problem.parallel_ranks > 0 && problem.parallel_ranks < ranks
+                        ? "; " + std::to_string(problem.parallel_ranks) +
+                              " ranks compute at once (" + std::to_string(cores) + " cores)"
+                        : "");
   return report;
 }
 
@@ -254,20 +259,31 @@ void solve_plan(PlanReport& report, const std::vector<int64_t>& budget_bytes) {
     problem.budget_bytes.push_back(static_cast<double>(
         budget_bytes.size() == 1 ? budget_bytes[0] : budget_bytes[static_cast<size_t>(r)]));
   }
-  const auto uniform = [&](int candidate) {
-    std::vector<int> choice;
-    for (bool is_layer : report.is_layer) choice.push_back(is_layer ? candidate : 0);
-    return choice;
-  };
   report.uniform.clear();
-  report.uniform.push_back({"none", plan::evaluate(problem, uniform(0))});
-  report.uniform.push_back({"full", plan::evaluate(problem, uniform(1))});
-  if (report.selective >= 0) {
-    report.uniform.push_back({"selective", plan::evaluate(problem, uniform(report.selective))});
+  for (RematPolicyKind policy : uniform_policies(report)) {
+    report.uniform.push_back(
+        {to_string(policy), plan::evaluate(problem, uniform_choice(report, policy))});
   }
   report.config.remat.stages.clear();
   report.result = plan::solve(problem);
   report.config.remat.stages = stages_of_plan(report, report.result.best.choice);
+}
+
+std::vector<RematPolicyKind> uniform_policies(const PlanReport& report) {
+  std::vector<RematPolicyKind> out = {RematPolicyKind::kNone, RematPolicyKind::kFull};
+  if (report.selective >= 0) out.push_back(RematPolicyKind::kSelective);
+  return out;
+}
+
+std::vector<int> uniform_choice(const PlanReport& report, RematPolicyKind policy) {
+  PIPEMAT_CHECK(policy != RematPolicyKind::kSelective || report.selective >= 0, ConfigError,
+                "plan: the layer has no candidate that remat.policy selective runs");
+  const int candidate = policy == RematPolicyKind::kNone   ? 0
+                        : policy == RematPolicyKind::kFull ? 1
+                                                           : report.selective;
+  std::vector<int> choice;
+  for (bool is_layer : report.is_layer) choice.push_back(is_layer ? candidate : 0);
+  return choice;
 }
 
 TrainConfig uniform_config(const PlanReport& report, RematPolicyKind policy) {

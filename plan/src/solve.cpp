@@ -272,7 +272,10 @@ namespace detail {
 double step_time(const PlanProblem& problem, const schedule::Schedule& schedule,
                  const std::vector<schedule::CostModel>& costs) {
   schedule::SimulateOptions options;
-  if (shares_cores(problem, schedule)) options.parallel_ranks = problem.parallel_ranks;
+  if (shares_cores(problem, schedule)) {
+    options.parallel_ranks = problem.parallel_ranks;
+    options.sharing_efficiency = problem.sharing_efficiency;
+  }
   return with_tails(problem, schedule::simulate(schedule, costs, options));
 }
 
@@ -288,6 +291,9 @@ void check_problem(const PlanProblem& problem, const schedule::Schedule& schedul
   PIPEMAT_CHECK(problem.step_tail.empty() || problem.step_tail.size() == ranks, ConfigError,
                 "plan: ", problem.step_tail.size(), " step tails for ", ranks,
                 " ranks; give one per rank or none.");
+  PIPEMAT_CHECK(problem.sharing_efficiency > 0 && problem.sharing_efficiency <= 1, ConfigError,
+                "plan: sharing_efficiency must be in (0, 1], got ", problem.sharing_efficiency,
+                ".");
   PIPEMAT_CHECK(problem.parallel_ranks >= 0, ConfigError,
                 "plan: parallel_ranks must be >= 0 (0: every rank has its own cores), got ",
                 problem.parallel_ranks, ".");

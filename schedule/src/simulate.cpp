@@ -150,8 +150,9 @@ class Simulator {
       }
       const int computing = static_cast<int>(std::count(running.begin(), running.end(), true));
       if (computing == 0 && !std::isfinite(wake)) return;  // finished, or a deadlock
-      const double speed =
-          computing > options_.parallel_ranks ? double(options_.parallel_ranks) / computing : 1.0;
+      const double speed = computing > options_.parallel_ranks
+                               ? options_.sharing_efficiency * options_.parallel_ranks / computing
+                               : 1.0;
       double step = wake - now;
       for (int r = 0; r < p; ++r)
         if (running[r]) step = std::min(step, remaining[r] / speed);
@@ -447,6 +448,11 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs,
 
 SimulationResult simulate(const Schedule& schedule, const std::vector<CostModel>& stage_costs,
                           const SimulateOptions& options) {
+  PIPEMAT_CHECK(options.parallel_ranks >= 0 && options.sharing_efficiency > 0 &&
+                    options.sharing_efficiency <= 1,
+                ScheduleError, "simulate: parallel_ranks must be >= 0 (got ",
+                options.parallel_ranks, ") and sharing_efficiency in (0, 1] (got ",
+                options.sharing_efficiency, ").");
   PIPEMAT_CHECK(static_cast<int>(stage_costs.size()) == schedule.stages_count, ScheduleError,
                 "simulate: ", stage_costs.size(), " stage costs for a schedule of ",
                 schedule.stages_count, " stages; give one CostModel per stage.");

@@ -7,8 +7,21 @@
 // (the tracking allocator's bytes at the step's start plus the step's peak above them, the
 // maximum over every step), and whether every step's loss equals the single-process reference's
 // bitwise; per budget, the fastest uniform policy whose measured peaks fit and the plan's
-// speedup over it. The predictions' message cost comes from a short calibration run of the same
-// job (remat none) unless given.
+// speedup over it. The predictions' message cost and sharing efficiency come from a short
+// calibration run of the same job unless given (Note [Plan calibration]).
+//
+// Note [Plan calibration]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Two numbers of the step model (Note [Plan step]) are the machine's and the transport's, not the
+// model's, and the profile (one process) cannot see them: what a message takes from send to use,
+// and, when more ranks compute than the cores allow, the share of the cores' time that does work
+// (the rest goes to switching between the ranks and refilling their caches). The calibration run
+// is `calibration_steps` steps of the job with remat none, as its own job before the measured
+// runs: the message cost is the median of its steps' message_delay_ms (the first step left out);
+// the sharing efficiency is the e in [0.2, 1] at which the plan's prediction of that run (remat
+// none everywhere, that message cost) equals its median step, found by bisection, and 1 when the
+// ranks do not share cores or the prediction at e = 1 is already no faster than the run. Both
+// are printed; the plan and every uniform policy are then predicted with them.
 
 #include <cstdint>
 #include <functional>
@@ -29,19 +42,27 @@ struct BenchPlanOptions {
   std::string launcher;                // pipemat-run; empty: next to /proc/self/exe
   std::string log;                     // output of the runs; empty: a temp file
   PlanOptions plan;                    // the profiler and step model (budget_bytes unused)
-  // The message cost of the predictions, ms; below 0 measured by a calibration run: the median
-  // message_delay_ms of `calibration_steps` steps of remat none (its first step left out).
+  // The predictions' message cost (ms) and sharing efficiency; each measured by the calibration
+  // run when below 0 (Note [Plan calibration]).
   double message_ms = -1;
-  int64_t calibration_steps = 6;
+  double sharing_efficiency = -1;
+  int64_t calibration_steps = 10;
+  // Rounds of profile, calibration and runs: the plans are solved in the first round and every
+  // round predicts and runs them again; a run's step is the median over rounds of its rounds'
+  // medians, and so is its prediction (Note [Plan calibration]: the machine's speed drifts over
+  // minutes, so a round pairs each prediction with runs taken right after its profile).
+  int rounds = 1;
 };
 
 struct BenchPlanRun {
   std::string policy;  // "plan", "none", "full" or "selective"
   int64_t budget = 0;  // the plan's budget; 0 for the uniform policies
+  int round = 0;       // the round (on_run); -1 for the medians over rounds of the report
   double predicted_step_ms = 0, step_ms = 0;
-  std::vector<double> predicted_peak_bytes;  // per rank
-  std::vector<int64_t> peak_bytes;           // per rank, measured
-  bool losses_equal = true;                  // every step bitwise equal to the reference
+  std::vector<double> round_predicted_step_ms, round_step_ms;  // per round (the report's)
+  std::vector<double> predicted_peak_bytes;                    // per rank
+  std::vector<int64_t> peak_bytes;  // per rank, measured (the report's: max over rounds)
+  bool losses_equal = true;         // every step bitwise equal to the reference
 };
 
 struct BenchPlanBudget {
@@ -57,17 +78,19 @@ struct BenchPlanBudget {
 };
 
 struct BenchPlanReport {
-  std::string summary;              // the planner's summary
-  double message_ms = 0;            // the message cost the predictions use
-  bool message_calibrated = false;  // measured by the calibration run
+  std::string summary;  // the planner's summary
+  // Per round: the message cost and sharing efficiency the predictions use, the calibration
+  // run's median step and its prediction at sharing efficiency 1 (0: no calibration run).
+  std::vector<double> message_ms, sharing_efficiency;
+  std::vector<double> calibration_step_ms, calibration_predicted_ms;
   std::vector<double> fixed_bytes;  // per rank: weights and optimizer state (Note [Plan inputs])
   std::vector<double> reference_losses;
   std::vector<BenchPlanRun> uniform;
   std::vector<BenchPlanBudget> budgets;
 };
 
-// Calls on_run as each run is done (the uniform ones first). ConfigError for bad options;
-// PipelineError naming the run and the log when one fails.
+// Calls on_run as each run of each round is done (the uniform ones first). ConfigError for bad
+// options; PipelineError naming the run and the log when one fails.
 BenchPlanReport run_bench_plan(const BenchPlanOptions& options,
                                const std::function<void(const BenchPlanRun&)>& on_run);
 

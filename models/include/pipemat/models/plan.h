@@ -48,6 +48,9 @@ struct PlanOptions {
   // Cores the ranks share (Note [Plan step]): -1 this machine's (the ranks run here, as
   // pipemat-run starts them); 0 every rank has its own (ranks on separate machines).
   int cores = -1;
+  // The share of the cores' time that does work while more ranks compute than cores allow
+  // (SimulateOptions::sharing_efficiency; `pipemat bench plan` measures it).
+  double sharing_efficiency = 1.0;
 };
 
 struct UniformPrediction {
@@ -84,6 +87,13 @@ void solve_plan(PlanReport& report, const std::vector<int64_t>& budget_bytes);
 // its schedule (recompute pretrigger) and threads, so that it runs what the uniform predictions
 // predict.
 TrainConfig uniform_config(const PlanReport& report, RematPolicyKind policy);
+
+// The uniform policies a profiled report predicts: none, full and, when a layer's candidates hold
+// it, selective.
+std::vector<RematPolicyKind> uniform_policies(const PlanReport& report);
+
+// The assignment (candidate per problem layer) that runs `policy` on every layer.
+std::vector<int> uniform_choice(const PlanReport& report, RematPolicyKind policy);
 
 // The remat.stages of an assignment (candidate per problem layer) of `report`.
 std::vector<StageRemat> stages_of_plan(const PlanReport& report, const std::vector<int>& choice);

@@ -92,6 +92,7 @@ struct PlanProblem {
   std::vector<double> step_tail;
   bool tails_wait_for_all = false;  // the tails start after every rank's end and one message
   int parallel_ranks = 0;
+  double sharing_efficiency = 1.0;  // SimulateOptions::sharing_efficiency
 };
 
 struct RankPrediction {

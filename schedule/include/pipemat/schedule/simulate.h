@@ -15,10 +15,11 @@
 //     1 - sum(busy) / (ranks_count * makespan).
 //   - in-flight activations: F(s,i) adds one on its rank; the last of B(s,i) / W(s,i) removes it.
 //   - Note [Shared cores]: with SimulateOptions::parallel_ranks = c > 0, at most c ranks compute
-//     at full speed; while k > c ranks are inside a compute action, each progresses at c / k of
-//     its speed (the kernel's fair share of c cores between k busy single-threaded processes).
-//     A rank that waits for a message takes no core. Such a simulation still waits on the same
-//     inputs; busy is then the wall time inside compute actions, not their cost.
+//     at full speed; while k > c ranks are inside a compute action, each progresses at e * c / k
+//     of its speed (the kernel's fair share of c cores between k busy single-threaded processes,
+//     less what switching between them costs: e = SimulateOptions::sharing_efficiency). A rank
+//     that waits for a message takes no core. Such a simulation still waits on the same inputs;
+//     busy is then the wall time inside compute actions, not their cost.
 // A schedule whose lists cannot all run to the end throws ScheduleError ("cross-rank deadlock")
 // naming, for every unfinished rank, the blocked action, its position and what it waits for.
 //
@@ -96,6 +97,9 @@ struct SimulateOptions {
   // by processor sharing: k computing ranks each run at parallel_ranks / k of full speed, so an
   // action lasts longer than its cost (Note [Shared cores]). 0: every rank has its own cores.
   int parallel_ranks = 0;
+  // The share of the cores' time that does work while ranks share them (context switches and
+  // caches refilled cost the rest), in (0, 1].
+  double sharing_efficiency = 1.0;
 };
 
 // Simulates a structurally valid schedule (run validate_schedule's per-rank rules first;
