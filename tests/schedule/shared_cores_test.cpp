@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "pipemat/core/error.h"
 #include "pipemat/schedule/schedule.h"
 #include "pipemat/schedule/simulate.h"
 #include "test_util.h"
@@ -53,6 +54,23 @@ TEST(SharedCores, RanksThatComputeAtOnceShareOneCore) {
   EXPECT_DOUBLE_EQ(timed(r, 0, "0B1").start, 10.0);
   // busy is wall time inside compute actions: 2 + 4 on rank 0's F1 and B0 alone.
   EXPECT_DOUBLE_EQ(r.ranks[0].busy, 1 + 2 + 4 + 2);
+}
+
+TEST(SharedCores, SwitchingCostsTheSharingEfficiency) {
+  // As above with half the shared core's time doing work: two computing ranks run at 1/4 speed
+  // each, a rank alone at full speed. F1 / F0 run [1,5], B0 of rank 1 [5,7], rank 0's B0 shares
+  // with F1 and B1 of rank 1 until 15, rank 1's B1 ends alone at 16, rank 0's B1 runs [16,18].
+  SimulateOptions half;
+  half.parallel_ranks = 1;
+  half.sharing_efficiency = 0.5;
+  const SimulationResult r = simulate(one_f_one_b(), CostModel{}, half);
+  EXPECT_DOUBLE_EQ(timed(r, 0, "0F1").end, 5.0);
+  EXPECT_DOUBLE_EQ(timed(r, 1, "1B0").end, 7.0);
+  EXPECT_DOUBLE_EQ(timed(r, 0, "0B0").end, 15.0);
+  EXPECT_DOUBLE_EQ(timed(r, 1, "1B1").end, 16.0);
+  EXPECT_DOUBLE_EQ(r.makespan, 18.0);
+  half.sharing_efficiency = 0;
+  EXPECT_THROW(simulate(one_f_one_b(), CostModel{}, half), ScheduleError);
 }
 
 TEST(SharedCores, MessagesInFlightWakeTheirReceiver) {
