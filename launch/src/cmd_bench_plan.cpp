@@ -59,11 +59,11 @@ std::string list_of(const std::vector<double>& values, int digits) {
 // The step model's calibration per round (Note [Plan calibration]).
 std::string calibration_text(const models::BenchPlanReport& r) {
   std::string out = "step model per round: messages " + list_of(r.message_ms, 2) +
-                    " ms; sharing efficiency " + list_of(r.sharing_efficiency, 3);
+                    " ms; shared speed " + list_of(r.shared_speed, 3);
   if (!r.calibration_step_ms.empty() && r.calibration_step_ms.front() > 0) {
     out += "; calibration runs of remat none " + list_of(r.calibration_step_ms, 1) +
-           " ms a step, predicted at sharing efficiency 1 " +
-           list_of(r.calibration_predicted_ms, 1) + " ms";
+           " ms a step, predicted at shared speed 1 " + list_of(r.calibration_predicted_ms, 1) +
+           " ms";
   }
   return out;
 }
@@ -106,9 +106,9 @@ void add_bench_plan_command(CLI::App& bench) {
                   "Message cost of the predictions, ms (-1: measure it with the calibration run)")
       ->check(CLI::Range(-1.0, 1e6))
       ->capture_default_str();
-  cmd->add_option("--sharing-efficiency", f->bench.sharing_efficiency,
-                  "Share of the cores' time that does work while ranks share them (-1: measure it\n"
-                  "with the calibration run)")
+  cmd->add_option("--shared-speed", f->bench.shared_speed,
+                  "A rank's speed while other ranks compute too (-1: measure it with the\n"
+                  "calibration run)")
       ->check(CLI::Range(-1.0, 1.0))
       ->capture_default_str();
   cmd->add_option("--calibration-steps", f->bench.calibration_steps,
@@ -148,7 +148,7 @@ void add_bench_plan_command(CLI::App& bench) {
       nlohmann::json out;
       out["summary"] = report.summary;
       out["message_ms"] = report.message_ms;
-      out["sharing_efficiency"] = report.sharing_efficiency;
+      out["shared_speed"] = report.shared_speed;
       out["calibration_step_ms"] = report.calibration_step_ms;
       out["calibration_predicted_ms"] = report.calibration_predicted_ms;
       out["fixed_bytes"] = report.fixed_bytes;

@@ -182,9 +182,10 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   cmd->add_option(
-         "--sharing-efficiency", f->plan.sharing_efficiency,
-         "Share of the cores' time that does work while more ranks compute than\n"
-         "--cores allow (context switches cost the rest; `pipemat bench plan` measures it)")
+         "--shared-speed", f->plan.shared_speed,
+         "A rank's speed while other ranks compute too, in (0, 1]: shared caches and memory\n"
+         "bandwidth, the transport's threads, switching when ranks outnumber --cores\n"
+         "(`pipemat bench plan` measures it)")
       ->check(CLI::Range(0.01, 1.0))
       ->capture_default_str();
   cmd->callback([f] {
@@ -243,7 +244,7 @@ void add_plan_command(CLI::App& app) {
       out["tails_wait_for_all"] = problem.tails_wait_for_all;
       out["message_ms"] = problem.message_cost;
       out["parallel_ranks"] = problem.parallel_ranks;
-      out["sharing_efficiency"] = problem.sharing_efficiency;
+      out["shared_speed"] = problem.shared_speed;
       if (!f->out.empty()) out["out"] = f->out;
       std::cout << out.dump() << std::endl;
       return;

@@ -79,22 +79,19 @@ std::pair<double, double> calibration_run(const Runner& runner, TrainConfig conf
   return {bench::median(delays), bench::median(step_ms)};
 }
 
-// Note [Plan calibration]: the sharing efficiency at which `problem` predicts `step_ms` for
+// Note [Plan calibration]: the shared speed at which `problem` predicts `step_ms` for
 // `choice`.
-double fit_sharing_efficiency(plan::PlanProblem problem, const std::vector<int>& choice,
-                              double step_ms) {
+double fit_shared_speed(plan::PlanProblem problem, const std::vector<int>& choice, double step_ms) {
   const auto predicted = [&](double e) {
-    problem.sharing_efficiency = e;
+    problem.shared_speed = e;
     return plan::evaluate(problem, choice).step;
   };
-  const int ranks = static_cast<int>(problem.fixed_bytes.size());
-  if (problem.parallel_ranks <= 0 || problem.parallel_ranks >= ranks) return 1.0;  // no sharing
   double lo = 0.2, hi = 1.0;
   if (predicted(hi) >= step_ms) return hi;
   if (predicted(lo) <= step_ms) return lo;
   for (int i = 0; i < 40; ++i) {
     const double mid = (lo + hi) / 2;
-    (predicted(mid) > step_ms ? lo : hi) = mid;
+    (predicted(mid) > step_ms ? lo : hi) = mid;  // the prediction falls as the speed grows
   }
   return (lo + hi) / 2;
 }
@@ -109,8 +106,8 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
                                const std::function<void(const BenchPlanRun&)>& on_run) {
   PIPEMAT_CHECK(o.warmup >= 0 && o.steps > o.warmup, ConfigError, kWho, ": --steps ", o.steps,
                 " must be more than --warmup ", o.warmup);
-  PIPEMAT_CHECK(o.sharing_efficiency < 0 || (o.sharing_efficiency > 0 && o.sharing_efficiency <= 1),
-                ConfigError, kWho, ": --sharing-efficiency ", o.sharing_efficiency,
+  PIPEMAT_CHECK(o.shared_speed < 0 || (o.shared_speed > 0 && o.shared_speed <= 1), ConfigError,
+                kWho, ": --shared-speed ", o.shared_speed,
                 " must be in (0, 1], or below 0 to measure it");
   PIPEMAT_CHECK(o.rounds >= 1, ConfigError, kWho, ": --rounds ", o.rounds, " must be at least 1");
   PIPEMAT_CHECK(o.calibration_steps >= 2, ConfigError, kWho, ": --calibration-steps ",
@@ -162,23 +159,23 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
       report.budgets.resize(o.budgets.size());
     }
     // Note [Plan calibration].
-    double message_ms = o.message_ms, efficiency = o.sharing_efficiency;
+    double message_ms = o.message_ms, speed = o.shared_speed;
     double calibration_step = 0, calibration_predicted = 0;
-    if (message_ms < 0 || efficiency < 0) {
+    if (message_ms < 0 || speed < 0) {
       const auto [delay, step_ms] = calibration_run(
           runner, uniform_config(profiled, RematPolicyKind::kNone), o.calibration_steps);
       if (message_ms < 0) message_ms = delay;
       problem.message_cost = message_ms;
-      problem.sharing_efficiency = 1;
+      problem.shared_speed = 1;
       const std::vector<int> none = uniform_choice(profiled, RematPolicyKind::kNone);
       calibration_step = step_ms;
       calibration_predicted = plan::evaluate(problem, none).step;
-      if (efficiency < 0) efficiency = fit_sharing_efficiency(problem, none, step_ms);
+      if (speed < 0) speed = fit_shared_speed(problem, none, step_ms);
     }
     problem.message_cost = message_ms;
-    problem.sharing_efficiency = efficiency;
+    problem.shared_speed = speed;
     report.message_ms.push_back(message_ms);
-    report.sharing_efficiency.push_back(efficiency);
+    report.shared_speed.push_back(speed);
     report.calibration_step_ms.push_back(calibration_step);
     report.calibration_predicted_ms.push_back(calibration_predicted);
 

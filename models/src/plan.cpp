@@ -234,7 +234,7 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
   const int cores =
       options.cores >= 0 ? options.cores : static_cast<int>(std::thread::hardware_concurrency());
   problem.parallel_ranks = cores > 0 ? std::max(1, cores / threads) : 0;
-  problem.sharing_efficiency = options.sharing_efficiency;
+  problem.shared_speed = options.shared_speed;
   report.selective = selective_candidate(layer, config, kind.prefix);
   report.policies = layer.policies;
   report.summary = run.summary + "; " + to_string(config.schedule.kind) + " on " +

@@ -16,12 +16,14 @@
 //   3. across ranks, branch and bound: ranks are fixed one at a time, and the step simulated
 //      with every unfixed rank at the per-component minimum of its options bounds every
 //      completion from below; a branch whose bound exceeds the best step found is cut.
-// With shared cores (Note [Plan step]) a leaf's step is simulated with processor sharing, and the
-// bound of step 3 is the own-core step (under sharing no action starts earlier or runs faster)
-// raised to the summed busy time over the cores: still a lower bound, so step 3 stays exact.
-// Steps 1 and 2 then assume that a stage that is slower in every time never makes the step
-// shorter, which sharing can break by a little (a slower action can move another rank's work out
-// of a contended stretch); the plan is then the best of the assignments they keep.
+// When ranks slow each other down (shared cores or a shared speed below 1, Note [Plan step]) a
+// leaf's step is simulated with them, and the bound of step 3 is the full-speed step (no action
+// then starts earlier or runs faster) raised, with shared cores, to the summed busy time over the
+// cores: still a lower bound, so step 3 stays exact. Steps 1 and 2 then assume that a stage that
+// is slower in every time never makes the step shorter, which sharing can break by a little (a
+// slower action can move another rank's work out of a contended stretch); the plan is then the
+// best of the assignments they keep. With a shared speed below 1 the full-speed bound is loose,
+// so the search may simulate as many steps as enumeration would (tests: under twice as many).
 // Cost: step 1 is O(layers x candidates x frontier^2) per stage; the frontier is at most
 // candidates^layers, and the multiset count C(candidates + layers - 1, layers) when the layers
 // are equal. Step 3 simulates at most the product of the ranks' option counts, far fewer in
@@ -194,7 +196,7 @@ struct Search {
         continue;
       }
       double step = bound;
-      if (shares_cores(problem, schedule)) {
+      if (shares_cores(problem, schedule) || problem.shared_speed < 1) {
         ++simulations;
         step = detail::step_time(problem, schedule, costs);
       }
@@ -272,10 +274,8 @@ namespace detail {
 double step_time(const PlanProblem& problem, const schedule::Schedule& schedule,
                  const std::vector<schedule::CostModel>& costs) {
   schedule::SimulateOptions options;
-  if (shares_cores(problem, schedule)) {
-    options.parallel_ranks = problem.parallel_ranks;
-    options.sharing_efficiency = problem.sharing_efficiency;
-  }
+  if (shares_cores(problem, schedule)) options.parallel_ranks = problem.parallel_ranks;
+  options.shared_speed = problem.shared_speed;
   return with_tails(problem, schedule::simulate(schedule, costs, options));
 }
 
@@ -291,9 +291,8 @@ void check_problem(const PlanProblem& problem, const schedule::Schedule& schedul
   PIPEMAT_CHECK(problem.step_tail.empty() || problem.step_tail.size() == ranks, ConfigError,
                 "plan: ", problem.step_tail.size(), " step tails for ", ranks,
                 " ranks; give one per rank or none.");
-  PIPEMAT_CHECK(problem.sharing_efficiency > 0 && problem.sharing_efficiency <= 1, ConfigError,
-                "plan: sharing_efficiency must be in (0, 1], got ", problem.sharing_efficiency,
-                ".");
+  PIPEMAT_CHECK(problem.shared_speed > 0 && problem.shared_speed <= 1, ConfigError,
+                "plan: shared_speed must be in (0, 1], got ", problem.shared_speed, ".");
   PIPEMAT_CHECK(problem.parallel_ranks >= 0, ConfigError,
                 "plan: parallel_ranks must be >= 0 (0: every rank has its own cores), got ",
                 problem.parallel_ranks, ".");

@@ -48,7 +48,8 @@ class Simulator {
     SimulationResult result;
     result.ranks.resize(p);
     for (int r = 0; r < p; ++r) result.ranks[r].rank = r;
-    if (options_.parallel_ranks > 0 && options_.parallel_ranks < p) {
+    if ((options_.parallel_ranks > 0 && options_.parallel_ranks < p) ||
+        options_.shared_speed < 1.0) {
       run_shared(next, result);
     } else {
       run_own_cores(next, result);
@@ -108,7 +109,7 @@ class Simulator {
   }
 
   // Note [Shared cores]: time advances from event to event (an action's end, a message's
-  // arrival); between two events the computing ranks share the cores equally.
+  // arrival); between two events every computing rank runs at the same speed.
   void run_shared(std::vector<size_t>& next, SimulationResult& result) {
     const int p = schedule_.ranks_count;
     std::vector<double> clock(p, 0.0);      // when the rank's previous action ended
@@ -150,9 +151,9 @@ class Simulator {
       }
       const int computing = static_cast<int>(std::count(running.begin(), running.end(), true));
       if (computing == 0 && !std::isfinite(wake)) return;  // finished, or a deadlock
-      const double speed = computing > options_.parallel_ranks
-                               ? options_.sharing_efficiency * options_.parallel_ranks / computing
-                               : 1.0;
+      const int cores = options_.parallel_ranks > 0 ? options_.parallel_ranks : computing;
+      const double speed =
+          computing < 2 ? 1.0 : options_.shared_speed * std::min(1.0, double(cores) / computing);
       double step = wake - now;
       for (int r = 0; r < p; ++r)
         if (running[r]) step = std::min(step, remaining[r] / speed);
@@ -448,11 +449,10 @@ SimulationResult simulate(const Schedule& schedule, const CostModel& costs,
 
 SimulationResult simulate(const Schedule& schedule, const std::vector<CostModel>& stage_costs,
                           const SimulateOptions& options) {
-  PIPEMAT_CHECK(options.parallel_ranks >= 0 && options.sharing_efficiency > 0 &&
-                    options.sharing_efficiency <= 1,
-                ScheduleError, "simulate: parallel_ranks must be >= 0 (got ",
-                options.parallel_ranks, ") and sharing_efficiency in (0, 1] (got ",
-                options.sharing_efficiency, ").");
+  PIPEMAT_CHECK(
+      options.parallel_ranks >= 0 && options.shared_speed > 0 && options.shared_speed <= 1,
+      ScheduleError, "simulate: parallel_ranks must be >= 0 (got ", options.parallel_ranks,
+      ") and shared_speed in (0, 1] (got ", options.shared_speed, ").");
   PIPEMAT_CHECK(static_cast<int>(stage_costs.size()) == schedule.stages_count, ScheduleError,
                 "simulate: ", stage_costs.size(), " stage costs for a schedule of ",
                 schedule.stages_count, " stages; give one CostModel per stage.");

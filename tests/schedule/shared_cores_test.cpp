@@ -56,21 +56,36 @@ TEST(SharedCores, RanksThatComputeAtOnceShareOneCore) {
   EXPECT_DOUBLE_EQ(r.ranks[0].busy, 1 + 2 + 4 + 2);
 }
 
-TEST(SharedCores, SwitchingCostsTheSharingEfficiency) {
-  // As above with half the shared core's time doing work: two computing ranks run at 1/4 speed
-  // each, a rank alone at full speed. F1 / F0 run [1,5], B0 of rank 1 [5,7], rank 0's B0 shares
-  // with F1 and B1 of rank 1 until 15, rank 1's B1 ends alone at 16, rank 0's B1 runs [16,18].
+TEST(SharedCores, TheSharedSpeedSlowsRanksThatShareACore) {
+  // As above with half speed while ranks compute together: two computing ranks on one core run
+  // at 1/4 speed each, a rank alone at full speed. F1 / F0 run [1,5], B0 of rank 1 [5,7], rank 0's
+  // B0 shares with F1 and B1 of rank 1 until 15, rank 1's B1 ends alone at 16, rank 0's B1 runs
+  // [16,18].
   SimulateOptions half;
   half.parallel_ranks = 1;
-  half.sharing_efficiency = 0.5;
+  half.shared_speed = 0.5;
   const SimulationResult r = simulate(one_f_one_b(), CostModel{}, half);
   EXPECT_DOUBLE_EQ(timed(r, 0, "0F1").end, 5.0);
   EXPECT_DOUBLE_EQ(timed(r, 1, "1B0").end, 7.0);
   EXPECT_DOUBLE_EQ(timed(r, 0, "0B0").end, 15.0);
   EXPECT_DOUBLE_EQ(timed(r, 1, "1B1").end, 16.0);
   EXPECT_DOUBLE_EQ(r.makespan, 18.0);
-  half.sharing_efficiency = 0;
+  half.shared_speed = 0;
   EXPECT_THROW(simulate(one_f_one_b(), CostModel{}, half), ScheduleError);
+}
+
+TEST(SharedCores, RanksThatComputeAtOnceSlowEachOtherOnTheirOwnCores) {
+  // A core each, but half speed while both compute (shared caches, memory bandwidth): F1 / F0
+  // run [1,3] together, B0 of rank 1 alone [3,5], rank 0's B0 with rank 1's F1 and B1 until 9,
+  // rank 1's B1 alone to 10, rank 0's B1 alone [10,12].
+  SimulateOptions half;
+  half.shared_speed = 0.5;
+  const SimulationResult r = simulate(one_f_one_b(), CostModel{}, half);
+  EXPECT_DOUBLE_EQ(timed(r, 0, "0F1").end, 3.0);
+  EXPECT_DOUBLE_EQ(timed(r, 1, "1B0").end, 5.0);
+  EXPECT_DOUBLE_EQ(timed(r, 0, "0B0").end, 9.0);
+  EXPECT_DOUBLE_EQ(timed(r, 1, "1B1").end, 10.0);
+  EXPECT_DOUBLE_EQ(r.makespan, 12.0);
 }
 
 TEST(SharedCores, MessagesInFlightWakeTheirReceiver) {

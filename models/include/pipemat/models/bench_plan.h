@@ -7,21 +7,23 @@
 // (the tracking allocator's bytes at the step's start plus the step's peak above them, the
 // maximum over every step), and whether every step's loss equals the single-process reference's
 // bitwise; per budget, the fastest uniform policy whose measured peaks fit and the plan's
-// speedup over it. The predictions' message cost and sharing efficiency come from a short
-// calibration run of the same job unless given (Note [Plan calibration]).
+// speedup over it. The predictions' message cost and shared speed come from a short calibration
+// run of the same job unless given (Note [Plan calibration]).
 //
 // Note [Plan calibration]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // Two numbers of the step model (Note [Plan step]) are the machine's and the transport's, not the
-// model's, and the profile (one process) cannot see them: what a message takes from send to use,
-// and, when more ranks compute than the cores allow, the share of the cores' time that does work
-// (the rest goes to switching between the ranks and refilling their caches). The calibration run
-// is `calibration_steps` steps of the job with remat none, as its own job before the measured
-// runs: the message cost is the median of its steps' message_delay_ms (the first step left out);
-// the sharing efficiency is the e in [0.2, 1] at which the plan's prediction of that run (remat
-// none everywhere, that message cost) equals its median step, found by bisection, and 1 when the
-// ranks do not share cores or the prediction at e = 1 is already no faster than the run. Both
-// are printed; the plan and every uniform policy are then predicted with them.
+// model's, and the profile (one process, alone) cannot see them: what a message takes from send
+// to use, and a rank's speed while other ranks compute too (Note [Shared cores]: shared caches
+// and memory bandwidth, the transport's threads, and with more ranks than cores the switching
+// between them). The calibration run is `calibration_steps` steps of the job with remat none, as
+// its own job before the measured runs: the message cost is the median of its steps'
+// message_delay_ms (the first step left out); the shared speed is the s in [0.2, 1] at which the
+// plan's prediction of that run (remat none everywhere, that message cost) equals its median
+// step, found by bisection (the prediction falls as s grows), and 1 when the prediction at s = 1
+// is already no faster than the run. Both are printed; the plan and every uniform policy are then
+// predicted with them, so `none` is predicted from its own kind of run and the others test the
+// model.
 
 #include <cstdint>
 #include <functional>
@@ -42,10 +44,10 @@ struct BenchPlanOptions {
   std::string launcher;                // pipemat-run; empty: next to /proc/self/exe
   std::string log;                     // output of the runs; empty: a temp file
   PlanOptions plan;                    // the profiler and step model (budget_bytes unused)
-  // The predictions' message cost (ms) and sharing efficiency; each measured by the calibration
+  // The predictions' message cost (ms) and shared speed; each measured by the calibration
   // run when below 0 (Note [Plan calibration]).
   double message_ms = -1;
-  double sharing_efficiency = -1;
+  double shared_speed = -1;
   int64_t calibration_steps = 10;
   // Rounds of profile, calibration and runs: the plans are solved in the first round and every
   // round predicts and runs them again; a run's step is the median over rounds of its rounds'
@@ -79,9 +81,9 @@ struct BenchPlanBudget {
 
 struct BenchPlanReport {
   std::string summary;  // the planner's summary
-  // Per round: the message cost and sharing efficiency the predictions use, the calibration
-  // run's median step and its prediction at sharing efficiency 1 (0: no calibration run).
-  std::vector<double> message_ms, sharing_efficiency;
+  // Per round: the message cost and shared speed the predictions use, the calibration
+  // run's median step and its prediction at shared speed 1 (0: no calibration run).
+  std::vector<double> message_ms, shared_speed;
   std::vector<double> calibration_step_ms, calibration_predicted_ms;
   std::vector<double> fixed_bytes;  // per rank: weights and optimizer state (Note [Plan inputs])
   std::vector<double> reference_losses;

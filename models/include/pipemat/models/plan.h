@@ -48,9 +48,9 @@ struct PlanOptions {
   // Cores the ranks share (Note [Plan step]): -1 this machine's (the ranks run here, as
   // pipemat-run starts them); 0 every rank has its own (ranks on separate machines).
   int cores = -1;
-  // The share of the cores' time that does work while more ranks compute than cores allow
-  // (SimulateOptions::sharing_efficiency; `pipemat bench plan` measures it).
-  double sharing_efficiency = 1.0;
+  // A rank's speed while other ranks compute too, in (0, 1] (SimulateOptions::shared_speed;
+  // `pipemat bench plan` measures it).
+  double shared_speed = 1.0;
 };
 
 struct UniformPrediction {

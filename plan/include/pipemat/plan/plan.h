@@ -32,11 +32,11 @@
 // Note [Plan step]
 // ~~~~~~~~~~~~~~~~
 // The predicted step is the schedule simulated with each stage's summed F, I, W, B and R and a
-// message cost, the ranks sharing the machine's cores when fewer than all of them can compute at
-// once (`parallel_ranks`, Note [Shared cores] of schedule/simulate.h), plus each rank's
-// `step_tail` after its last action (the optimizer step): the latest rank's end. With
-// `tails_wait_for_all` (gradient clipping exchanges every rank's norms first) the tails start
-// once every rank has ended and one message has crossed.
+// message cost, ranks that compute at the same time slowing each other down (`parallel_ranks`
+// when fewer than all of them can compute at once, `shared_speed`: Note [Shared cores] of
+// schedule/simulate.h), plus each rank's `step_tail` after its last action (the optimizer
+// step): the latest rank's end. With `tails_wait_for_all` (gradient clipping exchanges every
+// rank's norms first) the tails start once every rank has ended and one message has crossed.
 
 #include <string>
 #include <vector>
@@ -88,11 +88,12 @@ struct PlanProblem {
   std::vector<double> budget_bytes;     // per rank
   double message_cost = 0.0;            // one stage-boundary message, in the time unit
   // Note [Plan step]: per rank, the time after its last action (empty: none); how many ranks
-  // can compute at full speed at once (SimulateOptions::parallel_ranks; 0: every rank).
+  // can compute at once (SimulateOptions::parallel_ranks; 0: every rank) and a rank's speed
+  // while others compute too (SimulateOptions::shared_speed).
   std::vector<double> step_tail;
   bool tails_wait_for_all = false;  // the tails start after every rank's end and one message
   int parallel_ranks = 0;
-  double sharing_efficiency = 1.0;  // SimulateOptions::sharing_efficiency
+  double shared_speed = 1.0;  // SimulateOptions::shared_speed
 };
 
 struct RankPrediction {

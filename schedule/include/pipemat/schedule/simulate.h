@@ -14,12 +14,15 @@
 //   - busy time of a rank = sum of its compute durations; bubble_ratio =
 //     1 - sum(busy) / (ranks_count * makespan).
 //   - in-flight activations: F(s,i) adds one on its rank; the last of B(s,i) / W(s,i) removes it.
-//   - Note [Shared cores]: with SimulateOptions::parallel_ranks = c > 0, at most c ranks compute
-//     at full speed; while k > c ranks are inside a compute action, each progresses at e * c / k
-//     of its speed (the kernel's fair share of c cores between k busy single-threaded processes,
-//     less what switching between them costs: e = SimulateOptions::sharing_efficiency). A rank
-//     that waits for a message takes no core. Such a simulation still waits on the same inputs;
-//     busy is then the wall time inside compute actions, not their cost.
+//   - Note [Shared cores]: ranks that compute at the same time slow each other down. While k >= 2
+//     ranks are inside a compute action, each progresses at s * min(1, c / k) of its speed:
+//     c = SimulateOptions::parallel_ranks (0: k), the ranks that can compute at once (the
+//     machine's cores over each rank's threads; with more, the kernel shares c cores between k
+//     busy processes), and s = SimulateOptions::shared_speed, what is left of a rank's speed
+//     while others compute too (shared caches and memory bandwidth, the transport's threads,
+//     switching between processes). A rank computing alone runs at full speed; one that waits
+//     for a message takes no core. Such a simulation still waits on the same inputs; busy is
+//     then the wall time inside compute actions, not their cost.
 // A schedule whose lists cannot all run to the end throws ScheduleError ("cross-rank deadlock")
 // naming, for every unfinished rank, the blocked action, its position and what it waits for.
 //
@@ -92,14 +95,11 @@ struct SimulateOptions {
   // large messages, or a runtime that waits on each send). The default models the executor
   // contract: sends are issued and completed later, never waited on before the next action.
   bool rendezvous_sends = false;
-  // How many ranks can compute at full speed at once: the machine's cores over each rank's
-  // threads when the ranks share one machine. With more ranks computing than that, they share it
-  // by processor sharing: k computing ranks each run at parallel_ranks / k of full speed, so an
-  // action lasts longer than its cost (Note [Shared cores]). 0: every rank has its own cores.
+  // Note [Shared cores]. How many ranks can compute at once: the machine's cores over each
+  // rank's threads when the ranks share one machine (0: every rank has its own cores), and a
+  // rank's speed, in (0, 1], while other ranks compute too.
   int parallel_ranks = 0;
-  // The share of the cores' time that does work while ranks share them (context switches and
-  // caches refilled cost the rest), in (0, 1].
-  double sharing_efficiency = 1.0;
+  double shared_speed = 1.0;
 };
 
 // Simulates a structurally valid schedule (run validate_schedule's per-rank rules first;
