@@ -26,8 +26,10 @@ std::string error_of(double measured, double predicted) {
 // One row: `round` is the round's number, or "all" for the medians over rounds.
 void print_run(const models::BenchPlanRun& r, const std::string& round) {
   std::string budget = r.budget > 0 ? format_bytes(r.budget) : "-";
+  const std::string error =
+      (r.step_error >= 0 ? "+" : "") + format_fixed(r.step_error * 100, 1) + "%";
   std::printf("%-5s %-10s %10s %9.1f %9.1f %7s", round.c_str(), r.policy.c_str(), budget.c_str(),
-              r.predicted_step_ms, r.step_ms, error_of(r.step_ms, r.predicted_step_ms).c_str());
+              r.predicted_step_ms, r.step_ms, error.c_str());
   for (size_t k = 0; k < r.peak_bytes.size(); ++k) {
     const double want = k < r.predicted_peak_bytes.size() ? r.predicted_peak_bytes[k] : 0;
     std::printf("  r%zu %s/%s %s", k, mib(want).c_str(),
@@ -45,6 +47,7 @@ nlohmann::json run_json(const models::BenchPlanRun& r) {
           {"step_ms", r.step_ms},
           {"round_predicted_step_ms", r.round_predicted_step_ms},
           {"round_step_ms", r.round_step_ms},
+          {"step_error", r.step_error},
           {"predicted_peak_bytes", r.predicted_peak_bytes},
           {"peak_bytes", r.peak_bytes},
           {"losses_equal", r.losses_equal}};
@@ -171,7 +174,8 @@ void add_bench_plan_command(CLI::App& bench) {
       return;
     }
     if (f->bench.rounds > 1) {
-      std::printf("medians over the %d rounds:\n", f->bench.rounds);
+      std::printf("medians over the %d rounds (error: the median of the rounds' errors):\n",
+                  f->bench.rounds);
       for (const auto& u : report.uniform) print_run(u, "all");
       for (const auto& b : report.budgets)
         if (b.infeasible.empty()) print_run(b.plan, "all");

@@ -190,12 +190,17 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
       one.predicted_step_ms = p.step;
       for (const auto& r : p.ranks) one.predicted_peak_bytes.push_back(r.peak_bytes);
       runner.run(run_config, one);
+      one.step_error = one.step_ms / one.predicted_step_ms - 1;
       if (on_run) on_run(one);
       total.round = -1;
       total.round_predicted_step_ms.push_back(one.predicted_step_ms);
       total.round_step_ms.push_back(one.step_ms);
       total.predicted_step_ms = bench::median(total.round_predicted_step_ms);
       total.step_ms = bench::median(total.round_step_ms);
+      std::vector<double> errors;
+      for (size_t k = 0; k < total.round_step_ms.size(); ++k)
+        errors.push_back(total.round_step_ms[k] / total.round_predicted_step_ms[k] - 1);
+      total.step_error = bench::median(errors);
       if (round == 0) total.predicted_peak_bytes = one.predicted_peak_bytes;
       total.peak_bytes.resize(one.peak_bytes.size(), 0);
       for (size_t r = 0; r < one.peak_bytes.size(); ++r)
@@ -227,25 +232,37 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
     }
   }
 
-  // Per budget: the fastest uniform policy that fits, measured and predicted.
+  // Per budget: the fastest uniform policy that fits, measured and predicted, and the plan's
+  // speedup over it, the median over rounds of the paired ratios.
+  const auto paired_speedup = [](const std::vector<double>& uniform,
+                                 const std::vector<double>& plan) {
+    std::vector<double> ratios;
+    for (size_t k = 0; k < uniform.size() && k < plan.size(); ++k)
+      if (plan[k] > 0) ratios.push_back(uniform[k] / plan[k]);
+    return bench::median(ratios);
+  };
   for (BenchPlanBudget& row : report.budgets) {
     if (!row.infeasible.empty()) continue;
-    double best = 0, predicted_best = 0;
+    const BenchPlanRun *best = nullptr, *predicted_best = nullptr;
     for (const BenchPlanRun& u : report.uniform) {
-      if (fits(u.peak_bytes, row.budget) && (best == 0 || u.step_ms < best)) {
-        best = u.step_ms;
-        row.best_uniform = u.policy;
-      }
+      if (fits(u.peak_bytes, row.budget) && (best == nullptr || u.step_ms < best->step_ms))
+        best = &u;
       const bool predicted_fit =
           std::all_of(u.predicted_peak_bytes.begin(), u.predicted_peak_bytes.end(),
                       [&](double p) { return p <= static_cast<double>(row.budget); });
-      if (predicted_fit && (predicted_best == 0 || u.predicted_step_ms < predicted_best)) {
-        predicted_best = u.predicted_step_ms;
-        row.predicted_best_uniform = u.policy;
-      }
+      if (predicted_fit &&
+          (predicted_best == nullptr || u.predicted_step_ms < predicted_best->predicted_step_ms))
+        predicted_best = &u;
     }
-    if (best > 0 && row.plan.step_ms > 0) row.speedup = best / row.plan.step_ms;
-    if (predicted_best > 0) row.predicted_speedup = predicted_best / row.plan.predicted_step_ms;
+    if (best != nullptr) {
+      row.best_uniform = best->policy;
+      row.speedup = paired_speedup(best->round_step_ms, row.plan.round_step_ms);
+    }
+    if (predicted_best != nullptr) {
+      row.predicted_best_uniform = predicted_best->policy;
+      row.predicted_speedup =
+          paired_speedup(predicted_best->round_predicted_step_ms, row.plan.round_predicted_step_ms);
+    }
   }
   std::remove(temp_log.path().c_str());
   return report;

@@ -62,9 +62,12 @@ struct BenchPlanRun {
   int round = 0;       // the round (on_run); -1 for the medians over rounds of the report
   double predicted_step_ms = 0, step_ms = 0;
   std::vector<double> round_predicted_step_ms, round_step_ms;  // per round (the report's)
-  std::vector<double> predicted_peak_bytes;                    // per rank
-  std::vector<int64_t> peak_bytes;  // per rank, measured (the report's: max over rounds)
-  bool losses_equal = true;         // every step bitwise equal to the reference
+  // step_ms / predicted_step_ms - 1 of a round; the report's: the median of the rounds' (each
+  // round pairs a prediction with runs taken right after its profile).
+  double step_error = 0;
+  std::vector<double> predicted_peak_bytes;  // per rank
+  std::vector<int64_t> peak_bytes;           // per rank, measured (the report's: max over rounds)
+  bool losses_equal = true;                  // every step bitwise equal to the reference
 };
 
 struct BenchPlanBudget {
@@ -72,7 +75,8 @@ struct BenchPlanBudget {
   std::string infeasible;  // the planner's error when no plan fits (then nothing ran)
   BenchPlanRun plan;
   // The fastest uniform policy whose measured peaks all fit the budget ("" when none does), and
-  // plan.step_ms / its step as the plan's speedup (0 without one); the same from the predictions.
+  // the plan's speedup over it (0 without one): the median over rounds of its step / the plan's;
+  // the same from the predictions.
   std::string best_uniform;
   double speedup = 0;
   std::string predicted_best_uniform;
