@@ -371,7 +371,9 @@ TEST(PlanSolve, EqualsExhaustiveEnumerationWithSharedCores) {
     EXPECT_GT(got.solved, 20);
     // The full-speed bound is loose when every concurrent action runs slower: it still cuts,
     // but a leaf then costs two simulations (bound and step).
-    if (speed == 1.0) EXPECT_LT(got.simulated * 4, got.enumerated) << parallel;
+    if (speed == 1.0) {
+      EXPECT_LT(got.simulated * 4, got.enumerated) << parallel;
+    }
     EXPECT_LT(got.simulated, 2 * got.enumerated) << parallel << " " << speed;
   }
 }
