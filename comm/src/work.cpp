@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <new>
 #include <thread>
 
@@ -10,6 +11,28 @@
 #include "pipemat/core/format.h"
 
 namespace pipemat::comm {
+namespace {
+
+void* default_allocate(size_t bytes) { return std::aligned_alloc(Buffer::kAlignment, bytes); }
+void default_release(void* data) { std::free(data); }
+
+std::mutex g_memory_mutex;
+BufferMemory g_memory{&default_allocate, &default_release};
+
+}  // namespace
+
+void set_buffer_memory(BufferMemory memory) {
+  PIPEMAT_CHECK((memory.allocate == nullptr) == (memory.release == nullptr), ConfigError,
+                "set_buffer_memory: allocate and release must both be set or both be null");
+  if (memory.allocate == nullptr) memory = {&default_allocate, &default_release};
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  g_memory = memory;
+}
+
+BufferMemory buffer_memory() {
+  std::lock_guard<std::mutex> lock(g_memory_mutex);
+  return g_memory;
+}
 
 Buffer Buffer::allocate(size_t size) {
   Buffer buffer;
@@ -17,10 +40,11 @@ Buffer Buffer::allocate(size_t size) {
   if (size > std::numeric_limits<size_t>::max() - (kAlignment - 1)) throw std::bad_alloc();
   size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded == 0) rounded = kAlignment;
-  void* raw = std::aligned_alloc(kAlignment, rounded);
+  const BufferMemory memory = buffer_memory();
+  void* raw = memory.allocate(rounded);
   if (raw == nullptr) throw std::bad_alloc();
-  buffer.storage_ =
-      std::shared_ptr<uint8_t>(static_cast<uint8_t*>(raw), [](uint8_t* p) { std::free(p); });
+  buffer.storage_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(raw),
+                                             [release = memory.release](uint8_t* p) { release(p); });
   buffer.size_ = size;
   return buffer;
 }

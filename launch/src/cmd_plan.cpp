@@ -236,6 +236,9 @@ void add_plan_command(CLI::App& app) {
           stage["gradient_bytes"] = b.gradients;
           stage["input_temporary_bytes"] = b.backward_input;
           stage["input_held_bytes"] = b.input_held;
+          stage["received_input_bytes"] = b.received_input;
+          stage["received_gradient_bytes"] = b.received_gradient;
+          stage["first_backward_gradient_bytes"] = b.first_backward_gradients;
           stage["weight_temporary_bytes"] = b.backward_weight;
         }
         out["stages"].push_back(stage);

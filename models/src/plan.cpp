@@ -46,7 +46,6 @@ LayerKind layer_kind(const TrainConfig& config, int stages) {
   if (m.kind == ModelKind::kGpt) {
     GptShape shape = gpt_shape(m);
     kind.bounds = partition_gpt(build_gpt(shape, config.training.seed), config.partition, stages);
-    shape.dropout = 0.0;  // Note [Plan inputs]: the profile has no dropout masks
     kind.prefix = "blocks";
     kind.make = [shape] { return torch::nn::AnyModule(GptBlock(shape)); };
     kind.input = at::randn({m.batch, shape.seq_len, shape.hidden});
@@ -201,6 +200,10 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
     bytes.backward_input = std::max(0.0, whole.input_peak_bytes);
     bytes.input_held = std::max(0.0, whole.input_held_bytes);
     bytes.backward_weight = std::max(0.0, whole.weight_peak_bytes);
+    bytes.received_input = whole.input_bytes;
+    bytes.received_gradient = whole.output_gradient_bytes;
+    bytes.first_backward_gradients = std::clamp(
+        whole.first_backward_peak_bytes - whole.backward_peak_bytes, 0.0, gradients);
     const int64_t layers =
         kind.bounds[static_cast<size_t>(s) + 1] - kind.bounds[static_cast<size_t>(s)];
     const double n = static_cast<double>(layers);

@@ -52,11 +52,29 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
   double gradients = 0.0;  // of the stages whose first B / W has started
   double held = 0.0;       // what the I passes whose W has not run yet left
   std::vector<bool> has_gradients(n, false);
+  // Posted receives: a message may land any time after its receive is posted, so its bytes count
+  // from then until the action that takes it is over (F: its input joins the resident bytes).
+  double posted = 0.0;
+  std::set<std::pair<int, int>> input_posted, gradient_posted;  // (stage, micro-batch)
   using Temporary = PeakForms::Temporary;
   std::set<std::tuple<std::vector<int>, std::vector<int>, double, Temporary, int>> seen;
-  for (const schedule::Action& a : schedule.compute_actions(rank)) {
-    const size_t s = local(a.stage);
+  for (const schedule::Action& a : schedule.actions[static_cast<size_t>(rank)]) {
     const StageBytes& bytes = bytes_of(a.stage);
+    if (a.type == ActionType::kRecvForward) {
+      posted += bytes.received_input;
+      input_posted.insert({a.stage, a.micro_batch});
+      continue;
+    }
+    if (a.type == ActionType::kRecvBackward) {
+      posted += bytes.received_gradient;
+      gradient_posted.insert({a.stage, a.micro_batch});
+      continue;
+    }
+    if (!schedule::is_compute(a.type)) continue;
+    const size_t s = local(a.stage);
+    if (a.type == ActionType::kForward && input_posted.erase({a.stage, a.micro_batch}) > 0) {
+      posted -= bytes.received_input;  // now in the stage's resident bytes
+    }
     double temporaries = 0.0;  // of I and W; those of F, R and B depend on the layers' choices
     Temporary kind = Temporary::kNone;
     switch (a.type) {
@@ -70,12 +88,18 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
         break;
       case ActionType::kBackward:
       case ActionType::kBackwardWeight:
-        if (!has_gradients[s]) gradients += bytes.gradients;
+        if (!has_gradients[s]) {
+          // A first B creates the gradients as it goes: at its peak it holds what its
+          // measurement says (first_backward_gradients) on top of a later B's temporaries.
+          const bool measured = a.type == ActionType::kBackward && bytes.first_backward_gradients >= 0;
+          temporaries = measured ? bytes.first_backward_gradients - bytes.gradients : 0.0;
+          gradients += bytes.gradients;
+        }
         has_gradients[s] = true;
         if (a.type == ActionType::kBackward) {
           kind = Temporary::kBackward;
         } else {
-          temporaries = bytes.backward_weight;
+          temporaries += bytes.backward_weight;
         }
         break;
       case ActionType::kBackwardInput:
@@ -84,7 +108,7 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
       default:
         break;
     }
-    const double constant = gradients + held + temporaries;
+    const double constant = gradients + held + posted + temporaries;
     const int stage = kind == Temporary::kNone ? -1 : a.stage;
     if (seen.insert({resident, replay, constant, kind, stage}).second) {
       forms.resident_count.push_back(resident);
@@ -94,6 +118,10 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
       forms.temporary_stage.push_back(stage);
     }
     // What the action frees (or, for I, leaves) at its end.
+    if ((a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) &&
+        gradient_posted.erase({a.stage, a.micro_batch}) > 0) {
+      posted -= bytes.received_gradient;
+    }
     switch (a.type) {
       case ActionType::kBackward:
         --resident[s];

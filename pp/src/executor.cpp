@@ -148,7 +148,13 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
     return it->second;
   };
 
+  int64_t step_peak = bytes0;  // the peaks of the actions so far (each action restarts it)
   for (const Action& a : plan.actions[rank]) {
+    int64_t action_start = 0;
+    if (schedule::is_compute(a.type)) {
+      step_peak = std::max(step_peak, remat::reset_peak_bytes());
+      action_start = remat::memory_stats().current_bytes;
+    }
     a0 = since_us(t0);
     waited_us = 0;
     const Key key{a.stage, a.micro_batch};
@@ -300,7 +306,8 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
       const double a1 = since_us(t0);
       busy_us += a1 - a0;
       recv_wait_us += waited_us;
-      m.timeline.push_back({a, a0, a1, waited_us});
+      m.timeline.push_back(
+          {a, a0, a1, waited_us, action_start - bytes0, remat::memory_stats().peak_bytes - bytes0});
     } else if (a.type == ActionType::kSendForward || a.type == ActionType::kSendBackward) {
       m.timeline.push_back({a, a0, a0, 0});  // when the send was issued
     }
@@ -312,7 +319,7 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
   m.step_ms = since_us(t0) / 1000.0;
   m.busy_ms = busy_us / 1000.0;
   m.start_bytes = bytes0;
-  m.peak_bytes = remat::memory_stats().peak_bytes - bytes0;
+  m.peak_bytes = std::max(step_peak, remat::memory_stats().peak_bytes) - bytes0;
   m.max_rank_peak_bytes = m.peak_bytes;
   m.recv_wait_ms = recv_wait_us / 1000.0;
   m.remat = remat::counters();

@@ -9,6 +9,8 @@
 #include <utility>
 
 #include "pipeline_impl.h"
+#include "pipemat/comm/work.h"
+#include "pipemat/remat/memory.h"
 #include "pipemat/remat/policy.h"
 #include "pipemat/schedule/schedule.h"
 
@@ -68,6 +70,11 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
     PIPEMAT_CHECK(s >= 0 && s < plan.stages_count, ConfigError,
                   "PipelineOptions::stage_remat names stage ", s, " but the schedule has ",
                   plan.stages_count, " stages (0 to ", plan.stages_count - 1, ")");
+  }
+  // With the tracking allocator installed, the transport's receive buffers (the stage inputs
+  // and output gradients a rank holds) count in StepMetrics::peak_bytes like tensors.
+  if (remat::tracking_allocator_installed()) {
+    comm::set_buffer_memory({&remat::allocate_tracked, &remat::release_tracked});
   }
   if (options.seed) {
     generator =

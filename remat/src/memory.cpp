@@ -21,6 +21,8 @@
 #include <torch/version.h>
 
 #include <atomic>
+#include <exception>
+#include <limits>
 #include <mutex>
 #include <new>
 
@@ -88,6 +90,8 @@ class TrackingAllocator final : public c10::Allocator {
   c10::Allocator* base_;
 };
 
+std::atomic<TrackingAllocator*> g_allocator{nullptr};
+
 }  // namespace
 
 void install_tracking_allocator() {
@@ -95,8 +99,25 @@ void install_tracking_allocator() {
   std::call_once(once, [] {
     static TrackingAllocator allocator(c10::GetDefaultCPUAllocator());
     c10::SetCPUAllocator(&allocator, /*priority=*/100);
+    g_allocator.store(&allocator);
     g_installed.store(true);
   });
+}
+
+void* allocate_tracked(size_t bytes) {
+  TrackingAllocator* allocator = g_allocator.load();
+  if (allocator == nullptr || bytes > std::numeric_limits<size_t>::max() - kHeaderBytes) {
+    return nullptr;  // not installed, or the header would wrap the size around
+  }
+  try {
+    return allocator->raw_allocate(bytes);  // the DataPtr's context is its data (the header)
+  } catch (const std::exception&) {
+    return nullptr;  // e.g. a size no allocation can have
+  }
+}
+
+void release_tracked(void* data) {
+  if (data != nullptr) release(data);
 }
 
 bool tracking_allocator_installed() { return g_installed.load(); }

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <new>
 #include <optional>
 #include <random>
@@ -754,6 +756,49 @@ TEST(commBuffer, AllocateRefusesSizesThatWrapWhenRounded) {
   EXPECT_EQ(buffer.size(), 100u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % Buffer::kAlignment, 0u);
   EXPECT_EQ(Buffer::allocate(0).size(), 0u);
+}
+
+// A counting BufferMemory: what it handed out and took back, in bytes.
+std::atomic<int64_t> g_counted_bytes{0};
+std::map<void*, size_t>& counted_blocks() {
+  static std::map<void*, size_t> blocks;
+  return blocks;
+}
+void* counting_allocate(size_t bytes) {
+  void* p = std::aligned_alloc(Buffer::kAlignment, bytes);
+  counted_blocks()[p] = bytes;
+  g_counted_bytes += static_cast<int64_t>(bytes);
+  return p;
+}
+void counting_release(void* p) {
+  g_counted_bytes -= static_cast<int64_t>(counted_blocks().at(p));
+  counted_blocks().erase(p);
+  std::free(p);
+}
+
+TEST(commBuffer, AllocatesFromTheProcessBufferMemory) {
+  Buffer before = Buffer::allocate(10);  // the default memory's, freed by std::free below
+  set_buffer_memory({&counting_allocate, &counting_release});
+  {
+    Buffer a = Buffer::allocate(100);  // rounded up to 128
+    EXPECT_EQ(g_counted_bytes.load(), 128);
+    Buffer b = Buffer::allocate(1000);
+    EXPECT_EQ(g_counted_bytes.load(), 128 + 1024);
+    EXPECT_EQ(counted_blocks().count(b.data()), 1u);
+    EXPECT_EQ(a.size(), 100u);
+  }
+  EXPECT_EQ(g_counted_bytes.load(), 0);
+  Buffer during = Buffer::allocate(64);
+  set_buffer_memory({});  // back to the default; `during` still goes back to the counting one
+  void* from_default = buffer_memory().allocate(64);
+  EXPECT_NE(from_default, nullptr);
+  buffer_memory().release(from_default);
+  before = Buffer();
+  during = Buffer();
+  EXPECT_EQ(g_counted_bytes.load(), 0);
+  EXPECT_TRUE(counted_blocks().empty());
+  EXPECT_THROW(set_buffer_memory({&counting_allocate, nullptr}), ConfigError);
+  EXPECT_THROW(set_buffer_memory({nullptr, &counting_release}), ConfigError);
 }
 
 TEST(commTransportOptions, ResolvesTcpSettingsFromTheEnvironment) {

@@ -87,6 +87,12 @@ TEST(PlanPeak, GradientsCountFromTheStagesFirstBackward) {
   // GPipe peaks at its first backward: every micro-batch in flight, one replay, the gradients.
   p.schedule.kind = ScheduleKind::kGPipe;
   EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[0].peak_bytes, 100 + 50 + 4 * 10 + 3);
+  // A first B measured to peak with 20 of its 50 bytes of gradients made; the Bs after it hold
+  // all 50 (GPipe's B1 holds one micro-batch less).
+  p.stage_bytes[0].first_backward_gradients = 20;
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[0].peak_bytes, 100 + 50 + 3 * 10 + 3);
+  p.stage_bytes[0].first_backward_gradients = 45;
+  EXPECT_DOUBLE_EQ(evaluate(p, {0, 0}).ranks[0].peak_bytes, 100 + 45 + 4 * 10 + 3);
   p.stage_bytes.resize(1);
   try {
     evaluate(p, {0, 0});
@@ -128,6 +134,26 @@ TEST(PlanPeak, TemporariesCountWhileTheirActionRuns) {
   } catch (const ConfigError& e) {
     EXPECT_STREQ(e.what(), "plan: 3 stage byte counts for 2 stages; give one per stage or none.");
   }
+}
+
+TEST(PlanPeak, PostedReceivesCountUntilTheirActionTakesThem) {
+  // 1F1B on 2 ranks, 4 micro-batches, with comms (`pipemat schedule --kind 1f1b --ranks 2
+  // --micro-batches 4 --recompute pretrigger --with-comms`):
+  //   rank 0: F0 SEND_F0 RECV_B0 F1 SEND_F1 R0 B0 RECV_B1 F2 SEND_F2 R1 B1 RECV_B2 F3 SEND_F3
+  //           RECV_B3 R2 B2 R3 B3
+  //   rank 1: RECV_F0 F0 RECV_F1 R0 B0 SEND_B0 F1 RECV_F2 R1 B1 SEND_B1 F2 RECV_F3 R2 B2 ...
+  // A gradient message (6) counts from RECV_B until its B ends: rank 0's R2 and B2 hold two
+  // (RECV_B2 and RECV_B3 are both posted) with two residents and a replay. An input message (4)
+  // counts from RECV_F until its F takes it: rank 1's R0 holds the posted input of micro-batch 1.
+  PlanProblem p =
+      problem_of(ScheduleKind::kOneFOneB, 2, 4, 1, {candidate("full", 10, 3, 1, 1, 1, 1)}, 1000);
+  p.stage_bytes.resize(2);
+  p.stage_bytes[0].received_gradient = 6;
+  p.stage_bytes[1].received_input = 4;
+  p.stage_bytes[0].received_input = p.stage_bytes[1].received_gradient = 1000;  // never posted
+  const Prediction got = evaluate(p, {0, 0});
+  EXPECT_DOUBLE_EQ(got.ranks[0].peak_bytes, 100 + 2 * 10 + 3 + 2 * 6);
+  EXPECT_DOUBLE_EQ(got.ranks[1].peak_bytes, 100 + 10 + 3 + 4);
 }
 
 TEST(PlanPeak, SplitBackwardHoldsTheReplayAndWhatIPassesOnUntilW) {

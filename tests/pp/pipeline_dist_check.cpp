@@ -3,9 +3,10 @@
 // runs the plain single-process loop itself and compares its losses, gradient norms and the
 // parameters of its own stages after every step bitwise. Prints "N passed, N failed" per rank
 // and exits non-zero on any difference or error, and when it checked nothing. With --memory it
-// also trains with twice the micro-batches and requires every rank's step peak (its own process,
-// the tracking allocator) to stay the same: a schedule bounds what a rank holds in flight, so
-// nothing may pile up per micro-batch (sent tensors, the data halves a rank does not read).
+// also trains with four times the micro-batches and requires every rank's step peak (its own
+// process, the tracking allocator) to stay within two messages: a schedule bounds what a rank
+// holds in flight, so nothing may pile up per micro-batch (sent tensors, the data halves a rank
+// does not read).
 
 #include <CLI/CLI.hpp>
 
@@ -25,7 +26,7 @@ int main(int argc, char** argv) {
   app.add_option("--schedule", kind, "Schedule kind (1f1b, zb-v, gpipe, zb-h1, ...)")->required();
   app.add_option("--steps", c.steps, "Training steps")->required()->check(CLI::Range(1, 1000));
   bool memory = false;
-  app.add_flag("--memory", memory, "Also require the same step peak with twice the micro-batches");
+  app.add_flag("--memory", memory, "Also require the same step peak (within two messages) with 4x the micro-batches");
   CLI11_PARSE(app, argc, argv);
   if (memory) pipemat::remat::install_tracking_allocator();
   try {
@@ -41,16 +42,22 @@ int main(int argc, char** argv) {
     size_t checked = 2 * run.losses.size();
     for (const auto& ps : run.params) checked += ps.size();
     if (memory) {
-      user_model::PipelineCase twice = c;
-      twice.micro_batches = 2 * c.micro_batches;
-      const auto more = user_model::run_rank(*transport, twice);
+      // Four times the micro-batches: what piles up per micro-batch grows by 3 M messages, while
+      // the timing of the peer's receives (a send still in flight at the peak) moves the peak by
+      // at most a message or two of the last step's activations.
+      user_model::PipelineCase more_batches = c;
+      more_batches.micro_batches = 4 * c.micro_batches;
+      const auto more = user_model::run_rank(*transport, more_batches);
       ++checked;
-      if (more.peak_bytes.back() != run.peak_bytes.back()) {
+      const int64_t message = user_model::kBatch * user_model::seq_len(c.steps - 1) *
+                              user_model::kHidden * static_cast<int64_t>(sizeof(float));
+      if (more.peak_bytes.back() > run.peak_bytes.back() + 2 * message) {
         diffs.push_back("rank " + std::to_string(transport->rank()) + ": step peak " +
                         std::to_string(more.peak_bytes.back()) + " bytes with " +
-                        std::to_string(twice.micro_batches) + " micro-batches, " +
+                        std::to_string(more_batches.micro_batches) + " micro-batches, " +
                         std::to_string(run.peak_bytes.back()) + " with " +
-                        std::to_string(c.micro_batches));
+                        std::to_string(c.micro_batches) + " (more than 2 messages of " +
+                        std::to_string(message) + " bytes apart)");
       }
     }
     for (const auto& d : diffs) std::fprintf(stderr, "%s\n", d.c_str());

@@ -108,6 +108,10 @@ TEST(Profile, StageBytesAreItsInputAndWhatItsGraphSaved) {
   EXPECT_EQ(p.input_peak_bytes, 1024);
   EXPECT_EQ(p.input_held_bytes, 512);
   EXPECT_EQ(p.weight_peak_bytes, 1536);
+  EXPECT_EQ(p.output_gradient_bytes, 512);  // the gradient of the [8, 16] output
+  // The step's first B makes the weight gradients (1024 each): at its peak both and the gradient
+  // of the first Linear's output (512).
+  EXPECT_EQ(p.first_backward_peak_bytes, 2560);
   EXPECT_GT(p.forward, 0);
   EXPECT_GT(p.backward, 0);
   EXPECT_GT(p.backward_input, 0);

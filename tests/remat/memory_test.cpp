@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
+
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 
@@ -10,6 +13,25 @@
 
 namespace pipemat::remat {
 namespace {
+
+TEST(TrackingAllocator, TrackedRawBytesCountLikeTensors) {
+  install_tracking_allocator();
+  const int64_t before = memory_stats().current_bytes;
+  reset_peak_bytes();
+  void* p = allocate_tracked(1000);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  EXPECT_EQ(memory_stats().current_bytes, before + 1000);
+  release_tracked(p);
+  EXPECT_EQ(memory_stats().current_bytes, before);
+  EXPECT_EQ(memory_stats().peak_bytes, before + 1000);
+  release_tracked(nullptr);  // nothing
+  // A size no allocation can have (a hostile peer's) is nullptr, not an exception.
+  for (size_t huge : {std::numeric_limits<size_t>::max(), std::numeric_limits<size_t>::max() - 64}) {
+    EXPECT_EQ(allocate_tracked(huge), nullptr) << huge;
+  }
+  EXPECT_EQ(memory_stats().current_bytes, before);
+}
 
 TEST(TrackingAllocator, ExactGeluAndRawAllocationsWork) {
   install_tracking_allocator();

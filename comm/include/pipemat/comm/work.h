@@ -44,6 +44,20 @@ class Buffer {
   size_t size_ = 0;
 };
 
+// Where Buffer::allocate takes its bytes. `allocate(bytes)` returns `bytes` bytes aligned to
+// Buffer::kAlignment, or nullptr when it cannot (Buffer::allocate then throws std::bad_alloc);
+// `release` frees what it returned. The default is std::aligned_alloc / std::free. A process
+// that measures its memory routes them through its allocator (pp: the tracking allocator, so a
+// step's peak counts the messages it received). Process-wide; a buffer is always freed by the
+// `release` of the memory that allocated it, so switching while buffers live is safe.
+struct BufferMemory {
+  void* (*allocate)(size_t bytes) = nullptr;
+  void (*release)(void* data) = nullptr;
+};
+// Both set, or both null for the default; ConfigError for one without the other.
+void set_buffer_memory(BufferMemory memory);
+BufferMemory buffer_memory();
+
 enum class OpKind { kSend, kRecv };
 
 // What a Work is doing; used in every message about it.

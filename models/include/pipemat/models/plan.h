@@ -13,12 +13,14 @@
 // and head of the gpt, the loss; measured as the whole stage without remat minus its layers
 // without remat, so the layers' outputs that the stage sends are not counted twice), then the
 // stage's layers, all profiled from one layer of the kind (the zoo's and the gpt's layers are
-// identical). The entry's times make the stage's sums under `none` equal the whole stage's
+// identical; the gpt's with the model's dropout, whose masks a layer saves without remat and
+// replays with it). The entry's times make the stage's sums under `none` equal the whole stage's
 // measured times (they are negative where the layers alone measured slower); its temporaries are
 // the whole stage's. Fixed bytes of a rank: its stages' parameters x (1 + optimizer states: sgd
 // with momentum 1, adamw 2) x 4 bytes. A stage's StageBytes (Note [Plan memory]): its gradients,
 // its parameters x 4 bytes; the temporaries of its I and W and what I leaves for W, from the
-// whole stage's split backward. Times are milliseconds on this machine with the config's threads.
+// whole stage's split backward; what its first B holds beyond a later one's peak (the gradients
+// made by then), its input and its outputs' gradients (the messages it receives). Times are milliseconds on this machine with the config's threads.
 // Every candidate of a layer gets the forward, I, W and B times of `none` (a checkpointed layer
 // runs the same math; what remat adds is the replay, R): timer noise between candidates would
 // otherwise decide the plan. A rank's step tail is its optimizer step (and, with clipping, the

@@ -20,12 +20,15 @@
 // its backward, so the rebuilt activations of all its layers coexist). While F, R or B runs it
 // also holds temporaries (Candidate::*_temporary_bytes): for a stage, the largest of its layers'
 // (one layer runs at a time; the bytes the earlier layers leave are in the sums). A stage has its
-// own StageBytes: its gradients, the temporaries of I and W and what I leaves for W. A rank's
-// predicted peak is its fixed bytes (weights, optimizer state) plus the maximum, over its compute
-// actions in schedule order, of the bytes alive while the action runs: F(s, i) adds resident(s);
-// R(s, i) adds replayed(s); B(s, i) frees both at its end; I(s, i) adds input_held(s) at its end,
-// and W(s, i) frees that, the replay and the resident bytes; the first B / W of stage s adds its
-// gradients for the rest of the step, and each F / R / B / I / W its temporaries while it runs.
+// own StageBytes: its gradients, the temporaries of I and W, what I leaves for W and the messages
+// it receives. A rank's predicted peak is its fixed bytes (weights, optimizer state) plus the
+// maximum, over its compute actions in schedule order, of the bytes alive while the action runs:
+// a posted receive adds its message (it may land any time; the transport's buffers count like
+// tensors); F(s, i) takes its input into resident(s); R(s, i) adds replayed(s); B(s, i) frees
+// both and its gradient message at its end; I(s, i) frees its message and adds input_held(s) at
+// its end, and W(s, i) frees that, the replay and the resident bytes; the first B / W of stage s
+// adds its gradients for the rest of the step (a first B, at its peak, only those it has made:
+// first_backward_gradients), and each F / R / B / I / W its temporaries while it runs.
 // So under 1F1B rank r holds p - r micro-batches' resident bytes and one replay; ZB-H2 and ZB-V
 // hold more or other mixes, read off their own action lists.
 //
@@ -77,6 +80,14 @@ struct StageBytes {
   double backward_input = 0.0;   // I's temporaries
   double input_held = 0.0;       // what I leaves alive until W (the gradients W starts from)
   double backward_weight = 0.0;  // W's temporaries
+  // Received messages (0 where no receive is posted): the stage's inputs, alive from their
+  // receive's posting until F (then part of its resident bytes), and its output gradients, from
+  // their receive's posting until B / I ends.
+  double received_input = 0.0;
+  double received_gradient = 0.0;
+  // What the stage's first B (no gradients yet) holds at its peak beyond a later B's peak: the
+  // gradients it has made by then (at most `gradients`); negative: all of them.
+  double first_backward_gradients = -1.0;
 };
 
 struct PlanProblem {

@@ -179,6 +179,11 @@ struct ActionTiming {
   double start_us = 0;  // compute start (after its input arrived)
   double end_us = 0;
   double wait_us = 0;  // time blocked in the receive of its input before start_us
+  // Tracking-allocator bytes above the step's start (StepMetrics::start_bytes) when the action
+  // started and at its peak: which action holds a rank's peak and what is alive then (compute
+  // actions; this process's bytes, so all ranks' when they run as threads).
+  int64_t start_bytes = 0;
+  int64_t peak_bytes = 0;
 };
 
 struct StepMetrics {
@@ -188,7 +193,10 @@ struct StepMetrics {
   double step_ms = 0;          // wall time of the step on this rank (max over ranks on the last)
   double busy_ms = 0;          // time in compute actions on this rank
   double bubble = 0;           // 1 - sum(busy) / (ranks * makespan), on the last stage's rank
-  int64_t peak_bytes = 0;      // tracking-allocator peak during the step (this process)
+  // Tracking-allocator peak during the step (this process), above start_bytes: tensors and,
+  // when the tracking allocator was installed before the Pipeline was built, the transport's
+  // receive buffers (the stage inputs and output gradients this rank holds).
+  int64_t peak_bytes = 0;
   double recv_wait_ms = 0;     // blocked in receives of stage inputs; on the last stage's rank
                                // (with collect_timelines) summed over all ranks
   remat::RematCounters remat;  // this rank's; on the last stage's rank summed over all ranks

@@ -77,11 +77,15 @@ struct StageProfile {
   // (every backward of a step but the stage's first): the fused B (which frees each saved
   // activation as it goes), I and W of the split backward.
   double backward_peak_bytes = 0;
+  double first_backward_peak_bytes = 0;  // B's peak into no gradients (the step's first B)
   double input_peak_bytes = 0;
   double weight_peak_bytes = 0;
   // What I leaves alive for W beyond what F left (the gradients W's roots received; the input
   // gradients are sent and freed): held per micro-batch from I until W.
   double input_held_bytes = 0;
+  // The gradients of the outputs (0 on the last stage): what the next stage sends back, alive on
+  // this rank while B or I runs.
+  double output_gradient_bytes = 0;
   double forward = 0;          // ms, the loss included on the last stage
   double backward = 0;         // ms, the fused B
   double backward_input = 0;   // ms, I

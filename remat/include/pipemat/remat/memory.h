@@ -7,6 +7,7 @@
 // (idempotent, thread-safe). It forwards to the default CPU allocator and adds one small record
 // per allocation; storages allocated before installation are not counted.
 
+#include <cstddef>
 #include <cstdint>
 
 namespace c10 {
@@ -32,6 +33,13 @@ int64_t reset_peak_bytes();
 // global peak: begin_peak_window() starts it at the current bytes and returns them.
 int64_t begin_peak_window();
 int64_t window_peak_bytes();
+
+// Raw bytes from the tracking allocator, counted like tensor storages: for what a process holds
+// outside tensors (pp routes the transport's receive buffers here, comm::BufferMemory). 64-byte
+// aligned; nullptr when the allocator is not installed or the memory cannot be had. Release
+// only what allocate_tracked returned.
+void* allocate_tracked(size_t bytes);
+void release_tracked(void* data);
 
 // The sequence number of the allocation behind `storage`, or -1 when the tracking allocator did
 // not allocate it. Lets a report tell activations born in a forward from older tensors (weights).
