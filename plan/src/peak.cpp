@@ -56,6 +56,9 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
   // from then until the action that takes it is over (F: its input joins the resident bytes).
   double posted = 0.0;
   std::set<std::pair<int, int>> input_posted, gradient_posted;  // (stage, micro-batch)
+  // A sent tensor stays until its send has finished: counted through the next compute action
+  // (a rank drops finished sends after every action).
+  double sending = 0.0;
   using Temporary = PeakForms::Temporary;
   std::set<std::tuple<std::vector<int>, std::vector<int>, double, Temporary, int>> seen;
   for (const schedule::Action& a : schedule.actions[static_cast<size_t>(rank)]) {
@@ -68,6 +71,14 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
     if (a.type == ActionType::kRecvBackward) {
       posted += bytes.received_gradient;
       gradient_posted.insert({a.stage, a.micro_batch});
+      continue;
+    }
+    if (a.type == ActionType::kSendForward) {  // what stage s + 1 receives
+      sending += bytes_of(a.stage + 1).received_input;
+      continue;
+    }
+    if (a.type == ActionType::kSendBackward) {  // what stage s - 1 receives
+      sending += a.stage > 0 ? bytes_of(a.stage - 1).received_gradient : 0.0;
       continue;
     }
     if (!schedule::is_compute(a.type)) continue;
@@ -108,7 +119,8 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
       default:
         break;
     }
-    const double constant = gradients + held + posted + temporaries;
+    const double constant = gradients + held + posted + sending + temporaries;
+    sending = 0.0;
     const int stage = kind == Temporary::kNone ? -1 : a.stage;
     if (seen.insert({resident, replay, constant, kind, stage}).second) {
       forms.resident_count.push_back(resident);

@@ -136,24 +136,31 @@ TEST(PlanPeak, TemporariesCountWhileTheirActionRuns) {
   }
 }
 
-TEST(PlanPeak, PostedReceivesCountUntilTheirActionTakesThem) {
+TEST(PlanPeak, MessagesCountFromTheirPostingUntilTheyAreTakenOrSent) {
   // 1F1B on 2 ranks, 4 micro-batches, with comms (`pipemat schedule --kind 1f1b --ranks 2
   // --micro-batches 4 --recompute pretrigger --with-comms`):
   //   rank 0: F0 SEND_F0 RECV_B0 F1 SEND_F1 R0 B0 RECV_B1 F2 SEND_F2 R1 B1 RECV_B2 F3 SEND_F3
   //           RECV_B3 R2 B2 R3 B3
   //   rank 1: RECV_F0 F0 RECV_F1 R0 B0 SEND_B0 F1 RECV_F2 R1 B1 SEND_B1 F2 RECV_F3 R2 B2 ...
-  // A gradient message (6) counts from RECV_B until its B ends: rank 0's R2 and B2 hold two
-  // (RECV_B2 and RECV_B3 are both posted) with two residents and a replay. An input message (4)
-  // counts from RECV_F until its F takes it: rank 1's R0 holds the posted input of micro-batch 1.
+  // A gradient message (6) counts from RECV_B until its B ends, an input message (4) from RECV_F
+  // until its F takes it, a sent one through the next compute action. Rank 0's R2 holds two
+  // residents, a replay, two posted gradients (RECV_B2, RECV_B3) and the input of stage 1 it
+  // sent in SEND_F3; rank 1's R0 holds one resident, a replay and the posted input of
+  // micro-batch 1 (its F1 after SEND_B0: 10 + 6).
   PlanProblem p =
       problem_of(ScheduleKind::kOneFOneB, 2, 4, 1, {candidate("full", 10, 3, 1, 1, 1, 1)}, 1000);
   p.stage_bytes.resize(2);
   p.stage_bytes[0].received_gradient = 6;
   p.stage_bytes[1].received_input = 4;
   p.stage_bytes[0].received_input = p.stage_bytes[1].received_gradient = 1000;  // never posted
-  const Prediction got = evaluate(p, {0, 0});
-  EXPECT_DOUBLE_EQ(got.ranks[0].peak_bytes, 100 + 2 * 10 + 3 + 2 * 6);
+  Prediction got = evaluate(p, {0, 0});
+  EXPECT_DOUBLE_EQ(got.ranks[0].peak_bytes, 100 + 2 * 10 + 3 + 2 * 6 + 4);
   EXPECT_DOUBLE_EQ(got.ranks[1].peak_bytes, 100 + 10 + 3 + 4);
+  // A larger gradient makes rank 1's F1 (its input taken, SEND_B0's message alive) the peak.
+  p.stage_bytes[0].received_gradient = 20;
+  got = evaluate(p, {0, 0});
+  EXPECT_DOUBLE_EQ(got.ranks[1].peak_bytes, 100 + 10 + 20);
+  EXPECT_DOUBLE_EQ(got.ranks[0].peak_bytes, 100 + 2 * 10 + 3 + 2 * 20 + 4);
 }
 
 TEST(PlanPeak, SplitBackwardHoldsTheReplayAndWhatIPassesOnUntilW) {
