@@ -43,8 +43,8 @@ Buffer Buffer::allocate(size_t size) {
   const BufferMemory memory = buffer_memory();
   void* raw = memory.allocate(rounded);
   if (raw == nullptr) throw std::bad_alloc();
-  buffer.storage_ = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(raw),
-                                             [release = memory.release](uint8_t* p) { release(p); });
+  buffer.storage_ = std::shared_ptr<uint8_t>(
+      static_cast<uint8_t*>(raw), [release = memory.release](uint8_t* p) { release(p); });
   buffer.size_ = size;
   return buffer;
 }

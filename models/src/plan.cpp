@@ -202,8 +202,8 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
     bytes.backward_weight = std::max(0.0, whole.weight_peak_bytes);
     bytes.received_input = whole.input_bytes;
     bytes.received_gradient = whole.output_gradient_bytes;
-    bytes.first_backward_gradients = std::clamp(
-        whole.first_backward_peak_bytes - whole.backward_peak_bytes, 0.0, gradients);
+    bytes.first_backward_gradients =
+        std::clamp(whole.first_backward_peak_bytes - whole.backward_peak_bytes, 0.0, gradients);
     const int64_t layers =
         kind.bounds[static_cast<size_t>(s) + 1] - kind.bounds[static_cast<size_t>(s)];
     const double n = static_cast<double>(layers);

@@ -102,7 +102,8 @@ PeakForms peak_forms(const schedule::Schedule& schedule, int rank,
         if (!has_gradients[s]) {
           // A first B creates the gradients as it goes: at its peak it holds what its
           // measurement says (first_backward_gradients) on top of a later B's temporaries.
-          const bool measured = a.type == ActionType::kBackward && bytes.first_backward_gradients >= 0;
+          const bool measured =
+              a.type == ActionType::kBackward && bytes.first_backward_gradients >= 0;
           temporaries = measured ? bytes.first_backward_gradients - bytes.gradients : 0.0;
           gradients += bytes.gradients;
         }

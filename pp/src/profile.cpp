@@ -376,7 +376,8 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
       if (record) forward.push_back(f.ms);
       out.output_gradient_bytes = 0;
       if (!loss) {
-        for (const at::Tensor& g : f.dy) out.output_gradient_bytes += static_cast<double>(g.nbytes());
+        for (const at::Tensor& g : f.dy)
+          out.output_gradient_bytes += static_cast<double>(g.nbytes());
       }
     }
     split_round(/*measure=*/true);
@@ -385,8 +386,8 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
     if (stage.module) {
       for (auto p : stage.module->parameters()) p.mutable_grad() = at::Tensor();
     }
-    ProfiledForward f = stage_forward(stage, inputs, loss, targets, &out.outputs,
-                                      &out.input_bytes, &out.resident_bytes);
+    ProfiledForward f = stage_forward(stage, inputs, loss, targets, &out.outputs, &out.input_bytes,
+                                      &out.resident_bytes);
     const int64_t start = remat::begin_peak_window();
     run_backward(f.roots, f.dy);
     out.first_backward_peak_bytes = static_cast<double>(remat::window_peak_bytes() - start);

@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
   app.add_option("--schedule", kind, "Schedule kind (1f1b, zb-v, gpipe, zb-h1, ...)")->required();
   app.add_option("--steps", c.steps, "Training steps")->required()->check(CLI::Range(1, 1000));
   bool memory = false;
-  app.add_flag("--memory", memory, "Also require the same step peak (within two messages) with 4x the micro-batches");
+  app.add_flag("--memory", memory,
+               "Also require the same step peak (within two messages) with 4x the micro-batches");
   CLI11_PARSE(app, argc, argv);
   if (memory) pipemat::remat::install_tracking_allocator();
   try {

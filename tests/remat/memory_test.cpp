@@ -27,7 +27,8 @@ TEST(TrackingAllocator, TrackedRawBytesCountLikeTensors) {
   EXPECT_EQ(memory_stats().peak_bytes, before + 1000);
   release_tracked(nullptr);  // nothing
   // A size no allocation can have (a hostile peer's) is nullptr, not an exception.
-  for (size_t huge : {std::numeric_limits<size_t>::max(), std::numeric_limits<size_t>::max() - 64}) {
+  for (size_t huge :
+       {std::numeric_limits<size_t>::max(), std::numeric_limits<size_t>::max() - 64}) {
     EXPECT_EQ(allocate_tracked(huge), nullptr) << huge;
   }
   EXPECT_EQ(memory_stats().current_bytes, before);

@@ -20,14 +20,14 @@
 // with momentum 1, adamw 2) x 4 bytes. A stage's StageBytes (Note [Plan memory]): its gradients,
 // its parameters x 4 bytes; the temporaries of its I and W and what I leaves for W, from the
 // whole stage's split backward; what its first B holds beyond a later one's peak (the gradients
-// made by then), its input and its outputs' gradients (the messages it receives). Times are milliseconds on this machine with the config's threads.
-// Every candidate of a layer gets the forward, I, W and B times of `none` (a checkpointed layer
-// runs the same math; what remat adds is the replay, R): timer noise between candidates would
-// otherwise decide the plan. A rank's step tail is its optimizer step (and, with clipping, the
-// norms of its gradients) timed on its own parameters; with clipping the tails wait for every
-// rank and one message (the exchange of norms). Messages cost PlanOptions::message_ms; the ranks
-// share PlanOptions::cores over the config's threads and run at PlanOptions::shared_speed while
-// others compute (Note [Plan step]).
+// made by then), its input and its outputs' gradients (the messages it receives). Times are
+// milliseconds on this machine with the config's threads. Every candidate of a layer gets the
+// forward, I, W and B times of `none` (a checkpointed layer runs the same math; what remat adds is
+// the replay, R): timer noise between candidates would otherwise decide the plan. A rank's step
+// tail is its optimizer step (and, with clipping, the norms of its gradients) timed on its own
+// parameters; with clipping the tails wait for every rank and one message (the exchange of norms).
+// Messages cost PlanOptions::message_ms; the ranks share PlanOptions::cores over the config's
+// threads and run at PlanOptions::shared_speed while others compute (Note [Plan step]).
 
 #include <cstdint>
 #include <string>

@@ -24,13 +24,14 @@
 // it receives. A rank's predicted peak is its fixed bytes (weights, optimizer state) plus the
 // maximum, over its compute actions in schedule order, of the bytes alive while the action runs:
 // a posted receive adds its message (it may land any time; the transport's buffers count like
-// tensors), a send its message through the next compute action (then it has finished); F(s, i) takes its input into resident(s); R(s, i) adds replayed(s); B(s, i) frees
-// both and its gradient message at its end; I(s, i) frees its message and adds input_held(s) at
-// its end, and W(s, i) frees that, the replay and the resident bytes; the first B / W of stage s
-// adds its gradients for the rest of the step (a first B, at its peak, only those it has made:
-// first_backward_gradients), and each F / R / B / I / W its temporaries while it runs.
-// So under 1F1B rank r holds p - r micro-batches' resident bytes and one replay; ZB-H2 and ZB-V
-// hold more or other mixes, read off their own action lists.
+// tensors), a send its message through the next compute action (then it has finished); F(s, i)
+// takes its input into resident(s); R(s, i) adds replayed(s); B(s, i) frees both and its gradient
+// message at its end; I(s, i) frees its message and adds input_held(s) at its end, and W(s, i)
+// frees that, the replay and the resident bytes; the first B / W of stage s adds its gradients for
+// the rest of the step (a first B, at its peak, only those it has made: first_backward_gradients),
+// and each F / R / B / I / W its temporaries while it runs. So under 1F1B rank r holds p - r
+// micro-batches' resident bytes and one replay; ZB-H2 and ZB-V hold more or other mixes, read off
+// their own action lists.
 //
 // Note [Plan step]
 // ~~~~~~~~~~~~~~~~

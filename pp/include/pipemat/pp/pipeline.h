@@ -188,11 +188,11 @@ struct ActionTiming {
 
 struct StepMetrics {
   int64_t step = 0;
-  double loss = 0;             // mean micro-batch loss; the same on every rank
-  double grad_norm = 0;        // global gradient norm before clipping (0 without clipping)
-  double step_ms = 0;          // wall time of the step on this rank (max over ranks on the last)
-  double busy_ms = 0;          // time in compute actions on this rank
-  double bubble = 0;           // 1 - sum(busy) / (ranks * makespan), on the last stage's rank
+  double loss = 0;       // mean micro-batch loss; the same on every rank
+  double grad_norm = 0;  // global gradient norm before clipping (0 without clipping)
+  double step_ms = 0;    // wall time of the step on this rank (max over ranks on the last)
+  double busy_ms = 0;    // time in compute actions on this rank
+  double bubble = 0;     // 1 - sum(busy) / (ranks * makespan), on the last stage's rank
   // Tracking-allocator peak during the step (this process), above start_bytes: tensors and,
   // when the tracking allocator was installed before the Pipeline was built, the transport's
   // receive buffers (the stage inputs and output gradients this rank holds).
