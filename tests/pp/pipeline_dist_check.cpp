@@ -52,6 +52,19 @@ int main(int argc, char** argv) {
       ++checked;
       const int64_t message = user_model::kBatch * user_model::seq_len(c.steps - 1) *
                               user_model::kHidden * static_cast<int64_t>(sizeof(float));
+      // Each action's bytes (one process per rank): it peaks at or above its start, at or under
+      // the step's peak, and some action (a forward) allocates.
+      bool allocates = false;
+      for (const auto& [start, peak] : run.action_bytes) {
+        allocates = allocates || peak > start;
+        if (peak < start || peak > run.peak_bytes.back()) {
+          diffs.push_back("rank " + std::to_string(transport->rank()) + ": an action's bytes " +
+                          std::to_string(start) + " at its start, " + std::to_string(peak) +
+                          " at its peak, step peak " + std::to_string(run.peak_bytes.back()));
+        }
+      }
+      ++checked;
+      if (!allocates) diffs.push_back("no action's peak is above its start");
       if (more.peak_bytes.back() > run.peak_bytes.back() + 2 * message) {
         diffs.push_back("rank " + std::to_string(transport->rank()) + ": step peak " +
                         std::to_string(more.peak_bytes.back()) + " bytes with " +

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "pipemat/comm/transport.h"
@@ -82,6 +83,8 @@ struct RankRun {
   std::vector<double> losses;
   std::vector<double> grad_norms;
   std::vector<int64_t> peak_bytes;  // StepMetrics::peak_bytes (with the tracking allocator)
+  // Per step, the last step's compute actions' (start_bytes, peak_bytes) of the timeline.
+  std::vector<std::pair<int64_t, int64_t>> action_bytes;
   std::vector<std::map<std::string, at::Tensor>> params;
 };
 
@@ -99,6 +102,12 @@ inline RankRun run_rank(pipemat::comm::Transport& transport, const PipelineCase&
     run.losses.push_back(m.loss);
     run.grad_norms.push_back(m.grad_norm);
     run.peak_bytes.push_back(m.peak_bytes);
+    run.action_bytes.clear();
+    for (const auto& t : m.timeline) {
+      if (pipemat::schedule::is_compute(t.action.type)) {
+        run.action_bytes.emplace_back(t.start_bytes, t.peak_bytes);
+      }
+    }
     std::map<std::string, at::Tensor> ps;
     for (int s : pipe.stages()) {
       for (const auto& p : pipe.stage(s).module->named_parameters()) {
