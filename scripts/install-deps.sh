@@ -15,6 +15,7 @@ packages=(
   libyaml-cpp-dev
   nlohmann-json3-dev
   libfmt-dev
+  libssl-dev
   fortunes
 )
 

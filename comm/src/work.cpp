@@ -35,16 +35,28 @@ BufferMemory buffer_memory() {
 }
 
 Buffer Buffer::allocate(size_t size) {
+  const BufferMemory memory = buffer_memory();
+  return from(memory.allocate, memory.release, size);
+}
+
+Buffer Buffer::allocate_control(size_t size) {
+  return from(&default_allocate, &default_release, size);
+}
+
+Buffer Buffer::allocate_for_tag(size_t size, int tag) {
+  return tag > kMaxUserTag ? allocate_control(size) : allocate(size);
+}
+
+Buffer Buffer::from(void* (*allocate)(size_t), void (*release)(void*), size_t size) {
   Buffer buffer;
   // A size from the wire can be anything: rounding up must not wrap around to a small block.
   if (size > std::numeric_limits<size_t>::max() - (kAlignment - 1)) throw std::bad_alloc();
   size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded == 0) rounded = kAlignment;
-  const BufferMemory memory = buffer_memory();
-  void* raw = memory.allocate(rounded);
+  void* raw = allocate(rounded);
   if (raw == nullptr) throw std::bad_alloc();
-  buffer.storage_ = std::shared_ptr<uint8_t>(
-      static_cast<uint8_t*>(raw), [release = memory.release](uint8_t* p) { release(p); });
+  buffer.storage_ =
+      std::shared_ptr<uint8_t>(static_cast<uint8_t*>(raw), [release](uint8_t* p) { release(p); });
   buffer.size_ = size;
   return buffer;
 }

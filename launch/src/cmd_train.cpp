@@ -28,7 +28,9 @@ void add_train_command(CLI::App& app) {
       "text (model.kind gpt, configs/default.yaml) or a zoo model on synthetic data.\n"
       "Start one process per pipeline rank: `pipemat-run -n 2 configs/default.yaml` (mpirun),\n"
       "or set transport.kind=local to run every rank as a thread of this process.\n"
-      "Prints one progress line per step; --metrics writes one JSON line per step.");
+      "Prints one progress line per step; --metrics writes one JSON line per step.\n"
+      "Exit code: 0; 1 when an error stopped the run; after training finished, 3 when the final\n"
+      "checkpoint, 4 when an output file (loss curve, timeline), 5 when the sample failed.");
   cmd->add_option("--config", f->config, "YAML config file (see docs/config.md)")->required();
   cmd->add_option("--set", f->overrides,
                   "Override a config key: --set schedule.kind=zb-v --set training.steps=3")
@@ -61,7 +63,7 @@ void add_train_command(CLI::App& app) {
       std::cout << models::config_to_yaml(config);
       return;
     }
-    const int rc = models::run_train(config, f->reference, std::cout);
+    const int rc = models::run_train(config, f->reference, std::cout, std::cerr);
     if (rc != 0) std::exit(rc);
   });
 }

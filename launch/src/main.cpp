@@ -2,6 +2,7 @@
 // pipemat::Error; it is printed as one `pipemat: error: ...` line and the exit code is 1.
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -52,6 +53,9 @@ void report_failure(const std::exception& e) {
 
 int main(int argc, char** argv) {
   pipemat::pp::retain_freed_memory();  // Note [Freed memory stays in the process]
+  // A write past the file-size limit (ulimit -f) fails with EFBIG and is reported with the file
+  // it was for, instead of killing the process with SIGXFSZ half-way through a checkpoint.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{
       "pipemat: pipeline-parallel training for LibTorch with declarative selective recompute.\n"
       "Run `pipemat <command> --help` for the flags of one command."};

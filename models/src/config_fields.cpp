@@ -380,13 +380,18 @@ std::vector<ConfigField> make_fields() {
        "save after every this many steps (and after the last); `0`: only after the last (with a "
        "dir)"},
       {"checkpoint", "keep_last", integer(PIPEMAT_MEMBER(checkpoint.keep_last), 0, 1000000),
-       "0 to 1000000", "keep the newest this many complete checkpoints; `0`: all"},
+       "0 to 1000000",
+       "keep the newest this many complete checkpoints of this run (the one just written always "
+       "among them); `0`: all"},
       {"checkpoint", "resume",
        text(PIPEMAT_MEMBER(checkpoint.resume), "a step-NNNNNN directory or latest (empty: step 0)"),
        "a step directory or `latest`",
        "continue from there (`--resume`); the manifest must match the config (world size, "
        "schedule, stages, micro-batches, stage map) and every parameter's name and shape; empty: "
        "step 0"},
+      {"checkpoint", "overwrite", boolean(PIPEMAT_MEMBER(checkpoint.overwrite)), "",
+       "a run that does not resume into a `dir` that holds checkpoints (another run's) is refused "
+       "before training; `true`: remove them (step directories only) and start there"},
       {"sample", "tokens", integer(PIPEMAT_MEMBER(sample.tokens), 0, kMaxTokens),
        "0 .. 1048576; > 0 needs `checkpoint.dir` and `gpt`", "bytes to generate; `0`: no sample"},
       {"sample", "prompt", text(PIPEMAT_MEMBER(sample.prompt), "the text the sample continues"), "",

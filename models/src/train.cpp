@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <optional>
 #include <system_error>
@@ -23,6 +24,7 @@
 #include "pipemat/pp/compute.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/schedule/torch_csv.h"
+#include "train_checkpoints.h"
 #include "train_optimizer.h"
 #include "train_report.h"
 
@@ -91,6 +93,8 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   ResolvedSchedule resolved = resolve_schedule(given);
   check_schedule(resolved);
   const TrainConfig& config = resolved.config;
+  // Before anything is built: a directory this run must not write into is refused at once.
+  const RunCheckpoints checkpoints = start_checkpoints(config, transport);
   pp::PipelineOptions options;
   options.schedule = config.schedule;
   options.actions = resolved.actions;
@@ -110,16 +114,14 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   result.last_stage_rank = pipeline.is_last_stage_rank();
   const bool talk = result.last_stage_rank && progress && config.output.progress;
   const CheckpointOptions& ck = config.checkpoint;
-  if (!ck.resume.empty()) {
-    const std::string dir = ck.resume == "latest" ? pp::latest_checkpoint(ck.dir) : ck.resume;
-    PIPEMAT_CHECK(!dir.empty(), ConfigError,
-                  "checkpoint.resume: latest: there is no complete "
-                  "checkpoint under '",
-                  ck.dir, "' (checkpoint.dir)");
-    pp::load_checkpoint(pipeline, transport, dir);
-    if (talk) *progress << "resumed from " << dir << " after step " << pipeline.step() << "\n";
+  if (!checkpoints.resume_dir.empty()) {
+    pp::load_checkpoint(pipeline, transport, checkpoints.resume_dir);
+    if (talk) {
+      *progress << "resumed from " << checkpoints.resume_dir << " after step " << pipeline.step()
+                << "\n";
+    }
   }
-  if (result.last_stage_rank && !config.output.metrics.empty()) make_parent(config.output.metrics);
+  if (talk && !ck.dir.empty()) print_checkpoint_run(*progress, config, checkpoints);
   MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "", !ck.resume.empty());
   if (talk) {
     print_compute(*progress, pipeline.schedule().ranks_count);
@@ -133,7 +135,6 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   // The train curve only when it is drawn: a long run's memory stays flat.
   const bool draw_curve = result.last_stage_rank && !config.output.loss_svg.empty();
   std::vector<LossPoint> train_curve;
-  std::string final_checkpoint;
   const int64_t end = config.training.stop_after > 0
                           ? std::min(config.training.stop_after, config.training.steps)
                           : config.training.steps;
@@ -157,31 +158,54 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
     }
     keep_step(result, std::move(m));
     if (!ck.dir.empty() && ((ck.every > 0 && (step + 1) % ck.every == 0) || step + 1 == end)) {
-      final_checkpoint = pp::save_checkpoint(pipeline, transport, ck.dir,
-                                             static_cast<int>(ck.keep_last), metadata);
-      if (talk) *progress << "checkpoint " << final_checkpoint << "\n";
+      // Note [End of a run]: the last step's save failing ends the run, not the training.
+      const bool final_save = step + 1 == end;
+      try {
+        result.final_checkpoint = pp::save_checkpoint(pipeline, transport, ck.dir, checkpoints.run,
+                                                      static_cast<int>(ck.keep_last), metadata);
+        if (talk) *progress << "checkpoint " << result.final_checkpoint << "\n";
+      } catch (const PipelineError& e) {
+        if (!final_save) throw;
+        result.final_checkpoint.clear();
+        result.end_failures.push_back({EndPart::kCheckpoint, e.what()});
+      }
     }
     if (after_step) after_step(step, transport);
   }
+  const auto at_end = [&](EndPart part, const std::function<void()>& work) {
+    try {
+      work();
+    } catch (const std::exception& e) {
+      result.end_failures.push_back({part, e.what()});
+    }
+  };
   if (result.last_stage_rank && !config.output.timeline_svg.empty() && !result.steps.empty()) {
-    write_timeline_svg(config, pipeline.schedule(), result.last);
+    at_end(EndPart::kOutput, [&] { write_timeline_svg(config, pipeline.schedule(), result.last); });
   }
   if (draw_curve && !train_curve.empty()) {
-    std::vector<LossPoint> validation_curve;
-    for (const auto& [step, loss] : result.validation) validation_curve.push_back({step + 1, loss});
-    write_loss_svg(config.output.loss_svg, train_curve, validation_curve, run.summary);
-    if (talk) *progress << "loss curve " << config.output.loss_svg << "\n";
+    at_end(EndPart::kOutput, [&] {
+      std::vector<LossPoint> validation_curve;
+      for (const auto& [step, loss] : result.validation) {
+        validation_curve.push_back({step + 1, loss});
+      }
+      write_loss_svg(config.output.loss_svg, train_curve, validation_curve, run.summary);
+      if (talk) *progress << "loss curve " << config.output.loss_svg << "\n";
+    });
   }
-  if (result.last_stage_rank && config.sample.tokens > 0 && !final_checkpoint.empty() &&
+  if (result.last_stage_rank && config.sample.tokens > 0 && !ck.dir.empty() &&
       end == config.training.steps) {
-    const GenerateResult sample = generate_text(final_checkpoint, config.sample);
-    result.sample = sample.text;
-    if (talk) {
-      *progress << "sample (pipemat generate --checkpoint " << final_checkpoint << " --tokens "
-                << config.sample.tokens << "):\n"
-                << config.sample.prompt << sample.text << "\n"
-                << std::flush;
-    }
+    at_end(EndPart::kSample, [&] {
+      PIPEMAT_CHECK(!result.final_checkpoint.empty(), PipelineError,
+                    "no sample: it is drawn from the final checkpoint, which was not saved");
+      const GenerateResult sample = generate_text(result.final_checkpoint, config.sample);
+      result.sample = sample.text;
+      if (talk) {
+        *progress << "sample (pipemat generate --checkpoint " << result.final_checkpoint
+                  << " --tokens " << config.sample.tokens << "):\n"
+                  << config.sample.prompt << sample.text << "\n"
+                  << std::flush;
+      }
+    });
   }
   for (int s : pipeline.stages()) {
     for (const auto& item : pipeline.stage(s).module->named_parameters()) {
@@ -246,13 +270,51 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
       merged.last_stage_rank = true;
       merged.validation = r.validation;
       merged.sample = r.sample;
+      merged.final_checkpoint = r.final_checkpoint;
+    }
+    for (const EndFailure& f : r.end_failures) {  // one line per part (a save fails everywhere)
+      const bool known = std::any_of(merged.end_failures.begin(), merged.end_failures.end(),
+                                     [&](const EndFailure& g) { return g.part == f.part; });
+      if (!known) merged.end_failures.push_back(f);
     }
     merged.params.insert(merged.params.end(), r.params.begin(), r.params.end());
   }
   return merged;
 }
 
-int run_train(const TrainConfig& config, bool reference, std::ostream& out) {
+const char* to_string(EndPart part) {
+  switch (part) {
+    case EndPart::kCheckpoint:
+      return "the final checkpoint";
+    case EndPart::kOutput:
+      return "an output file";
+    case EndPart::kSample:
+      return "the sample";
+  }
+  return "?";
+}
+
+namespace {
+
+// Prints each end-of-run failure (Note [End of a run]) and returns the exit code.
+int report_end(const TrainResult& result, const TrainConfig& config, std::ostream& err) {
+  int code = 0;
+  for (const EndFailure& f : result.end_failures) {
+    err << "pipemat: error: " << to_string(f.part) << " failed after the run's last step (step "
+        << result.last.step + 1 << " of " << config.training.steps << "): " << f.message;
+    if (f.part != EndPart::kCheckpoint && !result.final_checkpoint.empty()) {
+      err << "; the final checkpoint " << result.final_checkpoint << " is complete";
+    }
+    err << "\n" << std::flush;
+    const int part = static_cast<int>(f.part);
+    code = code == 0 ? part : std::min(code, part);
+  }
+  return code;
+}
+
+}  // namespace
+
+int run_train(const TrainConfig& config, bool reference, std::ostream& out, std::ostream& err) {
   const ResolvedSchedule resolved = resolve_schedule(config);
   if (!resolved.note.empty()) out << resolved.note << "\n";
   // The ranks of this machine share its cores (all of them when they are threads here). The
@@ -269,12 +331,10 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out) {
   }
   comm::TransportOptions options = comm::resolve_options(config.transport);
   if (options.kind == comm::TransportKind::kLocal) {
-    train_in_process(config, &out);
-    return 0;
+    return report_end(train_in_process(config, &out), config, err);
   }
   auto transport = comm::make_transport(options);
-  train_on(config, *transport, &out);
-  return 0;
+  return report_end(train_on(config, *transport, &out), config, err);
 }
 
 }  // namespace pipemat::models

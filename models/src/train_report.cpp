@@ -1,7 +1,9 @@
 #include "train_report.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <system_error>
@@ -67,14 +69,16 @@ void print_compute(std::ostream& out, int ranks) {
   out << std::flush;
 }
 
-MetricsFile::MetricsFile(const std::string& path, bool append) {
+MetricsFile::MetricsFile(const std::string& path, bool append) : path_(path) {
   if (path.empty()) return;
-  file_.open(path, append ? std::ios::app : std::ios::trunc);
-  PIPEMAT_CHECK(file_.good(), ConfigError, "output.metrics: cannot write '", path, "'");
+  open_output(file_, "output.metrics", path, append ? std::ios::app : std::ios::trunc);
 }
 
 void MetricsFile::write(const StepMetrics& m, std::optional<double> validation) {
-  if (file_.is_open()) file_ << metrics_json(m, validation) << "\n" << std::flush;
+  if (!file_.is_open()) return;
+  file_ << metrics_json(m, validation) << "\n" << std::flush;
+  PIPEMAT_CHECK(file_.good(), ConfigError, "output.metrics: cannot write '", path_,
+                "': ", std::strerror(errno));
 }
 
 std::string metrics_json(const StepMetrics& m, std::optional<double> validation_loss) {
@@ -111,12 +115,32 @@ std::string metrics_json(const StepMetrics& m, std::optional<double> validation_
   return j.dump();
 }
 
-void make_parent(const std::string& path) {
+void open_output(std::ofstream& file, const char* key, const std::string& path,
+                 std::ios::openmode mode) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  if (parent.empty()) return;
   std::error_code ec;
-  std::filesystem::create_directories(parent, ec);
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  PIPEMAT_CHECK(!ec, ConfigError, key, ": cannot create the directory '", parent.string(), "' of '",
+                path, "': ", ec.message());
+  errno = 0;
+  file.open(path, mode);
+  PIPEMAT_CHECK(file.good(), ConfigError, key, ": cannot write '", path, "'",
+                errno != 0 ? std::string(": ") + std::strerror(errno) : std::string());
 }
+
+namespace {
+
+// Writes `text` to the output file `path` of config key `key`, whole or with an error.
+void write_output(const char* key, const std::string& path, const std::string& text) {
+  std::ofstream file;
+  open_output(file, key, path, std::ios::trunc);
+  file << text;
+  file.flush();
+  PIPEMAT_CHECK(file.good(), ConfigError, key, ": cannot write '", path,
+                "': ", std::strerror(errno));
+}
+
+}  // namespace
 
 namespace {
 
@@ -136,27 +160,38 @@ void write_timeline_svg(const TrainConfig& config, const schedule::Schedule& pla
                         const StepMetrics& m) {
   schedule::RenderOptions measured_options;
   measured_options.costs_label = "measured (ms)";
-  const std::string measured = schedule::render_svg(plan, m.measured, measured_options);
-  std::ofstream file(config.output.timeline_svg);
-  PIPEMAT_CHECK(file.good(), ConfigError, "output.timeline_svg: cannot write '",
-                config.output.timeline_svg, "'");
-  file << measured;
+  write_output("output.timeline_svg", config.output.timeline_svg,
+               schedule::render_svg(plan, m.measured, measured_options));
   // Next to it: the simulator's prediction for the same schedule with the measured costs.
   schedule::RenderOptions predicted_options;
   predicted_options.costs_label = "simulated with the measured mean costs (ms)";
-  const std::string path = predicted_svg_path(config.output.timeline_svg);
-  std::ofstream predicted(path);
-  PIPEMAT_CHECK(predicted.good(), ConfigError, "output.timeline_svg: cannot write '", path, "'");
-  predicted << schedule::render_svg(plan, schedule::simulate(plan, m.measured_costs),
-                                    predicted_options);
+  write_output(
+      "output.timeline_svg", predicted_svg_path(config.output.timeline_svg),
+      schedule::render_svg(plan, schedule::simulate(plan, m.measured_costs), predicted_options));
 }
 
 void write_loss_svg(const std::string& path, const std::vector<LossPoint>& train,
                     const std::vector<LossPoint>& validation, const std::string& title) {
-  make_parent(path);
-  std::ofstream file(path);
-  PIPEMAT_CHECK(file.good(), ConfigError, "output.loss_svg: cannot write '", path, "'");
-  file << render_loss_svg(train, validation, title);
+  write_output("output.loss_svg", path, render_loss_svg(train, validation, title));
+}
+
+void print_checkpoint_run(std::ostream& out, const TrainConfig& config,
+                          const RunCheckpoints& checkpoints) {
+  if (!checkpoints.overwritten.empty()) {
+    out << "checkpoint.overwrite: removed " << checkpoints.overwritten.size() << " step director"
+        << (checkpoints.overwritten.size() == 1 ? "y" : "ies") << " from " << config.checkpoint.dir
+        << "\n";
+  }
+  out << "checkpoints: " << config.checkpoint.dir << ", run " << checkpoints.run.id.substr(0, 12);
+  if (checkpoints.continued) {
+    out << " (continued)";
+  } else if (!checkpoints.resume_dir.empty()) {
+    out << " (new: " << checkpoints.resume_dir
+        << " was written before checkpoints named their run)";
+  } else {
+    out << " (new)";
+  }
+  out << "\n";
 }
 
 }  // namespace pipemat::models

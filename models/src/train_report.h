@@ -16,6 +16,7 @@
 #include "pipemat/models/options.h"
 #include "pipemat/pp/pipeline.h"
 #include "pipemat/schedule/schedule.h"
+#include "train_checkpoints.h"
 
 namespace pipemat::models {
 
@@ -47,10 +48,18 @@ class MetricsFile {
 
  private:
   std::ofstream file_;
+  std::string path_;
 };
 
-// Creates the parent directory of an output file (errors are left to the open that follows).
-void make_parent(const std::string& path);
+// Opens the output file `path` of config key `key` (creating its parent directories);
+// ConfigError naming the key, the path and the OS's reason when it cannot.
+void open_output(std::ofstream& file, const char* key, const std::string& path,
+                 std::ios::openmode mode);
+
+// "checkpoints: DIR, run 3f2a9c01d4e7 (new)": where this run's checkpoints go and which run
+// they belong to (Note [Checkpoint directories]), after what checkpoint.overwrite removed.
+void print_checkpoint_run(std::ostream& out, const TrainConfig& config,
+                          const RunCheckpoints& checkpoints);
 
 // output.timeline_svg: the measured timeline of step `m` of `plan`, and next to it
 // ("run.svg" -> "run.predicted.svg") the simulator's prediction with the measured costs.

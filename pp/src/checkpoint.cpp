@@ -11,26 +11,33 @@
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
 
+#include "checkpoint_files.h"
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
-#include "pipemat/core/parse.h"
 
 namespace pipemat::pp {
 namespace {
 
 namespace fs = std::filesystem;
+using detail::manifest_path;
+using detail::publish;
+using detail::read_manifest_json;
+using detail::step_dir_name;
 
 // Note [Checkpoint layout]
 // rank-<r>.pt is a torch archive with "step" (int64), "stages" (int64: this rank's stages),
@@ -40,19 +47,6 @@ namespace fs = std::filesystem;
 // on resume: world size, schedule kind, stages, micro-batches and the stage map.
 constexpr int kFormat = 1;
 
-std::string step_dir_name(int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "step-%06lld", static_cast<long long>(step));
-  return name;
-}
-
-// The step of a "step-NNNNNN" directory name, or -1. Checkpoints are ordered by it, not by
-// name: step-1000000 sorts before step-999999 as text.
-long long step_of(const std::string& name) {
-  if (name.rfind("step-", 0) != 0) return -1;
-  return parse_int_in(name.substr(5), 0, std::numeric_limits<int64_t>::max()).value_or(-1);
-}
-
 std::string rank_file(const std::string& dir, int rank) {
   return (fs::path(dir) / ("rank-" + std::to_string(rank) + ".pt")).string();
 }
@@ -61,25 +55,6 @@ std::string key_of(const std::string& path) {
   std::string key = path;
   std::replace(key.begin(), key.end(), '.', '|');
   return key;
-}
-
-// fsync of a file or a directory; PipelineError naming it.
-void sync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  PIPEMAT_CHECK(fd >= 0, PipelineError, "checkpoint: cannot open ", path, " to sync it");
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  PIPEMAT_CHECK(rc == 0, PipelineError, "checkpoint: fsync of ", path, " failed");
-}
-
-// Makes `tmp` durable and renames it to `final`, then syncs the directory.
-void publish(const std::string& tmp, const std::string& final_path) {
-  sync_path(tmp);
-  std::error_code ec;
-  fs::rename(tmp, final_path, ec);
-  PIPEMAT_CHECK(!ec, PipelineError, "checkpoint: cannot rename ", tmp, " to ", final_path, ": ",
-                ec.message());
-  sync_path(fs::path(final_path).parent_path().string());
 }
 
 // Reads the parameters and buffers of stage `s` of `module` from `archive` (the file `file`)
@@ -115,20 +90,6 @@ void open_rank_file(torch::serialize::InputArchive& archive, const std::string& 
                   "damaged): ",
                   std::string(e.what()).substr(0, 200));
   }
-}
-
-// The manifest of `dir`; PipelineError when the checkpoint is incomplete or it is not JSON.
-nlohmann::json read_manifest_json(const std::string& dir) {
-  const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
-  std::ifstream in(manifest_path);
-  PIPEMAT_CHECK(in.good(), PipelineError, "load_checkpoint: ", dir,
-                " is not a complete checkpoint (no manifest.json; a save that was interrupted "
-                "leaves none): give a step-NNNNNN directory that has one (--resume latest and "
-                "pp::latest_checkpoint() pick the newest)");
-  nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
-  PIPEMAT_CHECK(!m.is_discarded() && m.is_object(), PipelineError,
-                "load_checkpoint: ", manifest_path, " is not valid JSON");
-  return m;
 }
 
 // Note [Checkpoint crash injection]
@@ -177,90 +138,226 @@ nlohmann::json manifest_of(const Pipeline& pipeline) {
 
 }  // namespace
 
-std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& root,
-                            int keep_last, const std::string& metadata) {
-  PIPEMAT_CHECK(!root.empty(), ConfigError, "save_checkpoint: the checkpoint directory is empty");
-  const std::string dir = (fs::path(root) / step_dir_name(pipeline.step())).string();
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  PIPEMAT_CHECK(!ec, PipelineError, "save_checkpoint: cannot create ", dir, ": ", ec.message());
-  const int rank = pipeline.rank();
-  {
-    torch::serialize::OutputArchive archive;
-    archive.write("step", at::tensor({pipeline.step()}, at::kLong));
-    const std::vector<int> mine = pipeline.stages();
-    const std::vector<int64_t> stages(mine.begin(), mine.end());
-    archive.write("stages", at::tensor(stages, at::kLong));
-    for (int s : mine) {
-      const auto& module = *pipeline.stage(s).module;
-      for (const auto& p : module.named_parameters()) {
-        archive.write("params/" + std::to_string(s) + "/" + key_of(p.key()), p.value().detach());
-      }
-      for (const auto& b : module.named_buffers()) {
-        archive.write("buffers/" + std::to_string(s) + "/" + key_of(b.key()), b.value(), true);
-      }
-    }
-    torch::serialize::OutputArchive optimizer;
-    pipeline.optimizer().save(optimizer);
-    archive.write("optimizer", optimizer);
-    if (pipeline.generator().defined()) {
-      archive.write("rng", pipeline.generator().get_state());
-    }
-    const std::string final_path = rank_file(dir, rank);
-    const std::string tmp = final_path + ".tmp";
-    try {
-      archive.save_to(tmp);
-    } catch (const std::exception& e) {
-      PIPEMAT_THROW(PipelineError, "save_checkpoint: rank ", rank, " cannot write ", tmp, ": ",
-                    e.what());
-    }
-    maybe_crash("rank-file", pipeline.step(), rank, tmp);
-    publish(tmp, final_path);
+namespace {
+
+// Note [Checkpoint agreement]
+// At each point where ranks must act together (every rank can load its part; every rank wrote
+// its file; rank 0 may write the manifest), every rank tells every other whether its part
+// succeeded: one byte each, tag kAgreementTag, between steps when no pipeline message is in
+// flight. This is also the barrier there. A rank whose part failed throws its own error, the
+// others one naming it, so every rank ends a load or a save the same way and none waits for a
+// peer that has given up.
+constexpr int kAgreementTag = comm::kMaxUserTag;
+
+// The lowest rank whose part failed (this one when `failed`), or -1 when every part succeeded.
+int first_failed_rank(comm::Transport& transport, bool failed) {
+  const uint8_t mine = failed ? 1 : 0;
+  std::vector<uint8_t> theirs(static_cast<size_t>(transport.world_size()), 0);
+  theirs[static_cast<size_t>(transport.rank())] = mine;
+  std::vector<comm::WorkPtr> works;
+  for (int r = 0; r < transport.world_size(); ++r) {
+    if (r == transport.rank()) continue;
+    works.push_back(transport.send(r, kAgreementTag, &mine, 1));
+    works.push_back(transport.recv(r, kAgreementTag, &theirs[static_cast<size_t>(r)], 1));
   }
-  transport.barrier();  // every rank's file is durable
-  maybe_crash("manifest", pipeline.step(), rank);
-  if (rank == 0) {
-    const std::string manifest = (fs::path(dir) / "manifest.json").string();
-    {
-      std::ofstream out(manifest + ".tmp");
-      nlohmann::json m = manifest_of(pipeline);
-      m["metadata"] = metadata;
-      out << m.dump(2) << "\n";
-      PIPEMAT_CHECK(out.good(), PipelineError, "save_checkpoint: cannot write ", manifest, ".tmp");
-    }
-    publish(manifest + ".tmp", manifest);
-    if (keep_last > 0) {
-      std::vector<std::pair<long long, std::string>> complete;
-      for (const auto& entry : fs::directory_iterator(root)) {
-        const long long step = step_of(entry.path().filename().string());
-        if (step >= 0 && fs::exists(entry.path() / "manifest.json")) {
-          complete.emplace_back(step, entry.path().string());
-        }
-      }
-      std::sort(complete.begin(), complete.end());
-      for (size_t i = 0; i + keep_last < complete.size(); ++i) {
-        fs::remove_all(complete[i].second, ec);
-      }
-    }
+  for (auto& w : works) w->wait();
+  for (int r = 0; r < transport.world_size(); ++r) {
+    if (theirs[static_cast<size_t>(r)] != 0) return r;
   }
-  transport.barrier();  // the manifest exists before any rank goes on
-  return dir;
+  return -1;
 }
 
-std::string latest_checkpoint(const std::string& root) {
+// Runs `part` on this rank, then agrees (Note [Checkpoint agreement]): rethrows this rank's own
+// error, or throws PipelineError "<what>: rank R <failed_part(R)>" when another rank's part
+// failed.
+template <typename Part>
+void agree_on(comm::Transport& transport, const char* what, Part&& part,
+              const std::function<std::string(int)>& failed_part) {
+  std::exception_ptr error;
+  try {
+    part();
+  } catch (const std::exception&) {
+    error = std::current_exception();
+  }
+  const int failed = first_failed_rank(transport, error != nullptr);
+  if (error) std::rethrow_exception(error);
+  PIPEMAT_CHECK(failed < 0, PipelineError, what, ": rank ", failed, " ", failed_part(failed));
+}
+
+// Rank 0, before a save into `dir`: a complete checkpoint of another run there is refused; one
+// of the same run (a resumed run passing that step again) loses its manifest first, so the
+// rank files written next never sit beside the old manifest. Returns whether `dir` is new.
+bool prepare_step_dir(const std::string& dir, const CheckpointRun& run) {
   std::error_code ec;
-  if (!fs::is_directory(root, ec)) return "";
-  std::string best;
-  long long best_step = -1;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const long long step = step_of(entry.path().filename().string());
-    if (step < 0 || !fs::exists(entry.path() / "manifest.json")) continue;
-    if (step > best_step) {
-      best_step = step;
-      best = entry.path().string();
+  const bool existed = fs::exists(dir, ec);
+  if (existed && fs::exists(manifest_path(dir), ec)) {
+    const CheckpointManifest old = read_checkpoint_manifest(dir);
+    PIPEMAT_CHECK(!old.run_id.empty() && old.run_id == run.id, PipelineError,
+                  "save_checkpoint: ", dir, " holds a complete checkpoint of another run (",
+                  old.run_id.empty() ? std::string("written before checkpoints named their run")
+                                     : "run " + old.run_id,
+                  "); this run (", run.id, ") never overwrites it: save into another directory");
+    fs::remove(manifest_path(dir), ec);
+    PIPEMAT_CHECK(!ec, PipelineError, "save_checkpoint: cannot remove the old ", manifest_path(dir),
+                  ": ", ec.message());
+    detail::sync_path(dir);
+  }
+  fs::create_directories(dir, ec);
+  PIPEMAT_CHECK(!ec, PipelineError, "save_checkpoint: cannot create ", dir, ": ", ec.message());
+  return !existed;
+}
+
+// This rank's file of the checkpoint in `dir`, written to a temporary name and published.
+void write_rank_file(Pipeline& pipeline, const std::string& dir) {
+  const int rank = pipeline.rank();
+  std::error_code ec;
+  fs::create_directories(dir, ec);  // the ranks of other hosts
+  PIPEMAT_CHECK(!ec, PipelineError, "save_checkpoint: rank ", rank, " cannot create ", dir, ": ",
+                ec.message());
+  torch::serialize::OutputArchive archive;
+  archive.write("step", at::tensor({pipeline.step()}, at::kLong));
+  const std::vector<int> mine = pipeline.stages();
+  const std::vector<int64_t> stages(mine.begin(), mine.end());
+  archive.write("stages", at::tensor(stages, at::kLong));
+  for (int s : mine) {
+    const auto& module = *pipeline.stage(s).module;
+    for (const auto& p : module.named_parameters()) {
+      archive.write("params/" + std::to_string(s) + "/" + key_of(p.key()), p.value().detach());
+    }
+    for (const auto& b : module.named_buffers()) {
+      archive.write("buffers/" + std::to_string(s) + "/" + key_of(b.key()), b.value(), true);
     }
   }
-  return best;
+  torch::serialize::OutputArchive optimizer;
+  pipeline.optimizer().save(optimizer);
+  archive.write("optimizer", optimizer);
+  if (pipeline.generator().defined()) {
+    archive.write("rng", pipeline.generator().get_state());
+  }
+  const std::string final_path = rank_file(dir, rank);
+  const std::string tmp = final_path + ".tmp";
+  // LibTorch's archive writer ends with std::terminate when a write fails inside it (its
+  // destructor writes the archive's end and throws), so it writes through this function, which
+  // never fails towards it: the first error is kept, the rest of the archive dropped, and the
+  // error reported here once the writer is done.
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  PIPEMAT_CHECK(fd >= 0, PipelineError, "save_checkpoint: rank ", rank, " cannot create ", tmp,
+                ": ", std::strerror(errno));
+  int write_error = 0;
+  try {
+    archive.save_to([&](const void* data, size_t n) -> size_t {
+      const char* at = static_cast<const char*>(data);
+      for (size_t left = n; left > 0 && write_error == 0;) {
+        const ssize_t wrote = ::write(fd, at, left);
+        if (wrote < 0 && errno == EINTR) continue;
+        if (wrote <= 0) {
+          write_error = wrote < 0 ? errno : EIO;
+          break;
+        }
+        at += wrote;
+        left -= static_cast<size_t>(wrote);
+      }
+      return n;
+    });
+  } catch (const std::exception& e) {
+    ::close(fd);
+    fs::remove(tmp, ec);
+    PIPEMAT_THROW(PipelineError, "save_checkpoint: rank ", rank,
+                  " cannot serialize its state: ", std::string(e.what()).substr(0, 300));
+  }
+  if (write_error == 0 && ::fsync(fd) != 0) write_error = errno;
+  if (::close(fd) != 0 && write_error == 0) write_error = errno;
+  if (write_error != 0) {
+    fs::remove(tmp, ec);
+    PIPEMAT_THROW(PipelineError, "save_checkpoint: rank ", rank, " cannot write ", tmp, ": ",
+                  std::strerror(write_error));
+  }
+  maybe_crash("rank-file", pipeline.step(), rank, tmp);
+  publish(tmp, final_path);
+}
+
+// Rank 0: the manifest, written last.
+void write_manifest(const Pipeline& pipeline, const std::string& dir, const CheckpointRun& run,
+                    const std::string& metadata) {
+  const std::string manifest = manifest_path(dir);
+  {
+    std::ofstream out(manifest + ".tmp");
+    nlohmann::json m = manifest_of(pipeline);
+    m["metadata"] = metadata;
+    m[detail::kRunKey] = {{"id", run.id}, {"config_digest", run.config_digest}};
+    out << m.dump(2) << "\n";
+    out.flush();
+    PIPEMAT_CHECK(out.good(), PipelineError, "save_checkpoint: cannot write ", manifest,
+                  ".tmp: ", std::strerror(errno));
+  }
+  publish(manifest + ".tmp", manifest);
+}
+
+// Rank 0, once `written` is complete: removes the oldest complete checkpoints of `run` beyond
+// the newest keep_last, `written` counted first and always kept. A removal that fails is a
+// warning: the new checkpoint is complete, nothing is lost.
+void prune(const std::string& root, const std::string& written, const CheckpointRun& run,
+           int keep_last) {
+  std::vector<CheckpointEntry> same_run;
+  for (const CheckpointEntry& e : list_checkpoints(root)) {
+    if (e.complete && e.run_id == run.id && fs::path(e.dir) != fs::path(written)) {
+      same_run.push_back(e);
+    }
+  }
+  // Newest first: keep keep_last - 1 of them beside the new one.
+  std::reverse(same_run.begin(), same_run.end());
+  for (size_t i = static_cast<size_t>(keep_last) - 1; i < same_run.size(); ++i) {
+    try {
+      remove_checkpoint(same_run[i].dir);
+    } catch (const PipelineError& e) {
+      std::fprintf(stderr, "pipemat: warning: keep_last: %s\n", e.what());
+    }
+  }
+}
+
+}  // namespace
+
+std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& root,
+                            const CheckpointRun& run, int keep_last, const std::string& metadata) {
+  PIPEMAT_CHECK(!root.empty(), ConfigError, "save_checkpoint: the checkpoint directory is empty");
+  PIPEMAT_CHECK(!run.id.empty(), ConfigError,
+                "save_checkpoint: the run has no id: make one with pp::new_checkpoint_run() when "
+                "a run starts, or continue a checkpoint's with pp::resumed_run(dir)");
+  PIPEMAT_CHECK(keep_last >= 0, ConfigError, "save_checkpoint: keep_last is ", keep_last,
+                "; expected 0 (keep all) or more");
+  const std::string dir = (fs::path(root) / step_dir_name(pipeline.step())).string();
+  const int rank = pipeline.rank();
+  bool created = false;
+  agree_on(
+      transport, "save_checkpoint",
+      [&] {
+        if (rank == 0) created = prepare_step_dir(dir, run);
+      },
+      [&](int) {
+        return "refused to save into " + dir + " (its error says why); nothing was written";
+      });
+  try {
+    agree_on(
+        transport, "save_checkpoint", [&] { write_rank_file(pipeline, dir); },
+        [&](int r) {
+          return "could not write its part of " + dir + " (" + rank_file(dir, r) +
+                 "; its error says why); the save was abandoned";
+        });
+  } catch (...) {
+    // Every rank is done writing: an incomplete directory this save made goes away.
+    std::error_code ec;
+    if (rank == 0 && created) fs::remove_all(dir, ec);
+    throw;
+  }
+  maybe_crash("manifest", pipeline.step(), rank);
+  agree_on(
+      transport, "save_checkpoint",
+      [&] {
+        if (rank == 0) write_manifest(pipeline, dir, run, metadata);
+      },
+      [&](int) { return "could not write the manifest of " + dir + " (its error says why)"; });
+  if (rank == 0 && keep_last > 0) prune(root, dir, run, keep_last);
+  return dir;
 }
 
 namespace {
@@ -315,30 +412,6 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
                         : " has no generator state but this pipeline has a seed");
 }
 
-// Note [Checkpoint agreement]
-// Every rank tells every other whether its checks passed (one byte each, tag kAgreementTag,
-// between steps when no pipeline message is in flight). A rank whose checks failed throws its
-// own error; the others throw one naming it. So either every rank loads or none does.
-constexpr int kAgreementTag = comm::kMaxUserTag;
-
-void agree(comm::Transport& transport, const std::string& dir, const std::string& failure) {
-  const uint8_t mine = failure.empty() ? 0 : 1;
-  std::vector<uint8_t> theirs(static_cast<size_t>(transport.world_size()), 0);
-  std::vector<comm::WorkPtr> works;
-  for (int r = 0; r < transport.world_size(); ++r) {
-    if (r == transport.rank()) continue;
-    works.push_back(transport.send(r, kAgreementTag, &mine, 1));
-    works.push_back(transport.recv(r, kAgreementTag, &theirs[static_cast<size_t>(r)], 1));
-  }
-  for (auto& w : works) w->wait();
-  if (!failure.empty()) return;  // the caller rethrows this rank's error
-  for (int r = 0; r < transport.world_size(); ++r) {
-    PIPEMAT_CHECK(theirs[static_cast<size_t>(r)] == 0, PipelineError, "load_checkpoint: rank ", r,
-                  " could not load its part of ", dir, " (", rank_file(dir, r),
-                  "; its error says why); nothing was loaded on any rank");
-  }
-}
-
 }  // namespace
 
 void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& dir) {
@@ -349,16 +422,13 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
   torch::serialize::InputArchive optimizer;
   at::Tensor rng, step;
   bool has_rng = false;
-  std::string failure;
-  std::exception_ptr error;
-  try {
-    check_checkpoint(pipeline, dir, copies, optimizer, rng, has_rng, step);
-  } catch (const std::exception& e) {
-    failure = e.what();
-    error = std::current_exception();
-  }
-  agree(transport, dir, failure);
-  if (error) std::rethrow_exception(error);  // this rank's own error, with its type
+  agree_on(
+      transport, "load_checkpoint",
+      [&] { check_checkpoint(pipeline, dir, copies, optimizer, rng, has_rng, step); },
+      [&](int r) {
+        return "could not load its part of " + dir + " (" + rank_file(dir, r) +
+               "; its error says why); nothing was loaded on any rank";
+      });
   {
     at::NoGradGuard no_grad;
     for (auto& [to, value] : copies) to.copy_(value);
@@ -386,6 +456,10 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
     out.micro_batches = m.at("micro_batches").get<int>();
     out.stage_to_rank = m.at("stage_to_rank").get<std::vector<int>>();
     if (m.contains("metadata")) out.metadata = m.at("metadata").get<std::string>();
+    if (m.contains(detail::kRunKey)) {
+      out.run_id = m.at(detail::kRunKey).at("id").get<std::string>();
+      out.config_digest = m.at(detail::kRunKey).at("config_digest").get<std::string>();
+    }
   } catch (const nlohmann::json::exception& e) {
     PIPEMAT_THROW(PipelineError, "load_checkpoint: ", (fs::path(dir) / "manifest.json").string(),
                   " is not a pipemat manifest: ", e.what());

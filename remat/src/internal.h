@@ -225,6 +225,40 @@ void join_group(InvocationGroup& group, std::shared_ptr<Invocation> invocation);
 // from before replay is restored afterwards. Access is serialized on the generator's mutex.
 RngState cpu_rng_state();
 void set_cpu_rng_state(const RngState& state);
+bool same_rng_state(const RngState& a, const RngState& b);
+
+// Note [Shared generator detection]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Without a ThreadGeneratorScope (Note [Per-thread CPU generators]) every thread draws from
+// LibTorch's one process-wide CPU generator. A checkpoint unit that draws there (dropout) while
+// a unit of another thread draws there too interleaves their streams: the forward's masks are
+// not the ones replay, rewound to the unit's entry state, draws again, and the gradients are
+// silently wrong. So each unit forward on that generator, and each replay of a unit whose
+// forward drew, is a window registered process-wide with its thread. A unit "drew" when the
+// generator's state at its end differs from its entry state (a draw of another thread in the
+// window counts too: that is the interleaving). When a window that drew closes, every open
+// window of another thread is marked with it; a window that drew and was marked throws
+// RematError at its close, naming both units and ThreadGeneratorScope: of two overlapping
+// windows that drew, the one that closes last reports. A unit that did not draw in forward
+// does not touch the generator in replay (no rewind, no SAVE-region jumps; the same numbers on
+// one thread, where that rewind was a no-op), so units without randomness never conflict.
+// Draws outside checkpoint units (plain dropout on another thread) are not seen.
+class SharedGeneratorWindow {
+ public:
+  // Registers a window of `inv` on this thread when it draws from the process-wide generator
+  // (no ThreadGeneratorScope); nothing otherwise.
+  explicit SharedGeneratorWindow(const Invocation& inv);
+  // Unregisters (no check: the unit is failing anyway).
+  ~SharedGeneratorWindow();
+  SharedGeneratorWindow(const SharedGeneratorWindow&) = delete;
+  SharedGeneratorWindow& operator=(const SharedGeneratorWindow&) = delete;
+  // Ends the window; RematError as the Note says. `drew`: the unit drew in it.
+  void close(bool drew);
+
+ private:
+  const Invocation& inv_;
+  uint64_t serial_ = 0;  // 0: not registered
+};
 
 // The one cached zero-element tensor every placeholder aliases.
 const at::Tensor& placeholder_tensor();

@@ -43,7 +43,11 @@ c10::IValue Invocation::run_forward() {
                            }
                          });
   }
-  if (options_.preserve_rng_state) rng_entry_ = cpu_rng_state();
+  std::optional<SharedGeneratorWindow> window;  // Note [Shared generator detection]
+  if (options_.preserve_rng_state) {
+    window.emplace(*this);
+    rng_entry_ = cpu_rng_state();
+  }
   first_allocation_ = memory_stats().allocations;
   bump(Counter::kUnitCalls);
   c10::IValue out;
@@ -54,6 +58,14 @@ c10::IValue Invocation::run_forward() {
     UserCode user;
     out = body_(inputs_);
   }
+  if (rng_entry_ && same_rng_state(*rng_entry_, cpu_rng_state())) {
+    // Drew nothing: replay leaves the generator alone (Note [Shared generator detection]).
+    rng_entry_.reset();
+    for (auto& [key, entries] : save_entries_) {
+      for (SaveEntry& entry : entries) entry.rng_after.reset();
+    }
+  }
+  if (window) window->close(rng_entry_.has_value());
   check_unit_output(out);
   forward_done_ = true;
   return out;
@@ -149,7 +161,9 @@ void Invocation::replay() {
   }
 
   std::optional<RngState> rng_outside;
+  std::optional<SharedGeneratorWindow> window;  // Note [Shared generator detection]
   if (rng_entry_) {
+    window.emplace(*this);
     rng_outside = cpu_rng_state();
     set_cpu_rng_state(*rng_entry_);
   }
@@ -183,6 +197,7 @@ void Invocation::replay() {
   replaying_ = false;
   replay_peak_bytes_ = std::max<int64_t>(0, window_peak_bytes() - bytes_before);
   if (rng_outside) set_cpu_rng_state(*rng_outside);
+  if (window) window->close(true);
   if (trace_enabled()) {
     trace_line(concat("replay end: ", where(), stopped_early ? " (early stop after #" : " (full, ",
                       replay_counter_, stopped_early ? ")" : " saved)"));

@@ -9,7 +9,11 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#include <map>
 #include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
 
 #include "internal.h"
 #include "pipemat/core/error.h"
@@ -98,6 +102,74 @@ void set_cpu_rng_state(const RngState& state) {
   impl->set_engine(state.engine);
   impl->set_next_float_normal_sample(state.next_float_normal);
   impl->set_next_double_normal_sample(state.next_double_normal);
+}
+
+bool same_rng_state(const RngState& a, const RngState& b) {
+  const at::mt19937_data_pod x = a.engine.data();
+  const at::mt19937_data_pod y = b.engine.data();
+  return x.seed_ == y.seed_ && x.left_ == y.left_ && x.seeded_ == y.seeded_ && x.next_ == y.next_ &&
+         x.state_ == y.state_ && a.next_float_normal == b.next_float_normal &&
+         a.next_double_normal == b.next_double_normal;
+}
+
+namespace {
+
+// Note [Shared generator detection]: the open windows of every thread.
+struct OpenWindow {
+  std::thread::id thread;
+  std::string marked_by;  // a unit of another thread that drew while this window was open
+};
+std::mutex g_windows_mutex;
+std::map<uint64_t, OpenWindow> g_windows;
+uint64_t g_next_window = 1;
+
+std::string thread_name(std::thread::id id) {
+  std::ostringstream out;
+  out << id;
+  return out.str();
+}
+
+}  // namespace
+
+SharedGeneratorWindow::SharedGeneratorWindow(const Invocation& inv) : inv_(inv) {
+  if (tls_generator != nullptr) return;  // this thread's own generator
+  std::lock_guard<std::mutex> lock(g_windows_mutex);
+  serial_ = g_next_window++;
+  g_windows.emplace(serial_, OpenWindow{std::this_thread::get_id(), ""});
+}
+
+SharedGeneratorWindow::~SharedGeneratorWindow() {
+  if (serial_ == 0) return;
+  std::lock_guard<std::mutex> lock(g_windows_mutex);
+  g_windows.erase(serial_);
+}
+
+void SharedGeneratorWindow::close(bool drew) {
+  if (serial_ == 0) return;
+  std::string marked_by;
+  {
+    std::lock_guard<std::mutex> lock(g_windows_mutex);
+    auto it = g_windows.find(serial_);
+    marked_by = std::move(it->second.marked_by);
+    g_windows.erase(it);
+    serial_ = 0;
+    if (drew) {
+      const std::thread::id self = std::this_thread::get_id();
+      for (auto& [serial, window] : g_windows) {
+        if (window.thread != self && window.marked_by.empty()) {
+          window.marked_by = concat(inv_.where(), " on thread ", thread_name(self));
+        }
+      }
+    }
+  }
+  PIPEMAT_CHECK(!drew || marked_by.empty(), RematError, inv_.where(), " on thread ",
+                thread_name(std::this_thread::get_id()),
+                " drew random numbers from LibTorch's process-wide CPU generator while ", marked_by,
+                " drew from it too: their draws interleave, so replay cannot draw what the "
+                "forward drew and the gradients would be silently wrong. Give each thread that "
+                "trains its own generator: a pipemat::remat::ThreadGeneratorScope at the top of "
+                "the thread (pipemat/remat/rng.h; pp::Pipeline makes one per rank when "
+                "PipelineOptions::seed is set)");
 }
 
 }  // namespace detail

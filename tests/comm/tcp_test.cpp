@@ -801,6 +801,48 @@ TEST(commBuffer, AllocatesFromTheProcessBufferMemory) {
   EXPECT_THROW(set_buffer_memory({nullptr, &counting_release}), ConfigError);
 }
 
+// A transport's control messages (tags above kMaxUserTag) never come from the process's
+// BufferMemory: a barrier token buffered for a rank that has not reached the barrier yet is not
+// the user's memory (it made a soak's measured bytes move by 64 under load).
+TEST(commBuffer, ControlMessagesNeverUseTheProcessBufferMemory) {
+  set_buffer_memory({&counting_allocate, &counting_release});
+  {
+    Buffer user = Buffer::allocate_for_tag(1, 5);
+    EXPECT_EQ(g_counted_bytes.load(), 64);
+    Buffer control = Buffer::allocate_for_tag(1, kMaxUserTag + 1);
+    EXPECT_EQ(g_counted_bytes.load(), 64);
+    EXPECT_EQ(counted_blocks().count(control.data()), 0u);
+    EXPECT_EQ(control.size(), 1u);
+  }
+  EXPECT_EQ(g_counted_bytes.load(), 0);
+  TransportOptions options;
+  options.kind = TransportKind::kLocal;
+  auto transports = make_local_transports(2, options);
+  // A user message sent before its receive is posted is copied (eagerly) into counted memory.
+  const uint8_t byte = 7;
+  transports[1]->send(0, 5, &byte, 1)->wait();
+  EXPECT_EQ(g_counted_bytes.load(), 64);
+  uint8_t got = 0;
+  transports[0]->recv(1, 5, &got, 1)->wait();
+  EXPECT_EQ(got, 7);
+  EXPECT_EQ(g_counted_bytes.load(), 0);
+  // Rank 1 reaches the barrier first: its token waits in the hub, outside the counted memory.
+  std::atomic<bool> rank1_done{false};
+  std::thread rank1([&] {
+    transports[1]->barrier();
+    rank1_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(rank1_done.load());
+  EXPECT_EQ(g_counted_bytes.load(), 0);
+  transports[0]->barrier();
+  rank1.join();
+  EXPECT_EQ(g_counted_bytes.load(), 0);
+  transports.clear();
+  set_buffer_memory({});
+  EXPECT_TRUE(counted_blocks().empty());
+}
+
 TEST(commTransportOptions, ResolvesTcpSettingsFromTheEnvironment) {
   ::setenv("PIPEMAT_RANK", "1", 1);
   ::setenv("PIPEMAT_WORLD_SIZE", "4", 1);

@@ -93,6 +93,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.checkpoint.every, b.checkpoint.every);
   EXPECT_EQ(a.checkpoint.keep_last, b.checkpoint.keep_last);
   EXPECT_EQ(a.checkpoint.resume, b.checkpoint.resume);
+  EXPECT_EQ(a.checkpoint.overwrite, b.checkpoint.overwrite);
   EXPECT_EQ(a.output.metrics, b.output.metrics);
   EXPECT_EQ(a.output.timeline_svg, b.output.timeline_svg);
   EXPECT_EQ(a.output.loss_svg, b.output.loss_svg);
@@ -703,7 +704,8 @@ TEST(ConfigOverrides, Errors) {
       "training.seed, training.threads, training.warmup, training.lr_decay, training.min_lr, "
       "training.eval_every, training.eval_batches, training.stop_after, checkpoint.dir, "
       "checkpoint.every, "
-      "checkpoint.keep_last, checkpoint.resume, sample.tokens, sample.prompt, "
+      "checkpoint.keep_last, checkpoint.resume, checkpoint.overwrite, sample.tokens, "
+      "sample.prompt, "
       "sample.temperature, sample.top_k, sample.seed, output.metrics, "
       "output.timeline_svg, output.loss_svg, output.progress";
   EXPECT_EQ(error_of("", {"model={layers: 4}"}), "--set: model: unknown key; allowed: " + all_keys);
@@ -849,6 +851,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  every: 0\n"
             "  keep_last: 0\n"
             "  resume: \"\"\n"
+            "  overwrite: false\n"
             "sample:\n"
             "  tokens: 0\n"
             "  prompt: \"\\n\"\n"
@@ -1084,6 +1087,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "checkpoint.every",
                                                      "checkpoint.keep_last",
                                                      "checkpoint.resume",
+                                                     "checkpoint.overwrite",
                                                      "sample.tokens",
                                                      "sample.prompt",
                                                      "sample.temperature",

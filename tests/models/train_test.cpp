@@ -8,6 +8,9 @@
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -233,6 +236,49 @@ TEST(PipelineTrain, ProgressAndMetricsLines) {
 namespace pipemat::models {
 namespace {
 
+// Output files create their parent directories, with or without checkpoints, for the pipeline
+// and the reference alike; a path whose parent cannot be made is a ConfigError naming the key.
+TEST(PipelineTrain, OutputFilesCreateTheirParentDirectories) {
+  const std::string root = ::testing::TempDir() + "pipemat_outputs_" + std::to_string(::getpid());
+  std::filesystem::remove_all(root);
+  auto c = small_config("1f1b", 2, "rmsnorm-gemm", "selective");
+  c.training.steps = 1;
+  c.transport.kind = comm::TransportKind::kLocal;
+  c.checkpoint.dir = "";
+  c.output.metrics = root + "/pipeline/deeper/metrics.jsonl";
+  c.output.timeline_svg = root + "/pipeline/timeline.svg";
+  std::ostringstream out;
+  EXPECT_EQ(run_train(c, false, out, out), 0) << out.str();
+  EXPECT_TRUE(std::filesystem::exists(c.output.metrics));
+  EXPECT_TRUE(std::filesystem::exists(c.output.timeline_svg));
+  c.output.timeline_svg = "";
+  c.output.metrics = root + "/reference/metrics.jsonl";
+  EXPECT_EQ(run_train(c, true, out, out), 0) << out.str();
+  EXPECT_TRUE(std::filesystem::exists(c.output.metrics));
+  c.output.metrics = "/proc/nonexistent/metrics.jsonl";
+  try {
+    run_train(c, true, out, out);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("output.metrics: cannot create the directory "
+                                   "'/proc/nonexistent' of '/proc/nonexistent/metrics.jsonl'"),
+        std::string::npos)
+        << e.what();
+  }
+  // After training: an output file that cannot be written is an end-of-run failure (exit code
+  // 4), the training result stands.
+  c.output.metrics = "";
+  c.output.loss_svg = "/proc/nonexistent/loss.svg";
+  std::ostringstream err;
+  EXPECT_EQ(run_train(c, false, out, err), 4);
+  EXPECT_NE(err.str().find("pipemat: error: an output file failed after the run's last step "
+                           "(step 1 of 1): output.loss_svg: cannot create the directory"),
+            std::string::npos)
+      << err.str();
+  std::filesystem::remove_all(root);
+}
+
 TEST(PipelineTrain, ScheduleFromATorchCsvFileMatchesTheReference) {
   // A ZB-H1 schedule exported as torch writes it, with FSDP cells, read through schedule.csv.
   schedule::ScheduleOptions so;
@@ -259,7 +305,7 @@ TEST(PipelineTrain, ScheduleFromATorchCsvFileMatchesTheReference) {
   c.training.steps = 1;
   c.output.progress = true;
   c.transport.kind = comm::TransportKind::kLocal;
-  EXPECT_EQ(run_train(c, false, out), 0);
+  EXPECT_EQ(run_train(c, false, out, out), 0);
   EXPECT_EQ(out.str().find(resolved.note), 0u) << out.str();
 
   c.schedule_csv = "/nonexistent/s.csv";

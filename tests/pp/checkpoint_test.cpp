@@ -78,6 +78,7 @@ TEST_P(Resume, StoppedAndResumedRunEqualsTheStraightRunBitwise) {
   const fs::path root = fresh_dir(schedule::to_string(GetParam()));
   std::vector<std::vector<double>> straight(2), resumed(2);
   std::vector<std::map<std::string, at::Tensor>> straight_params(2), resumed_params(2);
+  const CheckpointRun run = new_checkpoint_run();
   on_ranks(2, [&](comm::Transport& t) {
     auto p = make_pipeline(t, c, 7);
     for (int64_t s = 0; s < kSteps; ++s) straight[t.rank()].push_back(p->train_step(batch_of).loss);
@@ -86,7 +87,7 @@ TEST_P(Resume, StoppedAndResumedRunEqualsTheStraightRunBitwise) {
   on_ranks(2, [&](comm::Transport& t) {
     auto p = make_pipeline(t, c, 7);
     for (int64_t s = 0; s < kStop; ++s) p->train_step(batch_of);
-    const std::string dir = save_checkpoint(*p, t, root.string());
+    const std::string dir = save_checkpoint(*p, t, root.string(), run);
     EXPECT_EQ(fs::path(dir).filename().string(), "step-000003");
   });
   // A new "process": other initial weights, a fresh optimizer and generator.
@@ -139,12 +140,13 @@ TEST(Checkpoint, IncompleteDamagedAndForeignCheckpointsAreRefusedAndChangeNothin
   PipelineCase c = dropout_case(ScheduleKind::kOneFOneB);
   const fs::path root = fresh_dir("bad");
   std::string good, partial;
+  const CheckpointRun run = new_checkpoint_run();
   on_ranks(2, [&](comm::Transport& t) {
     auto p = make_pipeline(t, c, 7);
     p->train_step(batch_of);
-    const std::string dir = save_checkpoint(*p, t, root.string());
+    const std::string dir = save_checkpoint(*p, t, root.string(), run);
     p->train_step(batch_of);
-    const std::string second = save_checkpoint(*p, t, root.string());
+    const std::string second = save_checkpoint(*p, t, root.string(), run);
     if (t.rank() == 0) {
       good = dir;
       partial = second;
@@ -199,6 +201,94 @@ TEST(Checkpoint, IncompleteDamagedAndForeignCheckpointsAreRefusedAndChangeNothin
   // Rank 0's parameters are a subset ("written by another model"), rank 1's have other names
   // ("has no parameter"): each names its file.
   expect_refused(smaller, good, good + "/rank-");
+  fs::remove_all(root);
+}
+
+// Note [Checkpoint runs]: keep_last prunes only the run's own checkpoints, never the one just
+// written; another run's complete checkpoint is never overwritten or removed; a resumed run
+// continues its run's id and replaces its own checkpoint at a step it passes again.
+TEST(Checkpoint, RunsPruneOnlyTheirOwnCheckpointsAndNeverTheNewest) {
+  PipelineCase c = dropout_case(ScheduleKind::kOneFOneB);
+  const fs::path root = fresh_dir("runs");
+  const CheckpointRun a = new_checkpoint_run("digest-a");
+  const CheckpointRun b = new_checkpoint_run("digest-b");
+  ASSERT_EQ(a.id.size(), 32u);
+  ASSERT_NE(a.id, b.id);
+  std::map<std::string, at::Tensor> a_step6;
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make_pipeline(t, c, 7);
+    for (int s = 1; s <= 6; ++s) {
+      p->train_step(batch_of);
+      if (s == 3 || s == 6) save_checkpoint(*p, t, root.string(), a);
+    }
+    a_step6[std::to_string(t.rank())] = params_of(*p).begin()->second;
+  });
+  const auto steps_of = [&] {
+    std::vector<std::string> out;
+    for (const CheckpointEntry& e : list_checkpoints(root.string())) {
+      out.push_back(fs::path(e.dir).filename().string() + (e.complete ? "" : "?") + ":" +
+                    (e.run_id == a.id   ? "a"
+                     : e.run_id == b.id ? "b"
+                                        : e.run_id));
+    }
+    return out;
+  };
+  EXPECT_EQ(steps_of(), (std::vector<std::string>{"step-000003:a", "step-000006:a"}));
+  const CheckpointManifest m = read_checkpoint_manifest((root / "step-000006").string());
+  EXPECT_EQ(m.run_id, a.id);
+  EXPECT_EQ(m.config_digest, "digest-a");
+  EXPECT_EQ(resumed_run((root / "step-000003").string()).id, a.id);
+  // Run b saves steps 1 and 2 with keep_last 1 (its step 1 goes, a's stay); its step 3 would
+  // overwrite a's and is refused on every rank.
+  std::vector<std::string> refused(2);
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make_pipeline(t, c, 8);
+    for (int s = 1; s <= 3; ++s) {
+      p->train_step(batch_of);
+      try {
+        save_checkpoint(*p, t, root.string(), b, 1);
+      } catch (const PipelineError& e) {
+        refused[t.rank()] = e.what();
+      }
+    }
+  });
+  EXPECT_NE(refused[0].find("step-000003 holds a complete checkpoint of another run (run " + a.id +
+                            "); this run (" + b.id + ") never overwrites it"),
+            std::string::npos)
+      << refused[0];
+  EXPECT_NE(refused[1].find("save_checkpoint: rank 0 refused to save into"), std::string::npos)
+      << refused[1];
+  EXPECT_EQ(steps_of(),
+            (std::vector<std::string>{"step-000002:b", "step-000003:a", "step-000006:a"}));
+  EXPECT_EQ(latest_checkpoint(root.string(), b.id), (root / "step-000002").string());
+  EXPECT_EQ(latest_checkpoint(root.string(), a.id), (root / "step-000006").string());
+  // Run a resumes from step 3 and saves steps 5 and 6 with keep_last 1: the one just written is
+  // always kept (step 6 of before is older in this run's history and goes), b's stays.
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make_pipeline(t, c, 9);
+    load_checkpoint(*p, t, (root / "step-000003").string());
+    const CheckpointRun resumed = resumed_run((root / "step-000003").string());
+    p->train_step(batch_of);
+    p->train_step(batch_of);
+    save_checkpoint(*p, t, root.string(), resumed, 1);
+    if (t.rank() == 0) {
+      EXPECT_EQ(fs::exists(root / "step-000005" / "manifest.json"), true);
+    }
+    p->train_step(batch_of);
+    save_checkpoint(*p, t, root.string(), resumed, 1);  // replaces a's old step 6
+    EXPECT_TRUE(at::equal(params_of(*p).begin()->second, a_step6[std::to_string(t.rank())]))
+        << "the resumed run's step 6 equals the first one's bitwise";
+  });
+  EXPECT_EQ(steps_of(), (std::vector<std::string>{"step-000002:b", "step-000006:a"}));
+  // An incomplete checkpoint counts as such, and removal takes the manifest first.
+  fs::remove(root / "step-000002" / "manifest.json");
+  EXPECT_EQ(steps_of(), (std::vector<std::string>{"step-000002?:", "step-000006:a"}));
+  remove_checkpoint((root / "step-000006").string());
+  EXPECT_FALSE(fs::exists(root / "step-000006"));
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make_pipeline(t, c, 9);
+    EXPECT_THROW(save_checkpoint(*p, t, root.string(), CheckpointRun{}), ConfigError);
+  });
   fs::remove_all(root);
 }
 

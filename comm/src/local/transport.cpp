@@ -84,7 +84,7 @@ class LocalHub : public std::enable_shared_from_this<LocalHub> {
     }
     if (info.bytes <= eager_limit_) {
       // Eager: copy now, the sender's memory is free at once.
-      work->eager = Buffer::allocate(info.bytes);
+      work->eager = Buffer::allocate_for_tag(info.bytes, info.tag);
       size_t offset = 0;
       for (const auto& span : work->send_spans) {
         if (span.size) std::memcpy(work->eager.data() + offset, span.data, span.size);
@@ -221,7 +221,7 @@ class LocalHub : public std::enable_shared_from_this<LocalHub> {
     const WorkInfo& info = recv->info();
     size_t size = total_size(from);
     if (info.any_size || size != info.bytes) {
-      Buffer buffer = Buffer::allocate(size);
+      Buffer buffer = Buffer::allocate_for_tag(size, info.tag);
       scatter_copy(from, {MutableSpan{buffer.data(), size}});
       recv->set_received(size, buffer);
       recv->finish(info.any_size

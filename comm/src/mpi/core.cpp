@@ -281,7 +281,7 @@ void MpiCore::start_matched_recv(const std::shared_ptr<MpiWork>& work, MPI_Messa
   work->incoming = static_cast<size_t>(count);
   int rc = MPI_SUCCESS;
   if (info.any_size || work->incoming != info.bytes) {
-    work->target = Buffer::allocate(work->incoming);
+    work->target = Buffer::allocate_for_tag(work->incoming, info.tag);
     rc = MPI_Imrecv(work->target.data(), count, MPI_BYTE, &message, &work->request);
   } else {
     void* base = nullptr;

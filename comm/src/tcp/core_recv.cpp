@@ -121,7 +121,7 @@ void TcpCore::on_header(Peer& peer, const error_code& ec) {
     queue.pop_front();
     const WorkInfo& info = peer.reading->info();
     if (info.any_size || info.bytes != size) {
-      peer.reading_buffer = Buffer::allocate(size);
+      peer.reading_buffer = Buffer::allocate_for_tag(size, tag);
       buffers.emplace_back(peer.reading_buffer.data(), size);
     } else {
       for (const auto& span : peer.reading->recv_spans) {
@@ -129,7 +129,7 @@ void TcpCore::on_header(Peer& peer, const error_code& ec) {
       }
     }
   } else {
-    peer.reading_buffer = Buffer::allocate(size);
+    peer.reading_buffer = Buffer::allocate_for_tag(size, tag);
     buffers.emplace_back(peer.reading_buffer.data(), size);
   }
   if (size == 0) return on_payload(peer, error_code());

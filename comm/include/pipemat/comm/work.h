@@ -33,6 +33,11 @@ class Buffer {
   // std::bad_alloc when the memory cannot be had, including sizes that do not fit in size_t
   // once rounded (never a smaller block than asked for).
   static Buffer allocate(size_t size);
+  // The same from std::aligned_alloc, never from the process's BufferMemory: the transports'
+  // own control messages (tags above kMaxUserTag: barrier tokens) are no bytes the user holds, so
+  // a barrier never shows in what a rank measures. `for_tag` picks by tag.
+  static Buffer allocate_control(size_t size);
+  static Buffer allocate_for_tag(size_t size, int tag);
 
   uint8_t* data() const { return storage_.get(); }
   size_t size() const { return size_; }
@@ -40,6 +45,7 @@ class Buffer {
   const std::shared_ptr<uint8_t>& storage() const { return storage_; }
 
  private:
+  static Buffer from(void* (*allocate)(size_t), void (*release)(void*), size_t size);
   std::shared_ptr<uint8_t> storage_;
   size_t size_ = 0;
 };

@@ -154,13 +154,16 @@ struct OutputOptions {
 };
 
 // Checkpoints of the pipeline run (pp/checkpoint.h): `every` steps (0: never) and after the last
-// step, under `dir`, keeping the newest `keep_last` (0: all). `resume`: a step-NNNNNN directory
-// or "latest" (the newest complete checkpoint under `dir`); empty: start from step 0.
+// step, under `dir`, keeping the newest `keep_last` (0: all) of this run. `resume`: a
+// step-NNNNNN directory or "latest" (the newest complete checkpoint under `dir`); empty: start
+// from step 0. A run that does not resume refuses a `dir` holding checkpoints unless
+// `overwrite`, which removes them first (Note [Checkpoint directories] in train_checkpoints.h).
 struct CheckpointOptions {
   std::string dir;
   int64_t every = 0;
   int64_t keep_last = 0;
   std::string resume;
+  bool overwrite = false;
 };
 
 struct TrainConfig {

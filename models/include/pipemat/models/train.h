@@ -19,7 +19,8 @@
 //   private: src/scenario.h/.cpp, the remat scenarios shared by bench remat and bench soak;
 //            src/train_report.h/.cpp, a run's progress lines and output files (metrics_json);
 //            src/train_optimizer.h/.cpp, its optimizer and lr schedule;
-//            src/train_reference.cpp, the reference drivers (run_reference, train_reference)
+//            src/train_reference.cpp, the reference drivers (run_reference, train_reference);
+//            src/train_checkpoints.h/.cpp, the run a start continues or begins
 
 #include <ATen/core/Tensor.h>
 
@@ -42,6 +43,20 @@ using pp::StepMetrics;
 // and the progress lines have every step), so memory stays flat however long it trains.
 inline constexpr size_t kKeptSteps = 1024;
 
+// Note [End of a run]
+// After the last step a run saves its final checkpoint, writes its output files (timeline,
+// loss curve) and draws the sample. A failure there does not undo the training: it is recorded
+// (and printed by `pipemat train`, naming the part), the rest of the end still runs where it
+// can (the sample needs the final checkpoint), the checkpoint stays, and the exit code says
+// which part failed (the value of EndPart; the smallest when several did). A failure during
+// training, a checkpoint before the last step included, stops the run at once as an error.
+enum class EndPart { kCheckpoint = 3, kOutput = 4, kSample = 5 };
+struct EndFailure {
+  EndPart part;
+  std::string message;
+};
+const char* to_string(EndPart part);
+
 struct TrainResult {
   // The last stage's rank's view of the most recent kKeptSteps steps, without their action
   // timelines; `last` is the final step with its timelines.
@@ -50,7 +65,9 @@ struct TrainResult {
   std::vector<std::pair<std::string, at::Tensor>> params;  // this rank's (in-process: all)
   bool last_stage_rank = false;
   std::vector<std::pair<int64_t, double>> validation;  // (step, validation loss): gpt
-  std::string sample;  // the text sample after training (sample.tokens), on the last rank
+  std::string sample;            // the text sample after training (sample.tokens), on the last rank
+  std::string final_checkpoint;  // "" without checkpoint.dir or when its save failed
+  std::vector<EndFailure> end_failures;  // this rank's (in-process: every rank's)
 };
 
 // Called on every rank after each step (0-based) with the rank's transport, e.g. to meet the
@@ -70,8 +87,10 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
 TrainResult train_reference(const TrainConfig& config, std::ostream* progress);
 
 // `pipemat train`: picks the transport (config.transport.kind; local runs in-process), runs,
-// writes progress to `out` and metrics to config.output.metrics. Returns the exit code.
-int run_train(const TrainConfig& config, bool reference, std::ostream& out);
+// writes progress to `out`, metrics to config.output.metrics and each end-of-run failure to
+// `err` as "pipemat: error: ..." (Note [End of a run]). Returns the exit code: 0, or the
+// EndPart of the first end-of-run failure.
+int run_train(const TrainConfig& config, bool reference, std::ostream& out, std::ostream& err);
 
 // The oracle: the same stages, data and steps chained in one process, no pipeline and no
 // remat; a random model draws stage s of micro-batch i from pp::forward_seed(seed, step, i, s)

@@ -6,9 +6,10 @@
 //   <root>/step-000004/rank-0.pt, rank-1.pt, ..., manifest.json
 //
 // Crash safety: each file is written to "<name>.tmp", fsynced and renamed; the manifest only
-// after every rank's file is durable (a barrier), so a checkpoint is complete exactly when its
-// manifest exists. latest_checkpoint() skips incomplete ones; load_checkpoint() refuses them.
-// The data source and the LR schedule are functions of the step, so the step restores them.
+// after every rank's file is durable (every rank reports its outcome to every other), so a
+// checkpoint is complete exactly when its manifest exists. latest_checkpoint() skips incomplete
+// ones; load_checkpoint() refuses them. The data source and the LR schedule are functions of the
+// step, so the step restores them.
 
 #include <cstdint>
 #include <string>
@@ -21,15 +22,63 @@
 
 namespace pipemat::pp {
 
-// Collective. Saves the state after pipeline.step() completed steps under `root` and returns
-// the checkpoint's directory. With keep_last > 0 rank 0 then removes the oldest complete
-// checkpoints beyond the newest keep_last. PipelineError naming the file on an I/O failure.
-// `metadata` is stored in the manifest as is (e.g. the run's config, for sampling later).
-std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& root,
-                            int keep_last = 0, const std::string& metadata = "");
+// Note [Checkpoint runs]
+// Every checkpoint names the run that wrote it: a random id made when a run starts
+// (new_checkpoint_run) and kept when a run resumes (resumed_run), with the digest of the config
+// it was started with (the caller's; `pipemat train` stores the SHA-256 of its config). A run
+// prunes only its own complete checkpoints, never the one it has just written, and only after
+// that one is complete; a complete checkpoint of another run is never overwritten or removed.
+struct CheckpointRun {
+  std::string id;             // 32 lowercase hex digits
+  std::string config_digest;  // may be empty
+};
 
-// The directory of the newest complete checkpoint under `root`, or "" when there is none.
-std::string latest_checkpoint(const std::string& root);
+// A new run: a fresh random id (from std::random_device) and `config_digest`.
+CheckpointRun new_checkpoint_run(const std::string& config_digest = "");
+
+// The run that wrote the complete checkpoint in `dir`, to continue it. A checkpoint written
+// before checkpoints named their run gets a new id (its directory's older checkpoints then belong
+// to no run, and are never pruned). PipelineError when `dir` is incomplete.
+CheckpointRun resumed_run(const std::string& dir);
+
+// A step-NNNNNN directory under a checkpoint root.
+struct CheckpointEntry {
+  std::string dir;
+  int64_t step = 0;
+  bool complete = false;      // its manifest exists
+  std::string run_id;         // "" when incomplete or written before checkpoints named their run
+  std::string config_digest;  // of that run
+};
+
+// Every step-NNNNNN directory under `root` in step order (other files and directories are not
+// checkpoints and are left out); empty when `root` does not exist. An unreadable manifest
+// counts as incomplete.
+std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
+
+// Removes one checkpoint directory, its manifest first (so an interrupted removal leaves an
+// incomplete checkpoint, never a complete-looking one with files missing). PipelineError
+// naming the path on failure. Not collective.
+void remove_checkpoint(const std::string& dir);
+
+// Collective. Saves the state after pipeline.step() completed steps under `root` as a checkpoint
+// of `run` and returns the checkpoint's directory. With keep_last > 0 rank 0 then removes the
+// oldest complete checkpoints of the same run beyond the newest keep_last, counting the new one
+// (which is always kept), once the new one is complete. `metadata` is stored in the manifest as
+// is (e.g. the run's config, for sampling later).
+// Every rank ends with the same outcome: PipelineError on every rank (naming the rank, the file
+// and the OS's reason, e.g. "No space left on device") when any rank could not write its part;
+// the incomplete directory this save created is then removed and the run's earlier
+// checkpoints are untouched. PipelineError too when `root`/step-NNNNNN is a complete checkpoint
+// of another run (it is never overwritten) or `run.id` is empty. A complete checkpoint of the
+// same run at the same step (a resumed run passing it again) is replaced: its manifest goes
+// first.
+std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& root,
+                            const CheckpointRun& run, int keep_last = 0,
+                            const std::string& metadata = "");
+
+// The directory of the newest complete checkpoint under `root` (of run `run_id` when given), or
+// "" when there is none.
+std::string latest_checkpoint(const std::string& root, const std::string& run_id = "");
 
 // Collective. Loads the checkpoint in `dir` (a step-NNNNNN directory) into this rank's stages,
 // optimizer, generator and step. ConfigError when the manifest was written by another pipeline
@@ -48,7 +97,9 @@ struct CheckpointManifest {
   int stages = 0;
   int micro_batches = 0;
   std::vector<int> stage_to_rank;
-  std::string metadata;  // save_checkpoint's `metadata`
+  std::string metadata;       // save_checkpoint's `metadata`
+  std::string run_id;         // "" when written before checkpoints named their run
+  std::string config_digest;  // the run's
 };
 CheckpointManifest read_checkpoint_manifest(const std::string& dir);
 

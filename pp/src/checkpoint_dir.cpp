@@ -1,0 +1,144 @@
+// Checkpoint directories: the runs that wrote them (Note [Checkpoint runs]), listing, removal
+// and the newest complete checkpoint; the file helpers of checkpoint_files.h.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "checkpoint_files.h"
+#include "pipemat/core/error.h"
+#include "pipemat/core/parse.h"
+#include "pipemat/pp/checkpoint.h"
+
+namespace pipemat::pp {
+namespace detail {
+
+namespace fs = std::filesystem;
+
+std::string step_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%06lld", static_cast<long long>(step));
+  return name;
+}
+
+long long step_of(const std::string& name) {
+  if (name.rfind("step-", 0) != 0) return -1;
+  return parse_int_in(name.substr(5), 0, std::numeric_limits<int64_t>::max()).value_or(-1);
+}
+
+std::string manifest_path(const std::string& dir) {
+  return (fs::path(dir) / "manifest.json").string();
+}
+
+void sync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  PIPEMAT_CHECK(fd >= 0, PipelineError, "checkpoint: cannot open ", path,
+                " to sync it: ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  PIPEMAT_CHECK(rc == 0, PipelineError, "checkpoint: fsync of ", path,
+                " failed: ", std::strerror(error));
+}
+
+void publish(const std::string& tmp, const std::string& final_path) {
+  sync_path(tmp);
+  std::error_code ec;
+  fs::rename(tmp, final_path, ec);
+  PIPEMAT_CHECK(!ec, PipelineError, "checkpoint: cannot rename ", tmp, " to ", final_path, ": ",
+                ec.message());
+  sync_path(fs::path(final_path).parent_path().string());
+}
+
+nlohmann::json read_manifest_json(const std::string& dir) {
+  const std::string path = manifest_path(dir);
+  std::ifstream in(path);
+  PIPEMAT_CHECK(in.good(), PipelineError, "load_checkpoint: ", dir,
+                " is not a complete checkpoint (no manifest.json; a save that was interrupted "
+                "leaves none): give a step-NNNNNN directory that has one (--resume latest and "
+                "pp::latest_checkpoint() pick the newest)");
+  nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
+  PIPEMAT_CHECK(!m.is_discarded() && m.is_object(), PipelineError, "load_checkpoint: ", path,
+                " is not valid JSON");
+  return m;
+}
+
+}  // namespace detail
+
+namespace fs = std::filesystem;
+
+CheckpointRun new_checkpoint_run(const std::string& config_digest) {
+  std::random_device device;
+  std::string id;
+  char hex[9];
+  for (int i = 0; i < 4; ++i) {
+    std::snprintf(hex, sizeof(hex), "%08x", static_cast<unsigned>(device()));
+    id += hex;
+  }
+  return CheckpointRun{id, config_digest};
+}
+
+CheckpointRun resumed_run(const std::string& dir) {
+  const CheckpointManifest manifest = read_checkpoint_manifest(dir);
+  if (manifest.run_id.empty()) return new_checkpoint_run(manifest.config_digest);
+  return CheckpointRun{manifest.run_id, manifest.config_digest};
+}
+
+std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
+  std::vector<CheckpointEntry> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (const auto& item : fs::directory_iterator(root, ec)) {
+    const long long step = detail::step_of(item.path().filename().string());
+    if (step < 0 || !item.is_directory(ec)) continue;
+    CheckpointEntry entry;
+    entry.dir = item.path().string();
+    entry.step = step;
+    if (fs::exists(detail::manifest_path(entry.dir), ec)) {
+      try {
+        const CheckpointManifest m = read_checkpoint_manifest(entry.dir);
+        entry.complete = true;
+        entry.run_id = m.run_id;
+        entry.config_digest = m.config_digest;
+      } catch (const PipelineError&) {
+        entry.complete = false;  // a manifest that is not one: cannot be loaded
+      }
+    }
+    out.push_back(std::move(entry));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const CheckpointEntry& a, const CheckpointEntry& b) { return a.step < b.step; });
+  return out;
+}
+
+void remove_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  const std::string manifest = detail::manifest_path(dir);
+  if (fs::exists(manifest, ec)) {
+    fs::remove(manifest, ec);
+    PIPEMAT_CHECK(!ec, PipelineError, "checkpoint: cannot remove ", manifest, ": ", ec.message());
+    detail::sync_path(dir);
+  }
+  fs::remove_all(dir, ec);
+  PIPEMAT_CHECK(!ec, PipelineError, "checkpoint: cannot remove ", dir, ": ", ec.message());
+}
+
+std::string latest_checkpoint(const std::string& root, const std::string& run_id) {
+  std::string best;
+  for (const CheckpointEntry& e : list_checkpoints(root)) {
+    if (e.complete && (run_id.empty() || e.run_id == run_id)) best = e.dir;  // in step order
+  }
+  return best;
+}
+
+}  // namespace pipemat::pp
