@@ -24,15 +24,21 @@
 //  - torch::autograd::impl::gradient_edge: the edges of outputs, the loss, inputs and params.
 //  - Node::add_pre_hook / pre_hooks() with a FunctionPreHook: the captures on W's roots, which
 //    ~SplitBackward finds again by their dynamic type and removes.
-//  - Node::next_edges_ (protected), written through EdgeAccess: W cuts the edges into the dx
-//    chain, which Node::set_next_edge would refuse.
-// What they do (that execute with `outputs` runs only the nodes on paths to them, that a
-// pre-hook sees the gradients its node receives, that cutting edges of a graph no longer
-// executed is safe) is checked against LibTorch 1.13 only; the guard makes building against
-// another version stop here until it is checked again.
-#if TORCH_VERSION_MAJOR != 1 || TORCH_VERSION_MINOR != 13
+//  - Node::next_edges(), the mutable edge list: W cuts the edges into the dx chain, which
+//    Node::set_next_edge would refuse.
+// What differs per version: Edge::function, the owning pointer to a node, is a std::shared_ptr
+// in LibTorch 1.13 and 2.11 (a node gives its own through shared_from_this()) and a
+// c10::intrusive_ptr from 2.12 on (through getptr()); NodePtr (split_backward.h) and owning_ptr()
+// follow it. The other calls above have the same form in 1.13 and 2.15. What they do (that
+// execute with `outputs` runs only the nodes on paths to them, that a pre-hook sees the
+// gradients its node receives, that cutting edges of a graph no longer executed is safe) is
+// relied on for every version the guard accepts; building against another one stops here until
+// it is checked again.
+#if !(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13) && \
+    !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 15)
 #error \
-    "pipemat: pp's split backward reaches into LibTorch 1.13 autograd internals (Note [Autograd internals of pp's backward]); check it against this version"
+    "pipemat: pp's split backward reaches into LibTorch autograd internals (Note [Autograd internals of pp's backward]), supported for LibTorch 1.13 and 2.11 to 2.15 only; check it against the version found (next error)"
+static_assert(false, "pipemat: found LibTorch " TORCH_VERSION "; supported: 1.13 and 2.11 to 2.15");
 #endif
 
 namespace pipemat::pp {
@@ -61,12 +67,14 @@ class CaptureHook final : public torch::autograd::FunctionPreHook {
   std::shared_ptr<SplitBackward::Capture> capture_;
 };
 
-// Node::set_next_edge refuses to change a node that already has a parent (it would have to
-// update the topological number). Cutting an edge to nothing never needs that, so W writes the
-// protected edge list directly, through the one access path C++ gives a derived class.
-struct EdgeAccess : Node {
-  static torch::autograd::edge_list& edges(Node* node) { return node->*(&EdgeAccess::next_edges_); }
-};
+// `node` as the owning pointer its parents' edges hold.
+NodePtr owning_ptr(Node* node) {
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 12
+  return node->getptr();
+#else
+  return node->shared_from_this();
+#endif
+}
 
 // Nodes reachable from `roots` (iterative DFS, each node once).
 std::vector<Node*> reachable(const std::vector<Edge>& roots) {
@@ -159,7 +167,7 @@ SplitBackward::SplitBackward(std::vector<Edge> roots, std::vector<at::Tensor> in
     if (!boundary) continue;
     auto capture = std::make_shared<Capture>();
     n->add_pre_hook(std::make_unique<CaptureHook>(capture));
-    boundary_.push_back(n->shared_from_this());
+    boundary_.push_back(owning_ptr(n));
     captures_.push_back(std::move(capture));
   }
 }
@@ -215,7 +223,10 @@ void SplitBackward::run_weight() {
         const Node* next = u->next_edge(e).function.get();
         if (next && std::binary_search(dx_chain_.begin(), dx_chain_.end(), next)) {
           cut_.push_back(u->next_edge(e).function);
-          EdgeAccess::edges(u)[e] = Edge();  // the dx chain already ran in I
+          // The dx chain already ran in I. Node::set_next_edge refuses to change a node that
+          // already has a parent (it would have to update the topological number); cutting an
+          // edge to nothing never needs that, so W writes the edge list directly.
+          u->next_edges()[e] = Edge();
         }
       }
       for (size_t k = 0; k < captures_[i]->grads.size(); ++k) {

@@ -33,6 +33,10 @@
 
 namespace pipemat::pp {
 
+// The owning pointer to an autograd node, as an Edge holds it: std::shared_ptr in LibTorch 1.13
+// and 2.11, c10::intrusive_ptr from 2.12 on.
+using NodePtr = decltype(torch::autograd::Edge::function);
+
 class SplitBackward {
  public:
   // `roots`: gradient edges of the stage outputs (or of the loss); `inputs`: the stage inputs
@@ -57,10 +61,10 @@ class SplitBackward {
   std::vector<at::Tensor> inputs_;
   std::vector<size_t> grad_inputs_;  // indices of the inputs that require grad
   std::vector<at::Tensor> params_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> boundary_;
+  std::vector<NodePtr> boundary_;
   std::vector<const torch::autograd::Node*> dx_chain_;  // X, sorted
   // Nodes W cut off (kept alive: saved leaves hold their accumulators only weakly).
-  std::vector<std::shared_ptr<torch::autograd::Node>> cut_;
+  std::vector<NodePtr> cut_;
   std::vector<std::shared_ptr<Capture>> captures_;
   bool input_done_ = false;
   bool weight_done_ = false;

@@ -8,9 +8,11 @@
 
 #include "pipemat/core/error.h"
 
-#if TORCH_VERSION_MAJOR != 1 || TORCH_VERSION_MINOR != 13
+#if !(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13) && \
+    !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 15)
 #error \
-    "pipemat: the saved-tensor hooks replace LibTorch 1.13's autograd Engine (Note [Saved tensor hooks in pure C++]); check it against this version"
+    "pipemat: the saved-tensor hooks replace LibTorch's autograd Engine (Note [Saved tensor hooks in pure C++]), supported for LibTorch 1.13 and 2.11 to 2.15 only; check them against the version found (next error)"
+static_assert(false, "pipemat: found LibTorch " TORCH_VERSION "; supported: 1.13 and 2.11 to 2.15");
 #endif
 
 namespace pipemat::remat {

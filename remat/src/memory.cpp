@@ -5,13 +5,25 @@
 // install_tracking_allocator() replaces LibTorch's process-wide CPU allocator through
 // c10::SetCPUAllocator (priority 100: an allocator set later with the default priority 0 does
 // not override it), wrapping the default allocator it replaces. This file is the one place that
-// does so, and it leans on how LibTorch 1.13 uses the allocator: every CPU storage asks
+// does so, and it leans on how LibTorch uses the allocator: every CPU storage asks
 // c10::GetCPUAllocator() when it allocates (so later allocations are seen, earlier ones are
 // not); kernels that use raw_allocate() for scratch memory (exact GELU) need a DataPtr whose
 // context is the data pointer and free it through raw_deleter() with only that pointer (hence
 // the record in a header in front of the data); and a storage's DataPtr keeps the deleter it was
-// made with, which is how allocation_sequence() tells our blocks from others. A later LibTorch
-// may cache allocators or change the raw_allocate contract, so the build pins the version.
+// made with, which is how allocation_sequence() tells our blocks from others. Another LibTorch
+// may cache allocators or change the raw_allocate contract, so the build accepts only 1.13 and
+// 2.11 to 2.15.
+//
+// What differs: allocate() is const in 1.13 and not in 2.x, and 2.x adds copy_data() (used by
+// Allocator::clone), a plain copy of the data here. 2.x also has copy-on-write storages (made by
+// a lazy clone): the storage's DataPtr is moved into a shared context and every storage that
+// shares the data gets a DataPtr with the copy-on-write deleter instead of ours. The byte counts
+// stay exact: the block is counted once, and release() runs once, either through the shared
+// context when the last sharing storage lets go, or through a storage that took the block back
+// on a write (which gets our DataPtr again); a write to a storage that still shares the data
+// copies it into a new block from this allocator, counted like any allocation. What is not
+// exact: while the data is shared, allocation_sequence() returns -1 for every sharing storage,
+// so a report counts it as an older tensor. pipemat makes no lazy clones itself.
 
 #include "pipemat/remat/memory.h"
 
@@ -26,9 +38,11 @@
 #include <mutex>
 #include <new>
 
-#if TORCH_VERSION_MAJOR != 1 || TORCH_VERSION_MINOR != 13
+#if !(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13) && \
+    !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 15)
 #error \
-    "pipemat: the tracking allocator replaces LibTorch 1.13's CPU allocator (Note [CPU allocator replacement]); check it against this version"
+    "pipemat: the tracking allocator replaces LibTorch's CPU allocator (Note [CPU allocator replacement]), supported for LibTorch 1.13 and 2.11 to 2.15 only; check it against the version found (next error)"
+static_assert(false, "pipemat: found LibTorch " TORCH_VERSION "; supported: 1.13 and 2.11 to 2.15");
 #endif
 
 namespace pipemat::remat {
@@ -72,7 +86,18 @@ void release(void* data) {
 class TrackingAllocator final : public c10::Allocator {
  public:
   explicit TrackingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) const override {
+#if TORCH_VERSION_MAJOR == 1
+  c10::DataPtr allocate(size_t n) const override { return allocate_block(n); }
+#else
+  c10::DataPtr allocate(size_t n) override { return allocate_block(n); }
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    default_copy_data(dest, src, count);  // the data only: headers are never copied
+  }
+#endif
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+ private:
+  c10::DataPtr allocate_block(size_t n) const {
     c10::DataPtr inner = base_->allocate(n + kHeaderBytes);
     char* block = static_cast<char*>(inner.get());
     const c10::Device device = inner.device();
@@ -84,9 +109,7 @@ class TrackingAllocator final : public c10::Allocator {
     void* data = block + kHeaderBytes;
     return c10::DataPtr(data, data, &release, device);
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
- private:
   c10::Allocator* base_;
 };
 
