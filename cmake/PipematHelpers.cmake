@@ -114,7 +114,7 @@ function(pipemat_check_dependencies target)
     list(FIND ARG_ALLOWED "${dep}" found)
     if(found EQUAL -1)
       message(FATAL_ERROR "pipemat: ${target} links ${dep}, which breaks the module dependency "
-                          "direction (allowed: ${ARG_ALLOWED}). See DESIGN.md.")
+                          "direction (allowed: ${ARG_ALLOWED}). See the top CMakeLists.txt.")
     endif()
   endforeach()
 endfunction()

@@ -76,7 +76,7 @@ Scenario make_scenario(const BenchRematOptions& o) {
       for (auto& l : *model->layers) n += l->as<SaveChain>().get()->calls;
       return n;
     };
-    // legacy: all four regions cache their output; rederive: the chain of SPEC 2.5.
+    // legacy: all four regions cache their output; rederive: the chain of docs/remat.md.
     s.exclude_legacy = {{"layers.*.s*", true}};
     s.exclude = {{"layers.*.s1", false},
                  {"layers.*.s2", false},

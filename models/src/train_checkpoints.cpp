@@ -124,8 +124,9 @@ RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& tra
   if (!ck.resume.empty()) {
     out.resume_dir = ck.resume == "latest" ? latest_of_one_run(ck.dir, entries, digest) : ck.resume;
     const pp::CheckpointManifest from = pp::read_checkpoint_manifest(out.resume_dir);
-    out.run = pp::resumed_run(out.resume_dir);
     out.continued = !from.run_id.empty();
+    out.run = out.continued ? pp::CheckpointRun{from.run_id, from.config_digest}
+                            : pp::new_checkpoint_run(from.config_digest);
     for (const auto& e : entries) {
       PIPEMAT_CHECK(!e.complete || e.run_id == out.run.id || e.step <= from.step ||
                         e.step > config.training.steps,

@@ -43,7 +43,7 @@ struct RngState {
   c10::optional<double> next_double_normal;
 };
 
-// Why a saved tensor that aliases a SAVE region input was kept instead of rederived (SPEC 2.4).
+// Why a saved tensor aliasing a SAVE region input was kept instead of rederived (docs/remat.md).
 enum class Fallback {
   kSaveSourced,  // the input is (a view of) another SAVE region's output: replay does not rerun it
   kUnitInput,    // the input is (a view of) a checkpoint-unit input: kept by the unit anyway
@@ -127,7 +127,7 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
   SaveEntry& next_replay_entry(const RegionSlot& slot);
   bool replaying() const { return replaying_; }
 
-  // --- SAVE regions and rederivation (SPEC 2.4) ---
+  // --- SAVE regions and rederivation (docs/remat.md) ---
   void record_save_inputs(SaveEntry& entry, const std::vector<c10::IValue>& args);
   void note_save_output(const SaveEntry& entry, const c10::IValue& output);
   // Zero-element placeholders for the `leaf_count` tensor leaves of a save_output=false region.

@@ -57,7 +57,7 @@ namespace detail {
 namespace {
 
 // SAVE body: a saved tensor that is (a verifiable view of) a RECOMPUTE-sourced direct input of
-// the region becomes a slot that replay fills (SPEC 2.4); every other saved tensor is kept for
+// the region becomes a slot that replay fills (docs/remat.md); every other saved tensor is kept for
 // real (detached, so a saved output does not own its grad_fn) with its version, checked at
 // unpack (Note [Saved tensor hooks in pure C++]).
 class SaveHooks final : public torch::autograd::SavedVariableHooks {

@@ -1,4 +1,4 @@
-// Invocation's SAVE-region path (SPEC 2.4): recording a region's inputs and outputs, the
+// Invocation's SAVE-region path (docs/remat.md): recording a region's inputs and outputs, the
 // placeholders of save_output=false regions (Note [Placeholder leaf count]), fallbacks, and the
 // rederivation slots that replay fills and backward unpacks.
 

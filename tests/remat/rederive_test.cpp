@@ -1,4 +1,4 @@
-// RECOMPUTE -> SAVE saved-input rederivation (SPEC 2.4; validation items 1, 3, 4, 5, 6, 8, 10):
+// RECOMPUTE -> SAVE saved-input rederivation (docs/remat.md, "RECOMPUTE -> SAVE"):
 // values and gradients against the no-checkpoint run, exact allocator bytes, fallbacks by reason.
 
 #include <gtest/gtest.h>

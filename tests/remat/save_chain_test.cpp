@@ -1,4 +1,4 @@
-// SAVE -> SAVE chains with save_output = false (SPEC 2.5; validation items 6 and 7).
+// SAVE -> SAVE chains with save_output = false (docs/remat.md, "SAVE -> SAVE").
 
 #include <gtest/gtest.h>
 

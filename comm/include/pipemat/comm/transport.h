@@ -1,7 +1,7 @@
 #pragma once
 // The byte transport of pipemat: asynchronous point-to-point messages between ranks.
 //
-// One abstract Transport with three backends (SPEC 5), each in comm/src/<backend>/transport.cpp:
+// One abstract Transport, three backends (docs/comm.md), each in comm/src/<backend>/transport.cpp:
 //   mpi    Open MPI; the default under mpirun. Duplicated communicator, MPI_ERRORS_RETURN.
 //   tcp    Boost.Asio sockets; ranks rendezvous at a master host:port. No MPI needed.
 //   local  ranks are threads of one process (tests); make_local_transports(n).

@@ -141,8 +141,8 @@ struct LambdaImpl : torch::nn::Module {
 TORCH_MODULE(Lambda);
 
 // x * scale (RECOMPUTE; scale a parameter, 2 in the benchmark) -> s1 relu(x * x) -> s2 + 0.125 ->
-// s3 * 1.5 -> s4 + 0.25: the SAVE -> SAVE chain of SPEC 2.5 (s1..s3 save_output = false, s4 true
-// when optimized). Paths: layers.<i>.s1..
+// s3 * 1.5 -> s4 + 0.25: the SAVE -> SAVE chain of docs/remat.md (s1..s3 save_output = false, s4
+// true when optimized). Paths: layers.<i>.s1..
 struct SaveChainImpl : torch::nn::Module {
   explicit SaveChainImpl(double scale_init = 2.0);
   at::Tensor forward(const at::Tensor& x);

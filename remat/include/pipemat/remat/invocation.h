@@ -67,7 +67,7 @@ struct RematReport {
   int64_t save_resident_bytes = 0;  // kept for SAVE regions' own backward
   int64_t cached_output_bytes = 0;  // SAVE outputs cached for replay
   int64_t replayed_bytes = 0;       // replay results currently held
-  int64_t rederived_bytes = 0;      // SAVE inputs not kept thanks to rederivation (SPEC 2.4)
+  int64_t rederived_bytes = 0;      // SAVE inputs not kept thanks to rederivation (docs/remat.md)
   int64_t rederived_slots = 0;
   int64_t replay_peak_bytes = 0;  // allocator peak above the start of replay (tracking allocator)
   int64_t replays = 0;

@@ -65,8 +65,8 @@ void run_typed_region(const RegionSlot& slot,
                       c10::function_ref<RegionBody(std::vector<c10::IValue>& args)> prepare,
                       c10::function_ref<void(const c10::IValue& result)> finish);
 
-// Rederivation of RECOMPUTE-sourced SAVE inputs (SPEC 2.4) is always on; this process-wide switch
-// exists only so benchmarks can measure the "legacy" behaviour that keeps those inputs.
+// Rederivation of RECOMPUTE-sourced SAVE inputs (docs/remat.md) is always on; this process-wide
+// switch exists only so benchmarks can measure the "legacy" behaviour that keeps those inputs.
 void set_rederivation_enabled(bool enabled);
 bool rederivation_enabled();
 
