@@ -26,6 +26,28 @@ function(pipemat_warnings name)
   endif()
 endfunction()
 
+# Note [Shared precompiled header]
+# A file that includes LibTorch's headers spends about half of its compile time parsing them. Every
+# pipemat target that uses LibTorch (libraries with torch in DEPS, tests and commands given
+# TORCH_PCH or passed to pipemat_use_torch_pch) force-includes one precompiled header,
+# cmake/torch_pch.h, compiled once by the object library pipemat_torch_pch. GCC accepts a
+# precompiled header only when code-generation flags match, so every such target compiles with
+# -fPIC (as the libraries do) and -Winvalid-pch (an error under PIPEMAT_WERROR: a mismatch would
+# silently cost the time again).
+function(pipemat_add_torch_pch)
+  add_library(pipemat_torch_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/torch_pch.cpp)
+  target_link_libraries(pipemat_torch_pch PRIVATE torch)
+  target_precompile_headers(pipemat_torch_pch PRIVATE ${PROJECT_SOURCE_DIR}/cmake/torch_pch.h)
+  set_target_properties(pipemat_torch_pch PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  pipemat_warnings(pipemat_torch_pch)
+  pipemat_sanitize(pipemat_torch_pch)
+endfunction()
+
+function(pipemat_use_torch_pch name)
+  target_precompile_headers(${name} REUSE_FROM pipemat_torch_pch)
+  target_compile_options(${name} PRIVATE -fPIC -Winvalid-pch)
+endfunction()
+
 # pipemat_add_library(NAME SOURCES ... [DEPS ...])
 # A module library with its public headers in <dir>/include and private sources in <dir>/src.
 # pipemat_<m> is also pipemat::<m> (an ALIAS here, the exported name when installed: see
@@ -42,20 +64,23 @@ function(pipemat_add_library name)
   pipemat_warnings(${name})
   set_target_properties(${name} PROPERTIES POSITION_INDEPENDENT_CODE ON EXPORT_NAME ${short})
   pipemat_sanitize(${name})
+  if("torch" IN_LIST ARG_DEPS)
+    pipemat_use_torch_pch(${name})
+  endif()
   install(TARGETS ${name} EXPORT pipematTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
   install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endfunction()
 
-# pipemat_add_test(NAME SOURCES ... LIBS ... [PCH header ...] [LABELS label] [TIMEOUT s])
+# pipemat_add_test(NAME SOURCES ... LIBS ... [TORCH_PCH] [LABELS label] [TIMEOUT s])
 # One gtest binary; every TEST is registered with ctest on its own (discovered before the test
 # runs, so the build never executes test binaries).
 function(pipemat_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;PCH;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "TORCH_PCH" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
   pipemat_warnings(${name})
-  if(ARG_PCH)
-    target_precompile_headers(${name} PRIVATE ${ARG_PCH})
+  if(ARG_TORCH_PCH)
+    pipemat_use_torch_pch(${name})
   endif()
   pipemat_sanitize(${name})
   if(NOT ARG_TIMEOUT)

@@ -13,12 +13,11 @@ if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
 build() {
   local dir="$1" sanitizers="$2"
   shift 2
-  local werror=()
-  if [ -n "${PIPEMAT_WERROR:-}" ]; then werror=(-DPIPEMAT_WERROR="$PIPEMAT_WERROR"); fi
+  local werror=(-DPIPEMAT_WERROR="${PIPEMAT_WERROR:-ON}")  # as scripts/build.sh
   if [ ! -f "$dir/CMakeCache.txt" ]; then
     cmake -S "$root" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
           -DPIPEMAT_SANITIZE="$sanitizers" "${werror[@]}" >/dev/null
-  elif [ ${#werror[@]} -gt 0 ]; then
+  else
     cmake -S "$root" -B "$dir" "${werror[@]}" >/dev/null
   fi
   echo "pipemat: building the $sanitizers sanitizer suites in $dir"

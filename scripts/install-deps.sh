@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Installs every Debian package pipemat needs to build, test and run (and fortunes: the English
-# text the main job trains on, under /usr/share/games/fortunes).
+# text the main job trains on, under /usr/share/games/fortunes), then LibTorch: PyPI's `torch`
+# wheel at the one version cmake/torch-version.txt pins, into the virtual environment PIPEMAT_VENV
+# (default /opt/pipemat-venv as root, ~/.local/share/pipemat/venv otherwise), where CMake finds it
+# (Note [Finding LibTorch] in cmake/PipematTorch.cmake). The wheel is a CUDA build of about 5 GB
+# with its nvidia-* runtime wheels; it is skipped when the environment, or python3, already has
+# that version.
 # Idempotent: quiet and fast when everything is already present. Needs root (or sudo) on Debian 12.
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config clang-format
-  libtorch-dev
-  libopenblas0-pthread
+  python3-venv python3-pip
   libopenmpi-dev openmpi-bin
   libboost-dev
   libgtest-dev libgmock-dev
@@ -26,14 +30,35 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "pipemat: installing missing packages: ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "pipemat: packages installed"
 fi
 
-echo "pipemat: installing missing packages: ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "pipemat: packages installed"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+torch_version="$(head -n 1 "$root/cmake/torch-version.txt")"
+if [ "$(id -u)" -eq 0 ]; then
+  venv="${PIPEMAT_VENV:-/opt/pipemat-venv}"
+else
+  venv="${PIPEMAT_VENV:-$HOME/.local/share/pipemat/venv}"
+fi
+installed_torch() {  # the torch version python "$1" has, or nothing
+  "$1" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null || true
+}
+if [ -x "$venv/bin/python" ] && [ "$(installed_torch "$venv/bin/python")" = "$torch_version" ]; then
+  exit 0
+fi
+if [ -z "${PIPEMAT_VENV:-}" ] && [ "$(installed_torch python3)" = "$torch_version" ]; then
+  exit 0
+fi
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+echo "pipemat: installing torch==$torch_version from PyPI into $venv (LibTorch for C++; about 5 GB)"
+start=$(date +%s)
+"$venv/bin/python" -m pip install --quiet --no-input --progress-bar off --disable-pip-version-check \
+  "torch==$torch_version"
+echo "pipemat: torch $torch_version installed in $(( $(date +%s) - start )) s"

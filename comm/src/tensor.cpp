@@ -187,9 +187,11 @@ const WorkPtr& TensorWork::work() const {
 
 TensorWork send_tensor(Transport& transport, int peer, int tag, const at::Tensor& tensor) {
   check_cpu(tensor, "send_tensor", peer, tag);
-  PIPEMAT_CHECK(!c10::isQIntType(tensor.scalar_type()), ConfigError, "send_tensor to rank ", peer,
-                " with tag ", tag, ": the tensor has dtype ", dtype_name(tensor.scalar_type()),
-                "; quantized tensors are not supported (send int_repr() and the scale instead)");
+  PIPEMAT_CHECK(detail::wire_dtype_code(tensor.scalar_type()).has_value(), ConfigError,
+                "send_tensor to rank ", peer, " with tag ", tag, ": the tensor has dtype ",
+                dtype_name(tensor.scalar_type()), "; tensor messages carry ",
+                detail::carried_dtypes(),
+                " (a quantized tensor: send int_repr() and the scale instead)");
   auto state = std::make_shared<TensorWork::State>();
   state->mode = Mode::kSend;
   state->tensor = tensor;

@@ -13,9 +13,8 @@
 
 namespace pipemat::comm {
 
-using detail::check_dtype_code;
+using detail::carried_dtypes;
 using detail::decode_list;
-using detail::DtypeCheck;
 using detail::has_tensor_magic;
 using detail::header_size;
 using detail::is_tensor_list;
@@ -24,10 +23,12 @@ using detail::kFlagRequiresGrad;
 using detail::kFlagUndefined;
 using detail::kListHeaderBytes;
 using detail::kMaxDims;
+using detail::kUndefinedDtypeCode;
 using detail::ListHeader;
 using detail::Mode;
 using detail::pad_bytes;
 using detail::wait_result;
+using detail::wire_dtype_code;
 using detail::write_header;
 
 struct TensorListWork::State {
@@ -54,10 +55,10 @@ void check_list_entry(const at::Tensor& tensor, size_t index, int peer, int tag)
   PIPEMAT_CHECK(tensor.layout() == at::kStrided, ConfigError, "send_tensors to rank ", peer,
                 " with tag ", tag, ": entry ", index,
                 " is not a strided (dense) tensor; convert it with .to_dense() first");
-  PIPEMAT_CHECK(check_dtype_code(static_cast<int32_t>(tensor.scalar_type())) == DtypeCheck::kOk,
-                ConfigError, "send_tensors to rank ", peer, " with tag ", tag, ": entry ", index,
-                " has dtype ", dtype_name(tensor.scalar_type()),
-                "; quantized tensors are not supported (send int_repr() and the scale instead)");
+  PIPEMAT_CHECK(wire_dtype_code(tensor.scalar_type()).has_value(), ConfigError,
+                "send_tensors to rank ", peer, " with tag ", tag, ": entry ", index, " has dtype ",
+                dtype_name(tensor.scalar_type()), "; tensor messages carry ", carried_dtypes(),
+                " (a quantized tensor: send int_repr() and the scale instead)");
   PIPEMAT_CHECK(tensor.dim() <= kMaxDims, ConfigError, "send_tensors to rank ", peer, " with tag ",
                 tag, ": entry ", index, " has ", tensor.dim(),
                 " dimensions, more than the limit of ", kMaxDims);
@@ -169,15 +170,14 @@ TensorListWork send_tensors(Transport& transport, int peer, int tag,
     const at::Tensor& data = owned->data[i];
     uint8_t* header = owned->headers.data() + header_offsets[i];
     if (!data.defined()) {
-      write_header(header, static_cast<int32_t>(at::ScalarType::Undefined), {}, sender, 0,
-                   kFlagUndefined);
+      write_header(header, kUndefinedDtypeCode, {}, sender, 0, kFlagUndefined);
       spans.push_back(ConstSpan{header, header_size(0)});
       total += header_size(0);
       continue;
     }
     const TensorMeta meta = TensorMeta::of(data);
     const size_t nbytes = meta.nbytes();
-    write_header(header, static_cast<int32_t>(meta.dtype), meta.shape, sender, nbytes,
+    write_header(header, wire_dtype_code(meta.dtype).value(), meta.shape, sender, nbytes,
                  tensors[i].requires_grad() ? kFlagRequiresGrad : 0);
     spans.push_back(ConstSpan{header, header_size(meta.shape.size())});
     if (nbytes > 0) spans.push_back(ConstSpan{data.data_ptr(), nbytes});

@@ -25,35 +25,42 @@ int64_t TensorMeta::numel() const {
 
 size_t TensorMeta::nbytes() const { return static_cast<size_t>(numel()) * c10::elementSize(dtype); }
 
-std::string dtype_name(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::ScalarType::Float:
-      return "float32";
-    case at::ScalarType::Double:
-      return "float64";
-    case at::ScalarType::Half:
-      return "float16";
-    case at::ScalarType::BFloat16:
-      return "bfloat16";
-    case at::ScalarType::Long:
-      return "int64";
-    case at::ScalarType::Int:
-      return "int32";
-    case at::ScalarType::Short:
-      return "int16";
-    case at::ScalarType::Char:
-      return "int8";
-    case at::ScalarType::Byte:
-      return "uint8";
-    case at::ScalarType::Bool:
-      return "bool";
-    case at::ScalarType::ComplexFloat:
-      return "complex64";
-    case at::ScalarType::ComplexDouble:
-      return "complex128";
-    default:
-      return c10::toString(dtype);
+namespace {
+
+struct WireDtype {
+  int32_t code;
+  at::ScalarType dtype;
+  const char* name;
+};
+// Note [Wire dtype codes] (tensor_wire.h).
+constexpr WireDtype kWireDtypes[] = {
+    {0, at::ScalarType::Byte, "uint8"},
+    {1, at::ScalarType::Char, "int8"},
+    {2, at::ScalarType::Short, "int16"},
+    {3, at::ScalarType::Int, "int32"},
+    {4, at::ScalarType::Long, "int64"},
+    {5, at::ScalarType::Half, "float16"},
+    {6, at::ScalarType::Float, "float32"},
+    {7, at::ScalarType::Double, "float64"},
+    {8, at::ScalarType::ComplexHalf, "complex32"},
+    {9, at::ScalarType::ComplexFloat, "complex64"},
+    {10, at::ScalarType::ComplexDouble, "complex128"},
+    {11, at::ScalarType::Bool, "bool"},
+    {15, at::ScalarType::BFloat16, "bfloat16"},
+};
+
+const WireDtype* find_dtype(at::ScalarType dtype) {
+  for (const WireDtype& entry : kWireDtypes) {
+    if (entry.dtype == dtype) return &entry;
   }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string dtype_name(at::ScalarType dtype) {
+  const WireDtype* entry = find_dtype(dtype);
+  return entry != nullptr ? entry->name : c10::toString(dtype);
 }
 
 std::string TensorMeta::to_string() const {
@@ -97,23 +104,18 @@ bool check_ndim(const WireHeader& header, const std::string& subject, std::strin
 bool check_meta(const WireHeader& header, const uint8_t* dims, const std::string& subject,
                 TensorMeta& meta, int64_t& nbytes, std::string& why) {
   using ::pipemat::detail::concat;
-  switch (check_dtype_code(header.dtype)) {
-    case DtypeCheck::kOk:
-      break;
-    case DtypeCheck::kNotADtype:
-      why = concat(subject, " has dtype code ", header.dtype, ", which is not a dtype");
-      return false;
-    case DtypeCheck::kUndefined:
+  const std::optional<at::ScalarType> dtype = dtype_of_wire_code(header.dtype);
+  if (!dtype) {
+    if (header.dtype == kUndefinedDtypeCode) {
       why = concat(subject, " has dtype code ", header.dtype,
-                   " (Undefined) but is not marked as an undefined entry");
-      return false;
-    case DtypeCheck::kQuantized:
-      why = concat(subject, " has dtype code ", header.dtype, " (",
-                   c10::toString(static_cast<at::ScalarType>(header.dtype)),
-                   "), a quantized dtype, which pipemat tensor messages do not carry");
-      return false;
+                   " (undefined) but is not marked as an undefined entry");
+    } else {
+      why = concat(subject, " has dtype code ", header.dtype,
+                   ", which is not a dtype tensor messages carry");
+    }
+    return false;
   }
-  meta.dtype = static_cast<at::ScalarType>(header.dtype);
+  meta.dtype = *dtype;
   meta.shape.resize(static_cast<size_t>(header.ndim));
   if (header.ndim > 0) std::memcpy(meta.shape.data(), dims, 8 * static_cast<size_t>(header.ndim));
   // The product of max(dim, 1) must fit in int64 (it bounds every contiguous stride, even of
@@ -170,7 +172,7 @@ void write_header(uint8_t* out, int32_t dtype, const std::vector<int64_t>& shape
 
 std::vector<uint8_t> encode_header(const TensorMeta& meta, int sender) {
   std::vector<uint8_t> bytes(header_size(meta.shape.size()), 0);
-  write_header(bytes.data(), static_cast<int32_t>(meta.dtype), meta.shape, sender, meta.nbytes(),
+  write_header(bytes.data(), wire_dtype_code(meta.dtype).value(), meta.shape, sender, meta.nbytes(),
                0);
   return bytes;
 }
@@ -189,14 +191,26 @@ bool is_tensor_list(const uint8_t* data, size_t size) {
   return magic == kListMagic;
 }
 
-DtypeCheck check_dtype_code(int32_t code) {
-  if (code < 0 || code >= static_cast<int32_t>(at::ScalarType::NumOptions)) {
-    return DtypeCheck::kNotADtype;
+std::optional<int32_t> wire_dtype_code(at::ScalarType dtype) {
+  const WireDtype* entry = find_dtype(dtype);
+  if (entry == nullptr) return std::nullopt;
+  return entry->code;
+}
+
+std::optional<at::ScalarType> dtype_of_wire_code(int32_t code) {
+  for (const WireDtype& entry : kWireDtypes) {
+    if (entry.code == code) return entry.dtype;
   }
-  const auto dtype = static_cast<at::ScalarType>(code);
-  if (dtype == at::ScalarType::Undefined) return DtypeCheck::kUndefined;
-  if (c10::isQIntType(dtype)) return DtypeCheck::kQuantized;
-  return DtypeCheck::kOk;
+  return std::nullopt;
+}
+
+std::string carried_dtypes() {
+  std::string out;
+  for (const WireDtype& entry : kWireDtypes) {
+    if (!out.empty()) out += ", ";
+    out += entry.name;
+  }
+  return out;
 }
 
 Decoded decode_tensor(const uint8_t* head, size_t head_size, size_t message_size, int sender,
@@ -280,7 +294,7 @@ bool decode_list(const Buffer& buffer, const WorkInfo& info, std::vector<at::Ten
     }
     if (entry.flags & kFlagUndefined) {
       if (entry.flags != kFlagUndefined || entry.ndim != 0 || entry.nbytes != 0 ||
-          entry.dtype != static_cast<int32_t>(at::ScalarType::Undefined)) {
+          entry.dtype != kUndefinedDtypeCode) {
         why = concat("entry ", index,
                      " is marked undefined but has a dtype, dimensions, bytes or requires_grad");
         return false;

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,11 +63,24 @@ static_assert(sizeof(ListHeader) == 24 && sizeof(ListHeader) <= kListHeaderBytes
 // True when `data` starts with the list header's magic.
 bool is_tensor_list(const uint8_t* data, size_t size);
 
-// What a defined tensor (single or list entry) may be: a known, non-quantized ScalarType. `code` is
-// the raw wire integer, checked against the enum's range before any cast (the enum is 8 bits wide,
-// so a cast of e.g. 262 would wrap around to a valid code).
-enum class DtypeCheck { kOk, kNotADtype, kUndefined, kQuantized };
-DtypeCheck check_dtype_code(int32_t code);
+// Note [Wire dtype codes]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A header's dtype field is pipemat's own code, from one table in tensor_wire.cpp (13 dtypes:
+// the floating, integer, complex and bool types; the numbers are those LibTorch's ScalarType has
+// for them, so a float32 is 6 on the wire as in memory), never a cast of LibTorch's enum: the
+// enum grows between LibTorch releases (the code of Undefined moved), and ranks built against two
+// releases must agree on every byte. A code outside the table is refused on receipt, a dtype
+// outside it on send (quantized tensors among them). An undefined list entry carries
+// kUndefinedDtypeCode.
+constexpr int32_t kUndefinedDtypeCode = 255;
+
+// The wire code of `dtype`; nullopt when tensor messages do not carry it.
+std::optional<int32_t> wire_dtype_code(at::ScalarType dtype);
+// The dtype of wire code `code`; nullopt when it is not in the table (kUndefinedDtypeCode
+// included).
+std::optional<at::ScalarType> dtype_of_wire_code(int32_t code);
+// "float32, float64, ...": the dtypes tensor messages carry, for error messages.
+std::string carried_dtypes();
 
 enum class Decoded { kOk, kNotATensor, kCorrupt };
 

@@ -33,9 +33,12 @@ struct Runner {
     }
     bench::LaunchedRun job = launch;
     job.config = yaml.path();
-    const std::string what =
-        std::string(kWho) + ": the " + out.policy +
-        (out.budget > 0 ? " run for " + std::to_string(out.budget) + " bytes" : " run");
+    // concat, not std::string operator+: GCC 12 reports a false -Warray-bounds for a chain of
+    // operator+ on std::string in C++20.
+    const std::string what = out.budget > 0
+                                 ? ::pipemat::detail::concat(kWho, ": the ", out.policy,
+                                                             " run for ", out.budget, " bytes")
+                                 : ::pipemat::detail::concat(kWho, ": the ", out.policy, " run");
     const std::vector<pp::StepMetrics> steps = bench::run_launched(job, options.steps, what);
     std::vector<double> step_ms;
     out.peak_bytes.assign(static_cast<size_t>(launch.ranks), 0);
@@ -69,7 +72,7 @@ std::pair<double, double> calibration_run(const Runner& runner, TrainConfig conf
   bench::LaunchedRun job = runner.launch;
   job.config = yaml.path();
   const std::vector<pp::StepMetrics> got =
-      bench::run_launched(job, steps, std::string(kWho) + ": the calibration run");
+      bench::run_launched(job, steps, ::pipemat::detail::concat(kWho, ": the calibration run"));
   std::vector<double> delays, step_ms;
   for (const pp::StepMetrics& m : got) {
     if (m.step < 1) continue;

@@ -352,9 +352,9 @@ std::vector<ConfigField> make_fields() {
       {"training", "seed", unsigned_integer(PIPEMAT_MEMBER(training.seed)),
        "0 .. 18446744073709551615", "seed of parameters, data windows and dropout"},
       {"training", "threads", integer(PIPEMAT_MEMBER(training.threads), 0, 1024), "0 to 1024",
-       "compute threads per rank: LibTorch's intra-op threads and OpenBLAS's; `0`: the machine's "
-       "hardware threads divided by the ranks on it (at least 1). The first progress line says "
-       "which BLAS runs and with how many threads"},
+       "compute threads per rank: LibTorch's intra-op threads (OpenMP's and MKL's); `0`: the "
+       "machine's hardware threads divided by the ranks on it (at least 1). The first progress "
+       "line says which LibTorch and BLAS run and with how many threads"},
       {"training", "warmup", integer(PIPEMAT_MEMBER(training.warmup), 0), ">= 0",
        "steps of linear warmup: step t uses lr * (t + 1) / warmup"},
       {"training", "lr_decay", choice(PIPEMAT_MEMBER(training.lr_decay), lr_decay_values()),

@@ -60,13 +60,12 @@ void print_validation(std::ostream& out, int64_t step, double loss) {
 void print_compute(std::ostream& out, int ranks) {
   const pp::ComputeInfo info = pp::compute_info();
   out << "compute: " << ranks << (ranks == 1 ? " rank" : " ranks") << ", " << info.threads
-      << (info.threads == 1 ? " thread" : " threads") << " per rank (training.threads), BLAS "
-      << info.blas << (info.freed_memory_retained ? "; freed memory kept for reuse" : "") << "\n";
-  if (info.reference_blas) {
-    out << "warning: this is Debian's reference BLAS, about 10x slower than OpenBLAS for the "
-           "GEMMs of training; install libopenblas0-pthread (scripts/install-deps.sh does)\n";
+      << (info.threads == 1 ? " thread" : " threads") << " per rank (training.threads), LibTorch "
+      << info.torch_version << ", BLAS " << info.blas;
+  if (info.blas_threads >= 0) {
+    out << " (" << info.blas_threads << (info.blas_threads == 1 ? " thread)" : " threads)");
   }
-  out << std::flush;
+  out << (info.freed_memory_retained ? "; freed memory kept for reuse" : "") << "\n" << std::flush;
 }
 
 MetricsFile::MetricsFile(const std::string& path, bool append) : path_(path) {

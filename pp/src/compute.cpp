@@ -1,12 +1,13 @@
 #include "pipemat/pp/compute.h"
 
 #include <ATen/Parallel.h>
-#include <dlfcn.h>
-#include <link.h>
+#include <ATen/Version.h>
 #include <malloc.h>
+#include <torch/version.h>
 
 #include <atomic>
-#include <cstring>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "pipemat/core/error.h"
@@ -16,20 +17,30 @@ namespace {
 
 std::atomic<bool> g_freed_memory_retained{false};
 
-// The path of the loaded libblas.so.3 (the Debian alternative), if any.
-std::string loaded_blas_path() {
-  std::string path;
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* out) {
-        const char* name = info->dlpi_name;
-        if (name != nullptr && std::strstr(name, "libblas.so") != nullptr) {
-          *static_cast<std::string*>(out) = name;
-          return 1;
-        }
-        return 0;
-      },
-      &path);
-  return path;
+// "MKL 2024.2" from LibTorch's parallel-info line "Intel(R) oneAPI Math Kernel Library Version
+// 2024.2-Product Build ..."; otherwise the BLAS_INFO of LibTorch's build configuration.
+std::string blas_name(const std::string& parallel_info) {
+  const std::string mkl = "Math Kernel Library Version ";
+  const size_t at = parallel_info.find(mkl);
+  if (at != std::string::npos) {
+    const size_t begin = at + mkl.size();
+    const size_t end = parallel_info.find_first_of("- \n", begin);
+    return "MKL " + parallel_info.substr(begin, end - begin);
+  }
+  const std::string config = at::show_config();
+  const std::string key = "BLAS_INFO=";
+  const size_t info = config.find(key);
+  if (info == std::string::npos) return "unknown";
+  const size_t begin = info + key.size();
+  return config.substr(begin, config.find_first_of(", \n", begin) - begin);
+}
+
+// N of the line "\tmkl_get_max_threads() : N"; -1 when there is none.
+int blas_threads(const std::string& parallel_info) {
+  const std::string key = "mkl_get_max_threads() : ";
+  const size_t at = parallel_info.find(key);
+  if (at == std::string::npos) return -1;
+  return std::atoi(parallel_info.c_str() + at + key.size());
 }
 
 }  // namespace
@@ -55,24 +66,16 @@ ComputeInfo compute_info() {
   ComputeInfo info;
   info.threads = at::get_num_threads();
   info.freed_memory_retained = g_freed_memory_retained;
-  using GetConfig = char* (*)();
-  if (auto* config = reinterpret_cast<GetConfig>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
-    info.blas = config();  // "OpenBLAS 0.3.21 ... MAX_THREADS=64"
-    return info;
-  }
-  const std::string path = loaded_blas_path();
-  info.blas = path.empty() ? "no libblas.so.3 loaded" : path;
-  info.reference_blas = path.find("/blas/") != std::string::npos;  // Debian's reference BLAS
+  info.torch_version = TORCH_VERSION;
+  const std::string parallel = at::get_parallel_info();
+  info.blas = blas_name(parallel);
+  info.blas_threads = blas_threads(parallel);
   return info;
 }
 
 ComputeInfo set_compute_threads(int threads) {
   PIPEMAT_CHECK(threads >= 1, ConfigError, "compute threads must be at least 1, got ", threads);
   at::set_num_threads(threads);
-  using SetThreads = void (*)(int);
-  if (auto* set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
-    set(threads);
-  }
   return compute_info();
 }
 

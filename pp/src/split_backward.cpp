@@ -27,20 +27,13 @@
 //  - Node::next_edges(), the mutable edge list: W cuts the edges into the dx chain, which
 //    Node::set_next_edge would refuse.
 // What differs per version: Edge::function, the owning pointer to a node, is a std::shared_ptr
-// in LibTorch 1.13 and 2.11 (a node gives its own through shared_from_this()) and a
-// c10::intrusive_ptr from 2.12 on (through getptr()); NodePtr (split_backward.h) and owning_ptr()
-// follow it. The other calls above have the same form in 1.13 and 2.15. What they do (that
-// execute with `outputs` runs only the nodes on paths to them, that a pre-hook sees the
-// gradients its node receives, that cutting edges of a graph no longer executed is safe) is
-// relied on for every version the guard accepts; building against another one stops here until
-// it is checked again.
-#if !(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13) && \
-    !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 15)
-#error \
-    "pipemat: pp's split backward reaches into LibTorch autograd internals (Note [Autograd internals of pp's backward]), supported for LibTorch 1.13 and 2.11 to 2.15 only; check it against the version found (next error)"
-static_assert(false, "pipemat: found LibTorch " TORCH_VERSION "; supported: 1.13 and 2.11 to 2.15");
-#endif
-
+// in LibTorch 2.11 (a node gives its own through shared_from_this()) and a c10::intrusive_ptr
+// from 2.12 on (through getptr()); NodePtr (split_backward.h) and owning_ptr() follow it. The
+// other calls above have the same form in 2.11 to 2.15. What they do (that execute with
+// `outputs` runs only the nodes on paths to them, that a pre-hook sees the gradients its node
+// receives, that cutting edges of a graph no longer executed is safe) is relied on for every
+// LibTorch the configure step accepts (2.11 to 2.15, Note [Finding LibTorch] in
+// cmake/PipematTorch.cmake); check it before widening that range.
 namespace pipemat::pp {
 
 using torch::autograd::Edge;

@@ -33,8 +33,8 @@
 
 namespace pipemat::pp {
 
-// The owning pointer to an autograd node, as an Edge holds it: std::shared_ptr in LibTorch 1.13
-// and 2.11, c10::intrusive_ptr from 2.12 on.
+// The owning pointer to an autograd node, as an Edge holds it: std::shared_ptr in LibTorch 2.11,
+// c10::intrusive_ptr from 2.12 on.
 using NodePtr = decltype(torch::autograd::Edge::function);
 
 class SplitBackward {

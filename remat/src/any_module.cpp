@@ -7,7 +7,6 @@
 
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/sequential.h>
-#include <torch/version.h>
 
 #include <tuple>
 
@@ -15,13 +14,6 @@
 #include "pipemat/core/error.h"
 #include "pipemat/remat/any_module.h"
 #include "pipemat/remat/wrappers.h"
-
-#if !(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13) && \
-    !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 15)
-#error \
-    "pipemat: wrapping AnyModules reaches into LibTorch's private AnyModule::content_ (Note [AnyModule content access]), supported for LibTorch 1.13 and 2.11 to 2.15 only; check it against the version found (next error)"
-static_assert(false, "pipemat: found LibTorch " TORCH_VERSION "; supported: 1.13 and 2.11 to 2.15");
-#endif
 
 namespace pipemat::remat {
 namespace {
@@ -33,8 +25,8 @@ namespace {
 // to the private `AnyModule::content_` (a unique_ptr<AnyModulePlaceholder>); this file is the
 // only user. It relies on two details of LibTorch: that private member's name and type, and
 // AnyModulePlaceholder's virtuals (forward, ptr, copy, clone_module), which RegionPlaceholder
-// overrides. Both are the same in 1.13 and 2.15 (2.x spells clone_module's optional device as
-// std::optional, which c10::optional names there); the guard accepts 1.13 and 2.11 to 2.15.
+// overrides. Both are the same in every LibTorch the configure step accepts (2.11 to 2.15, Note
+// [Finding LibTorch] in cmake/PipematTorch.cmake); check them before widening that range.
 // Nothing else in pipemat reaches into LibTorch privates this way.
 using ContentPtr = std::unique_ptr<torch::nn::AnyModulePlaceholder> torch::nn::AnyModule::*;
 struct ContentTag {

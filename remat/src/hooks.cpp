@@ -1,19 +1,11 @@
 #include "hooks.h"
 
 #include <torch/csrc/autograd/engine.h>
-#include <torch/version.h>
 
 #include <mutex>
 #include <vector>
 
 #include "pipemat/core/error.h"
-
-#if !(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13) && \
-    !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 15)
-#error \
-    "pipemat: the saved-tensor hooks replace LibTorch's autograd Engine (Note [Saved tensor hooks in pure C++]), supported for LibTorch 1.13 and 2.11 to 2.15 only; check them against the version found (next error)"
-static_assert(false, "pipemat: found LibTorch " TORCH_VERSION "; supported: 1.13 and 2.11 to 2.15");
-#endif
 
 namespace pipemat::remat {
 namespace {

@@ -10,10 +10,9 @@
 // Engine returns nullptr and only the Python engine overrides it (reading Python callables from
 // at::SavedTensorDefaultHooks). LibTorch has no C++ API for default hooks, so pipemat installs an
 // Engine subclass whose override reads a thread-local stack of HookFactory objects, and makes it
-// the default engine with `set_default_engine_stub`. hooks.cpp is the one place that does so (it
-// accepts only LibTorch 1.13 and 2.11 to 2.15 at compile time: the Engine's virtuals and
-// SavedVariable's behaviour below are internals; the Engine's hook virtual and the stub setter
-// are the same in 1.13 and 2.15).
+// the default engine with `set_default_engine_stub`. hooks.cpp is the one place that does so. The
+// Engine's virtuals and SavedVariable's behaviour below are internals, checked for every LibTorch
+// the configure step accepts (2.11 to 2.15, Note [Finding LibTorch] in cmake/PipematTorch.cmake).
 //
 // Consequences every caller must keep in mind:
 //  * Installation is process-wide and idempotent (install_saved_tensor_hooks()); it happens on

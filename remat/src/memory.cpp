@@ -11,39 +11,32 @@
 // context is the data pointer and free it through raw_deleter() with only that pointer (hence
 // the record in a header in front of the data); and a storage's DataPtr keeps the deleter it was
 // made with, which is how allocation_sequence() tells our blocks from others. Another LibTorch
-// may cache allocators or change the raw_allocate contract, so the build accepts only 1.13 and
-// 2.11 to 2.15.
+// may cache allocators or change the raw_allocate contract: this is checked for every LibTorch
+// the configure step accepts (2.11 to 2.15, Note [Finding LibTorch] in cmake/PipematTorch.cmake).
 //
-// What differs: allocate() is const in 1.13 and not in 2.x, and 2.x adds copy_data() (used by
-// Allocator::clone), a plain copy of the data here. 2.x also has copy-on-write storages (made by
-// a lazy clone): the storage's DataPtr is moved into a shared context and every storage that
-// shares the data gets a DataPtr with the copy-on-write deleter instead of ours. The byte counts
-// stay exact: the block is counted once, and release() runs once, either through the shared
-// context when the last sharing storage lets go, or through a storage that took the block back
-// on a write (which gets our DataPtr again); a write to a storage that still shares the data
-// copies it into a new block from this allocator, counted like any allocation. What is not
-// exact: while the data is shared, allocation_sequence() returns -1 for every sharing storage,
-// so a report counts it as an older tensor. pipemat makes no lazy clones itself.
+// copy_data() (used by Allocator::clone) is a plain copy of the data here. LibTorch has
+// copy-on-write storages (made by a lazy clone): the storage's DataPtr is moved into a shared
+// context and every storage that shares the data gets a DataPtr with the copy-on-write deleter
+// instead of ours. The byte counts stay exact: the block is counted once, and release() runs once,
+// either through the shared context when the last sharing storage lets go, or through a storage
+// that took the block back on a write (which gets our DataPtr again); a write to a storage that
+// still shares the data copies it into a new block from this allocator, counted like any
+// allocation. What is not exact: while the data is shared, allocation_sequence() returns -1 for
+// every sharing storage, so a report counts it as an older tensor. pipemat makes no lazy clones
+// itself. TrackingAllocator.CopyOnWriteStoragesKeepTheBytesExact (tests/remat/memory_test.cpp)
+// checks each of these paths.
 
 #include "pipemat/remat/memory.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
-#include <torch/version.h>
 
 #include <atomic>
 #include <exception>
 #include <limits>
 #include <mutex>
 #include <new>
-
-#if !(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13) && \
-    !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 15)
-#error \
-    "pipemat: the tracking allocator replaces LibTorch's CPU allocator (Note [CPU allocator replacement]), supported for LibTorch 1.13 and 2.11 to 2.15 only; check it against the version found (next error)"
-static_assert(false, "pipemat: found LibTorch " TORCH_VERSION "; supported: 1.13 and 2.11 to 2.15");
-#endif
 
 namespace pipemat::remat {
 namespace {
@@ -86,14 +79,10 @@ void release(void* data) {
 class TrackingAllocator final : public c10::Allocator {
  public:
   explicit TrackingAllocator(c10::Allocator* base) : base_(base) {}
-#if TORCH_VERSION_MAJOR == 1
-  c10::DataPtr allocate(size_t n) const override { return allocate_block(n); }
-#else
   c10::DataPtr allocate(size_t n) override { return allocate_block(n); }
   void copy_data(void* dest, const void* src, size_t count) const override {
     default_copy_data(dest, src, count);  // the data only: headers are never copied
   }
-#endif
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
  private:

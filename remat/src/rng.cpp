@@ -7,7 +7,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
-#include <torch/version.h>
 
 #include <map>
 #include <mutex>
@@ -22,23 +21,16 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // This file is remat's one reach into LibTorch's random-number internals, in two places:
 //  * the per-thread generators (Note [Per-thread CPU generators]) register a process-wide boxed
-//    fallback on the TESTING_ONLY_GenericMode dispatch key, free for that in LibTorch 1.13, and
+//    fallback on the TESTING_ONLY_GenericMode dispatch key, free for that in LibTorch, and
 //    switch it per thread through c10::impl's thread-local included-key set;
 //  * the state a checkpoint unit records and replay restores (Note [Replay RNG alignment]) is
 //    read and written through at::CPUGeneratorImpl's engine and cached normal samples, copied by
 //    value (RngState), not through get_state() (which allocates a tensor per unit call).
 // Both are details of LibTorch: another version may use the key or change what a CPU
-// generator's state is, so the build accepts only 1.13 and 2.11 to 2.15. Per version: the key
-// and the generator's engine and normal-sample accessors are the same in 1.13 and 2.15 (2.x
-// spells the samples' optional as std::optional, which c10::optional names there; a CPU
-// generator has no offset, its offset accessors new in 2.x refuse to run).
-#if !(TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13) && \
-    !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11 && TORCH_VERSION_MINOR <= 15)
-#error \
-    "pipemat: the per-thread generators and replay's RNG state reach into LibTorch internals (Note [LibTorch generator internals]), supported for LibTorch 1.13 and 2.11 to 2.15 only; check them against the version found (next error)"
-static_assert(false, "pipemat: found LibTorch " TORCH_VERSION "; supported: 1.13 and 2.11 to 2.15");
-#endif
-
+// generator's state is. The key and the generator's engine and normal-sample accessors are the
+// same in every LibTorch the configure step accepts (2.11 to 2.15, Note [Finding LibTorch] in
+// cmake/PipematTorch.cmake; a CPU generator has no offset, and its offset accessors refuse to
+// run); check them before widening that range.
 namespace pipemat::remat {
 namespace {
 

@@ -16,6 +16,23 @@
 namespace pipemat::comm {
 namespace {
 
+// The dtype codes of the tensor wire format (Note [Wire dtype codes] in comm/src/tensor_wire.h),
+// written out: a change to that table changes the bytes ranks exchange and must fail here.
+const std::vector<std::pair<at::ScalarType, int32_t>>& wire_codes() {
+  static const std::vector<std::pair<at::ScalarType, int32_t>> codes = {
+      {at::kByte, 0},        {at::kChar, 1},         {at::kShort, 2},          {at::kInt, 3},
+      {at::kLong, 4},        {at::kHalf, 5},         {at::kFloat, 6},          {at::kDouble, 7},
+      {at::kComplexHalf, 8}, {at::kComplexFloat, 9}, {at::kComplexDouble, 10}, {at::kBool, 11},
+      {at::kBFloat16, 15}};
+  return codes;
+}
+int32_t wire_code(at::ScalarType dtype) {
+  for (const auto& [type, code] : wire_codes()) {
+    if (type == dtype) return code;
+  }
+  throw std::logic_error("no wire code for this dtype");
+}
+
 using testing::Group;
 
 using Param = testing::TransportParam;
@@ -329,7 +346,12 @@ TEST_P(TensorTest, TensorListSendRejectsWhatItCannotCarry) {
     send_tensors(t, 1, 8, {at::ones({1}), quantized});
     ADD_FAILURE() << "a quantized tensor was accepted";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("entry 1 has dtype QInt8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(
+                  "entry 1 has dtype QInt8; tensor messages carry uint8, int8, int16, int32, "
+                  "int64, float16, float32, float64, complex32, complex64, complex128, bool, "
+                  "bfloat16 (a quantized tensor: send int_repr() and the scale instead)"),
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -360,7 +382,7 @@ class RawList {
   }
   RawList& add(const at::Tensor& tensor) {
     const size_t nbytes = tensor.numel() * tensor.element_size();
-    add(static_cast<int32_t>(tensor.scalar_type()), tensor.sizes().vec(), nbytes,
+    add(wire_code(tensor.scalar_type()), tensor.sizes().vec(), nbytes,
         tensor.requires_grad() ? 1 : 0);
     // The data block is the last nbytes before the padding.
     std::memcpy(entries_.data() + entries_.size() - padded(nbytes), tensor.contiguous().data_ptr(),
@@ -368,7 +390,7 @@ class RawList {
     return *this;
   }
   RawList& add_undefined() {
-    return add(static_cast<int32_t>(at::ScalarType::Undefined), {}, 0, 2);
+    return add(255, {}, 0, 2);  // the undefined entry's code (Note [Wire dtype codes])
   }
 
   // The message; count and total size as the entries say unless overridden.
@@ -418,7 +440,7 @@ TEST_P(TensorTest, TensorListHostileBytesAreCommErrorsNamingBothRanks) {
   Group group = make();
   constexpr int kTag = 7;
   const int64_t big = int64_t{1} << 40;
-  const int32_t kFloat = static_cast<int32_t>(at::kFloat);
+  const int32_t kFloat = 6;  // float32's wire code (Note [Wire dtype codes])
   const int32_t kLong = static_cast<int32_t>(at::kLong);
   // (message, phrase of the receiver's error); rank 0 sends them all on one tag, raw.
   const std::vector<std::pair<std::vector<uint8_t>, std::string>> cases = {
@@ -438,14 +460,18 @@ TEST_P(TensorTest, TensorListHostileBytesAreCommErrorsNamingBothRanks) {
            .add(99, {2}, 8)
            .bytes(),
        "rank 0 sent a corrupt tensor list on tag 7: entry 2 has dtype code 99, which is not a "
-       "dtype (received by rank 1"},
-      {RawList(0).add(-1, {2}, 8).bytes(), "entry 0 has dtype code -1, which is not a dtype"},
+       "dtype tensor messages carry (received by rank 1"},
+      {RawList(0).add(-1, {2}, 8).bytes(),
+       "entry 0 has dtype code -1, which is not a dtype tensor messages carry"},
       {RawList(0).add(256 + kFloat, {2}, 8).bytes(),
-       "entry 0 has dtype code 262, which is not a dtype"},
-      {RawList(0).add(static_cast<int32_t>(at::ScalarType::Undefined), {2}, 8).bytes(),
-       "entry 0 has dtype code 18 (Undefined) but is not marked as an undefined entry"},
-      {RawList(0).add(static_cast<int32_t>(at::kQInt8), {2}, 2).bytes(),
-       "entry 0 has dtype code 12 (QInt8), a quantized dtype"},
+       "entry 0 has dtype code 262, which is not a dtype tensor messages carry"},
+      {RawList(0).add(255, {2}, 8).bytes(),
+       "entry 0 has dtype code 255 (undefined) but is not marked as an undefined entry"},
+      // LibTorch's ScalarType values of QInt8 and Undefined (in some release) are not wire codes.
+      {RawList(0).add(12, {2}, 2).bytes(),
+       "entry 0 has dtype code 12, which is not a dtype tensor messages carry"},
+      {RawList(0).add(18, {2}, 8).bytes(),
+       "entry 0 has dtype code 18, which is not a dtype tensor messages carry"},
       {RawList(0).add(kFloat, std::vector<int64_t>(65, 1), 4).bytes(),
        "entry 0 has 65 dimensions; expected 0 to 64"},
       {RawList(0).add(kFloat, {4, -3}, 0).bytes(),
@@ -624,17 +650,23 @@ TEST_P(TensorTest, SingleTensorHostileHeadersAreCommErrorsNamingBothRanks) {
   constexpr int kExpectedTag = 12;
   constexpr int kIntoTag = 13;
   const int64_t big = int64_t{1} << 40;
-  const int32_t kFloat = static_cast<int32_t>(at::kFloat);
+  const int32_t kFloat = 6;  // float32's wire code (Note [Wire dtype codes])
   const std::string corrupt_any = "rank 0 sent a corrupt tensor message on tag 11: ";
   const std::string corrupt_expected = "rank 0 sent a corrupt tensor message on tag 12: ";
   // (message, phrase of the error of recv_tensor(t, 0, kAnyTag)).
   const std::vector<std::pair<std::vector<uint8_t>, std::string>> any_cases = {
       {raw_tensor(99, {2}, 8),
-       corrupt_any + "the tensor has dtype code 99, which is not a dtype (received by rank 1"},
-      {raw_tensor(256 + kFloat, {2}, 8), "the tensor has dtype code 262, which is not a dtype"},
-      {raw_tensor(-1, {2}, 8), "the tensor has dtype code -1, which is not a dtype"},
-      {raw_tensor(static_cast<int32_t>(at::kQInt8), {2}, 2),
-       "the tensor has dtype code 12 (QInt8), a quantized dtype"},
+       corrupt_any +
+           "the tensor has dtype code 99, which is not a dtype tensor messages carry (received "
+           "by rank 1"},
+      {raw_tensor(256 + kFloat, {2}, 8),
+       "the tensor has dtype code 262, which is not a dtype tensor messages carry"},
+      {raw_tensor(-1, {2}, 8),
+       "the tensor has dtype code -1, which is not a dtype tensor messages carry"},
+      {raw_tensor(12, {2}, 2),
+       "the tensor has dtype code 12, which is not a dtype tensor messages carry"},
+      {raw_tensor(47, {2}, 2),
+       "the tensor has dtype code 47, which is not a dtype tensor messages carry"},
       {raw_tensor(kFloat, std::vector<int64_t>(65, 1), 4),
        corrupt_any + "the tensor has 65 dimensions; expected 0 to 64"},
       {raw_tensor(kFloat, {}, 4, 0, -1, -7), "the tensor has -7 dimensions; expected 0 to 64"},
@@ -665,8 +697,10 @@ TEST_P(TensorTest, SingleTensorHostileHeadersAreCommErrorsNamingBothRanks) {
   const std::vector<std::pair<std::vector<uint8_t>, std::string>> expected_cases = {
       {raw_tensor(256 + kFloat, {2}, 8),
        corrupt_expected +
-           "the tensor has dtype code 262, which is not a dtype (received by rank 1"},
-      {raw_tensor(99, {2}, 8), "the tensor has dtype code 99, which is not a dtype"},
+           "the tensor has dtype code 262, which is not a dtype tensor messages carry (received "
+           "by rank 1"},
+      {raw_tensor(99, {2}, 8),
+       "the tensor has dtype code 99, which is not a dtype tensor messages carry"},
       {raw_tensor(kFloat, {-2}, 8, 0, 8),
        corrupt_expected + "the tensor has size -2 in dimension 0 (shape float32 [-2])"},
       {raw_tensor(kFloat, {big, big}, 0), "whose number of elements overflows int64"},
@@ -719,6 +753,33 @@ TEST_P(TensorTest, SingleTensorHostileHeadersAreCommErrorsNamingBothRanks) {
   });
 }
 
+// Every dtype tensor messages carry goes out with its fixed wire code and comes back as itself
+// from a header that names it by that code.
+TEST(commTensorWire, DtypeCodesAreFixed) {
+  Group group = testing::make_group(TransportKind::kLocal, 2);
+  testing::run_ranks(group, [&](Transport& t) {
+    int tag = 40;
+    for (const auto& [dtype, code] : wire_codes()) {
+      const at::Tensor sent = at::ones({3}, at::TensorOptions().dtype(dtype));
+      const size_t data_bytes = 3 * sent.element_size();
+      if (t.rank() == 0) {
+        send_tensor(t, 1, tag, sent).wait();
+        const std::vector<uint8_t> raw = raw_tensor(code, {3}, data_bytes);
+        t.send(1, tag + 1, raw.data(), raw.size())->wait();
+      } else {
+        std::vector<uint8_t> bytes(64 + data_bytes);
+        t.recv(0, tag, bytes.data(), bytes.size())->wait();
+        int32_t field = -1;
+        std::memcpy(&field, bytes.data() + 4, sizeof(field));
+        EXPECT_EQ(field, code) << dtype_name(dtype);
+        TensorWork received = recv_tensor(t, 0, tag + 1);
+        EXPECT_EQ(received.wait().scalar_type(), dtype) << "wire code " << code;
+      }
+      tag += 2;
+    }
+  });
+}
+
 TEST(commTensorSend, RejectsQuantizedTensors) {
   Group group = testing::make_group(TransportKind::kLocal, 2);
   const at::Tensor quantized = at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8);
@@ -727,7 +788,7 @@ TEST(commTensorSend, RejectsQuantizedTensors) {
     FAIL() << "a quantized tensor was accepted";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("send_tensor to rank 1 with tag 3: the tensor has dtype "
-                                         "QInt8; quantized tensors are not supported"),
+                                         "QInt8; tensor messages carry uint8, int8"),
               std::string::npos)
         << e.what();
   }

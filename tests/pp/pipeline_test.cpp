@@ -50,19 +50,19 @@ void expect_equals_plain(const PipelineCase& c) {
   EXPECT_GT(plain.grad_norms[0], user_model::kClip);
 }
 
-struct Case {
+struct NamedCase {
   std::string name;
   PipelineCase c;
 };
 
-class UserModelPipeline : public ::testing::TestWithParam<Case> {};
+class UserModelPipeline : public ::testing::TestWithParam<NamedCase> {};
 
 TEST_P(UserModelPipeline, LossesNormsAndParametersEqualAPlainLoopBitwise) {
   expect_equals_plain(GetParam().c);
 }
 
-std::vector<Case> cases() {
-  std::vector<Case> out;
+std::vector<NamedCase> cases() {
+  std::vector<NamedCase> out;
   const std::pair<const char*, ScheduleKind> kinds[] = {{"gpipe", ScheduleKind::kGPipe},
                                                         {"1f1b", ScheduleKind::kOneFOneB},
                                                         {"interleaved", ScheduleKind::kInterleaved},
@@ -93,7 +93,7 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, UserModelPipeline, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Case>& test) {
+                         [](const ::testing::TestParamInfo<NamedCase>& test) {
                            return test.param.name;
                          });
 

@@ -20,8 +20,6 @@ struct ModelImpl : torch::nn::Module {
 };
 TORCH_MODULE(Model);
 
-constexpr int64_t kHidden = 8;
-
 Model make_model() {
   at::manual_seed(7);
   return Model(kHidden);

@@ -10,9 +10,7 @@
 namespace pipemat::remat::testing {
 namespace {
 
-constexpr int64_t kHidden = 8;
-
-at::Tensor input(int seed) {
+at::Tensor declared_input(int seed) {
   at::manual_seed(seed);
   return at::randn({4, kHidden});
 }
@@ -56,10 +54,10 @@ TEST(Declare, PathPolicyOnSequentialMatchesNoCheckpointAndCountsBodies) {
   // Parameter names are unchanged by wrapping.
   EXPECT_EQ(model->named_parameters().keys(), plain->named_parameters().keys());
 
-  Grads got = run_and_grad([&](const at::Tensor& x) { return model->forward(x); }, input(1),
-                           model->parameters());
-  Grads want = run_and_grad([&](const at::Tensor& x) { return plain->forward(x); }, input(1),
-                            plain->parameters());
+  Grads got = run_and_grad([&](const at::Tensor& x) { return model->forward(x); },
+                           declared_input(1), model->parameters());
+  Grads want = run_and_grad([&](const at::Tensor& x) { return plain->forward(x); },
+                            declared_input(1), plain->parameters());
   expect_bitwise_equal(got, want);
   for (int i = 0; i < 2; ++i) {
     auto layer = model->layers[i]->as<LayerImpl>();
@@ -131,10 +129,10 @@ TEST(Declare, AnyModuleMemberWrappedInPlace) {
   Remat<torch::nn::ModuleHolder<AnyImpl>> unit = std::make_shared<AnyImpl>();
   unit = checkpoint_wrapper(unit);
   unit->gemm = checkpoint_exclude_wrapper(unit->gemm);
-  Grads got =
-      run_and_grad([&](const at::Tensor& x) { return unit(x); }, input(2), unit->parameters());
-  Grads want = run_and_grad([&](const at::Tensor& x) { return plain->forward(x); }, input(2),
-                            plain->parameters());
+  Grads got = run_and_grad([&](const at::Tensor& x) { return unit(x); }, declared_input(2),
+                           unit->parameters());
+  Grads want = run_and_grad([&](const at::Tensor& x) { return plain->forward(x); },
+                            declared_input(2), plain->parameters());
   expect_bitwise_equal(got, want);
   EXPECT_EQ(unit->gemm.ptr()->as<GemmImpl>()->calls, 1);
   EXPECT_EQ(unit->norm.ptr()->as<CountedImpl>()->calls, 2);
@@ -165,8 +163,9 @@ TEST(Declare, CallablesWithSeveralNamedInputsAndTupleOutputs) {
   auto unit = checkpoint_wrapper([&](const at::Tensor& x) { return body(x, counted_save); },
                                  CheckpointOptions{});
   reset_counters();
-  Grads got = run_and_grad([&](const at::Tensor& x) { return unit(x); }, input(3), {w});
-  Grads want = run_and_grad([&](const at::Tensor& x) { return body(x, save_fn); }, input(3), {w});
+  Grads got = run_and_grad([&](const at::Tensor& x) { return unit(x); }, declared_input(3), {w});
+  Grads want =
+      run_and_grad([&](const at::Tensor& x) { return body(x, save_fn); }, declared_input(3), {w});
   expect_bitwise_equal(got, want);
   EXPECT_EQ(save_calls, 2);             // the wrapper is entered in forward and in replay ...
   EXPECT_EQ(counters().save_calls, 1);  // ... its body runs once ...
@@ -203,10 +202,10 @@ TEST(Declare, ModuleListAndModuleDictChildrenFollowThePolicy) {
   policy.checkpoint = {"layers.*"};
   policy.exclude = {{"layers.*.gemm", true}};
   apply_policy(*model, policy);
-  Grads got = run_and_grad([&](const at::Tensor& x) { return model->forward(x); }, input(8),
-                           model->parameters());
-  Grads want = run_and_grad([&](const at::Tensor& x) { return plain->forward(x); }, input(8),
-                            plain->parameters());
+  Grads got = run_and_grad([&](const at::Tensor& x) { return model->forward(x); },
+                           declared_input(8), model->parameters());
+  Grads want = run_and_grad([&](const at::Tensor& x) { return plain->forward(x); },
+                            declared_input(8), plain->parameters());
   expect_bitwise_equal(got, want);
   for (size_t i = 0; i < 2; ++i) {
     auto* block = model->layers[i]->as<Block>().get();
@@ -223,7 +222,7 @@ TEST(Declare, ModuleListAndModuleDictChildrenFollowThePolicy) {
   dict_policy.checkpoint = {"heads.out"};
   apply_policy(*model, dict_policy);
   reset_counters();
-  run_and_grad([&](const at::Tensor& x) { return model->forward(x); }, input(8),
+  run_and_grad([&](const at::Tensor& x) { return model->forward(x); }, declared_input(8),
                model->parameters());
   EXPECT_EQ(counters().unit_calls, 3);  // two layers + the head
 }

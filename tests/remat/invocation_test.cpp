@@ -9,8 +9,6 @@
 namespace pipemat::remat::testing {
 namespace {
 
-constexpr int64_t kHidden = 8;
-
 Remat<Block> make_unit(bool save_gemm = true) {
   at::manual_seed(7);
   Remat<Block> unit = Block(kHidden);
@@ -19,7 +17,7 @@ Remat<Block> make_unit(bool save_gemm = true) {
   return unit;
 }
 
-at::Tensor input(int seed) {
+at::Tensor leaf_input(int seed) {
   at::manual_seed(seed);
   return at::randn({4, kHidden}).requires_grad_(true);
 }
@@ -33,11 +31,11 @@ TEST(Invocation, PretriggerThenSplitBackwardReplaysOnceAndMatchesFusedBackward) 
   auto params = unit->parameters();
 
   // Fused reference (lazy replay).
-  auto x_ref = input(1);
+  auto x_ref = leaf_input(1);
   auto fused = torch::autograd::grad({loss_of(unit(x_ref))}, {x_ref, params[0], params[1]});
 
   reset_counters();
-  auto x = input(1);
+  auto x = leaf_input(1);
   std::shared_ptr<InvocationGroup> group;
   at::Tensor loss;
   {
@@ -73,7 +71,7 @@ TEST(Invocation, RetainWithoutPretriggerReplaysLazilyOnceForIAndW) {
   auto unit = make_unit();
   auto params = unit->parameters();
   reset_counters();
-  auto x = input(2);
+  auto x = leaf_input(2);
   InvocationScope scope({3, 1, 2});
   auto loss = loss_of(unit(x));
   scope.group()->retain();
@@ -90,7 +88,7 @@ TEST(Invocation, FourInFlightReplayedAndBackpropagatedInReverseOrder) {
   std::vector<at::Tensor> xs, losses;
   std::vector<std::shared_ptr<InvocationGroup>> groups;
   for (int mb = 0; mb < 4; ++mb) {
-    xs.push_back(input(10 + mb));
+    xs.push_back(leaf_input(10 + mb));
     InvocationScope scope({0, 0, mb});
     losses.push_back(loss_of(unit(xs.back())));
     groups.push_back(scope.group());
@@ -109,7 +107,7 @@ TEST(Invocation, FourInFlightReplayedAndBackpropagatedInReverseOrder) {
   at::manual_seed(7);
   Block plain(kHidden);
   for (int mb = 0; mb < 4; ++mb) {
-    auto x = input(10 + mb);
+    auto x = leaf_input(10 + mb);
     std::vector<at::Tensor> inputs{x};
     auto pp = plain->parameters();
     inputs.insert(inputs.end(), pp.begin(), pp.end());
@@ -134,7 +132,7 @@ TEST(Invocation, IdsNameStepChunkMicroBatchAndCall) {
 
 TEST(Invocation, UnpackAfterReleaseIsAnErrorNamingTheInvocation) {
   auto unit = make_unit();
-  auto x = input(3);
+  auto x = leaf_input(3);
   InvocationScope scope({5, 0, 1});
   auto loss = loss_of(unit(x));
   scope.group()->release();
@@ -156,7 +154,7 @@ c10::weak_intrusive_ptr<c10::StorageImpl> weak_storage(const at::Tensor& t) {
 
 TEST(Invocation, NothingRematHeldSurvivesBackward) {
   auto unit = make_unit();
-  auto leaf = input(4);
+  auto leaf = leaf_input(4);
   auto x = leaf * 1.5;  // a non-leaf unit input, held by the invocation for replay
   auto w_input = weak_storage(x);
   c10::weak_intrusive_ptr<c10::StorageImpl> w_out = weak_storage(x);
@@ -172,7 +170,7 @@ TEST(Invocation, NothingRematHeldSurvivesBackward) {
 
 TEST(Invocation, ReleaseFreesPretriggeredReplayAndCachedOutputs) {
   auto unit = make_unit();
-  auto x = input(5);
+  auto x = leaf_input(5);
   std::shared_ptr<InvocationGroup> group;
   at::Tensor loss;
   {
@@ -183,8 +181,11 @@ TEST(Invocation, ReleaseFreesPretriggeredReplayAndCachedOutputs) {
   group->pretrigger();
   RematReport before = group->report();
   EXPECT_EQ(before.invocations, 1);
-  // What the replay saved: four [4, kHidden] float32 tensors and the rsqrt's [4, 1].
-  EXPECT_EQ(before.replayed_bytes, 4 * (4 * kHidden * 4) + 4 * 4);
+  // What the replay saved, one count per storage: x (by pow and the multiply), the rsqrt's
+  // [4, 1] result (by rsqrt and the multiply), the gemm's input (the SAVE region's slot, filled
+  // from the replay) and silu's input (the gemm's output): three [4, kHidden] float32 tensors
+  // and one [4, 1].
+  EXPECT_EQ(before.replayed_bytes, 3 * (4 * kHidden * 4) + 4 * 4);
   EXPECT_EQ(before.cached_output_bytes, 4 * kHidden * 4);  // the gemm output, float32
   loss.backward();
   group->release();

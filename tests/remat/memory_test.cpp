@@ -58,5 +58,44 @@ TEST(TrackingAllocator, ExactGeluAndRawAllocationsWork) {
   EXPECT_EQ(memory_stats().current_bytes, base);
 }
 
+// Note [CPU allocator replacement]: copy-on-write storages (at::_lazy_clone) swap the storage's
+// deleter for LibTorch's shared one; the tracked bytes stay exact through sharing, a write that
+// copies, a write that takes the block back, and the release of either side first.
+TEST(TrackingAllocator, CopyOnWriteStoragesKeepTheBytesExact) {
+  install_tracking_allocator();
+  constexpr int64_t kBytes = 256 * 4;
+  const int64_t base = memory_stats().current_bytes;
+  {
+    at::Tensor a = at::ones({256});
+    const int64_t sequence = allocation_sequence(a.storage().unsafeGetStorageImpl());
+    EXPECT_GE(sequence, 0);
+    at::Tensor b = at::_lazy_clone(a);
+    EXPECT_EQ(memory_stats().current_bytes, base + kBytes) << "a lazy clone copies nothing";
+    EXPECT_EQ(b.const_data_ptr<float>()[0], 1.0f);  // a read shares the block
+    EXPECT_EQ(memory_stats().current_bytes, base + kBytes);
+    b.add_(1);  // a write to a shared storage copies it into a new tracked block
+    EXPECT_EQ(memory_stats().current_bytes, base + 2 * kBytes);
+    EXPECT_GE(allocation_sequence(b.storage().unsafeGetStorageImpl()), 0);
+    EXPECT_EQ(a.sum().item<float>(), 256.0f);
+    EXPECT_EQ(b.sum().item<float>(), 512.0f);
+    a.add_(1);  // the last sharer takes the block back: no copy
+    EXPECT_EQ(memory_stats().current_bytes, base + 2 * kBytes);
+    EXPECT_EQ(allocation_sequence(a.storage().unsafeGetStorageImpl()), sequence);
+    a.reset();
+    EXPECT_EQ(memory_stats().current_bytes, base + kBytes);
+  }
+  EXPECT_EQ(memory_stats().current_bytes, base);
+  {
+    // The original released first: the shared block lives on in the clone, freed once.
+    at::Tensor a = at::ones({256});
+    at::Tensor b = at::_lazy_clone(a);
+    a.reset();
+    EXPECT_EQ(memory_stats().current_bytes, base + kBytes);
+    EXPECT_EQ(b.sum().item<float>(), 256.0f);
+    b.reset();
+    EXPECT_EQ(memory_stats().current_bytes, base);
+  }
+}
+
 }  // namespace
 }  // namespace pipemat::remat

@@ -9,7 +9,7 @@
 namespace pipemat::remat::testing {
 namespace {
 
-at::Tensor input(int seed, int64_t t = 4, int64_t h = 6) {
+at::Tensor chain_input(int seed, int64_t t = 4, int64_t h = 6) {
   at::manual_seed(seed);
   return at::randn({t, h});
 }
@@ -54,7 +54,7 @@ TEST(SaveChain, SingleTupleListAndNestedOutputsMatchAndCountLeaves) {
   auto unit = checkpoint_wrapper([&](const at::Tensor& x) { return body(x, r1, r2, r3, r4, r5); },
                                  CheckpointOptions{});
   reset_counters();
-  Grads got = run_and_grad([&](const at::Tensor& x) { return unit(x); }, input(1), {w});
+  Grads got = run_and_grad([&](const at::Tensor& x) { return unit(x); }, chain_input(1), {w});
   const auto c = counters();
   EXPECT_EQ(calls1, 1);
   EXPECT_EQ(calls2, 1);
@@ -64,7 +64,7 @@ TEST(SaveChain, SingleTupleListAndNestedOutputsMatchAndCountLeaves) {
   EXPECT_EQ(c.placeholders, c.output_leaves) << "replay hands out one placeholder per leaf";
   EXPECT_EQ(c.replays, 1);
   Grads want = run_and_grad([&](const at::Tensor& x) { return body(x, f1, f2, f3, f4, last); },
-                            input(1), {w});
+                            chain_input(1), {w});
   expect_bitwise_equal(got, want);
 }
 
@@ -85,7 +85,7 @@ ChainResult run_chain(bool optimized, int64_t T, int64_t H) {
                                        SaveRegionOptions{true, "save4"});
   auto unit = checkpoint_wrapper([&](const at::Tensor& x) { return s4(s3(s2(s1(x * 2.0)))); },
                                  CheckpointOptions{});
-  auto x = input(3, T, H).requires_grad_(true);
+  auto x = chain_input(3, T, H).requires_grad_(true);
   ChainResult r;
   const int64_t baseline = memory_stats().current_bytes;
   auto out = unit(x);
@@ -113,7 +113,7 @@ void expect_misuse(Body body, const std::string& text) {
                                        SaveRegionOptions{true, "consumer"});
   auto unit = checkpoint_wrapper([&](const at::Tensor& x) { return body(x.cos(), s1, s2); },
                                  CheckpointOptions{true, true, "chain"});
-  auto x = input(5).requires_grad_(true);
+  auto x = chain_input(5).requires_grad_(true);
   try {
     unit(x).sum().backward();
     FAIL() << "no error; expected: " << text;
@@ -147,8 +147,9 @@ TEST(SaveChain, DefaultSaveOutputKeepsBareConsumersWorking) {
   auto body = [&](const at::Tensor& x, auto& s) { return (s(x.cos()) + 1.0).sin().select(0, 1); };
   auto plain = [](const at::Tensor& x) { return x.exp(); };
   auto unit = checkpoint_wrapper([&](const at::Tensor& x) { return body(x, s1); });
-  Grads got = run_and_grad([&](const at::Tensor& x) { return unit(x); }, input(6), {});
-  Grads want = run_and_grad([&](const at::Tensor& x) { return body(x, plain); }, input(6), {});
+  Grads got = run_and_grad([&](const at::Tensor& x) { return unit(x); }, chain_input(6), {});
+  Grads want =
+      run_and_grad([&](const at::Tensor& x) { return body(x, plain); }, chain_input(6), {});
   expect_bitwise_equal(got, want);
 }
 

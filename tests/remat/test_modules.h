@@ -15,6 +15,9 @@
 
 namespace pipemat::remat::testing {
 
+// The hidden size of the small modules the remat tests build.
+constexpr int64_t kHidden = 8;
+
 // y = fn(x), counting calls.
 struct CountedImpl : torch::nn::Module {
   explicit CountedImpl(std::function<at::Tensor(const at::Tensor&)> fn) : fn_(std::move(fn)) {}

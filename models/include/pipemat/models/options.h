@@ -119,7 +119,7 @@ struct TrainingOptions {
   double weight_decay = 0.0;    // sgd, adamw
   double clip_grad_norm = 0.0;  // global L2 norm over all ranks; 0: no clipping
   uint64_t seed = 0;
-  int64_t threads = 0;  // compute threads per rank (LibTorch and OpenBLAS); 0: cores / ranks
+  int64_t threads = 0;  // compute threads per rank (LibTorch, OpenMP, MKL); 0: cores / ranks
   // Learning rate of step t: lr * (t + 1) / warmup during the first `warmup` steps, then
   // constant (lr_decay none) or a cosine from lr down to min_lr at the last step (cosine).
   int64_t warmup = 0;

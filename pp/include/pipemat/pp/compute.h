@@ -1,11 +1,11 @@
 #pragma once
 // The compute threads of a rank and the BLAS that runs its GEMMs.
 //
-// LibTorch's CPU GEMMs go to whatever libblas.so.3 the system selects. Debian's default is the
-// reference BLAS (about 6 GFLOP/s for a 1024x256 @ 256x256 float GEMM here); OpenBLAS
-// (libopenblas0-pthread, installed by scripts/install-deps.sh) runs the same GEMM at 70-90
-// GFLOP/s on one thread. Ranks that share a machine must share its cores: set_compute_threads
-// sets LibTorch's intra-op threads and, when the BLAS is OpenBLAS, its threads too.
+// LibTorch's CPU GEMMs run in the BLAS LibTorch was built with: PyPI's x86-64 wheel links Intel
+// MKL statically and runs its parallel regions on OpenMP. Ranks that share a machine must share
+// its cores: set_compute_threads sets LibTorch's intra-op threads, which sets OpenMP's and MKL's
+// as well; compute_info reads back what MKL itself reports (LibTorch's parallel-info text), so
+// a report shows the threads the GEMMs really get.
 //
 // Note [Freed memory stays in the process]: glibc hands blocks above its mmap threshold back to
 // the kernel when they are freed and trims the heap's top above its trim threshold (both start
@@ -25,16 +25,17 @@
 namespace pipemat::pp {
 
 struct ComputeInfo {
-  std::string blas;             // "OpenBLAS 0.3.21 ...", or the path of the libblas.so.3 in use
-  bool reference_blas = false;  // the slow reference implementation
-  int threads = 1;              // LibTorch intra-op threads (and OpenBLAS threads)
+  std::string torch_version;  // the LibTorch pipemat was built against, e.g. "2.15.0"
+  std::string blas;           // e.g. "MKL 2024.2", or LibTorch's BLAS_INFO ("open", ...)
+  int threads = 1;            // LibTorch intra-op threads
+  int blas_threads = -1;      // the BLAS's own thread count (MKL's); -1 where it reports none
   bool freed_memory_retained = false;  // retain_freed_memory() took effect
 };
 
 // Threads for `ranks_on_host` ranks on this machine: hardware threads / ranks_on_host, >= 1.
 int default_compute_threads(int ranks_on_host);
 
-// Sets LibTorch's intra-op threads and the BLAS's threads (OpenBLAS) to `threads` (>= 1;
+// Sets LibTorch's intra-op threads (and with them OpenMP's and MKL's) to `threads` (>= 1;
 // ConfigError otherwise) and returns what now runs.
 ComputeInfo set_compute_threads(int threads);
 

@@ -26,8 +26,8 @@
 //   saved_hooks.*  the saved-tensor hooks of a unit's forward and of its replay.
 //   counters.h + stats.cpp, overhead_clock.*, trace.cpp   counters, overhead clock, debug trace.
 //   slots.cpp (the module -> RegionSlot table), containers.cpp, policy.cpp, values.cpp.
-// The reaches into LibTorch internals, each in one file, with a Note and a compile-time check
-// of LibTorch 1.13:
+// The reaches into LibTorch internals, each in one file with a Note (checked for the LibTorch
+// versions the configure step accepts, 2.11 to 2.15):
 //   hooks.h / hooks.cpp  the autograd Engine subclass for default saved-tensor hooks
 //                        (Note [Saved tensor hooks in pure C++]).
 //   any_module.cpp       AnyModule's private content (Note [AnyModule content access]).

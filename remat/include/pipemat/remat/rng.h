@@ -19,8 +19,8 @@
 // dispatch state captured when it started, so replays inside backward see the same generator.
 // Without a scope nothing changes and nothing is intercepted.
 //
-// The dispatch key is LibTorch's TESTING_ONLY_GenericMode, the one key of LibTorch 1.13 that
-// is free for a process-wide boxed fallback (a compile-time check pins the version); a program
+// The dispatch key is LibTorch's TESTING_ONLY_GenericMode, a key free for a process-wide boxed
+// fallback in the LibTorch versions pipemat accepts (2.11 to 2.15); a program
 // that registers its own fallback on that key cannot use scopes.
 //
 // Threading: scopes are per thread and nest (the innermost wins). Non-copyable.

@@ -1,0 +1,100 @@
+# Finding LibTorch, and the versions pipemat supports.
+#
+# Note [Finding LibTorch]
+# pipemat builds against the LibTorch inside PyPI's `torch` wheel (headers, libraries and CMake
+# package live in the wheel: torch/share/cmake). cmake/torch-version.txt pins the one version
+# scripts/install-deps.sh installs, into the virtual environment PIPEMAT_VENV (default
+# /opt/pipemat-venv for root, ~/.local/share/pipemat/venv otherwise). Search order:
+#   1. whatever the user gives: -DTorch_DIR=..., -DCMAKE_PREFIX_PATH=... (another pip version's
+#      torch/share/cmake, or an unpacked libtorch archive);
+#   2. the virtual environment above;
+#   3. a `torch` importable by python3 (the machine's Python).
+# Only versions in PIPEMAT_TORCH_MIN..PIPEMAT_TORCH_MAX are accepted: pipemat reaches five
+# LibTorch internals (four in remat, listed in remat/include/pipemat/remat/remat.h, and pp's split
+# backward in pp/src/split_backward.cpp), each checked for exactly this range. Anything else stops
+# the configure step here, naming what was found; scripts/check-torch.sh VERSION builds and tests
+# one version of the range.
+
+set(PIPEMAT_TORCH_MIN 2.11)
+set(PIPEMAT_TORCH_MAX 2.15)
+file(STRINGS "${CMAKE_CURRENT_LIST_DIR}/torch-version.txt" PIPEMAT_TORCH_PINNED LIMIT_COUNT 1)
+
+function(pipemat_torch_candidates out)
+  set(prefixes)
+  set(venvs)
+  if(DEFINED ENV{PIPEMAT_VENV})
+    list(APPEND venvs "$ENV{PIPEMAT_VENV}")
+  endif()
+  list(APPEND venvs /opt/pipemat-venv)
+  if(DEFINED ENV{HOME})
+    list(APPEND venvs "$ENV{HOME}/.local/share/pipemat/venv")
+  endif()
+  foreach(venv IN LISTS venvs)
+    file(GLOB found LIST_DIRECTORIES true "${venv}/lib/python3*/site-packages/torch/share/cmake")
+    list(APPEND prefixes ${found})
+  endforeach()
+  find_program(PIPEMAT_PYTHON3 python3)
+  if(PIPEMAT_PYTHON3)
+    # find_spec locates the package without importing it (importing loads the CUDA libraries).
+    execute_process(
+      COMMAND "${PIPEMAT_PYTHON3}" -c
+              "import importlib.util as u; s = u.find_spec('torch'); print(s.submodule_search_locations[0] if s else '')"
+      OUTPUT_VARIABLE site OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    if(site AND EXISTS "${site}/share/cmake")
+      list(APPEND prefixes "${site}/share/cmake")
+    endif()
+  endif()
+  set(${out} ${prefixes} PARENT_SCOPE)
+endfunction()
+
+# An installed pipemat (pipematConfig.cmake) sets PIPEMAT_TORCH_BUILT_VERSION and _DIR: a project
+# that links it must link the same LibTorch, so that one is searched first and any other refused.
+macro(pipemat_find_torch)
+  if(PIPEMAT_TORCH_BUILT_DIR AND NOT DEFINED Torch_DIR)
+    set(Torch_DIR "${PIPEMAT_TORCH_BUILT_DIR}" CACHE PATH "LibTorch's CMake package")
+  endif()
+  pipemat_torch_candidates(_pipemat_torch_prefixes)
+  list(APPEND CMAKE_PREFIX_PATH ${_pipemat_torch_prefixes})
+  # The wheel's TorchConfig is a CUDA build: it runs CUDA detection at configure time and wants an
+  # architecture list when no GPU is visible. pipemat compiles no CUDA code of its own; the list only
+  # fills LibTorch's nvcc flags (H100/H200, A100).
+  if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST} AND NOT DEFINED TORCH_CUDA_ARCH_LIST)
+    set(ENV{TORCH_CUDA_ARCH_LIST} "8.0;9.0")
+  endif()
+  # LibTorch's CMake package enables CUDA and chooses nvcc's architectures from the list above; it
+  # warns about CMake's own CMAKE_CUDA_ARCHITECTURES, which CMP0104 NEW would define.
+  cmake_policy(SET CMP0104 OLD)
+  find_package(Torch ${PIPEMAT_TORCH_MIN} CONFIG QUIET)
+  if(NOT Torch_FOUND OR Torch_VERSION VERSION_GREATER_EQUAL "${PIPEMAT_TORCH_MAX}.9999")
+    set(_seen "")
+    if(Torch_FOUND)
+      string(APPEND _seen "\n  LibTorch ${Torch_VERSION} at ${Torch_DIR}")
+    endif()
+    foreach(_cfg _ver IN ZIP_LISTS Torch_CONSIDERED_CONFIGS Torch_CONSIDERED_VERSIONS)
+      string(APPEND _seen "\n  LibTorch ${_ver} at ${_cfg}")
+    endforeach()
+    if(NOT _seen)
+      set(_seen "\n  none (searched CMAKE_PREFIX_PATH, the pipemat virtual environment, python3)")
+    endif()
+    message(FATAL_ERROR
+      "pipemat supports LibTorch ${PIPEMAT_TORCH_MIN} to ${PIPEMAT_TORCH_MAX}; found:${_seen}\n"
+      "scripts/install-deps.sh installs torch==${PIPEMAT_TORCH_PINNED} from PyPI into "
+      "PIPEMAT_VENV (default /opt/pipemat-venv). Another one: -DTorch_DIR=<torch>/share/cmake/Torch "
+      "or -DCMAKE_PREFIX_PATH=<libtorch>. A build directory configured before keeps its Torch_DIR: "
+      "remove its CMakeCache.txt.")
+  endif()
+  if(PIPEMAT_TORCH_BUILT_VERSION AND NOT Torch_VERSION VERSION_EQUAL PIPEMAT_TORCH_BUILT_VERSION)
+    message(FATAL_ERROR
+      "this pipemat was built against LibTorch ${PIPEMAT_TORCH_BUILT_VERSION} "
+      "(${PIPEMAT_TORCH_BUILT_DIR}); this project found LibTorch ${Torch_VERSION} at ${Torch_DIR}. "
+      "Link the same one: -DTorch_DIR=${PIPEMAT_TORCH_BUILT_DIR}")
+  endif()
+  message(STATUS "pipemat: LibTorch ${Torch_VERSION} at ${TORCH_INSTALL_PREFIX}")
+  # The wheel's libtorch_cuda needs the wheel's NCCL and CUDA runtime (nvidia-* wheels beside
+  # torch), found at run time through its own RUNPATH; the linker needs to be told where they are,
+  # or it picks up an older NCCL from a CUDA toolkit on the machine.
+  file(GLOB _pipemat_nvidia_libs LIST_DIRECTORIES true "${TORCH_INSTALL_PREFIX}/../nvidia/*/lib")
+  foreach(_dir IN LISTS _pipemat_nvidia_libs)
+    add_link_options("LINKER:-rpath-link,${_dir}")
+  endforeach()
+endmacro()

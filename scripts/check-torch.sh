@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds pipemat against another LibTorch from PyPI and runs the test suite with it:
+#   bash scripts/check-torch.sh VERSION [ctest flags]      e.g. scripts/check-torch.sh 2.11.0
+# Installs torch==VERSION into /opt/pipemat-venv-VERSION (PIPEMAT_CHECK_VENV overrides; skipped
+# when present), configures ./build-torch-VERSION against it (-DTorch_DIR) with warnings as
+# errors, builds every target and runs ctest as scripts/test.sh does (without the sanitizer
+# builds, which link no LibTorch-specific code beyond the main build's). The pinned default
+# (cmake/torch-version.txt) is what scripts/test.sh checks; this checks the other end of the
+# supported range (cmake/PipematTorch.cmake).
+set -euo pipefail
+if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+  sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+version="$1"
+shift
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/install-deps.sh"
+venv="${PIPEMAT_CHECK_VENV:-/opt/pipemat-venv-$version}"
+installed="$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('torch'))" \
+             2>/dev/null || true)"
+if [ "$installed" != "$version" ]; then
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  echo "pipemat: installing torch==$version from PyPI into $venv"
+  "$venv/bin/python" -m pip install --quiet --no-input --progress-bar off \
+    --disable-pip-version-check "torch==$version"
+fi
+torch_dir="$(echo "$venv"/lib/python3*/site-packages/torch/share/cmake/Torch)"
+[ -f "$torch_dir/TorchConfig.cmake" ] || { echo "pipemat: no TorchConfig.cmake in $torch_dir"; exit 1; }
+build="$root/build-torch-$version"
+generator=()
+if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+start=$(date +%s)
+cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DPIPEMAT_WERROR=ON -DTorch_DIR="$torch_dir" >/dev/null
+cmake --build "$build" -j "${PIPEMAT_BUILD_JOBS:-$(nproc)}"
+echo "pipemat: build against LibTorch $version done in $(( $(date +%s) - start )) s"
+export OMP_NUM_THREADS=1
+cd "$build"
+ctest --output-on-failure -j "$(nproc)" -LE "perf|sanitize" "$@"
