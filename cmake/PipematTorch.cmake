@@ -8,7 +8,10 @@
 #   1. whatever the user gives: -DTorch_DIR=..., -DCMAKE_PREFIX_PATH=... (another pip version's
 #      torch/share/cmake, or an unpacked libtorch archive);
 #   2. the virtual environment above;
-#   3. a `torch` importable by python3 (the machine's Python).
+#   3. a `torch` importable by python3 (the machine's Python);
+#   4. CMake's system paths.
+# The first TorchConfig.cmake found is used, with the Caffe2 package beside it (never another
+# LibTorch's).
 # Only versions in PIPEMAT_TORCH_MIN..PIPEMAT_TORCH_MAX are accepted: pipemat reaches five
 # LibTorch internals (four in remat, listed in remat/include/pipemat/remat/remat.h, and pp's split
 # backward in pp/src/split_backward.cpp), each checked for exactly this range. Anything else stops
@@ -53,8 +56,29 @@ macro(pipemat_find_torch)
   if(PIPEMAT_TORCH_BUILT_DIR AND NOT DEFINED Torch_DIR)
     set(Torch_DIR "${PIPEMAT_TORCH_BUILT_DIR}" CACHE PATH "LibTorch's CMake package")
   endif()
-  pipemat_torch_candidates(_pipemat_torch_prefixes)
-  list(APPEND CMAKE_PREFIX_PATH ${_pipemat_torch_prefixes})
+  # Torch_DIR is settled here, before LibTorch's package loads: that package finds its Caffe2 part
+  # with find_dependency, which searches CMAKE_PREFIX_PATH before its own directory, so another
+  # LibTorch on the search path could supply the libraries under this one's headers. The first
+  # TorchConfig.cmake of the user's CMAKE_PREFIX_PATH, then of the candidates, is the one;
+  # its sibling Caffe2 directory is the only Caffe2 loaded.
+  if(NOT DEFINED Torch_DIR)
+    pipemat_torch_candidates(_pipemat_torch_prefixes)
+    set(_pipemat_torch_search)
+    foreach(_prefix IN LISTS CMAKE_PREFIX_PATH _pipemat_torch_prefixes)
+      list(APPEND _pipemat_torch_search "${_prefix}/Torch" "${_prefix}/share/cmake/Torch"
+                  "${_prefix}/lib/cmake/Torch")
+    endforeach()
+    foreach(_dir IN LISTS _pipemat_torch_search)
+      if(EXISTS "${_dir}/TorchConfig.cmake")
+        set(Torch_DIR "${_dir}" CACHE PATH "LibTorch's CMake package")
+        break()
+      endif()
+    endforeach()
+  endif()
+  if(DEFINED Torch_DIR AND EXISTS "${Torch_DIR}/../Caffe2/Caffe2Config.cmake")
+    get_filename_component(_pipemat_caffe2 "${Torch_DIR}/../Caffe2" ABSOLUTE)
+    set(Caffe2_DIR "${_pipemat_caffe2}" CACHE PATH "LibTorch's Caffe2 part" FORCE)
+  endif()
   # The wheel's TorchConfig is a CUDA build: it runs CUDA detection at configure time and wants an
   # architecture list when no GPU is visible. pipemat compiles no CUDA code of its own; the list only
   # fills LibTorch's nvcc flags (H100/H200, A100).
@@ -64,17 +88,16 @@ macro(pipemat_find_torch)
   # LibTorch's CMake package enables CUDA and chooses nvcc's architectures from the list above; it
   # warns about CMake's own CMAKE_CUDA_ARCHITECTURES, which CMP0104 NEW would define.
   cmake_policy(SET CMP0104 OLD)
-  find_package(Torch ${PIPEMAT_TORCH_MIN} CONFIG QUIET)
-  if(NOT Torch_FOUND OR Torch_VERSION VERSION_GREATER_EQUAL "${PIPEMAT_TORCH_MAX}.9999")
-    set(_seen "")
+  # The first LibTorch in the search order is the one used (no version in the request: CMake
+  # would skip an unsuitable one silently and take the next, even against an explicit Torch_DIR).
+  find_package(Torch CONFIG QUIET)
+  if(NOT Torch_FOUND OR Torch_VERSION VERSION_LESS "${PIPEMAT_TORCH_MIN}"
+     OR Torch_VERSION VERSION_GREATER_EQUAL "${PIPEMAT_TORCH_MAX}.9999")
     if(Torch_FOUND)
-      string(APPEND _seen "\n  LibTorch ${Torch_VERSION} at ${Torch_DIR}")
-    endif()
-    foreach(_cfg _ver IN ZIP_LISTS Torch_CONSIDERED_CONFIGS Torch_CONSIDERED_VERSIONS)
-      string(APPEND _seen "\n  LibTorch ${_ver} at ${_cfg}")
-    endforeach()
-    if(NOT _seen)
-      set(_seen "\n  none (searched CMAKE_PREFIX_PATH, the pipemat virtual environment, python3)")
+      set(_seen "\n  LibTorch ${Torch_VERSION} at ${Torch_DIR}")
+    else()
+      string(CONCAT _seen "\n  none (searched Torch_DIR, CMAKE_PREFIX_PATH, the pipemat "
+                    "virtual environment, python3's torch and the system)")
     endif()
     message(FATAL_ERROR
       "pipemat supports LibTorch ${PIPEMAT_TORCH_MIN} to ${PIPEMAT_TORCH_MAX}; found:${_seen}\n"
@@ -93,6 +116,13 @@ macro(pipemat_find_torch)
   # The wheel's libtorch_cuda needs the wheel's NCCL and CUDA runtime (nvidia-* wheels beside
   # torch), found at run time through its own RUNPATH; the linker needs to be told where they are,
   # or it picks up an older NCCL from a CUDA toolkit on the machine.
+  # PyPI's LibTorch libraries export copies of parts of the C++ standard library they were built
+  # with (std::filesystem among them: 64 symbols in 2.11's libtorch.so, 142 in libtorch_cpu.so).
+  # The dynamic linker binds a program's calls to the first library in its needed list that
+  # defines a symbol, and g++ names libstdc++ last, so pipemat's std::filesystem::remove_all ran
+  # 2.11's copy, which jumps to a null address. Naming libstdc++ first binds the program to the
+  # standard library it was compiled against.
+  add_link_options("LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
   file(GLOB _pipemat_nvidia_libs LIST_DIRECTORIES true "${TORCH_INSTALL_PREFIX}/../nvidia/*/lib")
   foreach(_dir IN LISTS _pipemat_nvidia_libs)
     add_link_options("LINKER:-rpath-link,${_dir}")

@@ -15,16 +15,8 @@ fi
 version="$1"
 shift
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$root/scripts/install-deps.sh"
 venv="${PIPEMAT_CHECK_VENV:-/opt/pipemat-venv-$version}"
-installed="$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('torch'))" \
-             2>/dev/null || true)"
-if [ "$installed" != "$version" ]; then
-  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-  echo "pipemat: installing torch==$version from PyPI into $venv"
-  "$venv/bin/python" -m pip install --quiet --no-input --progress-bar off \
-    --disable-pip-version-check "torch==$version"
-fi
+PIPEMAT_VENV="$venv" PIPEMAT_TORCH_VERSION="$version" bash "$root/scripts/install-deps.sh"
 torch_dir="$(echo "$venv"/lib/python3*/site-packages/torch/share/cmake/Torch)"
 [ -f "$torch_dir/TorchConfig.cmake" ] || { echo "pipemat: no TorchConfig.cmake in $torch_dir"; exit 1; }
 build="$root/build-torch-$version"

@@ -5,7 +5,7 @@
 # (default /opt/pipemat-venv as root, ~/.local/share/pipemat/venv otherwise), where CMake finds it
 # (Note [Finding LibTorch] in cmake/PipematTorch.cmake). The wheel is a CUDA build of about 5 GB
 # with its nvidia-* runtime wheels; it is skipped when the environment, or python3, already has
-# that version.
+# that version. PIPEMAT_TORCH_VERSION installs another version (scripts/check-torch.sh does).
 # Idempotent: quiet and fast when everything is already present. Needs root (or sudo) on Debian 12.
 set -euo pipefail
 
@@ -41,7 +41,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-torch_version="$(head -n 1 "$root/cmake/torch-version.txt")"
+torch_version="${PIPEMAT_TORCH_VERSION:-$(head -n 1 "$root/cmake/torch-version.txt")}"
 if [ "$(id -u)" -eq 0 ]; then
   venv="${PIPEMAT_VENV:-/opt/pipemat-venv}"
 else

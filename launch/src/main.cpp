@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <string>
 #include <thread>
 
 #include "commands.h"
@@ -39,11 +40,14 @@ void report_failure(const std::exception& e) {
   const bool waited = leave_it_to_rank0(dynamic_cast<const pipemat::ConfigError*>(&e) != nullptr);
   const char* what = e.what();
   const bool names_a_rank = std::strncmp(what, "rank ", 5) == 0;
-  std::cerr << "pipemat: error: ";
+  // One write for the whole line: ranks started as local processes share the terminal.
+  std::string line = "pipemat: error: ";
   if (job.launcher_rank >= 0 && (job.joining || waited) && !names_a_rank) {
-    std::cerr << "rank " << job.launcher_rank << ": ";
+    line += "rank " + std::to_string(job.launcher_rank) + ": ";
   }
-  std::cerr << what << "\n" << std::flush;
+  line += what;
+  line += "\n";
+  std::cerr << line << std::flush;
   // Under mpirun a failed rank ends the job: its peers may wait on it, or be stuck, and
   // MPI_Finalize would wait for them (docs/comm.md, "Failures").
   pipemat::comm::abort_job(1);

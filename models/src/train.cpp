@@ -300,12 +300,16 @@ namespace {
 int report_end(const TrainResult& result, const TrainConfig& config, std::ostream& err) {
   int code = 0;
   for (const EndFailure& f : result.end_failures) {
-    err << "pipemat: error: " << to_string(f.part) << " failed after the run's last step (step "
-        << result.last.step + 1 << " of " << config.training.steps << "): " << f.message;
+    // One write per line: ranks started as local processes share the terminal, and a line
+    // written in pieces interleaves with another rank's.
+    std::string line = ::pipemat::detail::concat(
+        "pipemat: error: ", to_string(f.part), " failed after the run's last step (step ",
+        result.last.step + 1, " of ", config.training.steps, "): ", f.message);
     if (f.part != EndPart::kCheckpoint && !result.final_checkpoint.empty()) {
-      err << "; the final checkpoint " << result.final_checkpoint << " is complete";
+      line += ::pipemat::detail::concat("; the final checkpoint ", result.final_checkpoint,
+                                        " is complete");
     }
-    err << "\n" << std::flush;
+    err << line + "\n" << std::flush;
     const int part = static_cast<int>(f.part);
     code = code == 0 ? part : std::min(code, part);
   }
