@@ -113,9 +113,6 @@ macro(pipemat_find_torch)
       "Link the same one: -DTorch_DIR=${PIPEMAT_TORCH_BUILT_DIR}")
   endif()
   message(STATUS "pipemat: LibTorch ${Torch_VERSION} at ${TORCH_INSTALL_PREFIX}")
-  # The wheel's libtorch_cuda needs the wheel's NCCL and CUDA runtime (nvidia-* wheels beside
-  # torch), found at run time through its own RUNPATH; the linker needs to be told where they are,
-  # or it picks up an older NCCL from a CUDA toolkit on the machine.
   # PyPI's LibTorch libraries export copies of parts of the C++ standard library they were built
   # with (std::filesystem among them: 64 symbols in 2.11's libtorch.so, 142 in libtorch_cpu.so).
   # The dynamic linker binds a program's calls to the first library in its needed list that
@@ -123,6 +120,9 @@ macro(pipemat_find_torch)
   # 2.11's copy, which jumps to a null address. Naming libstdc++ first binds the program to the
   # standard library it was compiled against.
   add_link_options("LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+  # The wheel's libtorch_cuda needs the wheel's NCCL and CUDA runtime (nvidia-* wheels beside
+  # torch), found at run time through its own RUNPATH; the linker needs to be told where they are,
+  # or it picks up an older NCCL from a CUDA toolkit on the machine.
   file(GLOB _pipemat_nvidia_libs LIST_DIRECTORIES true "${TORCH_INSTALL_PREFIX}/../nvidia/*/lib")
   foreach(_dir IN LISTS _pipemat_nvidia_libs)
     add_link_options("LINKER:-rpath-link,${_dir}")

@@ -3,9 +3,9 @@
 #   bash scripts/check-torch.sh VERSION [ctest flags]      e.g. scripts/check-torch.sh 2.11.0
 # Installs torch==VERSION into /opt/pipemat-venv-VERSION (PIPEMAT_CHECK_VENV overrides; skipped
 # when present), configures ./build-torch-VERSION against it (-DTorch_DIR) with warnings as
-# errors, builds every target and runs ctest as scripts/test.sh does (without the sanitizer
-# builds, which link no LibTorch-specific code beyond the main build's). The pinned default
-# (cmake/torch-version.txt) is what scripts/test.sh checks; this checks the other end of the
+# errors, builds every target and runs ctest as scripts/test.sh does, less the sanitizer suites
+# (scripts/test.sh runs those against the pinned version). The pinned default
+# (cmake/torch-version.txt) is what scripts/test.sh checks; this checks the rest of the
 # supported range (cmake/PipematTorch.cmake).
 set -euo pipefail
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then

@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 #include <torch/version.h>
 
 #include <sys/resource.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -35,6 +38,18 @@ TEST(ComputeThreads, OneSettingForLibTorchAndTheBlas) {
   EXPECT_EQ(one.threads, 1);
   EXPECT_EQ(one.blas_threads, 1);
   EXPECT_THROW(set_compute_threads(0), ConfigError);
+}
+
+// cmake/PipematTorch.cmake: PyPI's LibTorch libraries export copies of parts of the C++ standard
+// library (2.11's std::filesystem::remove_all jumped to a null address); programs name libstdc++
+// first, so their calls bind to the standard library they were compiled against.
+TEST(Linking, StandardLibraryCallsBindToLibstdcxxNotLibTorchsCopies) {
+  using RemoveAll = std::uintmax_t (*)(const std::filesystem::path&);
+  const RemoveAll remove_all = &std::filesystem::remove_all;
+  Dl_info info{};
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(remove_all), &info), 0);
+  ASSERT_NE(info.dli_fname, nullptr);
+  EXPECT_NE(std::string(info.dli_fname).find("libstdc++.so"), std::string::npos) << info.dli_fname;
 }
 
 long minor_faults() {
