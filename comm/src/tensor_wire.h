@@ -66,10 +66,10 @@ bool is_tensor_list(const uint8_t* data, size_t size);
 // Note [Wire dtype codes]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // A header's dtype field is pipemat's own code, from one table in tensor_wire.cpp (13 dtypes:
-// the floating, integer, complex and bool types; the numbers are those LibTorch's ScalarType has
-// for them, so a float32 is 6 on the wire as in memory), never a cast of LibTorch's enum: the
-// enum grows between LibTorch releases (the code of Undefined moved), and ranks built against two
-// releases must agree on every byte. A code outside the table is refused on receipt, a dtype
+// the floating, integer, complex and bool types; each number is the one LibTorch's ScalarType
+// gives it today, float32 = 6), never a cast of that enum: the enum grows between LibTorch
+// releases (the value of Undefined moved), and ranks built against two releases must agree on
+// every byte. A code outside the table is refused on receipt, a dtype
 // outside it on send (quantized tensors among them). An undefined list entry carries
 // kUndefinedDtypeCode.
 constexpr int32_t kUndefinedDtypeCode = 255;
