@@ -98,7 +98,9 @@ function(pipemat_add_test name)
   endif()
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
-    DISCOVERY_TIMEOUT 60
+    # Listing a binary's tests loads LibTorch's libraries (over 3 GB with the CUDA ones): from a
+    # cold page cache the first load took 70 s here.
+    DISCOVERY_TIMEOUT 300
     PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS ${label} ENVIRONMENT "OMP_NUM_THREADS=1")
 endfunction()
 
