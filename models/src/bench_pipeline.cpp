@@ -83,7 +83,13 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
     PIPEMAT_CHECK(t == "mpi" || t == "tcp" || t == "local", ConfigError,
                   "bench pipeline: --transports: '", t, "'; expected mpi, tcp or local");
   }
-  std::vector<std::string> common = o.overrides;
+  // A benchmark measures steps: the config's checkpoints, evaluations, sample and output files
+  // (the main job's config has them all) are left out, so nothing is written into its run
+  // directory and one variant's checkpoint never stops the next variant's run.
+  std::vector<std::string> common = {"checkpoint.dir=",     "sample.tokens=0",
+                                     "training.eval_every=0", "output.metrics=",
+                                     "output.loss_svg=",     "output.timeline_svg="};
+  common.insert(common.end(), o.overrides.begin(), o.overrides.end());
   common.push_back("training.steps=" + std::to_string(o.steps));
   TrainConfig base = load_config(o.config, common);
   // Every variant's config, valid before anything runs.

@@ -5,7 +5,6 @@
 #include <torch/nn/init.h>
 
 #include <cmath>
-#include <limits>
 #include <mutex>
 
 #include "pipemat/core/error.h"
@@ -50,12 +49,12 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptShape& shape) : heads(
 at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = h / heads;
   auto parts = qkv(x).view({b, t, 3, heads, d}).permute({2, 0, 3, 1, 4});  // [3, B, nh, T, d]
-  const at::Tensor q = parts[0], k = parts[1], v = parts[2];
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
-  const at::Tensor future = at::ones({t, t}, at::kBool).triu(1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-  const at::Tensor context = at::matmul(at::softmax(scores, -1), v);  // [B, nh, T, d]
-  return proj(context.transpose(1, 2).reshape({b, t, h}));
+  // softmax(q k^T / sqrt(d) + causal mask) v in one fused kernel (LibTorch's flash attention on
+  // the CPU): no [T, T] score, mask or probability tensor is made, kept for backward or
+  // recomputed. Same result as the explicit formula to float rounding (Gpt.AttentionIsCausal).
+  const at::Tensor context = at::scaled_dot_product_attention(
+      parts[0], parts[1], parts[2], /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  return proj(context.transpose(1, 2).reshape({b, t, h}));  // [B, nh, T, d] -> [B, T, h]
 }
 
 GptMlpImpl::GptMlpImpl(const GptShape& shape) {

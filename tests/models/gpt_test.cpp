@@ -290,6 +290,46 @@ TEST(Gpt, DropoutIsOnAndTheLossFalls) {
   EXPECT_LT(without.steps[2].loss, without.steps[0].loss);
 }
 
+// The attention's fused kernel computes softmax(q k^T / sqrt(d) with the future masked) v: its
+// output and the gradients of x and of both projections equal the explicit formula's.
+TEST(Gpt, AttentionIsCausal) {
+  GptShape shape;
+  shape.hidden = 32;
+  shape.heads = 4;
+  at::manual_seed(3);
+  CausalSelfAttention attn(shape);
+  const int64_t b = 2, t = 9, h = shape.hidden, d = h / shape.heads;
+  const at::Tensor x = at::randn({b, t, h}).requires_grad_(true);
+  const at::Tensor fused = attn->forward(x);
+  const at::Tensor x2 = x.detach().clone().requires_grad_(true);
+  const at::Tensor q_k_v =
+      attn->qkv->forward(x2).view({b, t, 3, shape.heads, d}).permute({2, 0, 3, 1, 4});
+  const at::Tensor scores = at::matmul(q_k_v[0], q_k_v[1].transpose(-2, -1)) / std::sqrt(d * 1.0);
+  const at::Tensor future = at::ones({t, t}, at::kBool).triu(1);
+  const at::Tensor probs = at::softmax(scores.masked_fill(future, -INFINITY), -1);
+  const at::Tensor plain =
+      attn->proj->forward(at::matmul(probs, q_k_v[2]).transpose(1, 2).reshape({b, t, h}));
+  EXPECT_TRUE(at::allclose(fused, plain, 1e-5, 1e-6)) << (fused - plain).abs().max();
+  // Token 0 sees only itself: changing a later token leaves its output as it was.
+  const at::Tensor changed = x.detach().clone();
+  changed.select(1, t - 1).add_(1.0);
+  EXPECT_TRUE(at::equal(attn->forward(changed).select(1, 0), fused.detach().select(1, 0)));
+
+  const at::Tensor w = at::randn({b, t, h});
+  auto grads = [&](const at::Tensor& out, const at::Tensor& input) {
+    for (auto& p : attn->parameters()) p.mutable_grad().reset();
+    (out * w).sum().backward();
+    return std::vector<at::Tensor>{input.grad(), attn->qkv->weight.grad().clone(),
+                                   attn->proj->weight.grad().clone()};
+  };
+  const auto g_fused = grads(fused, x);
+  const auto g_plain = grads(plain, x2);
+  for (size_t i = 0; i < g_fused.size(); ++i) {
+    EXPECT_TRUE(at::allclose(g_fused[i], g_plain[i], 1e-4, 1e-5))
+        << i << ": " << (g_fused[i] - g_plain[i]).abs().max();
+  }
+}
+
 TEST(Gpt, SelectiveRematSavesTheProjectionsAndReplaysTheRest) {
   TempDir dir;
   write(dir.path() / "text.txt", words(16 * kSplitBlock));

@@ -60,7 +60,8 @@ struct CountedLinearImpl : torch::nn::LinearImpl {
 };
 TORCH_MODULE(CountedLinear);
 
-// Causal self-attention: qkv projection, softmax(q k^T / sqrt(d) + causal mask) v, proj.
+// Causal self-attention: qkv projection, softmax(q k^T / sqrt(d) + causal mask) v (one fused
+// kernel, at::scaled_dot_product_attention), proj.
 struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GptShape& shape);
   at::Tensor forward(const at::Tensor& x);
