@@ -86,9 +86,9 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
   // A benchmark measures steps: the config's checkpoints, evaluations, sample and output files
   // (the main job's config has them all) are left out, so nothing is written into its run
   // directory and one variant's checkpoint never stops the next variant's run.
-  std::vector<std::string> common = {"checkpoint.dir=",     "sample.tokens=0",
-                                     "training.eval_every=0", "output.metrics=",
-                                     "output.loss_svg=",     "output.timeline_svg="};
+  std::vector<std::string> common = {
+      "checkpoint.dir=",  "sample.tokens=0",      "training.eval_every=0",   "output.metrics=",
+      "output.loss_svg=", "output.timeline_svg=", "output.reference_steps=0"};
   common.insert(common.end(), o.overrides.begin(), o.overrides.end());
   common.push_back("training.steps=" + std::to_string(o.steps));
   TrainConfig base = load_config(o.config, common);

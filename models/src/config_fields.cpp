@@ -417,6 +417,11 @@ std::vector<ConfigField> make_fields() {
       {"output", "progress", boolean(PIPEMAT_MEMBER(output.progress)), "",
        "one human-readable line per step on stdout (loss, tokens/s, step time, bubble, peak "
        "memory, percent done, ETA, remat counters) and one per evaluation"},
+      {"output", "reference_steps", integer(PIPEMAT_MEMBER(output.reference_steps), 0, 1000000),
+       "0 .. 1000000",
+       "after training, the last stage's rank runs this many steps of the same model in one "
+       "process (`pipemat train --reference`, the ranks' threads) and the run summary compares "
+       "the pipeline's tokens/s and peak memory per rank with it; `0`: the summary without it"},
   };
 }
 

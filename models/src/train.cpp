@@ -150,6 +150,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
     }
     if (draw_curve) train_curve.push_back({step + 1, m.loss});
     if (result.last_stage_rank) {
+      result.totals.add(m);
       metrics.write(m, validation);
       if (talk) {
         print_progress(*progress, config, m, true, pace);
@@ -271,6 +272,7 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
       merged.validation = r.validation;
       merged.sample = r.sample;
       merged.final_checkpoint = r.final_checkpoint;
+      merged.totals = r.totals;
     }
     for (const EndFailure& f : r.end_failures) {  // one line per part (a save fails everywhere)
       const bool known = std::any_of(merged.end_failures.begin(), merged.end_failures.end(),
@@ -333,12 +335,31 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
     train_reference(config, &out);
     return 0;
   }
+  // After training, on the rank that prints: the run summary, with the single process measured
+  // now (the other ranks are done and leave it the machine).
+  const auto summarize = [&](const TrainResult& result) {
+    if (!result.last_stage_rank || !config.output.progress) return;
+    std::optional<ReferenceFigures> figures;
+    if (config.output.reference_steps > 0) {
+      out << "measuring the single process for the summary: " << config.output.reference_steps
+          << " steps of pipemat train --reference (output.reference_steps)\n"
+          << std::flush;
+      figures = measure_reference(config, config.output.reference_steps);
+    }
+    const int64_t tokens_per_step =
+        tokens_per_micro_batch(config.model) * resolved.config.schedule.micro_batches;
+    print_run_summary(out, resolved.config, result.totals, tokens_per_step, figures);
+  };
   comm::TransportOptions options = comm::resolve_options(config.transport);
   if (options.kind == comm::TransportKind::kLocal) {
-    return report_end(train_in_process(config, &out), config, err);
+    const TrainResult result = train_in_process(config, &out);
+    summarize(result);
+    return report_end(result, config, err);
   }
   auto transport = comm::make_transport(options);
-  return report_end(train_on(config, *transport, &out), config, err);
+  const TrainResult result = train_on(config, *transport, &out);
+  summarize(result);
+  return report_end(result, config, err);
 }
 
 }  // namespace pipemat::models

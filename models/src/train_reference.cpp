@@ -8,7 +8,9 @@
 #include <chrono>
 #include <optional>
 
+#include "bench_run.h"
 #include "pipemat/models/model_run.h"
+#include "pipemat/pp/compute.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/remat/rng.h"
 #include "train_optimizer.h"
@@ -74,6 +76,7 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
     optimizer->step();
     m.step_ms = since_ms(t0);
     m.busy_ms = m.step_ms;
+    m.start_bytes = bytes0;
     m.peak_bytes = remat::memory_stats().peak_bytes - bytes0;
     out.push_back(std::move(m));
     if (eval_every > 0 && ((step + 1) % eval_every == 0 || step + 1 == config.training.steps) &&
@@ -100,6 +103,31 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
     }
   }
   return out;
+}
+
+ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps) {
+  PIPEMAT_CHECK(steps >= 2, ConfigError, "output.reference_steps: ", steps,
+                " steps cannot give a step time after the first (warm-up) step; give 2 or more");
+  remat::install_tracking_allocator();
+  TrainConfig short_run = config;
+  short_run.training.steps = steps;
+  // What this process holds already (the pipeline's stages when called after training) is not
+  // the reference's: its bytes are counted from here.
+  const int64_t base = remat::memory_stats().current_bytes;
+  const std::vector<StepMetrics> run = run_reference(short_run, nullptr);
+  ReferenceFigures f;
+  f.steps = steps;
+  f.threads = pp::compute_info().threads;
+  // The first third of the steps warms up (page faults, the allocator, LibTorch's caches).
+  std::vector<double> times;
+  for (size_t i = static_cast<size_t>(steps / 3); i < run.size(); ++i) {
+    times.push_back(run[i].step_ms);
+  }
+  f.measured_steps = static_cast<int64_t>(times.size());
+  f.step_ms = bench::median(times);
+  for (const StepMetrics& m : run)
+    f.peak_bytes = std::max(f.peak_bytes, m.start_bytes + m.peak_bytes - base);
+  return f;
 }
 
 TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 
+#include "bench_run.h"
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
 #include "pipemat/models/train.h"
@@ -48,6 +49,60 @@ void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& 
     std::snprintf(line + n, sizeof(line) - n, "  (reference)");
   }
   out << line << "\n" << std::flush;
+}
+
+void RunTotals::add(const StepMetrics& m) {
+  step_ms.push_back(m.step_ms);
+  std::vector<int64_t> held;
+  if (m.rank_peak_bytes.size() == m.rank_start_bytes.size() && !m.rank_peak_bytes.empty()) {
+    for (size_t r = 0; r < m.rank_peak_bytes.size(); ++r) {
+      held.push_back(m.rank_start_bytes[r] + m.rank_peak_bytes[r]);
+    }
+  } else {
+    held.push_back(m.start_bytes + m.peak_bytes);
+  }
+  if (rank_peak_bytes.size() != held.size()) rank_peak_bytes.assign(held.size(), 0);
+  for (size_t r = 0; r < held.size(); ++r) {
+    rank_peak_bytes[r] = std::max(rank_peak_bytes[r], held[r]);
+  }
+}
+
+void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals& totals,
+                       int64_t tokens_per_step, const std::optional<ReferenceFigures>& reference) {
+  if (totals.step_ms.empty()) return;
+  const double steps = static_cast<double>(totals.step_ms.size());
+  double total_ms = 0;
+  for (double ms : totals.step_ms) total_ms += ms;
+  const double tokens = steps * static_cast<double>(tokens_per_step);
+  const double tokens_per_s = tokens * 1000.0 / total_ms;
+  const double median_ms = bench::median(totals.step_ms);
+  std::string peaks;
+  int64_t max_peak = 0;
+  for (int64_t b : totals.rank_peak_bytes) {
+    peaks += (peaks.empty() ? "" : ", ") + format_bytes(b);
+    max_peak = std::max(max_peak, b);
+  }
+  const size_t ranks = totals.rank_peak_bytes.size();
+  std::string line = ::pipemat::detail::concat(
+      "summary: ", totals.step_ms.size(), " steps, ", format_count(tokens), " tokens in ",
+      format_duration(total_ms / 1000.0), " of steps: ", format_count(tokens_per_s),
+      " tokens/s (median step ", format_fixed(median_ms, 1), " ms) on ", c.schedule.ranks,
+      c.schedule.ranks == 1 ? " rank" : " ranks", "; peak memory ", ranks == 1 ? "" : "per rank ",
+      peaks, " (tensors: weights, gradients, optimizer state, activations)\n");
+  if (reference) {
+    const ReferenceFigures& r = *reference;
+    const double ref_tokens_per_s = static_cast<double>(tokens_per_step) * 1000.0 / r.step_ms;
+    line += ::pipemat::detail::concat(
+        "single process (the same model and data chained in one process, ", r.threads,
+        r.threads == 1 ? " thread" : " threads", "; median of steps ",
+        r.steps - r.measured_steps + 1, "-", r.steps, " of ", r.steps,
+        " run after training): ", format_count(ref_tokens_per_s), " tokens/s (",
+        format_fixed(r.step_ms, 1), " ms per step), peak memory ", format_bytes(r.peak_bytes),
+        "; the pipeline: ", format_fixed(tokens_per_s / ref_tokens_per_s, 2), "x the tokens/s, ",
+        format_fixed(static_cast<double>(max_peak) / static_cast<double>(r.peak_bytes), 2),
+        "x the peak memory ", ranks == 1 ? "" : "on its largest rank", "\n");
+  }
+  out << line << std::flush;  // one write: ranks started as local processes share the terminal
 }
 
 void print_validation(std::ostream& out, int64_t step, double loss) {

@@ -32,6 +32,11 @@ struct Pace {
 void print_progress(std::ostream& out, const TrainConfig& c, const pp::StepMetrics& m,
                     bool pipeline, const Pace& pace);
 
+// The run summary after the last step: tokens/s, step time and peak memory per rank over the
+// whole run, and with `reference` the single process's figures and the ratios.
+void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals& totals,
+                       int64_t tokens_per_step, const std::optional<ReferenceFigures>& reference);
+
 // "validation after step N: loss L nats/byte (B bits)".
 void print_validation(std::ostream& out, int64_t step, double loss);
 

@@ -189,6 +189,18 @@ std::vector<at::Tensor> SplitBackward::run_input(const std::vector<at::Tensor>& 
   auto out = engine.execute(roots_, root_grads_, /*keep_graph=*/true, /*create_graph=*/false,
                             /*accumulate_grad=*/false, outputs);
   for (size_t k = 0; k < grad_inputs_.size(); ++k) dx[grad_inputs_[k]] = out.at(k);
+  // Note [Split backward]: W restarts from the boundary nodes and never runs the rest of X again,
+  // so what only the dx chain needed (GELU's input, attention's q, k, v and output, a norm's
+  // statistics without parameters) is released now instead of when W ends: between I and W a
+  // stage holds only what its parameter gradients need.
+  std::vector<const Node*> restart;
+  for (const auto& b : boundary_) restart.push_back(b.get());
+  std::sort(restart.begin(), restart.end());
+  for (const Node* n : dx_chain_) {
+    if (!std::binary_search(restart.begin(), restart.end(), n)) {
+      const_cast<Node*>(n)->release_variables();  // alive: roots_ holds the graph until W
+    }
+  }
   return dx;
 }
 

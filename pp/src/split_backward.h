@@ -13,7 +13,8 @@
 // computes only the outputs the dx chain needs (for a GEMM: dX, not dW). Before I, a pre-hook is
 // put on every node u of X that has an edge to a node outside X from which a parameter is
 // reachable; it captures the gradients u receives. W then cuts u's edges into X (the graph is
-// not used again after W) and runs the engine from those nodes (roots = their inputs, with the
+// not used again after W; the other nodes of X never run again, so I releases their saved
+// tensors as soon as it ends) and runs the engine from those nodes (roots = their inputs, with the
 // captured gradients) with the parameters as the requested outputs: u recomputes only its
 // parameter-side outputs (dW) and the parameter branches run, never the dx chain again. Nodes
 // outside X never lead into X (they would reach the input), so the cut is complete. The parameter

@@ -707,7 +707,7 @@ TEST(ConfigOverrides, Errors) {
       "checkpoint.keep_last, checkpoint.resume, checkpoint.overwrite, sample.tokens, "
       "sample.prompt, "
       "sample.temperature, sample.top_k, sample.seed, output.metrics, "
-      "output.timeline_svg, output.loss_svg, output.progress";
+      "output.timeline_svg, output.loss_svg, output.progress, output.reference_steps";
   EXPECT_EQ(error_of("", {"model={layers: 4}"}), "--set: model: unknown key; allowed: " + all_keys);
   EXPECT_EQ(error_of("", {"partition.layers_per_stage=[2,6"}),
             "--set: partition.layers_per_stage: '[2,6' is not a YAML value (end of sequence flow "
@@ -862,7 +862,8 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  metrics: \"\"\n"
             "  timeline_svg: \"\"\n"
             "  loss_svg: \"\"\n"
-            "  progress: true\n");
+            "  progress: true\n"
+            "  reference_steps: 0\n");
 }
 
 TEST(ConfigRoundTrip, ParseOfTheYamlGivesTheSameConfig) {
@@ -1096,7 +1097,8 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "output.metrics",
                                                      "output.timeline_svg",
                                                      "output.loss_svg",
-                                                     "output.progress"}));
+                                                     "output.progress",
+                                                     "output.reference_steps"}));
 }
 
 TEST(ConfigKeys, EveryKeyIsDocumented) {

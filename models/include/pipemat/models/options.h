@@ -151,6 +151,9 @@ struct OutputOptions {
   std::string timeline_svg;  // measured timeline of the last step; empty: none
   std::string loss_svg;      // train (and validation) loss against the step; empty: none
   bool progress = true;      // one human-readable line per step on stdout
+  // Steps of the single-process reference that the last stage's rank runs after training, for
+  // the run summary's comparison (tokens/s, peak memory); 0: none.
+  int64_t reference_steps = 0;
 };
 
 // Checkpoints of the pipeline run (pp/checkpoint.h): `every` steps (0: never) and after the last

@@ -57,6 +57,15 @@ struct EndFailure {
 };
 const char* to_string(EndPart part);
 
+// The whole run as the last stage's rank measured it, for the summary at its end.
+struct RunTotals {
+  std::vector<double> step_ms;  // every step's time
+  // Per rank: the most tensor bytes it held during any step (StepMetrics::rank_start_bytes +
+  // rank_peak_bytes: weights, gradients, optimizer state and activations).
+  std::vector<int64_t> rank_peak_bytes;
+  void add(const StepMetrics& m);
+};
+
 struct TrainResult {
   // The last stage's rank's view of the most recent kKeptSteps steps, without their action
   // timelines; `last` is the final step with its timelines.
@@ -68,6 +77,7 @@ struct TrainResult {
   std::string sample;            // the text sample after training (sample.tokens), on the last rank
   std::string final_checkpoint;  // "" without checkpoint.dir or when its save failed
   std::vector<EndFailure> end_failures;  // this rank's (in-process: every rank's)
+  RunTotals totals;                      // on the last stage's rank
 };
 
 // Called on every rank after each step (0-based) with the rank's transport, e.g. to meet the
@@ -99,6 +109,19 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
 std::vector<StepMetrics> run_reference(
     const TrainConfig& config, std::vector<std::pair<std::string, at::Tensor>>* params,
     std::vector<std::pair<int64_t, double>>* validation = nullptr);
+
+// The single-process reference's figures for the run summary (output.reference_steps).
+struct ReferenceFigures {
+  int64_t steps = 0;           // steps run
+  int64_t measured_steps = 0;  // the steps after the first third, whose median is step_ms
+  int threads = 1;             // LibTorch's compute threads
+  double step_ms = 0;          // median step time
+  int64_t peak_bytes = 0;      // the most tensor bytes it held (weights, optimizer state included)
+};
+
+// Runs `steps` steps of `config`'s reference (run_reference) with this process's compute threads
+// and returns its figures; bytes this process held before are not counted.
+ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps);
 
 // schedule.csv resolved: the imported action list, the config with schedule.kind / stages /
 // micro_batches / virtual_stages taken from it, and the importer's note on ignored cells.
