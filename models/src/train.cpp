@@ -337,7 +337,7 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
   }
   // After training, on the rank that prints: the run summary, with the single process measured
   // now (the other ranks are done and leave it the machine).
-  const auto summarize = [&](const TrainResult& result) {
+  const auto summarize = [&](const TrainResult& result, bool one_process) {
     if (!result.last_stage_rank || !config.output.progress) return;
     std::optional<ReferenceFigures> figures;
     if (config.output.reference_steps > 0) {
@@ -348,17 +348,17 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
     }
     const int64_t tokens_per_step =
         tokens_per_micro_batch(config.model) * resolved.config.schedule.micro_batches;
-    print_run_summary(out, resolved.config, result.totals, tokens_per_step, figures);
+    print_run_summary(out, resolved.config, result.totals, tokens_per_step, figures, one_process);
   };
   comm::TransportOptions options = comm::resolve_options(config.transport);
   if (options.kind == comm::TransportKind::kLocal) {
     const TrainResult result = train_in_process(config, &out);
-    summarize(result);
+    summarize(result, /*one_process=*/true);
     return report_end(result, config, err);
   }
   auto transport = comm::make_transport(options);
   const TrainResult result = train_on(config, *transport, &out);
-  summarize(result);
+  summarize(result, /*one_process=*/false);
   return report_end(result, config, err);
 }
 

@@ -68,7 +68,8 @@ void RunTotals::add(const StepMetrics& m) {
 }
 
 void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals& totals,
-                       int64_t tokens_per_step, const std::optional<ReferenceFigures>& reference) {
+                       int64_t tokens_per_step, const std::optional<ReferenceFigures>& reference,
+                       bool one_process) {
   if (totals.step_ms.empty()) return;
   const double steps = static_cast<double>(totals.step_ms.size());
   double total_ms = 0;
@@ -76,19 +77,26 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
   const double tokens = steps * static_cast<double>(tokens_per_step);
   const double tokens_per_s = tokens * 1000.0 / total_ms;
   const double median_ms = bench::median(totals.step_ms);
-  std::string peaks;
   int64_t max_peak = 0;
+  std::vector<std::string> peaks;
   for (int64_t b : totals.rank_peak_bytes) {
-    peaks += (peaks.empty() ? "" : ", ") + format_bytes(b);
+    peaks.push_back(format_bytes(b));
     max_peak = std::max(max_peak, b);
   }
-  const size_t ranks = totals.rank_peak_bytes.size();
+  // Ranks as threads share one allocator count: one figure, the process's.
+  const bool per_rank = !one_process && peaks.size() > 1;
+  const std::string memory =
+      per_rank ? "peak memory per rank " + join(peaks, ", ")
+               : ::pipemat::detail::concat("peak memory ", format_bytes(max_peak),
+                                           one_process && c.schedule.ranks > 1
+                                               ? " (the whole process: its ranks are threads)"
+                                               : "");
   std::string line = ::pipemat::detail::concat(
       "summary: ", totals.step_ms.size(), " steps, ", format_count(tokens), " tokens in ",
       format_duration(total_ms / 1000.0), " of steps: ", format_count(tokens_per_s),
       " tokens/s (median step ", format_fixed(median_ms, 1), " ms) on ", c.schedule.ranks,
-      c.schedule.ranks == 1 ? " rank" : " ranks", "; peak memory ", ranks == 1 ? "" : "per rank ",
-      peaks, " (tensors: weights, gradients, optimizer state, activations)\n");
+      c.schedule.ranks == 1 ? " rank" : " ranks", "; ", memory,
+      " (tensors: weights, gradients, optimizer state, activations)\n");
   if (reference) {
     const ReferenceFigures& r = *reference;
     const double ref_tokens_per_s = static_cast<double>(tokens_per_step) * 1000.0 / r.step_ms;
@@ -100,7 +108,7 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
         format_fixed(r.step_ms, 1), " ms per step), peak memory ", format_bytes(r.peak_bytes),
         "; the pipeline: ", format_fixed(tokens_per_s / ref_tokens_per_s, 2), "x the tokens/s, ",
         format_fixed(static_cast<double>(max_peak) / static_cast<double>(r.peak_bytes), 2),
-        "x the peak memory ", ranks == 1 ? "" : "on its largest rank", "\n");
+        "x the peak memory", per_rank ? " on its largest rank" : "", "\n");
   }
   out << line << std::flush;  // one write: ranks started as local processes share the terminal
 }

@@ -33,9 +33,11 @@ void print_progress(std::ostream& out, const TrainConfig& c, const pp::StepMetri
                     bool pipeline, const Pace& pace);
 
 // The run summary after the last step: tokens/s, step time and peak memory per rank over the
-// whole run, and with `reference` the single process's figures and the ratios.
+// whole run, and with `reference` the single process's figures and the ratios. `one_process`:
+// the ranks ran as threads of this process, whose tracking allocator counts them all together.
 void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals& totals,
-                       int64_t tokens_per_step, const std::optional<ReferenceFigures>& reference);
+                       int64_t tokens_per_step, const std::optional<ReferenceFigures>& reference,
+                       bool one_process);
 
 // "validation after step N: loss L nats/byte (B bits)".
 void print_validation(std::ostream& out, int64_t step, double loss);
