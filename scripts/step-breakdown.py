@@ -44,6 +44,8 @@ CATEGORIES = [
     ("runtime", r"libtorch|libc10|pipemat|c10::|at::|torch::|libstdc\+\+|libgomp|"
                 r"std::|ld-linux|libc\.so"),
     ("kernel", r"kernel\.kallsyms|\[k\]"),
+    # Code generated at run time (perf-PID.map): MKL's and oneDNN's just-in-time kernels.
+    ("jit", r"perf-\d+\.map"),
 ]
 ORDER = [c for c, _ in CATEGORIES] + ["other"]
 
