@@ -142,6 +142,12 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
     row.speedup = best_reference / row.step_ms;
     add(row);
   }
+  std::map<int, std::vector<double>> oracle;  // reference losses by model stages
+  {
+    pp::PipelineOptions shape;
+    shape.schedule = base.schedule;
+    oracle[pp::stage_count(shape)] = losses;
+  }
 
   const std::string who = "bench pipeline";
   const std::string launcher = o.launcher.empty() ? bench::default_launcher(who) : o.launcher;
@@ -171,8 +177,17 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
       const bool split = config.schedule.kind == Kind::kZeroBubbleH1 ||
                          config.schedule.kind == Kind::kZeroBubbleH2 ||
                          config.schedule.kind == Kind::kZeroBubbleV;
+      // A model with random layers (dropout) draws stage s's stream from pp::forward_seed(...,
+      // s): the oracle of a variant with another stage split (zb-v: two per rank) is the
+      // reference of that split, run once with the ranks' threads.
+      const int stages = pp::stage_count(shape);
+      if (!oracle.count(stages)) {
+        pp::set_compute_threads(rank_threads);
+        std::vector<double>& l = oracle[stages];
+        for (const auto& m : run_reference(config, nullptr)) l.push_back(m.loss);
+      }
       BenchPipelineRow row =
-          summarize(steps, o.warmup, losses,
+          summarize(steps, o.warmup, oracle.at(stages),
                     static_cast<double>(config.model.layers) / pp::stage_count(shape), split);
       row.schedule = schedule;
       row.transport = transport;
