@@ -174,38 +174,30 @@ void Work::set_received(size_t bytes, Buffer buffer) {
 }
 
 bool Work::wait_until(Clock::time_point deadline) {
-  // Spin first: a handoff between two threads through a condition variable costs tens of
-  // microseconds of wake-up latency, which dominates small pipeline messages.
+  if (needs_progress()) return drive_until(deadline);
+  // Completion comes from another thread. Spin first: a handoff between two threads through a
+  // condition variable costs tens of microseconds of wake-up latency, which dominates small
+  // pipeline messages.
+  const auto spin_until = std::min(deadline, Clock::now() + std::chrono::microseconds(200));
+  for (int i = 0; !done_.load(std::memory_order_acquire); ++i) {
+    if ((i & 63) == 0) {
+      if (Clock::now() >= spin_until) break;
+      // The completing thread may be waiting for this very core (oversubscribed machines).
+      if (i > 0) std::this_thread::yield();
+    }
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  return cv_.wait_until(lock, deadline, [&] { return done_.load(); });
+}
+
+bool Work::drive_until(Clock::time_point deadline) {
+  // The waiter drives the transfer. Spin for a few milliseconds (a large message needs
+  // continuous progress), then yield, then sleep briefly so that an idle rank does not steal
+  // the core of a computing neighbour.
   const auto start = Clock::now();
-  if (!needs_progress()) {
-    const auto spin_until = std::min(deadline, start + std::chrono::microseconds(200));
-    for (int i = 0; !done_.load(std::memory_order_acquire); ++i) {
-      if ((i & 63) == 0) {
-        if (Clock::now() >= spin_until) break;
-        // The completing thread may be waiting for this very core (oversubscribed machines).
-        if (i > 0) std::this_thread::yield();
-      }
-    }
-    std::unique_lock<std::mutex> lock(mutex_);
-    return cv_.wait_until(lock, deadline, [&] { return done_.load(); });
-  }
-  if (progress_thread()) {
-    // Drive the transfer for a moment (small messages complete at once), then leave it to the
-    // backend's progress thread and sleep: no core is taken from a computing neighbour.
-    const auto spin_until = std::min(deadline, start + std::chrono::microseconds(200));
-    while (Clock::now() < spin_until) {
-      progress();
-      if (done_.load(std::memory_order_acquire)) return true;
-    }
-    std::unique_lock<std::mutex> lock(mutex_);
-    return cv_.wait_until(lock, deadline, [&] { return done_.load(); });
-  }
-  // Progress-driven backends without a progress thread: the waiter drives the transfer.
-  // Spin for a few milliseconds (a large message needs continuous progress), then yield, then
-  // sleep briefly so that an idle rank does not steal the core of a computing neighbour.
   for (;;) {
     progress();
-    if (done_.load(std::memory_order_acquire)) return true;
+    if (done()) return true;
     const auto now = Clock::now();
     if (now >= deadline) return false;
     const auto waited = now - start;

@@ -4,8 +4,8 @@
 //   comm_multiproc <scenario> --transport tcp --spawn N      (starts N local processes)
 //   comm_multiproc expect-failure <seconds> -- <command...> (the command must fail, in time)
 //
-// Scenarios: exchange, mismatch, silent, peer_exit, bench. Exit code 0 = pass. Every check
-// prints "rank R: ..." on failure.
+// Scenarios: exchange, mismatch, silent, peer_exit, bench, progress, driven (mpi). Exit code 0 =
+// pass. Every check prints "rank R: ..." on failure.
 
 #include <ATen/ATen.h>
 #include <unistd.h>
@@ -240,8 +240,76 @@ void scenario_progress(pc::Transport& t) {
   t.barrier();
 }
 
+// A thread blocked in wait() drives its transfer itself (Note [MPI progress thread]); it does not
+// sleep while only the progress thread moves the message. Run with a progress interval of an
+// hour (main sets it for this scenario): the progress thread does one round when work is posted
+// and then sleeps, so every transfer below completes only if its waiters drive it. A 16 MiB
+// tensor (header and data: a non-contiguous MPI message that Open MPI moves in 32 KiB fragments,
+// about 170 rounds of progress on each side) goes both ways, then 16 MiB of plain bytes (a
+// single copy), then 4 MiB tensors from two threads at once. Before waiters drove their
+// transfers, the first wait here ran into its timeout.
+void scenario_driven(pc::Transport& t) {
+  if (t.rank() > 1) {
+    t.barrier();
+    return;
+  }
+  const int peer = 1 - t.rank();
+  constexpr int64_t kBytes = int64_t{16} << 20;
+  const auto timeout = std::chrono::seconds(30);
+  const auto pattern = [&](int rank) {
+    return (at::arange(kBytes, at::kInt).remainder(251) + rank).to(at::kByte);
+  };
+  const at::Tensor out = pattern(t.rank()), expected = pattern(peer);
+  at::Tensor in = at::zeros({kBytes}, at::kByte);
+  t.barrier();
+  for (int i = 0; i < 3; ++i) {
+    if (t.rank() == 0) {
+      pc::TensorWork r = pc::recv_tensor_into(t, peer, 11, in);
+      pc::send_tensor(t, peer, 11, out).wait(timeout);
+      r.wait(timeout);
+    } else {
+      pc::recv_tensor_into(t, peer, 11, in).wait(timeout);
+      pc::send_tensor(t, peer, 11, out).wait(timeout);
+    }
+    CHECK_THAT(at::equal(in, expected), "tensor #" << i);
+    in.zero_();
+  }
+  // Held by the Works: MPI may still touch them after a wait timed out.
+  auto bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(kBytes), t.rank() + 1);
+  auto got = std::make_shared<std::vector<uint8_t>>(bytes->size());
+  pc::WorkPtr r = t.recv(peer, 12, {pc::MutableSpan{got->data(), got->size()}}, got);
+  t.send(peer, 12, {pc::ConstSpan{bytes->data(), bytes->size()}}, bytes)->wait(timeout);
+  r->wait(timeout);
+  CHECK_THAT(*got == std::vector<uint8_t>(got->size(), uint8_t(peer + 1)), "plain bytes");
+  // Two threads of each rank at once, on their own tags: each waiter drives its own operation
+  // and lets the other thread have the transport between its MPI calls.
+  std::string errors[2];
+  bool intact[2] = {false, false};
+  auto exchange = [&](int k) {
+    try {
+      const int tag = 20 + k;
+      at::Tensor mine = at::full({kBytes / 4}, uint8_t(10 * k + t.rank()), at::kByte);
+      at::Tensor theirs = at::zeros({kBytes / 4}, at::kByte);
+      pc::TensorWork incoming = pc::recv_tensor_into(t, peer, tag, theirs);
+      pc::send_tensor(t, peer, tag, mine).wait(timeout);
+      incoming.wait(timeout);
+      intact[k] = at::equal(theirs, at::full({kBytes / 4}, uint8_t(10 * k + peer), at::kByte));
+    } catch (const std::exception& e) {
+      errors[k] = e.what();
+    }
+  };
+  std::thread second(exchange, 1);
+  exchange(0);
+  second.join();
+  for (int k = 0; k < 2; ++k) {
+    CHECK_THAT(errors[k].empty() && intact[k], "thread " << k << ": " << errors[k]);
+  }
+  std::cerr << "rank " << t.rank() << ": 16 MiB moved both ways with the progress thread asleep\n";
+  t.barrier();
+}
+
 int usage() {
-  std::cerr << "usage: comm_multiproc <exchange|mismatch|silent|peer_exit|bench|progress> "
+  std::cerr << "usage: comm_multiproc <exchange|mismatch|silent|peer_exit|bench|progress|driven> "
                "--transport mpi|tcp [--spawn N]\n"
                "       comm_multiproc expect-failure <seconds> -- <command...>\n";
   return 2;
@@ -291,6 +359,7 @@ int main(int argc, char** argv) {
     options.timeout = std::chrono::seconds(60);
     options.connect_retry_interval = std::chrono::milliseconds(50);
     options.connect_retries = 600;  // rank 0 may load libtorch slowly on a loaded machine
+    if (scenario == "driven") options.mpi_progress_interval = std::chrono::hours(1);
     auto transport = pc::make_transport(options);
     g_rank = transport->rank();
     if (kind == "tcp") {
@@ -311,6 +380,8 @@ int main(int argc, char** argv) {
       scenario_bench(*transport);
     } else if (scenario == "progress") {
       scenario_progress(*transport);
+    } else if (scenario == "driven") {
+      scenario_driven(*transport);
     } else {
       return usage();
     }

@@ -54,7 +54,7 @@ int describe_spans(const std::vector<Span>& spans, void*& base, int& count, MPI_
 }  // namespace
 
 void MpiCore::post_send(const std::shared_ptr<MpiWork>& work) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = acquire();
   const WorkInfo& info = work->info();
   if (!check_usable(work)) return;
   void* base = nullptr;
@@ -69,12 +69,13 @@ void MpiCore::post_send(const std::shared_ptr<MpiWork>& work) {
     work->finish(mpi_failure("MPI_Isend", rc, info));
     return;
   }
+  work->started = true;
   active_.push_back(work);
   pending_.notify_one();
 }
 
 void MpiCore::post_recv(const std::shared_ptr<MpiWork>& work) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = acquire();
   if (!check_usable(work)) return;
   const WorkInfo& info = work->info();
   unmatched_[{info.peer, info.tag}].push_back(work);
@@ -86,18 +87,23 @@ MpiCore::~MpiCore() { stop_progress_thread(); }
 
 void MpiCore::start_progress_thread(std::chrono::microseconds interval) {
   if (interval.count() <= 0) return;
+  interval_ = interval;
   has_progress_thread_ = true;
   progress_thread_ = std::thread([this, interval] {
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!stopping_) {
-      if (unmatched_.empty() && active_.empty()) {
+    for (;;) {
+      {
+        auto lock = acquire();
         pending_.wait(lock, [&] { return stopping_ || !unmatched_.empty() || !active_.empty(); });
-        continue;
+        if (stopping_) return;
+        progress_locked();
       }
-      progress_locked();
-      lock.unlock();
-      std::this_thread::sleep_for(interval);
-      lock.lock();
+      // Sleep for the interval, and for as long as a waiter drives MPI itself (MpiCore::wait):
+      // its MPI_Test calls advance every transfer, and a round would only take the mutex and
+      // the core (mpirun binds all threads of a rank to one core) from it.
+      std::unique_lock<std::mutex> lock(stop_mutex_);
+      do {
+        if (stop_.wait_for(lock, interval, [&] { return stop_requested_; })) return;
+      } while (drivers_.load(std::memory_order_relaxed) > 0);
     }
   });
 }
@@ -107,18 +113,101 @@ void MpiCore::stop_progress_thread() noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
+  {
+    std::lock_guard<std::mutex> lock(stop_mutex_);
+    stop_requested_ = true;
+  }
   pending_.notify_all();
+  stop_.notify_all();
   if (progress_thread_.joinable()) progress_thread_.join();
   has_progress_thread_ = false;
 }
 
+std::unique_lock<std::mutex> MpiCore::acquire() {
+  wanted_.fetch_add(1, std::memory_order_relaxed);
+  std::unique_lock<std::mutex> lock(mutex_);
+  wanted_.fetch_sub(1, std::memory_order_relaxed);
+  return lock;
+}
+
 void MpiCore::progress() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = acquire();
   progress_locked();
 }
 
+bool MpiCore::wait(MpiWork& work, Clock::time_point deadline) {
+  // Note [MPI progress thread]. A started operation is driven by its waiter: one MPI_Test of it
+  // (and the MPI_Improbe of receives posted meanwhile) at a time, the mutex released in between.
+  // It spins for kSpinFor without yielding (a yield would hand the core to any other busy
+  // process for a whole time slice), except to let in a thread that announced it waits for the
+  // mutex; then it yields between tests until kDriveFor; then it tests once per progress
+  // interval (at most kIdlePoll) and leaves the rest to the progress thread, which pauses while
+  // a waiter drives. An unmatched receive has nothing to drive until its message arrives: after
+  // kMatchSpin of progress rounds its waiter sleeps until a progress round (the progress
+  // thread's, or another thread's) matches it, and runs a round itself every kIdlePoll.
+  constexpr auto kMatchSpin = std::chrono::microseconds(200);
+  constexpr auto kSpinFor = std::chrono::milliseconds(20);
+  constexpr auto kDriveFor = std::chrono::milliseconds(100);
+  constexpr auto kIdlePoll = std::chrono::milliseconds(1);
+  const auto start = Clock::now();
+  const auto backoff = std::min<Clock::duration>(interval_, kIdlePoll);
+  Clock::time_point started_at{};
+  // Counted in drivers_ while it drives continuously (the progress thread then pauses).
+  struct Driving {
+    std::atomic<int>& drivers;
+    bool on = false;
+    void set(bool value) {
+      if (value != on) drivers.fetch_add(value ? 1 : -1, std::memory_order_relaxed);
+      on = value;
+    }
+    ~Driving() { set(false); }
+  } driving{drivers_};
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    if (work.done()) return true;
+    if (work.started) {
+      // Match the receives posted meanwhile too: their senders may be waiting for them (two
+      // ranks that each wait on a send to the other).
+      test_locked(work);
+      if (!unmatched_.empty()) match_locked();
+    } else {
+      progress_locked();
+    }
+    if (work.done()) return true;
+    const auto now = Clock::now();
+    if (now >= deadline) return false;
+    if (!work.started && now - start >= kMatchSpin) {
+      matched_.wait_until(lock, std::min(deadline, now + kIdlePoll),
+                          [&] { return work.started || work.done(); });
+      continue;
+    }
+    if (work.started && started_at == Clock::time_point{}) started_at = now;
+    const auto driven = now - started_at;
+    driving.set(work.started && driven < kDriveFor);
+    lock.unlock();
+    if (wanted_.load(std::memory_order_relaxed) > 0) {
+      // std::mutex is not fair: let in whoever announced that it waits for it (the progress
+      // thread, a post, an abort, another waiter), which may need this core (mpirun binds all
+      // threads of a rank to one core).
+      std::this_thread::yield();
+      const auto until = Clock::now() + std::chrono::microseconds(20);
+      while (wanted_.load(std::memory_order_relaxed) > 0 && Clock::now() < until) {
+      }
+    } else if (!work.started || driven < kSpinFor) {
+      // spin
+    } else if (driving.on) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(backoff);
+    }
+    wanted_.fetch_add(1, std::memory_order_relaxed);  // another waiter may be spinning too
+    lock.lock();
+    wanted_.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
 void MpiCore::abort(MpiWork* work, const Status& reason) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  auto lock = acquire();
   const WorkInfo& info = work->info();
   if (info.op == OpKind::kRecv) {
     auto it = unmatched_.find({info.peer, info.tag});
@@ -128,6 +217,7 @@ void MpiCore::abort(MpiWork* work, const Status& reason) {
         if (i->get() == work) {
           queue.erase(i);
           work->finish(reason);
+          matched_.notify_all();
           return;
         }
       }
@@ -171,6 +261,7 @@ void MpiCore::shutdown(std::chrono::milliseconds linger) noexcept {
     }
   }
   unmatched_.clear();
+  matched_.notify_all();
   // A request MPI has not released may still read or write its buffers (a send, or a
   // receive matched by MPI_Improbe that MPI_Cancel cannot withdraw), so its Work and the
   // objects it holds are never freed: they move to a list that lives until the process
@@ -229,25 +320,7 @@ bool MpiCore::check_usable(const std::shared_ptr<MpiWork>& work) {
 
 void MpiCore::progress_locked() {
   if (comm == MPI_COMM_NULL) return;
-  for (auto it = unmatched_.begin(); it != unmatched_.end();) {
-    auto& queue = it->second;
-    while (!queue.empty()) {
-      int flag = 0;
-      MPI_Message message = MPI_MESSAGE_NULL;
-      MPI_Status status;
-      const auto& work = queue.front();
-      int rc = MPI_Improbe(it->first.first, it->first.second, comm, &flag, &message, &status);
-      if (rc != MPI_SUCCESS) {
-        work->finish(mpi_failure("MPI_Improbe", rc, work->info()));
-        queue.pop_front();
-        continue;
-      }
-      if (!flag) break;
-      start_matched_recv(work, message, status);
-      queue.pop_front();
-    }
-    it = queue.empty() ? unmatched_.erase(it) : std::next(it);
-  }
+  match_locked();
   for (auto it = active_.begin(); it != active_.end();) {
     auto& work = *it;
     int flag = 0;
@@ -262,7 +335,7 @@ void MpiCore::progress_locked() {
       ++it;
       continue;
     }
-    complete(work);
+    complete(*work);
     it = active_.erase(it);
   }
   for (auto it = orphans_.begin(); it != orphans_.end();) {
@@ -270,6 +343,54 @@ void MpiCore::progress_locked() {
     MPI_Status status;
     MPI_Test(&(*it)->request, &flag, &status);
     it = flag ? orphans_.erase(it) : std::next(it);
+  }
+}
+
+void MpiCore::match_locked() {
+  if (comm == MPI_COMM_NULL) return;
+  bool left_unmatched = false;
+  for (auto it = unmatched_.begin(); it != unmatched_.end();) {
+    auto& queue = it->second;
+    while (!queue.empty()) {
+      int flag = 0;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      MPI_Status status;
+      const auto& work = queue.front();
+      int rc = MPI_Improbe(it->first.first, it->first.second, comm, &flag, &message, &status);
+      if (rc != MPI_SUCCESS) {
+        work->finish(mpi_failure("MPI_Improbe", rc, work->info()));
+        queue.pop_front();
+        left_unmatched = true;
+        continue;
+      }
+      if (!flag) break;
+      start_matched_recv(work, message, status);
+      queue.pop_front();
+      left_unmatched = true;
+    }
+    it = queue.empty() ? unmatched_.erase(it) : std::next(it);
+  }
+  if (left_unmatched) matched_.notify_all();
+}
+
+void MpiCore::test_locked(MpiWork& work) {
+  if (comm == MPI_COMM_NULL) return;
+  int flag = 0;
+  MPI_Status status;
+  int rc = MPI_Test(&work.request, &flag, &status);
+  if (rc == MPI_SUCCESS && !flag) return;
+  auto it =
+      std::find_if(active_.begin(), active_.end(), [&](const auto& w) { return w.get() == &work; });
+  // Keep the Work alive until it is finished, whoever else holds it.
+  std::shared_ptr<MpiWork> owned;
+  if (it != active_.end()) {
+    owned = std::move(*it);
+    active_.erase(it);
+  }
+  if (rc != MPI_SUCCESS) {
+    work.finish(mpi_failure("MPI_Test", rc, work.info()));
+  } else {
+    complete(work);
   }
 }
 
@@ -295,29 +416,34 @@ void MpiCore::start_matched_recv(const std::shared_ptr<MpiWork>& work, MPI_Messa
     work->finish(mpi_failure("MPI_Imrecv", rc, info));
     return;
   }
+  work->started = true;
   active_.push_back(work);
 }
 
-void MpiCore::complete(const std::shared_ptr<MpiWork>& work) {
-  const WorkInfo& info = work->info();
+void MpiCore::complete(MpiWork& work) {
+  const WorkInfo& info = work.info();
   if (info.op == OpKind::kSend) {
-    work->finish(Status{});
+    work.finish(Status{});
     return;
   }
-  if (work->target.data() != nullptr) {
-    work->set_received(work->incoming, work->target);
-    if (!info.any_size && work->incoming != info.bytes) {
-      work->finish(Status{StatusCode::kSizeMismatch, size_mismatch_message(info, work->incoming)});
+  if (work.target.data() != nullptr) {
+    work.set_received(work.incoming, work.target);
+    if (!info.any_size && work.incoming != info.bytes) {
+      work.finish(Status{StatusCode::kSizeMismatch, size_mismatch_message(info, work.incoming)});
       return;
     }
   } else {
-    work->set_received(work->incoming);
+    work.set_received(work.incoming);
   }
-  work->finish(Status{});
+  work.finish(Status{});
 }
 
 void MpiWork::progress() { core_->progress(); }
-bool MpiWork::progress_thread() const { return core_->has_progress_thread(); }
+
+bool MpiWork::drive_until(Clock::time_point deadline) {
+  if (!core_->has_progress_thread()) return Work::drive_until(deadline);
+  return core_->wait(*this, deadline);
+}
 
 void MpiWork::abort_impl(const Status& reason) noexcept {
   try {

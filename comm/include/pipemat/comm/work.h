@@ -173,11 +173,15 @@ class Work {
 
   // Drives the backend's progress (mpi); default: nothing, completion comes from elsewhere.
   virtual void progress() {}
-  // True when completion is driven by progress() calls: waiters call it while they spin. Then,
-  // if progress_thread() is true, a backend thread drives it too and a waiter that spun for a
-  // moment sleeps until the Work finishes; otherwise waiters poll with backoff.
+  // True when completion is driven by progress() calls; wait() then blocks in drive_until().
   virtual bool needs_progress() const { return false; }
-  virtual bool progress_thread() const { return false; }
+  // needs_progress() backends: blocks until the Work finished or `deadline` passed, driving the
+  // transfer; true when finished. The default polls progress(): it spins for 5 ms, then yields
+  // between polls, then sleeps 100 us between them after 100 ms. The mpi backend with a
+  // progress thread replaces it (Note [MPI progress thread]).
+  virtual bool drive_until(Clock::time_point deadline);
+  // True once finished (successfully or not); drives nothing.
+  bool done() const { return done_.load(std::memory_order_acquire); }
   // Withdraws the operation and finishes it with `reason` unless it finished meanwhile. On
   // return the backend must no longer touch the caller's memory (Note [Work contract]).
   virtual void abort_impl(const Status& reason) noexcept = 0;
