@@ -119,8 +119,9 @@ struct ReferenceFigures {
   int64_t peak_bytes = 0;      // the most tensor bytes it held (weights, optimizer state included)
 };
 
-// Runs `steps` steps of `config`'s reference (run_reference) with this process's compute threads
-// and returns its figures; bytes this process held before are not counted.
+// Runs `steps` (>= 1) steps of `config`'s reference (run_reference) with this process's compute
+// threads and returns its figures, the step time measured over the steps after the first third;
+// bytes this process held before are not counted.
 ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps);
 
 // schedule.csv resolved: the imported action list, the config with schedule.kind / stages /
