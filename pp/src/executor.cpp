@@ -27,6 +27,18 @@ using Key = std::pair<int, int>;  // (stage, micro-batch)
 
 namespace {
 
+// Note [A bad boundary fails on both sides]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A stage that returns tensors of another count or dtype than its earlier micro-batches
+// (Note [Stage boundary signature]) fails on its rank, and the next stage's rank fails on
+// receiving them, each naming both sides. The sender sends the bad message and waits, on a tag
+// nobody sends (unsent_tag), until the receiver's transport goes or kReceiverReportWait passes:
+// leaving at once made the receiver's report a race, as its next action may be a send to the
+// sender (a 1F1B gradient), which fails with "rank 0 has shut down its transport" once the
+// sender is gone. The bound keeps a receiver that never reaches the bad micro-batch (it waits
+// for something from the failed rank first) from holding the sender for the whole timeout.
+constexpr std::chrono::milliseconds kReceiverReportWait{5000};
+
 double since_us(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -215,12 +227,19 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
             PIPEMAT_CHECK(bad.empty(), PipelineError, bad);
             handoff_f[{a.stage + 1, a.micro_batch}] = as_received(out);
           } else if (!bad.empty()) {
-            // Send what the stage returned so that the receiver reports it too, then fail.
+            // Note [A bad boundary fails on both sides]: send what the stage returned, wait for
+            // the receiver to fail on it (or kReceiverReportWait), then fail.
+            const int receiver = plan.rank_of(a.stage + 1);
             comm::send_tensors(
-                transport, plan.rank_of(a.stage + 1),
+                transport, receiver,
                 schedule::message_id(plan, {a.stage, ActionType::kSendForward, a.micro_batch}),
                 as_received(out))
                 .wait();
+            try {
+              transport.recv_any(receiver, unsent_tag())
+                  ->wait(std::min(transport.timeout(), kReceiverReportWait));
+            } catch (const CommError&) {  // the receiver's transport went, or the wait ended
+            }
             PIPEMAT_THROW(PipelineError, bad);
           } else {
             mb.outputs = std::move(out);

@@ -44,14 +44,16 @@ struct Pipeline::Impl {
 
   // Message tags and where the stages are.
   int tag_of(const schedule::Action& a) const { return schedule::message_id(plan, a); }
-  // Tags above the schedule's messages: metrics, timelines, clipping norms, losses, evaluation.
+  // Tags above the schedule's messages: metrics, timelines, clipping norms, losses, one never
+  // sent (Note [A bad boundary fails on both sides]), evaluation.
   int reserved_tag(int k) const { return 2 * plan.stages_count * plan.micro_batches + k; }
   int metrics_tag() const { return reserved_tag(0); }
   int timeline_tag() const { return reserved_tag(1); }
   int norms_tag() const { return reserved_tag(2); }
   int loss_tag() const { return reserved_tag(3); }
+  int unsent_tag() const { return reserved_tag(4); }
   int eval_tag(int from_stage, int64_t micro_batch, int64_t micro_batches) const {
-    const int64_t tag = reserved_tag(4) + from_stage * micro_batches + micro_batch;
+    const int64_t tag = reserved_tag(5) + from_stage * micro_batches + micro_batch;
     PIPEMAT_CHECK(tag <= comm::kMaxUserTag, ConfigError, "evaluate: ", micro_batches,
                   " micro-batches over ", plan.stages_count,
                   " stages need more message tags "
