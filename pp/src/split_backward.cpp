@@ -157,7 +157,10 @@ SplitBackward::SplitBackward(std::vector<Edge> roots, std::vector<at::Tensor> in
       Node* v = e.function.get();
       if (v && !x_nodes.count(v) && p_nodes.count(v)) boundary = true;
     }
-    if (!boundary) continue;
+    if (!boundary) {
+      dx_only_.push_back(n);
+      continue;
+    }
     auto capture = std::make_shared<Capture>();
     n->add_pre_hook(std::make_unique<CaptureHook>(capture));
     boundary_.push_back(owning_ptr(n));
@@ -193,14 +196,7 @@ std::vector<at::Tensor> SplitBackward::run_input(const std::vector<at::Tensor>& 
   // so what only the dx chain needed (GELU's input, attention's q, k, v and output, a norm's
   // statistics without parameters) is released now instead of when W ends: between I and W a
   // stage holds only what its parameter gradients need.
-  std::vector<const Node*> restart;
-  for (const auto& b : boundary_) restart.push_back(b.get());
-  std::sort(restart.begin(), restart.end());
-  for (const Node* n : dx_chain_) {
-    if (!std::binary_search(restart.begin(), restart.end(), n)) {
-      const_cast<Node*>(n)->release_variables();  // alive: roots_ holds the graph until W
-    }
-  }
+  for (Node* n : dx_only_) n->release_variables();  // alive: roots_ holds the graph until W
   return dx;
 }
 

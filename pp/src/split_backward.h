@@ -64,6 +64,9 @@ class SplitBackward {
   std::vector<at::Tensor> params_;
   std::vector<NodePtr> boundary_;
   std::vector<const torch::autograd::Node*> dx_chain_;  // X, sorted
+  // The nodes of X that W does not restart from (neither boundary nor an input's accumulator):
+  // I releases their saved tensors.
+  std::vector<torch::autograd::Node*> dx_only_;
   // Nodes W cut off (kept alive: saved leaves hold their accumulators only weakly).
   std::vector<NodePtr> cut_;
   std::vector<std::shared_ptr<Capture>> captures_;
