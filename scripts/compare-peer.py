@@ -5,10 +5,8 @@ One command, on this machine and with the torch wheel pipemat builds against:
 
 * pipemat: `pipemat bench pipeline --config configs/default.yaml --json` over MPI, once with
   the config's remat policy (selective) and once with `--set remat.policy=none`. Its JSON gives
-  the step time, the bubble, the tracking-allocator peak and the single-process references.
-  What it does not report this script watches from outside while the ranks run: each rank's
-  peak RSS (VmHWM in /proc) and the loss of the last step (the metrics file the bench hands its
-  last rank, read through a handle opened while the run is alive: the bench deletes the file).
+  every row: the step time, the bubble, the tracking-allocator peak, each rank's peak resident
+  set, the last step's loss, and the single-process references.
 * the peer: the same byte-level GPT in plain PyTorch, trained by `torch.distributed.pipelining`
   on 2 ranks over gloo (one process per rank, 1 thread each), and single-process eager runs
   with gradient accumulation, with 1 and with 2 threads.
@@ -52,7 +50,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,14 +106,15 @@ CONFIG_EXPECTED = {
     "training.seed": TRAIN["seed"],
 }
 
-# pipemat's overrides for a benchmark: no checkpoint, sample, validation, metrics or loss curve
-# (the main job writes all of them into runs/; a benchmark must not).
+# For `pipemat train --reference` reruns: no checkpoint, sample, validation, metrics or loss curve
+# (the main job writes all of them into runs/; `pipemat bench pipeline` leaves them out itself).
 PIPEMAT_QUIET_SETS = [
     "checkpoint.dir=",
     "sample.tokens=0",
     "training.eval_every=0",
     "output.metrics=",
     "output.loss_svg=",
+    "output.reference_steps=0",
 ]
 PIPEMAT_SCHEDULES = [("1f1b", 2), ("zb-h1", 2), ("zb-v", 4)]  # (kind, stages in all)
 
@@ -203,11 +201,10 @@ Columns:
              backward_weight_one_chunk and the loss. Waits, sends, clipping and the optimizer
              count as bubble on both sides. '-': a single process
   peak RSS/rank MiB  peak resident set per process, rank 0 first, LibTorch's libraries
-             included. peer: ru_maxrss of the process; pipemat: VmHWM of each rank process,
-             sampled every 0.25 s; ref-1t/ref-2t: the bench process after both references
+             included (ru_maxrss on both sides); pipemat's ref-1t/ref-2t: the bench process,
+             which ran the earlier reference too
   alloc peak MiB  pipemat only: its tracking allocator's peak within a step, max over ranks
-  loss       training loss of the last step (mean over its micro-batches); pipemat's ref-1t
-             shows its pipelines' last loss when the bench reports them bitwise equal
+  loss       training loss of the last step (mean over its micro-batches)
 """
 
 
@@ -348,133 +345,11 @@ def pipemat_binary(args):
 # ---------------------------------------------------------------------------------------------
 # pipemat's side.
 # ---------------------------------------------------------------------------------------------
-def proc_children(pid):
-    """The child pids of `pid` (every thread's children file; /proc/PID/task/*/children)."""
-    out = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out.extend(int(c) for c in f.read().split())
-    except OSError:
-        pass
-    return out
-
-
-def vm_hwm_bytes(pid):
-    """The peak resident set of a live process (VmHWM), or 0 when it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-class RankWatcher(threading.Thread):
-    """Watches the processes under one `pipemat bench pipeline` while it runs.
-
-    For every rank process (`pipemat train ... --metrics FILE`) it keeps the largest VmHWM seen,
-    its rank (OMPI_COMM_WORLD_RANK), its schedule (`--set schedule.kind=K`) and an open handle on
-    its metrics file, read when the bench has ended. For the bench process itself it keeps VmHWM
-    until the first rank appears: the single-process references run in it before any rank.
-    """
-
-    def __init__(self, root_pid, on_start=None, interval=0.25):
-        super().__init__(daemon=True)
-        self.root = root_pid
-        self.interval = interval
-        self.on_start = on_start
-        self.ranks = {}  # pid -> {"rank", "schedule", "metrics", "hwm"}
-        self.ignored = set()
-        self.metrics_files = {}  # path -> open file
-        self.reference_hwm = 0
-        self._done = threading.Event()
-
-    def stop(self):
-        self._done.set()
-        self.join()
-
-    def run(self):
-        while not self._done.is_set():
-            self.poll()
-            self._done.wait(self.interval)
-        self.poll()
-
-    def poll(self):
-        if not self.ranks:
-            self.reference_hwm = max(self.reference_hwm, vm_hwm_bytes(self.root))
-        todo, seen = proc_children(self.root), set()
-        while todo:
-            pid = todo.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
-            todo.extend(proc_children(pid))
-            if pid in self.ignored:
-                continue
-            if pid not in self.ranks and not self.adopt(pid):
-                continue
-            hwm = vm_hwm_bytes(pid)
-            info = self.ranks[pid]
-            info["hwm"] = max(info["hwm"], hwm)
-
-    def adopt(self, pid):
-        """Starts tracking `pid` when it is a rank of a pipemat run; False otherwise."""
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(e.decode(errors="replace").partition("=")[::2]
-                           for e in f.read().split(b"\0") if e)
-        except OSError:
-            return False
-        if len(argv) < 2 or not argv[0].endswith("pipemat") or argv[1] != "train" \
-                or "--metrics" not in argv:
-            self.ignored.add(pid)
-            return False
-        metrics = argv[argv.index("--metrics") + 1]
-        schedule = next((a.split("=", 1)[1] for a in argv if a.startswith("schedule.kind=")), "?")
-        rank = env.get("OMPI_COMM_WORLD_RANK", env.get("PMIX_RANK", env.get("PIPEMAT_RANK")))
-        if metrics not in self.metrics_files:
-            try:
-                self.metrics_files[metrics] = open(metrics, "rb")
-            except OSError:
-                pass
-            if self.on_start:
-                self.on_start(schedule)
-        self.ranks[pid] = {"rank": int(rank) if rank is not None else pid, "schedule": schedule,
-                           "metrics": metrics, "hwm": 0}
-        return True
-
-    def per_schedule(self):
-        """schedule -> (peak RSS per rank in bytes, rank order; last loss or None)."""
-        out = {}
-        for info in self.ranks.values():
-            out.setdefault(info["schedule"], {"hwm": {}, "metrics": info["metrics"]})
-            out[info["schedule"]]["hwm"][info["rank"]] = info["hwm"]
-        result = {}
-        for schedule, entry in out.items():
-            loss = None
-            handle = self.metrics_files.get(entry["metrics"])
-            if handle:
-                handle.seek(0)
-                for line in handle.read().decode(errors="replace").splitlines():
-                    try:
-                        loss = json.loads(line).get("loss", loss)
-                    except ValueError:
-                        pass
-                handle.close()
-            result[schedule] = ([entry["hwm"][r] for r in sorted(entry["hwm"])], loss)
-        return result
-
-
 def pipemat_bench_command(binary, config, steps, warmup, schedules, policy_none):
     cmd = [binary, "bench", "pipeline", "--config", config, "--json", "--steps", str(steps),
            "--warmup", str(warmup), "--schedules", ",".join(schedules), "--transports", "mpi"]
-    for s in PIPEMAT_QUIET_SETS + (["remat.policy=none"] if policy_none else []):
-        cmd += ["--set", s]
+    if policy_none:
+        cmd += ["--set", "remat.policy=none"]
     return cmd
 
 
@@ -509,17 +384,9 @@ def run_pipemat(args, binary, selected):
         log(f"pipemat: remat {policy}: references, then {', '.join(schedules)} over mpi "
             f"({args.steps} steps each)")
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd_logged, cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        def started(schedule, policy=policy, t0=t0):
-            log(f"pipemat:   {schedule} ({policy}) started after {time.monotonic() - t0:.0f} s")
-
-        watcher = RankWatcher(proc.pid, on_start=started)
-        watcher.start()
-        out, err = proc.communicate()
-        watcher.stop()
+        proc = subprocess.run(cmd_logged, cwd=REPO, capture_output=True, text=True)
+        out, err = proc.stdout, proc.stderr
         seconds = time.monotonic() - t0
-        watched = watcher.per_schedule()
         if proc.returncode != 0:
             # The bench prints nothing when a variant fails: every row of this run gets its error.
             message = first_line(err.replace("pipemat: error: ", "")) if err.strip() \
@@ -545,8 +412,6 @@ def run_pipemat(args, binary, selected):
         os.unlink(logfile.name)
         log(f"pipemat: remat {policy} done in {seconds:.0f} s")
         results = json.loads(out)
-        pipeline_losses_equal = [r for r in results
-                                 if r["transport"] != "reference" and r.get("losses_equal")]
         for r in results:
             if r["transport"] == "reference":
                 threads = int(r["threads"])
@@ -555,24 +420,20 @@ def run_pipemat(args, binary, selected):
                         log(f"pipemat:   (this run's reference with {threads} thread(s): "
                             f"{r['step_ms']:.1f} ms/step; not in the table)")
                     continue
-                loss = None
-                if r.get("losses_equal") is True and pipeline_losses_equal:
-                    # Every step's loss equals the pipelines' bitwise (the bench checks it).
-                    loss = watched.get(pipeline_losses_equal[0]["schedule"], ([], None))[1]
                 rows.append(pipemat_row(
                     None, 1, "none", threads=threads, step_ms=r["step_ms"],
-                    alloc_peak=r["peak_bytes"], rss=[watcher.reference_hwm], loss=loss,
+                    alloc_peak=r["peak_bytes"], rss=r["resident_peak_bytes"], loss=r["loss"],
                     rerun=pipemat_reference_command(shown_path(binary), config, args.steps,
                                                     threads)))
                 continue
             kind = r["schedule"]
             if kind not in keep_schedules:
                 continue
-            rss, loss = watched.get(kind, ([], None))
             stages = dict(PIPEMAT_SCHEDULES)[kind]
             rows.append(pipemat_row(
                 kind, stages, policy, threads=int(r["threads"]), step_ms=r["step_ms"],
-                bubble=r["bubble"], alloc_peak=r["peak_bytes"], rss=rss, loss=loss,
+                bubble=r["bubble"], alloc_peak=r["peak_bytes"], rss=r["resident_peak_bytes"],
+                loss=r["loss"],
                 rerun=pipemat_bench_command(shown_path(binary), config, args.steps, args.warmup,
                                             [kind], policy == "none")))
         references_done = True
@@ -1213,8 +1074,8 @@ def main(argv):
             print(f"peer: a worker holds {min(import_rss):.0f}-{max(import_rss):.0f} MiB RSS "
                   "after `import torch` alone (before its model and data).")
     if any(r["side"] == "pipemat" for r in rows):
-        print("pipemat: `bench pipeline` with --set " + " --set ".join(PIPEMAT_QUIET_SETS) +
-              "; ref-1t/ref-2t peak RSS: the bench process after both references (one value).")
+        print("pipemat: `bench pipeline` (it leaves out the config's checkpoints, sample, "
+              "validation and output files); ref-1t/ref-2t peak RSS: the bench process.")
     minutes, seconds = divmod(time.monotonic() - t_start, 60)
     print(f"wall time: {int(minutes)} min {seconds:.0f} s; load average (1 min) {load_start:.2f} "
           f"at the start, {os.getloadavg()[0]:.2f} at the end, on {os.cpu_count()} CPUs: "

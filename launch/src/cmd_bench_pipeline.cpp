@@ -81,6 +81,8 @@ void add_bench_pipeline_command(CLI::App& bench) {
                        {"message_delay_ms", r.message_delay_ms},
                        {"recv_wait_ms", r.recv_wait_ms},
                        {"peak_bytes", r.peak_bytes},
+                       {"resident_peak_bytes", r.resident_peak_bytes},
+                       {"loss", r.loss},
                        {"layer_costs", r.layer_costs},
                        {"losses_equal", r.losses_compared ? nlohmann::json(r.losses_equal)
                                                           : nlohmann::json(nullptr)}});

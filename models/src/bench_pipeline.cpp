@@ -45,6 +45,13 @@ BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup
     w.push_back(m.measured_costs.backward_weight);
     r.push_back(m.measured_costs.recompute.value_or(0.0));
   }
+  if (!steps.empty()) {
+    const StepMetrics& last = steps.back();
+    row.loss = last.loss;
+    row.resident_peak_bytes = last.rank_resident_peak_bytes.empty()
+                                  ? std::vector<int64_t>{last.resident_peak_bytes}
+                                  : last.rank_resident_peak_bytes;
+  }
   using bench::median;
   row.step_ms = median(step_ms);
   row.bubble = median(bubble);
@@ -186,9 +193,8 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
         std::vector<double>& l = oracle[stages];
         for (const auto& m : run_reference(config, nullptr)) l.push_back(m.loss);
       }
-      BenchPipelineRow row =
-          summarize(steps, o.warmup, oracle.at(stages),
-                    static_cast<double>(config.model.layers) / pp::stage_count(shape), split);
+      BenchPipelineRow row = summarize(steps, o.warmup, oracle.at(stages),
+                                       static_cast<double>(config.model.layers) / stages, split);
       row.schedule = schedule;
       row.transport = transport;
       row.threads = rank_threads;

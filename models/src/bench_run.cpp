@@ -91,8 +91,10 @@ std::vector<pp::StepMetrics> read_metrics(const std::string& path) {
     m.peak_bytes = j.value("peak_bytes", int64_t{0});
     m.max_rank_peak_bytes = j.value("max_rank_peak_bytes", int64_t{0});
     m.start_bytes = j.value("start_bytes", int64_t{0});
+    m.resident_peak_bytes = j.value("resident_peak_bytes", int64_t{0});
     m.rank_peak_bytes = j.value("rank_peak_bytes", std::vector<int64_t>{});
     m.rank_start_bytes = j.value("rank_start_bytes", std::vector<int64_t>{});
+    m.rank_resident_peak_bytes = j.value("rank_resident_peak_bytes", std::vector<int64_t>{});
     if (j.contains("costs") && j["costs"].is_object()) {
       const auto& c = j["costs"];
       m.measured_costs.forward = c.value("F", 0.0);

@@ -77,6 +77,7 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
     m.step_ms = since_ms(t0);
     m.busy_ms = m.step_ms;
     m.start_bytes = bytes0;
+    m.resident_peak_bytes = pp::peak_resident_bytes();
     m.peak_bytes = remat::memory_stats().peak_bytes - bytes0;
     out.push_back(std::move(m));
     if (eval_every > 0 && ((step + 1) % eval_every == 0 || step + 1 == config.training.steps) &&

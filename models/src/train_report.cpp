@@ -158,9 +158,11 @@ std::string metrics_json(const StepMetrics& m, std::optional<double> validation_
   j["peak_bytes"] = m.peak_bytes;
   j["max_rank_peak_bytes"] = m.max_rank_peak_bytes;
   j["start_bytes"] = m.start_bytes;
+  j["resident_peak_bytes"] = m.resident_peak_bytes;
   if (!m.rank_peak_bytes.empty()) {
     j["rank_peak_bytes"] = m.rank_peak_bytes;
     j["rank_start_bytes"] = m.rank_start_bytes;
+    j["rank_resident_peak_bytes"] = m.rank_resident_peak_bytes;
   }
   j["replays"] = m.remat.replays;
   j["early_stops"] = m.remat.early_stops;

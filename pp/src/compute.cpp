@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 #include <malloc.h>
+#include <sys/resource.h>
 #include <torch/version.h>
 
 #include <atomic>
@@ -71,6 +72,12 @@ ComputeInfo compute_info() {
   info.blas = blas_name(parallel);
   info.blas_threads = blas_threads(parallel);
   return info;
+}
+
+int64_t peak_resident_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 ComputeInfo set_compute_threads(int threads) {

@@ -13,6 +13,7 @@
 
 #include "pipeline_impl.h"
 #include "pipemat/comm/tensor.h"
+#include "pipemat/pp/compute.h"
 #include "pipemat/remat/invocation.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/remat/rng.h"
@@ -340,6 +341,7 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
   m.start_bytes = bytes0;
   m.peak_bytes = std::max(step_peak, remat::memory_stats().peak_bytes) - bytes0;
   m.max_rank_peak_bytes = m.peak_bytes;
+  m.resident_peak_bytes = peak_resident_bytes();
   m.recv_wait_ms = recv_wait_us / 1000.0;
   m.remat = remat::counters();
   for (const auto& [mb, l] : losses) m.loss += l;

@@ -38,7 +38,7 @@ at::Tensor timeline_tensor(const std::vector<ActionTiming>& timeline) {
 }
 
 // The scalars of exchange_metrics' message.
-constexpr int64_t kMetricScalars = 14;
+constexpr int64_t kMetricScalars = 15;
 
 }  // namespace
 
@@ -150,7 +150,7 @@ void Pipeline::Impl::build_measured(StepMetrics& m,
 }
 
 // Every rank sends (busy_ms, step_ms, all nine remat counters, recv_wait_ms, peak_bytes,
-// start_bytes; the byte counts are exact in a double below 2^53) and
+// start_bytes, resident_peak_bytes; the byte counts are exact in a double below 2^53) and
 // its timeline to the last stage's rank, which computes the bubble.
 void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
   const int last = last_rank();
@@ -160,7 +160,7 @@ void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
         {m.busy_ms, m.step_ms, double(c.unit_calls), double(c.replays), double(c.early_stops),
          double(c.save_calls), double(c.save_skips), double(c.packs), double(c.save_kept),
          double(c.output_leaves), double(c.placeholders), m.recv_wait_ms, double(m.peak_bytes),
-         double(m.start_bytes)},
+         double(m.start_bytes), double(m.resident_peak_bytes)},
         at::kDouble);
     comm::send_tensors(transport, last, metrics_tag(), {scalars, timeline_tensor(m.timeline)})
         .wait();
@@ -170,6 +170,7 @@ void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
   std::vector<at::Tensor> timelines(plan.ranks_count);
   m.rank_start_bytes.assign(static_cast<size_t>(plan.ranks_count), m.start_bytes);
   m.rank_peak_bytes.assign(static_cast<size_t>(plan.ranks_count), m.peak_bytes);
+  m.rank_resident_peak_bytes.assign(static_cast<size_t>(plan.ranks_count), m.resident_peak_bytes);
   for (int r = 0; r < plan.ranks_count; ++r) {
     if (r == rank) continue;
     Tensors got = comm::recv_tensors(transport, r, metrics_tag()).wait();
@@ -194,6 +195,7 @@ void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
     m.max_rank_peak_bytes = std::max(m.max_rank_peak_bytes, static_cast<int64_t>(v(12)));
     m.rank_peak_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(12));
     m.rank_start_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(13));
+    m.rank_resident_peak_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(14));
     timelines[r] = got[1];
   }
   timelines[rank] = timeline_tensor(m.timeline);

@@ -279,12 +279,16 @@ TEST(Pipeline, StepMetricsCarrySendsWaitsAndTheCommAwareSimulation) {
   EXPECT_EQ(m.simulated_bubble, schedule::simulate(plan, m.measured_costs).bubble_ratio);
   EXPECT_GE(m.max_rank_peak_bytes, m.peak_bytes);
   EXPECT_GT(m.max_rank_peak_bytes, 0);
-  // Each rank's start and peak bytes, by rank, on the last stage's rank only.
+  // Each rank's start, peak and resident peak bytes, by rank, on the last stage's rank only.
   ASSERT_EQ(m.rank_peak_bytes.size(), 2u);
   ASSERT_EQ(m.rank_start_bytes.size(), 2u);
+  ASSERT_EQ(m.rank_resident_peak_bytes.size(), 2u);
   for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(m.rank_peak_bytes[static_cast<size_t>(r)], last[static_cast<size_t>(r)].peak_bytes);
-    EXPECT_EQ(m.rank_start_bytes[static_cast<size_t>(r)], last[static_cast<size_t>(r)].start_bytes);
+    const StepMetrics& own = last[static_cast<size_t>(r)];
+    EXPECT_EQ(m.rank_peak_bytes[static_cast<size_t>(r)], own.peak_bytes);
+    EXPECT_EQ(m.rank_start_bytes[static_cast<size_t>(r)], own.start_bytes);
+    EXPECT_EQ(m.rank_resident_peak_bytes[static_cast<size_t>(r)], own.resident_peak_bytes);
+    EXPECT_GT(own.resident_peak_bytes, own.start_bytes) << "the process holds its tensors";
   }
   EXPECT_EQ(m.max_rank_peak_bytes, std::max(m.rank_peak_bytes[0], m.rank_peak_bytes[1]));
   EXPECT_TRUE(last[0].rank_peak_bytes.empty());

@@ -38,6 +38,10 @@ struct BenchPipelineRow {
   double bubble = 0, schedule_bubble = 0, simulated_bubble = 0, simulated_bubble_comm = 0;
   double message_delay_ms = 0, recv_wait_ms = 0;  // medians
   int64_t peak_bytes = 0;  // max over ranks and steps (local: the whole process)
+  // Per rank, the most resident memory its process held (pp::peak_resident_bytes; local and
+  // the reference rows: the benchmark's own process, which ran the earlier rows too).
+  std::vector<int64_t> resident_peak_bytes;
+  double loss = 0;  // the last step's loss
   // Every step's loss bitwise equal to the reference's with the ranks' threads; not compared
   // (losses_compared false) for a reference with other threads (other reduction orders).
   bool losses_equal = true;

@@ -20,6 +20,7 @@
 //
 // Threading: process-wide settings; call from one thread before training.
 
+#include <cstdint>
 #include <string>
 
 namespace pipemat::pp {
@@ -44,5 +45,8 @@ bool retain_freed_memory();
 
 // What runs now, without changing anything.
 ComputeInfo compute_info();
+
+// The most resident memory this process has held so far (getrusage's ru_maxrss), in bytes.
+int64_t peak_resident_bytes();
 
 }  // namespace pipemat::pp

@@ -218,9 +218,13 @@ struct StepMetrics {
   // The tracking allocator's bytes when the step started (weights, optimizer state and what else
   // the process holds), this rank's; start_bytes + peak_bytes is its peak during the step.
   int64_t start_bytes = 0;
-  // On the last stage's rank (with collect_timelines): start_bytes and peak_bytes of every rank,
-  // by rank (local: the one process's, the same for every rank). Empty elsewhere.
-  std::vector<int64_t> rank_start_bytes, rank_peak_bytes;
+  // The most resident memory this rank's process has held so far, at the step's end
+  // (pp::peak_resident_bytes): what the operating system gave it, not only tensors.
+  int64_t resident_peak_bytes = 0;
+  // On the last stage's rank (with collect_timelines): start_bytes, peak_bytes and
+  // resident_peak_bytes of every rank, by rank (local: the one process's, the same for every
+  // rank). Empty elsewhere.
+  std::vector<int64_t> rank_start_bytes, rank_peak_bytes, rank_resident_peak_bytes;
 };
 
 struct EvalOptions {
