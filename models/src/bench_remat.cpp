@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "bench_run.h"
 #include "pipemat/core/error.h"
 #include "pipemat/models/zoo.h"
 #include "pipemat/remat/memory.h"
@@ -73,12 +74,6 @@ std::vector<StepResult> run_mode(const BenchRematOptions& o, const std::string& 
   return results;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Host cost of one call of an empty SAVE region (returns its input) inside a checkpoint unit,
 // minus the same call without the wrapper.
 double empty_save_call_us() {
@@ -104,7 +99,7 @@ double empty_save_call_us() {
   };
   std::vector<double> diffs;
   for (int r = 0; r < 5; ++r) diffs.push_back(timed(true) - timed(false));
-  return median(diffs);
+  return bench::median(diffs);
 }
 
 }  // namespace
@@ -146,8 +141,9 @@ BenchRematReport run_bench_remat(
     m.resident_bytes = max_of([](const StepResult& r) { return r.resident_bytes; });
     m.replay_peak_bytes = max_of([](const StepResult& r) { return r.replay_peak_bytes; });
     m.peak_bytes = max_of([](const StepResult& r) { return r.peak_bytes; });
-    m.step_ms = median(pick([](const StepResult& r) { return r.step_ms; }));
-    m.host_overhead_us = median(pick([](const StepResult& r) { return r.host_overhead_us; }));
+    m.step_ms = bench::median(pick([](const StepResult& r) { return r.step_ms; }));
+    m.host_overhead_us =
+        bench::median(pick([](const StepResult& r) { return r.host_overhead_us; }));
     m.loss = rs.back().loss;
     m.grad_norm = rs.back().grad_norm;
     m.save_body_calls = rs.back().save_body_calls;
