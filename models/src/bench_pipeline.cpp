@@ -7,6 +7,7 @@
 
 #include "bench_run.h"
 #include "pipemat/core/error.h"
+#include "pipemat/core/stats.h"
 #include "pipemat/models/config.h"
 #include "pipemat/models/train.h"
 #include "pipemat/pp/compute.h"
@@ -52,7 +53,6 @@ BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup
                                   ? std::vector<int64_t>{last.resident_peak_bytes}
                                   : last.rank_resident_peak_bytes;
   }
-  using bench::median;
   row.step_ms = median(step_ms);
   row.bubble = median(bubble);
   row.schedule_bubble = median(schedule_bubble);

@@ -7,6 +7,7 @@
 
 #include "bench_run.h"
 #include "pipemat/core/error.h"
+#include "pipemat/core/stats.h"
 #include "pipemat/models/config.h"
 #include "pipemat/models/plan.h"
 #include "pipemat/models/train.h"
@@ -55,7 +56,7 @@ struct Runner {
       }
       if (m.step >= options.warmup) step_ms.push_back(m.step_ms);
     }
-    out.step_ms = bench::median(step_ms);
+    out.step_ms = median(step_ms);
   }
 };
 
@@ -79,7 +80,7 @@ std::pair<double, double> calibration_run(const Runner& runner, TrainConfig conf
     delays.push_back(m.message_delay_ms);
     step_ms.push_back(m.step_ms);
   }
-  return {bench::median(delays), bench::median(step_ms)};
+  return {median(delays), median(step_ms)};
 }
 
 // Note [Plan calibration]: the shared speed at which `problem` predicts `step_ms` for
@@ -198,12 +199,12 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
       total.round = -1;
       total.round_predicted_step_ms.push_back(one.predicted_step_ms);
       total.round_step_ms.push_back(one.step_ms);
-      total.predicted_step_ms = bench::median(total.round_predicted_step_ms);
-      total.step_ms = bench::median(total.round_step_ms);
+      total.predicted_step_ms = median(total.round_predicted_step_ms);
+      total.step_ms = median(total.round_step_ms);
       std::vector<double> errors;
       for (size_t k = 0; k < total.round_step_ms.size(); ++k)
         errors.push_back(total.round_step_ms[k] / total.round_predicted_step_ms[k] - 1);
-      total.step_error = bench::median(errors);
+      total.step_error = median(errors);
       if (round == 0) total.predicted_peak_bytes = one.predicted_peak_bytes;
       total.peak_bytes.resize(one.peak_bytes.size(), 0);
       for (size_t r = 0; r < one.peak_bytes.size(); ++r)
@@ -242,7 +243,7 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
     std::vector<double> ratios;
     for (size_t k = 0; k < uniform.size() && k < plan.size(); ++k)
       if (plan[k] > 0) ratios.push_back(uniform[k] / plan[k]);
-    return bench::median(ratios);
+    return median(ratios);
   };
   for (BenchPlanBudget& row : report.budgets) {
     if (!row.infeasible.empty()) continue;

@@ -13,6 +13,7 @@
 
 #include "bench_run.h"
 #include "pipemat/core/error.h"
+#include "pipemat/core/stats.h"
 #include "pipemat/models/zoo.h"
 #include "pipemat/remat/memory.h"
 #include "scenario.h"
@@ -99,7 +100,7 @@ double empty_save_call_us() {
   };
   std::vector<double> diffs;
   for (int r = 0; r < 5; ++r) diffs.push_back(timed(true) - timed(false));
-  return bench::median(diffs);
+  return median(diffs);
 }
 
 }  // namespace
@@ -141,9 +142,8 @@ BenchRematReport run_bench_remat(
     m.resident_bytes = max_of([](const StepResult& r) { return r.resident_bytes; });
     m.replay_peak_bytes = max_of([](const StepResult& r) { return r.replay_peak_bytes; });
     m.peak_bytes = max_of([](const StepResult& r) { return r.peak_bytes; });
-    m.step_ms = bench::median(pick([](const StepResult& r) { return r.step_ms; }));
-    m.host_overhead_us =
-        bench::median(pick([](const StepResult& r) { return r.host_overhead_us; }));
+    m.step_ms = median(pick([](const StepResult& r) { return r.step_ms; }));
+    m.host_overhead_us = median(pick([](const StepResult& r) { return r.host_overhead_us; }));
     m.loss = rs.back().loss;
     m.grad_norm = rs.back().grad_norm;
     m.save_body_calls = rs.back().save_body_calls;

@@ -18,13 +18,6 @@ extern char** environ;
 
 namespace pipemat::models::bench {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 std::string default_launcher(const std::string& who) {
   std::vector<char> path(4096);
   const ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size() - 1);

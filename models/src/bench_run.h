@@ -1,7 +1,7 @@
 #pragma once
-// What the benchmarks that run whole trainings share (private to models): the median, and
-// running a config as a multi-process job through `pipemat-run` (mpi or tcp) and reading back the
-// metrics file of its last stage's rank.
+// What the benchmarks that run whole trainings share (private to models): running a config as a
+// multi-process job through `pipemat-run` (mpi or tcp) and reading back the metrics file of its
+// last stage's rank.
 
 #include <cstdint>
 #include <string>
@@ -10,8 +10,6 @@
 #include "pipemat/pp/pipeline.h"
 
 namespace pipemat::models::bench {
-
-double median(std::vector<double> v);
 
 // pipemat-run next to the running binary (/proc/self/exe). `who` names the command in errors.
 std::string default_launcher(const std::string& who);

@@ -355,6 +355,11 @@ std::vector<ConfigField> make_fields() {
        "compute threads per rank: LibTorch's intra-op threads (OpenMP's and MKL's); `0`: the "
        "machine's hardware threads divided by the ranks on it (at least 1). The first progress "
        "line says which LibTorch and BLAS run and with how many threads"},
+      {"training", "thread_probe", boolean(PIPEMAT_MEMBER(training.thread_probe)), "",
+       "when a rank would compute with more than 1 thread: first time one micro-batch's forward "
+       "and backward with 1 thread and with those threads (alternately, 3 rounds each) and keep "
+       "the faster, so that more threads never run slower than one; the first progress line "
+       "gives both times. `false`: the threads as asked, unmeasured"},
       {"training", "warmup", integer(PIPEMAT_MEMBER(training.warmup), 0), ">= 0",
        "steps of linear warmup: step t uses lr * (t + 1) / warmup"},
       {"training", "lr_decay", choice(PIPEMAT_MEMBER(training.lr_decay), lr_decay_values()),

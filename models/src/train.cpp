@@ -329,8 +329,9 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
   int ranks_on_host = resolved.config.schedule.ranks;
   if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
     ranks_on_host = std::atoi(local);
-  pp::set_compute_threads(config.training.threads > 0 ? static_cast<int>(config.training.threads)
-                                                      : pp::default_compute_threads(ranks_on_host));
+  set_training_threads(config, config.training.threads > 0
+                                   ? static_cast<int>(config.training.threads)
+                                   : pp::default_compute_threads(ranks_on_host));
   if (reference) {
     train_reference(config, &out);
     return 0;
@@ -344,7 +345,11 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
       out << "measuring the single process for the summary: " << config.output.reference_steps
           << " steps of pipemat train --reference (output.reference_steps)\n"
           << std::flush;
-      figures = measure_reference(config, config.output.reference_steps);
+      // The single process on this machine: all its cores unless threads were set.
+      figures =
+          measure_reference(config, config.output.reference_steps,
+                            config.training.threads > 0 ? static_cast<int>(config.training.threads)
+                                                        : pp::default_compute_threads(1));
     }
     const int64_t tokens_per_step =
         tokens_per_micro_batch(config.model) * resolved.config.schedule.micro_batches;

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "bench_run.h"
+#include "pipemat/core/stats.h"
 #include "pipemat/models/model_run.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/remat/memory.h"
@@ -106,8 +107,47 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
   return out;
 }
 
-ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps) {
+std::function<void()> micro_batch_work(const TrainConfig& given) {
+  const TrainConfig config = resolve_schedule(given).config;
+  pp::PipelineOptions shape;
+  shape.schedule = config.schedule;
+  const int stages = pp::stage_count(shape);
+  struct Work {
+    ModelRun run;
+    std::vector<pp::PipelineStage> chain;
+    std::vector<at::Tensor> params;
+    pp::MicroBatch batch;
+  };
+  auto w = std::make_shared<Work>(Work{make_model_run(config, stages), {}, {}, {}});
+  for (int s = 0; s < stages; ++s) {
+    w->chain.push_back(w->run.stage(s));
+    for (const auto& p : w->chain.back().module->parameters()) w->params.push_back(p);
+  }
+  w->batch = w->run.train_data(0, 0);
+  const uint64_t seed = config.training.seed;
+  return [w, stages, seed] {
+    for (auto& p : w->params) p.mutable_grad().reset();
+    pp::Tensors x = w->batch.inputs;
+    for (int s = 0; s < stages; ++s) {
+      std::optional<remat::ThreadGeneratorScope> rng;
+      if (w->run.random) rng.emplace(pp::forward_seed(seed, 0, 0, s));
+      x = w->chain[s].forward(x);
+    }
+    w->run.loss(x, w->batch.targets).backward();
+  };
+}
+
+void set_training_threads(const TrainConfig& config, int threads) {
+  if (!config.training.thread_probe || threads == 1) {
+    pp::set_compute_threads(threads);
+    return;
+  }
+  pp::choose_compute_threads(threads, micro_batch_work(config));
+}
+
+ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps, int threads) {
   remat::install_tracking_allocator();
+  set_training_threads(config, threads);
   TrainConfig short_run = config;
   short_run.training.steps = steps;
   // What this process holds already (the pipeline's stages when called after training) is not
@@ -116,14 +156,16 @@ ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps) {
   const std::vector<StepMetrics> run = run_reference(short_run, nullptr);
   ReferenceFigures f;
   f.steps = steps;
-  f.threads = pp::compute_info().threads;
+  const pp::ComputeInfo compute = pp::compute_info();
+  f.threads = compute.threads;
+  f.choice = compute.choice;
   // The first third of the steps warms up (page faults, the allocator, LibTorch's caches).
   std::vector<double> times;
   for (size_t i = static_cast<size_t>(steps / 3); i < run.size(); ++i) {
     times.push_back(run[i].step_ms);
   }
   f.measured_steps = static_cast<int64_t>(times.size());
-  f.step_ms = bench::median(times);
+  f.step_ms = median(times);
   for (const StepMetrics& m : run)
     f.peak_bytes = std::max(f.peak_bytes, m.start_bytes + m.peak_bytes - base);
   return f;

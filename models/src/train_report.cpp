@@ -11,6 +11,7 @@
 #include "bench_run.h"
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
+#include "pipemat/core/stats.h"
 #include "pipemat/models/train.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/schedule/render.h"
@@ -76,7 +77,7 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
   for (double ms : totals.step_ms) total_ms += ms;
   const double tokens = steps * static_cast<double>(tokens_per_step);
   const double tokens_per_s = tokens * 1000.0 / total_ms;
-  const double median_ms = bench::median(totals.step_ms);
+  const double median_ms = median(totals.step_ms);
   int64_t max_peak = 0;
   std::vector<std::string> peaks;
   for (int64_t b : totals.rank_peak_bytes) {
@@ -102,8 +103,8 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
     const double ref_tokens_per_s = static_cast<double>(tokens_per_step) * 1000.0 / r.step_ms;
     line += ::pipemat::detail::concat(
         "single process (the same model and data chained in one process, ", r.threads,
-        r.threads == 1 ? " thread" : " threads", "; median of steps ",
-        r.steps - r.measured_steps + 1, "-", r.steps, " of ", r.steps,
+        r.threads == 1 ? " thread" : " threads", r.choice ? describe_thread_choice(*r.choice) : "",
+        "; median of steps ", r.steps - r.measured_steps + 1, "-", r.steps, " of ", r.steps,
         " run after training): ", format_count(ref_tokens_per_s), " tokens/s (",
         format_fixed(r.step_ms, 1), " ms per step), peak memory ", format_bytes(r.peak_bytes),
         "; the pipeline: ", format_fixed(tokens_per_s / ref_tokens_per_s, 2), "x the tokens/s, ",
@@ -120,10 +121,20 @@ void print_validation(std::ostream& out, int64_t step, double loss) {
   out << line << std::flush;
 }
 
+std::string describe_thread_choice(const pp::ThreadChoice& c) {
+  if (!c.probed) return "";
+  return ::pipemat::detail::concat(
+      "; ", c.asked, " asked, measured first: one micro-batch's forward and backward took ",
+      format_fixed(c.one_ms, 1), " ms on 1 thread and ", format_fixed(c.asked_ms, 1), " ms on ",
+      c.asked, " (medians of ", c.rounds, " rounds, OMP_WAIT_POLICY ",
+      c.wait_policy.empty() ? std::string("unset") : c.wait_policy, "), the faster kept");
+}
+
 void print_compute(std::ostream& out, int ranks) {
   const pp::ComputeInfo info = pp::compute_info();
   out << "compute: " << ranks << (ranks == 1 ? " rank" : " ranks") << ", " << info.threads
-      << (info.threads == 1 ? " thread" : " threads") << " per rank (training.threads), LibTorch "
+      << (info.threads == 1 ? " thread" : " threads") << " per rank (training.threads"
+      << (info.choice ? describe_thread_choice(*info.choice) : "") << "), LibTorch "
       << info.torch_version << ", BLAS " << info.blas;
   if (info.blas_threads >= 0) {
     out << " (" << info.blas_threads << (info.blas_threads == 1 ? " thread)" : " threads)");

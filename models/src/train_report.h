@@ -14,6 +14,7 @@
 
 #include "pipemat/models/loss_curve.h"
 #include "pipemat/models/options.h"
+#include "pipemat/pp/compute.h"
 #include "pipemat/pp/pipeline.h"
 #include "pipemat/schedule/schedule.h"
 #include "train_checkpoints.h"
@@ -42,8 +43,13 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
 // "validation after step N: loss L nats/byte (B bits)".
 void print_validation(std::ostream& out, int64_t step, double loss);
 
-// The first progress line: which BLAS runs the GEMMs and with how many threads.
+// The first progress line: which BLAS runs the GEMMs and with how many threads, and how they
+// were chosen when they were measured (pp::ThreadChoice).
 void print_compute(std::ostream& out, int ranks);
+
+// "; 2 asked, measured first: ... ms on 1 thread and ... ms on 2 (...), the faster kept"; empty
+// for a choice that measured nothing.
+std::string describe_thread_choice(const pp::ThreadChoice& choice);
 
 // The metrics file: one metrics_json line per step. An empty path writes nothing. ConfigError
 // naming output.metrics when the file cannot be opened.

@@ -7,16 +7,29 @@
 #include <torch/version.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "pipemat/core/error.h"
+#include "pipemat/core/stats.h"
 
 namespace pipemat::pp {
 namespace {
 
 std::atomic<bool> g_freed_memory_retained{false};
+std::mutex g_choice_mutex;
+std::optional<ThreadChoice> g_choice;  // guarded by g_choice_mutex
+
+void set_threads(int threads, std::optional<ThreadChoice> choice) {
+  PIPEMAT_CHECK(threads >= 1, ConfigError, "compute threads must be at least 1, got ", threads);
+  at::set_num_threads(threads);
+  const std::lock_guard<std::mutex> lock(g_choice_mutex);
+  g_choice = std::move(choice);
+}
 
 // "MKL 2024.2" from LibTorch's parallel-info line "Intel(R) oneAPI Math Kernel Library Version
 // 2024.2-Product Build ..."; otherwise the BLAS_INFO of LibTorch's build configuration.
@@ -67,6 +80,10 @@ ComputeInfo compute_info() {
   ComputeInfo info;
   info.threads = at::get_num_threads();
   info.freed_memory_retained = g_freed_memory_retained;
+  {
+    const std::lock_guard<std::mutex> lock(g_choice_mutex);
+    info.choice = g_choice;
+  }
   info.torch_version = TORCH_VERSION;
   const std::string parallel = at::get_parallel_info();
   info.blas = blas_name(parallel);
@@ -81,9 +98,42 @@ int64_t peak_resident_bytes() {
 }
 
 ComputeInfo set_compute_threads(int threads) {
-  PIPEMAT_CHECK(threads >= 1, ConfigError, "compute threads must be at least 1, got ", threads);
-  at::set_num_threads(threads);
+  set_threads(threads, std::nullopt);
   return compute_info();
+}
+
+ThreadChoice choose_compute_threads(int threads, const std::function<void()>& work, int rounds) {
+  PIPEMAT_CHECK(threads >= 1, ConfigError, "compute threads must be at least 1, got ", threads);
+  PIPEMAT_CHECK(rounds >= 1, ConfigError, "a thread probe needs at least 1 round, got ", rounds);
+  ThreadChoice choice;
+  choice.asked = threads;
+  choice.threads = threads;
+  if (const char* policy = std::getenv("OMP_WAIT_POLICY")) choice.wait_policy = policy;
+  if (threads == 1) {
+    set_threads(1, choice);
+    return choice;
+  }
+  // Alternating rounds: a machine that gets busier or quieter during the probe slows both.
+  const auto timed = [&](int n) {
+    set_threads(n, std::nullopt);
+    const auto t0 = std::chrono::steady_clock::now();
+    work();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  timed(1);
+  timed(threads);
+  std::vector<double> one, many;
+  for (int r = 0; r < rounds; ++r) {
+    one.push_back(timed(1));
+    many.push_back(timed(threads));
+  }
+  choice.probed = true;
+  choice.rounds = rounds;
+  choice.one_ms = median(one);
+  choice.asked_ms = median(many);
+  choice.threads = choice.asked_ms <= choice.one_ms ? threads : 1;
+  set_threads(choice.threads, choice);
+  return choice;
 }
 
 }  // namespace pipemat::pp

@@ -11,6 +11,7 @@
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
+#include "pipemat/core/stats.h"
 #include "pipemat/remat/invocation.h"
 #include "pipemat/remat/memory.h"
 #include "split_backward.h"
@@ -22,11 +23,6 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 // The layer as entry "0" of a Sequential, so that remat paths address it as "0" and "0.<child>".

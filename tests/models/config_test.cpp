@@ -77,6 +77,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.training.weight_decay, b.training.weight_decay);
   EXPECT_EQ(a.training.seed, b.training.seed);
   EXPECT_EQ(a.training.threads, b.training.threads);
+  EXPECT_EQ(a.training.thread_probe, b.training.thread_probe);
   EXPECT_EQ(a.training.clip_grad_norm, b.training.clip_grad_norm);
   EXPECT_EQ(a.training.warmup, b.training.warmup);
   EXPECT_EQ(a.training.lr_decay, b.training.lr_decay);
@@ -114,7 +115,7 @@ remat:
     - {path: "layers.*.experts"}
     - {path: "layers.*.router", save_output: false}
 transport: {kind: tcp, timeout: 2.5, master: "10.0.0.1:1234", connect_retries: 7}
-training: {steps: 11, optimizer: adamw, lr: 0.003, momentum: 0.9, weight_decay: 0.1, clip_grad_norm: 1.5, seed: 18446744073709551615, threads: 3, warmup: 2, lr_decay: cosine, min_lr: 0.001, eval_every: 4, eval_batches: 3, stop_after: 7}
+training: {steps: 11, optimizer: adamw, lr: 0.003, momentum: 0.9, weight_decay: 0.1, clip_grad_norm: 1.5, seed: 18446744073709551615, threads: 3, thread_probe: false, warmup: 2, lr_decay: cosine, min_lr: 0.001, eval_every: 4, eval_batches: 3, stop_after: 7}
 checkpoint: {dir: "ck", every: 2, keep_last: 3, resume: latest}
 sample: {tokens: 50, prompt: "Hi", temperature: 0.5, top_k: 10, seed: 9}
 output: {metrics: "out/m.jsonl", timeline_svg: "t.svg", loss_svg: "l.svg", progress: false}
@@ -203,6 +204,7 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.training.momentum, 0.9);
   EXPECT_EQ(config.training.clip_grad_norm, 1.5);
   EXPECT_EQ(config.training.threads, 3);
+  EXPECT_FALSE(config.training.thread_probe);
   EXPECT_EQ(config.training.weight_decay, 0.1);
   EXPECT_EQ(config.training.seed, 18446744073709551615u);
   EXPECT_EQ(config.training.warmup, 2);
@@ -409,10 +411,12 @@ TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
   EXPECT_EQ(error_of("schedule:\n  kind: 1f1b\n  micro_batch: 4\n"),
             "x.yaml:3: schedule.micro_batch: unknown key; did you mean 'schedule.micro_batches'? "
             "allowed in schedule: kind, ranks, micro_batches, virtual_stages, recompute, csv");
-  EXPECT_EQ(error_of("training: {steps: 2, batch_size: 4}\n"),
-            "x.yaml:1: training.batch_size: unknown key; allowed in training: steps, optimizer, "
-            "lr, momentum, weight_decay, clip_grad_norm, seed, threads, warmup, lr_decay, min_lr, "
-            "eval_every, eval_batches, stop_after");
+  EXPECT_EQ(
+      error_of("training: {steps: 2, batch_size: 4}\n"),
+      "x.yaml:1: training.batch_size: unknown key; allowed in training: steps, optimizer, "
+      "lr, momentum, weight_decay, clip_grad_norm, seed, threads, thread_probe, warmup, lr_decay, "
+      "min_lr, "
+      "eval_every, eval_batches, stop_after");
   EXPECT_EQ(error_of("remat:\n  policy: custom\n  checkpoint: [a]\n  exclude:\n"
                      "    - {path: a.b}\n    - {path: a.c, save_ouput: false}\n"),
             "x.yaml:6: remat.exclude[1].save_ouput: unknown key; did you mean "
@@ -701,7 +705,8 @@ TEST(ConfigOverrides, Errors) {
       "transport.timeout, "
       "transport.master, transport.connect_retries, training.steps, training.optimizer, "
       "training.lr, training.momentum, training.weight_decay, training.clip_grad_norm, "
-      "training.seed, training.threads, training.warmup, training.lr_decay, training.min_lr, "
+      "training.seed, training.threads, training.thread_probe, training.warmup, training.lr_decay, "
+      "training.min_lr, "
       "training.eval_every, training.eval_batches, training.stop_after, checkpoint.dir, "
       "checkpoint.every, "
       "checkpoint.keep_last, checkpoint.resume, checkpoint.overwrite, sample.tokens, "
@@ -840,6 +845,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  clip_grad_norm: 0\n"
             "  seed: 0\n"
             "  threads: 0\n"
+            "  thread_probe: true\n"
             "  warmup: 0\n"
             "  lr_decay: none\n"
             "  min_lr: 0\n"
@@ -1078,6 +1084,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "training.clip_grad_norm",
                                                      "training.seed",
                                                      "training.threads",
+                                                     "training.thread_probe",
                                                      "training.warmup",
                                                      "training.lr_decay",
                                                      "training.min_lr",

@@ -19,8 +19,10 @@
 #include <sstream>
 
 #include "pipemat/core/error.h"
+#include "pipemat/core/format.h"
 #include "pipemat/models/train.h"
 #include "pipemat/models/zoo_stages.h"
+#include "pipemat/pp/compute.h"
 #include "pipemat/remat/remat.h"
 #include "pipemat/schedule/torch_csv.h"
 
@@ -228,6 +230,40 @@ TEST(PipelineTrain, ProgressAndMetricsLines) {
   }
   EXPECT_GE(r.steps[0].bubble, 0.0);
   EXPECT_LT(r.steps[0].bubble, 1.0);
+}
+
+// Note [Threads are measured, not assumed]: more than 1 thread asked is measured against 1 thread
+// on the run's own micro-batch first; the first progress line gives both times and what runs.
+TEST(PipelineTrain, ThreadsAboveOneAreMeasuredAgainstOneThreadFirst) {
+  auto c = small_config("1f1b", 2, "rmsnorm-gemm", "none");
+  c.output.progress = true;
+  c.training.threads = 2;
+  std::ostringstream out;
+  ASSERT_EQ(run_train(c, /*reference=*/true, out, out), 0) << out.str();
+  const std::regex line(
+      "compute: 1 rank, ([12]) threads? per rank \\(training.threads; 2 asked, measured first: one "
+      "micro-batch's forward and backward took ([0-9.]+) ms on 1 thread and ([0-9.]+) ms on 2 "
+      "\\(medians of 3 rounds, OMP_WAIT_POLICY [^)]+\\), the faster kept\\), LibTorch ");
+  std::smatch m;
+  const std::string text = out.str();
+  ASSERT_TRUE(std::regex_search(text, m, line)) << text;
+  const pp::ComputeInfo info = pp::compute_info();
+  ASSERT_TRUE(info.choice.has_value());
+  const pp::ThreadChoice& choice = *info.choice;
+  EXPECT_EQ(choice.threads, choice.asked_ms <= choice.one_ms ? 2 : 1);
+  EXPECT_EQ(info.threads, choice.threads);
+  EXPECT_EQ(std::stoi(m[1]), choice.threads) << text;
+  EXPECT_EQ(m[2], format_fixed(choice.one_ms, 1)) << text;
+  EXPECT_EQ(m[3], format_fixed(choice.asked_ms, 1)) << text;
+
+  // training.thread_probe false: the threads as asked, unmeasured.
+  c.training.thread_probe = false;
+  std::ostringstream asked;
+  ASSERT_EQ(run_train(c, /*reference=*/true, asked, asked), 0) << asked.str();
+  EXPECT_NE(asked.str().find("compute: 1 rank, 2 threads per rank (training.threads), LibTorch "),
+            std::string::npos)
+      << asked.str();
+  pp::set_compute_threads(1);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <sys/resource.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -38,6 +39,55 @@ TEST(ComputeThreads, OneSettingForLibTorchAndTheBlas) {
   EXPECT_EQ(one.threads, 1);
   EXPECT_EQ(one.blas_threads, 1);
   EXPECT_THROW(set_compute_threads(0), ConfigError);
+}
+
+// Note [Threads are measured, not assumed]: the probe alternates 1 thread and the asked count,
+// one unmeasured round of each first, and keeps the asked count only when it is not slower.
+TEST(ComputeThreads, TheProbeKeepsTheFasterOfOneAndTheAskedThreads) {
+  // Work whose time depends on the threads it runs with: 2 ms on `fast` threads, 12 ms else.
+  const auto probe = [](int fast, std::vector<int>* seen) {
+    return [fast, seen] {
+      const int n = at::get_num_threads();
+      seen->push_back(n);
+      std::this_thread::sleep_for(std::chrono::milliseconds(n == fast ? 2 : 12));
+    };
+  };
+  std::vector<int> seen;
+  const ThreadChoice slower = choose_compute_threads(2, probe(1, &seen), 3);
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 1, 2, 1, 2, 1, 2}));
+  EXPECT_TRUE(slower.probed);
+  EXPECT_EQ(slower.asked, 2);
+  EXPECT_EQ(slower.threads, 1);
+  EXPECT_EQ(slower.rounds, 3);
+  EXPECT_GE(slower.one_ms, 2.0);
+  EXPECT_LT(slower.one_ms, slower.asked_ms);
+  EXPECT_GE(slower.asked_ms, 12.0);
+  EXPECT_EQ(at::get_num_threads(), 1);
+  ComputeInfo info = compute_info();
+  ASSERT_TRUE(info.choice.has_value());
+  EXPECT_EQ(info.choice->threads, 1);
+  EXPECT_EQ(info.choice->asked_ms, slower.asked_ms);
+
+  seen.clear();
+  const ThreadChoice faster = choose_compute_threads(2, probe(2, &seen), 1);
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 1, 2}));
+  EXPECT_EQ(faster.threads, 2);
+  EXPECT_EQ(at::get_num_threads(), 2);
+  EXPECT_LT(faster.asked_ms, faster.one_ms);
+
+  // One thread asked: nothing to measure, the work never runs.
+  seen.clear();
+  const ThreadChoice one = choose_compute_threads(1, probe(1, &seen));
+  EXPECT_TRUE(seen.empty());
+  EXPECT_FALSE(one.probed);
+  EXPECT_EQ(one.threads, 1);
+  EXPECT_EQ(at::get_num_threads(), 1);
+
+  // Setting threads unmeasured forgets the choice; bad counts are errors.
+  EXPECT_FALSE(set_compute_threads(1).choice.has_value());
+  EXPECT_THROW(choose_compute_threads(0, probe(1, &seen)), ConfigError);
+  EXPECT_THROW(choose_compute_threads(2, probe(1, &seen), 0), ConfigError);
+  EXPECT_TRUE(seen.empty());
 }
 
 // cmake/PipematTorch.cmake: PyPI's LibTorch libraries export copies of parts of the C++ standard

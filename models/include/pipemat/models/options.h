@@ -120,6 +120,9 @@ struct TrainingOptions {
   double clip_grad_norm = 0.0;  // global L2 norm over all ranks; 0: no clipping
   uint64_t seed = 0;
   int64_t threads = 0;  // compute threads per rank (LibTorch, OpenMP, MKL); 0: cores / ranks
+  // Above 1 thread: measure 1 thread against them first and keep the faster (Note [Threads are
+  // measured, not assumed] in pp/compute.h); false: run the threads as asked.
+  bool thread_probe = true;
   // Learning rate of step t: lr * (t + 1) / warmup during the first `warmup` steps, then
   // constant (lr_decay none) or a cosine from lr down to min_lr at the last step (cosine).
   int64_t warmup = 0;

@@ -33,6 +33,7 @@
 
 #include "pipemat/comm/transport.h"
 #include "pipemat/models/options.h"
+#include "pipemat/pp/compute.h"
 #include "pipemat/pp/pipeline.h"
 
 namespace pipemat::models {
@@ -115,14 +116,26 @@ struct ReferenceFigures {
   int64_t steps = 0;           // steps run
   int64_t measured_steps = 0;  // the steps after the first third, whose median is step_ms
   int threads = 1;             // LibTorch's compute threads
-  double step_ms = 0;          // median step time
-  int64_t peak_bytes = 0;      // the most tensor bytes it held (weights, optimizer state included)
+  std::optional<pp::ThreadChoice> choice;  // how they were chosen, when measured
+  double step_ms = 0;                      // median step time
+  int64_t peak_bytes = 0;  // the most tensor bytes it held (weights, optimizer state included)
 };
 
-// Runs `steps` (>= 1) steps of `config`'s reference (run_reference) with this process's compute
-// threads and returns its figures, the step time measured over the steps after the first third;
-// bytes this process held before are not counted.
-ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps);
+// Runs `steps` (>= 1) steps of `config`'s reference (run_reference) with `threads` compute
+// threads (with training.thread_probe, the faster of 1 and `threads` as
+// pp::choose_compute_threads measures them) and returns its figures, the step time measured over
+// the steps after the first third; bytes this process held before are not counted.
+ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps, int threads);
+
+// One micro-batch's forward and backward through the reference's chain of the config's stages
+// (built once, here), the work pp::choose_compute_threads times. The gradients it leaves are
+// dropped on the next call.
+std::function<void()> micro_batch_work(const TrainConfig& config);
+
+// Sets this process's compute threads for `threads` asked (>= 1): as asked with
+// training.thread_probe false or 1 thread, else the faster of 1 and `threads` measured on
+// micro_batch_work(config) (Note [Threads are measured, not assumed] in pp/compute.h).
+void set_training_threads(const TrainConfig& config, int threads);
 
 // schedule.csv resolved: the imported action list, the config with schedule.kind / stages /
 // micro_batches / virtual_stages taken from it, and the importer's note on ignored cells.
