@@ -78,10 +78,21 @@ nlohmann::json candidate_json(const plan::Candidate& c) {
           {"backward_temporary_bytes", c.backward_temporary_bytes}};
 }
 
-void print_text(const models::PlanReport& report, std::ostream& out) {
+void print_text(const models::PlanReport& report, const models::Calibration& calibrated,
+                std::ostream& out) {
   const plan::Prediction& best = report.result.best;
   const plan::PlanProblem& problem = report.problem;
   out << "plan: " << report.summary << "\n";
+  out << "plan: step model: messages " << format_fixed(problem.message_cost, 2)
+      << " ms, shared speed " << format_fixed(problem.shared_speed, 3);
+  if (calibrated.steps > 0) {
+    out << " (calibration run of remat none: " << format_fixed(calibrated.step_ms, 1)
+        << " ms a step, predicted at shared speed 1: " << format_fixed(calibrated.predicted_ms, 1)
+        << " ms)";
+  } else {
+    out << " (not measured)";
+  }
+  out << "\n";
   out << "plan: predicted step " << format_fixed(best.step, 2) << " ms ("
       << report.result.simulations << " schedules simulated)\n";
   const schedule::Schedule s = plan::plan_schedule(problem);
@@ -152,6 +163,7 @@ void add_plan_command(CLI::App& app) {
     std::string out;
     bool json = false;
     models::PlanOptions plan;
+    models::CalibrationOptions calibration;
   };
   auto f = std::make_shared<Flags>();
   auto* cmd = app.add_subcommand(
@@ -161,7 +173,9 @@ void add_plan_command(CLI::App& app) {
       "tree) and each pipeline stage on this machine, then picks the candidates whose simulated\n"
       "step is shortest while every rank's predicted peak (weights, optimizer state, gradients,\n"
       "in-flight micro-batches, the replay) fits its budget; prints the same prediction for the\n"
-      "uniform policies. --out writes a config that `pipemat train` runs as is "
+      "uniform policies. The step model's message cost and shared speed come from a short\n"
+      "calibration run of the config with remat none (pipemat-run; --calibration-steps 0: none). "
+      "--out writes a config that `pipemat train` runs as is "
       "(schedule.recompute\n"
       "pretrigger, remat.stages with each stage's lists). Examples:\n"
       "  pipemat plan --config configs/1f1b.yaml --memory-budget 24MiB\n"
@@ -176,24 +190,52 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--out", f->out, "Write the planned config here (YAML)");
   cmd->add_flag("--json", f->json, "Print one JSON object instead of lines");
   add_plan_profile_flags(*cmd, f->plan);
-  cmd->add_option("--message-ms", f->plan.message_ms,
-                  "What one stage-boundary message takes from send to use, ms: the\n"
-                  "message_delay_ms of a run's --metrics, or what `pipemat bench plan` measures")
-      ->check(CLI::Range(0.0, 1e6))
+  cmd->add_option("--calibration-steps", f->calibration.steps,
+                  "Steps of the calibration run: the config with remat none as its own job\n"
+                  "(pipemat-run) before the plan is solved; it measures what a message takes\n"
+                  "and how fast a rank computes while the others do too (Note [Plan\n"
+                  "calibration]). 0: no run, the profile alone (--message-ms, --shared-speed)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000}))
       ->capture_default_str();
+  cmd->add_option("--transport", f->calibration.transport,
+                  "Transport of the calibration run: mpi (as `pipemat-run -n N plan.yaml` runs\n"
+                  "the plan) or tcp")
+      ->check(CLI::IsMember({"mpi", "tcp"}))
+      ->capture_default_str();
+  cmd->add_option("--launcher", f->calibration.launcher,
+                  "pipemat-run for the calibration run (default: next to this binary)");
+  cmd->add_option("--message-ms", f->calibration.message_ms,
+                  "What one stage-boundary message takes from send to use, ms, instead of the\n"
+                  "calibration run's (default: measured; 0 with --calibration-steps 0)")
+      ->check(CLI::Range(0.0, 1e6));
   cmd->add_option(
-         "--shared-speed", f->plan.shared_speed,
-         "A rank's speed while other ranks compute too, in (0, 1]: shared caches and memory\n"
-         "bandwidth, the transport's threads, switching when ranks outnumber --cores\n"
-         "(`pipemat bench plan` measures it)")
-      ->check(CLI::Range(0.01, 1.0))
-      ->capture_default_str();
+         "--shared-speed", f->calibration.shared_speed,
+         "A rank's speed while other ranks compute too, in (0, 1], instead of the\n"
+         "calibration run's: shared caches and memory bandwidth, the transport's threads,\n"
+         "switching when ranks outnumber --cores (default: measured; 1 with\n"
+         "--calibration-steps 0)")
+      ->check(CLI::Range(0.01, 1.0));
   cmd->callback([f] {
     const models::TrainConfig config = models::load_config(f->config, f->overrides);
     print_config_warnings(config.warnings);
     f->plan.budget_bytes = parse_byte_list(f->budget, "--memory-budget",
                                            "a size such as 48MiB, or one per rank: 64MiB,48MiB");
-    const models::PlanReport report = models::run_plan(config, f->plan);
+    // Solved once before the calibration run, so that a budget nothing fits fails at once (the
+    // bytes do not depend on the times), and again with the calibrated step model.
+    models::PlanReport report = models::profile_plan(config, f->plan);
+    models::solve_plan(report, f->plan.budget_bytes);
+    models::CalibrationOptions calibration = f->calibration;
+    if (calibration.steps == 0) {
+      calibration.message_ms = std::max(calibration.message_ms, 0.0);
+      if (calibration.shared_speed < 0) calibration.shared_speed = 1;
+    } else if (!f->json && (calibration.message_ms < 0 || calibration.shared_speed < 0)) {
+      std::cout << "plan: calibrating the step model on " << calibration.steps
+                << " steps of the config with remat none (pipemat-run, " << calibration.transport
+                << ")\n"
+                << std::flush;
+    }
+    const models::Calibration calibrated = models::calibrate_plan(report, calibration, "plan");
+    models::solve_plan(report, f->plan.budget_bytes);
     if (!f->out.empty()) {
       std::ofstream file(f->out);
       PIPEMAT_CHECK(file.good(), ConfigError, "--out: cannot write '", f->out, "'");
@@ -248,11 +290,14 @@ void add_plan_command(CLI::App& app) {
       out["message_ms"] = problem.message_cost;
       out["parallel_ranks"] = problem.parallel_ranks;
       out["shared_speed"] = problem.shared_speed;
+      out["calibration"] = {{"steps", calibrated.steps},
+                            {"step_ms", calibrated.step_ms},
+                            {"predicted_ms", calibrated.predicted_ms}};
       if (!f->out.empty()) out["out"] = f->out;
       std::cout << out.dump() << std::endl;
       return;
     }
-    print_text(report, std::cout);
+    print_text(report, calibrated, std::cout);
     if (!f->out.empty()) {
       std::cout << "plan: wrote " << f->out << "; run it with: pipemat-run -n "
                 << config.schedule.ranks << " " << f->out << "\n";

@@ -90,12 +90,8 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
     PIPEMAT_CHECK(t == "mpi" || t == "tcp" || t == "local", ConfigError,
                   "bench pipeline: --transports: '", t, "'; expected mpi, tcp or local");
   }
-  // A benchmark measures steps: the config's checkpoints, evaluations, sample and output files
-  // (the main job's config has them all) are left out, so nothing is written into its run
-  // directory and one variant's checkpoint never stops the next variant's run.
-  std::vector<std::string> common = {
-      "checkpoint.dir=",  "sample.tokens=0",      "training.eval_every=0",   "output.metrics=",
-      "output.loss_svg=", "output.timeline_svg=", "output.reference_steps=0"};
+  // A benchmark measures steps (the main job's config writes run files of every kind).
+  std::vector<std::string> common = bench::measured_run_overrides();
   common.insert(common.end(), o.overrides.begin(), o.overrides.end());
   common.push_back("training.steps=" + std::to_string(o.steps));
   TrainConfig base = load_config(o.config, common);

@@ -60,46 +60,6 @@ struct Runner {
   }
 };
 
-// Note [Plan calibration]: the calibration run of `config`; returns its median message delay
-// and step, its first step left out.
-std::pair<double, double> calibration_run(const Runner& runner, TrainConfig config, int64_t steps) {
-  config.training.steps = steps;
-  const bench::TempFile yaml("pipemat-bench-plan-XXXXXX.yaml", kWho);
-  {
-    std::ofstream file(yaml.path());
-    file << config_to_yaml(config);
-    PIPEMAT_CHECK(file.good(), ConfigError, kWho, ": cannot write ", yaml.path());
-  }
-  bench::LaunchedRun job = runner.launch;
-  job.config = yaml.path();
-  const std::vector<pp::StepMetrics> got =
-      bench::run_launched(job, steps, ::pipemat::detail::concat(kWho, ": the calibration run"));
-  std::vector<double> delays, step_ms;
-  for (const pp::StepMetrics& m : got) {
-    if (m.step < 1) continue;
-    delays.push_back(m.message_delay_ms);
-    step_ms.push_back(m.step_ms);
-  }
-  return {median(delays), median(step_ms)};
-}
-
-// Note [Plan calibration]: the shared speed at which `problem` predicts `step_ms` for
-// `choice`.
-double fit_shared_speed(plan::PlanProblem problem, const std::vector<int>& choice, double step_ms) {
-  const auto predicted = [&](double e) {
-    problem.shared_speed = e;
-    return plan::evaluate(problem, choice).step;
-  };
-  double lo = 0.2, hi = 1.0;
-  if (predicted(hi) >= step_ms) return hi;
-  if (predicted(lo) <= step_ms) return lo;
-  for (int i = 0; i < 40; ++i) {
-    const double mid = (lo + hi) / 2;
-    (predicted(mid) > step_ms ? lo : hi) = mid;  // the prediction falls as the speed grows
-  }
-  return (lo + hi) / 2;
-}
-
 bool fits(const std::vector<int64_t>& peaks, int64_t budget) {
   return std::all_of(peaks.begin(), peaks.end(), [&](int64_t p) { return p <= budget; });
 }
@@ -163,25 +123,18 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
       report.budgets.resize(o.budgets.size());
     }
     // Note [Plan calibration].
-    double message_ms = o.message_ms, speed = o.shared_speed;
-    double calibration_step = 0, calibration_predicted = 0;
-    if (message_ms < 0 || speed < 0) {
-      const auto [delay, step_ms] = calibration_run(
-          runner, uniform_config(profiled, RematPolicyKind::kNone), o.calibration_steps);
-      if (message_ms < 0) message_ms = delay;
-      problem.message_cost = message_ms;
-      problem.shared_speed = 1;
-      const std::vector<int> none = uniform_choice(profiled, RematPolicyKind::kNone);
-      calibration_step = step_ms;
-      calibration_predicted = plan::evaluate(problem, none).step;
-      if (speed < 0) speed = fit_shared_speed(problem, none, step_ms);
-    }
-    problem.message_cost = message_ms;
-    problem.shared_speed = speed;
-    report.message_ms.push_back(message_ms);
-    report.shared_speed.push_back(speed);
-    report.calibration_step_ms.push_back(calibration_step);
-    report.calibration_predicted_ms.push_back(calibration_predicted);
+    CalibrationOptions calibration;
+    calibration.steps = o.calibration_steps;
+    calibration.launcher = runner.launch.launcher;
+    calibration.transport = o.transport;
+    calibration.log = runner.launch.log;
+    calibration.message_ms = o.message_ms;
+    calibration.shared_speed = o.shared_speed;
+    const Calibration calibrated = calibrate_plan(profiled, calibration, kWho);
+    report.message_ms.push_back(calibrated.message_ms);
+    report.shared_speed.push_back(calibrated.shared_speed);
+    report.calibration_step_ms.push_back(calibrated.step_ms);
+    report.calibration_predicted_ms.push_back(calibrated.predicted_ms);
 
     // One run of `config` predicted by `choice`, added to `total` (the report's row).
     const auto run = [&](const TrainConfig& run_config, const std::vector<int>& choice,

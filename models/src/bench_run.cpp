@@ -18,6 +18,11 @@ extern char** environ;
 
 namespace pipemat::models::bench {
 
+std::vector<std::string> measured_run_overrides() {
+  return {"checkpoint.dir=",  "sample.tokens=0",      "training.eval_every=0",   "output.metrics=",
+          "output.loss_svg=", "output.timeline_svg=", "output.reference_steps=0"};
+}
+
 std::string default_launcher(const std::string& who) {
   std::vector<char> path(4096);
   const ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size() - 1);

@@ -36,6 +36,11 @@ int run_process(const std::vector<std::string>& args, const std::string& log,
 // The step metrics of a metrics file (output.metrics), in file order.
 std::vector<pp::StepMetrics> read_metrics(const std::string& path);
 
+// The --set overrides of a run that measures steps: the config's checkpoints, evaluations,
+// sample, output files and the summary's single process left out, so that nothing is written
+// into its run directory and one run's checkpoint never stops the next run.
+std::vector<std::string> measured_run_overrides();
+
 struct LaunchedRun {
   std::string launcher;                // pipemat-run
   int ranks = 1;                       // -n

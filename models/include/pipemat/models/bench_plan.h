@@ -8,23 +8,8 @@
 // maximum over every step), and whether every step's loss equals the single-process reference's
 // bitwise; per budget, the fastest uniform policy whose measured peaks fit and the plan's
 // speedup over it. The predictions' message cost and shared speed come from a short calibration
-// run of the same job unless given (Note [Plan calibration]).
+// run of the same job unless given (Note [Plan calibration] in models/plan.h).
 //
-// Note [Plan calibration]
-// ~~~~~~~~~~~~~~~~~~~~~~~
-// Two numbers of the step model (Note [Plan step]) are the machine's and the transport's, not the
-// model's, and the profile (one process, alone) cannot see them: what a message takes from send
-// to use, and a rank's speed while other ranks compute too (Note [Shared cores]: shared caches
-// and memory bandwidth, the transport's threads, and with more ranks than cores the switching
-// between them). The calibration run is `calibration_steps` steps of the job with remat none, as
-// its own job before the measured runs: the message cost is the median of its steps'
-// message_delay_ms (the first step left out); the shared speed is the s in [0.2, 1] at which the
-// plan's prediction of that run (remat none everywhere, that message cost) equals its median
-// step, found by bisection (the prediction falls as s grows), and 1 when the prediction at s = 1
-// is already no faster than the run. Both are printed; the plan and every uniform policy are then
-// predicted with them, so `none` is predicted from its own kind of run and the others test the
-// model.
-
 #include <cstdint>
 #include <functional>
 #include <string>

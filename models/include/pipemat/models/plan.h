@@ -56,6 +56,42 @@ struct PlanOptions {
   double shared_speed = 1.0;
 };
 
+// Note [Plan calibration]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Two numbers of the step model (Note [Plan step]) are the machine's and the transport's, not the
+// model's, and the profile (one process, alone) cannot see them: what a message takes from send
+// to use, and a rank's speed while other ranks compute too (Note [Shared cores]: shared caches
+// and memory bandwidth, the transport's threads, and with more ranks than cores the switching
+// between them). The calibration run is CalibrationOptions::steps steps of the job with remat
+// none, as its own job (pipemat-run) before anything is predicted: the message cost is the
+// median of its steps' message_delay_ms (the first step left out); the shared speed is the s in
+// [0.2, 1] at which the plan's prediction of that run (remat none everywhere, that message cost)
+// equals its median step, found by bisection (the prediction falls as s grows), and 1 when the
+// prediction at s = 1 is already no faster than the run. Both are printed; the plan and every
+// uniform policy are then predicted with them, so `none` is predicted from its own kind of run and
+// the others test the model. Without it (the profile alone: message cost 0, shared speed 1),
+// `pipemat plan` predicted 278.6 ms for configs/plan-transformer.yaml at 28 MiB where the plan ran
+// 400.6 ms
+// (-30 %) on this machine's two cores.
+
+struct CalibrationOptions {
+  int64_t steps = 10;             // of the calibration run (>= 2; its first step is left out)
+  std::string launcher;           // pipemat-run; empty: next to /proc/self/exe
+  std::string transport = "mpi";  // "mpi" or "tcp": as pipemat-run will start the plan
+  std::string log;                // the run's output is appended here; empty: a temporary file
+  // Given (>= 0; the speed in (0, 1]): used as is, not measured. Both given: nothing runs.
+  double message_ms = -1;
+  double shared_speed = -1;
+};
+
+struct Calibration {
+  double message_ms = 0;    // what the problem's predictions now use
+  double shared_speed = 1;  // ...
+  int64_t steps = 0;        // of the calibration run; 0 when nothing ran
+  double step_ms = 0;       // its median step (its first step left out)
+  double predicted_ms = 0;  // its prediction at shared speed 1 and the message cost above
+};
+
 struct UniformPrediction {
   std::string policy;  // "none", "full", "selective"
   plan::Prediction prediction;
@@ -97,6 +133,12 @@ std::vector<RematPolicyKind> uniform_policies(const PlanReport& report);
 
 // The assignment (candidate per problem layer) that runs `policy` on every layer.
 std::vector<int> uniform_choice(const PlanReport& report, RematPolicyKind policy);
+
+// Note [Plan calibration]: runs the calibration job of a profiled report when a number is to be
+// measured and sets its problem's message cost and shared speed. ConfigError for bad options;
+// PipelineError naming `who`, the run and its log when the run fails.
+Calibration calibrate_plan(PlanReport& report, const CalibrationOptions& options,
+                           const std::string& who);
 
 // The remat.stages of an assignment (candidate per problem layer) of `report`.
 std::vector<StageRemat> stages_of_plan(const PlanReport& report, const std::vector<int>& choice);
