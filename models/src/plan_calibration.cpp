@@ -37,8 +37,8 @@ Calibration calibrate_plan(PlanReport& report, const CalibrationOptions& o,
                            const std::string& who) {
   PIPEMAT_CHECK(o.message_ms < 0 || o.message_ms <= 1e6, ConfigError, who, ": a message cost of ",
                 o.message_ms, " ms is out of range");
-  PIPEMAT_CHECK(o.shared_speed < 0 || (o.shared_speed > 0 && o.shared_speed <= 1), ConfigError,
-                who, ": a shared speed of ", o.shared_speed,
+  PIPEMAT_CHECK(o.shared_speed < 0 || (o.shared_speed > 0 && o.shared_speed <= 1), ConfigError, who,
+                ": a shared speed of ", o.shared_speed,
                 " is out of range; give one in (0, 1], or measure it");
   Calibration c;
   c.message_ms = o.message_ms;
@@ -47,8 +47,8 @@ Calibration calibrate_plan(PlanReport& report, const CalibrationOptions& o,
   if (o.message_ms < 0 || o.shared_speed < 0) {
     PIPEMAT_CHECK(o.steps >= 2, ConfigError, who, ": a calibration run of ", o.steps,
                   " steps measures nothing (its first step is left out); give at least 2");
-    PIPEMAT_CHECK(o.transport == "mpi" || o.transport == "tcp", ConfigError, who,
-                  ": transport '", o.transport, "' for the calibration run; expected mpi or tcp");
+    PIPEMAT_CHECK(o.transport == "mpi" || o.transport == "tcp", ConfigError, who, ": transport '",
+                  o.transport, "' for the calibration run; expected mpi or tcp");
     TrainConfig config = uniform_config(report, RematPolicyKind::kNone);
     config.training.steps = o.steps;
     const bench::TempFile yaml("pipemat-plan-calibration-XXXXXX.yaml", who);
