@@ -197,7 +197,7 @@ TensorWork send_tensor(Transport& transport, int peer, int tag, const at::Tensor
   state->tensor = tensor;
   at::Tensor contiguous = tensor.contiguous();
   TensorMeta meta = TensorMeta::of(contiguous);
-  state->header = std::make_shared<std::vector<uint8_t>>(encode_header(meta, transport.rank()));
+  state->header = std::make_shared<std::vector<uint8_t>>(encode_header(meta, transport.job_rank()));
   // The keep-alive owns both the header and the contiguous bytes until the message left.
   struct Owned {
     std::shared_ptr<std::vector<uint8_t>> header;

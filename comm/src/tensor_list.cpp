@@ -161,7 +161,7 @@ TensorListWork send_tensors(Transport& transport, int peer, int tag,
     headers_bytes += header_size(tensor.defined() ? static_cast<size_t>(tensor.dim()) : 0);
   }
   owned->headers.assign(headers_bytes, 0);
-  const int sender = transport.rank();
+  const int sender = transport.job_rank();  // receivers check it against their Work's peer
   std::vector<ConstSpan> spans;
   spans.reserve(1 + 3 * tensors.size());
   spans.push_back(ConstSpan{owned->headers.data(), kListHeaderBytes});

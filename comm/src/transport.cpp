@@ -131,7 +131,11 @@ TransportOptions resolve_options(TransportOptions options) {
 
 Transport::Transport(TransportKind kind, int rank, int world_size,
                      std::chrono::milliseconds timeout)
-    : kind_(kind), rank_(rank), world_size_(world_size), timeout_(timeout) {}
+    : Transport(kind, rank, world_size, timeout, rank) {}
+
+Transport::Transport(TransportKind kind, int rank, int world_size,
+                     std::chrono::milliseconds timeout, int job_rank)
+    : kind_(kind), rank_(rank), world_size_(world_size), timeout_(timeout), job_rank_(job_rank) {}
 
 Transport::~Transport() = default;
 

@@ -297,6 +297,10 @@ std::vector<ConfigField> make_fields() {
        "stages and micro-batches (`kind`, `ranks`, `micro_batches`, `virtual_stages` are taken "
        "from it); `recompute` still places R actions unless the file has them. UNSHARD / RESHARD / "
        "REDUCE_GRAD cells are accepted as no-ops and reported once"},
+      {"parallel", "data", integer(PIPEMAT_MEMBER(parallel.data), 1, 1024), "1 .. 1024",
+       "data-parallel replicas D of the pipeline: the job has D x `schedule.ranks` ranks, a step "
+       "D x `schedule.micro_batches` micro-batches (each replica its share), and every replica "
+       "ends the step with the mean gradient of all of them"},
       {"remat", "policy", choice(PIPEMAT_MEMBER(remat.policy), remat_policy_values()),
        "`none`, `full`, `selective`, `custom`",
        "`none`: no checkpoint; `full`: every layer a checkpoint unit; `selective`: every layer a "

@@ -67,6 +67,52 @@ void check_schedule(const ResolvedSchedule& resolved) {
   }
 }
 
+// Note [Rank layout]
+// ~~~~~~~~~~~~~~~~~~
+// A job of D x P ranks (parallel.data x schedule.ranks) puts the data axis innermost: rank w is
+// pipeline rank w / D of replica w % D, so replica d's pipeline is ranks d, D + d, 2D + d, ...
+// and the D ranks that hold one stage are neighbours 0..D-1, D..2D-1, ... The reason is the
+// bytes each axis moves per step. A stage's data group all-reduces all its gradients once a step
+// (the whole model's size, spread over the stages), in one burst at the end of the backward; the
+// pipeline moves one activation and one gradient per micro-batch and boundary, smaller, spread
+// over the step and overlapped with compute by the schedule. On a cluster, launchers number the
+// ranks of one node consecutively, so data-innermost keeps the all-reduce on the node's fast
+// links and lets the pipeline's point-to-point messages cross nodes, as DeepSpeed's default
+// topology does. On one machine (here: two cores, shared memory for every transport) the two
+// placements move the same bytes through the same memory; the order only decides which ranks
+// share a core's neighbour. Each pipeline and each data group is a comm::make_group view of the
+// job's transport (Note [Groups of ranks]): a replica's pipeline and a stage's data group meet
+// in one rank only, so their messages never mix.
+struct RankLayout {
+  std::unique_ptr<comm::Transport> pipeline;  // this replica's ranks; null: the job's transport
+  std::unique_ptr<comm::Transport> data;      // this stage's replicas; null: one pipeline
+  int replica = 0;
+};
+
+RankLayout make_rank_layout(const TrainConfig& config, comm::Transport& job) {
+  RankLayout layout;
+  const int data = static_cast<int>(config.parallel.data);
+  const int ranks = static_cast<int>(config.schedule.ranks);
+  if (data == 1) return layout;
+  PIPEMAT_CHECK(job.world_size() == data * ranks, ConfigError, "parallel.data is ", data,
+                " and schedule.ranks ", ranks, ": the job needs ", data * ranks,
+                " ranks (pipemat-run -n ", data * ranks, " ...) but has ", job.world_size());
+  PIPEMAT_CHECK(config.checkpoint.dir.empty() && config.checkpoint.resume.empty(), ConfigError,
+                "parallel.data is ", data,
+                ": checkpoints are not written or resumed with data parallelism yet; set "
+                "checkpoint.dir= (and no --resume)");
+  PIPEMAT_CHECK(config.schedule_csv.empty(), ConfigError, "parallel.data is ", data,
+                ": schedule.csv is not supported with data parallelism yet");
+  const int w = job.rank();
+  layout.replica = w % data;
+  std::vector<int> pipeline, group;
+  for (int p = 0; p < ranks; ++p) pipeline.push_back(p * data + layout.replica);
+  for (int d = 0; d < data; ++d) group.push_back((w / data) * data + d);
+  layout.pipeline = comm::make_group(job, pipeline);
+  layout.data = comm::make_group(job, group);
+  return layout;
+}
+
 }  // namespace
 
 ResolvedSchedule resolve_schedule(const TrainConfig& config) {
@@ -87,12 +133,15 @@ ResolvedSchedule resolve_schedule(const TrainConfig& config) {
   return out;
 }
 
-TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::ostream* progress,
+TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostream* progress,
                      const AfterStep& after_step) {
   remat::install_tracking_allocator();
   ResolvedSchedule resolved = resolve_schedule(given);
   check_schedule(resolved);
   const TrainConfig& config = resolved.config;
+  // Note [Rank layout]: this rank's pipeline and, with data parallelism, its data group.
+  const RankLayout layout = make_rank_layout(config, job);
+  comm::Transport& transport = layout.pipeline ? *layout.pipeline : job;
   // Before anything is built: a directory this run must not write into is refused at once.
   const RunCheckpoints checkpoints = start_checkpoints(config, transport);
   pp::PipelineOptions options;
@@ -108,10 +157,12 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   options.lr_schedule = lr_schedule_of(config.training);
   options.clip_grad_norm = config.training.clip_grad_norm;
   if (run.random) options.seed = config.training.seed;
+  options.data_group = layout.data.get();
   pp::Pipeline pipeline(transport, options, run.stage);
   run.release_unused();  // the other ranks' stages' weights
   TrainResult result;
-  result.last_stage_rank = pipeline.is_last_stage_rank();
+  // Replica 0's last stage speaks for the job (every replica holds the same loss and weights).
+  result.last_stage_rank = pipeline.is_last_stage_rank() && layout.replica == 0;
   const bool talk = result.last_stage_rank && progress && config.output.progress;
   const CheckpointOptions& ck = config.checkpoint;
   if (!checkpoints.resume_dir.empty()) {
@@ -124,13 +175,14 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
   if (talk && !ck.dir.empty()) print_checkpoint_run(*progress, config, checkpoints);
   MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "", !ck.resume.empty());
   if (talk) {
-    print_compute(*progress, pipeline.schedule().ranks_count);
+    print_compute(*progress, job.world_size());
     *progress << "model: " << run.summary << "\n" << std::flush;
   }
   const std::string metadata = config_to_yaml(given);
   Pace pace;
   pace.first_step = pipeline.step();
-  pace.tokens_per_step = run.tokens_per_micro_batch * config.schedule.micro_batches;
+  pace.tokens_per_step =
+      run.tokens_per_micro_batch * config.schedule.micro_batches * config.parallel.data;
   const int64_t eval_every = run.eval_data ? config.training.eval_every : 0;
   // The train curve only when it is drawn: a long run's memory stays flat.
   const bool draw_curve = result.last_stage_rank && !config.output.loss_svg.empty();
@@ -208,7 +260,8 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
       }
     });
   }
-  for (int s : pipeline.stages()) {
+  // One replica's parameters: the others hold the same bits (Note [Data x pipeline]).
+  for (int s : layout.replica == 0 ? pipeline.stages() : std::vector<int>{}) {
     for (const auto& item : pipeline.stage(s).module->named_parameters()) {
       result.params.emplace_back(run.global_name(s, item.key()), item.value());
     }
@@ -219,7 +272,8 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& transport, std::
 TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
                              const AfterStep& after_step) {
   const ResolvedSchedule resolved = resolve_schedule(config);
-  const int ranks = resolved.config.schedule.ranks;
+  const int ranks =
+      resolved.config.schedule.ranks * static_cast<int>(resolved.config.parallel.data);
   PIPEMAT_CHECK(ranks >= 1, ConfigError, "schedule.ranks must be at least 1");
   check_schedule(resolved);  // before any thread or tensor exists
   comm::TransportOptions options = config.transport;
@@ -326,7 +380,7 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
   // The ranks of this machine share its cores (all of them when they are threads here). The
   // reference computes with the threads one rank of that pipeline gets: LibTorch's reductions
   // depend on the thread count, and the oracle must be comparable bitwise.
-  int ranks_on_host = resolved.config.schedule.ranks;
+  int ranks_on_host = resolved.config.schedule.ranks * static_cast<int>(config.parallel.data);
   if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
     ranks_on_host = std::atoi(local);
   set_training_threads(config, config.training.threads > 0
@@ -351,8 +405,8 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
                             config.training.threads > 0 ? static_cast<int>(config.training.threads)
                                                         : pp::default_compute_threads(1));
     }
-    const int64_t tokens_per_step =
-        tokens_per_micro_batch(config.model) * resolved.config.schedule.micro_batches;
+    const int64_t tokens_per_step = tokens_per_micro_batch(config.model) *
+                                    resolved.config.schedule.micro_batches * config.parallel.data;
     print_run_summary(out, resolved.config, result.totals, tokens_per_step, figures, one_process);
   };
   comm::TransportOptions options = comm::resolve_options(config.transport);

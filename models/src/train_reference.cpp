@@ -56,19 +56,53 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
   };
   std::vector<StepMetrics> out;
   const int64_t M = config.schedule.micro_batches;
+  const int64_t D = config.parallel.data;
   const int64_t eval_every = run.eval_data ? config.training.eval_every : 0;
   for (int64_t step = 0; step < config.training.steps; ++step) {
     StepMetrics m;
     m.step = step;
-    for (auto& p : all) p.mutable_grad().reset();
     remat::reset_peak_bytes();
     const int64_t bytes0 = remat::memory_stats().current_bytes;
     const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < M; ++i) {
-      const pp::MicroBatch b = run.train_data(step, i);
-      auto loss = run.loss(forward(b.inputs, step, i), b.targets) / static_cast<double>(M);
-      m.loss += loss.item<double>();
-      loss.backward();
+    // Note [Data x pipeline]: replica d's micro-batches d*M .. d*M + M-1 into a gradient of its
+    // own, then the gradients and losses combined in replica order as the data groups do.
+    std::vector<std::vector<at::Tensor>> replica_grads;
+    std::vector<double> replica_loss;
+    for (int64_t d = 0; d < D; ++d) {
+      for (auto& p : all) p.mutable_grad().reset();
+      double loss_sum = 0;
+      for (int64_t i = d * M; i < (d + 1) * M; ++i) {
+        const pp::MicroBatch b = run.train_data(step, i);
+        auto loss = run.loss(forward(b.inputs, step, i), b.targets) / static_cast<double>(M);
+        loss_sum += loss.item<double>();
+        loss.backward();
+      }
+      replica_loss.push_back(loss_sum);
+      if (D == 1) break;
+      replica_grads.emplace_back();
+      for (auto& p : all) replica_grads.back().push_back(p.grad());
+    }
+    if (D == 1) {
+      m.loss = replica_loss[0];
+    } else {
+      for (double l : replica_loss) m.loss += l;
+      m.loss /= static_cast<double>(D);
+      for (size_t k = 0; k < all.size(); ++k) {
+        bool any = false;
+        for (const auto& g : replica_grads) any = any || g[k].defined();
+        if (!any) {
+          all[k].mutable_grad().reset();
+          continue;
+        }
+        const auto grad_of = [&](int64_t d) {
+          const at::Tensor& g = replica_grads[static_cast<size_t>(d)][k];
+          return g.defined() ? g : at::zeros_like(all[k]);
+        };
+        at::Tensor sum = grad_of(0).clone();
+        for (int64_t d = 1; d < D; ++d) sum.add_(grad_of(d));
+        sum.div_(static_cast<int>(D));
+        all[k].mutable_grad() = sum;
+      }
     }
     if (config.training.clip_grad_norm > 0) {
       m.grad_norm = torch::nn::utils::clip_grad_norm_(all, config.training.clip_grad_norm);
@@ -179,7 +213,8 @@ TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {
   result.steps = run_reference(config, &result.params, &result.validation);
   MetricsFile metrics(config.output.metrics);
   Pace pace;
-  pace.tokens_per_step = tokens_per_micro_batch(config.model) * config.schedule.micro_batches;
+  pace.tokens_per_step =
+      tokens_per_micro_batch(config.model) * config.schedule.micro_batches * config.parallel.data;
   size_t next_validation = 0;
   for (const auto& m : result.steps) {
     std::optional<double> validation;

@@ -95,9 +95,14 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
   std::string line = ::pipemat::detail::concat(
       "summary: ", totals.step_ms.size(), " steps, ", format_count(tokens), " tokens in ",
       format_duration(total_ms / 1000.0), " of steps: ", format_count(tokens_per_s),
-      " tokens/s (median step ", format_fixed(median_ms, 1), " ms) on ", c.schedule.ranks,
-      c.schedule.ranks == 1 ? " rank" : " ranks", "; ", memory,
-      " (tensors: weights, gradients, optimizer state, activations)\n");
+      " tokens/s (median step ", format_fixed(median_ms, 1), " ms) on ",
+      c.parallel.data > 1
+          ? ::pipemat::detail::concat(c.parallel.data * c.schedule.ranks, " ranks (",
+                                      c.parallel.data, " replicas of ", c.schedule.ranks,
+                                      c.schedule.ranks == 1 ? " rank; " : " ranks; ",
+                                      "the memory is replica 0's)")
+          : ::pipemat::detail::concat(c.schedule.ranks, c.schedule.ranks == 1 ? " rank" : " ranks"),
+      "; ", memory, " (tensors: weights, gradients, optimizer state, activations)\n");
   if (reference) {
     const ReferenceFigures& r = *reference;
     const double ref_tokens_per_s = static_cast<double>(tokens_per_step) * 1000.0 / r.step_ms;

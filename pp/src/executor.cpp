@@ -88,11 +88,12 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
   const std::vector<int> my_stages = plan.stages_of(rank);
   const bool reads_inputs = std::count(my_stages.begin(), my_stages.end(), 0) > 0;
   const bool reads_targets = std::count(my_stages.begin(), my_stages.end(), last_stage) > 0;
+  const int64_t offset = micro_batch_offset();  // Note [Data x pipeline]
   auto batch = [&](int micro_batch) -> MicroBatch& {
     auto it = batches.find(micro_batch);
     if (it == batches.end()) {
-      reseed(step, micro_batch, kDataStream);
-      it = batches.emplace(micro_batch, data(step, micro_batch)).first;
+      reseed(step, offset + micro_batch, kDataStream);
+      it = batches.emplace(micro_batch, data(step, offset + micro_batch)).first;
       if (!reads_inputs) it->second.inputs.clear();
       if (!reads_targets) it->second.targets.clear();
     }
@@ -201,13 +202,13 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
         Tensors out;
         {
           remat::InvocationScope scope({step, a.stage, a.micro_batch});
-          reseed(step, a.micro_batch, a.stage);
+          reseed(step, offset + a.micro_batch, a.stage);
           out = stages.at(a.stage).forward(mb.inputs);
           mb.group = scope.group();
         }
         if (a.stage == last_stage) {
           MicroBatch& b = batch(a.micro_batch);
-          reseed(step, a.micro_batch, kLossStream);
+          reseed(step, offset + a.micro_batch, kLossStream);
           at::Tensor loss = scaled_loss(out, b.targets, M, step, a.micro_batch);
           if (loss.requires_grad()) {
             mb.roots.push_back(gradient_edge(loss));
@@ -333,6 +334,7 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
     }
   }
   for (auto& w : sends) w.wait();
+  if (options.data_group != nullptr) average_gradients(step);
   if (options.clip_grad_norm > 0) m.grad_norm = clip_global_norm(options.clip_grad_norm);
   if (options.lr_schedule) options.lr_schedule(*optimizer, step);
   optimizer->step();
@@ -347,6 +349,7 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
   for (const auto& [mb, l] : losses) m.loss += l;
   if (options.collect_timelines) exchange_metrics(m);
   m.loss = share_loss(m.loss);
+  if (options.data_group != nullptr) m.loss = average_loss(m.loss, step);
   ++next_step;
   return m;
 }

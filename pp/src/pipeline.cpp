@@ -100,6 +100,7 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
     }
     stages.emplace(s, std::move(stage));
   }
+  if (options.data_group != nullptr) equalize_parameters();
   optimizer = options.optimizer(params);
   PIPEMAT_CHECK(optimizer != nullptr, ConfigError,
                 "PipelineOptions::optimizer returned no optimizer on rank ", rank);

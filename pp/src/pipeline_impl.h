@@ -63,6 +63,10 @@ struct Pipeline::Impl {
   int last_rank() const { return plan.rank_of(last_stage); }
   bool is_first_stage_rank() const { return plan.rank_of(0) == rank; }
   bool is_last_stage_rank() const { return last_rank() == rank; }
+  // Note [Data x pipeline]: the global index of this replica's first micro-batch of a step.
+  int64_t micro_batch_offset() const {
+    return options.data_group ? options.data_group->rank() * plan.micro_batches : 0;
+  }
 
   // pipeline.cpp: Note [Random streams of a step].
   void reseed(int64_t step, int64_t micro_batch, int stream);
@@ -83,6 +87,11 @@ struct Pipeline::Impl {
   at::Tensor scaled_loss(const Tensors& out, const Tensors& targets, int64_t micro_batches,
                          int64_t step, int64_t micro_batch);
   double clip_global_norm(double max_norm);
+  // Note [Data x pipeline]: replica 0's parameters to every replica (construction), the mean
+  // gradient and the mean loss over the data group.
+  void equalize_parameters();
+  void average_gradients(int64_t step);
+  double average_loss(double loss, int64_t step);
 
   // metrics.cpp: the step's loss and metrics across ranks.
   double share_loss(double loss);

@@ -333,6 +333,79 @@ TEST_P(TransportTest, RejectsBadPeersAndTags) {
   EXPECT_THROW(t.recv(1, kMaxUserTag + 1, &value, sizeof(value)), ConfigError);
 }
 
+// Note [Groups of ranks]: 4 ranks as 2 pipelines of 2 (ranks {0, 2} and {1, 3}) and 2 data
+// groups of 2 ({0, 1} and {2, 3}). Every rank sends on both of its groups at once with the same
+// tags; each message lands in its own group, barriers stay within a group, and errors name the
+// parent's ranks.
+void groups_of_a_data_x_pipeline_layout(TransportKind kind) {
+  TransportOptions options;
+  options.timeout = std::chrono::seconds(30);
+  Group world = make_group(kind, 4, options);
+  run_ranks(world, [&](Transport& t) {
+    const int w = t.rank();
+    const int replica = w % 2, stage = w / 2;
+    auto pipe = ::pipemat::comm::make_group(t, {replica, 2 + replica});
+    auto data = ::pipemat::comm::make_group(t, {2 * stage, 2 * stage + 1});
+    EXPECT_EQ(pipe->rank(), stage);
+    EXPECT_EQ(pipe->world_size(), 2);
+    EXPECT_EQ(data->rank(), replica);
+    EXPECT_EQ(data->world_size(), 2);
+    EXPECT_EQ(pipe->kind(), kind);
+    EXPECT_EQ(pipe->job_rank(), w);
+    EXPECT_EQ(data->job_rank(), w);
+    for (int round = 0; round < 3; ++round) {
+      int32_t to_pipe = 1000 * w + round, to_data = 2000 * w + round;
+      int32_t from_pipe = -1, from_data = -1;
+      auto r1 = pipe->recv(1 - stage, 5, &from_pipe, sizeof(from_pipe));
+      auto r2 = data->recv(1 - replica, 5, &from_data, sizeof(from_data));
+      auto s1 = pipe->send(1 - stage, 5, &to_pipe, sizeof(to_pipe));
+      auto s2 = data->send(1 - replica, 5, &to_data, sizeof(to_data));
+      r1->wait();
+      r2->wait();
+      s1->wait();
+      s2->wait();
+      const int pipe_peer = (1 - stage) * 2 + replica, data_peer = stage * 2 + 1 - replica;
+      EXPECT_EQ(from_pipe, 1000 * pipe_peer + round) << "rank " << w;
+      EXPECT_EQ(from_data, 2000 * data_peer + round) << "rank " << w;
+      pipe->barrier();
+      data->barrier();
+    }
+    // A size mismatch in a group names the parent's ranks.
+    if (stage == 0) {
+      uint64_t big = 7;
+      pipe->send(1, 6, &big, sizeof(big))->wait();
+    } else {
+      uint32_t small = 0;
+      try {
+        pipe->recv(0, 6, &small, sizeof(small))->wait();
+        ADD_FAILURE() << "expected a size mismatch";
+      } catch (const CommError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(::pipemat::detail::concat("rank ", replica, " sent 8 bytes")),
+                  std::string::npos)
+            << what;
+      }
+    }
+    // Peers are the group's ranks.
+    int32_t value = 0;
+    EXPECT_THROW(pipe->send(2, 1, &value, sizeof(value)), ConfigError);
+    data->barrier();
+  });
+  Transport& t0 = *world[0];
+  EXPECT_THROW(::pipemat::comm::make_group(t0, {1, 2}), ConfigError);     // not in it
+  EXPECT_THROW(::pipemat::comm::make_group(t0, {0, 0, 1}), ConfigError);  // twice
+  EXPECT_THROW(::pipemat::comm::make_group(t0, {0, 4}), ConfigError);     // outside the world
+  EXPECT_THROW(::pipemat::comm::make_group(t0, {}), ConfigError);
+}
+
+TEST(TransportGroups, LocalDataByPipelineLayout) {
+  groups_of_a_data_x_pipeline_layout(TransportKind::kLocal);
+}
+
+TEST(TransportGroups, TcpDataByPipelineLayout) {
+  groups_of_a_data_x_pipeline_layout(TransportKind::kTcp);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     comm, TransportTest,
     ::testing::Values(Param{TransportKind::kLocal, 2}, Param{TransportKind::kLocal, 3},

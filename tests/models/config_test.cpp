@@ -70,6 +70,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.transport.timeout, b.transport.timeout);
   EXPECT_EQ(a.transport.master, b.transport.master);
   EXPECT_EQ(a.transport.connect_retries, b.transport.connect_retries);
+  EXPECT_EQ(a.parallel.data, b.parallel.data);
   EXPECT_EQ(a.training.steps, b.training.steps);
   EXPECT_EQ(a.training.optimizer, b.training.optimizer);
   EXPECT_EQ(a.training.lr, b.training.lr);
@@ -107,6 +108,7 @@ model: {kind: gpt, layers: 6, hidden: 48, tokens: 16, heads: 3, ffn: 96, experts
 data: {path: "text.txt", validation: 0.1}
 partition: {layers_per_stage: [1, 2, 3]}
 schedule: {kind: zb-h2, ranks: 3, micro_batches: 6, virtual_stages: 2, recompute: lazy, csv: "s.csv"}
+parallel: {data: 3}
 remat:
   policy: custom
   early_stop: false
@@ -198,6 +200,7 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.transport.timeout, std::chrono::milliseconds(2500));
   EXPECT_EQ(config.transport.master, "10.0.0.1:1234");
   EXPECT_EQ(config.transport.connect_retries, 7);
+  EXPECT_EQ(config.parallel.data, 3);
   EXPECT_EQ(config.training.steps, 11);
   EXPECT_EQ(config.training.optimizer, OptimizerKind::kAdamW);
   EXPECT_EQ(config.training.lr, 0.003);
@@ -324,8 +327,8 @@ TEST(ConfigErrors, MalformedYamlNamesLineColumnAndTheParserMessage) {
 TEST(ConfigErrors, DocumentShape) {
   EXPECT_EQ(error_of("hello\n"),
             "x.yaml:1: the document is 'hello', not a mapping; expected a mapping with keys "
-            "model, data, partition, schedule, remat, transport, training, checkpoint, sample, "
-            "output");
+            "model, data, partition, schedule, parallel, remat, transport, training, checkpoint, "
+            "sample, output");
   EXPECT_EQ(error_of("model: {layers: 4}\n---\nmodel: {layers: 5}\n"),
             "x.yaml:3: a second YAML document starts here; expected the whole config in one "
             "document (remove the '---')");
@@ -393,14 +396,15 @@ TEST(ConfigRemat, StagesEntryMayBeTheStagesOwnLists) {
 TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
   EXPECT_EQ(error_of("modle: {layers: 4}\n"),
             "x.yaml:1: modle: unknown key; did you mean 'model'? allowed top-level keys: model, "
-            "data, partition, schedule, remat, transport, training, checkpoint, sample, output");
+            "data, partition, schedule, parallel, remat, transport, training, checkpoint, sample, "
+            "output");
   EXPECT_EQ(error_of("optimizer: sgd\n"),
             "x.yaml:1: optimizer: unknown key; did you mean 'training.optimizer'? allowed "
-            "top-level keys: model, data, partition, schedule, remat, transport, training, "
-            "checkpoint, sample, output");
+            "top-level keys: model, data, partition, schedule, parallel, remat, transport, "
+            "training, checkpoint, sample, output");
   EXPECT_EQ(error_of("extra: 1\n"),
             "x.yaml:1: extra: unknown key; allowed top-level keys: model, data, partition, "
-            "schedule, remat, transport, training, checkpoint, sample, output");
+            "schedule, parallel, remat, transport, training, checkpoint, sample, output");
   EXPECT_EQ(error_of("model:\n  kind: mlp\n  layer: 4\n"),
             "x.yaml:3: model.layer: unknown key; did you mean 'model.layers'? allowed in model: "
             "kind, layers, hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout");
@@ -700,6 +704,7 @@ TEST(ConfigOverrides, Errors) {
       "model.experts, model.top_k, model.seq_len, model.batch, model.dropout, data.path, "
       "data.validation, partition.layers_per_stage, schedule.kind, schedule.ranks, "
       "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, schedule.csv, "
+      "parallel.data, "
       "remat.policy, "
       "remat.early_stop, remat.checkpoint, remat.exclude, remat.stages, transport.kind, "
       "transport.timeout, "
@@ -825,6 +830,8 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  virtual_stages: 1\n"
             "  recompute: none\n"
             "  csv: \"\"\n"
+            "parallel:\n"
+            "  data: 1\n"
             "remat:\n"
             "  policy: selective\n"
             "  early_stop: true\n"
@@ -1063,6 +1070,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "schedule.virtual_stages",
                                                      "schedule.recompute",
                                                      "schedule.csv",
+                                                     "parallel.data",
                                                      "remat.policy",
                                                      "remat.early_stop",
                                                      "remat.checkpoint",

@@ -200,6 +200,35 @@ struct GptCase {
   std::string policy;
 };
 
+// Trains gpt_config's 3 steps in the pipeline and in the single process: every loss and gradient
+// norm, both validations (after step 2, eval_every, and after the last) and every parameter
+// equal, bitwise. Returns the single process's run.
+TrainResult expect_pipeline_equals_reference(const TrainConfig& c) {
+  const TrainResult pipe = train_in_process(c, nullptr);
+  TrainResult ref = train_reference(c, nullptr);
+  EXPECT_EQ(pipe.steps.size(), 3u);
+  EXPECT_EQ(ref.steps.size(), 3u);
+  for (size_t s = 0; s < 3 && s < pipe.steps.size() && s < ref.steps.size(); ++s) {
+    EXPECT_EQ(pipe.steps[s].loss, ref.steps[s].loss) << "loss of step " << s;
+    EXPECT_EQ(pipe.steps[s].grad_norm, ref.steps[s].grad_norm) << "gradient norm of step " << s;
+  }
+  EXPECT_EQ(pipe.validation.size(), 2u);
+  EXPECT_EQ(ref.validation.size(), 2u);
+  for (size_t i = 0; i < 2 && i < pipe.validation.size() && i < ref.validation.size(); ++i) {
+    EXPECT_EQ(pipe.validation[i].first, ref.validation[i].first);
+    EXPECT_EQ(pipe.validation[i].second, ref.validation[i].second) << "validation " << i;
+  }
+  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
+  EXPECT_EQ(pipe.params.size(), want.size());
+  for (const auto& [name, value] : pipe.params) {
+    EXPECT_TRUE(want.count(name)) << name;
+    if (want.count(name)) {
+      EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
+    }
+  }
+  return ref;
+}
+
 class GptGrid : public ::testing::TestWithParam<GptCase> {};
 
 TEST_P(GptGrid, DropoutRunEqualsTheSingleProcessTrainingBitwise) {
@@ -207,26 +236,8 @@ TEST_P(GptGrid, DropoutRunEqualsTheSingleProcessTrainingBitwise) {
   write(dir.path() / "text.txt", words(16 * kSplitBlock));
   const TrainConfig c =
       gpt_config((dir.path() / "text.txt").string(), GetParam().kind, GetParam().policy);
-  const TrainResult pipe = train_in_process(c, nullptr);
-  const TrainResult ref = train_reference(c, nullptr);
-  ASSERT_EQ(pipe.steps.size(), 3u);
-  ASSERT_EQ(ref.steps.size(), 3u);
-  for (size_t s = 0; s < 3; ++s) {
-    EXPECT_EQ(pipe.steps[s].loss, ref.steps[s].loss) << "loss of step " << s;
-  }
-  // Validation after step 2 (eval_every) and after the last step.
-  ASSERT_EQ(pipe.validation.size(), 2u);
-  ASSERT_EQ(ref.validation.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(pipe.validation[i].first, ref.validation[i].first);
-    EXPECT_EQ(pipe.validation[i].second, ref.validation[i].second) << "validation " << i;
-  }
+  const TrainResult ref = expect_pipeline_equals_reference(c);
   std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
-  ASSERT_EQ(pipe.params.size(), want.size());
-  for (const auto& [name, value] : pipe.params) {
-    ASSERT_TRUE(want.count(name)) << name;
-    EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
-  }
   EXPECT_TRUE(want.count("blocks.3.attn.qkv.weight"));  // global block numbering
   EXPECT_TRUE(want.count("embed.tok.weight"));
   EXPECT_TRUE(want.count("head.out.weight"));
@@ -238,6 +249,37 @@ INSTANTIATE_TEST_SUITE_P(Schedules, GptGrid,
                                            GptCase{"interleaved", "selective"},
                                            GptCase{"zb-h1", "selective"}, GptCase{"zb-h2", "full"},
                                            GptCase{"zb-v", "selective"}, GptCase{"zb-v", "none"}),
+                         [](const ::testing::TestParamInfo<GptCase>& test) {
+                           std::string n = test.param.kind + "_" + test.param.policy;
+                           for (auto& ch : n) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return n;
+                         });
+
+// Note [Data x pipeline]: 2 replicas of the 2-rank GPT pipeline (4 ranks as threads) with
+// dropout, AdamW, clipping, warmup and cosine decay, and validation equal the single process
+// that combines the replicas' gradients in replica order, bitwise; zb-v splits every backward.
+class GptDataGrid : public ::testing::TestWithParam<GptCase> {};
+
+TEST_P(GptDataGrid, TwoReplicasEqualTheSingleProcessOnTheGlobalBatchBitwise) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c =
+      gpt_config((dir.path() / "text.txt").string(), GetParam().kind, GetParam().policy);
+  c.parallel.data = 2;
+  const TrainResult ref = expect_pipeline_equals_reference(c);
+  ASSERT_FALSE(ref.steps.empty());
+  // The global batch is both replicas' micro-batches: one replica alone trains another model.
+  c.parallel.data = 1;
+  const TrainResult one = train_reference(c, nullptr);
+  EXPECT_NE(one.steps[0].loss, ref.steps[0].loss);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, GptDataGrid,
+                         ::testing::Values(GptCase{"1f1b", "selective"},
+                                           GptCase{"zb-h1", "selective"},
+                                           GptCase{"zb-v", "selective"}),
                          [](const ::testing::TestParamInfo<GptCase>& test) {
                            std::string n = test.param.kind + "_" + test.param.policy;
                            for (auto& ch : n) {

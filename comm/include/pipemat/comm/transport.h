@@ -138,6 +138,9 @@ class Transport {
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  // This rank in the job's transport beneath any group (Note [Groups of ranks]): what message
+  // headers carry and errors name. rank() for a transport that is no group.
+  int job_rank() const { return job_rank_; }
   TransportKind kind() const { return kind_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   // "rank 0 of 2 (tcp)"
@@ -174,11 +177,22 @@ class Transport {
   };
 
   Transport(TransportKind kind, int rank, int world_size, std::chrono::milliseconds timeout);
+  Transport(TransportKind kind, int rank, int world_size, std::chrono::milliseconds timeout,
+            int job_rank);
 
   // The backend's two entry points (Gloo style: the minimal pure virtuals). Arguments are
   // validated; the returned Work must already hold request.keep_alive.
   virtual WorkPtr post_send(Request request) = 0;
   virtual WorkPtr post_recv(Request request) = 0;
+
+  // For a transport layered on another one (a group's view, make_group): posts a validated
+  // request on `other`, whose ranks request.info.rank and .peer must already be.
+  static WorkPtr post_send_on(Transport& other, Request request) {
+    return other.post_send(std::move(request));
+  }
+  static WorkPtr post_recv_on(Transport& other, Request request) {
+    return other.post_recv(std::move(request));
+  }
 
  private:
   WorkInfo make_info(OpKind op, int peer, int tag, size_t bytes, bool any_size,
@@ -192,6 +206,7 @@ class Transport {
   const int rank_;
   const int world_size_;
   const std::chrono::milliseconds timeout_;
+  const int job_rank_;
 };
 
 // Creates this process's transport (mpi or tcp; kAuto resolved as documented). Blocks for the
@@ -213,6 +228,19 @@ JobStatus job_status();
 // stopped or stuck one; otherwise nothing (tcp and local peers see this process go away).
 // Call it once, after reporting the error. Does not return under MPI.
 void abort_job(int exit_code) noexcept;
+
+// Note [Groups of ranks]: a group is a view of some ranks of a transport as a transport of their
+// own: its rank r is world_ranks[r] of `parent`, and its messages travel on the parent's
+// connections with the tags they are given (barrier included). A message's Work and errors name
+// the job's ranks (job_rank(), the ranks a launcher and its logs show), not the group's. Two groups
+// may share a rank, and the traffic of one never reaches the other as long as no pair of ranks
+// belongs to both (a data x pipeline layout: a replica's pipeline and a stage's data group meet in
+// one rank only) or they use different tags. A group never owns its parent, which must outlive it;
+// it is thread-safe as its parent is. ConfigError when `parent`'s rank is not in `world_ranks`, or
+// a rank is repeated or outside the parent's world. The same for every backend: on MPI the group
+// posts on the parent's duplicated communicator (no MPI_Comm_split): one progress engine, one
+// set of Work semantics.
+std::unique_ptr<Transport> make_group(Transport& parent, const std::vector<int>& world_ranks);
 
 // Creates `world_size` connected in-process transports; transports[r] is rank r. Each may be
 // used (and destroyed) by its own thread. Destroying one is seen by the others as that peer

@@ -149,6 +149,13 @@ struct SampleOptions {
   uint64_t seed = 0;
 };
 
+// Note [Data x pipeline] (pp/pipeline.h): `data` replicas of the pipeline, each over its own
+// schedule.ranks ranks; the job has data x schedule.ranks ranks, rank w holding pipeline rank
+// w / data of replica w % data (Note [Rank layout] in models/train.cpp).
+struct ParallelOptions {
+  int64_t data = 1;
+};
+
 struct OutputOptions {
   std::string metrics;       // JSON lines path, written by the last stage's rank; empty: none
   std::string timeline_svg;  // measured timeline of the last step; empty: none
@@ -181,6 +188,7 @@ struct TrainConfig {
   schedule::ScheduleOptions schedule;
   std::string schedule_csv;  // schedule.csv: a torch CSV action list replacing the generated
                              // schedule (kind, ranks, micro-batches)
+  ParallelOptions parallel;
   RematConfig remat;
   comm::TransportOptions transport;  // kind (auto | mpi | tcp | local), timeout, tcp rendezvous
   TrainingOptions training;

@@ -15,6 +15,7 @@
 //                         the detached copies that go on the wire.
 //     executor.cpp        train_step: runs the rank's actions, then clipping and the optimizer.
 //     gradients.cpp       loss scaling, clipping by the global gradient norm.
+//     data_parallel.cpp   Note [Data x pipeline]: equal replicas, the mean gradient and loss.
 //     metrics.cpp         the loss on every rank; step metrics and timelines on the last rank.
 //     evaluate.cpp        evaluate: forward only, in eval mode.
 //     split_backward.h/.cpp  B, and I / W (Note [Split backward]) on the autograd engine: pp's
@@ -171,7 +172,27 @@ struct PipelineOptions {
   // Every rank sends its step time, busy time, remat counters and action timeline to the last
   // stage's rank, which fills the bubble and timeline fields of StepMetrics.
   bool collect_timelines = true;
+  // Note [Data x pipeline]: this pipeline is replica `data_group->rank()` of
+  // `data_group->world_size()` identical pipelines, and `data_group` connects this rank with the
+  // ranks that hold its stages in the other replicas (comm::make_group). Null: one pipeline.
+  comm::Transport* data_group = nullptr;
 };
+
+// Note [Data x pipeline]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// D replicas of one pipeline train on one global batch of D x M micro-batches per step:
+// replica d runs the schedule over its M micro-batches, which are global micro-batches
+// d*M .. d*M + M-1: the data source is called with the global index and the random streams of
+// Note [Random streams of a step] are drawn for it, so a replica draws what the single process
+// draws for those micro-batches. At construction the replicas' parameters are made equal
+// (replica 0's are copied to the others). After the step's backward every rank sums its
+// stages' gradients over its data group in replica order (g_0 + g_1 + ... + g_{D-1}, a gradient
+// a replica did not produce counting as zeros) and divides by D, so every replica holds the same
+// bits and the mean gradient of the global batch; clipping, the LR schedule and the optimizer
+// then run as in one pipeline and keep the replicas equal. The step's loss is the mean of the
+// replicas' losses, summed in replica order. A single process that accumulates each replica's
+// micro-batches into a gradient of its own and combines them the same way
+// (models::run_reference with parallel.data) gives the same bits.
 
 // Start and end of one executed action, microseconds from the start of the step.
 struct ActionTiming {
