@@ -97,10 +97,6 @@ RankLayout make_rank_layout(const TrainConfig& config, comm::Transport& job) {
   PIPEMAT_CHECK(job.world_size() == data * ranks, ConfigError, "parallel.data is ", data,
                 " and schedule.ranks ", ranks, ": the job needs ", data * ranks,
                 " ranks (pipemat-run -n ", data * ranks, " ...) but has ", job.world_size());
-  PIPEMAT_CHECK(config.checkpoint.dir.empty() && config.checkpoint.resume.empty(), ConfigError,
-                "parallel.data is ", data,
-                ": checkpoints are not written or resumed with data parallelism yet; set "
-                "checkpoint.dir= (and no --resume)");
   PIPEMAT_CHECK(config.schedule_csv.empty(), ConfigError, "parallel.data is ", data,
                 ": schedule.csv is not supported with data parallelism yet");
   const int w = job.rank();
@@ -142,8 +138,9 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   // Note [Rank layout]: this rank's pipeline and, with data parallelism, its data group.
   const RankLayout layout = make_rank_layout(config, job);
   comm::Transport& transport = layout.pipeline ? *layout.pipeline : job;
-  // Before anything is built: a directory this run must not write into is refused at once.
-  const RunCheckpoints checkpoints = start_checkpoints(config, transport);
+  // Before anything is built: a directory this run must not write into is refused at once (by
+  // every rank of the job: replica 0 writes, every replica resumes).
+  const RunCheckpoints checkpoints = start_checkpoints(config, job);
   pp::PipelineOptions options;
   options.schedule = config.schedule;
   options.actions = resolved.actions;
@@ -210,7 +207,9 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
       }
     }
     keep_step(result, std::move(m));
-    if (!ck.dir.empty() && ((ck.every > 0 && (step + 1) % ck.every == 0) || step + 1 == end)) {
+    // Replica 0 writes the checkpoints: the replicas hold the same weights and optimizer state.
+    if (!ck.dir.empty() && layout.replica == 0 &&
+        ((ck.every > 0 && (step + 1) % ck.every == 0) || step + 1 == end)) {
       // Note [End of a run]: the last step's save failing ends the run, not the training.
       const bool final_save = step + 1 == end;
       try {

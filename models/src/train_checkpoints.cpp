@@ -108,6 +108,7 @@ std::string config_digest(const TrainConfig& config) {
   identity.checkpoint.resume.clear();
   identity.checkpoint.overwrite = false;
   identity.training.stop_after = 0;
+  identity.parallel.data = 1;  // a run may resume with another number of replicas
   identity.warnings.clear();
   return sha256_hex(config_to_yaml(identity));
 }

@@ -16,6 +16,7 @@ namespace {
 constexpr int kParametersTag = 0;
 constexpr int kGradientsTag = 1;
 constexpr int kLossTag = 2;
+constexpr int kEvalTag = 3;
 
 // Every replica's list, in replica order (this rank's own at its index), each checked to have
 // this rank's count, dtypes and shapes: the replicas run the same stages.
@@ -93,6 +94,19 @@ void Pipeline::Impl::average_gradients(int64_t step) {
       p.mutable_grad() = sum;
     }
   }
+}
+
+at::Tensor Pipeline::Impl::gather_shares(const at::Tensor& share, int64_t micro_batches) {
+  comm::Transport& group = *options.data_group;
+  const int replicas = group.world_size();
+  const std::vector<Tensors> all =
+      exchange(group, kEvalTag, {share}, rank, "evaluation losses", /*step=*/-1);
+  at::Tensor out = at::zeros({micro_batches}, at::kDouble);
+  for (int d = 0; d < replicas; ++d) {
+    const int64_t lo = d * micro_batches / replicas, hi = (d + 1) * micro_batches / replicas;
+    if (hi > lo) out.slice(0, lo, hi).copy_(all[static_cast<size_t>(d)][0].slice(0, lo, hi));
+  }
+  return out;
 }
 
 double Pipeline::Impl::average_loss(double loss, int64_t step) {

@@ -45,13 +45,17 @@ EvalResult Pipeline::Impl::evaluate(const DataSource& data, const EvalOptions& e
   PIPEMAT_CHECK(eo.micro_batches >= 1, ConfigError,
                 "evaluate: micro_batches must be at least 1, got ", eo.micro_batches);
   const int64_t E = eo.micro_batches;
+  // Note [Data x pipeline]: replica d evaluates global micro-batches [lo, hi) of the E.
+  const int replicas = options.data_group ? options.data_group->world_size() : 1;
+  const int replica = options.data_group ? options.data_group->rank() : 0;
+  const int64_t lo = replica * E / replicas, hi = (replica + 1) * E / replicas;
+  at::Tensor share = at::zeros({E}, at::kDouble);  // the last stage: l_i at i in [lo, hi)
   EvalModeScope eval_mode(stages);
   c10::AutoGradMode no_grad(false);
   EvalResult result;
   std::map<int, Tensors> handoff;  // next stage -> its inputs (this micro-batch)
   std::vector<comm::TensorListWork> sends;
-  double loss = 0;
-  for (int64_t i = 0; i < E; ++i) {
+  for (int64_t i = lo; i < hi; ++i) {
     MicroBatch b;
     if (is_first_stage_rank() || is_last_stage_rank()) {
       reseed(eo.step, i, kDataStream);
@@ -72,7 +76,7 @@ EvalResult Pipeline::Impl::evaluate(const DataSource& data, const EvalOptions& e
       }
       Tensors out = stage.forward(in);
       if (s == last_stage) {
-        loss += scaled_loss(out, b.targets, E, eo.step, i).item<double>();
+        share[i] = scaled_loss(out, b.targets, E, eo.step, i).item<double>();
         if (eo.keep_outputs) result.outputs.push_back(out);
         continue;
       }
@@ -90,6 +94,11 @@ EvalResult Pipeline::Impl::evaluate(const DataSource& data, const EvalOptions& e
     }
   }
   for (auto& w : sends) w.wait();
+  // Summed in micro-batch order, each l_i from the replica that evaluated it.
+  if (replicas > 1 && is_last_stage_rank()) share = gather_shares(share, E);
+  double loss = 0;
+  const auto l = share.accessor<double, 1>();
+  for (int64_t i = 0; i < E; ++i) loss += l[i];
   result.loss = share_loss(loss);
   return result;
 }

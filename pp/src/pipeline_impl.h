@@ -92,6 +92,8 @@ struct Pipeline::Impl {
   void equalize_parameters();
   void average_gradients(int64_t step);
   double average_loss(double loss, int64_t step);
+  // An evaluation's per-micro-batch losses: entry i from replica i * D / E's `share`.
+  at::Tensor gather_shares(const at::Tensor& share, int64_t micro_batches);
 
   // metrics.cpp: the step's loss and metrics across ranks.
   double share_loss(double loss);

@@ -288,6 +288,54 @@ INSTANTIATE_TEST_SUITE_P(Schedules, GptDataGrid,
                            return n;
                          });
 
+// Note [Data x pipeline]: replica 0 writes the checkpoints (one file per pipeline rank), every
+// replica resumes from them, and 2 replicas stopped after step 2 and resumed train bitwise as
+// the uninterrupted run (validation shared between the replicas included); the checkpoint also
+// resumes with one replica (the same pipeline).
+TEST(GptData, ReplicasCheckpointAndResumeBitwise) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "zb-h1", "selective");
+  c.parallel.data = 2;
+  c.training.steps = 4;
+  const TrainResult whole = train_in_process(c, nullptr);
+  ASSERT_EQ(whole.steps.size(), 4u);
+  c.checkpoint.dir = (dir.path() / "ck").string();
+  c.training.stop_after = 2;
+  const TrainResult first = train_in_process(c, nullptr);
+  ASSERT_EQ(first.steps.size(), 2u);
+  EXPECT_EQ(first.final_checkpoint, c.checkpoint.dir + "/step-000002");
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(first.final_checkpoint))
+    files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"manifest.json", "rank-0.pt", "rank-1.pt"}));
+
+  c.training.stop_after = 0;
+  c.checkpoint.resume = "latest";
+  const TrainResult second = train_in_process(c, nullptr);
+  ASSERT_EQ(second.steps.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(second.steps[k].step, whole.steps[k + 2].step);
+    EXPECT_EQ(second.steps[k].loss, whole.steps[k + 2].loss) << "step " << k + 2;
+  }
+  ASSERT_EQ(second.validation.size(), 1u);  // after step 4 (eval_every 2: step 2 ran before)
+  EXPECT_EQ(second.validation[0].second, whole.validation.back().second);
+  std::map<std::string, at::Tensor> want(whole.params.begin(), whole.params.end());
+  ASSERT_EQ(second.params.size(), want.size());
+  for (const auto& [name, value] : second.params)
+    EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
+
+  // One replica resumes the same checkpoint: its steps go on from step 2.
+  c.parallel.data = 1;
+  c.checkpoint.resume = first.final_checkpoint;
+  c.checkpoint.dir = (dir.path() / "ck1").string();
+  const TrainResult single = train_in_process(c, nullptr);
+  ASSERT_EQ(single.steps.size(), 2u);
+  EXPECT_EQ(single.steps[0].step, 2);
+  EXPECT_NE(single.steps[0].loss, second.steps[0].loss);  // half the global batch
+}
+
 // Note [Counter-based dropout]: the mask keeps 1 - p, scales the kept by 1 / (1 - p), is a
 // function of one generator draw (so the same generator state gives the same mask and the
 // generator moves by exactly one draw), and the gradient is the same noise.

@@ -190,7 +190,9 @@ struct PipelineOptions {
 // a replica did not produce counting as zeros) and divides by D, so every replica holds the same
 // bits and the mean gradient of the global batch; clipping, the LR schedule and the optimizer
 // then run as in one pipeline and keep the replicas equal. The step's loss is the mean of the
-// replicas' losses, summed in replica order. A single process that accumulates each replica's
+// replicas' losses, summed in replica order. evaluate() splits its E micro-batches between the
+// replicas (replica d: d*E/D .. (d+1)*E/D - 1) and sums their losses in micro-batch order, as
+// one pipeline does. A single process that accumulates each replica's
 // micro-batches into a gradient of its own and combines them the same way
 // (models::run_reference with parallel.data) gives the same bits.
 
@@ -250,7 +252,8 @@ struct StepMetrics {
 
 struct EvalOptions {
   int64_t micro_batches = 1;
-  bool keep_outputs = false;  // return the last stage's outputs (on its rank)
+  bool keep_outputs = false;  // return the last stage's outputs (on its rank; with a data group,
+                              // those of this replica's share)
   int64_t step = 0;           // passed to the data source
 };
 
