@@ -301,6 +301,11 @@ std::vector<ConfigField> make_fields() {
        "data-parallel replicas D of the pipeline: the job has D x `schedule.ranks` ranks, a step "
        "D x `schedule.micro_batches` micro-batches (each replica its share), and every replica "
        "ends the step with the mean gradient of all of them"},
+      {"parallel", "bucket_bytes",
+       integer(PIPEMAT_MEMBER(parallel.bucket_bytes), 1, int64_t{1} << 40), "1 .. 2^40",
+       "with `parallel.data` above 1: the size of the gradient messages of a stage's data group "
+       "(whole parameters, about this many bytes each; 26214400 = 25 MiB); a stage's messages "
+       "leave when its last backward of the step ends and overlap the rest of the step"},
       {"remat", "policy", choice(PIPEMAT_MEMBER(remat.policy), remat_policy_values()),
        "`none`, `full`, `selective`, `custom`",
        "`none`: no checkpoint; `full`: every layer a checkpoint unit; `selective`: every layer a "

@@ -155,6 +155,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   options.clip_grad_norm = config.training.clip_grad_norm;
   if (run.random) options.seed = config.training.seed;
   options.data_group = layout.data.get();
+  options.gradient_bucket_bytes = config.parallel.bucket_bytes;
   pp::Pipeline pipeline(transport, options, run.stage);
   run.release_unused();  // the other ranks' stages' weights
   TrainResult result;

@@ -37,6 +37,10 @@ void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& 
     n += std::snprintf(line + n, sizeof(line) - n, "  bubble %.3f (simulated %.3f)", m.bubble,
                        m.simulated_bubble);
   }
+  if (m.allreduce_ms > 0) {  // Note [Overlapped gradient all-reduce], this rank's
+    n += std::snprintf(line + n, sizeof(line) - n, "  all-reduce %.1f ms (%.1f waited)",
+                       m.allreduce_ms, m.allreduce_wait_ms);
+  }
   n += std::snprintf(line + n, sizeof(line) - n, "  peak %s  %3d%%  ETA %s",
                      format_bytes(m.peak_bytes).c_str(), percent, format_duration(eta).c_str());
   if (pipeline) {
@@ -171,6 +175,10 @@ std::string metrics_json(const StepMetrics& m, std::optional<double> validation_
   j["simulated_bubble_comm"] = m.simulated_bubble_comm;
   j["message_delay_ms"] = m.message_delay_ms;
   j["recv_wait_ms"] = m.recv_wait_ms;
+  if (m.allreduce_ms > 0) {
+    j["allreduce_ms"] = m.allreduce_ms;
+    j["allreduce_wait_ms"] = m.allreduce_wait_ms;
+  }
   j["peak_bytes"] = m.peak_bytes;
   j["max_rank_peak_bytes"] = m.max_rank_peak_bytes;
   j["start_bytes"] = m.start_bytes;

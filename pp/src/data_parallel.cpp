@@ -18,6 +18,22 @@ constexpr int kGradientsTag = 1;
 constexpr int kLossTag = 2;
 constexpr int kEvalTag = 3;
 
+// What replica `from` sent has the count, dtypes and shapes of this replica's `mine`: the replicas
+// run the same stages.
+void check_same(const Tensors& got, const Tensors& mine, int from, int me, int rank,
+                const char* what, int64_t step) {
+  bool same = got.size() == mine.size();
+  for (size_t i = 0; same && i < got.size(); ++i) {
+    same = got[i].defined() && got[i].scalar_type() == mine[i].scalar_type() &&
+           got[i].sizes() == mine[i].sizes();
+  }
+  PIPEMAT_CHECK(same, PipelineError, "data parallelism: replica ", from, " sent other ", what,
+                " than replica ", me, " holds on pipeline rank ", rank,
+                step >= 0 ? ::pipemat::detail::concat(" in step ", step) : std::string(), " (",
+                got.size(), " tensors for ", mine.size(),
+                "); every replica must build the same stages");
+}
+
 // Every replica's list, in replica order (this rank's own at its index), each checked to have
 // this rank's count, dtypes and shapes: the replicas run the same stages.
 std::vector<Tensors> exchange(comm::Transport& group, int tag, const Tensors& mine, int rank,
@@ -64,34 +80,75 @@ void Pipeline::Impl::equalize_parameters() {
   for (size_t i = 0; i < params.size(); ++i) params[i].copy_(all[0][i]);
 }
 
-void Pipeline::Impl::average_gradients(int64_t step) {
+Pipeline::Impl::GradientExchange Pipeline::Impl::post_gradients(int stage) {
   comm::Transport& group = *options.data_group;
-  const int replicas = group.world_size();
-  if (replicas == 1) return;
-  // [which gradients this replica produced (bool), each gradient or zeros]
-  std::vector<uint8_t> produced;
-  Tensors mine{at::Tensor()};
-  for (const auto& p : params) {
-    produced.push_back(p.grad().defined() ? 1 : 0);
-    mine.push_back(p.grad().defined() ? p.grad().detach() : at::zeros_like(p));
+  const int replicas = group.world_size(), me = group.rank();
+  GradientExchange x;
+  x.stage = stage;
+  const std::vector<at::Tensor>& ps = stage_params.at(stage);
+  // Buckets of whole parameters, in parameter order, each closed once it holds bucket_bytes.
+  size_t first = 0;
+  while (first < ps.size()) {
+    size_t end = first;
+    int64_t bytes = 0;
+    while (end < ps.size() && (end == first || bytes < options.gradient_bucket_bytes)) {
+      bytes += ps[end].numel() * static_cast<int64_t>(ps[end].element_size());
+      ++end;
+    }
+    // [which gradients this replica produced (int64 0/1), each gradient or zeros]
+    std::vector<int64_t> produced;
+    Tensors mine{at::Tensor()};
+    for (size_t i = first; i < end; ++i) {
+      const at::Tensor& p = ps[i];
+      produced.push_back(p.grad().defined() ? 1 : 0);
+      mine.push_back(p.grad().defined() ? p.grad().detach() : at::zeros_like(p));
+    }
+    mine[0] = at::tensor(produced, at::kLong);
+    Bucket bucket;
+    bucket.first = first;
+    bucket.end = end;
+    bucket.recvs.resize(static_cast<size_t>(replicas));
+    for (int d = 0; d < replicas; ++d) {
+      if (d == me) continue;
+      bucket.sends.push_back(comm::send_tensors(group, d, kGradientsTag, mine));
+      bucket.recvs[static_cast<size_t>(d)] = comm::recv_tensors(group, d, kGradientsTag);
+    }
+    bucket.mine = std::move(mine);
+    x.buckets.push_back(std::move(bucket));
+    first = end;
   }
-  mine[0] = at::tensor(std::vector<int64_t>(produced.begin(), produced.end()), at::kLong);
-  const std::vector<Tensors> all = exchange(group, kGradientsTag, mine, rank, "gradients", step);
-  std::vector<bool> any(params.size(), false);
-  for (const Tensors& r : all) {
-    const auto flags = r[0].accessor<int64_t, 1>();
-    for (size_t i = 0; i < params.size(); ++i) any[i] = any[i] || flags[static_cast<int64_t>(i)];
-  }
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!any[i]) continue;  // no replica produced it: it stays undefined, as in one pipeline
-    at::Tensor sum = all[0][i + 1].clone();
-    for (int d = 1; d < replicas; ++d) sum.add_(all[static_cast<size_t>(d)][i + 1]);
-    sum.div_(replicas);
-    at::Tensor p = params[i];
-    if (p.grad().defined()) {
-      p.mutable_grad().detach().copy_(sum);
-    } else {
-      p.mutable_grad() = sum;
+  return x;
+}
+
+void Pipeline::Impl::finish_gradients(GradientExchange& x, int64_t step) {
+  comm::Transport& group = *options.data_group;
+  const int replicas = group.world_size(), me = group.rank();
+  const std::vector<at::Tensor>& ps = stage_params.at(x.stage);
+  for (Bucket& bucket : x.buckets) {
+    std::vector<Tensors> all(static_cast<size_t>(replicas));
+    for (int d = 0; d < replicas; ++d) {
+      if (d == me) continue;
+      Tensors got = bucket.recvs[static_cast<size_t>(d)].wait();
+      check_same(got, bucket.mine, d, me, rank, "gradients", step);
+      all[static_cast<size_t>(d)] = std::move(got);
+    }
+    for (auto& w : bucket.sends) w.wait();  // the sent gradients may be written now
+    all[static_cast<size_t>(me)] = std::move(bucket.mine);
+    for (size_t i = bucket.first; i < bucket.end; ++i) {
+      const auto k = static_cast<int64_t>(i - bucket.first);
+      bool any = false;
+      for (const Tensors& r : all) any = any || r[0][k].item<int64_t>() != 0;
+      if (!any) continue;  // no replica produced it: it stays undefined, as in one pipeline
+      at::Tensor sum = all[0][static_cast<size_t>(k) + 1].clone();
+      for (int d = 1; d < replicas; ++d)
+        sum.add_(all[static_cast<size_t>(d)][static_cast<size_t>(k) + 1]);
+      sum.div_(replicas);
+      at::Tensor p = ps[i];
+      if (p.grad().defined()) {
+        p.mutable_grad().detach().copy_(sum);
+      } else {
+        p.mutable_grad() = sum;
+      }
     }
   }
 }

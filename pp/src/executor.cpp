@@ -162,8 +162,25 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
     return it->second;
   };
 
+  // Note [Overlapped gradient all-reduce]: where each stage's gradients are final (its last B
+  // or W of the step), so that its buckets leave then.
+  std::map<int, size_t> final_backward;
+  const std::vector<Action>& my_actions = plan.actions[rank];
+  for (size_t k = 0; k < my_actions.size(); ++k) {
+    const ActionType t = my_actions[k].type;
+    if (t == ActionType::kBackward || t == ActionType::kBackwardWeight)
+      final_backward[my_actions[k].stage] = k;
+  }
+  std::vector<GradientExchange> exchanges;
+  double first_post_us = -1;
+  auto post = [&](int stage) {
+    if (first_post_us < 0) first_post_us = since_us(t0);
+    exchanges.push_back(post_gradients(stage));
+  };
+
   int64_t step_peak = bytes0;  // the peaks of the actions so far (each action restarts it)
-  for (const Action& a : plan.actions[rank]) {
+  for (size_t k = 0; k < my_actions.size(); ++k) {
+    const Action& a = my_actions[k];
     int64_t action_start = 0;
     if (schedule::is_compute(a.type)) {
       step_peak = std::max(step_peak, remat::reset_peak_bytes());
@@ -323,6 +340,10 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
                                  return true;
                                }),
                 sends.end());
+    if (options.data_group != nullptr) {
+      const auto f = final_backward.find(a.stage);
+      if (f != final_backward.end() && f->second == k) post(a.stage);
+    }
     if (schedule::is_compute(a.type)) {
       const double a1 = since_us(t0);
       busy_us += a1 - a0;
@@ -334,7 +355,16 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
     }
   }
   for (auto& w : sends) w.wait();
-  if (options.data_group != nullptr) average_gradients(step);
+  if (options.data_group != nullptr) {
+    for (const auto& [s, ps] : stage_params) {  // a stage without a backward here: now
+      if (!final_backward.count(s)) post(s);
+    }
+    const double f0 = since_us(t0);
+    for (GradientExchange& x : exchanges) finish_gradients(x, step);
+    const double f1 = since_us(t0);
+    m.allreduce_ms = (f1 - first_post_us) / 1000.0;
+    m.allreduce_wait_ms = (f1 - f0) / 1000.0;
+  }
   if (options.clip_grad_norm > 0) m.grad_norm = clip_global_norm(options.clip_grad_norm);
   if (options.lr_schedule) options.lr_schedule(*optimizer, step);
   optimizer->step();

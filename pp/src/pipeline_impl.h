@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "pipemat/comm/tensor.h"
 #include "pipemat/comm/transport.h"
 #include "pipemat/core/error.h"
 #include "pipemat/pp/pipeline.h"
@@ -90,7 +91,19 @@ struct Pipeline::Impl {
   // Note [Data x pipeline]: replica 0's parameters to every replica (construction), the mean
   // gradient and the mean loss over the data group.
   void equalize_parameters();
-  void average_gradients(int64_t step);
+  // Note [Overlapped gradient all-reduce]: a stage's buckets go to its data group when its last
+  // backward of the step ends (post), and are summed into its gradients at the step's end.
+  struct Bucket {
+    size_t first = 0, end = 0;                       // the stage's parameters [first, end)
+    Tensors mine;                                    // [produced flags, gradients]
+    std::vector<comm::TensorListWork> sends, recvs;  // recvs: per replica (own: empty)
+  };
+  struct GradientExchange {
+    int stage = 0;
+    std::vector<Bucket> buckets;
+  };
+  GradientExchange post_gradients(int stage);
+  void finish_gradients(GradientExchange& exchange, int64_t step);
   double average_loss(double loss, int64_t step);
   // An evaluation's per-micro-batch losses: entry i from replica i * D / E's `share`.
   at::Tensor gather_shares(const at::Tensor& share, int64_t micro_batches);

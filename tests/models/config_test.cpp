@@ -71,6 +71,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.transport.master, b.transport.master);
   EXPECT_EQ(a.transport.connect_retries, b.transport.connect_retries);
   EXPECT_EQ(a.parallel.data, b.parallel.data);
+  EXPECT_EQ(a.parallel.bucket_bytes, b.parallel.bucket_bytes);
   EXPECT_EQ(a.training.steps, b.training.steps);
   EXPECT_EQ(a.training.optimizer, b.training.optimizer);
   EXPECT_EQ(a.training.lr, b.training.lr);
@@ -108,7 +109,7 @@ model: {kind: gpt, layers: 6, hidden: 48, tokens: 16, heads: 3, ffn: 96, experts
 data: {path: "text.txt", validation: 0.1}
 partition: {layers_per_stage: [1, 2, 3]}
 schedule: {kind: zb-h2, ranks: 3, micro_batches: 6, virtual_stages: 2, recompute: lazy, csv: "s.csv"}
-parallel: {data: 3}
+parallel: {data: 3, bucket_bytes: 4096}
 remat:
   policy: custom
   early_stop: false
@@ -201,6 +202,7 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.transport.master, "10.0.0.1:1234");
   EXPECT_EQ(config.transport.connect_retries, 7);
   EXPECT_EQ(config.parallel.data, 3);
+  EXPECT_EQ(config.parallel.bucket_bytes, 4096);
   EXPECT_EQ(config.training.steps, 11);
   EXPECT_EQ(config.training.optimizer, OptimizerKind::kAdamW);
   EXPECT_EQ(config.training.lr, 0.003);
@@ -704,7 +706,7 @@ TEST(ConfigOverrides, Errors) {
       "model.experts, model.top_k, model.seq_len, model.batch, model.dropout, data.path, "
       "data.validation, partition.layers_per_stage, schedule.kind, schedule.ranks, "
       "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, schedule.csv, "
-      "parallel.data, "
+      "parallel.data, parallel.bucket_bytes, "
       "remat.policy, "
       "remat.early_stop, remat.checkpoint, remat.exclude, remat.stages, transport.kind, "
       "transport.timeout, "
@@ -832,6 +834,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  csv: \"\"\n"
             "parallel:\n"
             "  data: 1\n"
+            "  bucket_bytes: 26214400\n"
             "remat:\n"
             "  policy: selective\n"
             "  early_stop: true\n"
@@ -1071,6 +1074,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "schedule.recompute",
                                                      "schedule.csv",
                                                      "parallel.data",
+                                                     "parallel.bucket_bytes",
                                                      "remat.policy",
                                                      "remat.early_stop",
                                                      "remat.checkpoint",

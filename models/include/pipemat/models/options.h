@@ -154,6 +154,8 @@ struct SampleOptions {
 // w / data of replica w % data (Note [Rank layout] in models/train.cpp).
 struct ParallelOptions {
   int64_t data = 1;
+  // Note [Overlapped gradient all-reduce] (pp/pipeline.h): gradient message size.
+  int64_t bucket_bytes = int64_t{25} << 20;
 };
 
 struct OutputOptions {

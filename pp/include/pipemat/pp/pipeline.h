@@ -176,7 +176,22 @@ struct PipelineOptions {
   // `data_group->world_size()` identical pipelines, and `data_group` connects this rank with the
   // ranks that hold its stages in the other replicas (comm::make_group). Null: one pipeline.
   comm::Transport* data_group = nullptr;
+  // Note [Overlapped gradient all-reduce]: a stage's gradients go to its data group in messages
+  // of whole parameters of about this many bytes (a parameter larger than it is one message).
+  int64_t gradient_bucket_bytes = int64_t{25} << 20;
 };
+
+// Note [Overlapped gradient all-reduce]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With a data group, a stage's gradients are final when its last backward action of the step
+// ends: its last B, or under a split backward its last W (I produces no weight gradient). Right
+// then the rank posts that stage's buckets to the ranks of its data group (sends and receives,
+// non-blocking) and goes on with its actions: the exchange overlaps the rest of the rank's
+// backward (its other stages under interleaved and ZB-V: the V's later stage ends its backward
+// first) and its idle tail, while the other ranks of the pipeline are still computing. At the
+// step's end the rank waits for what is still in flight and sums each bucket in replica order.
+// StepMetrics::allreduce_ms is the time from the first post to the last sum, allreduce_wait_ms
+// the part of it the rank spent waiting at the end; the rest was hidden behind its actions.
 
 // Note [Data x pipeline]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -185,8 +200,9 @@ struct PipelineOptions {
 // d*M .. d*M + M-1: the data source is called with the global index and the random streams of
 // Note [Random streams of a step] are drawn for it, so a replica draws what the single process
 // draws for those micro-batches. At construction the replicas' parameters are made equal
-// (replica 0's are copied to the others). After the step's backward every rank sums its
-// stages' gradients over its data group in replica order (g_0 + g_1 + ... + g_{D-1}, a gradient
+// (replica 0's are copied to the others). Every rank sums its stages' gradients over its data
+// group (Note [Overlapped gradient all-reduce]: each stage's as soon as they are final) in
+// replica order (g_0 + g_1 + ... + g_{D-1}, a gradient
 // a replica did not produce counting as zeros) and divides by D, so every replica holds the same
 // bits and the mean gradient of the global batch; clipping, the LR schedule and the optimizer
 // then run as in one pipeline and keep the replicas equal. The step's loss is the mean of the
@@ -220,6 +236,10 @@ struct StepMetrics {
   // when the tracking allocator was installed before the Pipeline was built, the transport's
   // receive buffers (the stage inputs and output gradients this rank holds).
   int64_t peak_bytes = 0;
+  // Note [Overlapped gradient all-reduce]: with a data group, this rank's gradient exchange from
+  // its first post to its last sum, and the part of it waited for at the step's end.
+  double allreduce_ms = 0;
+  double allreduce_wait_ms = 0;
   double recv_wait_ms = 0;     // blocked in receives of stage inputs; on the last stage's rank
                                // (with collect_timelines) summed over all ranks
   remat::RematCounters remat;  // this rank's; on the last stage's rank summed over all ranks
