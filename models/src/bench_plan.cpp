@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <utility>
 
 #include "bench_run.h"
@@ -27,11 +26,7 @@ struct Runner {
   // Writes `config` to a temporary YAML file and runs it as a job; fills the measured fields.
   void run(const TrainConfig& config, BenchPlanRun& out) {
     const bench::TempFile yaml("pipemat-bench-plan-XXXXXX.yaml", kWho);
-    {
-      std::ofstream file(yaml.path());
-      file << config_to_yaml(config);
-      PIPEMAT_CHECK(file.good(), ConfigError, kWho, ": cannot write ", yaml.path());
-    }
+    bench::write_config_file(config, yaml.path(), kWho);
     bench::LaunchedRun job = launch;
     job.config = yaml.path();
     // concat, not std::string operator+: GCC 12 reports a false -Warray-bounds for a chain of

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pipemat/core/error.h"
+#include "pipemat/models/config.h"
 
 extern char** environ;
 
@@ -47,6 +48,12 @@ TempFile::TempFile(const std::string& pattern, const std::string& who, bool keep
 
 TempFile::~TempFile() {
   if (!keep_) std::remove(path_.c_str());
+}
+
+void write_config_file(const TrainConfig& config, const std::string& path, const std::string& who) {
+  std::ofstream file(path);
+  file << config_to_yaml(config);
+  PIPEMAT_CHECK(file.good(), ConfigError, who, ": cannot write ", path);
 }
 
 int run_process(const std::vector<std::string>& args, const std::string& log,

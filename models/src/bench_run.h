@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "pipemat/models/options.h"
 #include "pipemat/pp/pipeline.h"
 
 namespace pipemat::models::bench {
@@ -28,6 +29,9 @@ class TempFile {
   std::string path_;
   bool keep_;
 };
+
+// Writes `config` as YAML to `path` (a TempFile's); ConfigError naming `who` when it cannot.
+void write_config_file(const TrainConfig& config, const std::string& path, const std::string& who);
 
 // Runs argv with stdout and stderr appended to `log`; returns the exit status (or -1).
 int run_process(const std::vector<std::string>& args, const std::string& log,

@@ -2,13 +2,11 @@
 // machine and the transport, measured on a short run of the job itself.
 
 #include <cstdio>
-#include <fstream>
 #include <optional>
 
 #include "bench_run.h"
 #include "pipemat/core/error.h"
 #include "pipemat/core/stats.h"
-#include "pipemat/models/config.h"
 #include "pipemat/models/plan.h"
 
 namespace pipemat::models {
@@ -52,11 +50,7 @@ Calibration calibrate_plan(PlanReport& report, const CalibrationOptions& o,
     TrainConfig config = uniform_config(report, RematPolicyKind::kNone);
     config.training.steps = o.steps;
     const bench::TempFile yaml("pipemat-plan-calibration-XXXXXX.yaml", who);
-    {
-      std::ofstream file(yaml.path());
-      file << config_to_yaml(config);
-      PIPEMAT_CHECK(file.good(), ConfigError, who, ": cannot write ", yaml.path());
-    }
+    bench::write_config_file(config, yaml.path(), who);
     std::optional<bench::TempFile> temp_log;  // kept when the run fails: the error names it
     if (o.log.empty()) temp_log.emplace("pipemat-plan-calibration-XXXXXX.log", who, true);
     bench::LaunchedRun job;

@@ -24,36 +24,47 @@ double since_ms(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The same stages as the pipeline of a (resolved) config, chained in one process: no transport,
+// no remat. Stage s of micro-batch i draws from forward_seed(seed, step, i, s) when the model is
+// random, as the pipeline's ranks do (Note [Random streams of a step]).
+struct Chain {
+  ModelRun run;
+  std::vector<pp::PipelineStage> stages;
+  std::vector<at::Tensor> params;
+  uint64_t seed = 0;
+
+  explicit Chain(const TrainConfig& config) : seed(config.training.seed) {
+    pp::PipelineOptions shape;
+    shape.schedule = config.schedule;
+    const int count = pp::stage_count(shape);
+    run = make_model_run(config, count);
+    for (int s = 0; s < count; ++s) {
+      stages.push_back(run.stage(s));
+      for (const auto& p : stages.back().module->parameters()) params.push_back(p);
+    }
+  }
+
+  pp::Tensors forward(pp::Tensors x, int64_t step, int64_t i) const {
+    for (size_t s = 0; s < stages.size(); ++s) {
+      std::optional<remat::ThreadGeneratorScope> rng;
+      if (run.random) rng.emplace(pp::forward_seed(seed, step, i, static_cast<int>(s)));
+      x = stages[s].forward(x);
+    }
+    return x;
+  }
+};
+
 }  // namespace
 
 std::vector<StepMetrics> run_reference(const TrainConfig& given,
                                        std::vector<std::pair<std::string, at::Tensor>>* params,
                                        std::vector<std::pair<int64_t, double>>* validation) {
   const TrainConfig config = resolve_schedule(given).config;
-  // The same stages as the pipeline, chained in one process: no transport, no remat.
-  pp::PipelineOptions shape;
-  shape.schedule = config.schedule;
-  const int stages = pp::stage_count(shape);
-  const ModelRun run = make_model_run(config, stages);
-  std::vector<pp::PipelineStage> chain;
-  std::vector<at::Tensor> all;
-  for (int s = 0; s < stages; ++s) {
-    chain.push_back(run.stage(s));
-    for (const auto& p : chain.back().module->parameters()) all.push_back(p);
-  }
+  const Chain chain(config);
+  const ModelRun& run = chain.run;
+  const std::vector<at::Tensor>& all = chain.params;
   auto optimizer = make_optimizer(config.training, all);
   const pp::LrSchedule lr_schedule = lr_schedule_of(config.training);
-  const uint64_t seed = config.training.seed;
-  // Stage s of micro-batch i draws from forward_seed(seed, step, i, s) when the model is
-  // random, as the pipeline's ranks do (Note [Random streams of a step]).
-  auto forward = [&](pp::Tensors x, int64_t step, int64_t i) {
-    for (int s = 0; s < stages; ++s) {
-      std::optional<remat::ThreadGeneratorScope> rng;
-      if (run.random) rng.emplace(pp::forward_seed(seed, step, i, s));
-      x = chain[s].forward(x);
-    }
-    return x;
-  };
   std::vector<StepMetrics> out;
   const int64_t M = config.schedule.micro_batches;
   const int64_t D = config.parallel.data;
@@ -73,7 +84,7 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
       double loss_sum = 0;
       for (int64_t i = d * M; i < (d + 1) * M; ++i) {
         const pp::MicroBatch b = run.train_data(step, i);
-        auto loss = run.loss(forward(b.inputs, step, i), b.targets) / static_cast<double>(M);
+        auto loss = run.loss(chain.forward(b.inputs, step, i), b.targets) / static_cast<double>(M);
         loss_sum += loss.item<double>();
         loss.backward();
       }
@@ -117,23 +128,23 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
     out.push_back(std::move(m));
     if (eval_every > 0 && ((step + 1) % eval_every == 0 || step + 1 == config.training.steps) &&
         validation) {
-      for (auto& c : chain) c.module->eval();
+      for (auto& c : chain.stages) c.module->eval();
       c10::AutoGradMode no_grad(false);
       const int64_t E = config.training.eval_batches;
       double loss = 0;
       for (int64_t i = 0; i < E; ++i) {
         const pp::MicroBatch b = run.eval_data(step, i);
-        loss += (run.loss(forward(b.inputs, step, i), b.targets) / static_cast<double>(E))
+        loss += (run.loss(chain.forward(b.inputs, step, i), b.targets) / static_cast<double>(E))
                     .item<double>();
       }
-      for (auto& c : chain) c.module->train();
+      for (auto& c : chain.stages) c.module->train();
       validation->push_back({step, loss});
     }
   }
   if (params) {
     params->clear();
-    for (int s = 0; s < stages; ++s) {
-      for (const auto& item : chain[s].module->named_parameters()) {
+    for (int s = 0; s < static_cast<int>(chain.stages.size()); ++s) {
+      for (const auto& item : chain.stages[static_cast<size_t>(s)].module->named_parameters()) {
         params->emplace_back(run.global_name(s, item.key()), item.value());
       }
     }
@@ -142,32 +153,11 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
 }
 
 std::function<void()> micro_batch_work(const TrainConfig& given) {
-  const TrainConfig config = resolve_schedule(given).config;
-  pp::PipelineOptions shape;
-  shape.schedule = config.schedule;
-  const int stages = pp::stage_count(shape);
-  struct Work {
-    ModelRun run;
-    std::vector<pp::PipelineStage> chain;
-    std::vector<at::Tensor> params;
-    pp::MicroBatch batch;
-  };
-  auto w = std::make_shared<Work>(Work{make_model_run(config, stages), {}, {}, {}});
-  for (int s = 0; s < stages; ++s) {
-    w->chain.push_back(w->run.stage(s));
-    for (const auto& p : w->chain.back().module->parameters()) w->params.push_back(p);
-  }
-  w->batch = w->run.train_data(0, 0);
-  const uint64_t seed = config.training.seed;
-  return [w, stages, seed] {
-    for (auto& p : w->params) p.mutable_grad().reset();
-    pp::Tensors x = w->batch.inputs;
-    for (int s = 0; s < stages; ++s) {
-      std::optional<remat::ThreadGeneratorScope> rng;
-      if (w->run.random) rng.emplace(pp::forward_seed(seed, 0, 0, s));
-      x = w->chain[s].forward(x);
-    }
-    w->run.loss(x, w->batch.targets).backward();
+  auto chain = std::make_shared<const Chain>(resolve_schedule(given).config);
+  auto batch = std::make_shared<const pp::MicroBatch>(chain->run.train_data(0, 0));
+  return [chain, batch] {
+    for (auto p : chain->params) p.mutable_grad().reset();
+    chain->run.loss(chain->forward(batch->inputs, 0, 0), batch->targets).backward();
   };
 }
 

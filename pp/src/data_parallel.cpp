@@ -34,55 +34,55 @@ void check_same(const Tensors& got, const Tensors& mine, int from, int me, int r
                 "); every replica must build the same stages");
 }
 
-// Every replica's list, in replica order (this rank's own at its index), each checked to have
-// this rank's count, dtypes and shapes: the replicas run the same stages.
-std::vector<Tensors> exchange(comm::Transport& group, int tag, const Tensors& mine, int rank,
-                              const char* what, int64_t step) {
+}  // namespace
+
+Pipeline::Impl::Posted Pipeline::Impl::post_data(int tag, Tensors mine) {
+  comm::Transport& group = *options.data_group;
   const int replicas = group.world_size(), me = group.rank();
-  std::vector<comm::TensorListWork> sends, recvs(static_cast<size_t>(replicas));
+  Posted out;
+  out.recvs.resize(static_cast<size_t>(replicas));
   for (int d = 0; d < replicas; ++d) {
     if (d == me) continue;
-    sends.push_back(comm::send_tensors(group, d, tag, mine));
-    recvs[static_cast<size_t>(d)] = comm::recv_tensors(group, d, tag);
+    out.sends.push_back(comm::send_tensors(group, d, tag, mine));
+    out.recvs[static_cast<size_t>(d)] = comm::recv_tensors(group, d, tag);
   }
+  out.mine = std::move(mine);
+  return out;
+}
+
+std::vector<Tensors> Pipeline::Impl::collect_data(Posted& posted, const char* what, int64_t step) {
+  comm::Transport& group = *options.data_group;
+  const int replicas = group.world_size(), me = group.rank();
   std::vector<Tensors> all(static_cast<size_t>(replicas));
-  all[static_cast<size_t>(me)] = mine;
   for (int d = 0; d < replicas; ++d) {
     if (d == me) continue;
-    Tensors got = recvs[static_cast<size_t>(d)].wait();
-    bool same = got.size() == mine.size();
-    for (size_t i = 0; same && i < got.size(); ++i) {
-      same = got[i].defined() && got[i].scalar_type() == mine[i].scalar_type() &&
-             got[i].sizes() == mine[i].sizes();
-    }
-    PIPEMAT_CHECK(same, PipelineError, "data parallelism: replica ", d, " sent other ", what,
-                  " than replica ", me, " holds on pipeline rank ", rank,
-                  step >= 0 ? ::pipemat::detail::concat(" in step ", step) : std::string(), " (",
-                  got.size(), " tensors for ", mine.size(),
-                  "); every replica must build the same stages");
+    Tensors got = posted.recvs[static_cast<size_t>(d)].wait();
+    check_same(got, posted.mine, d, me, rank, what, step);
     all[static_cast<size_t>(d)] = std::move(got);
   }
-  for (auto& w : sends) w.wait();
+  for (auto& w : posted.sends) w.wait();
+  all[static_cast<size_t>(me)] = std::move(posted.mine);
   return all;
 }
 
-}  // namespace
+std::vector<Tensors> Pipeline::Impl::exchange_data(int tag, Tensors mine, const char* what,
+                                                   int64_t step) {
+  Posted posted = post_data(tag, std::move(mine));
+  return collect_data(posted, what, step);
+}
 
 void Pipeline::Impl::equalize_parameters() {
   comm::Transport& group = *options.data_group;
   if (group.world_size() == 1) return;
   Tensors mine;
   for (const auto& p : params) mine.push_back(p.detach());
-  const std::vector<Tensors> all =
-      exchange(group, kParametersTag, mine, rank, "parameters", /*step=*/-1);
+  const std::vector<Tensors> all = exchange_data(kParametersTag, mine, "parameters", /*step=*/-1);
   if (group.rank() == 0) return;
   c10::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) params[i].copy_(all[0][i]);
 }
 
 Pipeline::Impl::GradientExchange Pipeline::Impl::post_gradients(int stage) {
-  comm::Transport& group = *options.data_group;
-  const int replicas = group.world_size(), me = group.rank();
   GradientExchange x;
   x.stage = stage;
   const std::vector<at::Tensor>& ps = stage_params.at(stage);
@@ -104,44 +104,29 @@ Pipeline::Impl::GradientExchange Pipeline::Impl::post_gradients(int stage) {
       mine.push_back(p.grad().defined() ? p.grad().detach() : at::zeros_like(p));
     }
     mine[0] = at::tensor(produced, at::kLong);
-    Bucket bucket;
-    bucket.first = first;
-    bucket.end = end;
-    bucket.recvs.resize(static_cast<size_t>(replicas));
-    for (int d = 0; d < replicas; ++d) {
-      if (d == me) continue;
-      bucket.sends.push_back(comm::send_tensors(group, d, kGradientsTag, mine));
-      bucket.recvs[static_cast<size_t>(d)] = comm::recv_tensors(group, d, kGradientsTag);
-    }
-    bucket.mine = std::move(mine);
-    x.buckets.push_back(std::move(bucket));
+    x.buckets.push_back({first, end, post_data(kGradientsTag, std::move(mine))});
     first = end;
   }
   return x;
 }
 
 void Pipeline::Impl::finish_gradients(GradientExchange& x, int64_t step) {
-  comm::Transport& group = *options.data_group;
-  const int replicas = group.world_size(), me = group.rank();
+  const int replicas = options.data_group->world_size();
   const std::vector<at::Tensor>& ps = stage_params.at(x.stage);
   for (Bucket& bucket : x.buckets) {
-    std::vector<Tensors> all(static_cast<size_t>(replicas));
-    for (int d = 0; d < replicas; ++d) {
-      if (d == me) continue;
-      Tensors got = bucket.recvs[static_cast<size_t>(d)].wait();
-      check_same(got, bucket.mine, d, me, rank, "gradients", step);
-      all[static_cast<size_t>(d)] = std::move(got);
+    // The sent gradients may be written once collect returns.
+    const std::vector<Tensors> all = collect_data(bucket.posted, "gradients", step);
+    std::vector<bool> any(bucket.end - bucket.first, false);
+    for (const Tensors& r : all) {
+      const auto produced = r[0].accessor<int64_t, 1>();
+      for (size_t k = 0; k < any.size(); ++k)
+        any[k] = any[k] || produced[static_cast<int64_t>(k)] != 0;
     }
-    for (auto& w : bucket.sends) w.wait();  // the sent gradients may be written now
-    all[static_cast<size_t>(me)] = std::move(bucket.mine);
     for (size_t i = bucket.first; i < bucket.end; ++i) {
-      const auto k = static_cast<int64_t>(i - bucket.first);
-      bool any = false;
-      for (const Tensors& r : all) any = any || r[0][k].item<int64_t>() != 0;
-      if (!any) continue;  // no replica produced it: it stays undefined, as in one pipeline
-      at::Tensor sum = all[0][static_cast<size_t>(k) + 1].clone();
-      for (int d = 1; d < replicas; ++d)
-        sum.add_(all[static_cast<size_t>(d)][static_cast<size_t>(k) + 1]);
+      const size_t k = i - bucket.first;
+      if (!any[k]) continue;  // no replica produced it: it stays undefined, as in one pipeline
+      at::Tensor sum = all[0][k + 1].clone();
+      for (int d = 1; d < replicas; ++d) sum.add_(all[static_cast<size_t>(d)][k + 1]);
       sum.div_(replicas);
       at::Tensor p = ps[i];
       if (p.grad().defined()) {
@@ -157,10 +142,10 @@ at::Tensor Pipeline::Impl::gather_shares(const at::Tensor& share, int64_t micro_
   comm::Transport& group = *options.data_group;
   const int replicas = group.world_size();
   const std::vector<Tensors> all =
-      exchange(group, kEvalTag, {share}, rank, "evaluation losses", /*step=*/-1);
+      exchange_data(kEvalTag, {share}, "evaluation losses", /*step=*/-1);
   at::Tensor out = at::zeros({micro_batches}, at::kDouble);
   for (int d = 0; d < replicas; ++d) {
-    const int64_t lo = d * micro_batches / replicas, hi = (d + 1) * micro_batches / replicas;
+    const auto [lo, hi] = eval_share(d, replicas, micro_batches);
     if (hi > lo) out.slice(0, lo, hi).copy_(all[static_cast<size_t>(d)][0].slice(0, lo, hi));
   }
   return out;
@@ -170,7 +155,7 @@ double Pipeline::Impl::average_loss(double loss, int64_t step) {
   comm::Transport& group = *options.data_group;
   if (group.world_size() == 1) return loss;
   const std::vector<Tensors> all =
-      exchange(group, kLossTag, {at::tensor({loss}, at::kDouble)}, rank, "a loss", step);
+      exchange_data(kLossTag, {at::tensor({loss}, at::kDouble)}, "a loss", step);
   double total = 0;
   for (const Tensors& r : all) total += r[0].item<double>();
   return total / group.world_size();

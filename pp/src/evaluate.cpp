@@ -48,7 +48,7 @@ EvalResult Pipeline::Impl::evaluate(const DataSource& data, const EvalOptions& e
   // Note [Data x pipeline]: replica d evaluates global micro-batches [lo, hi) of the E.
   const int replicas = options.data_group ? options.data_group->world_size() : 1;
   const int replica = options.data_group ? options.data_group->rank() : 0;
-  const int64_t lo = replica * E / replicas, hi = (replica + 1) * E / replicas;
+  const auto [lo, hi] = eval_share(replica, replicas, E);
   at::Tensor share = at::zeros({E}, at::kDouble);  // the last stage: l_i at i in [lo, hi)
   EvalModeScope eval_mode(stages);
   c10::AutoGradMode no_grad(false);

@@ -162,15 +162,8 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
     return it->second;
   };
 
-  // Note [Overlapped gradient all-reduce]: where each stage's gradients are final (its last B
-  // or W of the step), so that its buckets leave then.
-  std::map<int, size_t> final_backward;
+  // Note [Overlapped gradient all-reduce]: a stage's buckets leave after its final_backward.
   const std::vector<Action>& my_actions = plan.actions[rank];
-  for (size_t k = 0; k < my_actions.size(); ++k) {
-    const ActionType t = my_actions[k].type;
-    if (t == ActionType::kBackward || t == ActionType::kBackwardWeight)
-      final_backward[my_actions[k].stage] = k;
-  }
   std::vector<GradientExchange> exchanges;
   double first_post_us = -1;
   auto post = [&](int stage) {

@@ -66,6 +66,12 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
                 " ranks; start as many ranks as schedule.ranks (e.g. pipemat-run -n ",
                 plan.ranks_count, " ...) or set schedule.ranks=", transport.world_size());
   last_stage = plan.stages_count - 1;
+  for (size_t k = 0; k < plan.actions[rank].size(); ++k) {
+    const schedule::Action& a = plan.actions[rank][k];
+    if (a.type == schedule::ActionType::kBackward ||
+        a.type == schedule::ActionType::kBackwardWeight)
+      final_backward[a.stage] = k;
+  }
   for (const auto& [s, policy] : options.stage_remat) {
     PIPEMAT_CHECK(s >= 0 && s < plan.stages_count, ConfigError,
                   "PipelineOptions::stage_remat names stage ", s, " but the schedule has ",

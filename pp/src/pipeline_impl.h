@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipemat/comm/tensor.h"
@@ -64,6 +65,13 @@ struct Pipeline::Impl {
   int last_rank() const { return plan.rank_of(last_stage); }
   bool is_first_stage_rank() const { return plan.rank_of(0) == rank; }
   bool is_last_stage_rank() const { return last_rank() == rank; }
+  // Note [Data x pipeline]: replica d of D evaluates [d*E/D, (d+1)*E/D) of E micro-batches.
+  static std::pair<int64_t, int64_t> eval_share(int replica, int replicas, int64_t items) {
+    return {replica * items / replicas, (replica + 1) * items / replicas};
+  }
+  // Note [Overlapped gradient all-reduce]: this rank's stage -> the position in its action list
+  // of its last B or W of a step, after which its gradients are final (set with the plan).
+  std::map<int, size_t> final_backward;
   // Note [Data x pipeline]: the global index of this replica's first micro-batch of a step.
   int64_t micro_batch_offset() const {
     return options.data_group ? options.data_group->rank() * plan.micro_batches : 0;
@@ -93,11 +101,22 @@ struct Pipeline::Impl {
   void equalize_parameters();
   // Note [Overlapped gradient all-reduce]: a stage's buckets go to its data group when its last
   // backward of the step ends (post), and are summed into its gradients at the step's end.
-  struct Bucket {
-    size_t first = 0, end = 0;                       // the stage's parameters [first, end)
-    Tensors mine;                                    // [produced flags, gradients]
+  // One list sent to every other rank of the data group, and theirs being received.
+  struct Posted {
+    Tensors mine;
     std::vector<comm::TensorListWork> sends, recvs;  // recvs: per replica (own: empty)
   };
+  struct Bucket {
+    size_t first = 0, end = 0;  // the stage's parameters [first, end)
+    Posted posted;              // [produced flags (int64 0/1), gradients or zeros]
+  };
+  // Sends `mine` to every other replica and posts the receives of theirs.
+  Posted post_data(int tag, Tensors mine);
+  // Every replica's list in replica order (this rank's own at its index), each checked to have
+  // this rank's count, dtypes and shapes; returns once this rank's sends are done too, so that
+  // what they sent may be written.
+  std::vector<Tensors> collect_data(Posted& posted, const char* what, int64_t step);
+  std::vector<Tensors> exchange_data(int tag, Tensors mine, const char* what, int64_t step);
   struct GradientExchange {
     int stage = 0;
     std::vector<Bucket> buckets;
@@ -105,7 +124,8 @@ struct Pipeline::Impl {
   GradientExchange post_gradients(int stage);
   void finish_gradients(GradientExchange& exchange, int64_t step);
   double average_loss(double loss, int64_t step);
-  // An evaluation's per-micro-batch losses: entry i from replica i * D / E's `share`.
+  // An evaluation's per-micro-batch losses, each from the replica that evaluated it (replica d:
+  // d*E/D .. (d+1)*E/D - 1 of the E in its `share`).
   at::Tensor gather_shares(const at::Tensor& share, int64_t micro_batches);
 
   // metrics.cpp: the step's loss and metrics across ranks.

@@ -123,10 +123,15 @@ void MpiCore::stop_progress_thread() noexcept {
   has_progress_thread_ = false;
 }
 
-std::unique_lock<std::mutex> MpiCore::acquire() {
+void MpiCore::lock_counted(std::unique_lock<std::mutex>& lock) {
   wanted_.fetch_add(1, std::memory_order_relaxed);
-  std::unique_lock<std::mutex> lock(mutex_);
+  lock.lock();
   wanted_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+std::unique_lock<std::mutex> MpiCore::acquire() {
+  std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+  lock_counted(lock);
   return lock;
 }
 
@@ -200,9 +205,7 @@ bool MpiCore::wait(MpiWork& work, Clock::time_point deadline) {
     } else {
       std::this_thread::sleep_for(backoff);
     }
-    wanted_.fetch_add(1, std::memory_order_relaxed);  // another waiter may be spinning too
-    lock.lock();
-    wanted_.fetch_sub(1, std::memory_order_relaxed);
+    lock_counted(lock);  // another waiter may be spinning too
   }
 }
 

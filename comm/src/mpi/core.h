@@ -156,6 +156,7 @@ class MpiCore {
 
   // Locks mutex_, counted in wanted_ while it waits (a driving waiter lets it in).
   std::unique_lock<std::mutex> acquire();
+  void lock_counted(std::unique_lock<std::mutex>& lock);  // the same for a lock of mutex_
 
   std::mutex mutex_;
   std::atomic<int> wanted_{0};       // threads waiting for mutex_ (acquire(), a waiter)
