@@ -925,7 +925,7 @@ TEST(ConfigFiles, EveryShippedConfigParsesAndStartsWithAComment) {
   EXPECT_EQ(names, (std::set<std::string>{"default.yaml", "zoo.yaml", "gpipe.yaml", "1f1b.yaml",
                                           "interleaved.yaml", "zb-h1.yaml", "zb-h2.yaml",
                                           "zb-v.yaml", "zb-v-4rank.yaml", "bench.yaml",
-                                          "plan-transformer.yaml", "plan-gpt.yaml"}));
+                                          "plan-transformer.yaml", "plan-gpt.yaml", "dp-pp.yaml"}));
 }
 
 TEST(ConfigFiles, EveryShippedScheduleBuilds) {
