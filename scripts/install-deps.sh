@@ -21,6 +21,7 @@ packages=(
   libfmt-dev
   libssl-dev
   fortunes
+  iproute2 iptables  # the cross-host tests: hosts as network namespaces, a relay between them
 )
 
 missing=()

@@ -87,8 +87,10 @@ std::string size_mismatch_message(const WorkInfo& info, size_t sent_bytes) {
 }
 
 std::string peer_failure_message(const WorkInfo& info, const std::string& what_happened) {
-  return concat(what_happened, " while rank ", info.rank, " was waiting for ", info.describe(),
-                ". The peer process probably exited or crashed; look at its log first.");
+  return concat(
+      what_happened, " while rank ", info.rank, " was waiting for ", info.describe(),
+      ". The peer process probably exited or crashed, or the network to it failed; look at its "
+      "log first.");
 }
 
 std::string shutdown_message(const WorkInfo& info) {
@@ -115,14 +117,19 @@ void Work::wait(std::chrono::milliseconds timeout) {
   const auto cap = std::chrono::hours(24 * 365);
   if (timeout > cap) timeout = std::chrono::duration_cast<std::chrono::milliseconds>(cap);
   if (!wait_until(Clock::now() + timeout)) {
-    abort_impl(Status{
-        StatusCode::kTimeout,
-        detail::concat("timed out after ", timeout.count(), " ms waiting for ", info_.describe(),
-                       ". The peer is alive but did not ",
-                       info_.op == OpKind::kRecv ? "send" : "receive",
-                       " in time: check that both ranks post the matching operation with the "
-                       "same tag (a schedule mismatch or deadlock), or raise the timeout "
-                       "(TransportOptions::timeout, PIPEMAT_COMM_TIMEOUT seconds).")});
+    std::string why = timeout_note(timeout);
+    if (why.empty()) {
+      why = detail::concat("rank ", info_.peer, " did not ",
+                           info_.op == OpKind::kRecv ? "send" : "receive",
+                           " in time: check that both ranks post the matching operation with the "
+                           "same tag (a schedule mismatch or deadlock) and that the peer is not "
+                           "stalled");
+    }
+    abort_impl(Status{StatusCode::kTimeout,
+                      detail::concat("timed out after ", timeout.count(), " ms waiting for ",
+                                     info_.describe(), ". ", why,
+                                     "; or raise the timeout (TransportOptions::timeout, "
+                                     "PIPEMAT_COMM_TIMEOUT seconds).")});
   }
   Status s = status();
   if (!s.ok()) throw_status(s);

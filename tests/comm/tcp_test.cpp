@@ -56,6 +56,52 @@ TEST(commTcpRendezvous, ClosedMasterPortFailsClearlyAfterRetries) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
 }
 
+// A relay between hosts accepts at once and closes when nothing listens behind it yet: such a
+// connection is retried like a refused one, and the error says what happened.
+TEST(commTcpRendezvous, ConnectionClosedBeforeTheChallengeIsRetried) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 8), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  int accepted = 0;
+  std::thread relay([&] {
+    for (int fd; (fd = ::accept(listener, nullptr, nullptr)) >= 0;) {
+      ++accepted;
+      ::close(fd);
+    }
+  });
+  TransportOptions options;
+  options.kind = TransportKind::kTcp;
+  options.rank = 1;
+  options.world_size = 2;
+  options.master = "127.0.0.1:" + std::to_string(port);
+  options.connect_retries = 3;
+  options.connect_retry_interval = std::chrono::milliseconds(50);
+  options.timeout = std::chrono::seconds(20);
+  std::string what;
+  try {
+    make_transport(options);
+  } catch (const CommError& e) {
+    what = e.what();
+  }
+  ::shutdown(listener, SHUT_RDWR);
+  relay.join();
+  ::close(listener);
+  EXPECT_EQ(accepted, 3);
+  EXPECT_NE(what.find("could not connect to the master (rank 0) at 127.0.0.1:" +
+                      std::to_string(port) + " after 3 attempts"),
+            std::string::npos)
+      << what;
+  EXPECT_NE(what.find("last error: accepted, then closed before the first byte"), std::string::npos)
+      << what;
+}
+
 TEST(commTcpRendezvous, MissingRanksTimeOutNamingThem) {
   TransportOptions options;
   options.kind = TransportKind::kTcp;
@@ -154,9 +200,9 @@ class RawSocket {
 };
 
 // The rendezvous handshake of comm/src/tcp/wire.h (Note [Rendezvous handshake]) spoken
-// by hand. Wire sizes: challenge 48 bytes (nonce at 16), hello 88 (mac over the first 56),
-// ack 40 (status at 4).
-constexpr size_t kChallengeBytes = 48, kHelloBytes = 88, kAckBytes = 40;
+// by hand. Wire sizes: challenge 48 bytes (nonce at 16), hello 152 (listener address at 24, nonce
+// at 88, mac over the first 120), ack 40 (status at 4).
+constexpr size_t kChallengeBytes = 48, kHelloBytes = 152, kAckBytes = 40;
 
 std::vector<uint8_t> read_challenge(RawSocket& socket) {
   std::vector<uint8_t> challenge(kChallengeBytes);
@@ -165,28 +211,32 @@ std::vector<uint8_t> read_challenge(RawSocket& socket) {
 }
 
 std::vector<uint8_t> make_hello(const std::vector<uint8_t>& challenge, const std::string& secret,
-                                int32_t rank, int32_t world_size) {
+                                int32_t rank, int32_t world_size,
+                                const std::string& listen_host = "127.0.0.1") {
   std::vector<uint8_t> hello(kHelloBytes, 0);
   const uint32_t head[6] = {0x504d4832,  // "PMH2"
-                            2,           // protocol version
+                            3,           // protocol version
                             static_cast<uint32_t>(rank),
                             static_cast<uint32_t>(world_size),
                             1,  // listen port
                             secret.empty() ? 0u : 1u};
   std::memcpy(hello.data(), head, sizeof(head));
-  for (size_t i = 0; i < 32; ++i) hello[24 + i] = static_cast<uint8_t>(i * 7 + 1);  // nonce
+  std::memcpy(hello.data() + 24, listen_host.data(), listen_host.size());
+  for (size_t i = 0; i < 32; ++i) hello[88 + i] = static_cast<uint8_t>(i * 7 + 1);  // nonce
   detail::HmacSha256 mac(secret);
   mac.update("pipemat hello", 13);
   mac.update(challenge.data() + 16, 32);
-  mac.update(hello.data(), 56);
+  mac.update(hello.data(), 120);
   const detail::Digest digest = mac.finish();
-  std::memcpy(hello.data() + 56, digest.data(), digest.size());
+  std::memcpy(hello.data() + 120, digest.data(), digest.size());
   return hello;
 }
 
 // Says the hello of `rank` and returns the status of the ack (0: accepted).
-uint32_t say_hello(RawSocket& socket, const std::string& secret, int32_t rank, int32_t world_size) {
-  const std::vector<uint8_t> hello = make_hello(read_challenge(socket), secret, rank, world_size);
+uint32_t say_hello(RawSocket& socket, const std::string& secret, int32_t rank, int32_t world_size,
+                   const std::string& listen_host = "127.0.0.1") {
+  const std::vector<uint8_t> hello =
+      make_hello(read_challenge(socket), secret, rank, world_size, listen_host);
   socket.write(hello.data(), hello.size());
   std::vector<uint8_t> ack(kAckBytes);
   socket.read(ack.data(), ack.size());
@@ -459,6 +509,47 @@ TEST(commTcpHostilePeer, MessagesAboveTheLimitFailTheReceivingRank) {
                     "1025 bytes");
 }
 
+// Note [Silence of a peer]: a timed-out wait tells a silent peer (nothing came for the whole
+// wait: stalled or unreachable) from one that keeps sending other messages (a mismatch).
+TEST(commTcpTimeout, TheMessageSaysWhetherThePeerWasSilent) {
+  TransportOptions options;
+  options.timeout = std::chrono::seconds(20);
+  testing::Group group = testing::make_group(TransportKind::kTcp, 2, options);
+  int32_t value = 0;
+  auto timeout_of = [&] {
+    try {
+      group[0]->recv(1, 9, &value, sizeof(value))->wait(std::chrono::milliseconds(300));
+    } catch (const TimeoutError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no timeout");
+  };
+  const std::string silent = timeout_of();
+  EXPECT_NE(silent.find("timed out after 300 ms waiting for recv of 4 bytes from rank 1 with tag "
+                        "9 on rank 0 (tcp). Nothing arrived from rank 1 for the last "),
+            std::string::npos)
+      << silent;
+  EXPECT_NE(silent.find("it is stalled or unreachable"), std::string::npos) << silent;
+  // Rank 1 sends on tag 5 all through the wait, never on tag 9.
+  std::atomic<bool> stop{false};
+  std::thread chatter([&] {
+    int32_t beat = 1;
+    while (!stop) {
+      group[1]->send(0, 5, &beat, sizeof(beat))->wait();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  const std::string alive = timeout_of();
+  stop = true;
+  chatter.join();
+  EXPECT_NE(alive.find("(tcp). Rank 1 is alive (its last message arrived "), std::string::npos)
+      << alive;
+  EXPECT_NE(alive.find(" ms ago) but did not send this one: check that both ranks post the "
+                       "matching operation with the same tag"),
+            std::string::npos)
+      << alive;
+}
+
 // ---- rendezvous hardening: binding, job secret, stray connections ----
 
 TransportOptions tcp_rank(int rank, int port, const std::string& secret = "") {
@@ -534,7 +625,9 @@ TEST(commTcpRendezvous, MasterListensOnlyOnTheConfiguredHost) {
 }
 
 // The listener of rank 1 (for the ranks above it) is bound to the address the rank table
-// announces, 127.0.0.1, not to every interface. Rank 2 is played by hand to look at it.
+// announces, 127.0.0.1, not to every interface. Rank 2 is played by hand to look at it; the
+// table gives rank 2 at the address its hello announced (127.0.0.3), not at the one rank 0 saw
+// its connection come from (Note [Announced listener address]).
 TEST(commTcpRendezvous, PeerListenersBindTheAnnouncedAddress) {
   const int port = testing::free_port();
   std::unique_ptr<Transport> rank0, rank1;
@@ -549,9 +642,10 @@ TEST(commTcpRendezvous, PeerListenersBindTheAnnouncedAddress) {
   });
   {
     RawSocket to_master(port);
-    EXPECT_EQ(say_hello(to_master, "s", 2, 3), 0u);
+    EXPECT_EQ(say_hello(to_master, "s", 2, 3, "127.0.0.3"), 0u);
     std::vector<uint8_t> table(3 * 64);
     to_master.read(table.data(), table.size());
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(table.data() + 2 * 64 + 4)), "127.0.0.3");
     uint32_t rank1_port = 0;
     std::memcpy(&rank1_port, table.data() + 64, 4);
     const std::string rank1_host(reinterpret_cast<const char*>(table.data() + 64 + 4));
@@ -579,7 +673,8 @@ TEST(commTcpRendezvous, MasterHostThatIsNotLocalIsAConfigError) {
   }
 }
 
-// Garbage, silence, half a hello, a wrong secret and an out-of-range rank, all before the real
+// Garbage, silence, half a hello, a wrong secret, an out-of-range rank and a listener address
+// that is not an IP address, all before the real
 // rank 1: each is dropped and reported once, and the real ranks still join.
 TEST(commTcpRendezvous, StrayConnectionsAreDroppedAndTheRealRanksStillJoin) {
   const std::string secret = "0123456789abcdef0123456789abcdef";
@@ -601,9 +696,12 @@ TEST(commTcpRendezvous, StrayConnectionsAreDroppedAndTheRealRanksStillJoin) {
     EXPECT_EQ(say_hello(wrong, "not the secret", 1, 2), 1u);  // kWrongSecret
     RawSocket outside(port);
     EXPECT_EQ(say_hello(outside, secret, 5, 2), 3u);  // kBadRank
+    RawSocket nameless(port);
+    EXPECT_EQ(say_hello(nameless, secret, 1, 2, "rank1.example"), 5u);  // kBadProtocol
     // Rank 0 closed the refused ones while the rendezvous is still waiting for rank 1.
     EXPECT_EQ(wrong.read_until_closed(), 0u);
     EXPECT_EQ(outside.read_until_closed(), 0u);
+    EXPECT_EQ(nameless.read_until_closed(), 0u);
     EXPECT_EQ(garbage.read_until_closed(), kChallengeBytes + kAckBytes);
     rank1 = make_transport(tcp_rank(1, port, secret));
     master.join();
@@ -611,7 +709,8 @@ TEST(commTcpRendezvous, StrayConnectionsAreDroppedAndTheRealRanksStillJoin) {
   const std::string log = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(rank0 && rank1);
   expect_round_trip(*rank0, *rank1);
-  EXPECT_EQ(count_of(log, "pipemat tcp: rank 0 dropped a connection from 127.0.0.1:"), 5u) << log;
+  EXPECT_EQ(count_of(log, "pipemat tcp: rank 0 dropped a connection from 127.0.0.1:"), 6u) << log;
+  EXPECT_EQ(count_of(log, "its hello announces no valid listener address"), 1u) << log;
   EXPECT_EQ(count_of(log, " during rendezvous: wrong job secret\n"), 1u) << log;
   EXPECT_EQ(count_of(log, "not a pipemat hello (bad magic)"), 1u) << log;
   EXPECT_EQ(count_of(log, "it announced rank 5, but rank 0 accepts only ranks 1..1 here"), 1u)
@@ -701,7 +800,7 @@ TEST(commTcpRendezvous, MasterThatCannotProveTheSecretIsRefused) {
     }
   });
   const int fd = ::accept(listener, nullptr, nullptr);
-  uint8_t challenge[kChallengeBytes] = {0x31, 0x4e, 0x4d, 0x50, 2};  // "PMN1", version 2
+  uint8_t challenge[kChallengeBytes] = {0x31, 0x4e, 0x4d, 0x50, 3};  // "PMN1", version 3
   ::send(fd, challenge, sizeof(challenge), MSG_NOSIGNAL);
   uint8_t hello[kHelloBytes];
   size_t got = 0;

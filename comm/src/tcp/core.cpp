@@ -8,6 +8,7 @@
 #include <future>
 
 #include "common.h"
+#include "pipemat/core/format.h"
 
 namespace pipemat::comm::detail::tcp {
 
@@ -214,6 +215,36 @@ void TcpCore::fail_peer(Peer& peer, StatusCode code, const std::string& what, bo
     all_closed_ = true;
     state_cv_.notify_all();
   }
+}
+
+// Note [Silence of a peer]: a wait that timed out says whether anything came from the peer
+// meanwhile. Nothing (no frame began or ended on its connection) for at least the second half
+// of the wait is what a hung process or a stalled or cut link between the hosts looks like;
+// frames that kept coming mean the peer runs but never sent this message (a schedule mismatch
+// or deadlock). Half, not all of the wait: a wait may begin just before the peer's last frames
+// (the operation was posted early). A single message whose bytes take longer than that counts
+// as silence: the clock moves at a frame's start and end only.
+std::string TcpWork::timeout_note(std::chrono::milliseconds waited) const {
+  const auto core = core_.lock();
+  const int peer = info().peer;
+  if (!core || peer < 0 || peer >= static_cast<int>(core->peers.size()) ||
+      !core->peers[static_cast<size_t>(peer)]) {
+    return "";
+  }
+  const int64_t heard =
+      core->peers[static_cast<size_t>(peer)]->last_heard_ns.load(std::memory_order_relaxed);
+  const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(
+      Clock::now() - Clock::time_point(Clock::duration(heard)));
+  if (silent >= waited / 2) {
+    return concat("Nothing arrived from rank ", peer, " for the last ",
+                  format_fixed(static_cast<double>(silent.count()) / 1000.0, 1),
+                  " s: it is stalled or unreachable (a hung process, a stalled or cut network "
+                  "between the hosts) or itself waiting (look at its log)");
+  }
+  return concat("Rank ", peer, " is alive (its last message arrived ", silent.count(),
+                " ms ago) but did not ", info().op == OpKind::kRecv ? "send" : "receive",
+                " this one: check that both ranks post the matching "
+                "operation with the same tag (a schedule mismatch or deadlock)");
 }
 
 void TcpWork::abort_impl(const Status& reason) noexcept {

@@ -47,6 +47,8 @@ class TcpWork final : public SpanWork {
 
  protected:
   void abort_impl(const Status& reason) noexcept override;
+  // Note [Silence of a peer].
+  std::string timeout_note(std::chrono::milliseconds waited) const override;
 
  private:
   std::weak_ptr<TcpCore> core_;
@@ -57,6 +59,9 @@ struct Peer {
       : rank(peer_rank), socket(std::move(peer_socket)) {}
   int rank;
   tcp::socket socket;
+  // Note [Silence of a peer]: when a frame from this peer last began or ended (steady clock,
+  // ns); the connection's start counts. Written by the I/O thread, read by timed-out waits.
+  std::atomic<int64_t> last_heard_ns{Clock::now().time_since_epoch().count()};
   bool broken = false;
   std::string broken_reason;
   // The failure was this side refusing what the peer sent (not the peer going away): receives

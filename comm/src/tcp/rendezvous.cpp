@@ -72,17 +72,31 @@ void Rendezvous::fail(const std::string& what, const error_code& ec) const {
 
 tcp::socket Rendezvous::connect(const std::string& host, uint16_t port, const std::string& whom) {
   error_code last;
+  bool closed_early = false;  // the last attempt's connection closed before its first byte
   const auto start = Clock::now();
   int attempt = 0;
   for (attempt = 1; attempt <= options_.connect_retries; ++attempt) {
     tcp::resolver resolver(io_);
     error_code ec;
     auto endpoints = resolver.resolve(host, std::to_string(port), ec);
+    closed_early = false;
     if (!ec) {
       for (const auto& entry : endpoints) {
+        closed_early = false;
         tcp::socket socket(io_);
         ec = await([&](auto handler) { socket.async_connect(entry.endpoint(), handler); },
                    close_of(socket), "connecting");
+        // The acceptor speaks first (its challenge). A connection closed before any byte of it
+        // counts as refused: a relay between the hosts (a proxy, a port forward) accepts at
+        // once and closes when the rank behind it does not listen yet.
+        if (!ec) {
+          ec = await([&](auto handler) { socket.async_wait(tcp::socket::wait_read, handler); },
+                     close_of(socket), "waiting for the first byte");
+        }
+        if (!ec && socket.available(ec) == 0 && !ec) {
+          ec = asio::error::connection_refused;
+          closed_early = true;
+        }
         if (!ec) {
           socket.set_option(tcp::no_delay(true));
           return socket;
@@ -100,8 +114,8 @@ tcp::socket Rendezvous::connect(const std::string& host, uint16_t port, const st
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   PIPEMAT_THROW(CommError, "tcp transport: rank ", options_.rank, " could not connect to ", whom,
                 " at ", host, ":", port, " after ", std::min(attempt, options_.connect_retries),
-                " attempts over ", static_cast<int>(seconds * 10) / 10.0,
-                " s (last error: ", last.message(),
+                " attempts over ", static_cast<int>(seconds * 10) / 10.0, " s (last error: ",
+                closed_early ? "accepted, then closed before the first byte" : last.message(),
                 "). Check that rank 0 is running, that --master / PIPEMAT_MASTER names its "
                 "host:port, and that the port is reachable.");
 }
@@ -204,6 +218,9 @@ std::vector<Rendezvous::Joined> Rendezvous::accept_ranks(tcp::acceptor& acceptor
         reason += concat(" (it has ", secret_state((h.flags & kHasSecret) != 0), ", rank ",
                          options_.rank, " has ", secret_state(has_secret), ")");
       }
+    } else if (const std::string host = announced_host(h); host.empty()) {
+      status = AckStatus::kBadProtocol;
+      reason = "its hello announces no valid listener address";
     } else if (h.world_size != options_.world_size) {
       status = AckStatus::kWorldSize;
       reason = concat("rank ", h.rank, " was started with world size ", h.world_size);

@@ -28,6 +28,9 @@ class Rendezvous {
   Rendezvous(asio::io_context& io, const TransportOptions& options)
       : io_(io), options_(options), deadline_(Clock::now() + options.timeout) {}
 
+  // Connects with retries (TransportOptions::connect_retries) and returns the socket once the
+  // acceptor's first bytes arrived; a connection closed before them is retried like a refused
+  // one.
   tcp::socket connect(const std::string& host, uint16_t port, const std::string& whom);
   void write(tcp::socket& socket, const void* data, size_t size, const std::string& what);
   void read(tcp::socket& socket, void* data, size_t size, const std::string& what);

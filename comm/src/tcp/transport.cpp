@@ -60,8 +60,9 @@ class TcpTransport final : public SpanTransport<TcpTransport, TcpWork> {
       for (auto& j : joined) {
         auto& entry = table[static_cast<size_t>(j.hello.rank)];
         entry.port = j.hello.listen_port;
-        // The address the master sees the rank at, which is the one its listener is bound to.
-        std::strncpy(entry.host, j.address.c_str(), sizeof(entry.host) - 1);
+        // Note [Announced listener address]: the rank's own, checked when its hello came in.
+        const std::string announced = announced_host(j.hello);
+        std::strncpy(entry.host, announced.c_str(), sizeof(entry.host) - 1);
         peers[static_cast<size_t>(j.hello.rank)] =
             std::make_unique<Peer>(j.hello.rank, std::move(j.socket));
       }
@@ -89,6 +90,7 @@ class TcpTransport final : public SpanTransport<TcpTransport, TcpWork> {
     hello.rank = me;
     hello.world_size = world;
     hello.listen_port = listener.local_endpoint().port();
+    set_listen_host(hello, listener.local_endpoint().address().to_string());
     rv.authenticate(master, hello, "the master (rank 0)", options.master);
     std::vector<TableEntry> table(static_cast<size_t>(world));
     rv.read(master, table.data(), table.size() * sizeof(TableEntry),

@@ -1,7 +1,9 @@
-// The MACs of the rendezvous handshake, its nonces, and the parsing of the master address.
+// The MACs of the rendezvous handshake, its nonces, the listener address a hello announces, and
+// the parsing of the master address.
 
 #include "tcp/wire.h"
 
+#include <arpa/inet.h>
 #include <sys/random.h>
 
 #include <cerrno>
@@ -41,6 +43,24 @@ void fill_nonce(uint8_t* out) {
                   "); cannot make a handshake nonce");
     filled += static_cast<size_t>(n);
   }
+}
+
+void set_listen_host(Hello& hello, const std::string& host) {
+  constexpr size_t kLongest = sizeof(TableEntry{}.host) - 1;  // what the rank table holds
+  PIPEMAT_CHECK(host.size() <= kLongest, CommError, "tcp rendezvous: listener address '", host,
+                "' is longer than the ", kLongest, " characters the rank table holds");
+  std::memset(hello.listen_host, 0, sizeof(hello.listen_host));
+  std::memcpy(hello.listen_host, host.data(), host.size());
+}
+
+std::string announced_host(const Hello& hello) {
+  const size_t n = strnlen(hello.listen_host, sizeof(hello.listen_host));
+  if (n == sizeof(hello.listen_host)) return "";
+  std::string host(hello.listen_host, n);
+  in6_addr parsed{};
+  const bool ip = ::inet_pton(AF_INET, host.c_str(), &parsed) == 1 ||
+                  ::inet_pton(AF_INET6, host.c_str(), &parsed) == 1;
+  return ip ? host : "";
 }
 
 std::string secret_state(bool has_secret) { return has_secret ? "a job secret" : "no job secret"; }

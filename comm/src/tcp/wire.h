@@ -17,8 +17,8 @@ constexpr uint32_t kHelloMagicV1 = 0x504d4831;    // "PMH1": the unauthenticated
 constexpr uint32_t kHelloMagic = 0x504d4832;      // "PMH2"
 constexpr uint32_t kChallengeMagic = 0x504d4e31;  // "PMN1"
 constexpr uint32_t kAckMagic = 0x504d4131;        // "PMA1"
-constexpr uint32_t kProtocolVersion = 2;
-constexpr uint32_t kHasSecret = 1;  // flag: the sender has a job secret
+constexpr uint32_t kProtocolVersion = 3;          // 3: the hello carries the listener address
+constexpr uint32_t kHasSecret = 1;                // flag: the sender has a job secret
 constexpr size_t kNonceBytes = 32;
 
 struct FrameHeader {
@@ -31,7 +31,7 @@ static_assert(sizeof(FrameHeader) == 16, "frame header layout");
 // Note [Rendezvous handshake]: every rendezvous connection (to the master and between ranks)
 // is a challenge-response keyed with the job secret (TransportOptions::secret):
 //   acceptor  -> Challenge {fresh random nonce N_a}
-//   connector -> Hello {rank, world size, listen port, nonce N_c,
+//   connector -> Hello {rank, world size, listener address and port, nonce N_c,
 //                       mac = HMAC-SHA256(secret, "pipemat hello" || N_a || hello fields)}
 //   acceptor  -> Ack {status, mac = HMAC-SHA256(secret, "pipemat ack" || N_c || N_a || rank ||
 //                                               status)}
@@ -58,10 +58,13 @@ struct Hello {
   int32_t world_size = -1;
   uint32_t listen_port = 0;
   uint32_t flags = 0;
+  // The address the connector's listener is bound to, as text (NUL-terminated): the rank table
+  // announces it (Note [Announced listener address]).
+  char listen_host[64] = {};
   uint8_t nonce[kNonceBytes] = {};
   uint8_t mac[32] = {};  // last: the mac covers everything before it
 };
-static_assert(sizeof(Hello) == 88 && offsetof(Hello, mac) == 56, "hello layout");
+static_assert(sizeof(Hello) == 152 && offsetof(Hello, mac) == 120, "hello layout");
 
 enum class AckStatus : uint32_t {
   kOk = 0,
@@ -88,6 +91,18 @@ Digest ack_mac(const std::string& secret, const Challenge& challenge, const Hell
 
 // Fills `out` with kNonceBytes random bytes; throws CommError when getrandom() fails.
 void fill_nonce(uint8_t* out);
+
+// Note [Announced listener address]: the rank table gives, for every rank, the address its
+// listener is bound to as the rank itself announced it in its hello, not the address the
+// master saw the connection come from. Without anything between the hosts the two are the same
+// (the listener is bound to the address the rank reaches the master from). With a proxy or a
+// router that relays connections between hosts, the master sees the relay's address, which
+// does not lead to the rank; the rank's own address does: the relay forwards connections to it
+// like any other (the cross-host test of docs/reliability.md runs through such a relay).
+// Writes `host` (an IP address as text, at most 59 characters: a TableEntry) into the hello.
+void set_listen_host(Hello& hello, const std::string& host);
+// The hello's listener address when it is a NUL-terminated IPv4 or IPv6 address, else "".
+std::string announced_host(const Hello& hello);
 
 // "a job secret" / "no job secret", for the messages of a wrong secret.
 std::string secret_state(bool has_secret);

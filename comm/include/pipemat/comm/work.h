@@ -180,6 +180,9 @@ class Work {
   // between polls, then sleeps 100 us between them after 100 ms. The mpi backend with a
   // progress thread replaces it (Note [MPI progress thread]).
   virtual bool drive_until(Clock::time_point deadline);
+  // For the message of a wait that timed out after `waited`: what the backend saw of the peer
+  // meanwhile (e.g. "nothing arrived from rank 2 for 8.0 s: ..."), or "" when it cannot tell.
+  virtual std::string timeout_note(std::chrono::milliseconds waited) const { return ""; }
   // True once finished (successfully or not); drives nothing.
   bool done() const { return done_.load(std::memory_order_acquire); }
   // Withdraws the operation and finishes it with `reason` unless it finished meanwhile. On
