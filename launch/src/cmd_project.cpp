@@ -30,6 +30,15 @@ void add_project_command(CLI::App& app) {
       "  pipemat project --layers 32 --costs F=1,I=1,W=1,comm=0.1\n"
       "  pipemat project --layers 32 --costs F=0.71,I=0.62,W=0.55,R=0.2,comm=0.1,bw=3e6,"
       "bytes=262144 --recompute pretrigger --format svg --output projection.svg\n"
+      "Data x pipeline: --data D1,D2,... runs D replicas of each pipeline, M micro-batches\n"
+      "each (D x M per step). After a chunk's last B or W its gradients (G = --grad-bytes per\n"
+      "layer x the chunk's layers) are all-reduced over the D replicas, a rank's chunks one\n"
+      "after another, beside the rank's remaining compute, each taking\n"
+      "2 (D - 1) / D x G / --allreduce-bw + --allreduce-latency (bw in bytes per time unit of\n"
+      "--costs). Efficiency = speedup / (D x P).\n"
+      "  pipemat project --layers 32 --costs F=1.32,I=0.64,W=1.37,comm=1.48 --schedules zb-v \\\n"
+      "    --micro-batches 32 --data 1,2,4,8 --grad-bytes 264192 --allreduce-bw 1e7 \\\n"
+      "    --allreduce-latency 0.05\n"
       "See docs/performance.md.");
   cmd->add_option("--layers", o.layers, "Layers of the model (default 32)");
   cmd->add_option("--costs", o.costs,
@@ -45,6 +54,16 @@ void add_project_command(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("--virtual", o.virtual_stages, "Chunks per rank of interleaved (default 2)");
   cmd->add_option("--recompute", o.recompute, "none (default) | lazy | pretrigger");
+  cmd->add_option("--data", o.data,
+                  "Data-parallel replicas D of each pipeline (default 1: no all-reduce)")
+      ->delimiter(',');
+  cmd->add_option("--grad-bytes", o.grad_bytes,
+                  "Gradient bytes of one layer, all-reduced over the D replicas (default 0)");
+  cmd->add_option("--allreduce-bw", o.allreduce_bw,
+                  "All-reduce bandwidth in bytes per time unit of --costs (e.g. 1e7: 10 GB/s in "
+                  "ms); required with --grad-bytes");
+  cmd->add_option("--allreduce-latency", o.allreduce_latency,
+                  "Time units each all-reduce takes on top of its bytes (default 0)");
   cmd->add_option("--format", o.format, "text (default) | json | svg");
   cmd->add_option("--output", f->output, "Write to this file instead of stdout");
   cmd->callback([f] {

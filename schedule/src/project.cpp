@@ -28,10 +28,128 @@ CostModel stage_costs(const ProjectionOptions& o, int stages_count) {
   return c;
 }
 
+// Note [Projected all-reduce] on one rank's simulated timeline.
+struct RankAllReduce {
+  double end = 0;     // max(last compute end, last all-reduce end)
+  double total = 0;   // all-reduce time
+  double hidden = 0;  // of total, what ends before the rank's last compute action ends
+};
+
+RankAllReduce overlap_allreduce(const Schedule& s, const RankTimeline& rank, double per_chunk) {
+  std::vector<double> final_at;  // per chunk: the end of its last B or W
+  for (int stage : s.stages_of(rank.rank)) {
+    double at = -1;
+    for (const TimedAction& t : rank.actions) {
+      const ActionType type = t.action.type;
+      if (t.action.stage == stage &&
+          (type == ActionType::kBackward || type == ActionType::kBackwardWeight))
+        at = std::max(at, t.end);
+    }
+    if (at >= 0) final_at.push_back(at);
+  }
+  std::sort(final_at.begin(), final_at.end());
+  RankAllReduce r;
+  double clock = 0;
+  for (double at : final_at) {
+    clock = std::max(clock, at) + per_chunk;
+    r.total += per_chunk;
+  }
+  r.end = std::max(rank.last_end, clock);
+  r.hidden = std::max(0.0, r.total - (r.end - rank.last_end));
+  return r;
+}
+
+// One panel per P, x on a log2 scale, one line per series: the layout of both projection charts.
+struct ProjectionChart {
+  std::string title, caption;  // the line above the panels and the one below them
+  std::vector<int> panels;     // P of each panel
+  std::vector<int> xs;         // x values, labelled under every panel
+  std::vector<std::string> series;
+  // [series][panel]: the (x, y) of a line, in the order of xs; empty draws nothing
+  std::vector<std::vector<std::vector<std::pair<int, double>>>> lines;
+};
+
+std::string render_projection_chart(const ProjectionChart& chart) {
+  // y from 0 to the largest value, rounded up to 0.1.
+  static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
+  const int panel_w = 330, panel_h = 220, margin_l = 60, margin_t = 50, gap = 40;
+  const int columns = std::min<int>(2, static_cast<int>(chart.panels.size()));
+  const int rows = (static_cast<int>(chart.panels.size()) + columns - 1) / columns;
+  const int width = margin_l + columns * (panel_w + gap) + 120;
+  const int height = margin_t + rows * (panel_h + gap + 20) + 10;
+  double top = 0.1;
+  for (const auto& by_panel : chart.lines)
+    for (const auto& line : by_panel)
+      for (const auto& xy : line) top = std::max(top, std::ceil(xy.second * 10 - 1e-9) / 10);
+  const double x_lo = std::log2(*std::min_element(chart.xs.begin(), chart.xs.end()));
+  const double x_hi = std::log2(*std::max_element(chart.xs.begin(), chart.xs.end()));
+  std::ostringstream os;
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+     << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+     << "<text x=\"" << margin_l << "\" y=\"22\" font-size=\"15\">" << chart.title << "</text>\n";
+  for (size_t pi = 0; pi < chart.panels.size(); ++pi) {
+    const int x0 = margin_l + static_cast<int>(pi % columns) * (panel_w + gap);
+    const int y0 = margin_t + static_cast<int>(pi / columns) * (panel_h + gap + 20);
+    auto x_of = [&](int x) {
+      const double f = x_hi > x_lo ? (std::log2(x) - x_lo) / (x_hi - x_lo) : 0.5;
+      return x0 + f * panel_w;
+    };
+    auto y_of = [&](double y) { return y0 + panel_h - y / top * panel_h; };
+    os << "<text x=\"" << x0 << "\" y=\"" << y0 - 6 << "\">P = " << chart.panels[pi] << "</text>\n"
+       << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << panel_w << "\" height=\""
+       << panel_h << "\" fill=\"none\" stroke=\"#999\"/>\n";
+    for (int t = 0; t <= 4; ++t) {
+      const double y = top * t / 4;
+      os << "<text x=\"" << x0 - 6 << "\" y=\"" << format_fixed(y_of(y) + 4, 1)
+         << "\" text-anchor=\"end\">" << format_fixed(y, 2) << "</text>\n";
+    }
+    for (int x : chart.xs)
+      os << "<text x=\"" << format_fixed(x_of(x), 1) << "\" y=\"" << y0 + panel_h + 15
+         << "\" text-anchor=\"middle\">" << x << "</text>\n";
+    for (size_t si = 0; si < chart.series.size(); ++si) {
+      std::ostringstream line;
+      for (const auto& [x, y] : chart.lines[si][pi])
+        line << format_fixed(x_of(x), 1) << "," << format_fixed(y_of(y), 1) << " ";
+      if (line.str().empty()) continue;
+      os << "<polyline fill=\"none\" stroke-width=\"2\" stroke=\"" << kColors[si % 6]
+         << "\" points=\"" << line.str() << "\"/>\n";
+    }
+  }
+  for (size_t si = 0; si < chart.series.size(); ++si) {
+    const int y = margin_t + 10 + static_cast<int>(si) * 18;
+    const int x = margin_l + columns * (panel_w + gap);
+    os << "<line x1=\"" << x << "\" y1=\"" << y << "\" x2=\"" << x + 20 << "\" y2=\"" << y
+       << "\" stroke-width=\"2\" stroke=\"" << kColors[si % 6] << "\"/><text x=\"" << x + 26
+       << "\" y=\"" << y + 4 << "\">" << chart.series[si] << "</text>\n";
+  }
+  os << "<text x=\"" << margin_l << "\" y=\"" << height - 4 << "\">" << chart.caption
+     << "</text>\n</svg>\n";
+  return os.str();
+}
+
+// "1e+07" as the cost model's lines print numbers.
+std::string projection_number(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 }  // namespace
 
 double projection_reference_step(const ProjectionOptions& o, int micro_batches) {
   return o.layers * (o.layer_costs.forward + o.layer_costs.backward_cost()) * micro_batches;
+}
+
+double projection_allreduce_time(const ProjectionOptions& o, int data, int stages_count) {
+  if (data <= 1) return 0.0;
+  const double bytes = o.grad_bytes * o.layers / stages_count;
+  const double ring = 2.0 * (data - 1) / data * bytes;
+  return (o.allreduce_bandwidth > 0 ? ring / o.allreduce_bandwidth : 0.0) + o.allreduce_latency;
+}
+
+bool projects_data_parallel(const ProjectionOptions& o) {
+  return std::any_of(o.data.begin(), o.data.end(), [](int d) { return d != 1; });
 }
 
 std::vector<ProjectionPoint> project_scaling(const ProjectionOptions& o) {
@@ -47,6 +165,22 @@ std::vector<ProjectionPoint> project_scaling(const ProjectionOptions& o) {
                   " is outside [1, 4096]");
   PIPEMAT_CHECK(o.layer_costs.forward + o.layer_costs.backward_cost() > 0, ConfigError,
                 "project: the per-layer costs are all zero; give e.g. --costs F=1,I=1,W=1");
+  PIPEMAT_CHECK(!o.data.empty(), ConfigError,
+                "project: --data is empty; give the data-parallel degrees, e.g. --data 1,2,4");
+  for (int d : o.data)
+    PIPEMAT_CHECK(d >= 1 && d <= 65536, ConfigError, "project: --data ", d,
+                  " is outside [1, 65536]; D is the number of pipeline replicas (1: none)");
+  const std::pair<const char*, double> allreduce_flags[] = {
+      {"--grad-bytes", o.grad_bytes},
+      {"--allreduce-bw", o.allreduce_bandwidth},
+      {"--allreduce-latency", o.allreduce_latency}};
+  for (const auto& [flag, value] : allreduce_flags)
+    PIPEMAT_CHECK(std::isfinite(value) && value >= 0, ConfigError, "project: ", flag, " ", value,
+                  " is not a non-negative number");
+  PIPEMAT_CHECK(o.grad_bytes == 0 || o.allreduce_bandwidth > 0, ConfigError,
+                "project: --grad-bytes ", o.grad_bytes,
+                " needs --allreduce-bw, the all-reduce's bytes per time unit (e.g. "
+                "--allreduce-bw 1e7 for 10 GB/s in ms)");
   std::vector<ProjectionPoint> points;
   for (ScheduleKind kind : o.kinds) {
     for (int p : o.ranks) {
@@ -67,16 +201,35 @@ std::vector<ProjectionPoint> project_scaling(const ProjectionOptions& o) {
         } catch (const ConfigError& e) {
           point.feasible = false;
           point.why = e.what();
-          points.push_back(point);
+          for (int d : o.data) {
+            point.data = d;
+            points.push_back(point);
+          }
           continue;
         }
         const SimulationResult sim = simulate(s, stage_costs(o, s.stages_count));
-        point.step = sim.makespan;
         point.bubble = sim.bubble_ratio;
-        point.speedup = projection_reference_step(o, m) / sim.makespan;
         for (const RankTimeline& rank : sim.ranks)
           point.peak_activations = std::max(point.peak_activations, rank.peak_activations);
-        points.push_back(point);
+        for (int d : o.data) {
+          // Note [Projected all-reduce]: every replica runs this timeline.
+          const double per_chunk = projection_allreduce_time(o, d, s.stages_count);
+          point.data = d;
+          point.step = sim.makespan;
+          point.allreduce = 0;
+          double total = 0, hidden = 0;
+          for (const RankTimeline& rank : sim.ranks) {
+            const RankAllReduce r = overlap_allreduce(s, rank, per_chunk);
+            point.step = std::max(point.step, r.end);
+            point.allreduce = std::max(point.allreduce, r.total);
+            total += r.total;
+            hidden += r.hidden;
+          }
+          point.hidden = total > 0 ? hidden / total : 1.0;
+          point.speedup = projection_reference_step(o, d * m) / point.step;
+          point.efficiency = point.speedup / (static_cast<double>(d) * p);
+          points.push_back(point);
+        }
       }
     }
   }
@@ -85,25 +238,54 @@ std::vector<ProjectionPoint> project_scaling(const ProjectionOptions& o) {
 
 std::string render_projection_text(const ProjectionOptions& o,
                                    const std::vector<ProjectionPoint>& points) {
+  const bool data = projects_data_parallel(o);
   std::ostringstream os;
-  os << "projection (eff. = speedup / P; in-flight = peak micro-batches held by a rank): "
-     << o.layers << " layers, per layer " << format_costs(o.layer_costs, o.recompute)
-     << " (message cost " << o.layer_costs.message_cost() << "), recompute "
-     << to_string(o.recompute) << "\n";
-  char line[160];
-  std::snprintf(line, sizeof(line), "%-12s %5s %5s %12s %8s %8s %6s %9s\n", "schedule", "P", "M",
-                "step", "bubble", "speedup", "eff.", "in-flight");
+  os << "projection (eff. = speedup / " << (data ? "(D x P)" : "P")
+     << "; in-flight = peak micro-batches held by a rank): " << o.layers << " layers, per layer "
+     << format_costs(o.layer_costs, o.recompute) << " (message cost "
+     << o.layer_costs.message_cost() << "), recompute " << to_string(o.recompute) << "\n";
+  if (data) {
+    os << "data x pipeline: D replicas of M micro-batches each; per layer " << o.grad_bytes
+       << " gradient bytes; all-reduce bandwidth " << o.allreduce_bandwidth << ", latency "
+       << o.allreduce_latency
+       << "; all-reduce = a rank's time per step, one 2 (D - 1) / D x bytes / bandwidth + latency "
+          "per chunk after its last B or W; hidden = its share that ends before the rank's last "
+          "compute\n";
+  }
+  char line[200];
+  if (data) {
+    std::snprintf(line, sizeof(line), "%-12s %5s %5s %5s %12s %8s %9s %6s %9s %10s %6s\n",
+                  "schedule", "P", "M", "D", "step", "bubble", "speedup", "eff.", "in-flight",
+                  "all-reduce", "hidden");
+  } else {
+    std::snprintf(line, sizeof(line), "%-12s %5s %5s %12s %8s %8s %6s %9s\n", "schedule", "P", "M",
+                  "step", "bubble", "speedup", "eff.", "in-flight");
+  }
   os << line;
   for (const ProjectionPoint& p : points) {
     if (!p.feasible) {
-      std::snprintf(line, sizeof(line), "%-12s %5d %5d  n/a: ", to_string(p.kind), p.ranks,
-                    p.micro_batches);
+      if (data) {
+        std::snprintf(line, sizeof(line), "%-12s %5d %5d %5d  n/a: ", to_string(p.kind), p.ranks,
+                      p.micro_batches, p.data);
+      } else {
+        std::snprintf(line, sizeof(line), "%-12s %5d %5d  n/a: ", to_string(p.kind), p.ranks,
+                      p.micro_batches);
+      }
       os << line << p.why << "\n";
       continue;
     }
-    std::snprintf(line, sizeof(line), "%-12s %5d %5d %12s %8.3f %7.2fx %6.2f %9d\n",
-                  to_string(p.kind), p.ranks, p.micro_batches, format_fixed(p.step, 2).c_str(),
-                  p.bubble, p.speedup, p.speedup / p.ranks, p.peak_activations);
+    if (data) {
+      const bool none = p.allreduce <= 0;
+      std::snprintf(line, sizeof(line), "%-12s %5d %5d %5d %12s %8.3f %8.2fx %6.2f %9d %10s %6s\n",
+                    to_string(p.kind), p.ranks, p.micro_batches, p.data,
+                    format_fixed(p.step, 2).c_str(), p.bubble, p.speedup, p.efficiency,
+                    p.peak_activations, none ? "-" : format_fixed(p.allreduce, 3).c_str(),
+                    none ? "-" : format_fixed(p.hidden, 3).c_str());
+    } else {
+      std::snprintf(line, sizeof(line), "%-12s %5d %5d %12s %8.3f %7.2fx %6.2f %9d\n",
+                    to_string(p.kind), p.ranks, p.micro_batches, format_fixed(p.step, 2).c_str(),
+                    p.bubble, p.speedup, p.speedup / p.ranks, p.peak_activations);
+    }
     os << line;
   }
   return os.str();
@@ -111,92 +293,81 @@ std::string render_projection_text(const ProjectionOptions& o,
 
 std::string render_projection_json(const ProjectionOptions& o,
                                    const std::vector<ProjectionPoint>& points) {
+  const bool data = projects_data_parallel(o);
   nlohmann::json rows = nlohmann::json::array();
   for (const ProjectionPoint& p : points) {
     nlohmann::json row = {{"schedule", to_string(p.kind)},
                           {"ranks", p.ranks},
                           {"micro_batches", p.micro_batches},
                           {"feasible", p.feasible}};
+    if (data) row["data"] = p.data;
     if (p.feasible) {
       row["step"] = p.step;
       row["bubble"] = p.bubble;
       row["speedup"] = p.speedup;
       row["peak_activations"] = p.peak_activations;
+      if (data) {
+        row["efficiency"] = p.efficiency;
+        row["allreduce"] = p.allreduce;
+        row["hidden"] = p.hidden;
+      }
     } else {
       row["why"] = p.why;
     }
     rows.push_back(row);
   }
-  const nlohmann::json doc = {{"layers", o.layers},
-                              {"layer_costs", format_costs(o.layer_costs, o.recompute)},
-                              {"message_cost", o.layer_costs.message_cost()},
-                              {"recompute", to_string(o.recompute)},
-                              {"points", rows}};
+  nlohmann::json doc = {{"layers", o.layers},
+                        {"layer_costs", format_costs(o.layer_costs, o.recompute)},
+                        {"message_cost", o.layer_costs.message_cost()},
+                        {"recompute", to_string(o.recompute)},
+                        {"points", rows}};
+  if (data) {
+    doc["grad_bytes"] = o.grad_bytes;
+    doc["allreduce_bandwidth"] = o.allreduce_bandwidth;
+    doc["allreduce_latency"] = o.allreduce_latency;
+  }
   return doc.dump(2) + "\n";
 }
 
 std::string render_projection_svg(const ProjectionOptions& o,
                                   const std::vector<ProjectionPoint>& points) {
-  // One panel per P: bubble (0 to the largest, rounded up to 0.1) against log2 M.
-  static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
-  const int panel_w = 330, panel_h = 220, margin_l = 60, margin_t = 50, gap = 40;
-  const int columns = std::min<int>(2, static_cast<int>(o.ranks.size()));
-  const int rows = (static_cast<int>(o.ranks.size()) + columns - 1) / columns;
-  const int width = margin_l + columns * (panel_w + gap) + 120;
-  const int height = margin_t + rows * (panel_h + gap + 20) + 10;
-  double top = 0.1;
-  for (const ProjectionPoint& p : points)
-    if (p.feasible) top = std::max(top, std::ceil(p.bubble * 10 - 1e-9) / 10);
-  const double m_lo = std::log2(*std::min_element(o.micro_batches.begin(), o.micro_batches.end()));
-  const double m_hi = std::log2(*std::max_element(o.micro_batches.begin(), o.micro_batches.end()));
-  std::ostringstream os;
-  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
-     << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
-     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << margin_l << "\" y=\"22\" font-size=\"15\">Simulated bubble vs "
-     << "micro-batches, " << o.layers << " layers, message cost "
-     << format_fixed(o.layer_costs.message_cost(), 3) << " per message</text>\n";
-  for (size_t pi = 0; pi < o.ranks.size(); ++pi) {
-    const int x0 = margin_l + static_cast<int>(pi % columns) * (panel_w + gap);
-    const int y0 = margin_t + static_cast<int>(pi / columns) * (panel_h + gap + 20);
-    auto x_of = [&](int m) {
-      const double f = m_hi > m_lo ? (std::log2(m) - m_lo) / (m_hi - m_lo) : 0.5;
-      return x0 + f * panel_w;
-    };
-    auto y_of = [&](double b) { return y0 + panel_h - b / top * panel_h; };
-    os << "<text x=\"" << x0 << "\" y=\"" << y0 - 6 << "\">P = " << o.ranks[pi] << "</text>\n"
-       << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << panel_w << "\" height=\""
-       << panel_h << "\" fill=\"none\" stroke=\"#999\"/>\n";
-    for (int t = 0; t <= 4; ++t) {
-      const double b = top * t / 4;
-      os << "<text x=\"" << x0 - 6 << "\" y=\"" << format_fixed(y_of(b) + 4, 1)
-         << "\" text-anchor=\"end\">" << format_fixed(b, 2) << "</text>\n";
+  ProjectionChart chart;
+  chart.panels = o.ranks;
+  if (!projects_data_parallel(o)) {
+    // Bubble against M, one line per schedule.
+    chart.title = "Simulated bubble vs micro-batches, " + std::to_string(o.layers) +
+                  " layers, message cost " + format_fixed(o.layer_costs.message_cost(), 3) +
+                  " per message";
+    chart.caption = "x: micro-batches per step (log scale); y: bubble ratio";
+    chart.xs = o.micro_batches;
+    for (ScheduleKind kind : o.kinds) {
+      chart.series.push_back(to_string(kind));
+      auto& by_panel = chart.lines.emplace_back(o.ranks.size());
+      for (size_t pi = 0; pi < o.ranks.size(); ++pi)
+        for (const ProjectionPoint& p : points)
+          if (p.kind == kind && p.ranks == o.ranks[pi] && p.feasible)
+            by_panel[pi].emplace_back(p.micro_batches, p.bubble);
     }
-    for (int m : o.micro_batches)
-      os << "<text x=\"" << format_fixed(x_of(m), 1) << "\" y=\"" << y0 + panel_h + 15
-         << "\" text-anchor=\"middle\">" << m << "</text>\n";
-    for (size_t ki = 0; ki < o.kinds.size(); ++ki) {
-      std::ostringstream line;
-      for (const ProjectionPoint& p : points) {
-        if (p.kind != o.kinds[ki] || p.ranks != o.ranks[pi] || !p.feasible) continue;
-        line << format_fixed(x_of(p.micro_batches), 1) << "," << format_fixed(y_of(p.bubble), 1)
-             << " ";
-      }
-      if (line.str().empty()) continue;
-      os << "<polyline fill=\"none\" stroke-width=\"2\" stroke=\"" << kColors[ki % 6]
-         << "\" points=\"" << line.str() << "\"/>\n";
+    return render_projection_chart(chart);
+  }
+  // Efficiency against D, one line per schedule and M.
+  chart.title = "Projected efficiency vs replicas D: " + std::to_string(o.layers) + " layers, " +
+                projection_number(o.grad_bytes) + " gradient bytes a layer, all-reduce bw " +
+                projection_number(o.allreduce_bandwidth) + ", latency " +
+                projection_number(o.allreduce_latency);
+  chart.caption = "x: data-parallel replicas D (log scale); y: efficiency = speedup / (D x P)";
+  chart.xs = o.data;
+  for (ScheduleKind kind : o.kinds) {
+    for (int m : o.micro_batches) {
+      chart.series.push_back(std::string(to_string(kind)) + ", M=" + std::to_string(m));
+      auto& by_panel = chart.lines.emplace_back(o.ranks.size());
+      for (size_t pi = 0; pi < o.ranks.size(); ++pi)
+        for (const ProjectionPoint& p : points)
+          if (p.kind == kind && p.micro_batches == m && p.ranks == o.ranks[pi] && p.feasible)
+            by_panel[pi].emplace_back(p.data, p.efficiency);
     }
   }
-  for (size_t ki = 0; ki < o.kinds.size(); ++ki) {
-    const int y = margin_t + 10 + static_cast<int>(ki) * 18;
-    const int x = margin_l + columns * (panel_w + gap);
-    os << "<line x1=\"" << x << "\" y1=\"" << y << "\" x2=\"" << x + 20 << "\" y2=\"" << y
-       << "\" stroke-width=\"2\" stroke=\"" << kColors[ki % 6] << "\"/><text x=\"" << x + 26
-       << "\" y=\"" << y + 4 << "\">" << to_string(o.kinds[ki]) << "</text>\n";
-  }
-  os << "<text x=\"" << margin_l << "\" y=\"" << height - 4
-     << "\">x: micro-batches per step (log scale); y: bubble ratio</text>\n</svg>\n";
-  return os.str();
+  return render_projection_chart(chart);
 }
 
 }  // namespace pipemat::schedule
@@ -213,6 +384,10 @@ std::string render_project_command(const ProjectCommandOptions& c) {
   o.layers = c.layers;
   o.layer_costs = parse_costs(c.costs);
   o.recompute = parse_recompute_mode(c.recompute);
+  o.data = c.data;
+  o.grad_bytes = c.grad_bytes;
+  o.allreduce_bandwidth = c.allreduce_bw;
+  o.allreduce_latency = c.allreduce_latency;
   const std::optional<OutputFormat> format = parse_output_format(c.format);
   PIPEMAT_CHECK(format.has_value() && *format != OutputFormat::kCsv, ConfigError, "--format '",
                 c.format, "' is unknown; expected text, json or svg");
