@@ -97,8 +97,6 @@ RankLayout make_rank_layout(const TrainConfig& config, comm::Transport& job) {
   PIPEMAT_CHECK(job.world_size() == data * ranks, ConfigError, "parallel.data is ", data,
                 " and schedule.ranks ", ranks, ": the job needs ", data * ranks,
                 " ranks (pipemat-run -n ", data * ranks, " ...) but has ", job.world_size());
-  PIPEMAT_CHECK(config.schedule_csv.empty(), ConfigError, "parallel.data is ", data,
-                ": schedule.csv is not supported with data parallelism yet");
   const int w = job.rank();
   layout.replica = w % data;
   std::vector<int> pipeline, group;

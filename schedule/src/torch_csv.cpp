@@ -74,7 +74,8 @@ std::string fsdp_note(const TorchCsvImport& import, const std::string& source) {
   }
   const bool one = import.unshard + import.reshard + import.reduce_grad == 1;
   return "ignored " + list + (one ? " cell" : " cells") + " of " + source +
-         ": pipemat has no sharding or data parallelism, so " +
+         ": pipemat does not shard, and all-reduces a stage's gradients after its last "
+         "backward by itself (parallel.data), so " +
          (one ? "it is a no-op" : "they are no-ops");
 }
 

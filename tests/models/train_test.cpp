@@ -409,7 +409,9 @@ TEST(PipelineTrain, ScheduleFromATorchCsvFileMatchesTheReference) {
   EXPECT_EQ(resolved.config.schedule.kind, schedule::ScheduleKind::kImported);
   EXPECT_EQ(resolved.config.schedule.micro_batches, 4);
   EXPECT_EQ(resolved.note, "ignored 2 UNSHARD and 1 REDUCE_GRAD cells of " + path +
-                               ": pipemat has no sharding or data parallelism, so they are no-ops");
+                               ": pipemat does not shard, and all-reduces a stage's gradients "
+                               "after its last backward by itself (parallel.data), so they are "
+                               "no-ops");
   expect_matches_reference(c);
   std::ostringstream out;
   c.training.steps = 1;
@@ -417,6 +419,11 @@ TEST(PipelineTrain, ScheduleFromATorchCsvFileMatchesTheReference) {
   c.transport.kind = comm::TransportKind::kLocal;
   EXPECT_EQ(run_train(c, false, out, out), 0);
   EXPECT_EQ(out.str().find(resolved.note), 0u) << out.str();
+  // The same file for each of 2 replicas (Note [Data x pipeline]).
+  c.output.progress = false;
+  c.training.steps = 2;
+  c.parallel.data = 2;
+  expect_matches_reference(c);
 
   c.schedule_csv = "/nonexistent/s.csv";
   try {

@@ -133,8 +133,9 @@ TEST(ScheduleTorchCsvTest, FsdpCellsAreNoOpsReportedOnce) {
   EXPECT_EQ(got.reshard, 2);
   EXPECT_EQ(got.reduce_grad, 2);
   EXPECT_EQ(got.note,
-            "ignored 2 UNSHARD, 2 RESHARD and 2 REDUCE_GRAD cells of fsdp.csv: pipemat has no "
-            "sharding or data parallelism, so they are no-ops");
+            "ignored 2 UNSHARD, 2 RESHARD and 2 REDUCE_GRAD cells of fsdp.csv: pipemat does not "
+            "shard, and all-reduces a stage's gradients after its "
+            "last backward by itself (parallel.data), so they are no-ops");
   // The plain entry point drops them the same way.
   expect_same_schedule(import_torch_csv(fsdp), import_torch_csv(plain), "import_torch_csv");
 
@@ -145,8 +146,9 @@ TEST(ScheduleTorchCsvTest, FsdpCellsAreNoOpsReportedOnce) {
   expect_same_schedule(generated.schedule, lowered, "generated 1F1B with comms");
   EXPECT_EQ(export_torch_csv(generated.schedule), export_torch_csv(lowered));
   EXPECT_EQ(generated.note,
-            "ignored 2 UNSHARD, 2 RESHARD and 2 REDUCE_GRAD cells of <csv>: pipemat has no "
-            "sharding or data parallelism, so they are no-ops");
+            "ignored 2 UNSHARD, 2 RESHARD and 2 REDUCE_GRAD cells of <csv>: pipemat does not "
+            "shard, and all-reduces a stage's gradients after its "
+            "last backward by itself (parallel.data), so they are no-ops");
 }
 
 TEST(ScheduleTorchCsvTest, FsdpNoteCountsOnlyWhatIsThere) {
@@ -157,8 +159,9 @@ TEST(ScheduleTorchCsvTest, FsdpNoteCountsOnlyWhatIsThere) {
   const TorchCsvImport one = import_torch_csv_report("0F0,0B0,0REDUCE_GRAD\n", "one.csv");
   EXPECT_EQ(one.reduce_grad, 1);
   EXPECT_EQ(one.note,
-            "ignored 1 REDUCE_GRAD cell of one.csv: pipemat has no sharding or data parallelism, "
-            "so it is a no-op");
+            "ignored 1 REDUCE_GRAD cell of one.csv: pipemat does not shard, and all-reduces a "
+            "stage's gradients after its last backward by itself (parallel.data), so it is a "
+            "no-op");
 
   // torch's parser also takes a micro-batch on these cells (`(\d+)(UNSHARD|...)(\d*)`); spaces
   // and quotes as in any cell.
@@ -169,8 +172,9 @@ TEST(ScheduleTorchCsvTest, FsdpNoteCountsOnlyWhatIsThere) {
   EXPECT_EQ(two.reduce_grad, 0);
   EXPECT_EQ(format_actions(two.schedule.actions[0]), (std::vector<std::string>{"0F0", "0B0"}));
   EXPECT_EQ(two.note,
-            "ignored 2 UNSHARD and 1 RESHARD cells of two.csv: pipemat has no sharding or data "
-            "parallelism, so they are no-ops");
+            "ignored 2 UNSHARD and 1 RESHARD cells of two.csv: pipemat does not shard, and "
+            "all-reduces a stage's "
+            "gradients after its last backward by itself (parallel.data), so they are no-ops");
 }
 
 TEST(ScheduleTorchCsvTest, MalformedFsdpCellsNameRowAndColumn) {
