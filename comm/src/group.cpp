@@ -56,7 +56,10 @@ std::unique_ptr<Transport> make_group(Transport& parent, const std::vector<int>&
   }
   PIPEMAT_CHECK(index_of(world_ranks, parent.rank()) >= 0, ConfigError, parent.describe(),
                 ": not in the group it makes (", world_ranks.size(), " ranks)");
+  if (auto own = parent.make_subgroup(world_ranks)) return own;
   return std::make_unique<GroupTransport>(parent, world_ranks);
 }
+
+std::unique_ptr<Transport> Transport::make_subgroup(const std::vector<int>&) { return nullptr; }
 
 }  // namespace pipemat::comm

@@ -4,8 +4,8 @@
 //   comm_multiproc <scenario> --transport tcp --spawn N      (starts N local processes)
 //   comm_multiproc expect-failure <seconds> -- <command...> (the command must fail, in time)
 //
-// Scenarios: exchange, mismatch, silent, peer_exit, bench, progress, driven (mpi). Exit code 0 =
-// pass. Every check prints "rank R: ..." on failure.
+// Scenarios: exchange, mismatch, silent, peer_exit, bench, progress, driven (mpi), groups (mpi,
+// 4 ranks). Exit code 0 = pass. Every check prints "rank R: ..." on failure.
 
 #include <ATen/ATen.h>
 #include <unistd.h>
@@ -309,13 +309,68 @@ void scenario_driven(pc::Transport& t) {
 }
 
 int usage() {
-  std::cerr << "usage: comm_multiproc <exchange|mismatch|silent|peer_exit|bench|progress|driven> "
-               "--transport mpi|tcp [--spawn N]\n"
-               "       comm_multiproc expect-failure <seconds> -- <command...>\n";
+  std::cerr
+      << "usage: comm_multiproc <exchange|mismatch|silent|peer_exit|bench|progress|driven|groups> "
+         "--transport mpi|tcp [--spawn N]\n"
+         "       comm_multiproc expect-failure <seconds> -- <command...>\n";
   return 2;
 }
 
 }  // namespace
+
+// Note [Groups of ranks] under MPI, 4 ranks: two groups of the same ranks ({0, 1} and {2, 3}
+// twice) are sub-communicators of their own, so messages with the same tag between the same
+// pair never mix (views on one communicator would hand the first message to the first receive);
+// a group's errors and job_rank() name job ranks; group barriers and a data x pipeline grid.
+void scenario_groups(pc::Transport& t) {
+  CHECK_THAT(t.world_size() == 4, "needs 4 ranks, has " << t.world_size());
+  const int r = t.rank();
+  const std::vector<int> pair = r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+  auto first = pc::make_group(t, pair);
+  auto second = pc::make_group(t, pair);
+  CHECK_THAT(first->world_size() == 2 && first->rank() == r % 2, "rank " << first->rank());
+  CHECK_THAT(first->job_rank() == r, "job rank " << first->job_rank());
+  int32_t got_first = 0, got_second = 0;
+  if (r % 2 == 0) {
+    const int32_t one = 1, two = 2;
+    first->send(1, 5, &one, sizeof(one))->wait();
+    second->send(1, 5, &two, sizeof(two))->wait();
+  } else {
+    // The second group's receive first: it must get the second group's message.
+    auto b = second->recv(0, 5, &got_second, sizeof(got_second));
+    auto a = first->recv(0, 5, &got_first, sizeof(got_first));
+    b->wait();
+    a->wait();
+    CHECK_THAT(got_first == 1 && got_second == 2,
+               "first group got " << got_first << ", second " << got_second);
+  }
+  first->barrier();
+  second->barrier();
+  // A receive that times out names the job's ranks, not the group's.
+  if (r == 2) {
+    int32_t value = 0;
+    try {
+      first->recv(1, 6, &value, sizeof(value))->wait(std::chrono::milliseconds(300));
+      CHECK_THAT(false, "expected a timeout");
+    } catch (const pipemat::TimeoutError& e) {
+      CHECK_THAT(contains(e.what(), "from rank 3 with tag 6 on rank 2 (mpi)"), e.what());
+    }
+  }
+  first->barrier();
+  // A 2 x 2 grid as the training driver makes it: pipelines {0, 2}, {1, 3}; data {0, 1}, {2, 3}.
+  auto pipeline = pc::make_group(t, r % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3});
+  auto data = pc::make_group(t, pair);
+  const int32_t mine = 10 * r;
+  int32_t from_pipeline = -1, from_data = -1;
+  auto rp = pipeline->recv(1 - pipeline->rank(), 7, &from_pipeline, sizeof(from_pipeline));
+  auto rd = data->recv(1 - data->rank(), 7, &from_data, sizeof(from_data));
+  auto sp = pipeline->send(1 - pipeline->rank(), 7, &mine, sizeof(mine));
+  auto sd = data->send(1 - data->rank(), 7, &mine, sizeof(mine));
+  for (auto* w : {&rp, &rd, &sp, &sd}) (*w)->wait();
+  CHECK_THAT(from_pipeline == 10 * (r < 2 ? r + 2 : r - 2), "pipeline peer sent " << from_pipeline);
+  CHECK_THAT(from_data == 10 * (r ^ 1), "data peer sent " << from_data);
+  t.barrier();
+}
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -382,6 +437,8 @@ int main(int argc, char** argv) {
       scenario_progress(*transport);
     } else if (scenario == "driven") {
       scenario_driven(*transport);
+    } else if (scenario == "groups") {
+      scenario_groups(*transport);
     } else {
       return usage();
     }

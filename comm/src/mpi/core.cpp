@@ -62,7 +62,7 @@ void MpiCore::post_send(const std::shared_ptr<MpiWork>& work) {
   MPI_Datatype type = MPI_BYTE;
   int rc = describe_spans(work->send_spans, base, count, type);
   if (rc == MPI_SUCCESS) {
-    rc = MPI_Isend(base, count, type, info.peer, info.tag, comm, &work->request);
+    rc = MPI_Isend(base, count, type, comm_rank(info.peer), info.tag, comm, &work->request);
   }
   if (type != MPI_BYTE) MPI_Type_free(&type);
   if (rc != MPI_SUCCESS) {
@@ -359,7 +359,8 @@ void MpiCore::match_locked() {
       MPI_Message message = MPI_MESSAGE_NULL;
       MPI_Status status;
       const auto& work = queue.front();
-      int rc = MPI_Improbe(it->first.first, it->first.second, comm, &flag, &message, &status);
+      int rc =
+          MPI_Improbe(comm_rank(it->first.first), it->first.second, comm, &flag, &message, &status);
       if (rc != MPI_SUCCESS) {
         work->finish(mpi_failure("MPI_Improbe", rc, work->info()));
         queue.pop_front();

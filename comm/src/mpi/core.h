@@ -113,6 +113,9 @@ class MpiCore {
   // and that communicator's MPI_TAG_UB. MPI_COMM_NULL after shutdown.
   MPI_Comm comm = MPI_COMM_NULL;
   long tag_upper_bound = 32767;
+  // A group's sub-communicator (Note [Groups of ranks]): Works name job ranks, so a peer's rank
+  // in `comm` is comm_rank_of_job[job rank]. Empty: they are the same (the job's transport).
+  std::vector<int> comm_rank_of_job;
 
   // Post one operation; a failure (shut down, tag above MPI_TAG_UB, above 2 GiB, an MPI error)
   // finishes the Work with its Status instead of throwing.
@@ -145,6 +148,9 @@ class MpiCore {
 
  private:
   bool check_usable(const std::shared_ptr<MpiWork>& work);
+  int comm_rank(int job_rank) const {
+    return comm_rank_of_job.empty() ? job_rank : comm_rank_of_job[static_cast<size_t>(job_rank)];
+  }
   void progress_locked();
   // The MPI_Improbe part of progress_locked(): starts the receives whose messages arrived.
   void match_locked();

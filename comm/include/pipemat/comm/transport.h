@@ -194,6 +194,13 @@ class Transport {
     return other.post_recv(std::move(request));
   }
 
+  // make_group's backend hook (Note [Groups of ranks]): a transport of its own for the ranks
+  // `world_ranks` of this one (validated, this rank among them), or null for a view on this
+  // transport. mpi returns a sub-communicator.
+  virtual std::unique_ptr<Transport> make_subgroup(const std::vector<int>& world_ranks);
+  friend std::unique_ptr<Transport> make_group(Transport& parent,
+                                               const std::vector<int>& world_ranks);
+
  private:
   WorkInfo make_info(OpKind op, int peer, int tag, size_t bytes, bool any_size,
                      bool internal) const;
@@ -230,16 +237,21 @@ JobStatus job_status();
 void abort_job(int exit_code) noexcept;
 
 // Note [Groups of ranks]: a group is a view of some ranks of a transport as a transport of their
-// own: its rank r is world_ranks[r] of `parent`, and its messages travel on the parent's
-// connections with the tags they are given (barrier included). A message's Work and errors name
-// the job's ranks (job_rank(), the ranks a launcher and its logs show), not the group's. Two groups
-// may share a rank, and the traffic of one never reaches the other as long as no pair of ranks
-// belongs to both (a data x pipeline layout: a replica's pipeline and a stage's data group meet in
-// one rank only) or they use different tags. A group never owns its parent, which must outlive it;
-// it is thread-safe as its parent is. ConfigError when `parent`'s rank is not in `world_ranks`, or
-// a rank is repeated or outside the parent's world. The same for every backend: on MPI the group
-// posts on the parent's duplicated communicator (no MPI_Comm_split): one progress engine, one
-// set of Work semantics.
+// own: its rank r is world_ranks[r] of `parent`. A message's Work and errors name the job's ranks
+// (job_rank(), the ranks a launcher and its logs show), not the group's. The parent must outlive
+// the group; a group is thread-safe as its parent is. ConfigError when `parent`'s rank is not in
+// `world_ranks`, or a rank is repeated or outside the parent's world.
+//   * mpi (MPI initialized at MPI_THREAD_MULTIPLE, as pipemat does it): an MPI sub-communicator
+//     of the parent's (MPI_Comm_create_group), with its own request engine. Creating it is
+//     collective over the group's ranks and blocks until all of them call make_group for it:
+//     every rank makes the groups it belongs to in the same order (as the training driver
+//     does: its pipeline, then its data group). Its traffic never meets another group's.
+//   * tcp, local, and mpi initialized by the program at a lower thread level (whose MPI calls
+//     one transport's mutex must serialize): a view that posts on the parent's connections with
+//     the tags it is given (barrier included); nothing collective. Two views may share a rank,
+//     and the traffic of one never reaches the other as long as no pair of ranks belongs to both
+//     (a data x pipeline layout: a replica's pipeline and a stage's data group meet in one rank
+//     only) or they use different tags.
 std::unique_ptr<Transport> make_group(Transport& parent, const std::vector<int>& world_ranks);
 
 // Creates `world_size` connected in-process transports; transports[r] is rank r. Each may be
