@@ -25,8 +25,12 @@ void add_bench_pipeline_command(CLI::App& bench) {
       "local as threads here), and prints per variant the median step after warm-up, the speedup\n"
       "over the faster reference, the measured bubble, the simulated bubble without and with the\n"
       "measured message delay, the time blocked in receives, the peak bytes, and whether every\n"
-      "loss equals the reference bitwise. Example:\n"
-      "  pipemat bench pipeline --config configs/bench.yaml --schedules 1f1b,zb-v");
+      "loss equals the reference bitwise. With parallel.data above 1 also the gradient\n"
+      "all-reduce (ms from its first post to its last sum, and the share hidden behind the\n"
+      "rank's actions) per --weight-tail. Examples:\n"
+      "  pipemat bench pipeline --config configs/bench.yaml --schedules 1f1b,zb-v\n"
+      "  pipemat bench pipeline --config configs/bench.yaml --set parallel.data=2 \\\n"
+      "      --schedules zb-h1 --transports mpi --weight-tail true,false");
   cmd->add_option("--config", f->bench.config, "YAML config (docs/config.md)")->required();
   cmd->add_option("--set", f->bench.overrides, "Override a config key for every variant")
       ->take_all();
@@ -34,6 +38,10 @@ void add_bench_pipeline_command(CLI::App& bench) {
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--transports", f->bench.transports, "mpi, tcp, local")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--weight-tail", f->bench.weight_tails,
+                  "With parallel.data above 1: parallel.weight_tail of each variant (true, false)")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--steps", f->bench.steps, "Steps per variant, warm-up included")
@@ -47,23 +55,32 @@ void add_bench_pipeline_command(CLI::App& bench) {
   cmd->add_option("--log", f->bench.log, "Keep the output of the mpi and tcp runs in this file");
   cmd->add_flag("--json", f->json, "Print one JSON object instead of the table");
   cmd->callback([f] {
+    // run_bench_pipeline reads the config once per variant; its warnings are said once here.
+    const models::TrainConfig config = models::load_config(f->bench.config, f->bench.overrides);
+    const int64_t data = config.parallel.data;
     const auto print = [&](const models::BenchPipelineRow& r) {
       if (f->json) return;
-      std::printf("%-6s %-9s %3d %9.1f %7.2fx %7.3f %7.3f %8.3f %9.3f %9.2f %9.1f %11s  %s\n",
+      std::printf("%-6s %-9s %3d %9.1f %7.2fx %7.3f %7.3f %8.3f %9.3f %9.2f %9.1f %11s  %-12s",
                   r.schedule.c_str(), r.transport.c_str(), r.threads, r.step_ms, r.speedup,
                   r.bubble, r.schedule_bubble, r.simulated_bubble, r.simulated_bubble_comm,
                   r.message_delay_ms, r.recv_wait_ms, format_bytes(r.peak_bytes).c_str(),
                   !r.losses_compared ? "-"
                   : r.losses_equal   ? "yes"
                                      : "NO");
+      if (data > 1 && r.transport != "reference") {
+        std::printf(" %9.2f %6.2f  %s", r.allreduce_ms, r.allreduce_hidden,
+                    r.weight_tail ? "buckets" : "in order");
+      }
+      std::printf("\n");
       std::fflush(stdout);
     };
-    // run_bench_pipeline reads the config once per variant; its warnings are said once here.
-    print_config_warnings(models::load_config(f->bench.config, f->bench.overrides).warnings);
+    print_config_warnings(config.warnings);
     if (!f->json) {
-      std::printf("%-6s %-9s %3s %9s %8s %7s %7s %8s %9s %9s %9s %11s  %s\n", "sched", "transport",
+      std::printf("%-6s %-9s %3s %9s %8s %7s %7s %8s %9s %9s %9s %11s  %-12s", "sched", "transport",
                   "thr", "step ms", "speedup", "bubble", "sched.b", "sim", "sim+comm", "delay ms",
                   "wait ms", "peak", "losses equal");
+      if (data > 1) std::printf(" %9s %6s  %s", "allred ms", "hidden", "W tail");
+      std::printf("\n");
     }
     const auto rows = models::run_bench_pipeline(f->bench, print);
     if (f->json) {
@@ -80,6 +97,9 @@ void add_bench_pipeline_command(CLI::App& bench) {
                        {"simulated_bubble_comm", r.simulated_bubble_comm},
                        {"message_delay_ms", r.message_delay_ms},
                        {"recv_wait_ms", r.recv_wait_ms},
+                       {"weight_tail", r.weight_tail},
+                       {"allreduce_ms", r.allreduce_ms},
+                       {"allreduce_hidden", r.allreduce_hidden},
                        {"peak_bytes", r.peak_bytes},
                        {"resident_peak_bytes", r.resident_peak_bytes},
                        {"loss", r.loss},

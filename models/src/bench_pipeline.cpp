@@ -24,6 +24,8 @@ BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup
                            bool split_backward = false) {
   BenchPipelineRow row;
   std::vector<double> step_ms, bubble, schedule_bubble, sim, sim_comm, delay, wait;
+  double allreduce = 0, allreduce_wait = 0;  // sums, for the hidden share
+  std::vector<double> allreduce_ms;
   std::vector<double> f, b, i_cost, w, r;
   for (const StepMetrics& m : steps) {
     const auto i = static_cast<size_t>(m.step);
@@ -40,6 +42,9 @@ BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup
     sim_comm.push_back(m.simulated_bubble_comm);
     delay.push_back(m.message_delay_ms);
     wait.push_back(m.recv_wait_ms);
+    allreduce_ms.push_back(m.allreduce_ms);
+    allreduce += m.allreduce_ms;
+    allreduce_wait += m.allreduce_wait_ms;
     f.push_back(m.measured_costs.forward);
     b.push_back(m.measured_costs.backward_cost());
     i_cost.push_back(m.measured_costs.backward_input);
@@ -60,6 +65,8 @@ BenchPipelineRow summarize(const std::vector<StepMetrics>& steps, int64_t warmup
   row.simulated_bubble_comm = median(sim_comm);
   row.message_delay_ms = median(delay);
   row.recv_wait_ms = median(wait);
+  row.allreduce_ms = median(allreduce_ms);
+  row.allreduce_hidden = allreduce > 0 ? 1.0 - allreduce_wait / allreduce : 0.0;
   if (layers_per_stage > 0) {
     // What the schedule measured: I and W with split backward, else B.
     const auto num = [](double v) {
@@ -102,7 +109,11 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
     with_kind.push_back("schedule.kind=" + s);
     variant.emplace(s, load_config(o.config, with_kind));
   }
-  const int ranks = static_cast<int>(base.schedule.ranks);
+  PIPEMAT_CHECK(!o.weight_tails.empty(), ConfigError,
+                "bench pipeline: give at least one --weight-tail value");
+  const int ranks = static_cast<int>(base.schedule.ranks * base.parallel.data);
+  const std::vector<bool> tails =
+      base.parallel.data > 1 ? o.weight_tails : std::vector<bool>{o.weight_tails[0]};
   std::vector<BenchPipelineRow> rows;
   const auto add = [&](BenchPipelineRow row) {
     if (on_row) on_row(row);
@@ -159,43 +170,48 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
   const std::string log = o.log.empty() ? temp_log.path() : o.log;
   for (const auto& schedule : o.schedules) {
     for (const auto& transport : o.transports) {
-      std::vector<StepMetrics> steps;
-      std::vector<std::string> sets = common;
-      sets.push_back("schedule.kind=" + schedule);
-      if (transport == "local") {
-        TrainConfig config = variant.at(schedule);
-        config.transport.kind = comm::TransportKind::kLocal;
-        config.output = OutputOptions{};
-        config.output.progress = false;
-        pp::set_compute_threads(rank_threads);
-        steps = train_in_process(config, nullptr).steps;
-      } else {
-        steps = bench::run_launched({launcher, ranks, transport, o.config, sets, log}, o.steps,
-                                    "bench pipeline: the " + schedule + " run over " + transport);
+      for (const bool tail : tails) {
+        std::vector<StepMetrics> steps;
+        std::vector<std::string> sets = common;
+        sets.push_back("schedule.kind=" + schedule);
+        sets.push_back(std::string("parallel.weight_tail=") + (tail ? "true" : "false"));
+        if (transport == "local") {
+          TrainConfig config = variant.at(schedule);
+          config.parallel.weight_tail = tail;
+          config.transport.kind = comm::TransportKind::kLocal;
+          config.output = OutputOptions{};
+          config.output.progress = false;
+          pp::set_compute_threads(rank_threads);
+          steps = train_in_process(config, nullptr).steps;
+        } else {
+          steps = bench::run_launched({launcher, ranks, transport, o.config, sets, log}, o.steps,
+                                      "bench pipeline: the " + schedule + " run over " + transport);
+        }
+        const TrainConfig& config = variant.at(schedule);
+        pp::PipelineOptions shape;
+        shape.schedule = config.schedule;
+        using Kind = pipemat::schedule::ScheduleKind;
+        const bool split = config.schedule.kind == Kind::kZeroBubbleH1 ||
+                           config.schedule.kind == Kind::kZeroBubbleH2 ||
+                           config.schedule.kind == Kind::kZeroBubbleV;
+        // A model with random layers (dropout) draws stage s's stream from pp::forward_seed(...,
+        // s): the oracle of a variant with another stage split (zb-v: two per rank) is the
+        // reference of that split, run once with the ranks' threads.
+        const int stages = pp::stage_count(shape);
+        if (!oracle.count(stages)) {
+          pp::set_compute_threads(rank_threads);
+          std::vector<double>& l = oracle[stages];
+          for (const auto& m : run_reference(config, nullptr)) l.push_back(m.loss);
+        }
+        BenchPipelineRow row = summarize(steps, o.warmup, oracle.at(stages),
+                                         static_cast<double>(config.model.layers) / stages, split);
+        row.schedule = schedule;
+        row.transport = transport;
+        row.weight_tail = tail;
+        row.threads = rank_threads;
+        row.speedup = best_reference / row.step_ms;
+        add(row);
       }
-      const TrainConfig& config = variant.at(schedule);
-      pp::PipelineOptions shape;
-      shape.schedule = config.schedule;
-      using Kind = pipemat::schedule::ScheduleKind;
-      const bool split = config.schedule.kind == Kind::kZeroBubbleH1 ||
-                         config.schedule.kind == Kind::kZeroBubbleH2 ||
-                         config.schedule.kind == Kind::kZeroBubbleV;
-      // A model with random layers (dropout) draws stage s's stream from pp::forward_seed(...,
-      // s): the oracle of a variant with another stage split (zb-v: two per rank) is the
-      // reference of that split, run once with the ranks' threads.
-      const int stages = pp::stage_count(shape);
-      if (!oracle.count(stages)) {
-        pp::set_compute_threads(rank_threads);
-        std::vector<double>& l = oracle[stages];
-        for (const auto& m : run_reference(config, nullptr)) l.push_back(m.loss);
-      }
-      BenchPipelineRow row = summarize(steps, o.warmup, oracle.at(stages),
-                                       static_cast<double>(config.model.layers) / stages, split);
-      row.schedule = schedule;
-      row.transport = transport;
-      row.threads = rank_threads;
-      row.speedup = best_reference / row.step_ms;
-      add(row);
     }
   }
   std::remove(temp_log.path().c_str());

@@ -93,6 +93,8 @@ std::vector<pp::StepMetrics> read_metrics(const std::string& path) {
     m.simulated_bubble_comm = j.value("simulated_bubble_comm", 0.0);
     m.message_delay_ms = j.value("message_delay_ms", 0.0);
     m.recv_wait_ms = j.value("recv_wait_ms", 0.0);
+    m.allreduce_ms = j.value("allreduce_ms", 0.0);
+    m.allreduce_wait_ms = j.value("allreduce_wait_ms", 0.0);
     m.peak_bytes = j.value("peak_bytes", int64_t{0});
     m.max_rank_peak_bytes = j.value("max_rank_peak_bytes", int64_t{0});
     m.start_bytes = j.value("start_bytes", int64_t{0});

@@ -306,6 +306,11 @@ std::vector<ConfigField> make_fields() {
        "with `parallel.data` above 1: the size of the gradient messages of a stage's data group "
        "(whole parameters, about this many bytes each; 26214400 = 25 MiB); a stage's messages "
        "leave when its last backward of the step ends and overlap the rest of the step"},
+      {"parallel", "weight_tail", boolean(PIPEMAT_MEMBER(parallel.weight_tail)), "",
+       "with `parallel.data` above 1 and a split backward (zb-h1, zb-h2, zb-v): the W actions "
+       "that end a rank's step run bucket by bucket over their micro-batches (the gradients of "
+       "every micro-batch still added in schedule order), so a stage's first buckets leave while "
+       "the rest computes; `false`: one W after the other, every bucket at the end"},
       {"remat", "policy", choice(PIPEMAT_MEMBER(remat.policy), remat_policy_values()),
        "`none`, `full`, `selective`, `custom`",
        "`none`: no checkpoint; `full`: every layer a checkpoint unit; `selective`: every layer a "

@@ -154,6 +154,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   if (run.random) options.seed = config.training.seed;
   options.data_group = layout.data.get();
   options.gradient_bucket_bytes = config.parallel.bucket_bytes;
+  options.weight_tail = config.parallel.weight_tail;
   pp::Pipeline pipeline(transport, options, run.stage);
   run.release_unused();  // the other ranks' stages' weights
   TrainResult result;

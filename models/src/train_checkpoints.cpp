@@ -108,7 +108,9 @@ std::string config_digest(const TrainConfig& config) {
   identity.checkpoint.resume.clear();
   identity.checkpoint.overwrite = false;
   identity.training.stop_after = 0;
-  identity.parallel.data = 1;  // a run may resume with another number of replicas
+  // A run may resume with another number of replicas or other buckets: they change how the
+  // gradients travel, not what they are.
+  identity.parallel = ParallelOptions{};
   identity.warnings.clear();
   return sha256_hex(config_to_yaml(identity));
 }

@@ -82,11 +82,9 @@ void Pipeline::Impl::equalize_parameters() {
   for (size_t i = 0; i < params.size(); ++i) params[i].copy_(all[0][i]);
 }
 
-Pipeline::Impl::GradientExchange Pipeline::Impl::post_gradients(int stage) {
-  GradientExchange x;
-  x.stage = stage;
+std::vector<std::pair<size_t, size_t>> Pipeline::Impl::bucket_ranges(int stage) const {
   const std::vector<at::Tensor>& ps = stage_params.at(stage);
-  // Buckets of whole parameters, in parameter order, each closed once it holds bucket_bytes.
+  std::vector<std::pair<size_t, size_t>> out;
   size_t first = 0;
   while (first < ps.size()) {
     size_t end = first;
@@ -95,18 +93,31 @@ Pipeline::Impl::GradientExchange Pipeline::Impl::post_gradients(int stage) {
       bytes += ps[end].numel() * static_cast<int64_t>(ps[end].element_size());
       ++end;
     }
-    // [which gradients this replica produced (int64 0/1), each gradient or zeros]
-    std::vector<int64_t> produced;
-    Tensors mine{at::Tensor()};
-    for (size_t i = first; i < end; ++i) {
-      const at::Tensor& p = ps[i];
-      produced.push_back(p.grad().defined() ? 1 : 0);
-      mine.push_back(p.grad().defined() ? p.grad().detach() : at::zeros_like(p));
-    }
-    mine[0] = at::tensor(produced, at::kLong);
-    x.buckets.push_back({first, end, post_data(kGradientsTag, std::move(mine))});
+    out.emplace_back(first, end);
     first = end;
   }
+  return out;
+}
+
+Pipeline::Impl::Bucket Pipeline::Impl::post_bucket(int stage, size_t first, size_t end) {
+  const std::vector<at::Tensor>& ps = stage_params.at(stage);
+  // [which gradients this replica produced (int64 0/1), each gradient or zeros]
+  std::vector<int64_t> produced;
+  Tensors mine{at::Tensor()};
+  for (size_t i = first; i < end; ++i) {
+    const at::Tensor& p = ps[i];
+    produced.push_back(p.grad().defined() ? 1 : 0);
+    mine.push_back(p.grad().defined() ? p.grad().detach() : at::zeros_like(p));
+  }
+  mine[0] = at::tensor(produced, at::kLong);
+  return {first, end, post_data(kGradientsTag, std::move(mine))};
+}
+
+Pipeline::Impl::GradientExchange Pipeline::Impl::post_gradients(int stage) {
+  GradientExchange x;
+  x.stage = stage;
+  for (const auto& [first, end] : bucket_ranges(stage))
+    x.buckets.push_back(post_bucket(stage, first, end));
   return x;
 }
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -170,6 +171,31 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
     if (first_post_us < 0) first_post_us = since_us(t0);
     exchanges.push_back(post_gradients(stage));
   };
+  // Note [Weight tail]: the stages whose tail of W actions already ran (and posted its buckets).
+  std::set<int> tails_run;
+  auto run_weight_tail = [&](int stage) {
+    const std::vector<std::pair<size_t, size_t>> ranges = bucket_ranges(stage);
+    std::vector<SplitBackward*> tail;
+    for (size_t p : weight_tails.at(stage)) tail.push_back(state(my_actions[p]).split.get());
+    if (first_post_us < 0) first_post_us = since_us(t0);
+    GradientExchange x;
+    x.stage = stage;
+    {
+      remat::PhaseScope phase(remat::Phase::kBackwardWeight);
+      for (size_t b = 0; b < ranges.size(); ++b) {
+        const bool last = b + 1 == ranges.size();
+        for (SplitBackward* w : tail) w->run_weight(ranges[b].first, ranges[b].second, last);
+        x.buckets.push_back(post_bucket(stage, ranges[b].first, ranges[b].second));
+      }
+    }
+    exchanges.push_back(std::move(x));
+    for (size_t p : weight_tails.at(stage)) {
+      const Action& w = my_actions[p];
+      state(w).group->release();
+      mbs.erase({w.stage, w.micro_batch});
+    }
+    tails_run.insert(stage);
+  };
 
   int64_t step_peak = bytes0;  // the peaks of the actions so far (each action restarts it)
   for (size_t k = 0; k < my_actions.size(); ++k) {
@@ -304,6 +330,13 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
         break;
       }
       case ActionType::kBackwardWeight: {
+        if (tails_run.count(a.stage)) break;  // it ran with its stage's tail
+        if (const auto t = weight_tails.find(a.stage);
+            options.data_group != nullptr && options.weight_tail && t != weight_tails.end() &&
+            t->second.front() == k && bucket_ranges(a.stage).size() > 1) {
+          run_weight_tail(a.stage);
+          break;
+        }
         MicroBatchState& mb = state(a);
         {
           remat::PhaseScope phase(remat::Phase::kBackwardWeight);
@@ -335,7 +368,7 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
                 sends.end());
     if (options.data_group != nullptr) {
       const auto f = final_backward.find(a.stage);
-      if (f != final_backward.end() && f->second == k) post(a.stage);
+      if (f != final_backward.end() && f->second == k && !tails_run.count(a.stage)) post(a.stage);
     }
     if (schedule::is_compute(a.type)) {
       const double a1 = since_us(t0);

@@ -72,6 +72,9 @@ struct Pipeline::Impl {
   // Note [Overlapped gradient all-reduce]: this rank's stage -> the position in its action list
   // of its last B or W of a step, after which its gradients are final (set with the plan).
   std::map<int, size_t> final_backward;
+  // Note [Weight tail]: stage -> the positions of its W actions in the run of W actions that ends
+  // this rank's list (set with the plan).
+  std::map<int, std::vector<size_t>> weight_tails;
   // Note [Data x pipeline]: the global index of this replica's first micro-batch of a step.
   int64_t micro_batch_offset() const {
     return options.data_group ? options.data_group->rank() * plan.micro_batches : 0;
@@ -121,6 +124,10 @@ struct Pipeline::Impl {
     int stage = 0;
     std::vector<Bucket> buckets;
   };
+  // The stage's buckets: ranges [first, end) of its parameters, in parameter order, each closed
+  // once it holds gradient_bucket_bytes.
+  std::vector<std::pair<size_t, size_t>> bucket_ranges(int stage) const;
+  Bucket post_bucket(int stage, size_t first, size_t end);
   GradientExchange post_gradients(int stage);
   void finish_gradients(GradientExchange& exchange, int64_t step);
   double average_loss(double loss, int64_t step);

@@ -200,19 +200,40 @@ std::vector<at::Tensor> SplitBackward::run_input(const std::vector<at::Tensor>& 
   return dx;
 }
 
-void SplitBackward::run_weight() {
-  PIPEMAT_INTERNAL_ASSERT(input_done_ && !weight_done_, "SplitBackward::run_weight out of order");
-  weight_done_ = true;
+void SplitBackward::run_weight() { run_weight(0, params_.size(), /*last=*/true); }
+
+void SplitBackward::run_weight(size_t first, size_t end, bool last) {
+  PIPEMAT_INTERNAL_ASSERT(input_done_ && !weight_done_ && first <= end && end <= params_.size(),
+                          "SplitBackward::run_weight out of order");
+  if (!weight_started_) {
+    weight_started_ = true;
+    find_weight_roots();
+  }
+  weight_done_ = last;
   std::vector<Edge> outputs;
   std::vector<at::Tensor*> targets;
-  for (auto& p : params_) {
+  for (size_t i = first; i < end; ++i) {
+    at::Tensor& p = params_[i];
     if (!p.requires_grad()) continue;
     outputs.push_back(torch::autograd::impl::gradient_edge(p));
     targets.push_back(&p);
   }
-  if (outputs.empty() || roots_.empty()) return;
-  std::vector<Edge> roots;
-  std::vector<at::Tensor> grads;
+  if (!outputs.empty() && !weight_roots_.empty()) {
+    auto& engine = torch::autograd::Engine::get_default_engine();
+    auto out = engine.execute(weight_roots_, weight_grads_, /*keep_graph=*/!last,
+                              /*create_graph=*/false, /*accumulate_grad=*/false, outputs);
+    for (size_t i = 0; i < targets.size(); ++i) accumulate_grad(*targets[i], out[i]);
+  }
+  if (last) {
+    weight_roots_.clear();
+    weight_grads_.clear();
+  }
+}
+
+void SplitBackward::find_weight_roots() {
+  if (roots_.empty()) return;
+  std::vector<Edge>& roots = weight_roots_;
+  std::vector<at::Tensor>& grads = weight_grads_;
   if (grad_inputs_.empty()) {
     roots = roots_;
     grads = root_grads_;
@@ -238,11 +259,6 @@ void SplitBackward::run_weight() {
     }
     captures_.clear();
   }
-  if (roots.empty()) return;
-  auto& engine = torch::autograd::Engine::get_default_engine();
-  auto out = engine.execute(roots, grads, /*keep_graph=*/false, /*create_graph=*/false,
-                            /*accumulate_grad=*/false, outputs);
-  for (size_t i = 0; i < targets.size(); ++i) accumulate_grad(*targets[i], out[i]);
 }
 
 }  // namespace pipemat::pp

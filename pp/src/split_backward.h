@@ -53,10 +53,17 @@ class SplitBackward {
   std::vector<at::Tensor> run_input(const std::vector<at::Tensor>& root_grads);
   // W: accumulates parameter gradients into `.grad`. Call once, after run_input.
   void run_weight();
+  // W in parts (Note [Weight tail] in pp/pipeline.h): the gradients of the parameters
+  // params[first, end) only, keeping the graph for the next part unless `last`. Parts never
+  // overlap; after run_input, in any order, the last one with `last`.
+  void run_weight(size_t first, size_t end, bool last);
 
   struct Capture;  // gradients a W root received during I
 
  private:
+  // W's first part: cuts the boundary nodes' edges into the dx chain and sets weight_roots_.
+  void find_weight_roots();
+
   std::vector<torch::autograd::Edge> roots_;
   std::vector<at::Tensor> root_grads_;
   std::vector<at::Tensor> inputs_;
@@ -70,7 +77,11 @@ class SplitBackward {
   // Nodes W cut off (kept alive: saved leaves hold their accumulators only weakly).
   std::vector<NodePtr> cut_;
   std::vector<std::shared_ptr<Capture>> captures_;
+  // W's roots and their gradients, set by its first part.
+  std::vector<torch::autograd::Edge> weight_roots_;
+  std::vector<at::Tensor> weight_grads_;
   bool input_done_ = false;
+  bool weight_started_ = false;
   bool weight_done_ = false;
 };
 

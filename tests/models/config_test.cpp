@@ -72,6 +72,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.transport.connect_retries, b.transport.connect_retries);
   EXPECT_EQ(a.parallel.data, b.parallel.data);
   EXPECT_EQ(a.parallel.bucket_bytes, b.parallel.bucket_bytes);
+  EXPECT_EQ(a.parallel.weight_tail, b.parallel.weight_tail);
   EXPECT_EQ(a.training.steps, b.training.steps);
   EXPECT_EQ(a.training.optimizer, b.training.optimizer);
   EXPECT_EQ(a.training.lr, b.training.lr);
@@ -706,7 +707,7 @@ TEST(ConfigOverrides, Errors) {
       "model.experts, model.top_k, model.seq_len, model.batch, model.dropout, data.path, "
       "data.validation, partition.layers_per_stage, schedule.kind, schedule.ranks, "
       "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, schedule.csv, "
-      "parallel.data, parallel.bucket_bytes, "
+      "parallel.data, parallel.bucket_bytes, parallel.weight_tail, "
       "remat.policy, "
       "remat.early_stop, remat.checkpoint, remat.exclude, remat.stages, transport.kind, "
       "transport.timeout, "
@@ -835,6 +836,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "parallel:\n"
             "  data: 1\n"
             "  bucket_bytes: 26214400\n"
+            "  weight_tail: true\n"
             "remat:\n"
             "  policy: selective\n"
             "  early_stop: true\n"
@@ -1075,6 +1077,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "schedule.csv",
                                                      "parallel.data",
                                                      "parallel.bucket_bytes",
+                                                     "parallel.weight_tail",
                                                      "remat.policy",
                                                      "remat.early_stop",
                                                      "remat.checkpoint",

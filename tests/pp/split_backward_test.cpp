@@ -39,7 +39,9 @@ TEST_P(SplitBackwardEquality, InputThenWeightEqualsFusedBackward) {
   m.heads = 2;
   RematConfig rc;
   rc.policy = models::parse_remat_policy(c.policy).value();
-  auto run = [&](bool split, std::vector<at::Tensor>* grads) {
+  // parts: 0 the fused backward, 1 I then W, 2 I then W one parameter at a time, last first
+  // (Note [Weight tail]): each part computes its parameter's gradient and no other.
+  auto run = [&](int parts, std::vector<at::Tensor>* grads) {
     Stage stage(build_layers(m, 3));
     auto policy = stage_policy(m, rc);
     if (!policy.checkpoint.empty()) remat::apply_policy(*stage, policy);
@@ -54,12 +56,20 @@ TEST_P(SplitBackwardEquality, InputThenWeightEqualsFusedBackward) {
       group = scope.group();
     }
     at::Tensor dx;
-    if (split) {
+    if (parts > 0) {
       group->retain();
       SplitBackward sb({gradient_edge(loss)}, {x}, params);
       dx = sb.run_input({at::ones_like(loss)}).at(0);
       for (const auto& p : params) EXPECT_FALSE(p.grad().defined()) << "I computed a dW";
-      sb.run_weight();
+      if (parts == 1) {
+        sb.run_weight();
+      } else {
+        for (size_t i = params.size(); i-- > 0;) {
+          sb.run_weight(i, i + 1, /*last=*/i == 0);
+          for (size_t j = 0; j < i; ++j)
+            EXPECT_FALSE(params[j].grad().defined()) << "part " << i << " computed dW " << j;
+        }
+      }
     } else {
       loss.backward();
       dx = x.grad();
@@ -68,15 +78,18 @@ TEST_P(SplitBackwardEquality, InputThenWeightEqualsFusedBackward) {
     grads->push_back(dx);
     for (const auto& p : params) grads->push_back(p.grad());
   };
-  std::vector<at::Tensor> fused, split;
-  run(false, &fused);
-  run(true, &split);
-  ASSERT_EQ(fused.size(), split.size());
-  for (size_t i = 0; i < fused.size(); ++i) {
-    ASSERT_TRUE(split[i].defined()) << "gradient " << i << " missing";
-    EXPECT_TRUE(at::equal(fused[i], split[i]))
-        << c.kind << "/" << c.policy << " gradient " << i << " max diff "
-        << (fused[i] - split[i]).abs().max().item<double>();
+  std::vector<at::Tensor> fused;
+  run(0, &fused);
+  for (int parts : {1, 2}) {
+    std::vector<at::Tensor> split;
+    run(parts, &split);
+    ASSERT_EQ(fused.size(), split.size());
+    for (size_t i = 0; i < fused.size(); ++i) {
+      ASSERT_TRUE(split[i].defined()) << "gradient " << i << " missing (parts " << parts << ")";
+      EXPECT_TRUE(at::equal(fused[i], split[i]))
+          << c.kind << "/" << c.policy << " gradient " << i << " (parts " << parts << ") max diff "
+          << (fused[i] - split[i]).abs().max().item<double>();
+    }
   }
 }
 

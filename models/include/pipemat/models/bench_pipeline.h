@@ -4,7 +4,11 @@
 // after warm-up, the speedup over the faster reference (1 thread or the default threads), the
 // measured bubble next to the simulated one without and with the measured message delay
 // (Note [Measured message delay]), the time blocked in receives, the peak bytes, and whether
-// every step's loss equals the reference's bitwise, and the per-layer costs it measured.
+// every step's loss equals the reference's bitwise, and the per-layer costs it measured. With
+// parallel.data above 1 a variant runs D x schedule.ranks ranks, the reference combines the
+// replicas' gradients the same way, and a row adds the gradient all-reduce: its time from the
+// first bucket's post to the last sum and the share of it hidden behind the rank's actions
+// (Note [Overlapped gradient all-reduce]), per parallel.weight_tail asked for.
 // The local variant runs in this process (ranks as threads); mpi and tcp start `pipemat-run`
 // (next to the running binary, or `launcher`) and read the metrics file of the run.
 
@@ -20,6 +24,9 @@ struct BenchPipelineOptions {
   std::vector<std::string> overrides;  // --set k=v for every variant
   std::vector<std::string> schedules = {"1f1b", "zb-h1", "zb-v"};
   std::vector<std::string> transports = {"mpi", "tcp", "local"};
+  // parallel.weight_tail of each variant (Note [Weight tail]); only the first without data
+  // parallelism.
+  std::vector<bool> weight_tails = {true};
   int64_t steps = 20;    // per variant, warm-up included
   int64_t warmup = 5;    // steps left out of the medians
   std::string launcher;  // pipemat-run; empty: next to /proc/self/exe
@@ -27,16 +34,20 @@ struct BenchPipelineOptions {
 };
 
 struct BenchPipelineRow {
-  std::string schedule;   // "-" for the reference rows
-  std::string transport;  // "reference" for the single-process rows
-  int threads = 0;        // compute threads per rank
-  double step_ms = 0;     // median after warm-up
-  double speedup = 0;     // faster reference step / step_ms
+  std::string schedule;     // "-" for the reference rows
+  std::string transport;    // "reference" for the single-process rows
+  bool weight_tail = true;  // parallel.weight_tail of the variant
+  int threads = 0;          // compute threads per rank
+  double step_ms = 0;       // median after warm-up
+  double speedup = 0;       // faster reference step / step_ms
   // Medians. bubble: 1 - busy / (ranks x step time), the optimizer step and the runtime's
   // work between actions included; schedule_bubble: the same over the measured timeline (first
   // to last action), which is what the simulator predicts.
   double bubble = 0, schedule_bubble = 0, simulated_bubble = 0, simulated_bubble_comm = 0;
   double message_delay_ms = 0, recv_wait_ms = 0;  // medians
+  // With data parallelism (medians over the reporting rank, replica 0's last stage): the
+  // all-reduce from its first post to its last sum, and 1 - its wait at the step's end / that.
+  double allreduce_ms = 0, allreduce_hidden = 0;
   int64_t peak_bytes = 0;  // max over ranks and steps (local: the whole process)
   // Per rank, the most resident memory its process held (pp::peak_resident_bytes; local and
   // the reference rows: the benchmark's own process, which ran the earlier rows too).

@@ -156,6 +156,8 @@ struct ParallelOptions {
   int64_t data = 1;
   // Note [Overlapped gradient all-reduce] (pp/pipeline.h): gradient message size.
   int64_t bucket_bytes = int64_t{25} << 20;
+  // Note [Weight tail] (pp/pipeline.h): a rank's trailing W actions run bucket by bucket.
+  bool weight_tail = true;
 };
 
 struct OutputOptions {

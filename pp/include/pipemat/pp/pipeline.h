@@ -179,6 +179,9 @@ struct PipelineOptions {
   // Note [Overlapped gradient all-reduce]: a stage's gradients go to its data group in messages
   // of whole parameters of about this many bytes (a parameter larger than it is one message).
   int64_t gradient_bucket_bytes = int64_t{25} << 20;
+  // Note [Weight tail]: the W actions that end a rank's step run bucket by bucket (false: one W
+  // after the other). The same gradients either way.
+  bool weight_tail = true;
 };
 
 // Note [Overlapped gradient all-reduce]
@@ -192,6 +195,24 @@ struct PipelineOptions {
 // step's end the rank waits for what is still in flight and sums each bucket in replica order.
 // StepMetrics::allreduce_ms is the time from the first post to the last sum, allreduce_wait_ms
 // the part of it the rank spent waiting at the end; the rest was hidden behind its actions.
+
+// Note [Weight tail]
+// ~~~~~~~~~~~~~~~~~~
+// Under a split backward (ZB-H1, ZB-H2, ZB-V) a rank's list ends with a run of W actions, the
+// weight gradients it deferred into the bubbles: ZB-H1's last rank of 4 ends with W4 W5 W6 W7 of
+// 8 micro-batches. Run one after the other, they finish the stage's gradients only with the last
+// W, so every bucket leaves at the very end and its all-reduce has nothing left to hide behind.
+// With a data group and more than one bucket, the rank runs that tail bucket by bucket instead:
+// for the stage's first bucket the W of every micro-batch of the tail, in schedule order, then
+// that bucket leaves; then the next bucket, and so on (SplitBackward::run_weight over a range of
+// parameters, the graph kept until the last range). Each parameter's gradient is still the sum
+// of the same per-micro-batch gradients added in the same order, so the bits are those of the
+// schedule's order; only the buckets' departure moves: the first one after 1/B of the tail's
+// time instead of after all of it, and its all-reduce overlaps the other B - 1 parts. The tail's
+// stages run in the order of their first W in it. The step's timeline shows the tail as its
+// first W (the others take no time there): the total is the same, the split between the W
+// actions is not measured. PipelineOptions::weight_tail = false (parallel.weight_tail) runs the
+// W actions one after the other, for comparison.
 
 // Note [Data x pipeline]
 // ~~~~~~~~~~~~~~~~~~~~~~
