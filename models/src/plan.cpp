@@ -236,7 +236,9 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
   problem.tails_wait_for_all = config.training.clip_grad_norm > 0;
   const int cores =
       options.cores >= 0 ? options.cores : static_cast<int>(std::thread::hardware_concurrency());
-  problem.parallel_ranks = cores > 0 ? std::max(1, cores / threads) : 0;
+  // The D replicas of parallel.data share the machine's cores: a replica's ranks get 1/D of them.
+  const int replicas = static_cast<int>(config.parallel.data);
+  problem.parallel_ranks = cores > 0 ? std::max(1, cores / threads / replicas) : 0;
   problem.shared_speed = options.shared_speed;
   report.selective = selective_candidate(layer, config, kind.prefix);
   report.policies = layer.policies;
@@ -248,8 +250,12 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
                    std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
                    (problem.parallel_ranks > 0 && problem.parallel_ranks < ranks
                         ? "; " + std::to_string(problem.parallel_ranks) +
-                              " ranks compute at once (" + std::to_string(cores) + " cores)"
-                        : "");
+                              (problem.parallel_ranks == 1 ? " rank computes" : " ranks compute") +
+                              " at once (" + std::to_string(cores) + " cores)"
+                        : "") +
+                   (replicas > 1 ? "; every one of " + std::to_string(replicas) +
+                                       " replicas (parallel.data) runs this plan"
+                                 : "");
   return report;
 }
 

@@ -55,7 +55,9 @@ Calibration calibrate_plan(PlanReport& report, const CalibrationOptions& o,
     if (o.log.empty()) temp_log.emplace("pipemat-plan-calibration-XXXXXX.log", who, true);
     bench::LaunchedRun job;
     job.launcher = o.launcher.empty() ? bench::default_launcher(who) : o.launcher;
-    job.ranks = static_cast<int>(config.schedule.ranks);
+    // With parallel.data, the whole job: its step has the replicas' gradient all-reduce and
+    // their share of the cores in it, which the fitted speed then carries.
+    job.ranks = static_cast<int>(config.schedule.ranks * config.parallel.data);
     job.transport = o.transport;
     job.config = yaml.path();
     job.overrides = bench::measured_run_overrides();

@@ -30,4 +30,14 @@ text=$("$pipemat" plan "${small[@]}" --calibration-steps 3 --transport tcp)
 grep -E -q '^plan: calibrating the step model on 3 steps of the config with remat none \(pipemat-run, tcp\)$' <<<"$text" &&
   grep -E -q '^plan: step model: messages [0-9.]+ ms, shared speed [0-9.]+ \(calibration run of remat none: [0-9.]+ ms a step, predicted at shared speed 1: [0-9.]+ ms\)$' <<<"$text" ||
   { echo "$text"; echo "FAIL: the text output does not give the calibration"; exit 1; }
+# With data parallelism the calibration runs the whole job (2 replicas x 2 ranks under mpirun):
+# the same fit, and the plan is every replica's.
+json=$("$pipemat" plan "${small[@]}" --set parallel.data=2 --calibration-steps 3 --json)
+check "$json" 'c = j["calibration"]; assert c["steps"] == 3 and c["step_ms"] > 0, c'
+check "$json" 'assert "every one of 2 replicas (parallel.data) runs this plan" in j["summary"], j["summary"]'
+check "$json" '
+c, s, none = j["calibration"], j["shared_speed"], j["uniform"]["none"]["step_ms"]
+if 0.2 < s < 1: assert abs(none / c["step_ms"] - 1) < 0.01, (none, c)
+elif s == 1: assert none == c["predicted_ms"] and none >= c["step_ms"], (none, c)
+else: assert none <= c["step_ms"], (none, c)'
 echo "ok: the plan's step model is calibrated on a run of remat none, or takes the numbers given"
