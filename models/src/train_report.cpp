@@ -248,6 +248,10 @@ void write_timeline_svg(const TrainConfig& config, const schedule::Schedule& pla
                         const StepMetrics& m) {
   schedule::RenderOptions measured_options;
   measured_options.costs_label = "measured (ms)";
+  // Note [Overlapped gradient all-reduce]: each rank's exchange under its actions.
+  measured_options.rank_spans = m.rank_allreduce_ms;
+  measured_options.span_label =
+      "gradient all-reduce of the data group, first message to last sum (replica 0's ranks)";
   write_output("output.timeline_svg", config.output.timeline_svg,
                schedule::render_svg(plan, m.measured, measured_options));
   // Next to it: the simulator's prediction for the same schedule with the measured costs.

@@ -390,6 +390,8 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
     const double f1 = since_us(t0);
     m.allreduce_ms = (f1 - first_post_us) / 1000.0;
     m.allreduce_wait_ms = (f1 - f0) / 1000.0;
+    m.allreduce_start_ms = first_post_us / 1000.0;
+    m.allreduce_end_ms = f1 / 1000.0;
   }
   if (options.clip_grad_norm > 0) m.grad_norm = clip_global_norm(options.clip_grad_norm);
   if (options.lr_schedule) options.lr_schedule(*optimizer, step);

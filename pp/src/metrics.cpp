@@ -38,7 +38,7 @@ at::Tensor timeline_tensor(const std::vector<ActionTiming>& timeline) {
 }
 
 // The scalars of exchange_metrics' message.
-constexpr int64_t kMetricScalars = 15;
+constexpr int64_t kMetricScalars = 17;
 
 }  // namespace
 
@@ -160,7 +160,8 @@ void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
         {m.busy_ms, m.step_ms, double(c.unit_calls), double(c.replays), double(c.early_stops),
          double(c.save_calls), double(c.save_skips), double(c.packs), double(c.save_kept),
          double(c.output_leaves), double(c.placeholders), m.recv_wait_ms, double(m.peak_bytes),
-         double(m.start_bytes), double(m.resident_peak_bytes)},
+         double(m.start_bytes), double(m.resident_peak_bytes), m.allreduce_start_ms,
+         m.allreduce_end_ms},
         at::kDouble);
     comm::send_tensors(transport, last, metrics_tag(), {scalars, timeline_tensor(m.timeline)})
         .wait();
@@ -171,6 +172,10 @@ void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
   m.rank_start_bytes.assign(static_cast<size_t>(plan.ranks_count), m.start_bytes);
   m.rank_peak_bytes.assign(static_cast<size_t>(plan.ranks_count), m.peak_bytes);
   m.rank_resident_peak_bytes.assign(static_cast<size_t>(plan.ranks_count), m.resident_peak_bytes);
+  if (options.data_group != nullptr) {
+    m.rank_allreduce_ms.assign(static_cast<size_t>(plan.ranks_count),
+                               {m.allreduce_start_ms, m.allreduce_end_ms});
+  }
   for (int r = 0; r < plan.ranks_count; ++r) {
     if (r == rank) continue;
     Tensors got = comm::recv_tensors(transport, r, metrics_tag()).wait();
@@ -196,6 +201,7 @@ void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
     m.rank_peak_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(12));
     m.rank_start_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(13));
     m.rank_resident_peak_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(14));
+    if (options.data_group != nullptr) m.rank_allreduce_ms[static_cast<size_t>(r)] = {v(15), v(16)};
     timelines[r] = got[1];
   }
   timelines[rank] = timeline_tensor(m.timeline);

@@ -240,6 +240,14 @@ std::string render_svg(const Schedule& s, const SimulationResult& sim, const Ren
       }
       os << "</g>\n";
     }
+    if (static_cast<size_t>(rank.rank) < o.rank_spans.size()) {
+      const auto [from, to] = o.rank_spans[static_cast<size_t>(rank.rank)];
+      if (to > from) {
+        os << "<g><title>" << xml(o.span_label) << " [" << num(from) << ", " << num(to)
+           << ")</title><rect x=\"" << left + from * unit << "\" y=\"" << y + row_h - 5
+           << "\" width=\"" << (to - from) * unit << "\" height=\"5\" fill=\"#222222\"/></g>\n";
+      }
+    }
   }
   // Time axis.
   const int step = makespan <= 40 ? 1 : (makespan <= 120 ? 5 : 10);
@@ -276,6 +284,12 @@ std::string render_svg(const Schedule& s, const SimulationResult& sim, const Ren
   if (s.virtual_stages > 1) {
     os << "<text x=\"" << lx + 70 << "\" y=\"" << ly + 11
        << "\" font-size=\"11\">(lighter = later chunk on the rank)</text>\n";
+  }
+  if (std::any_of(o.rank_spans.begin(), o.rank_spans.end(),
+                  [](const auto& span) { return span.second > span.first; })) {
+    os << "<rect x=\"" << left << "\" y=\"" << ly + 24
+       << "\" width=\"14\" height=\"5\" fill=\"#222222\"/><text x=\"" << left + 19 << "\" y=\""
+       << ly + 30 << "\" font-size=\"11\">" << xml(o.span_label) << "</text>\n";
   }
   os << "</svg>\n";
   return os.str();

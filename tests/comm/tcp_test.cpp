@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "pipemat/comm/transport.h"
+#include "pipemat/core/digest.h"
 #include "pipemat/core/error.h"
-#include "tcp/hmac.h"
 #include "test_util.h"
 
 namespace pipemat::comm {
@@ -59,16 +59,9 @@ TEST(commTcpRendezvous, ClosedMasterPortFailsClearlyAfterRetries) {
 // A relay between hosts accepts at once and closes when nothing listens behind it yet: such a
 // connection is retried like a refused one, and the error says what happened.
 TEST(commTcpRendezvous, ConnectionClosedBeforeTheChallengeIsRetried) {
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  const testing::LoopbackSocket bound = testing::bind_loopback(8);
+  const int listener = bound.fd, port = bound.port;
   ASSERT_GE(listener, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listener, 8), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
   int accepted = 0;
   std::thread relay([&] {
     for (int fd; (fd = ::accept(listener, nullptr, nullptr)) >= 0;) {
@@ -223,11 +216,11 @@ std::vector<uint8_t> make_hello(const std::vector<uint8_t>& challenge, const std
   std::memcpy(hello.data(), head, sizeof(head));
   std::memcpy(hello.data() + 24, listen_host.data(), listen_host.size());
   for (size_t i = 0; i < 32; ++i) hello[88 + i] = static_cast<uint8_t>(i * 7 + 1);  // nonce
-  detail::HmacSha256 mac(secret);
+  HmacSha256 mac(secret);
   mac.update("pipemat hello", 13);
   mac.update(challenge.data() + 16, 32);
   mac.update(hello.data(), 120);
-  const detail::Digest digest = mac.finish();
+  const Digest digest = mac.finish();
   std::memcpy(hello.data() + 120, digest.data(), digest.size());
   return hello;
 }
@@ -782,15 +775,9 @@ TEST(commTcpRendezvous, WrongSecretOnARealRankFailsBothSides) {
 
 // A process squatting on the master port without the secret cannot pose as rank 0.
 TEST(commTcpRendezvous, MasterThatCannotProveTheSecretIsRefused) {
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listener, 4), 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
+  const testing::LoopbackSocket bound = testing::bind_loopback(4);
+  const int listener = bound.fd, port = bound.port;
+  ASSERT_GE(listener, 0);
   std::string error;
   std::thread rank1([&] {
     try {

@@ -20,18 +20,36 @@
 
 namespace pipemat::comm::testing {
 
-// A port that was free a moment ago (the kernel picks it).
-inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+// A socket bound to 127.0.0.1 at a port the kernel picks, listening with `backlog` unless it is
+// 0. fd -1 when a call failed.
+struct LoopbackSocket {
+  int fd = -1;
+  int port = 0;
+};
+inline LoopbackSocket bind_loopback(int backlog) {
+  LoopbackSocket out;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      (backlog > 0 && ::listen(fd, backlog) != 0) ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return out;
+  }
+  out.fd = fd;
+  out.port = ntohs(addr.sin_port);
+  return out;
+}
+
+// A port that was free a moment ago (the kernel picks it).
+inline int free_port() {
+  const LoopbackSocket s = bind_loopback(0);
+  if (s.fd >= 0) ::close(s.fd);
+  return s.port;
 }
 
 using Group = std::vector<std::unique_ptr<Transport>>;

@@ -439,6 +439,47 @@ TEST(Pipeline, MisuseIsAClearError) {
   }
 }
 
+// Note [Data x pipeline]: replicas that build other stages (here another layer width) are an
+// error on every replica at construction, naming the replicas and the pipeline rank.
+TEST(Pipeline, ReplicasThatBuildOtherStagesAreAClearError) {
+  auto job = comm::make_local_transports(2);  // 2 replicas of a 1-rank pipeline
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto data = comm::make_group(*job[static_cast<size_t>(r)], {0, 1});
+        auto pipeline = comm::make_group(*job[static_cast<size_t>(r)], {r});
+        PipelineOptions o;
+        o.schedule.ranks = 1;
+        o.loss = [](const Tensors& out, const Tensors&) { return out.at(0).sum(); };
+        o.optimizer = [](const std::vector<at::Tensor>& p) {
+          return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1));
+        };
+        o.data_group = data.get();
+        auto linear = torch::nn::Linear(3, r == 0 ? 3 : 4);
+        Pipeline p(*pipeline, o, [&](int s) {
+          return make_stage(s, linear.ptr(), [linear](const Tensors& in) mutable {
+            return Tensors{linear->forward(in[0])};
+          });
+        });
+      } catch (const PipelineError& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NE(errors[0].find("data parallelism: replica 1 sent other parameters than replica 0 "
+                           "holds on pipeline rank 0 (2 tensors for 2); every replica must "
+                           "build the same stages"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("data parallelism: replica 0 sent other parameters than replica 1 "
+                           "holds on pipeline rank 0"),
+            std::string::npos)
+      << errors[1];
+}
+
 TEST(Pipeline, FixedArityModuleNamesTheCountItTakes) {
   struct TwoImpl : torch::nn::Module {
     at::Tensor forward(const at::Tensor& a, const at::Tensor& b) { return a + b; }

@@ -16,6 +16,9 @@
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
+#include "pipemat/schedule/render.h"
+#include "pipemat/schedule/schedule.h"
+#include "pipemat/schedule/simulate.h"
 
 namespace pipemat::schedule {
 namespace {
@@ -99,6 +102,32 @@ TEST(ScheduleCommandTest, TextCsvAndSvg) {
     ++blocks;
   }
   EXPECT_EQ(blocks, 4u * 8 * 3);  // one block per compute action
+}
+
+// RenderOptions::rank_spans: a bar per rank with a span, named in its title and the legend.
+TEST(ScheduleCommandTest, SvgDrawsRankSpans) {
+  ScheduleOptions so;
+  so.kind = ScheduleKind::kOneFOneB;
+  so.ranks = 3;
+  so.micro_batches = 3;
+  const Schedule s = generate_schedule(so);
+  const SimulationResult sim = simulate(s);
+  RenderOptions o;
+  const std::string plain = render_svg(s, sim, o);
+  o.rank_spans = {{2.5, 4}, {0, 0}, {1, 7.25}};
+  o.span_label = "all-reduce";
+  const std::string svg = render_svg(s, sim, o);
+  EXPECT_NE(svg.find("<title>all-reduce [2.5, 4)</title>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find("<title>all-reduce [1, 7.25)</title>"), std::string::npos) << svg;
+  const auto count = [](const std::string& text, const std::string& part) {
+    size_t n = 0;
+    for (size_t pos = text.find(part); pos != std::string::npos; pos = text.find(part, pos + 1))
+      ++n;
+    return n;
+  };
+  EXPECT_EQ(count(svg, "<title>all-reduce"), 2u);   // rank 1's is empty
+  EXPECT_EQ(count(svg, ">all-reduce</text>"), 1u);  // the legend
+  EXPECT_EQ(plain.find("all-reduce"), std::string::npos);
 }
 
 TEST(ScheduleCommandTest, ImportAndOutputFile) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "tcp/hmac.h"
+#include "pipemat/core/digest.h"
 
 namespace pipemat::comm::detail::tcp {
 

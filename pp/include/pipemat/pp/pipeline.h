@@ -261,6 +261,8 @@ struct StepMetrics {
   // its first post to its last sum, and the part of it waited for at the step's end.
   double allreduce_ms = 0;
   double allreduce_wait_ms = 0;
+  // The same exchange as ms from the step's start: its first post and its last sum (0, 0: none).
+  double allreduce_start_ms = 0, allreduce_end_ms = 0;
   double recv_wait_ms = 0;     // blocked in receives of stage inputs; on the last stage's rank
                                // (with collect_timelines) summed over all ranks
   remat::RematCounters remat;  // this rank's; on the last stage's rank summed over all ranks
@@ -289,6 +291,9 @@ struct StepMetrics {
   // resident_peak_bytes of every rank, by rank (local: the one process's, the same for every
   // rank). Empty elsewhere.
   std::vector<int64_t> rank_start_bytes, rank_peak_bytes, rank_resident_peak_bytes;
+  // On the last stage's rank (with collect_timelines and a data group): every rank's
+  // allreduce_start_ms and allreduce_end_ms, by rank. Empty elsewhere.
+  std::vector<std::pair<double, double>> rank_allreduce_ms;
 };
 
 struct EvalOptions {

@@ -5,6 +5,8 @@
 // schedule and return the whole document as a string (no I/O). Pure functions.
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "pipemat/schedule/schedule.h"
 #include "pipemat/schedule/simulate.h"
@@ -17,6 +19,11 @@ struct RenderOptions {
   bool with_comms = false;
   // Cost model line shown in the text and SVG headers, e.g. format_costs(costs, mode).
   std::string costs_label;
+  // SVG: per rank (by rank) a span of the step in the timeline's unit drawn as a bar along the
+  // bottom of the rank's row, named `span_label` (e.g. the gradient all-reduce of data
+  // parallelism, from its first message to its last sum); empty or start >= end: none.
+  std::vector<std::pair<double, double>> rank_spans;
+  std::string span_label;
 };
 
 // Header, one timeline row per rank (label per action, '.' for idle time), then per rank its
