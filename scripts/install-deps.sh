@@ -18,7 +18,6 @@ packages=(
   libcli11-dev
   libyaml-cpp-dev
   nlohmann-json3-dev
-  libfmt-dev
   libssl-dev
   fortunes
   iproute2 iptables  # the cross-host tests: hosts as network namespaces, a relay between them

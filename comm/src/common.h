@@ -30,6 +30,9 @@ std::string shutdown_message(const WorkInfo& info);
 class SpanWork : public Work {
  public:
   using Work::Work;
+  // The backend's side of Work (protected there: users cannot complete a Work).
+  using Work::finish;
+  using Work::set_received;
   std::vector<ConstSpan> send_spans;
   std::vector<MutableSpan> recv_spans;
 };

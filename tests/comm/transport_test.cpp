@@ -12,6 +12,18 @@
 namespace pipemat::comm {
 namespace {
 
+// Only the transport that owns a Work completes it: a user holding a WorkPtr cannot finish it or
+// set what it received (Note [Work contract]).
+template <typename W>
+constexpr bool can_finish = requires(W& w, Status s) {
+  w.finish(s);
+};
+template <typename W>
+constexpr bool can_set_received = requires(W& w) {
+  w.set_received(size_t{0});
+};
+static_assert(!can_finish<Work> && !can_set_received<Work>);
+
 using testing::Group;
 using testing::make_group;
 using testing::run_ranks;

@@ -1,9 +1,9 @@
-// A real multi-process check of pipeline training: run as `pp_dist_check train --config FILE
+// A real multi-process check of pipeline training: run as `train_dist_check train --config FILE
 // [--set k=v ...]` on every rank (under mpiexec, or via `pipemat-run --tcp` with
-// PIPEMAT_BIN=pp_dist_check). Each rank trains its stages on the configured transport, then runs
+// PIPEMAT_BIN=train_dist_check). Each rank trains its stages on the configured transport, then runs
 // the single-process reference itself and compares its own parameters bitwise; the last stage's
 // rank also compares every step's loss and every validation loss. Prints "N passed, N failed" and
-// exits non-zero on any mismatch or error.
+// exits non-zero on any mismatch or error, and when a rank compared nothing (0 passed).
 
 #include <cstdio>
 #include <map>
@@ -68,7 +68,13 @@ int main(int argc, char** argv) {
     std::printf("rank %d (%s): %d passed, %d failed\n", rank,
                 pipemat::comm::to_string(config.transport.kind).c_str(), passed, failed);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "pp_dist_check: error: %s\n", e.what());
+    std::fprintf(stderr, "train_dist_check: error: %s\n", e.what());
+    return 1;
+  }
+  if (passed == 0) {
+    std::fprintf(stderr,
+                 "train_dist_check: this rank compared nothing: a check that ran no case "
+                 "checks nothing\n");
     return 1;
   }
   return failed == 0 ? 0 : 1;

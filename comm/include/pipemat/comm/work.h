@@ -160,16 +160,16 @@ class Work {
   // Keeps `object` alive for the lifetime of this Work (e.g. the tensor whose bytes are sent).
   void hold(std::shared_ptr<const void> object);
 
-  // ---- transport side (called by the backends, not by users) ----
+ protected:
+  Work(WorkInfo info, std::chrono::milliseconds default_timeout);
+
+  // ---- the backend's side: only the transport that owns a Work completes it ----
 
   // Completes the work; the first call wins and wakes all waiters. Returns true if this call
   // completed it.
   bool finish(Status status);
   // Records what arrived (recv). Call before finish().
   void set_received(size_t bytes, Buffer buffer = {});
-
- protected:
-  Work(WorkInfo info, std::chrono::milliseconds default_timeout);
 
   // Drives the backend's progress (mpi); default: nothing, completion comes from elsewhere.
   virtual void progress() {}
