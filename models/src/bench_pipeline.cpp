@@ -169,39 +169,39 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
   const bench::TempFile temp_log("pipemat-bench-pipeline-XXXXXX.log", who, /*keep=*/true);
   const std::string log = o.log.empty() ? temp_log.path() : o.log;
   for (const auto& schedule : o.schedules) {
+    const TrainConfig& config = variant.at(schedule);
+    pp::PipelineOptions shape;
+    shape.schedule = config.schedule;
+    using Kind = pipemat::schedule::ScheduleKind;
+    const bool split = config.schedule.kind == Kind::kZeroBubbleH1 ||
+                       config.schedule.kind == Kind::kZeroBubbleH2 ||
+                       config.schedule.kind == Kind::kZeroBubbleV;
+    // A model with random layers (dropout) draws stage s's stream from pp::forward_seed(..., s):
+    // the oracle of a variant with another stage split (zb-v: two per rank) is the reference of
+    // that split, run once with the ranks' threads.
+    const int stages = pp::stage_count(shape);
+    if (!oracle.count(stages)) {
+      pp::set_compute_threads(rank_threads);
+      std::vector<double>& l = oracle[stages];
+      for (const auto& m : run_reference(config, nullptr)) l.push_back(m.loss);
+    }
     for (const auto& transport : o.transports) {
       for (const bool tail : tails) {
         std::vector<StepMetrics> steps;
-        std::vector<std::string> sets = common;
-        sets.push_back("schedule.kind=" + schedule);
-        sets.push_back(std::string("parallel.weight_tail=") + (tail ? "true" : "false"));
         if (transport == "local") {
-          TrainConfig config = variant.at(schedule);
-          config.parallel.weight_tail = tail;
-          config.transport.kind = comm::TransportKind::kLocal;
-          config.output = OutputOptions{};
-          config.output.progress = false;
+          TrainConfig local = config;
+          local.parallel.weight_tail = tail;
+          local.transport.kind = comm::TransportKind::kLocal;
+          local.output = OutputOptions{};
+          local.output.progress = false;
           pp::set_compute_threads(rank_threads);
-          steps = train_in_process(config, nullptr).steps;
+          steps = train_in_process(local, nullptr).steps;
         } else {
+          std::vector<std::string> sets = common;
+          sets.push_back("schedule.kind=" + schedule);
+          sets.push_back(std::string("parallel.weight_tail=") + (tail ? "true" : "false"));
           steps = bench::run_launched({launcher, ranks, transport, o.config, sets, log}, o.steps,
                                       "bench pipeline: the " + schedule + " run over " + transport);
-        }
-        const TrainConfig& config = variant.at(schedule);
-        pp::PipelineOptions shape;
-        shape.schedule = config.schedule;
-        using Kind = pipemat::schedule::ScheduleKind;
-        const bool split = config.schedule.kind == Kind::kZeroBubbleH1 ||
-                           config.schedule.kind == Kind::kZeroBubbleH2 ||
-                           config.schedule.kind == Kind::kZeroBubbleV;
-        // A model with random layers (dropout) draws stage s's stream from pp::forward_seed(...,
-        // s): the oracle of a variant with another stage split (zb-v: two per rank) is the
-        // reference of that split, run once with the ranks' threads.
-        const int stages = pp::stage_count(shape);
-        if (!oracle.count(stages)) {
-          pp::set_compute_threads(rank_threads);
-          std::vector<double>& l = oracle[stages];
-          for (const auto& m : run_reference(config, nullptr)) l.push_back(m.loss);
         }
         BenchPipelineRow row = summarize(steps, o.warmup, oracle.at(stages),
                                          static_cast<double>(config.model.layers) / stages, split);

@@ -82,21 +82,29 @@ void Pipeline::Impl::equalize_parameters() {
   for (size_t i = 0; i < params.size(); ++i) params[i].copy_(all[0][i]);
 }
 
-std::vector<std::pair<size_t, size_t>> Pipeline::Impl::bucket_ranges(int stage) const {
-  const std::vector<at::Tensor>& ps = stage_params.at(stage);
-  std::vector<std::pair<size_t, size_t>> out;
-  size_t first = 0;
-  while (first < ps.size()) {
-    size_t end = first;
-    int64_t bytes = 0;
-    while (end < ps.size() && (end == first || bytes < options.gradient_bucket_bytes)) {
-      bytes += ps[end].numel() * static_cast<int64_t>(ps[end].element_size());
-      ++end;
+void Pipeline::Impl::plan_buckets() {
+  for (const auto& [stage, ps] : stage_params) {
+    auto& out = buckets[stage];
+    size_t first = 0;
+    while (first < ps.size()) {
+      size_t end = first;
+      int64_t bytes = 0;
+      while (end < ps.size() && (end == first || bytes < options.gradient_bucket_bytes)) {
+        bytes += ps[end].numel() * static_cast<int64_t>(ps[end].element_size());
+        ++end;
+      }
+      out.emplace_back(first, end);
+      first = end;
     }
-    out.emplace_back(first, end);
-    first = end;
   }
-  return out;
+  // Note [Weight tail]: the run of W actions that ends this rank's list, per stage.
+  if (!options.weight_tail) return;
+  const std::vector<schedule::Action>& mine = plan.actions[rank];
+  size_t start = mine.size();
+  while (start > 0 && mine[start - 1].type == schedule::ActionType::kBackwardWeight) --start;
+  for (size_t k = start; k < mine.size(); ++k) {
+    if (buckets[mine[k].stage].size() > 1) weight_tails[mine[k].stage].push_back(k);
+  }
 }
 
 Pipeline::Impl::Bucket Pipeline::Impl::post_bucket(int stage, size_t first, size_t end) {
@@ -116,7 +124,7 @@ Pipeline::Impl::Bucket Pipeline::Impl::post_bucket(int stage, size_t first, size
 Pipeline::Impl::GradientExchange Pipeline::Impl::post_gradients(int stage) {
   GradientExchange x;
   x.stage = stage;
-  for (const auto& [first, end] : bucket_ranges(stage))
+  for (const auto& [first, end] : buckets.at(stage))
     x.buckets.push_back(post_bucket(stage, first, end));
   return x;
 }

@@ -8,7 +8,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -171,10 +170,9 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
     if (first_post_us < 0) first_post_us = since_us(t0);
     exchanges.push_back(post_gradients(stage));
   };
-  // Note [Weight tail]: the stages whose tail of W actions already ran (and posted its buckets).
-  std::set<int> tails_run;
+  // Note [Weight tail]: runs the stage's tail of W actions and posts its buckets.
   auto run_weight_tail = [&](int stage) {
-    const std::vector<std::pair<size_t, size_t>> ranges = bucket_ranges(stage);
+    const std::vector<std::pair<size_t, size_t>>& ranges = buckets.at(stage);
     std::vector<SplitBackward*> tail;
     for (size_t p : weight_tails.at(stage)) tail.push_back(state(my_actions[p]).split.get());
     if (first_post_us < 0) first_post_us = since_us(t0);
@@ -194,7 +192,6 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
       state(w).group->release();
       mbs.erase({w.stage, w.micro_batch});
     }
-    tails_run.insert(stage);
   };
 
   int64_t step_peak = bytes0;  // the peaks of the actions so far (each action restarts it)
@@ -330,11 +327,10 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
         break;
       }
       case ActionType::kBackwardWeight: {
-        if (tails_run.count(a.stage)) break;  // it ran with its stage's tail
+        // Note [Weight tail]: the tail runs at its first W; its later ones ran with it.
         if (const auto t = weight_tails.find(a.stage);
-            options.data_group != nullptr && options.weight_tail && t != weight_tails.end() &&
-            t->second.front() == k && bucket_ranges(a.stage).size() > 1) {
-          run_weight_tail(a.stage);
+            t != weight_tails.end() && k >= t->second.front()) {
+          if (k == t->second.front()) run_weight_tail(a.stage);
           break;
         }
         MicroBatchState& mb = state(a);
@@ -368,7 +364,9 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
                 sends.end());
     if (options.data_group != nullptr) {
       const auto f = final_backward.find(a.stage);
-      if (f != final_backward.end() && f->second == k && !tails_run.count(a.stage)) post(a.stage);
+      // A stage whose weight tail ran posted its buckets there.
+      if (f != final_backward.end() && f->second == k && !weight_tails.count(a.stage))
+        post(a.stage);
     }
     if (schedule::is_compute(a.type)) {
       const double a1 = since_us(t0);
@@ -388,10 +386,10 @@ StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
     const double f0 = since_us(t0);
     for (GradientExchange& x : exchanges) finish_gradients(x, step);
     const double f1 = since_us(t0);
-    m.allreduce_ms = (f1 - first_post_us) / 1000.0;
-    m.allreduce_wait_ms = (f1 - f0) / 1000.0;
     m.allreduce_start_ms = first_post_us / 1000.0;
     m.allreduce_end_ms = f1 / 1000.0;
+    m.allreduce_ms = m.allreduce_end_ms - m.allreduce_start_ms;
+    m.allreduce_wait_ms = (f1 - f0) / 1000.0;
   }
   if (options.clip_grad_norm > 0) m.grad_norm = clip_global_norm(options.clip_grad_norm);
   if (options.lr_schedule) options.lr_schedule(*optimizer, step);

@@ -72,12 +72,6 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
         a.type == schedule::ActionType::kBackwardWeight)
       final_backward[a.stage] = k;
   }
-  {  // Note [Weight tail]
-    const std::vector<schedule::Action>& mine = plan.actions[rank];
-    size_t start = mine.size();
-    while (start > 0 && mine[start - 1].type == schedule::ActionType::kBackwardWeight) --start;
-    for (size_t k = start; k < mine.size(); ++k) weight_tails[mine[k].stage].push_back(k);
-  }
   for (const auto& [s, policy] : options.stage_remat) {
     PIPEMAT_CHECK(s >= 0 && s < plan.stages_count, ConfigError,
                   "PipelineOptions::stage_remat names stage ", s, " but the schedule has ",
@@ -112,7 +106,10 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
     }
     stages.emplace(s, std::move(stage));
   }
-  if (options.data_group != nullptr) equalize_parameters();
+  if (options.data_group != nullptr) {
+    plan_buckets();
+    equalize_parameters();
+  }
   optimizer = options.optimizer(params);
   PIPEMAT_CHECK(optimizer != nullptr, ConfigError,
                 "PipelineOptions::optimizer returned no optimizer on rank ", rank);

@@ -72,8 +72,13 @@ struct Pipeline::Impl {
   // Note [Overlapped gradient all-reduce]: this rank's stage -> the position in its action list
   // of its last B or W of a step, after which its gradients are final (set with the plan).
   std::map<int, size_t> final_backward;
+  // Note [Overlapped gradient all-reduce]: with a data group, stage -> its buckets, ranges
+  // [first, end) of its parameters in parameter order, each closed once it holds
+  // gradient_bucket_bytes (set with the stages).
+  std::map<int, std::vector<std::pair<size_t, size_t>>> buckets;
   // Note [Weight tail]: stage -> the positions of its W actions in the run of W actions that ends
-  // this rank's list (set with the plan).
+  // this rank's list; only the stages whose tail runs bucket by bucket (a data group,
+  // PipelineOptions::weight_tail, more than one bucket), whose buckets the tail posts.
   std::map<int, std::vector<size_t>> weight_tails;
   // Note [Data x pipeline]: the global index of this replica's first micro-batch of a step.
   int64_t micro_batch_offset() const {
@@ -124,9 +129,8 @@ struct Pipeline::Impl {
     int stage = 0;
     std::vector<Bucket> buckets;
   };
-  // The stage's buckets: ranges [first, end) of its parameters, in parameter order, each closed
-  // once it holds gradient_bucket_bytes.
-  std::vector<std::pair<size_t, size_t>> bucket_ranges(int stage) const;
+  // Sets `buckets`, and keeps the `weight_tails` that run bucket by bucket.
+  void plan_buckets();
   Bucket post_bucket(int stage, size_t first, size_t end);
   GradientExchange post_gradients(int stage);
   void finish_gradients(GradientExchange& exchange, int64_t step);

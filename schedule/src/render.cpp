@@ -195,7 +195,9 @@ std::string render_svg(const Schedule& s, const SimulationResult& sim, const Ren
                 kMaxSvgActions,
                 ") would make a picture nobody can open. Use --format json or text, or fewer "
                 "--micro-batches / --ranks.");
-  const double makespan = std::max(sim.makespan, 1e-9);
+  // The drawn time: the schedule's makespan, and the rank spans where they end later.
+  double makespan = std::max(sim.makespan, 1e-9);
+  for (const auto& span : o.rank_spans) makespan = std::max(makespan, span.second);
   const double unit = std::clamp(1100.0 / makespan, 2.0, 48.0);  // px per time unit
   const int left = 70, top = 58, row_h = 30, gap = 8;
   const int ranks = s.ranks_count;

@@ -30,16 +30,22 @@
 namespace pipemat::comm {
 namespace {
 
-TEST(commTcpRendezvous, ClosedMasterPortFailsClearlyAfterRetries) {
-  const int port = testing::free_port();  // nobody listens there
+// Rank 1 of 2 connecting to a master at 127.0.0.1:port with `retries` attempts 50 ms apart.
+TransportOptions rank1_connecting(int port, int retries) {
   TransportOptions options;
   options.kind = TransportKind::kTcp;
   options.rank = 1;
   options.world_size = 2;
   options.master = "127.0.0.1:" + std::to_string(port);
-  options.connect_retries = 4;
+  options.connect_retries = retries;
   options.connect_retry_interval = std::chrono::milliseconds(50);
   options.timeout = std::chrono::seconds(20);
+  return options;
+}
+
+TEST(commTcpRendezvous, ClosedMasterPortFailsClearlyAfterRetries) {
+  const int port = testing::free_port();  // nobody listens there
+  const TransportOptions options = rank1_connecting(port, 4);
   const auto start = Clock::now();
   try {
     make_transport(options);
@@ -69,17 +75,9 @@ TEST(commTcpRendezvous, ConnectionClosedBeforeTheChallengeIsRetried) {
       ::close(fd);
     }
   });
-  TransportOptions options;
-  options.kind = TransportKind::kTcp;
-  options.rank = 1;
-  options.world_size = 2;
-  options.master = "127.0.0.1:" + std::to_string(port);
-  options.connect_retries = 3;
-  options.connect_retry_interval = std::chrono::milliseconds(50);
-  options.timeout = std::chrono::seconds(20);
   std::string what;
   try {
-    make_transport(options);
+    make_transport(rank1_connecting(port, 3));
   } catch (const CommError& e) {
     what = e.what();
   }

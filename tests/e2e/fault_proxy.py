@@ -27,7 +27,7 @@ class Relay:
         self.bytes = 0
         self.stalled = asyncio.Event()  # set: relay nothing more
         self.cut = False
-        self.sockets = []  # (reader, writer) pairs of both sides, for the cut
+        self.sockets = []  # the writers of both sides of every connection, for the cut
 
     def reset_all(self):
         self.cut = True

@@ -169,7 +169,7 @@ TEST(PipelineTrain, GradientBucketsOfOneParameterEqualTheReference) {
     EXPECT_GT(m.allreduce_ms, 0.0) << "step " << m.step;
     EXPECT_GE(m.allreduce_wait_ms, 0.0) << "step " << m.step;
     EXPECT_LE(m.allreduce_wait_ms, m.allreduce_ms) << "step " << m.step;
-    EXPECT_DOUBLE_EQ(m.allreduce_end_ms - m.allreduce_start_ms, m.allreduce_ms);
+    EXPECT_EQ(m.allreduce_end_ms - m.allreduce_start_ms, m.allreduce_ms);
     // The timeline's spans: every rank of replica 0's pipeline, inside the step.
     ASSERT_EQ(m.rank_allreduce_ms.size(), 2u) << "step " << m.step;
     for (const auto& [start, end] : m.rank_allreduce_ms) {

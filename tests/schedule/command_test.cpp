@@ -128,6 +128,14 @@ TEST(ScheduleCommandTest, SvgDrawsRankSpans) {
   EXPECT_EQ(count(svg, "<title>all-reduce"), 2u);   // rank 1's is empty
   EXPECT_EQ(count(svg, ">all-reduce</text>"), 1u);  // the legend
   EXPECT_EQ(plain.find("all-reduce"), std::string::npos);
+  // A span that ends after the schedule's makespan (15 here) widens the drawn time to hold it.
+  const auto width = [](const std::string& text) {
+    const size_t at = text.find("width=\"") + 7;
+    return std::stoi(text.substr(at, text.find('"', at) - at));
+  };
+  EXPECT_EQ(width(svg), width(plain));
+  o.rank_spans = {{14, 20}};
+  EXPECT_GT(width(render_svg(s, sim, o)), width(plain));
 }
 
 TEST(ScheduleCommandTest, ImportAndOutputFile) {
