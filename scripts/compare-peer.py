@@ -227,7 +227,7 @@ def first_line(text):
 
 
 # ---------------------------------------------------------------------------------------------
-# Data: pipemat's load_text() and text_windows() (models/src/text_data.cpp), in Python.
+# Data: pipemat's load_text() and text_windows() (train/src/text_data.cpp), in Python.
 # ---------------------------------------------------------------------------------------------
 SPLIT_BLOCK = 4096  # pipemat's kSplitBlock
 
@@ -578,7 +578,7 @@ def summarize_peer(row, per_rank, warmup):
 # The peer's worker process: everything that needs torch.
 # ---------------------------------------------------------------------------------------------
 def lr_at(step, steps):
-    """pipemat's lr_at (models/src/model_run.cpp): linear warm-up, then cosine to min_lr over
+    """pipemat's lr_at (train/src/model_run.cpp): linear warm-up, then cosine to min_lr over
     the rest of the run."""
     lr, warmup, min_lr = TRAIN["lr"], TRAIN["warmup"], TRAIN["min_lr"]
     if step < warmup:

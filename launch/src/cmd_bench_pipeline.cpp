@@ -6,15 +6,15 @@
 #include <vector>
 
 #include "commands.h"
+#include "pipemat/bench/pipeline.h"
 #include "pipemat/core/format.h"
-#include "pipemat/models/bench_pipeline.h"
-#include "pipemat/models/config.h"
+#include "pipemat/train/config.h"
 
 namespace pipemat::launch {
 
 void add_bench_pipeline_command(CLI::App& bench) {
   struct Flags {
-    models::BenchPipelineOptions bench;
+    bench::BenchPipelineOptions bench;
     bool json = false;
   };
   auto f = std::make_shared<Flags>();
@@ -56,9 +56,9 @@ void add_bench_pipeline_command(CLI::App& bench) {
   cmd->add_flag("--json", f->json, "Print one JSON object instead of the table");
   cmd->callback([f] {
     // run_bench_pipeline reads the config once per variant; its warnings are said once here.
-    const models::TrainConfig config = models::load_config(f->bench.config, f->bench.overrides);
+    const train::TrainConfig config = train::load_config(f->bench.config, f->bench.overrides);
     const int64_t data = config.parallel.data;
-    const auto print = [&](const models::BenchPipelineRow& r) {
+    const auto print = [&](const bench::BenchPipelineRow& r) {
       if (f->json) return;
       std::printf("%-6s %-9s %3d %9.1f %7.2fx %7.3f %7.3f %8.3f %9.3f %9.2f %9.1f %11s  %-12s",
                   r.schedule.c_str(), r.transport.c_str(), r.threads, r.step_ms, r.speedup,
@@ -82,7 +82,7 @@ void add_bench_pipeline_command(CLI::App& bench) {
       if (data > 1) std::printf(" %9s %6s  %s", "allred ms", "hidden", "W tail");
       std::printf("\n");
     }
-    const auto rows = models::run_bench_pipeline(f->bench, print);
+    const auto rows = bench::run_bench_pipeline(f->bench, print);
     if (f->json) {
       nlohmann::json out = nlohmann::json::array();
       for (const auto& r : rows) {

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "commands.h"
+#include "pipemat/bench/plan.h"
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
-#include "pipemat/models/bench_plan.h"
-#include "pipemat/models/config.h"
+#include "pipemat/train/config.h"
 
 namespace pipemat::launch {
 namespace {
@@ -24,7 +24,7 @@ std::string error_of(double measured, double predicted) {
 }
 
 // One row: `round` is the round's number, or "all" for the medians over rounds.
-void print_run(const models::BenchPlanRun& r, const std::string& round) {
+void print_run(const bench::BenchPlanRun& r, const std::string& round) {
   std::string budget = r.budget > 0 ? format_bytes(r.budget) : "-";
   const std::string error =
       (r.step_error >= 0 ? "+" : "") + format_fixed(r.step_error * 100, 1) + "%";
@@ -40,7 +40,7 @@ void print_run(const models::BenchPlanRun& r, const std::string& round) {
   std::fflush(stdout);
 }
 
-nlohmann::json run_json(const models::BenchPlanRun& r) {
+nlohmann::json run_json(const bench::BenchPlanRun& r) {
   return {{"policy", r.policy},
           {"budget_bytes", r.budget},
           {"predicted_step_ms", r.predicted_step_ms},
@@ -60,7 +60,7 @@ std::string list_of(const std::vector<double>& values, int digits) {
 }
 
 // The step model's calibration per round (Note [Plan calibration]).
-std::string calibration_text(const models::BenchPlanReport& r) {
+std::string calibration_text(const bench::BenchPlanReport& r) {
   std::string out = "step model per round: messages " + list_of(r.message_ms, 2) +
                     " ms; shared speed " + list_of(r.shared_speed, 3);
   if (!r.calibration_step_ms.empty() && r.calibration_step_ms.front() > 0) {
@@ -75,7 +75,7 @@ std::string calibration_text(const models::BenchPlanReport& r) {
 
 void add_bench_plan_command(CLI::App& bench) {
   struct Flags {
-    models::BenchPlanOptions bench;
+    bench::BenchPlanOptions bench;
     std::string budgets;
     std::string svg;
     bool json = false;
@@ -132,19 +132,19 @@ void add_bench_plan_command(CLI::App& bench) {
   cmd->add_flag("--json", f->json, "Print one JSON object instead of the tables");
   cmd->callback([f] {
     f->bench.budgets = parse_byte_list(f->budgets, "--budgets", "sizes such as 24MiB,28MiB");
-    print_config_warnings(models::load_config(f->bench.config, f->bench.overrides).warnings);
+    print_config_warnings(train::load_config(f->bench.config, f->bench.overrides).warnings);
     if (!f->json) {
       std::printf("%-5s %-10s %10s %9s %9s %7s  %s  %s\n", "round", "run", "budget", "pred ms",
                   "step ms", "error", "per rank: predicted/measured peak MiB, error",
                   "losses equal");
     }
-    const models::BenchPlanReport report =
-        models::run_bench_plan(f->bench, [&](const models::BenchPlanRun& r) {
+    const bench::BenchPlanReport report =
+        bench::run_bench_plan(f->bench, [&](const bench::BenchPlanRun& r) {
           if (!f->json) print_run(r, std::to_string(r.round + 1));
         });
     if (!f->svg.empty()) {
       std::ofstream file(f->svg);
-      file << models::render_bench_plan_svg(report);
+      file << bench::render_bench_plan_svg(report);
       PIPEMAT_CHECK(file.good(), ConfigError, "--svg: cannot write '", f->svg, "'");
     }
     if (f->json) {

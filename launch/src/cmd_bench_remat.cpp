@@ -5,15 +5,15 @@
 #include <string>
 
 #include "commands.h"
-#include "pipemat/models/bench_remat.h"
+#include "pipemat/bench/remat.h"
 
 namespace pipemat::launch {
 namespace {
 
 // One object: the options, then per mode its numbers (BenchRematMode's fields), then the empty
 // SAVE region's call cost.
-std::string bench_remat_json(const models::BenchRematOptions& o,
-                             const models::BenchRematReport& report) {
+std::string bench_remat_json(const bench::BenchRematOptions& o,
+                             const bench::BenchRematReport& report) {
   nlohmann::ordered_json j;
   j["scenario"] = o.scenario;
   j["layers"] = o.layers;
@@ -27,7 +27,7 @@ std::string bench_remat_json(const models::BenchRematOptions& o,
   j["steps"] = o.steps;
   j["repeat"] = o.repeat;
   nlohmann::ordered_json modes;
-  for (const models::BenchRematMode& m : report.modes) {
+  for (const bench::BenchRematMode& m : report.modes) {
     nlohmann::ordered_json row;
     row["resident_bytes"] = m.resident_bytes;
     row["replay_peak_bytes"] = m.replay_peak_bytes;
@@ -45,8 +45,8 @@ std::string bench_remat_json(const models::BenchRematOptions& o,
   return j.dump();
 }
 
-std::string bench_remat_table(const models::BenchRematOptions& o,
-                              const models::BenchRematReport& report) {
+std::string bench_remat_table(const bench::BenchRematOptions& o,
+                              const bench::BenchRematReport& report) {
   std::string out;
   char line[256];
   std::snprintf(line, sizeof(line),
@@ -58,7 +58,7 @@ std::string bench_remat_table(const models::BenchRematOptions& o,
                 "resident B", "replay peak B", "step peak B", "step ms", "host us", "save",
                 "recomp", "loss");
   out += line;
-  for (const models::BenchRematMode& m : report.modes) {
+  for (const bench::BenchRematMode& m : report.modes) {
     std::snprintf(line, sizeof(line), "%-9s %14lld %14lld %14lld %9.2f %10.1f %6lld %6lld %12.6f\n",
                   m.mode.c_str(), static_cast<long long>(m.resident_bytes),
                   static_cast<long long>(m.replay_peak_bytes), static_cast<long long>(m.peak_bytes),
@@ -76,11 +76,11 @@ std::string bench_remat_table(const models::BenchRematOptions& o,
 
 void add_bench_remat_command(CLI::App& bench) {
   struct Flags {
-    models::BenchRematOptions bench;
+    bench::BenchRematOptions bench;
     bool json = false;
   };
   auto f = std::make_shared<Flags>();
-  models::BenchRematOptions& o = f->bench;
+  bench::BenchRematOptions& o = f->bench;
   auto* cmd = bench.add_subcommand(
       "remat",
       "Memory and time of remat modes: none, full (checkpoint every layer), legacy (GEMM as a\n"
@@ -100,14 +100,14 @@ void add_bench_remat_command(CLI::App& bench) {
   cmd->add_option("--seed", o.seed, "Seed of weights and data")->capture_default_str();
   cmd->add_flag("--json", f->json, "Print one JSON object instead of a table");
   cmd->callback([f] {
-    const models::BenchRematOptions& options = f->bench;
+    const bench::BenchRematOptions& options = f->bench;
     const auto progress = [&](int64_t repetition, const std::string& mode) {
       std::fprintf(stderr, "bench remat: repetition %lld/%lld, mode %s done\n",
                    static_cast<long long>(repetition), static_cast<long long>(options.repeat),
                    mode.c_str());
     };
-    const models::BenchRematReport report =
-        f->json ? models::run_bench_remat(options) : models::run_bench_remat(options, progress);
+    const bench::BenchRematReport report =
+        f->json ? bench::run_bench_remat(options) : bench::run_bench_remat(options, progress);
     std::cout << (f->json ? bench_remat_json(options, report) + "\n"
                           : bench_remat_table(options, report));
   });

@@ -6,16 +6,16 @@
 #include <vector>
 
 #include "commands.h"
+#include "pipemat/bench/soak.h"
 #include "pipemat/core/format.h"
-#include "pipemat/models/bench_soak.h"
-#include "pipemat/models/config.h"
 #include "pipemat/pp/compute.h"
+#include "pipemat/train/config.h"
 
 namespace pipemat::launch {
 
 void add_bench_soak_command(CLI::App& bench) {
   struct Flags {
-    models::BenchSoakOptions soak;
+    bench::BenchSoakOptions soak;
     std::string config;
     std::vector<std::string> overrides;
     int threads = 1;
@@ -47,19 +47,19 @@ void add_bench_soak_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--json", f->json, "Print one JSON object at the end instead of lines");
   cmd->callback([f] {
-    const models::TrainConfig config =
-        f->config.empty() ? models::parse_config(models::kSoakPipeline, "bench soak", f->overrides)
-                          : models::load_config(f->config, f->overrides);
+    const train::TrainConfig config =
+        f->config.empty() ? train::parse_config(bench::kSoakPipeline, "bench soak", f->overrides)
+                          : train::load_config(f->config, f->overrides);
     print_config_warnings(config.warnings);
     pp::set_compute_threads(f->threads);
-    const auto print = [&](const models::SoakSample& s) {
+    const auto print = [&](const bench::SoakSample& s) {
       if (f->json) return;
       std::cout << std::left << std::setw(9) << s.loop << std::right << " steps " << std::setw(9)
                 << s.steps << "  allocator " << std::setw(11) << s.allocator_bytes << " B  rss "
                 << format_bytes(s.rss_bytes) << std::endl;
     };
-    const auto samples = models::run_bench_soak(config, f->soak, print);
-    const auto summaries = models::summarize_soak(samples);
+    const auto samples = bench::run_bench_soak(config, f->soak, print);
+    const auto summaries = bench::summarize_soak(samples);
     if (f->json) {
       nlohmann::json out;
       out["steps"] = f->soak.steps;

@@ -3,12 +3,12 @@
 #include <iostream>
 
 #include "commands.h"
-#include "pipemat/models/demo.h"
+#include "pipemat/bench/demo.h"
 
 namespace pipemat::launch {
 namespace {
 
-void print_demo(const models::DemoOptions& o, const models::DemoReport& report) {
+void print_demo(const bench::DemoOptions& o, const bench::DemoReport& report) {
   char line[256];
   std::snprintf(line, sizeof(line),
                 "pipemat demo: %lld layers of RMSNorm -> GEMM %lldx%lld -> SiLU, %lld tokens\n"
@@ -17,7 +17,7 @@ void print_demo(const models::DemoOptions& o, const models::DemoReport& report) 
                 static_cast<long long>(o.hidden), static_cast<long long>(o.tokens));
   std::cout << line;
   for (size_t i = 0; i < report.steps.size(); ++i) {
-    const models::DemoStep& s = report.steps[i];
+    const bench::DemoStep& s = report.steps[i];
     const remat::RematCounters& c = s.counters;
     std::snprintf(line, sizeof(line),
                   "step %lld  loss %.6f  (no-checkpoint %.6f, %s)  %.1f ms  units %lld  "
@@ -36,7 +36,7 @@ void print_demo(const models::DemoOptions& o, const models::DemoReport& report) 
 }  // namespace
 
 void add_demo_command(CLI::App& app) {
-  auto opts = std::make_shared<models::DemoOptions>();
+  auto opts = std::make_shared<bench::DemoOptions>();
   auto* cmd = app.add_subcommand(
       "demo",
       "Train a small model with a checkpoint unit per layer and the GEMM as a SAVE region, next\n"
@@ -56,7 +56,7 @@ void add_demo_command(CLI::App& app) {
   cmd->add_option("--lr", opts->lr, "SGD learning rate")->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of weights and data")->capture_default_str();
   cmd->callback([opts] {
-    const models::DemoReport report = models::run_demo(*opts);
+    const bench::DemoReport report = bench::run_demo(*opts);
     print_demo(*opts, report);
     if (!report.all_equal) std::exit(1);
   });

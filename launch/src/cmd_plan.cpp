@@ -11,14 +11,14 @@
 #include "commands.h"
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
-#include "pipemat/models/config.h"
-#include "pipemat/models/plan.h"
+#include "pipemat/train/config.h"
+#include "pipemat/train/plan.h"
 
 namespace pipemat::launch {
 namespace {
 
 // "layers.0-3 full, layers.4 save:up": consecutive layers of one stage with one choice merged.
-std::string stage_choices(const models::PlanReport& report, const std::vector<int>& choice,
+std::string stage_choices(const train::PlanReport& report, const std::vector<int>& choice,
                           int stage) {
   const plan::PlanProblem& problem = report.problem;
   std::vector<std::string> parts;
@@ -78,7 +78,7 @@ nlohmann::json candidate_json(const plan::Candidate& c) {
           {"backward_temporary_bytes", c.backward_temporary_bytes}};
 }
 
-void print_text(const models::PlanReport& report, const models::Calibration& calibrated,
+void print_text(const train::PlanReport& report, const train::Calibration& calibrated,
                 std::ostream& out) {
   const plan::Prediction& best = report.result.best;
   const plan::PlanProblem& problem = report.problem;
@@ -108,7 +108,7 @@ void print_text(const models::PlanReport& report, const models::Calibration& cal
   out << "uniform policies (same schedule and profiles):\n";
   const plan::Prediction* best_uniform = nullptr;
   std::string best_name;
-  for (const models::UniformPrediction& u : report.uniform) {
+  for (const train::UniformPrediction& u : report.uniform) {
     const plan::Prediction& p = u.prediction;
     out << "  " << std::left << std::setw(10) << u.policy << std::right << " step " << std::setw(9)
         << format_fixed(p.step, 2) << " ms  peaks " << peaks_of(p) << "  "
@@ -136,7 +136,7 @@ std::vector<int64_t> parse_byte_list(const std::string& text, const std::string&
   return out;
 }
 
-void add_plan_profile_flags(CLI::App& cmd, models::PlanOptions& plan) {
+void add_plan_profile_flags(CLI::App& cmd, train::PlanOptions& plan) {
   cmd.add_option("--repeats", plan.repeats, "Profiler repeats per candidate (times: median)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
@@ -162,8 +162,8 @@ void add_plan_command(CLI::App& app) {
     std::string budget;
     std::string out;
     bool json = false;
-    models::PlanOptions plan;
-    models::CalibrationOptions calibration;
+    train::PlanOptions plan;
+    train::CalibrationOptions calibration;
   };
   auto f = std::make_shared<Flags>();
   auto* cmd = app.add_subcommand(
@@ -216,15 +216,15 @@ void add_plan_command(CLI::App& app) {
          "--calibration-steps 0)")
       ->check(CLI::Range(0.01, 1.0));
   cmd->callback([f] {
-    const models::TrainConfig config = models::load_config(f->config, f->overrides);
+    const train::TrainConfig config = train::load_config(f->config, f->overrides);
     print_config_warnings(config.warnings);
     f->plan.budget_bytes = parse_byte_list(f->budget, "--memory-budget",
                                            "a size such as 48MiB, or one per rank: 64MiB,48MiB");
     // Solved once before the calibration run, so that a budget nothing fits fails at once (the
     // bytes do not depend on the times), and again with the calibrated step model.
-    models::PlanReport report = models::profile_plan(config, f->plan);
-    models::solve_plan(report, f->plan.budget_bytes);
-    models::CalibrationOptions calibration = f->calibration;
+    train::PlanReport report = train::profile_plan(config, f->plan);
+    train::solve_plan(report, f->plan.budget_bytes);
+    train::CalibrationOptions calibration = f->calibration;
     if (calibration.steps == 0) {
       calibration.message_ms = std::max(calibration.message_ms, 0.0);
       if (calibration.shared_speed < 0) calibration.shared_speed = 1;
@@ -234,15 +234,15 @@ void add_plan_command(CLI::App& app) {
                 << ")\n"
                 << std::flush;
     }
-    const models::Calibration calibrated = models::calibrate_plan(report, calibration, "plan");
-    models::solve_plan(report, f->plan.budget_bytes);
+    const train::Calibration calibrated = train::calibrate_plan(report, calibration, "plan");
+    train::solve_plan(report, f->plan.budget_bytes);
     if (!f->out.empty()) {
       std::ofstream file(f->out);
       PIPEMAT_CHECK(file.good(), ConfigError, "--out: cannot write '", f->out, "'");
       file << "# pipemat plan --config " << f->config << " --memory-budget " << f->budget
            << ": predicted step " << format_fixed(report.result.best.step, 2) << " ms, peaks "
            << peaks_of(report.result.best) << "\n"
-           << models::config_to_yaml(report.config);
+           << train::config_to_yaml(report.config);
       PIPEMAT_CHECK(file.good(), ConfigError, "--out: cannot write '", f->out, "'");
     }
     if (f->json) {
@@ -260,7 +260,7 @@ void add_plan_command(CLI::App& app) {
                                          {"stage", problem.stage_of_layer[l]},
                                          {"policy", c.name}});
       }
-      for (const models::UniformPrediction& u : report.uniform)
+      for (const train::UniformPrediction& u : report.uniform)
         out["uniform"][u.policy] = prediction_json(u.prediction);
       const auto first_layer = std::find(report.is_layer.begin(), report.is_layer.end(), true);
       const size_t layer = static_cast<size_t>(first_layer - report.is_layer.begin());

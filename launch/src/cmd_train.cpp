@@ -6,8 +6,8 @@
 
 #include "commands.h"
 #include "pipemat/core/error.h"
-#include "pipemat/models/config.h"
-#include "pipemat/models/train.h"
+#include "pipemat/train/config.h"
+#include "pipemat/train/train.h"
 
 namespace pipemat::launch {
 
@@ -49,7 +49,7 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--print-config", f->print_config, "Print the effective config and exit");
   cmd->callback([f] {
-    models::TrainConfig config = models::load_config(f->config, f->overrides);
+    train::TrainConfig config = train::load_config(f->config, f->overrides);
     print_config_warnings(config.warnings);
     if (!f->metrics.empty()) config.output.metrics = f->metrics;
     if (f->stop_after > 0) config.training.stop_after = f->stop_after;
@@ -60,10 +60,10 @@ void add_train_command(CLI::App& app) {
                     "directory the checkpoints were written to");
     }
     if (f->print_config) {
-      std::cout << models::config_to_yaml(config);
+      std::cout << train::config_to_yaml(config);
       return;
     }
-    const int rc = models::run_train(config, f->reference, std::cout, std::cerr);
+    const int rc = train::run_train(config, f->reference, std::cout, std::cerr);
     if (rc != 0) std::exit(rc);
   });
 }

@@ -9,12 +9,13 @@
 #include <string>
 #include <vector>
 
-namespace pipemat::models {
+namespace pipemat::train {
 struct PlanOptions;
 }
 
 namespace pipemat::launch {
 
+void add_config_command(CLI::App& app);    // cmd_config.cpp
 void add_demo_command(CLI::App& app);      // cmd_demo.cpp
 void add_generate_command(CLI::App& app);  // cmd_generate.cpp
 void add_schedule_command(CLI::App& app);  // cmd_schedule.cpp
@@ -38,6 +39,6 @@ std::vector<int64_t> parse_byte_list(const std::string& text, const std::string&
                                      const std::string& expected);
 // The profiler and step-model flags of `pipemat plan` and `pipemat bench plan` (--repeats,
 // --profile-warmup, --max-save-leaves, --cores) into `plan` (cmd_plan.cpp).
-void add_plan_profile_flags(CLI::App& cmd, models::PlanOptions& plan);
+void add_plan_profile_flags(CLI::App& cmd, train::PlanOptions& plan);
 
 }  // namespace pipemat::launch

@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "pipemat 0.1.0");
   pipemat::launch::add_demo_command(app);
   pipemat::launch::add_train_command(app);
+  pipemat::launch::add_config_command(app);
   pipemat::launch::add_generate_command(app);
   pipemat::launch::add_schedule_command(app);
   pipemat::launch::add_project_command(app);

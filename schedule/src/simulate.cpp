@@ -108,7 +108,8 @@ class Simulator {
     }
   }
 
-  // Note [Shared cores]: time advances from event to event (an action's end, a message's
+  // Note [Shared cores]
+  // Time advances from event to event (an action's end, a message's
   // arrival); between two events every computing rank runs at the same speed.
   void run_shared(std::vector<size_t>& next, SimulationResult& result) {
     const int p = schedule_.ranks_count;

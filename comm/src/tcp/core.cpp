@@ -217,7 +217,8 @@ void TcpCore::fail_peer(Peer& peer, StatusCode code, const std::string& what, bo
   }
 }
 
-// Note [Silence of a peer]: a wait that timed out says whether anything came from the peer
+// Note [Silence of a peer]
+// A wait that timed out says whether anything came from the peer
 // meanwhile. Nothing (no frame began or ended on its connection) for at least the second half
 // of the wait is what a hung process or a stalled or cut link between the hosts looks like;
 // frames that kept coming mean the peer runs but never sent this message (a schedule mismatch

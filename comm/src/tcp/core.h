@@ -101,7 +101,8 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
   std::vector<std::unique_ptr<Peer>> peers;  // peers[rank]; null for self
 
   // ---- called from user threads ----
-  // Note [Direct send]: when nothing is queued for the peer, the caller's thread writes the
+  // Note [Direct send]
+  // When nothing is queued for the peer, the caller's thread writes the
   // frame itself with a non-blocking sendmsg (one thread hop less for small messages); what
   // does not fit into the socket buffer is finished by the I/O thread. The stream is written by
   // at most one party at a time (send_mutex + the `writing` invariant).

@@ -28,7 +28,8 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 16, "frame header layout");
 
-// Note [Rendezvous handshake]: every rendezvous connection (to the master and between ranks)
+// Note [Rendezvous handshake]
+// Every rendezvous connection (to the master and between ranks)
 // is a challenge-response keyed with the job secret (TransportOptions::secret):
 //   acceptor  -> Challenge {fresh random nonce N_a}
 //   connector -> Hello {rank, world size, listener address and port, nonce N_c,
@@ -92,7 +93,8 @@ Digest ack_mac(const std::string& secret, const Challenge& challenge, const Hell
 // Fills `out` with kNonceBytes random bytes; throws CommError when getrandom() fails.
 void fill_nonce(uint8_t* out);
 
-// Note [Announced listener address]: the rank table gives, for every rank, the address its
+// Note [Announced listener address]
+// The rank table gives, for every rank, the address its
 // listener is bound to as the rank itself announced it in its hello, not the address the
 // master saw the connection come from. Without anything between the hosts the two are the same
 // (the listener is bound to the address the rank reaches the master from). With a proxy or a

@@ -236,7 +236,8 @@ JobStatus job_status();
 // Call it once, after reporting the error. Does not return under MPI.
 void abort_job(int exit_code) noexcept;
 
-// Note [Groups of ranks]: a group is a view of some ranks of a transport as a transport of their
+// Note [Groups of ranks]
+// A group is a view of some ranks of a transport as a transport of their
 // own: its rank r is world_ranks[r] of `parent`. A message's Work and errors name the job's ranks
 // (job_rank(), the ranks a launcher and its logs show), not the group's. The parent must outlive
 // the group; a group is thread-safe as its parent is. ConfigError when `parent`'s rank is not in

@@ -1,5 +1,6 @@
 #pragma once
-// Note [Counter-based dropout]: LibTorch 1.13's CPU dropout draws every mask element from the
+// Note [Counter-based dropout]
+// LibTorch 1.13's CPU dropout draws every mask element from the
 // generator one at a time (bernoulli_, about 13 ns per element here): in the main job's GPT that
 // was about a tenth of each rank's step, since a block's residual dropouts run again in every
 // replay. `counter_dropout` draws one 64-bit seed from the current generator (a `random_` op,

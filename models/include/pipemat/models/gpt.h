@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "pipemat/models/dropout.h"
-#include "pipemat/models/options.h"
+#include "pipemat/models/model.h"
 #include "pipemat/remat/remat.h"
 
 namespace pipemat::models {

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "pipemat/models/options.h"
+#include "pipemat/models/model.h"
 
 namespace pipemat::models {
 

@@ -7,7 +7,8 @@
 // as well; compute_info reads back what MKL itself reports (LibTorch's parallel-info text), so
 // a report shows the threads the GEMMs really get.
 //
-// Note [Freed memory stays in the process]: glibc hands blocks above its mmap threshold back to
+// Note [Freed memory stays in the process]
+// Glibc hands blocks above its mmap threshold back to
 // the kernel when they are freed and trims the heap's top above its trim threshold (both start
 // at 128 KiB and adapt only upward, and only for the sizes seen so far). A training step frees
 // and allocates the same activations every step, so every step faulted their pages in again:
@@ -27,7 +28,8 @@
 
 namespace pipemat::pp {
 
-// Note [Threads are measured, not assumed]: more threads are not always faster. With LibTorch's
+// Note [Threads are measured, not assumed]
+// More threads are not always faster. With LibTorch's
 // OpenMP (GNU libgomp) two threads that spin while they wait made the main job's single process
 // 1.5-2.0x faster than one thread on a quiet machine of two cores and 1.3-5.2x slower when one
 // core was busy with another process; threads that sleep while they wait (OMP_WAIT_POLICY=

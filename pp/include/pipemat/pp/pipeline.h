@@ -274,7 +274,8 @@ struct StepMetrics {
   schedule::SimulationResult measured;
   schedule::CostModel measured_costs;
   double simulated_bubble = 0;
-  // Note [Measured message delay]: the median, over compute actions that waited (50 us or
+  // Note [Measured message delay]
+  // The median, over compute actions that waited (50 us or
   // more) for a cross-rank input, of (start - when the peer issued its send): what a message
   // took from being sent to being usable, protocol and progress included (0 when no action
   // waited). The simulator's bubble with it as the per-message comm cost.

@@ -11,7 +11,8 @@
 // single-process reference runs every layer's F and B for every micro-batch with no recompute
 // and no messages; speedup = reference / step.
 //
-// Note [Projected all-reduce]: data x pipeline runs D replicas of the P-rank pipeline, each with
+// Note [Projected all-reduce]
+// Data x pipeline runs D replicas of the P-rank pipeline, each with
 // M micro-batches (D x M in all). Every replica's timeline is the simulated one, so the D ranks
 // of a data group reach each point of the step together. A rank all-reduces the gradients of
 // each of its chunks (model stages; V of them under interleaved and zb-v) over its data group as

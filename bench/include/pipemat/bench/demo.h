@@ -1,0 +1,41 @@
+#pragma once
+// `pipemat demo`: trains the RMSNorm -> GEMM stack for a few steps with a checkpoint unit per
+// layer and the GEMM as a SAVE region, next to the same model without checkpointing, and reports
+// per-step loss and remat counters (the command prints them).
+
+#include <cstdint>
+#include <vector>
+
+#include "pipemat/remat/stats.h"
+
+namespace pipemat::bench {
+
+struct DemoOptions {
+  int64_t layers = 4;
+  int64_t tokens = 64;
+  int64_t hidden = 128;
+  int64_t steps = 5;
+  double lr = 0.05;
+  uint64_t seed = 0;
+};
+
+// One training step of both runs.
+struct DemoStep {
+  double loss = 0;                // with checkpoint units and SAVE regions
+  double reference_loss = 0;      // the same model without checkpointing
+  double ms = 0;                  // wall time of the checkpointed step
+  remat::RematCounters counters;  // of the checkpointed step
+};
+
+struct DemoReport {
+  std::vector<DemoStep> steps;  // options.steps of them, in order
+  // Every step's losses and, after the last step, every parameter of the two runs are equal
+  // bitwise.
+  bool all_equal = false;
+};
+
+// Runs both models for options.steps steps (blocking, on the calling thread). ConfigError for a
+// non-positive size or step count.
+DemoReport run_demo(const DemoOptions& options);
+
+}  // namespace pipemat::bench

@@ -1,0 +1,89 @@
+// The model zoo's own modules: counter-based dropout and the GPT's causal attention.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <vector>
+
+#include "pipemat/core/error.h"
+#include "pipemat/models/dropout.h"
+#include "pipemat/models/gpt.h"
+
+namespace pipemat::models {
+namespace {
+
+// Note [Counter-based dropout]: the mask keeps 1 - p, scales the kept by 1 / (1 - p), is a
+// function of one generator draw (so the same generator state gives the same mask and the
+// generator moves by exactly one draw), and the gradient is the same noise.
+TEST(CounterDropout, OneDrawGivesTheMaskAndTheGradient) {
+  at::manual_seed(7);
+  const at::Tensor x = at::ones({1000, 1000}).requires_grad_();
+  const at::Tensor y = counter_dropout(x, 0.25, true);
+  const at::Tensor kept = y.ne(0);
+  EXPECT_NEAR(kept.to(at::kDouble).mean().item<double>(), 0.75, 0.002);
+  EXPECT_TRUE(y.masked_select(kept).eq(static_cast<float>(1.0 / 0.75)).all().item<bool>());
+  EXPECT_FALSE(kept[0].equal(kept[1]));  // not one mask per row
+  y.sum().backward();
+  EXPECT_TRUE(x.grad().equal(y.detach()));
+
+  const int64_t after_one_call = at::empty({}, at::kLong).random_().item<int64_t>();
+  at::manual_seed(7);
+  EXPECT_TRUE(counter_dropout(x, 0.25, true).equal(y));
+  at::manual_seed(7);
+  at::empty({}, at::kLong).random_();
+  EXPECT_EQ(at::empty({}, at::kLong).random_().item<int64_t>(), after_one_call);
+  EXPECT_FALSE(counter_dropout(x, 0.25, true).equal(y));  // the next draw, the next mask
+
+  EXPECT_TRUE(counter_dropout(x, 0.25, false).is_same(x));
+  EXPECT_TRUE(counter_dropout(x, 0.0, true).is_same(x));
+  CounterDropout module(0.25);
+  module->eval();
+  EXPECT_TRUE(module(x).is_same(x));
+  EXPECT_THROW(counter_dropout(x, 1.0, true), ConfigError);
+  EXPECT_THROW(CounterDropout(-0.1), ConfigError);
+}
+
+// The attention's fused kernel computes softmax(q k^T / sqrt(d) with the future masked) v: its
+// output and the gradients of x and of both projections equal the explicit formula's.
+TEST(Gpt, AttentionIsCausal) {
+  GptShape shape;
+  shape.hidden = 32;
+  shape.heads = 4;
+  at::manual_seed(3);
+  CausalSelfAttention attn(shape);
+  const int64_t b = 2, t = 9, h = shape.hidden, d = h / shape.heads;
+  const at::Tensor x = at::randn({b, t, h}).requires_grad_(true);
+  const at::Tensor fused = attn->forward(x);
+  const at::Tensor x2 = x.detach().clone().requires_grad_(true);
+  const at::Tensor q_k_v =
+      attn->qkv->forward(x2).view({b, t, 3, shape.heads, d}).permute({2, 0, 3, 1, 4});
+  const at::Tensor scores = at::matmul(q_k_v[0], q_k_v[1].transpose(-2, -1)) / std::sqrt(d * 1.0);
+  const at::Tensor future = at::ones({t, t}, at::kBool).triu(1);
+  const at::Tensor probs = at::softmax(scores.masked_fill(future, -INFINITY), -1);
+  const at::Tensor plain =
+      attn->proj->forward(at::matmul(probs, q_k_v[2]).transpose(1, 2).reshape({b, t, h}));
+  EXPECT_TRUE(at::allclose(fused, plain, 1e-5, 1e-6)) << (fused - plain).abs().max();
+  // Token 0 sees only itself: changing a later token leaves its output as it was.
+  const at::Tensor changed = x.detach().clone();
+  changed.select(1, t - 1).add_(1.0);
+  EXPECT_TRUE(at::equal(attn->forward(changed).select(1, 0), fused.detach().select(1, 0)));
+
+  const at::Tensor w = at::randn({b, t, h});
+  auto grads = [&](const at::Tensor& out, const at::Tensor& input) {
+    for (auto& p : attn->parameters()) p.mutable_grad().reset();
+    (out * w).sum().backward();
+    return std::vector<at::Tensor>{input.grad(), attn->qkv->weight.grad().clone(),
+                                   attn->proj->weight.grad().clone()};
+  };
+  const auto g_fused = grads(fused, x);
+  const auto g_plain = grads(plain, x2);
+  for (size_t i = 0; i < g_fused.size(); ++i) {
+    EXPECT_TRUE(at::allclose(g_fused[i], g_plain[i], 1e-4, 1e-5))
+        << i << ": " << (g_fused[i] - g_plain[i]).abs().max();
+  }
+}
+
+}  // namespace
+}  // namespace pipemat::models

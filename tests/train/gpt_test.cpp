@@ -1,0 +1,513 @@
+// Training the main job's model: the text data source, the byte-level GPT through the pipeline
+// against the same model trained in one process (dropout on, every schedule, none / full /
+// selective remat), the loss curve, and sampling from a checkpoint with `generate_text`.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "pipemat/core/error.h"
+#include "pipemat/models/dropout.h"
+#include "pipemat/models/gpt.h"
+#include "pipemat/train/generate.h"
+#include "pipemat/train/loss_curve.h"
+#include "pipemat/train/model_run.h"
+#include "pipemat/train/text_data.h"
+#include "pipemat/train/train.h"
+
+namespace pipemat::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under the temp dir, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name =
+        "pipemat_gpt_" + std::string(info->name()) + "_" + std::to_string(::getpid());
+    std::replace(name.begin(), name.end(), '/', '_');  // parameterized test names
+    path_ = fs::temp_directory_path() / name;
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+void write(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+// Deterministic English-like text: words from a small list picked by an LCG, in lines.
+std::string words(size_t bytes, uint32_t seed = 1) {
+  const char* list[] = {"the", "cat",  "sat", "on",  "a",   "mat", "and", "dog", "ran", "to",
+                        "see", "what", "it",  "was", "not", "fun", "but", "we",  "all", "laughed"};
+  std::string text;
+  uint32_t x = seed;
+  while (text.size() < bytes) {
+    x = x * 1664525u + 1013904223u;
+    text += list[(x >> 16) % 20];
+    text += ((x >> 8) % 9 == 0) ? ".\n" : " ";
+  }
+  text.resize(bytes);
+  return text;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// ---- text data ---------------------------------------------------------------------------
+
+TEST(TextData, SplitIsEveryTwentiethBlockAtFivePercent) {
+  TempDir dir;
+  const std::string text = words(40 * kSplitBlock + 100);  // 41 blocks, the last short
+  write(dir.path() / "a.txt", text);
+  const TextCorpus c = load_text((dir.path() / "a.txt").string(), 0.05, 33);
+  // Blocks 19 and 39 ((i + 1) * 0.05 crosses an integer) are validation.
+  EXPECT_EQ(c.validation, text.substr(19 * kSplitBlock, kSplitBlock) +
+                              text.substr(39 * kSplitBlock, kSplitBlock));
+  EXPECT_EQ(c.train.size(), text.size() - 2 * kSplitBlock);
+  EXPECT_EQ(c.train.substr(0, 19 * kSplitBlock), text.substr(0, 19 * kSplitBlock));
+  EXPECT_EQ(c.files, (std::vector<std::string>{(dir.path() / "a.txt").string()}));
+}
+
+TEST(TextData, DirectoryReadsTextFilesInOrderSkippingBinaryAndLinks) {
+  TempDir dir;
+  fs::create_directories(dir.path() / "sub");
+  write(dir.path() / "b.txt", words(3 * kSplitBlock, 2));
+  write(dir.path() / "sub" / "a.txt", words(3 * kSplitBlock, 3));
+  write(dir.path() / "b.dat", std::string("\x00\x01\x02index", 8));
+  fs::create_symlink(dir.path() / "b.txt", dir.path() / "c.u8");
+  const TextCorpus c = load_text(dir.path().string(), 0.25, 10);
+  EXPECT_EQ(c.files, (std::vector<std::string>{(dir.path() / "b.txt").string(),
+                                               (dir.path() / "sub" / "a.txt").string()}));
+  EXPECT_EQ(c.skipped_binary, 1);
+  EXPECT_EQ(c.train.size() + c.validation.size(), 6u * kSplitBlock);
+  EXPECT_EQ(c.validation.size(), 1u * kSplitBlock);  // blocks 3: floor(4 * 0.25) > floor(3 * 0.25)
+}
+
+TEST(TextData, BadPathsAreClearErrors) {
+  TempDir dir;
+  const std::string missing = (dir.path() / "none").string();
+  EXPECT_EQ(error_of([&] { load_text(missing, 0.05, 10); }),
+            "data.path: '" + missing +
+                "' does not exist; give a text file or a directory of "
+                "text files");
+  write(dir.path() / "empty.txt", "");
+  const std::string empty = (dir.path() / "empty.txt").string();
+  EXPECT_EQ(error_of([&] { load_text(empty, 0.05, 10); }), "data.path: '" + empty + "' is empty");
+  write(dir.path() / "bin", std::string("abc\0def", 7));
+  const std::string bin = (dir.path() / "bin").string();
+  EXPECT_EQ(error_of([&] { load_text(bin, 0.05, 10); }),
+            "data.path: '" + bin +
+                "' is binary (a NUL byte at offset 3); give a text file or a "
+                "directory of text files");
+  fs::create_directories(dir.path() / "only-binary");
+  write(dir.path() / "only-binary" / "x.dat", std::string("\0\0", 2));
+  const std::string only = (dir.path() / "only-binary").string();
+  EXPECT_EQ(error_of([&] { load_text(only, 0.05, 10); }),
+            "data.path: '" + only + "' holds no text files (1 binary files skipped)");
+  write(dir.path() / "small.txt", words(2 * kSplitBlock));
+  const std::string small = (dir.path() / "small.txt").string();
+  EXPECT_EQ(
+      error_of([&] { load_text(small, 0.05, 10); }),
+      "data.path: '" + small +
+          "' has 8192 bytes: 8192 for training and 0 for validation "
+          "(4096-byte blocks, data.validation 0.05), but a window needs 10 (model.seq_len + 1); "
+          "give more text or a shorter model.seq_len");
+}
+
+TEST(TextData, WindowsAreNextByteTargetsAndDeterministic) {
+  const std::string text = words(5000);
+  auto [ids, next] = text_windows(text, 3, 16, 7, 2, 1);
+  EXPECT_EQ(ids.sizes(), (std::vector<int64_t>{3, 16}));
+  EXPECT_EQ(ids.scalar_type(), at::kLong);
+  EXPECT_TRUE(at::equal(ids.narrow(1, 1, 15), next.narrow(1, 0, 15)));
+  // Every row is a substring of the text.
+  for (int64_t b = 0; b < 3; ++b) {
+    std::string row;
+    for (int64_t j = 0; j < 16; ++j) row.push_back(static_cast<char>(ids[b][j].item<int64_t>()));
+    EXPECT_NE(text.find(row), std::string::npos) << row;
+  }
+  auto [again, again_next] = text_windows(text, 3, 16, 7, 2, 1);
+  EXPECT_TRUE(at::equal(ids, again));
+  EXPECT_FALSE(at::equal(ids, text_windows(text, 3, 16, 7, 2, 2).first));
+  EXPECT_FALSE(at::equal(ids, text_windows(text, 3, 16, 7, 3, 1).first));
+  EXPECT_FALSE(at::equal(ids, text_windows(text, 3, 16, 8, 2, 1).first));
+}
+
+// ---- the GPT through the pipeline ----------------------------------------------------------
+
+TrainConfig gpt_config(const std::string& text_path, const std::string& kind,
+                       const std::string& policy) {
+  TrainConfig c;
+  c.model.kind = models::ModelKind::kGpt;
+  c.model.layers = 4;
+  c.model.hidden = 16;
+  c.model.heads = 2;
+  c.model.ffn = 32;
+  c.model.seq_len = 16;
+  c.model.batch = 2;
+  c.model.dropout = 0.2;
+  c.data.path = text_path;
+  c.data.validation = 0.25;
+  c.schedule.kind = schedule::parse_schedule_kind(kind);
+  c.schedule.ranks = 2;
+  c.schedule.micro_batches = 4;
+  c.schedule.virtual_stages = kind == "interleaved" ? 2 : 1;
+  c.schedule.recompute =
+      policy == "none" ? schedule::RecomputeMode::kNone : schedule::RecomputeMode::kPretrigger;
+  c.remat.policy = models::parse_remat_policy(policy).value();
+  c.training.steps = 3;
+  c.training.optimizer = OptimizerKind::kAdamW;
+  c.training.lr = 0.01;
+  c.training.weight_decay = 0.01;
+  c.training.clip_grad_norm = 0.5;
+  c.training.warmup = 1;
+  c.training.lr_decay = LrDecay::kCosine;
+  c.training.min_lr = 0.001;
+  c.training.eval_every = 2;
+  c.training.eval_batches = 2;
+  c.output.progress = false;
+  return c;
+}
+
+struct GptCase {
+  std::string kind;
+  std::string policy;
+};
+
+// Trains gpt_config's 3 steps in the pipeline and in the single process: every loss and gradient
+// norm, both validations (after step 2, eval_every, and after the last) and every parameter
+// equal, bitwise. Returns the single process's run.
+TrainResult expect_pipeline_equals_reference(const TrainConfig& c) {
+  const TrainResult pipe = train_in_process(c, nullptr);
+  TrainResult ref = train_reference(c, nullptr);
+  EXPECT_EQ(pipe.steps.size(), 3u);
+  EXPECT_EQ(ref.steps.size(), 3u);
+  for (size_t s = 0; s < 3 && s < pipe.steps.size() && s < ref.steps.size(); ++s) {
+    EXPECT_EQ(pipe.steps[s].loss, ref.steps[s].loss) << "loss of step " << s;
+    EXPECT_EQ(pipe.steps[s].grad_norm, ref.steps[s].grad_norm) << "gradient norm of step " << s;
+  }
+  EXPECT_EQ(pipe.validation.size(), 2u);
+  EXPECT_EQ(ref.validation.size(), 2u);
+  for (size_t i = 0; i < 2 && i < pipe.validation.size() && i < ref.validation.size(); ++i) {
+    EXPECT_EQ(pipe.validation[i].first, ref.validation[i].first);
+    EXPECT_EQ(pipe.validation[i].second, ref.validation[i].second) << "validation " << i;
+  }
+  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
+  EXPECT_EQ(pipe.params.size(), want.size());
+  for (const auto& [name, value] : pipe.params) {
+    EXPECT_TRUE(want.count(name)) << name;
+    if (want.count(name)) {
+      EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
+    }
+  }
+  return ref;
+}
+
+class GptGrid : public ::testing::TestWithParam<GptCase> {};
+
+TEST_P(GptGrid, DropoutRunEqualsTheSingleProcessTrainingBitwise) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  const TrainConfig c =
+      gpt_config((dir.path() / "text.txt").string(), GetParam().kind, GetParam().policy);
+  const TrainResult ref = expect_pipeline_equals_reference(c);
+  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
+  EXPECT_TRUE(want.count("blocks.3.attn.qkv.weight"));  // global block numbering
+  EXPECT_TRUE(want.count("embed.tok.weight"));
+  EXPECT_TRUE(want.count("head.out.weight"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, GptGrid,
+                         ::testing::Values(GptCase{"gpipe", "selective"}, GptCase{"1f1b", "none"},
+                                           GptCase{"1f1b", "full"}, GptCase{"1f1b", "selective"},
+                                           GptCase{"interleaved", "selective"},
+                                           GptCase{"zb-h1", "selective"}, GptCase{"zb-h2", "full"},
+                                           GptCase{"zb-v", "selective"}, GptCase{"zb-v", "none"}),
+                         [](const ::testing::TestParamInfo<GptCase>& test) {
+                           std::string n = test.param.kind + "_" + test.param.policy;
+                           for (auto& ch : n) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return n;
+                         });
+
+// Note [Data x pipeline]: 2 replicas of the 2-rank GPT pipeline (4 ranks as threads) with
+// dropout, AdamW, clipping, warmup and cosine decay, and validation equal the single process
+// that combines the replicas' gradients in replica order, bitwise; zb-v splits every backward.
+class GptDataGrid : public ::testing::TestWithParam<GptCase> {};
+
+TEST_P(GptDataGrid, TwoReplicasEqualTheSingleProcessOnTheGlobalBatchBitwise) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c =
+      gpt_config((dir.path() / "text.txt").string(), GetParam().kind, GetParam().policy);
+  c.parallel.data = 2;
+  const TrainResult ref = expect_pipeline_equals_reference(c);
+  ASSERT_FALSE(ref.steps.empty());
+  // The global batch is both replicas' micro-batches: one replica alone trains another model.
+  c.parallel.data = 1;
+  const TrainResult one = train_reference(c, nullptr);
+  EXPECT_NE(one.steps[0].loss, ref.steps[0].loss);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, GptDataGrid,
+                         ::testing::Values(GptCase{"1f1b", "selective"},
+                                           GptCase{"zb-h1", "selective"},
+                                           GptCase{"zb-v", "selective"}),
+                         [](const ::testing::TestParamInfo<GptCase>& test) {
+                           std::string n = test.param.kind + "_" + test.param.policy;
+                           for (auto& ch : n) {
+                             if (ch == '-') ch = '_';
+                           }
+                           return n;
+                         });
+
+// Note [Data x pipeline]: replica 0 writes the checkpoints (one file per pipeline rank), every
+// replica resumes from them, and 2 replicas stopped after step 2 and resumed train bitwise as
+// the uninterrupted run (validation shared between the replicas included); the checkpoint also
+// resumes with one replica (the same pipeline).
+TEST(GptData, ReplicasCheckpointAndResumeBitwise) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "zb-h1", "selective");
+  c.parallel.data = 2;
+  c.training.steps = 4;
+  const TrainResult whole = train_in_process(c, nullptr);
+  ASSERT_EQ(whole.steps.size(), 4u);
+  c.checkpoint.dir = (dir.path() / "ck").string();
+  c.training.stop_after = 2;
+  const TrainResult first = train_in_process(c, nullptr);
+  ASSERT_EQ(first.steps.size(), 2u);
+  EXPECT_EQ(first.final_checkpoint, c.checkpoint.dir + "/step-000002");
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(first.final_checkpoint))
+    files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"manifest.json", "rank-0.pt", "rank-1.pt"}));
+
+  c.training.stop_after = 0;
+  c.checkpoint.resume = "latest";
+  const TrainResult second = train_in_process(c, nullptr);
+  ASSERT_EQ(second.steps.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(second.steps[k].step, whole.steps[k + 2].step);
+    EXPECT_EQ(second.steps[k].loss, whole.steps[k + 2].loss) << "step " << k + 2;
+  }
+  ASSERT_EQ(second.validation.size(), 1u);  // after step 4 (eval_every 2: step 2 ran before)
+  EXPECT_EQ(second.validation[0].second, whole.validation.back().second);
+  std::map<std::string, at::Tensor> want(whole.params.begin(), whole.params.end());
+  ASSERT_EQ(second.params.size(), want.size());
+  for (const auto& [name, value] : second.params)
+    EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
+
+  // One replica resumes the same checkpoint: its steps go on from step 2.
+  c.parallel.data = 1;
+  c.checkpoint.resume = first.final_checkpoint;
+  c.checkpoint.dir = (dir.path() / "ck1").string();
+  const TrainResult single = train_in_process(c, nullptr);
+  ASSERT_EQ(single.steps.size(), 2u);
+  EXPECT_EQ(single.steps[0].step, 2);
+  EXPECT_NE(single.steps[0].loss, second.steps[0].loss);  // half the global batch
+}
+
+TEST(Gpt, DropoutIsOnAndTheLossFalls) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "1f1b", "selective");
+  const TrainResult with_dropout = train_in_process(c, nullptr);
+  c.model.dropout = 0;
+  const TrainResult without = train_in_process(c, nullptr);
+  EXPECT_NE(with_dropout.steps[0].loss, without.steps[0].loss);
+  // The first loss is about ln 256 = 5.545 (a near-uniform prediction), then it falls.
+  EXPECT_NEAR(without.steps[0].loss, std::log(256.0), 0.1);
+  EXPECT_LT(without.steps[2].loss, without.steps[0].loss);
+}
+
+TEST(Gpt, SelectiveRematSavesTheProjectionsAndReplaysTheRest) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "1f1b", "selective");
+  c.training.steps = 1;
+  const TrainResult r = train_in_process(c, nullptr);
+  const remat::RematCounters& k = r.last.remat;
+  // 4 blocks x 4 micro-batches are checkpoint units, each replayed once; each replay skips the
+  // two SAVE regions (qkv, mlp.up): 32 calls in the forward, 32 skipped in replays.
+  EXPECT_EQ(k.unit_calls, 16);
+  EXPECT_EQ(k.replays, 16);
+  EXPECT_EQ(k.save_calls, 32);
+  EXPECT_EQ(k.save_skips, 32);
+}
+
+std::vector<models::StageRemat> named(const std::vector<models::RematPolicyKind>& kinds) {
+  std::vector<models::StageRemat> stages;
+  for (models::RematPolicyKind kind : kinds) stages.push_back(models::StageRemat::named(kind));
+  return stages;
+}
+
+// remat.stages: a policy per model stage. Selective on the first stage and none on the last:
+// only the first stage's blocks are units and replay, and the run still equals the reference.
+TEST(Gpt, PerStagePoliciesReplayOnlyWhereAsked) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "1f1b", "selective");
+  c.remat.stages = named({models::RematPolicyKind::kSelective, models::RematPolicyKind::kNone});
+  const TrainResult pipe = train_in_process(c, nullptr);
+  const TrainResult ref = train_reference(c, nullptr);
+  ASSERT_EQ(pipe.steps.size(), 3u);
+  for (size_t s = 0; s < 3; ++s) EXPECT_EQ(pipe.steps[s].loss, ref.steps[s].loss) << s;
+  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
+  for (const auto& [name, value] : pipe.params) EXPECT_TRUE(at::equal(value, want[name])) << name;
+
+  const std::vector<int64_t> bounds = models::partition_gpt(
+      models::build_gpt(models::gpt_shape(c.model), c.training.seed), c.partition, 2);
+  const int64_t first_blocks = bounds[1] - bounds[0];
+  ASSERT_GE(first_blocks, 1);
+  ASSERT_LT(first_blocks, 4);
+  const remat::RematCounters& k = pipe.last.remat;  // the last step, summed over the ranks
+  EXPECT_EQ(k.unit_calls, first_blocks * 4);        // 4 micro-batches
+  EXPECT_EQ(k.replays, first_blocks * 4);
+  EXPECT_EQ(k.save_calls, first_blocks * 4 * 2);  // qkv and mlp.up
+  EXPECT_EQ(k.save_skips, first_blocks * 4 * 2);
+
+  // A stage's own lists: only its first block is a unit, with mlp.up saved.
+  c.remat.stages = {models::StageRemat::of({"blocks.0"}, {{"blocks.0.mlp.up", true}}),
+                    models::StageRemat::named(models::RematPolicyKind::kNone)};
+  const TrainResult own = train_in_process(c, nullptr);
+  for (size_t s = 0; s < 3; ++s) EXPECT_EQ(own.steps[s].loss, ref.steps[s].loss) << s;
+  const remat::RematCounters& o = own.last.remat;
+  EXPECT_EQ(o.unit_calls, 4);
+  EXPECT_EQ(o.replays, 4);
+  EXPECT_EQ(o.save_calls, 4);
+  EXPECT_EQ(o.save_skips, 4);
+
+  // zb-v has 4 model stages on 2 ranks: one name per stage.
+  c.schedule.kind = schedule::ScheduleKind::kZeroBubbleV;
+  c.remat.stages = named({models::RematPolicyKind::kFull, models::RematPolicyKind::kNone,
+                          models::RematPolicyKind::kSelective, models::RematPolicyKind::kNone});
+  const TrainResult v = train_in_process(c, nullptr);
+  const TrainResult v_ref = train_reference(c, nullptr);
+  for (size_t s = 0; s < 3; ++s) EXPECT_EQ(v.steps[s].loss, v_ref.steps[s].loss) << s;
+  c.remat.stages = named({models::RematPolicyKind::kFull, models::RematPolicyKind::kNone});
+  try {
+    train_in_process(c, nullptr);
+    ADD_FAILURE() << "two names for four stages were taken";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "remat.stages: 2 entries for 4 model stages (schedule.ranks x chunks per rank); "
+              "give one policy per stage, e.g. [selective, selective, selective, selective]");
+  }
+}
+
+// ---- loss curve, checkpoints and samples -------------------------------------------------
+
+TEST(LossCurve, SvgHasOnePointPerStepAndEvaluation) {
+  const std::string svg =
+      render_loss_svg({{1, 5.5}, {2, 4.0}, {3, 3.0}}, {{2, 4.2}, {3, 3.3}}, "a <title>");
+  EXPECT_EQ(svg.rfind("<svg ", 0), 0u);
+  EXPECT_NE(svg.find("a &lt;title&gt;"), std::string::npos);
+  const std::regex polyline("<polyline[^>]*points=\"([^\"]*)\"");
+  std::vector<size_t> points;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), polyline);
+       it != std::sregex_iterator(); ++it) {
+    const std::string p = (*it)[1];
+    points.push_back(static_cast<size_t>(std::count(p.begin(), p.end(), ',')));
+  }
+  EXPECT_EQ(points, (std::vector<size_t>{3, 2}));
+  EXPECT_NE(svg.find(">validation</text>"), std::string::npos);
+}
+
+TEST(Generate, SamplesTheRequestedBytesFromATrainedCheckpoint) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "zb-v", "selective");
+  c.checkpoint.dir = (dir.path() / "ck").string();
+  c.sample.tokens = 37;
+  c.sample.prompt = "the cat";
+  const TrainResult r = train_in_process(c, nullptr);
+  EXPECT_EQ(r.sample.size(), 37u);  // sampled by the training run from its final checkpoint
+  const std::string ck = (dir.path() / "ck" / "step-000003").string();
+  SampleOptions o;
+  o.tokens = 37;
+  o.prompt = "the cat";
+  const GenerateResult g = generate_text(ck, o);
+  EXPECT_EQ(g.text, r.sample);  // the same checkpoint, prompt and seed: the same bytes
+  EXPECT_EQ(g.step, 3);
+  o.tokens = 300;  // longer than seq_len: the context slides
+  o.seed = 5;
+  o.top_k = 0;
+  EXPECT_EQ(generate_text(ck, o).text.size(), 300u);
+  o.top_k = 1;  // greedy: deterministic whatever the seed
+  const std::string greedy = generate_text(ck, o).text;
+  o.seed = 6;
+  EXPECT_EQ(generate_text(ck, o).text, greedy);
+}
+
+TEST(Generate, ACheckpointOfAnotherModelIsAClearError) {
+  TempDir dir;
+  TrainConfig zoo;
+  zoo.model.layers = 2;
+  zoo.model.hidden = 8;
+  zoo.model.tokens = 4;
+  zoo.schedule.ranks = 2;
+  zoo.schedule.micro_batches = 2;
+  zoo.training.steps = 1;
+  zoo.checkpoint.dir = (dir.path() / "ck").string();
+  zoo.output.progress = false;
+  train_in_process(zoo, nullptr);
+  const std::string ck = (dir.path() / "ck" / "step-000001").string();
+  EXPECT_EQ(error_of([&] { generate_text(ck, SampleOptions{}); }),
+            "generate: " + ck +
+                " is a checkpoint of model.kind rmsnorm-gemm; pipemat generate "
+                "samples text from gpt checkpoints only");
+  const std::string none = (dir.path() / "ck").string();
+  EXPECT_EQ(error_of([&] { generate_text(none, SampleOptions{}); }),
+            "load_checkpoint: " + none +
+                " is not a complete checkpoint (no manifest.json; a save "
+                "that was interrupted leaves none): give a step-NNNNNN directory that has one "
+                "(--resume latest and pp::latest_checkpoint() pick the newest)");
+}
+
+TEST(LrSchedule, WarmupThenCosineToMinLr) {
+  TrainingOptions t;
+  t.steps = 11;
+  t.lr = 1.0;
+  t.warmup = 2;
+  t.lr_decay = LrDecay::kCosine;
+  t.min_lr = 0.1;
+  EXPECT_DOUBLE_EQ(lr_at(t, 0), 0.5);
+  EXPECT_DOUBLE_EQ(lr_at(t, 1), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(t, 2), 1.0);  // the cosine starts at lr
+  EXPECT_DOUBLE_EQ(lr_at(t, 6), 0.1 + 0.45 * (1 + std::cos(M_PI * 4 / 8)));
+  EXPECT_DOUBLE_EQ(lr_at(t, 10), 0.1);  // the last step: min_lr
+  t.lr_decay = LrDecay::kNone;
+  EXPECT_DOUBLE_EQ(lr_at(t, 10), 1.0);
+}
+
+}  // namespace
+}  // namespace pipemat::train

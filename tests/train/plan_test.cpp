@@ -1,0 +1,190 @@
+// `pipemat plan` (train/plan.h): the problem it builds from a config, the plan it returns and
+// the config that runs it.
+
+#include "pipemat/train/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pipemat/core/error.h"
+#include "pipemat/train/config.h"
+#include "pipemat/train/model_run.h"
+#include "pipemat/train/train.h"
+
+namespace pipemat::train {
+namespace {
+
+TrainConfig mlp_config() {
+  TrainConfig c;
+  c.model.kind = models::ModelKind::kMlp;
+  c.model.layers = 8;
+  c.model.hidden = 16;
+  c.model.tokens = 32;
+  c.schedule.kind = schedule::ScheduleKind::kOneFOneB;
+  c.schedule.ranks = 2;
+  c.schedule.micro_batches = 4;
+  c.training.steps = 2;
+  c.training.lr = 0.05;
+  c.training.momentum = 0.9;  // one optimizer state per parameter
+  c.training.threads = 1;
+  c.output.progress = false;
+  return c;
+}
+
+PlanOptions budget(int64_t bytes) {
+  PlanOptions o;
+  o.budget_bytes = {bytes};
+  o.repeats = 1;
+  return o;
+}
+
+const UniformPrediction& uniform(const PlanReport& r, const std::string& policy) {
+  for (const UniformPrediction& u : r.uniform)
+    if (u.policy == policy) return u;
+  throw std::runtime_error("no uniform row " + policy);
+}
+
+TEST(Plan, ProblemHoldsEachStagesWeightsGradientsAndLayers) {
+  const TrainConfig c = mlp_config();
+  const PlanReport r = run_plan(c, budget(int64_t{1} << 40));
+  const plan::PlanProblem& p = r.problem;
+  // Per stage: the "stage s" entry, then its 4 layers with every candidate of the profile:
+  // none, full and the 7 sets of the SAVE leaves norm, up, down.
+  ASSERT_EQ(p.layers.size(), 10u);
+  EXPECT_EQ(p.layers[0].layer, "stage 0");
+  EXPECT_EQ(p.layers[1].layer, "layers.0");
+  EXPECT_EQ(p.layers[9].layer, "layers.7");
+  EXPECT_EQ(p.stage_of_layer, (std::vector<int>{0, 0, 0, 0, 0, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(r.is_layer,
+            (std::vector<bool>{false, true, true, true, true, false, true, true, true, true}));
+  EXPECT_EQ(p.layers[1].candidates.size(), 9u);
+  EXPECT_EQ(p.layers[0].candidates.size(), 1u);
+  const ModelRun run = make_model_run(c, 2);
+  for (int s = 0; s < 2; ++s) {
+    double params = 0;
+    for (const auto& t : run.stage(s).module->parameters()) params += t.numel();
+    EXPECT_DOUBLE_EQ(p.stage_bytes[s].gradients, params * 4) << s;
+    EXPECT_DOUBLE_EQ(p.fixed_bytes[s], params * 4 * 2) << s;  // weights + momentum
+    // Every rank's optimizer step is timed; no clipping, so the tails do not wait.
+    EXPECT_GT(p.step_tail.at(s), 0) << s;
+  }
+  EXPECT_FALSE(p.tails_wait_for_all);
+  EXPECT_EQ(p.message_cost, 0);
+  EXPECT_EQ(p.layers[1].candidates[0].name, "none");
+  EXPECT_EQ(p.layers[1].candidates[1].name, "full");
+  // Without a binding budget the plan is as fast as keeping everything; where a replay costs
+  // no step time (it runs while the rank waits) the tie goes to the smaller peaks.
+  EXPECT_DOUBLE_EQ(r.result.best.step, uniform(r, "none").prediction.step);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_LE(r.result.best.ranks[rank].peak_bytes,
+              uniform(r, "none").prediction.ranks[rank].peak_bytes);
+  }
+  EXPECT_EQ(r.config.remat.stages, stages_of_plan(r, r.result.best.choice));
+  EXPECT_EQ(r.config.schedule.recompute, schedule::RecomputeMode::kPretrigger);
+  // Uniform full: every layer of a stage one unit, no SAVE region.
+  std::vector<int> full;
+  for (bool is_layer : r.is_layer) full.push_back(is_layer ? 1 : 0);
+  EXPECT_EQ(stages_of_plan(r, full)[0],
+            models::StageRemat::of({"layers.0", "layers.1", "layers.2", "layers.3"}, {}));
+  EXPECT_DOUBLE_EQ(uniform(r, "full").prediction.step, plan::evaluate(p, full).step);
+  EXPECT_LT(uniform(r, "full").prediction.ranks[0].peak_bytes,
+            uniform(r, "none").prediction.ranks[0].peak_bytes);
+}
+
+TEST(Plan, ABudgetBetweenFullAndNoneGivesAPlanThatFitsAndTrainsLikeTheReference) {
+  const TrainConfig c = mlp_config();
+  const PlanReport wide = run_plan(c, budget(int64_t{1} << 40));
+  const double none_peak = uniform(wide, "none").prediction.ranks[0].peak_bytes;
+  const double full_peak = uniform(wide, "full").prediction.ranks[0].peak_bytes;
+  ASSERT_LT(full_peak, none_peak);
+  const auto middle = static_cast<int64_t>((none_peak + full_peak) / 2);
+  const PlanReport r = run_plan(c, budget(middle));
+  ASSERT_TRUE(r.result.best.fits());
+  for (const plan::RankPrediction& rank : r.result.best.ranks) {
+    EXPECT_LE(rank.peak_bytes, static_cast<double>(middle)) << rank.rank;
+  }
+  EXPECT_EQ(r.result.best.ranks[0].peak_bytes,
+            plan::evaluate(r.problem, r.result.best.choice).ranks[0].peak_bytes);
+  for (const UniformPrediction& u : r.uniform) {
+    if (u.prediction.fits()) {
+      EXPECT_LE(r.result.best.step, u.prediction.step) << u.policy;
+    }
+  }
+  EXPECT_FALSE(uniform(r, "none").prediction.fits());
+  // Rank 0 (two micro-batches in flight) recomputes something; the plan's config parses back
+  // from YAML and trains bitwise like the single-process reference.
+  ASSERT_EQ(r.config.remat.stages.size(), 2u);
+  EXPECT_TRUE(r.config.remat.stages[0].own);
+  const TrainConfig planned = parse_config(config_to_yaml(r.config), "plan.yaml");
+  EXPECT_EQ(planned.remat.stages, r.config.remat.stages);
+  const TrainResult pipe = train_in_process(planned, nullptr);
+  const TrainResult ref = train_reference(planned, nullptr);
+  ASSERT_EQ(pipe.steps.size(), 2u);
+  for (size_t s = 0; s < 2; ++s) EXPECT_EQ(pipe.steps[s].loss, ref.steps[s].loss) << s;
+  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
+  for (const auto& [name, value] : pipe.params) EXPECT_TRUE(at::equal(value, want[name])) << name;
+  EXPECT_GT(pipe.last.remat.replays, 0);
+}
+
+TEST(Plan, CoresBecomeTheRanksThatComputeAtOnce) {
+  TrainConfig c = mlp_config();
+  c.schedule.ranks = 4;
+  c.model.layers = 4;
+  PlanOptions o = budget(int64_t{1} << 40);
+  o.cores = 2;
+  o.message_ms = 0.25;
+  c.training.clip_grad_norm = 1.0;
+  const PlanReport r = run_plan(c, o);
+  EXPECT_EQ(r.problem.parallel_ranks, 2);  // two cores, one thread per rank
+  EXPECT_EQ(r.problem.message_cost, 0.25);
+  EXPECT_TRUE(r.problem.tails_wait_for_all);
+  // Four ranks on two cores take longer than on a core each (on fixed costs: the measured ones
+  // of a layer this small are timer noise).
+  plan::PlanProblem shared = r.problem;
+  for (size_t l = 0; l < shared.layers.size(); ++l) {
+    for (plan::Candidate& cand : shared.layers[l].candidates) {
+      const double t = r.is_layer[l] ? 1.0 : 0.0;
+      cand.forward = cand.backward_input = cand.backward_weight = cand.recompute = t;
+      cand.backward = 2 * t;
+    }
+  }
+  plan::PlanProblem own = shared;
+  own.parallel_ranks = 0;
+  EXPECT_GT(plan::evaluate(shared, r.result.best.choice).step,
+            plan::evaluate(own, r.result.best.choice).step + 1.0);
+  o.cores = 0;
+  EXPECT_EQ(run_plan(c, o).problem.parallel_ranks, 0);
+}
+
+TEST(Plan, BadInputIsAConfigError) {
+  TrainConfig c = mlp_config();
+  const auto message = [&](const TrainConfig& config, const PlanOptions& o) {
+    try {
+      run_plan(config, o);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string tiny = message(c, budget(1000));
+  EXPECT_EQ(tiny.rfind("plan: no remat plan fits the memory budget: rank 0 needs at least ", 0), 0u)
+      << tiny;
+  EXPECT_NE(tiny.find("The smallest budget every rank fits is "), std::string::npos) << tiny;
+  PlanOptions three = budget(1 << 20);
+  three.budget_bytes = {1 << 20, 1 << 20, 1 << 20};
+  EXPECT_EQ(message(c, three),
+            "plan: 3 memory budgets for 2 ranks; give one for every rank or one per rank");
+  EXPECT_EQ(message(c, budget(0)), "plan: a memory budget must be > 0 bytes, got 0");
+  c.schedule_csv = "x.csv";
+  EXPECT_EQ(message(c, budget(1 << 20)),
+            "plan: schedule.csv is not supported; plan a generated schedule (schedule.kind)");
+}
+
+}  // namespace
+}  // namespace pipemat::train

@@ -1,0 +1,138 @@
+#pragma once
+// Training drivers of the zoo (`pipemat train`), clients of the public pp API (pipeline.h): a
+// pipeline run on this process's transport (mpirun / tcp), the same run with ranks as threads
+// over the local transport (tests), and the single-process reference (the oracle).
+// Progress: one human-readable line per step and one JSON line per step (metrics file), both
+// from the last stage's rank.
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipemat/comm/transport.h"
+#include "pipemat/pp/compute.h"
+#include "pipemat/pp/pipeline.h"
+#include "pipemat/train/options.h"
+
+namespace pipemat::train {
+
+using pp::StepMetrics;
+
+// Steps kept in TrainResult::steps: a long run keeps only its most recent ones (the metrics file
+// and the progress lines have every step), so memory stays flat however long it trains.
+inline constexpr size_t kKeptSteps = 1024;
+
+// Note [End of a run]
+// After the last step a run saves its final checkpoint, writes its output files (timeline,
+// loss curve) and draws the sample. A failure there does not undo the training: it is recorded
+// (and printed by `pipemat train`, naming the part), the rest of the end still runs where it
+// can (the sample needs the final checkpoint), the checkpoint stays, and the exit code says
+// which part failed (the value of EndPart; the smallest when several did). A failure during
+// training, a checkpoint before the last step included, stops the run at once as an error.
+enum class EndPart { kCheckpoint = 3, kOutput = 4, kSample = 5 };
+struct EndFailure {
+  EndPart part;
+  std::string message;
+};
+const char* to_string(EndPart part);
+
+// The whole run as the last stage's rank measured it, for the summary at its end.
+struct RunTotals {
+  std::vector<double> step_ms;  // every step's time
+  // Per rank: the most tensor bytes it held during any step (StepMetrics::rank_start_bytes +
+  // rank_peak_bytes: weights, gradients, optimizer state and activations).
+  std::vector<int64_t> rank_peak_bytes;
+  void add(const StepMetrics& m);
+};
+
+struct TrainResult {
+  // The last stage's rank's view of the most recent kKeptSteps steps, without their action
+  // timelines; `last` is the final step with its timelines.
+  std::vector<StepMetrics> steps;
+  StepMetrics last;
+  std::vector<std::pair<std::string, at::Tensor>> params;  // this rank's (in-process: all)
+  bool last_stage_rank = false;
+  std::vector<std::pair<int64_t, double>> validation;  // (step, validation loss): gpt
+  std::string sample;            // the text sample after training (sample.tokens), on the last rank
+  std::string final_checkpoint;  // "" without checkpoint.dir or when its save failed
+  std::vector<EndFailure> end_failures;  // this rank's (in-process: every rank's)
+  RunTotals totals;                      // on the last stage's rank
+};
+
+// Called on every rank after each step (0-based) with the rank's transport, e.g. to meet the
+// other ranks at a barrier and sample memory while no step runs (`pipemat bench soak`).
+using AfterStep = std::function<void(int64_t step, comm::Transport& transport)>;
+
+// Runs config.training.steps steps on `transport` (one rank of the pipeline).
+TrainResult train_on(const TrainConfig& config, comm::Transport& transport, std::ostream* progress,
+                     const AfterStep& after_step = nullptr);
+
+// Runs the whole pipeline in this process, one thread per rank over local transports.
+// Rethrows the first rank's error (the other ranks fail fast when a peer is gone).
+TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
+                             const AfterStep& after_step = nullptr);
+
+// The oracle run with the same progress and metrics output.
+TrainResult train_reference(const TrainConfig& config, std::ostream* progress);
+
+// `pipemat train`: picks the transport (config.transport.kind; local runs in-process), runs,
+// writes progress to `out`, metrics to config.output.metrics and each end-of-run failure to
+// `err` as "pipemat: error: ..." (Note [End of a run]). Returns the exit code: 0, or the
+// EndPart of the first end-of-run failure.
+int run_train(const TrainConfig& config, bool reference, std::ostream& out, std::ostream& err);
+
+// The oracle: the same stages, data and steps chained in one process, no pipeline and no
+// remat; a random model draws stage s of micro-batch i from pp::forward_seed(seed, step, i, s)
+// as the pipeline does. Returns one StepMetrics per step (loss and step time); `params`
+// receives the final parameters, `validation` the (step, loss) of each evaluation.
+std::vector<StepMetrics> run_reference(
+    const TrainConfig& config, std::vector<std::pair<std::string, at::Tensor>>* params,
+    std::vector<std::pair<int64_t, double>>* validation = nullptr);
+
+// The single-process reference's figures for the run summary (output.reference_steps).
+struct ReferenceFigures {
+  int64_t steps = 0;           // steps run
+  int64_t measured_steps = 0;  // the steps after the first third, whose median is step_ms
+  int threads = 1;             // LibTorch's compute threads
+  std::optional<pp::ThreadChoice> choice;  // how they were chosen, when measured
+  double step_ms = 0;                      // median step time
+  int64_t peak_bytes = 0;  // the most tensor bytes it held (weights, optimizer state included)
+};
+
+// Runs `steps` (>= 1) steps of `config`'s reference (run_reference) with `threads` compute
+// threads (with training.thread_probe, the faster of 1 and `threads` as
+// pp::choose_compute_threads measures them) and returns its figures, the step time measured over
+// the steps after the first third; bytes this process held before are not counted.
+ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps, int threads);
+
+// One micro-batch's forward and backward through the reference's chain of the config's stages
+// (built once, here), the work pp::choose_compute_threads times. The gradients it leaves are
+// dropped on the next call.
+std::function<void()> micro_batch_work(const TrainConfig& config);
+
+// Sets this process's compute threads for `threads` asked (>= 1): as asked with
+// training.thread_probe false or 1 thread, else the faster of 1 and `threads` measured on
+// micro_batch_work(config) (Note [Threads are measured, not assumed] in pp/compute.h).
+void set_training_threads(const TrainConfig& config, int threads);
+
+// schedule.csv resolved: the imported action list, the config with schedule.kind / stages /
+// micro_batches / virtual_stages taken from it, and the importer's note on ignored cells.
+// Without schedule.csv: the config as is and no action list. ConfigError naming the file.
+struct ResolvedSchedule {
+  TrainConfig config;
+  std::optional<schedule::Schedule> actions;
+  std::string note;
+};
+ResolvedSchedule resolve_schedule(const TrainConfig& config);
+
+// The JSON line of one step: {"step":..,"loss":..,"step_ms":..,"bubble":..,"peak_bytes":..,...}
+// with "val_loss" after "loss" when the step was followed by an evaluation.
+std::string metrics_json(const StepMetrics& m,
+                         std::optional<double> validation_loss = std::nullopt);
+
+}  // namespace pipemat::train

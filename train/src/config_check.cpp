@@ -1,0 +1,139 @@
+// The checks between keys of one config, after every value passed its own check. World size and
+// schedule checks belong to the runtime (pp, the schedule generators).
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "config_reader.h"
+
+namespace pipemat::train::config_detail {
+namespace {
+
+// Upper bounds of the float32 weights of the whole model and of one layer's widest activation per
+// micro-batch: with the per-key limits of config_fields.cpp they keep every model the zoo builds
+// inside this kind of machine.
+constexpr double kMaxWeightBytes = 16.0 * (1LL << 30);
+constexpr double kMaxActivationBytes = 4.0 * (1LL << 30);
+
+}  // namespace
+
+void check_consistency(const TrainConfig& config, const ConfigReader& reader) {
+  const models::ModelOptions& model = config.model;
+  if (model.kind == models::ModelKind::kMoe && model.top_k > model.experts) {
+    reader.fail_at(reader.given("model.top_k") ? "model.top_k" : "model.experts",
+                   "top_k " + std::to_string(model.top_k) + " is larger than experts " +
+                       std::to_string(model.experts) +
+                       "; expected 1 <= model.top_k <= model.experts");
+  }
+  const CheckpointOptions& checkpoint = config.checkpoint;
+  if (checkpoint.dir.empty() && (checkpoint.every > 0 || checkpoint.resume == "latest")) {
+    reader.fail_at(
+        checkpoint.every > 0 ? "checkpoint.every" : "checkpoint.resume",
+        "needs checkpoint.dir, the directory the checkpoints are written to / read from");
+  }
+  if (model.kind == models::ModelKind::kGpt && config.data.path.empty()) {
+    reader.fail_at("model.kind",
+                   "gpt trains on text and needs data.path, a text file or a directory "
+                   "of text files (e.g. /usr/share/games/fortunes)");
+  }
+  if (model.kind == models::ModelKind::kGpt && config.sample.tokens > 0 &&
+      config.checkpoint.dir.empty()) {
+    reader.fail_at("sample.tokens",
+                   "the sample is drawn from the final checkpoint and needs "
+                   "checkpoint.dir");
+  }
+  if (model.kind != models::ModelKind::kGpt &&
+      (config.sample.tokens > 0 || config.training.eval_every > 0)) {
+    reader.fail_at(config.sample.tokens > 0 ? "sample.tokens" : "training.eval_every",
+                   "only for model.kind gpt (the zoo's synthetic data has no text to sample or "
+                   "validate on)");
+  }
+  if (config.training.min_lr > config.training.lr) {
+    reader.fail_at("training.min_lr", "min_lr " + format_number(config.training.min_lr) +
+                                          " is larger than training.lr " +
+                                          format_number(config.training.lr));
+  }
+  if ((model.kind == models::ModelKind::kTransformer || model.kind == models::ModelKind::kGpt) &&
+      model.hidden % model.heads != 0) {
+    reader.fail_at(reader.given("model.heads") ? "model.heads" : "model.hidden",
+                   "hidden " + std::to_string(model.hidden) + " is not divisible by heads " +
+                       std::to_string(model.heads) + "; expected model.hidden % model.heads == 0");
+  }
+
+  // Weights (float32) of the whole model and one layer's widest activation per micro-batch.
+  const double h = static_cast<double>(model.hidden);
+  const double f = static_cast<double>(model.ffn > 0 ? model.ffn : 4 * model.hidden);
+  double per_layer = h * h + 2 * h;  // rmsnorm-gemm, save-chain (upper bound)
+  if (model.kind == models::ModelKind::kMlp) per_layer = 2 * h * f + h;
+  if (model.kind == models::ModelKind::kTransformer || model.kind == models::ModelKind::kGpt)
+    per_layer = 4 * h * h + 2 * h * f + 2 * h;
+  if (model.kind == models::ModelKind::kMoe)
+    per_layer = static_cast<double>(model.experts) * (h * h + h) + 2 * h;
+  const double weights = 4.0 * per_layer * static_cast<double>(model.layers);
+  if (weights > kMaxWeightBytes) {
+    reader.fail_at(
+        reader.given("model.layers") ? "model.layers" : "model.hidden",
+        "the " + std::string(to_string(model.kind)) + " model of " + std::to_string(model.layers) +
+            " layers with hidden " + std::to_string(model.hidden) + " holds about " +
+            format_number(weights / (1LL << 30)) + " GiB of float32 weights, more than the " +
+            "limit of " + format_number(kMaxWeightBytes / (1LL << 30)) +
+            " GiB; lower model.layers, model.hidden or model.ffn");
+  }
+  const double width =
+      std::max(
+          h, model.kind == models::ModelKind::kTransformer || model.kind == models::ModelKind::kMlp
+                 ? f
+                 : h) *
+      (model.kind == models::ModelKind::kMoe ? static_cast<double>(model.top_k) : 1.0);
+  const double tokens = model.kind == models::ModelKind::kGpt
+                            ? static_cast<double>(model.batch * model.seq_len)
+                            : static_cast<double>(model.tokens);
+  const double activation = 4.0 * tokens * width;
+  if (activation > kMaxActivationBytes) {
+    const char* key = model.kind == models::ModelKind::kGpt ? "model.batch" : "model.tokens";
+    reader.fail_at(reader.given(key) ? key : "model.hidden",
+                   "one activation of " + format_number(tokens) + " tokens x " +
+                       format_number(width) + " is about " +
+                       format_number(activation / (1LL << 30)) + " GiB, more than the limit of " +
+                       format_number(kMaxActivationBytes / (1LL << 30)) +
+                       " GiB per micro-batch; lower model.tokens or the model's width");
+  }
+
+  const std::vector<int64_t>& per_stage = config.partition.layers_per_stage;
+  if (!per_stage.empty()) {
+    const int64_t sum = std::accumulate(per_stage.begin(), per_stage.end(), int64_t{0});
+    if (sum != model.layers) {
+      reader.fail_at("partition.layers_per_stage",
+                     "the entries sum to " + std::to_string(sum) + " but model.layers is " +
+                         std::to_string(model.layers) + "; give one entry per stage summing to " +
+                         std::to_string(model.layers) + ", or no list for a balanced split");
+    }
+  }
+
+  const models::RematConfig& remat = config.remat;
+  // A stage named `custom` uses remat.checkpoint / exclude; a stage's own lists do not.
+  const bool custom_stage =
+      std::any_of(remat.stages.begin(), remat.stages.end(), [](const models::StageRemat& stage) {
+        return stage.policy == models::RematPolicyKind::kCustom && !stage.own;
+      });
+  if (remat.policy != models::RematPolicyKind::kCustom && !custom_stage) {
+    for (const char* key : {"remat.checkpoint", "remat.exclude"}) {
+      const bool is_set = std::string(key) == "remat.checkpoint" ? !remat.custom.checkpoint.empty()
+                                                                 : !remat.custom.exclude.empty();
+      if (is_set) {
+        reader.fail_at(
+            key, std::string("only allowed with remat.policy custom, but the policy is '") +
+                     to_string(remat.policy) + "'; set remat.policy: custom or remove " + key);
+      }
+    }
+  } else if (remat.custom.checkpoint.empty()) {
+    reader.fail_at(custom_stage ? "remat.stages" : "remat.policy",
+                   "'custom' needs at least one remat.checkpoint pattern, e.g. checkpoint: "
+                   "[\"layers.*\"]");
+  }
+}
+
+}  // namespace pipemat::train::config_detail

@@ -1,0 +1,501 @@
+// The config's keys: one entry per key (Note [Config field table] in config_fields.h), in
+// document order, with the codec that reads and writes it and its row of docs/config.md.
+
+#include "config_fields.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "pipemat/core/parse.h"
+
+namespace pipemat::train::config_detail {
+namespace {
+
+// Upper bounds of sizes: a typo must be a config error naming the key, never a crash in the
+// allocator. Together with the weight and activation limits of check_consistency they keep
+// every model the zoo builds inside this kind of machine.
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxWidth = 65536;  // hidden, ffn, heads
+constexpr int64_t kMaxTokens = 1 << 20;
+constexpr int64_t kMaxExperts = 1024;
+constexpr double kMaxRate = 1e6;  // learning rate (float32 optimizers overflow far above)
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+// A year: far beyond any sensible deadline, far below clock overflow.
+constexpr double kMaxTimeoutSeconds = 365.0 * 24 * 3600;
+
+// The member of a (const or mutable) TrainConfig at `path`, for the codecs of config_fields.h.
+#define PIPEMAT_MEMBER(path) \
+  [](auto& c) -> auto& { return c.path; }
+
+// Enum spellings come from the modules that own the enums, so a rename there shows up here.
+std::vector<schedule::ScheduleKind> schedule_kinds() {
+  // kImported is read from a torch CSV, not configurable by name.
+  return {schedule::ScheduleKind::kGPipe,        schedule::ScheduleKind::kOneFOneB,
+          schedule::ScheduleKind::kInterleaved,  schedule::ScheduleKind::kZeroBubbleH1,
+          schedule::ScheduleKind::kZeroBubbleH2, schedule::ScheduleKind::kZeroBubbleV};
+}
+std::vector<schedule::RecomputeMode> recompute_modes() {
+  return {schedule::RecomputeMode::kNone, schedule::RecomputeMode::kLazy,
+          schedule::RecomputeMode::kPretrigger};
+}
+std::vector<comm::TransportKind> transport_kinds() {
+  return {comm::TransportKind::kAuto, comm::TransportKind::kMpi, comm::TransportKind::kTcp,
+          comm::TransportKind::kLocal};
+}
+
+// A key of a list entry (remat.exclude[].path): read and written with its list.
+Codec list_entry_key(std::string type) { return {std::move(type), nullptr, nullptr}; }
+
+std::string read_pattern(const ConfigReader& r, const YAML::Node& node, const std::string& key) {
+  std::string pattern = r.read_string(node, key, "a module path pattern, e.g. \"layers.*.gemm\"");
+  if (pattern.empty()) {
+    r.fail(key, node.Mark(), "'' is empty; expected a module path pattern, e.g. \"layers.*.gemm\"");
+  }
+  return pattern;
+}
+
+std::vector<std::string> read_patterns(ConfigReader& r, const YAML::Node& v,
+                                       const std::string& key) {
+  std::vector<std::string> patterns;
+  r.for_each_item(v, key, "a list of module path patterns, e.g. [\"layers.*\"]",
+                  [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                    patterns.push_back(read_pattern(r, item, item_key));
+                  });
+  return patterns;
+}
+
+void write_patterns(YAML::Emitter& out, const std::vector<std::string>& patterns) {
+  out << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& pattern : patterns) out << YAML::DoubleQuoted << pattern;
+  out << YAML::EndSeq;
+}
+
+// remat.checkpoint.
+Codec pattern_list() {
+  return {"list of strings",
+          [](ConfigReader& r, const YAML::Node& v, const std::string& key, TrainConfig& c) {
+            c.remat.custom.checkpoint = read_patterns(r, v, key);
+          },
+          [](YAML::Emitter& out, const TrainConfig& c) {
+            write_patterns(out, c.remat.custom.checkpoint);
+          }};
+}
+
+remat::ExcludeRule read_exclude_rule(ConfigReader& r, const YAML::Node& node,
+                                     const std::string& path) {
+  const std::string expected = "{path: PATTERN, save_output: BOOL}, e.g. {path: \"layers.*.gemm\"}";
+  if (!node.IsMap()) {
+    r.fail(path, node.Mark(), describe(node) + " is not a mapping; expected " + expected);
+  }
+  remat::ExcludeRule rule;
+  bool has_path = false;
+  r.for_each_entry(node, path, section_keys("remat.exclude[]"),
+                   [&](const std::string& name, const std::string& key, const YAML::Node& value) {
+                     if (name == "path") {
+                       rule.path = read_pattern(r, value, key);
+                       has_path = true;
+                     } else {
+                       rule.save_output = r.read_bool(value, key);
+                     }
+                   });
+  if (!has_path) r.fail(path, node.Mark(), "'path' is missing; expected " + expected);
+  return rule;
+}
+
+std::vector<remat::ExcludeRule> read_exclude_rules(ConfigReader& r, const YAML::Node& v,
+                                                   const std::string& key) {
+  std::vector<remat::ExcludeRule> rules;
+  r.for_each_item(v, key, "a list of {path: PATTERN, save_output: BOOL}",
+                  [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                    rules.push_back(read_exclude_rule(r, item, item_key));
+                  });
+  return rules;
+}
+
+// Flow mappings in a block list (`flow`: in a flow list), or [] when empty.
+void write_exclude_rules(YAML::Emitter& out, const std::vector<remat::ExcludeRule>& rules,
+                         bool flow) {
+  if (rules.empty() || flow) out << YAML::Flow;
+  out << YAML::BeginSeq;
+  for (const remat::ExcludeRule& rule : rules) {
+    out << YAML::Flow << YAML::BeginMap;
+    out << YAML::Key << "path" << YAML::Value << YAML::DoubleQuoted << rule.path;
+    out << YAML::Key << "save_output" << YAML::Value << rule.save_output;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+}
+
+// remat.exclude.
+Codec exclude_list() {
+  return {"list of mappings",
+          [](ConfigReader& r, const YAML::Node& v, const std::string& key, TrainConfig& c) {
+            c.remat.custom.exclude = read_exclude_rules(r, v, key);
+          },
+          [](YAML::Emitter& out, const TrainConfig& c) {
+            write_exclude_rules(out, c.remat.custom.exclude, false);
+          }};
+}
+
+// One entry of remat.stages: a policy name or {checkpoint: [...], exclude: [...]}.
+models::StageRemat read_stage_remat(ConfigReader& r, const YAML::Node& node,
+                                    const std::string& key) {
+  if (!node.IsMap())
+    return models::StageRemat::named(r.read_enum(node, key, models::remat_policy_values()));
+  models::StageRemat entry = models::StageRemat::of({}, {});
+  r.for_each_entry(
+      node, key, section_keys("remat.stages[]"),
+      [&](const std::string& name, const std::string& item_key, const YAML::Node& value) {
+        if (name == "checkpoint") {
+          entry.lists.checkpoint = read_patterns(r, value, item_key);
+        } else {
+          entry.lists.exclude = read_exclude_rules(r, value, item_key);
+        }
+      });
+  if (entry.lists.checkpoint.empty()) {
+    r.fail(key, node.Mark(),
+           "a stage's own policy needs at least one checkpoint pattern, e.g. {checkpoint: "
+           "[\"layers.0\"]}; write none for a stage without recompute");
+  }
+  return entry;
+}
+
+// remat.stages: a flow list of names, or a block list when an entry is a mapping.
+Codec stage_list() {
+  return {"list",
+          [](ConfigReader& r, const YAML::Node& v, const std::string& key, TrainConfig& c) {
+            std::vector<models::StageRemat>& stages = c.remat.stages;
+            stages.clear();
+            r.for_each_item(v, key,
+                            "a list with one entry per model stage: a policy name or {checkpoint: "
+                            "[...], exclude: [...]}",
+                            [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                              stages.push_back(read_stage_remat(r, item, item_key));
+                            });
+          },
+          [](YAML::Emitter& out, const TrainConfig& c) {
+            const std::vector<models::StageRemat>& stages = c.remat.stages;
+            const bool any_own = std::any_of(stages.begin(), stages.end(),
+                                             [](const models::StageRemat& s) { return s.own; });
+            if (!any_own) out << YAML::Flow;
+            out << YAML::BeginSeq;
+            for (const models::StageRemat& stage : stages) {
+              if (!stage.own) {
+                out << to_string(stage.policy);
+                continue;
+              }
+              out << YAML::Flow << YAML::BeginMap;
+              out << YAML::Key << "checkpoint" << YAML::Value;
+              write_patterns(out, stage.lists.checkpoint);
+              out << YAML::Key << "exclude" << YAML::Value;
+              write_exclude_rules(out, stage.lists.exclude, true);
+              out << YAML::EndMap;
+            }
+            out << YAML::EndSeq;
+          }};
+}
+
+// transport.timeout: seconds in YAML, whole milliseconds in TransportOptions.
+Codec timeout() {
+  return {"number (seconds)",
+          [](ConfigReader& r, const YAML::Node& v, const std::string& key, TrainConfig& c) {
+            const double seconds = r.read_number(v, key, 0, false, kMaxTimeoutSeconds);
+            const auto ms = static_cast<int64_t>(std::llround(seconds * 1000.0));
+            if (seconds > 0 && ms == 0) {
+              r.fail(key, v.Mark(),
+                     describe(v) + " is below the 1 ms resolution; expected 0 (the default) or " +
+                         "at least 0.001 seconds");
+            }
+            c.transport.timeout = std::chrono::milliseconds(ms);
+          },
+          [](YAML::Emitter& out, const TrainConfig& c) {
+            out << format_number(static_cast<double>(c.transport.timeout.count()) / 1000.0);
+          }};
+}
+
+// transport.master: host:port, or empty.
+Codec master() {
+  return {"string",
+          [](ConfigReader& r, const YAML::Node& v, const std::string& key, TrainConfig& c) {
+            const std::string expected =
+                "host:port with a port in [1, 65535], e.g. \"127.0.0.1:29500\" (empty: "
+                "PIPEMAT_MASTER)";
+            std::string master = r.read_string(v, key, expected);
+            if (!master.empty() && !parse_host_port(master)) {
+              r.fail(key, v.Mark(), describe(v) + " is not host:port; expected " + expected);
+            }
+            c.transport.master = master;
+          },
+          [](YAML::Emitter& out, const TrainConfig& c) {
+            out << YAML::DoubleQuoted << c.transport.master;
+          }};
+}
+
+std::vector<ConfigField> make_fields() {
+  return {
+      {"model", "kind", choice(PIPEMAT_MEMBER(model.kind), models::model_kind_values()),
+       "`gpt`, `mlp`, `rmsnorm-gemm`, `transformer`, `moe`, `save-chain`",
+       "model (gpt) or zoo layer kind"},
+      {"model", "layers", integer(PIPEMAT_MEMBER(model.layers), 1, kMaxLayers), ">= 1",
+       "number of layers (gpt: decoder blocks)"},
+      {"model", "hidden", integer(PIPEMAT_MEMBER(model.hidden), 1, kMaxWidth),
+       ">= 1; a multiple of `heads` for `transformer` and `gpt`", "hidden size"},
+      {"model", "tokens", integer(PIPEMAT_MEMBER(model.tokens), 1, kMaxTokens), ">= 1",
+       "tokens (rows) per micro-batch"},
+      {"model", "heads", integer(PIPEMAT_MEMBER(model.heads), 1, kMaxWidth), ">= 1",
+       "attention heads (`transformer`, `gpt`)"},
+      {"model", "ffn", integer(PIPEMAT_MEMBER(model.ffn), 0, kMaxWidth), ">= 0",
+       "inner size of `mlp` / `transformer` / `gpt` MLPs; `0` means 4 * hidden"},
+      {"model", "experts", integer(PIPEMAT_MEMBER(model.experts), 1, kMaxExperts), ">= 1",
+       "experts per layer (`moe`)"},
+      {"model", "top_k", integer(PIPEMAT_MEMBER(model.top_k), 1, kMaxExperts),
+       ">= 1; <= `experts` for `moe`", "experts per token (`moe`)"},
+      {"model", "seq_len", integer(PIPEMAT_MEMBER(model.seq_len), 1, kMaxTokens), ">= 1",
+       "bytes per sequence (`gpt`; the position table's size and the sampling context)"},
+      {"model", "batch", integer(PIPEMAT_MEMBER(model.batch), 1, kMaxTokens), ">= 1",
+       "sequences per micro-batch (`gpt`)"},
+      {"model", "dropout", number(PIPEMAT_MEMBER(model.dropout), 0, false, 0.9), "0 .. 0.9",
+       "dropout after the embedding and on both residual branches of every block (`gpt`); with "
+       "dropout every rank draws per (step, micro-batch, stage) streams, so the pipeline equals a "
+       "single-process run bitwise"},
+      {"data", "path",
+       text(PIPEMAT_MEMBER(data.path),
+            "a text file or a directory of text files, e.g. /usr/share/games/fortunes"),
+       "a text file or a directory; required for `gpt`",
+       "the text, e.g. `/usr/share/games/fortunes` (Debian's `fortunes` package)"},
+      {"data", "validation", number(PIPEMAT_MEMBER(data.validation), 0, true, 0.5), "> 0 .. 0.5",
+       "fraction of the text held out for the validation loss"},
+      {"partition", "layers_per_stage",
+       integer_list(PIPEMAT_MEMBER(partition.layers_per_stage),
+                    "a list of layer counts, one per stage, e.g. [4, 4]", 1),
+       "entries >= 1, summing to `model.layers`",
+       "layers of each model stage in order; empty: contiguous ranges balanced by parameter count"},
+      {"schedule", "kind", choice(PIPEMAT_MEMBER(schedule.kind), schedule_kinds()),
+       "`gpipe`, `1f1b`, `interleaved`, `zb-h1`, `zb-h2`, `zb-v`",
+       "pipeline schedule (see docs/schedules.md)"},
+      {"schedule", "ranks", integer(PIPEMAT_MEMBER(schedule.ranks), 1, kIntMax), "1 .. 2147483647",
+       "pipeline ranks P; must equal the number of processes. Formerly `schedule.stages`, which is "
+       "still read with a warning (giving both is an error)",
+       "", "stages"},
+      {"schedule", "micro_batches", integer(PIPEMAT_MEMBER(schedule.micro_batches), 1, kIntMax),
+       "1 .. 2147483647", "micro-batches M per step"},
+      {"schedule", "virtual_stages", integer(PIPEMAT_MEMBER(schedule.virtual_stages), 1, kIntMax),
+       "1 .. 2147483647", "model stages per rank for `interleaved`; `zb-v` always uses 2"},
+      {"schedule", "recompute", choice(PIPEMAT_MEMBER(schedule.recompute), recompute_modes()),
+       "`none`, `lazy`, `pretrigger`",
+       "where checkpointed stages replay: not at all, inside their backward, or as an R action of "
+       "their own ahead of the gradient"},
+      {"schedule", "csv",
+       text(PIPEMAT_MEMBER(schedule_csv),
+            "the path of a torch.distributed.pipelining CSV schedule, e.g. \"my-schedule.csv\""),
+       "a file path",
+       "a torch.distributed.pipelining CSV schedule (one row per rank, compute-only or with "
+       "SEND/RECV cells) that replaces the generated one: its rows set the ranks, its actions the "
+       "stages and micro-batches (`kind`, `ranks`, `micro_batches`, `virtual_stages` are taken "
+       "from it); `recompute` still places R actions unless the file has them. UNSHARD / RESHARD / "
+       "REDUCE_GRAD cells are accepted as no-ops and reported once"},
+      {"parallel", "data", integer(PIPEMAT_MEMBER(parallel.data), 1, 1024), "1 .. 1024",
+       "data-parallel replicas D of the pipeline: the job has D x `schedule.ranks` ranks, a step "
+       "D x `schedule.micro_batches` micro-batches (each replica its share), and every replica "
+       "ends the step with the mean gradient of all of them"},
+      {"parallel", "bucket_bytes",
+       integer(PIPEMAT_MEMBER(parallel.bucket_bytes), 1, int64_t{1} << 40), "1 .. 2^40",
+       "with `parallel.data` above 1: the size of the gradient messages of a stage's data group "
+       "(whole parameters, about this many bytes each; 26214400 = 25 MiB); a stage's messages "
+       "leave when its last backward of the step ends and overlap the rest of the step"},
+      {"parallel", "weight_tail", boolean(PIPEMAT_MEMBER(parallel.weight_tail)), "",
+       "with `parallel.data` above 1 and a split backward (zb-h1, zb-h2, zb-v): the W actions "
+       "that end a rank's step run bucket by bucket over their micro-batches (the gradients of "
+       "every micro-batch still added in schedule order), so a stage's first buckets leave while "
+       "the rest computes; `false`: one W after the other, every bucket at the end"},
+      {"remat", "policy", choice(PIPEMAT_MEMBER(remat.policy), models::remat_policy_values()),
+       "`none`, `full`, `selective`, `custom`",
+       "`none`: no checkpoint; `full`: every layer a checkpoint unit; `selective`: every layer a "
+       "unit with the model kind's GEMM-like member saved (rmsnorm-gemm: `gemm`; moe: `experts`; "
+       "transformer: `attn.qkv`, `mlp.up`; mlp: `up`; save-chain: the chain); `custom`: the lists "
+       "below"},
+      {"remat", "early_stop", boolean(PIPEMAT_MEMBER(remat.early_stop)), "",
+       "stop a replay once every tensor the backward needs exists again"},
+      {"remat", "checkpoint", pattern_list(),
+       "non-empty patterns; only with `policy: custom`, which needs at least one",
+       "checkpoint units"},
+      {"remat", "exclude", exclude_list(), "only with `policy: custom`",
+       "SAVE regions inside the units, each `{path: ..., save_output: ...}`"},
+      {"remat.exclude[]", "path", list_entry_key("string"), "a non-empty pattern",
+       "the module run once and kept in replay", "(required)"},
+      {"remat.exclude[]", "save_output", list_entry_key("boolean"), "",
+       "cache the region's output for replay; `false` keeps only placeholders, for an output that "
+       "goes whole into the next SAVE region",
+       "`true`"},
+      {"remat", "stages", stage_list(),
+       "one entry per model stage (`schedule.ranks` x chunks per rank: 2 for `zb-v`, "
+       "`virtual_stages` for `interleaved`): a policy name, or a mapping with the keys below",
+       "a policy per stage instead of `remat.policy` on every stage, e.g. `[selective, none]`: the "
+       "first stage of a 1F1B pipeline holds P micro-batches in flight, the last one. A mapping is "
+       "the stage's own custom policy, e.g. a choice per layer from `pipemat plan --out`"},
+      {"remat.stages[]", "checkpoint", list_entry_key("list of strings"),
+       "non-empty patterns, relative to the stage", "the stage's checkpoint units", "(required)"},
+      {"remat.stages[]", "exclude", list_entry_key("list of mappings"),
+       "entries as in `remat.exclude`", "the stage's SAVE regions", "`[]`"},
+      {"transport", "kind", choice(PIPEMAT_MEMBER(transport.kind), transport_kinds()),
+       "`auto`, `mpi`, `tcp`, `local`",
+       "`auto`: mpi under mpirun, tcp when `PIPEMAT_MASTER` is set"},
+      {"transport", "timeout", timeout(), "0 .. 31536000, fractions down to 0.001",
+       "deadline of every wait and of the tcp rendezvous; `0`: `PIPEMAT_COMM_TIMEOUT` or 300 s"},
+      {"transport", "master", master(), "`host:port` with a port in 1 .. 65535, or empty",
+       "tcp rendezvous address of rank 0; empty: `PIPEMAT_MASTER`"},
+      {"transport", "connect_retries",
+       integer(PIPEMAT_MEMBER(transport.connect_retries), 1, kIntMax), "1 .. 2147483647",
+       "tcp connection attempts before giving up"},
+      {"training", "steps", integer(PIPEMAT_MEMBER(training.steps), 1), ">= 1", "optimizer steps"},
+      {"training", "optimizer", choice(PIPEMAT_MEMBER(training.optimizer), optimizer_values()),
+       "`sgd`, `adamw`", "LibTorch optimizer"},
+      {"training", "lr", number(PIPEMAT_MEMBER(training.lr), 0, true, kMaxRate), "> 0",
+       "learning rate"},
+      {"training", "momentum", number(PIPEMAT_MEMBER(training.momentum), 0, false), ">= 0",
+       "SGD momentum"},
+      {"training", "weight_decay", number(PIPEMAT_MEMBER(training.weight_decay), 0, false), ">= 0",
+       "weight decay (SGD and AdamW)"},
+      {"training", "clip_grad_norm", number(PIPEMAT_MEMBER(training.clip_grad_norm), 0, false),
+       ">= 0",
+       "clip the gradients by their global L2 norm over all pipeline ranks (as "
+       "`torch::nn::utils::clip_grad_norm_` over the whole model); `0`: no clipping"},
+      {"training", "seed", unsigned_integer(PIPEMAT_MEMBER(training.seed)),
+       "0 .. 18446744073709551615", "seed of parameters, data windows and dropout"},
+      {"training", "threads", integer(PIPEMAT_MEMBER(training.threads), 0, 1024), "0 to 1024",
+       "compute threads per rank: LibTorch's intra-op threads (OpenMP's and MKL's); `0`: the "
+       "machine's hardware threads divided by the ranks on it (at least 1). The first progress "
+       "line says which LibTorch and BLAS run and with how many threads"},
+      {"training", "thread_probe", boolean(PIPEMAT_MEMBER(training.thread_probe)), "",
+       "when a rank would compute with more than 1 thread: first time one micro-batch's forward "
+       "and backward with 1 thread and with those threads (alternately, 3 rounds each) and keep "
+       "the faster, so that more threads never run slower than one; the first progress line "
+       "gives both times. `false`: the threads as asked, unmeasured"},
+      {"training", "warmup", integer(PIPEMAT_MEMBER(training.warmup), 0), ">= 0",
+       "steps of linear warmup: step t uses lr * (t + 1) / warmup"},
+      {"training", "lr_decay", choice(PIPEMAT_MEMBER(training.lr_decay), lr_decay_values()),
+       "`none`, `cosine`",
+       "after the warmup: a constant lr, or a cosine from `lr` to `min_lr` at the last step"},
+      {"training", "min_lr", number(PIPEMAT_MEMBER(training.min_lr), 0, false, kMaxRate),
+       "0 .. `lr`", "the cosine's end"},
+      {"training", "eval_every", integer(PIPEMAT_MEMBER(training.eval_every), 0),
+       ">= 0; `gpt` only",
+       "validation loss (forward only, eval mode) after every this many steps and after the last; "
+       "`0`: none"},
+      {"training", "eval_batches", integer(PIPEMAT_MEMBER(training.eval_batches), 1, 1 << 20),
+       "1 .. 1048576", "validation micro-batches per evaluation (the same windows every time)"},
+      {"training", "stop_after", integer(PIPEMAT_MEMBER(training.stop_after), 0), ">= 0",
+       "stop this process after this many steps (with a checkpoint when `checkpoint.dir` is set) "
+       "while the LR schedule and the evaluations still span `training.steps`: an interruption on "
+       "purpose that `--resume` continues (`pipemat train --stop-after N`); `0`: run to "
+       "`training.steps`"},
+      {"checkpoint", "dir",
+       text(PIPEMAT_MEMBER(checkpoint.dir), "a directory (empty: no checkpoints)"), "a directory",
+       "where checkpoints are written and `latest` is looked up; empty: no checkpoints"},
+      {"checkpoint", "every", integer(PIPEMAT_MEMBER(checkpoint.every), 0), ">= 0",
+       "save after every this many steps (and after the last); `0`: only after the last (with a "
+       "dir)"},
+      {"checkpoint", "keep_last", integer(PIPEMAT_MEMBER(checkpoint.keep_last), 0, 1000000),
+       "0 to 1000000",
+       "keep the newest this many complete checkpoints of this run (the one just written always "
+       "among them); `0`: all"},
+      {"checkpoint", "resume",
+       text(PIPEMAT_MEMBER(checkpoint.resume), "a step-NNNNNN directory or latest (empty: step 0)"),
+       "a step directory or `latest`",
+       "continue from there (`--resume`); the manifest must match the config (world size, "
+       "schedule, stages, micro-batches, stage map) and every parameter's name and shape; empty: "
+       "step 0"},
+      {"checkpoint", "overwrite", boolean(PIPEMAT_MEMBER(checkpoint.overwrite)), "",
+       "a run that does not resume into a `dir` that holds checkpoints (another run's) is refused "
+       "before training; `true`: remove them (step directories only) and start there"},
+      {"sample", "tokens", integer(PIPEMAT_MEMBER(sample.tokens), 0, kMaxTokens),
+       "0 .. 1048576; > 0 needs `checkpoint.dir` and `gpt`", "bytes to generate; `0`: no sample"},
+      {"sample", "prompt", text(PIPEMAT_MEMBER(sample.prompt), "the text the sample continues"), "",
+       "the text the sample continues"},
+      {"sample", "temperature", number(PIPEMAT_MEMBER(sample.temperature), 0, true, 100),
+       "> 0 .. 100", "softmax temperature"},
+      {"sample", "top_k", integer(PIPEMAT_MEMBER(sample.top_k), 0, 256), "0 .. 256",
+       "sample among the k most likely bytes; `0`: all"},
+      {"sample", "seed", unsigned_integer(PIPEMAT_MEMBER(sample.seed)), "0 .. 18446744073709551615",
+       "seed of the sampling generator"},
+      {"output", "metrics",
+       text(PIPEMAT_MEMBER(output.metrics), "a file path (empty: no metrics file)"), "a path",
+       "JSON lines, one per step (with `val_loss` after an evaluation), written by the last "
+       "stage's rank; empty: none. A resumed run appends to it"},
+      {"output", "timeline_svg",
+       text(PIPEMAT_MEMBER(output.timeline_svg), "a file path (empty: no timeline)"), "a path",
+       "measured timeline of the last step (all ranks); next to it `<name>.predicted.svg`, the "
+       "simulator's timeline with the measured mean action costs; empty: none"},
+      {"output", "loss_svg",
+       text(PIPEMAT_MEMBER(output.loss_svg), "a file path (empty: no loss curve)"), "a path",
+       "the loss curve: train loss of every step and validation loss of every evaluation against "
+       "the step; empty: none"},
+      {"output", "progress", boolean(PIPEMAT_MEMBER(output.progress)), "",
+       "one human-readable line per step on stdout (loss, tokens/s, step time, bubble, peak "
+       "memory, percent done, ETA, remat counters) and one per evaluation"},
+      {"output", "reference_steps", integer(PIPEMAT_MEMBER(output.reference_steps), 0, 1000000),
+       "0 .. 1000000",
+       "after training, the last stage's rank runs this many steps of the same model in one "
+       "process (`pipemat train --reference`, the ranks' threads) and the run summary compares "
+       "the pipeline's tokens/s and peak memory per rank with it; `0`: the summary without it"},
+  };
+}
+
+#undef PIPEMAT_MEMBER
+
+}  // namespace
+
+const std::vector<ConfigField>& config_fields() {
+  static const std::vector<ConfigField> kFields = make_fields();
+  return kFields;
+}
+
+const Names& section_names() {
+  static const Names kNames = [] {
+    Names names;
+    for (const ConfigField& field : config_fields()) {
+      if (!field.in_list_entry() && !contains(names, field.section)) names.push_back(field.section);
+    }
+    return names;
+  }();
+  return kNames;
+}
+
+const Names& section_keys(const std::string& section) {
+  static const std::map<std::string, Names> kKeys = [] {
+    std::map<std::string, Names> keys;
+    for (const ConfigField& field : config_fields()) keys[field.section].push_back(field.name);
+    return keys;
+  }();
+  const auto it = kKeys.find(section);
+  PIPEMAT_INTERNAL_ASSERT(it != kKeys.end(), "no config section '", section, "'");
+  return it->second;
+}
+
+const std::map<std::string, std::string>& section_aliases(const std::string& section) {
+  static const std::map<std::string, std::map<std::string, std::string>> kAliases = [] {
+    std::map<std::string, std::map<std::string, std::string>> aliases;
+    for (const ConfigField& field : config_fields()) {
+      aliases[field.section];
+      if (!field.alias.empty()) aliases[field.section][field.alias] = field.name;
+    }
+    return aliases;
+  }();
+  const auto it = kAliases.find(section);
+  PIPEMAT_INTERNAL_ASSERT(it != kAliases.end(), "no config section '", section, "'");
+  return it->second;
+}
+
+const ConfigField* find_field(const std::string& section, const std::string& name) {
+  for (const ConfigField& field : config_fields()) {
+    if (field.section == section && (field.name == name || field.alias == name)) return &field;
+  }
+  return nullptr;
+}
+
+}  // namespace pipemat::train::config_detail

@@ -1,0 +1,150 @@
+#include "pipemat/train/model_run.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "pipemat/core/error.h"
+#include "pipemat/core/format.h"
+#include "pipemat/core/parse.h"
+#include "pipemat/models/gpt.h"
+#include "pipemat/models/zoo_stages.h"
+#include "pipemat/train/text_data.h"
+
+namespace pipemat::train {
+namespace {
+
+// "<prefix>.<local>.rest" -> "<prefix>.<local + offset>.rest".
+std::string renumber(const std::string& name, const std::string& prefix, int64_t offset) {
+  if (name.compare(0, prefix.size() + 1, prefix + ".") != 0) return name;
+  const auto first = prefix.size();
+  const auto second = name.find('.', first + 1);
+  int64_t local = 0;
+  const std::string index = name.substr(first + 1, second - first - 1);
+  PIPEMAT_INTERNAL_ASSERT(parse_int64(index, &local) == IntParse::kOk, "parameter '", name,
+                          "' of '", prefix, "' has no layer index after its prefix");
+  return prefix + "." + std::to_string(offset + local) +
+         (second == std::string::npos ? "" : name.substr(second));
+}
+
+ModelRun zoo_run(const TrainConfig& config, int stages) {
+  ModelRun run;
+  run.stages = stages;
+  auto layers = std::make_shared<std::vector<torch::nn::AnyModule>>(
+      models::build_layers(config.model, config.training.seed));
+  const auto bounds = std::make_shared<std::vector<int64_t>>(
+      models::partition_layers(*layers, config.partition, stages));
+  run.stage = [layers, bounds](int s) {
+    PIPEMAT_INTERNAL_ASSERT(!layers->empty(), "stage ", s, " asked after release_unused");
+    return pp::make_stage(
+        s, models::Stage(std::vector<torch::nn::AnyModule>(layers->begin() + (*bounds)[s],
+                                                           layers->begin() + (*bounds)[s + 1])));
+  };
+  run.release_unused = [layers] { std::vector<torch::nn::AnyModule>().swap(*layers); };
+  run.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
+    return models::micro_batch_loss(out.at(0), target.at(0), 1);  // pp divides by the micro-batches
+  };
+  run.train_data = [model = config.model, seed = config.training.seed](int64_t step, int64_t mb) {
+    auto [input, target] = models::micro_batch_data(model, seed, step, mb);
+    return pp::MicroBatch{{input}, {target}};
+  };
+  run.policy = models::stage_policy(config.model, config.remat);
+  run.global_name = [bounds](int s, const std::string& name) {
+    return renumber(name, "layers", (*bounds)[s]);
+  };
+  run.tokens_per_micro_batch = tokens_per_micro_batch(config.model);
+  run.summary = std::string(to_string(config.model.kind)) + ": " +
+                std::to_string(config.model.layers) + " layers, hidden " +
+                std::to_string(config.model.hidden) + ", synthetic data";
+  return run;
+}
+
+ModelRun gpt_run(const TrainConfig& config, int stages) {
+  const models::GptShape shape = models::gpt_shape(config.model);
+  const int64_t batch = config.model.batch;
+  auto corpus = std::make_shared<TextCorpus>(
+      load_text(config.data.path, config.data.validation, shape.seq_len + 1));
+  auto parts = std::make_shared<models::GptParts>(models::build_gpt(shape, config.training.seed));
+  const auto bounds = std::make_shared<std::vector<int64_t>>(
+      models::partition_gpt(*parts, config.partition, stages));
+  ModelRun run;
+  run.stages = stages;
+  run.stage = [parts, bounds, stages](int s) {
+    PIPEMAT_INTERNAL_ASSERT(!parts->blocks.empty(), "stage ", s, " asked after release_unused");
+    return pp::make_stage(
+        s, models::GptStage(*parts, (*bounds)[s], (*bounds)[s + 1], s == 0, s == stages - 1));
+  };
+  run.release_unused = [parts] { *parts = models::GptParts{}; };
+  run.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
+    return models::gpt_loss(out.at(0), target.at(0));
+  };
+  const uint64_t seed = config.training.seed;
+  run.train_data = [corpus, batch, shape, seed](int64_t step, int64_t mb) {
+    auto [ids, next] = text_windows(corpus->train, batch, shape.seq_len, seed, step, mb);
+    return pp::MicroBatch{{ids}, {next}};
+  };
+  // Validation windows do not depend on the step: every evaluation sees the same bytes.
+  run.eval_data = [corpus, batch, shape, seed](int64_t, int64_t mb) {
+    auto [ids, next] = text_windows(corpus->validation, batch, shape.seq_len, seed, -1, mb);
+    return pp::MicroBatch{{ids}, {next}};
+  };
+  run.policy = models::stage_policy(config.model, config.remat);
+  run.global_name = [bounds](int s, const std::string& name) {
+    return renumber(name, "blocks", (*bounds)[s]);
+  };
+  run.tokens_per_micro_batch = tokens_per_micro_batch(config.model);
+  run.random = shape.dropout > 0;
+  int64_t params = 0;
+  for (const auto& p : parts->embed->parameters()) params += p.numel();
+  for (const auto& b : parts->blocks) {
+    for (const auto& p : b->parameters()) params += p.numel();
+  }
+  for (const auto& p : parts->head->parameters()) params += p.numel();
+  run.summary =
+      "gpt: " + std::to_string(shape.layers) + " blocks, hidden " + std::to_string(shape.hidden) +
+      ", " + std::to_string(shape.heads) + " heads, " + format_count(params) +
+      " parameters; text: " + format_bytes(static_cast<int64_t>(corpus->train.size())) +
+      " train / " + format_bytes(static_cast<int64_t>(corpus->validation.size())) +
+      " validation from " + std::to_string(corpus->files.size()) + " files of " + config.data.path;
+  if (corpus->skipped_binary > 0) {
+    run.summary += " (" + std::to_string(corpus->skipped_binary) + " binary files skipped)";
+  }
+  return run;
+}
+
+}  // namespace
+
+ModelRun make_model_run(const TrainConfig& config, int stages) {
+  const std::vector<models::StageRemat>& per_stage = config.remat.stages;
+  PIPEMAT_CHECK(
+      per_stage.empty() || static_cast<int>(per_stage.size()) == stages, ConfigError,
+      "remat.stages: ", per_stage.size(), " entries for ", stages,
+      " model stages (schedule.ranks x chunks per rank); give one policy per stage, e.g. [",
+      join(std::vector<std::string>(static_cast<size_t>(stages), "selective"), ", "), "]");
+  ModelRun run = config.model.kind == models::ModelKind::kGpt ? gpt_run(config, stages)
+                                                              : zoo_run(config, stages);
+  for (int s = 0; s < static_cast<int>(per_stage.size()); ++s) {
+    const models::StageRemat& entry = per_stage[static_cast<size_t>(s)];
+    models::RematConfig one = config.remat;
+    one.policy = entry.policy;
+    if (entry.own) one.custom = entry.lists;  // the stage's own lists, not remat.checkpoint's
+    run.stage_policies[s] = models::stage_policy(config.model, one);
+  }
+  return run;
+}
+
+int64_t tokens_per_micro_batch(const models::ModelOptions& model) {
+  return model.kind == models::ModelKind::kGpt ? model.batch * model.seq_len : model.tokens;
+}
+
+double lr_at(const TrainingOptions& t, int64_t step) {
+  if (step < t.warmup) return t.lr * static_cast<double>(step + 1) / static_cast<double>(t.warmup);
+  if (t.lr_decay != LrDecay::kCosine) return t.lr;
+  const int64_t span = t.steps - 1 - t.warmup;
+  const double progress =
+      span <= 0 ? 1.0
+                : std::min(1.0, static_cast<double>(step - t.warmup) / static_cast<double>(span));
+  return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+}  // namespace pipemat::train

@@ -1,0 +1,423 @@
+// The pipeline's training drivers: one rank on this process's transport (train_on), all ranks
+// as threads here (train_in_process), and `pipemat train` (run_train), which picks between them
+// and the reference (train_reference.cpp). What they print and write: train_report.h.
+
+#include "pipemat/train/train.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <optional>
+#include <system_error>
+#include <thread>
+
+#include "pipemat/core/error.h"
+#include "pipemat/pp/checkpoint.h"
+#include "pipemat/pp/compute.h"
+#include "pipemat/remat/memory.h"
+#include "pipemat/schedule/torch_csv.h"
+#include "pipemat/train/config.h"
+#include "pipemat/train/generate.h"
+#include "pipemat/train/loss_curve.h"
+#include "pipemat/train/model_run.h"
+#include "train_checkpoints.h"
+#include "train_optimizer.h"
+#include "train_report.h"
+
+namespace pipemat::train {
+namespace {
+
+// Keeps `m` whole as the last step and its summary (no timelines; of `measured` only the
+// bubble ratio) in the bounded history.
+void keep_step(TrainResult& result, StepMetrics m) {
+  result.last = m;
+  m.timeline.clear();
+  m.timeline.shrink_to_fit();
+  const double schedule_bubble = m.measured.bubble_ratio;
+  m.measured = schedule::SimulationResult{};
+  m.measured.bubble_ratio = schedule_bubble;
+  if (result.steps.size() == kKeptSteps) result.steps.erase(result.steps.begin());
+  result.steps.push_back(std::move(m));
+}
+
+// Builds the generated schedule of `config` to check its constraints before anything runs.
+// The schedule module names its options by their `pipemat schedule` flags; a config names keys.
+void check_schedule(const ResolvedSchedule& resolved) {
+  if (resolved.actions) return;  // imported: validated on import
+  try {
+    schedule::build_schedule(resolved.config.schedule);
+  } catch (const ConfigError& e) {
+    std::string text = e.what();
+    const std::pair<const char*, const char*> keys[] = {
+        {"--micro-batches", "schedule.micro_batches"},
+        {"--ranks", "schedule.ranks"},
+        {"--virtual", "schedule.virtual_stages"},
+        {"--kind", "schedule.kind"}};
+    for (const auto& [flag, key] : keys) {
+      for (size_t at = text.find(flag); at != std::string::npos; at = text.find(flag, at)) {
+        text.replace(at, std::strlen(flag), key);
+        at += std::strlen(key);
+      }
+    }
+    throw ConfigError(text);
+  }
+}
+
+// Note [Rank layout]
+// ~~~~~~~~~~~~~~~~~~
+// A job of D x P ranks (parallel.data x schedule.ranks) puts the data axis innermost: rank w is
+// pipeline rank w / D of replica w % D, so replica d's pipeline is ranks d, D + d, 2D + d, ...
+// and the D ranks that hold one stage are neighbours 0..D-1, D..2D-1, ... The reason is the
+// bytes each axis moves per step. A stage's data group all-reduces all its gradients once a step
+// (the whole model's size, spread over the stages), in one burst at the end of the backward; the
+// pipeline moves one activation and one gradient per micro-batch and boundary, smaller, spread
+// over the step and overlapped with compute by the schedule. On a cluster, launchers number the
+// ranks of one node consecutively, so data-innermost keeps the all-reduce on the node's fast
+// links and lets the pipeline's point-to-point messages cross nodes, as DeepSpeed's default
+// topology does. On one machine (here: two cores, shared memory for every transport) the two
+// placements move the same bytes through the same memory; the order only decides which ranks
+// share a core's neighbour. Each pipeline and each data group is a comm::make_group view of the
+// job's transport (Note [Groups of ranks]): a replica's pipeline and a stage's data group meet
+// in one rank only, so their messages never mix.
+struct RankLayout {
+  std::unique_ptr<comm::Transport> pipeline;  // this replica's ranks; null: the job's transport
+  std::unique_ptr<comm::Transport> data;      // this stage's replicas; null: one pipeline
+  int replica = 0;
+};
+
+RankLayout make_rank_layout(const TrainConfig& config, comm::Transport& job) {
+  RankLayout layout;
+  const int data = static_cast<int>(config.parallel.data);
+  const int ranks = static_cast<int>(config.schedule.ranks);
+  if (data == 1) return layout;
+  PIPEMAT_CHECK(job.world_size() == data * ranks, ConfigError, "parallel.data is ", data,
+                " and schedule.ranks ", ranks, ": the job needs ", data * ranks,
+                " ranks (pipemat-run -n ", data * ranks, " ...) but has ", job.world_size());
+  const int w = job.rank();
+  layout.replica = w % data;
+  std::vector<int> pipeline, group;
+  for (int p = 0; p < ranks; ++p) pipeline.push_back(p * data + layout.replica);
+  for (int d = 0; d < data; ++d) group.push_back((w / data) * data + d);
+  layout.pipeline = comm::make_group(job, pipeline);
+  layout.data = comm::make_group(job, group);
+  return layout;
+}
+
+}  // namespace
+
+ResolvedSchedule resolve_schedule(const TrainConfig& config) {
+  ResolvedSchedule out{config, std::nullopt, ""};
+  if (config.schedule_csv.empty()) return out;
+  std::ifstream in(config.schedule_csv, std::ios::binary);
+  PIPEMAT_CHECK(in.is_open(), ConfigError, "schedule.csv: cannot open '", config.schedule_csv,
+                "'; expected a torch.distributed.pipelining CSV schedule (one row per rank)");
+  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  schedule::TorchCsvImport imported = schedule::import_torch_csv_report(text, config.schedule_csv);
+  schedule::ScheduleOptions& s = out.config.schedule;
+  s.kind = schedule::ScheduleKind::kImported;
+  s.ranks = imported.schedule.ranks_count;
+  s.micro_batches = imported.schedule.micro_batches;
+  s.virtual_stages = imported.schedule.virtual_stages;
+  out.actions = std::move(imported.schedule);
+  out.note = std::move(imported.note);
+  return out;
+}
+
+TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostream* progress,
+                     const AfterStep& after_step) {
+  remat::install_tracking_allocator();
+  ResolvedSchedule resolved = resolve_schedule(given);
+  check_schedule(resolved);
+  const TrainConfig& config = resolved.config;
+  // Note [Rank layout]: this rank's pipeline and, with data parallelism, its data group.
+  const RankLayout layout = make_rank_layout(config, job);
+  comm::Transport& transport = layout.pipeline ? *layout.pipeline : job;
+  // Before anything is built: a directory this run must not write into is refused at once (by
+  // every rank of the job: replica 0 writes, every replica resumes).
+  const RunCheckpoints checkpoints = start_checkpoints(config, job);
+  pp::PipelineOptions options;
+  options.schedule = config.schedule;
+  options.actions = resolved.actions;
+  const ModelRun run = make_model_run(config, pp::stage_count(options));
+  options.remat = run.policy;
+  options.stage_remat = run.stage_policies;
+  options.loss = run.loss;
+  options.optimizer = [training = config.training](const std::vector<at::Tensor>& params) {
+    return make_optimizer(training, params);
+  };
+  options.lr_schedule = lr_schedule_of(config.training);
+  options.clip_grad_norm = config.training.clip_grad_norm;
+  if (run.random) options.seed = config.training.seed;
+  options.data_group = layout.data.get();
+  options.gradient_bucket_bytes = config.parallel.bucket_bytes;
+  options.weight_tail = config.parallel.weight_tail;
+  pp::Pipeline pipeline(transport, options, run.stage);
+  run.release_unused();  // the other ranks' stages' weights
+  TrainResult result;
+  // Replica 0's last stage speaks for the job (every replica holds the same loss and weights).
+  result.last_stage_rank = pipeline.is_last_stage_rank() && layout.replica == 0;
+  const bool talk = result.last_stage_rank && progress && config.output.progress;
+  const CheckpointOptions& ck = config.checkpoint;
+  if (!checkpoints.resume_dir.empty()) {
+    pp::load_checkpoint(pipeline, transport, checkpoints.resume_dir);
+    if (talk) {
+      *progress << "resumed from " << checkpoints.resume_dir << " after step " << pipeline.step()
+                << "\n";
+    }
+  }
+  if (talk && !ck.dir.empty()) print_checkpoint_run(*progress, config, checkpoints);
+  MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "", !ck.resume.empty());
+  if (talk) {
+    print_compute(*progress, job.world_size());
+    *progress << "model: " << run.summary << "\n" << std::flush;
+  }
+  const std::string metadata = config_to_yaml(given);
+  Pace pace;
+  pace.first_step = pipeline.step();
+  pace.tokens_per_step =
+      run.tokens_per_micro_batch * config.schedule.micro_batches * config.parallel.data;
+  const int64_t eval_every = run.eval_data ? config.training.eval_every : 0;
+  // The train curve only when it is drawn: a long run's memory stays flat.
+  const bool draw_curve = result.last_stage_rank && !config.output.loss_svg.empty();
+  std::vector<LossPoint> train_curve;
+  const int64_t end = config.training.stop_after > 0
+                          ? std::min(config.training.stop_after, config.training.steps)
+                          : config.training.steps;
+  for (int64_t step = pipeline.step(); step < end; ++step) {
+    StepMetrics m = pipeline.train_step(run.train_data);
+    const bool last = step + 1 == config.training.steps;
+    std::optional<double> validation;
+    if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) {
+      pp::EvalOptions eo;
+      eo.micro_batches = config.training.eval_batches;
+      validation = pipeline.evaluate(run.eval_data, eo).loss;
+      result.validation.push_back({step, *validation});
+    }
+    if (draw_curve) train_curve.push_back({step + 1, m.loss});
+    if (result.last_stage_rank) {
+      result.totals.add(m);
+      metrics.write(m, validation);
+      if (talk) {
+        print_progress(*progress, config, m, true, pace);
+        if (validation) print_validation(*progress, step, *validation);
+      }
+    }
+    keep_step(result, std::move(m));
+    // Replica 0 writes the checkpoints: the replicas hold the same weights and optimizer state.
+    if (!ck.dir.empty() && layout.replica == 0 &&
+        ((ck.every > 0 && (step + 1) % ck.every == 0) || step + 1 == end)) {
+      // Note [End of a run]: the last step's save failing ends the run, not the training.
+      const bool final_save = step + 1 == end;
+      try {
+        result.final_checkpoint = pp::save_checkpoint(pipeline, transport, ck.dir, checkpoints.run,
+                                                      static_cast<int>(ck.keep_last), metadata);
+        if (talk) *progress << "checkpoint " << result.final_checkpoint << "\n";
+      } catch (const PipelineError& e) {
+        if (!final_save) throw;
+        result.final_checkpoint.clear();
+        result.end_failures.push_back({EndPart::kCheckpoint, e.what()});
+      }
+    }
+    if (after_step) after_step(step, transport);
+  }
+  const auto at_end = [&](EndPart part, const std::function<void()>& work) {
+    try {
+      work();
+    } catch (const std::exception& e) {
+      result.end_failures.push_back({part, e.what()});
+    }
+  };
+  if (result.last_stage_rank && !config.output.timeline_svg.empty() && !result.steps.empty()) {
+    at_end(EndPart::kOutput, [&] { write_timeline_svg(config, pipeline.schedule(), result.last); });
+  }
+  if (draw_curve && !train_curve.empty()) {
+    at_end(EndPart::kOutput, [&] {
+      std::vector<LossPoint> validation_curve;
+      for (const auto& [step, loss] : result.validation) {
+        validation_curve.push_back({step + 1, loss});
+      }
+      write_loss_svg(config.output.loss_svg, train_curve, validation_curve, run.summary);
+      if (talk) *progress << "loss curve " << config.output.loss_svg << "\n";
+    });
+  }
+  if (result.last_stage_rank && config.sample.tokens > 0 && !ck.dir.empty() &&
+      end == config.training.steps) {
+    at_end(EndPart::kSample, [&] {
+      PIPEMAT_CHECK(!result.final_checkpoint.empty(), PipelineError,
+                    "no sample: it is drawn from the final checkpoint, which was not saved");
+      const GenerateResult sample = generate_text(result.final_checkpoint, config.sample);
+      result.sample = sample.text;
+      if (talk) {
+        *progress << "sample (pipemat generate --checkpoint " << result.final_checkpoint
+                  << " --tokens " << config.sample.tokens << "):\n"
+                  << config.sample.prompt << sample.text << "\n"
+                  << std::flush;
+      }
+    });
+  }
+  // One replica's parameters: the others hold the same bits (Note [Data x pipeline]).
+  for (int s : layout.replica == 0 ? pipeline.stages() : std::vector<int>{}) {
+    for (const auto& item : pipeline.stage(s).module->named_parameters()) {
+      result.params.emplace_back(run.global_name(s, item.key()), item.value());
+    }
+  }
+  return result;
+}
+
+TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
+                             const AfterStep& after_step) {
+  const ResolvedSchedule resolved = resolve_schedule(config);
+  const int ranks =
+      resolved.config.schedule.ranks * static_cast<int>(resolved.config.parallel.data);
+  PIPEMAT_CHECK(ranks >= 1, ConfigError, "schedule.ranks must be at least 1");
+  check_schedule(resolved);  // before any thread or tensor exists
+  comm::TransportOptions options = config.transport;
+  options.kind = comm::TransportKind::kLocal;
+  auto transports = comm::make_local_transports(ranks, options);
+  std::vector<TrainResult> results(ranks);
+  std::vector<std::exception_ptr> errors(ranks);
+  std::vector<std::thread> threads;
+  try {
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          results[r] = train_on(config, *transports[r], progress, after_step);
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+        transports[r].reset();  // peers waiting on this rank fail fast
+      });
+    }
+  } catch (const std::system_error& e) {
+    // Out of threads: end the ranks that started (their peers are gone) and say so.
+    for (size_t r = threads.size(); r < transports.size(); ++r) transports[r].reset();
+    for (auto& t : threads) t.join();
+    PIPEMAT_THROW(ConfigError, "transport local: could not start thread ", threads.size() + 1,
+                  " of ", ranks, " (", e.what(),
+                  "); run fewer ranks in one process "
+                  "(schedule.ranks) or use transport.kind mpi / tcp");
+  }
+  for (auto& t : threads) t.join();
+  // The root cause is the first error that is not a consequence of a peer going away.
+  std::exception_ptr first;
+  for (auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const CommError&) {
+      if (!first) first = e;
+    } catch (...) {
+      first = e;
+      break;
+    }
+  }
+  if (first) std::rethrow_exception(first);
+  TrainResult merged;
+  for (auto& r : results) {
+    if (r.last_stage_rank) {
+      merged.steps = r.steps;
+      merged.last = r.last;
+      merged.last_stage_rank = true;
+      merged.validation = r.validation;
+      merged.sample = r.sample;
+      merged.final_checkpoint = r.final_checkpoint;
+      merged.totals = r.totals;
+    }
+    for (const EndFailure& f : r.end_failures) {  // one line per part (a save fails everywhere)
+      const bool known = std::any_of(merged.end_failures.begin(), merged.end_failures.end(),
+                                     [&](const EndFailure& g) { return g.part == f.part; });
+      if (!known) merged.end_failures.push_back(f);
+    }
+    merged.params.insert(merged.params.end(), r.params.begin(), r.params.end());
+  }
+  return merged;
+}
+
+const char* to_string(EndPart part) {
+  switch (part) {
+    case EndPart::kCheckpoint:
+      return "the final checkpoint";
+    case EndPart::kOutput:
+      return "an output file";
+    case EndPart::kSample:
+      return "the sample";
+  }
+  return "?";
+}
+
+namespace {
+
+// Prints each end-of-run failure (Note [End of a run]) and returns the exit code.
+int report_end(const TrainResult& result, const TrainConfig& config, std::ostream& err) {
+  int code = 0;
+  for (const EndFailure& f : result.end_failures) {
+    // One write per line: ranks started as local processes share the terminal, and a line
+    // written in pieces interleaves with another rank's.
+    std::string line = ::pipemat::detail::concat(
+        "pipemat: error: ", to_string(f.part), " failed after the run's last step (step ",
+        result.last.step + 1, " of ", config.training.steps, "): ", f.message);
+    if (f.part != EndPart::kCheckpoint && !result.final_checkpoint.empty()) {
+      line += ::pipemat::detail::concat("; the final checkpoint ", result.final_checkpoint,
+                                        " is complete");
+    }
+    err << line + "\n" << std::flush;
+    const int part = static_cast<int>(f.part);
+    code = code == 0 ? part : std::min(code, part);
+  }
+  return code;
+}
+
+}  // namespace
+
+int run_train(const TrainConfig& config, bool reference, std::ostream& out, std::ostream& err) {
+  const ResolvedSchedule resolved = resolve_schedule(config);
+  if (!resolved.note.empty()) out << resolved.note << "\n";
+  // The ranks of this machine share its cores (all of them when they are threads here). The
+  // reference computes with the threads one rank of that pipeline gets: LibTorch's reductions
+  // depend on the thread count, and the oracle must be comparable bitwise.
+  int ranks_on_host = resolved.config.schedule.ranks * static_cast<int>(config.parallel.data);
+  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+    ranks_on_host = std::atoi(local);
+  set_training_threads(config, config.training.threads > 0
+                                   ? static_cast<int>(config.training.threads)
+                                   : pp::default_compute_threads(ranks_on_host));
+  if (reference) {
+    train_reference(config, &out);
+    return 0;
+  }
+  // After training, on the rank that prints: the run summary, with the single process measured
+  // now (the other ranks are done and leave it the machine).
+  const auto summarize = [&](const TrainResult& result, bool one_process) {
+    if (!result.last_stage_rank || !config.output.progress) return;
+    std::optional<ReferenceFigures> figures;
+    if (config.output.reference_steps > 0) {
+      out << "measuring the single process for the summary: " << config.output.reference_steps
+          << " steps of pipemat train --reference (output.reference_steps)\n"
+          << std::flush;
+      // The single process on this machine: all its cores unless threads were set.
+      figures =
+          measure_reference(config, config.output.reference_steps,
+                            config.training.threads > 0 ? static_cast<int>(config.training.threads)
+                                                        : pp::default_compute_threads(1));
+    }
+    const int64_t tokens_per_step = tokens_per_micro_batch(config.model) *
+                                    resolved.config.schedule.micro_batches * config.parallel.data;
+    print_run_summary(out, resolved.config, result.totals, tokens_per_step, figures, one_process);
+  };
+  comm::TransportOptions options = comm::resolve_options(config.transport);
+  if (options.kind == comm::TransportKind::kLocal) {
+    const TrainResult result = train_in_process(config, &out);
+    summarize(result, /*one_process=*/true);
+    return report_end(result, config, err);
+  }
+  auto transport = comm::make_transport(options);
+  const TrainResult result = train_on(config, *transport, &out);
+  summarize(result, /*one_process=*/false);
+  return report_end(result, config, err);
+}
+
+}  // namespace pipemat::train

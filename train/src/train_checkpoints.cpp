@@ -1,0 +1,168 @@
+// Which run a `pipemat train` start continues or begins (Note [Checkpoint directories]).
+
+#include "train_checkpoints.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "pipemat/core/digest.h"
+#include "pipemat/core/error.h"
+#include "pipemat/train/config.h"
+
+namespace pipemat::train {
+namespace {
+
+std::string short_id(const std::string& run_id) {
+  return run_id.empty() ? "(no run id: written before checkpoints named their run)"
+                        : run_id.substr(0, 12);
+}
+
+// "2 complete checkpoints of run 3f2a9c01d4e7 (steps 4 .. 6, newest ck/step-000006, written with
+// this config), 1 incomplete (ck/step-000008)".
+std::string describe(const std::vector<pp::CheckpointEntry>& entries, const std::string& digest) {
+  std::map<std::string, std::vector<const pp::CheckpointEntry*>> runs;
+  std::vector<std::string> incomplete;
+  for (const auto& e : entries) {
+    if (e.complete) {
+      runs[e.run_id].push_back(&e);
+    } else {
+      incomplete.push_back(e.dir);
+    }
+  }
+  std::ostringstream out;
+  const char* separator = "";
+  for (const auto& [id, list] : runs) {
+    out << separator << list.size() << " complete checkpoint" << (list.size() == 1 ? "" : "s")
+        << " of run " << short_id(id) << " (step";
+    if (list.size() == 1) {
+      out << " " << list.front()->step;
+    } else {
+      out << "s " << list.front()->step << " .. " << list.back()->step;
+    }
+    out << ", newest " << list.back()->dir << ", written with "
+        << (list.back()->config_digest == digest ? "this config" : "another config") << ")";
+    separator = ", ";
+  }
+  if (!incomplete.empty()) {
+    out << separator << incomplete.size() << " incomplete (no manifest: ";
+    for (size_t i = 0; i < incomplete.size() && i < 3; ++i) out << (i ? ", " : "") << incomplete[i];
+    if (incomplete.size() > 3) out << ", ...";
+    out << ")";
+  }
+  return out.str();
+}
+
+// checkpoint.resume `latest`: the newest complete checkpoint of the one run under `dir`.
+std::string latest_of_one_run(const std::string& dir,
+                              const std::vector<pp::CheckpointEntry>& entries,
+                              const std::string& digest) {
+  std::map<std::string, int> runs;
+  std::string latest;
+  for (const auto& e : entries) {
+    if (!e.complete) continue;
+    ++runs[e.run_id];
+    latest = e.dir;
+  }
+  PIPEMAT_CHECK(!latest.empty(), ConfigError,
+                "checkpoint.resume: latest: there is no complete checkpoint under '", dir,
+                "' (checkpoint.dir)");
+  PIPEMAT_CHECK(runs.size() == 1, ConfigError, "checkpoint.resume: latest: checkpoint.dir '", dir,
+                "' holds the checkpoints of ", runs.size(), " runs: ", describe(entries, digest),
+                "; name the step directory to resume (--resume DIR/step-NNNNNN)");
+  return latest;
+}
+
+// Every rank writes its file into checkpoint.dir: find out now, not after training, that it
+// cannot (a read-only file system, a missing permission, a full disk).
+void check_writable(const std::string& dir, int rank) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  PIPEMAT_CHECK(!ec, ConfigError, "checkpoint.dir '", dir, "' cannot be created (rank ", rank,
+                "): ", ec.message());
+  const std::string probe = (fs::path(dir) / (".pipemat-write-test-" + std::to_string(rank) + "-" +
+                                              std::to_string(::getpid())))
+                                .string();
+  errno = 0;
+  std::FILE* file = std::fopen(probe.c_str(), "wb");
+  const bool written = file != nullptr && std::fputs("pipemat", file) >= 0;
+  const int error = errno;
+  const bool closed = file != nullptr && std::fclose(file) == 0;
+  fs::remove(probe, ec);
+  PIPEMAT_CHECK(written && closed, ConfigError, "checkpoint.dir '", dir, "' is not writable (rank ",
+                rank, "): ", std::strerror(error != 0 ? error : EIO),
+                "; choose a directory every rank can write to");
+}
+
+}  // namespace
+
+std::string config_digest(const TrainConfig& config) {
+  TrainConfig identity = config;
+  identity.checkpoint.resume.clear();
+  identity.checkpoint.overwrite = false;
+  identity.training.stop_after = 0;
+  // A run may resume with another number of replicas or other buckets: they change how the
+  // gradients travel, not what they are.
+  identity.parallel = ParallelOptions{};
+  identity.warnings.clear();
+  return sha256_hex(config_to_yaml(identity));
+}
+
+RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& transport) {
+  const CheckpointOptions& ck = config.checkpoint;
+  const std::string digest = config_digest(config);
+  RunCheckpoints out;
+  PIPEMAT_CHECK(!(ck.overwrite && !ck.resume.empty()), ConfigError,
+                "checkpoint.overwrite: a run that resumes (checkpoint.resume '", ck.resume,
+                "') continues its checkpoints and removes none; overwrite is for a run that "
+                "starts at step 0");
+  const std::vector<pp::CheckpointEntry> entries = pp::list_checkpoints(ck.dir);
+  if (!ck.resume.empty()) {
+    out.resume_dir = ck.resume == "latest" ? latest_of_one_run(ck.dir, entries, digest) : ck.resume;
+    const pp::CheckpointManifest from = pp::read_checkpoint_manifest(out.resume_dir);
+    out.continued = !from.run_id.empty();
+    out.run = out.continued ? pp::CheckpointRun{from.run_id, from.config_digest}
+                            : pp::new_checkpoint_run(from.config_digest);
+    for (const auto& e : entries) {
+      PIPEMAT_CHECK(!e.complete || e.run_id == out.run.id || e.step <= from.step ||
+                        e.step > config.training.steps,
+                    ConfigError, "checkpoint.dir '", ck.dir,
+                    "' holds a complete checkpoint of another run at step ", e.step, " (", e.dir,
+                    ", run ", short_id(e.run_id), "), which this run (resuming after step ",
+                    from.step, ", to step ", config.training.steps,
+                    ") would have to overwrite; it never does: resume into another "
+                    "checkpoint.dir");
+    }
+    if (!ck.dir.empty()) check_writable(ck.dir, transport.rank());
+    return out;
+  }
+  out.run = pp::new_checkpoint_run(digest);
+  if (ck.dir.empty()) return out;
+  if (entries.empty()) {
+    check_writable(ck.dir, transport.rank());
+    return out;
+  }
+  PIPEMAT_CHECK(ck.overwrite, ConfigError, "checkpoint.dir '", ck.dir,
+                "' already holds checkpoints: ", describe(entries, digest),
+                ". This run starts at step 0 and leaves them alone. To continue that run: "
+                "--resume latest (checkpoint.resume=latest); to start a new run and keep them: "
+                "another checkpoint.dir; to remove them and start here: --set "
+                "checkpoint.overwrite=true");
+  transport.barrier();  // every rank has looked before rank 0 removes anything
+  for (const auto& e : entries) out.overwritten.push_back(e.dir);
+  if (transport.rank() == 0) {
+    for (const auto& e : entries) pp::remove_checkpoint(e.dir);
+  }
+  transport.barrier();
+  check_writable(ck.dir, transport.rank());
+  return out;
+}
+
+}  // namespace pipemat::train

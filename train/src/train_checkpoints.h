@@ -1,0 +1,47 @@
+#pragma once
+// The checkpoints of a `pipemat train` run (private to models): which run a start continues or
+// begins, and what it does with a checkpoint.dir that holds checkpoints already.
+//
+// Note [Checkpoint directories]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A checkpoint.dir holds the checkpoints of one run (Note [Checkpoint runs] in pp/checkpoint.h).
+//  * A run that resumes (checkpoint.resume: a step directory, or `latest`) continues the run of
+//    that checkpoint: its saves name the same run and its keep_last prunes only that run's
+//    checkpoints. `latest` is refused when the directory holds complete checkpoints of more
+//    than one run (which one is meant?), and a resume is refused when a complete checkpoint of
+//    another run sits at a step this run would write (it would have to overwrite it).
+//  * A run that starts at step 0 into a directory that holds step-NNNNNN directories (complete
+//    or not) is refused before anything is built, with what is there and the three ways on:
+//    resume it, choose another directory, or checkpoint.overwrite=true, which removes those
+//    step directories (rank 0, after every rank looked) and starts a new run there.
+// Files and directories that are not step-NNNNNN are never touched. Every rank reads the
+// directory itself before any rank changes it, so a refusal is every rank's (a ConfigError that
+// rank 0 reports).
+
+#include <ostream>
+#include <string>
+
+#include "pipemat/comm/transport.h"
+#include "pipemat/pp/checkpoint.h"
+#include "pipemat/train/options.h"
+
+namespace pipemat::train {
+
+struct RunCheckpoints {
+  pp::CheckpointRun run;   // the run this process saves as
+  std::string resume_dir;  // the checkpoint to load; "" for a run that starts at step 0
+  bool continued = false;  // `run` is the resumed checkpoint's run
+  std::vector<std::string> overwritten;  // step directories removed by checkpoint.overwrite
+};
+
+// The config's digest as runs record it: the SHA-256 of the effective config, without the keys
+// that only say how this process starts or stops (checkpoint.resume, checkpoint.overwrite,
+// training.stop_after).
+std::string config_digest(const TrainConfig& config);
+
+// Collective when checkpoint.overwrite removes something (two barriers); otherwise reads only.
+// `config.checkpoint.dir` empty: no checkpoints (a fresh run id all the same). ConfigError as
+// Note [Checkpoint directories] says.
+RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& transport);
+
+}  // namespace pipemat::train
