@@ -128,3 +128,30 @@ macro(pipemat_find_torch)
     add_link_options("LINKER:-rpath-link,${_dir}")
   endforeach()
 endmacro()
+
+# PIPEMAT_CUDA: ON compiles pipemat's CUDA paths (devices per rank, the CUDA allocator's
+# statistics), OFF leaves them out, AUTO (the default) is ON when the LibTorch found is a CUDA
+# build and CMake found the CUDA compiler that build needs. Compiling them needs no GPU; running
+# them does (scripts/gpu-check.sh). Sets PIPEMAT_CUDA_ENABLED.
+macro(pipemat_cuda_option)
+  set(PIPEMAT_CUDA AUTO CACHE STRING "Compile pipemat's CUDA paths: ON, OFF or AUTO")
+  set_property(CACHE PIPEMAT_CUDA PROPERTY STRINGS AUTO ON OFF)
+  if(TORCH_CUDA_LIBRARIES AND CMAKE_CUDA_COMPILER)
+    set(_pipemat_cuda_possible TRUE)
+  else()
+    set(_pipemat_cuda_possible FALSE)
+  endif()
+  if(PIPEMAT_CUDA STREQUAL "AUTO")
+    set(PIPEMAT_CUDA_ENABLED ${_pipemat_cuda_possible})
+  elseif(PIPEMAT_CUDA)
+    if(NOT _pipemat_cuda_possible)
+      message(FATAL_ERROR "PIPEMAT_CUDA=ON needs a CUDA build of LibTorch and the CUDA toolkit; "
+              "LibTorch ${Torch_VERSION} at ${TORCH_INSTALL_PREFIX} has CUDA libraries: "
+              "'${TORCH_CUDA_LIBRARIES}', CUDA compiler: '${CMAKE_CUDA_COMPILER}'")
+    endif()
+    set(PIPEMAT_CUDA_ENABLED TRUE)
+  else()
+    set(PIPEMAT_CUDA_ENABLED FALSE)
+  endif()
+  message(STATUS "pipemat: CUDA paths ${PIPEMAT_CUDA_ENABLED} (PIPEMAT_CUDA=${PIPEMAT_CUDA})")
+endmacro()

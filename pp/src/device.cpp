@@ -1,0 +1,93 @@
+// Devices of the ranks (pipemat/pp/device.h). The CUDA paths compile under PIPEMAT_CUDA only:
+// their headers come with a CUDA build of LibTorch.
+
+#include "pipemat/pp/device.h"
+
+#include <torch/cuda.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "pipemat/core/error.h"
+
+#ifdef PIPEMAT_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace pipemat::pp {
+namespace {
+
+// The N of "cuda:N", or -1 for a malformed index.
+int parse_index(const std::string& digits) {
+  if (digits.empty() || digits.size() > 4) return -1;
+  int n = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return -1;
+    n = n * 10 + (c - '0');
+  }
+  return n;
+}
+
+}  // namespace
+
+bool cuda_compiled() {
+#ifdef PIPEMAT_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count() {
+  if (!cuda_compiled()) return 0;
+  return static_cast<int>(torch::cuda::device_count());
+}
+
+c10::Device resolve_device(const std::string& spec, int local_rank, const std::string& key) {
+  if (spec == "cpu") return c10::Device(c10::kCPU);
+  const bool cuda = spec == "cuda";
+  const bool indexed = spec.rfind("cuda:", 0) == 0;
+  PIPEMAT_CHECK(cuda || indexed, ConfigError, key, ": '", spec,
+                "' is not a device; use cpu, cuda (the rank's own GPU) or cuda:N");
+  const int index = cuda ? local_rank : parse_index(spec.substr(5));
+  PIPEMAT_CHECK(index >= 0, ConfigError, key, ": '", spec,
+                "' has no device index; use cuda:N with N >= 0, or cuda");
+  PIPEMAT_CHECK(cuda_compiled(), ConfigError, key, ": '", spec,
+                "' needs a pipemat built with CUDA (-DPIPEMAT_CUDA=ON, which needs a CUDA build "
+                "of LibTorch and the CUDA toolkit); this one runs on cpu only");
+  const int count = cuda_device_count();
+  PIPEMAT_CHECK(count > 0, ConfigError, key, ": '", spec,
+                "': no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES='",
+                std::getenv("CUDA_VISIBLE_DEVICES") != nullptr ? std::getenv("CUDA_VISIBLE_DEVICES")
+                                                               : "<unset>",
+                "')");
+  PIPEMAT_CHECK(cuda || index < count, ConfigError, key, ": '", spec, "': this process sees ",
+                count, " CUDA device(s), cuda:0 to cuda:", count - 1);
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(cuda ? index % count : index));
+}
+
+DeviceMemory device_memory(c10::Device device) {
+  DeviceMemory out;
+#ifdef PIPEMAT_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto& bytes =
+        stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    out.current_bytes = bytes.current;
+    out.peak_bytes = bytes.peak;
+  }
+#else
+  (void)device;
+#endif
+  return out;
+}
+
+void reset_device_peak(c10::Device device) {
+#ifdef PIPEMAT_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#else
+  (void)device;
+#endif
+}
+
+}  // namespace pipemat::pp

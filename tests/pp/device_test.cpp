@@ -1,0 +1,88 @@
+// The device of a rank (pipemat/pp/device.h): names, errors, and the CUDA allocator's bytes.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "pipemat/core/error.h"
+#include "pipemat/pp/device.h"
+
+namespace pipemat::pp {
+namespace {
+
+std::string error_of(const std::string& spec, int local_rank = 0) {
+  try {
+    resolve_device(spec, local_rank, "training.device");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Device, CpuIsTheCpu) {
+  EXPECT_EQ(resolve_device("cpu", 3), c10::Device(c10::kCPU));
+  EXPECT_EQ(device_memory(c10::Device(c10::kCPU)).current_bytes, 0);
+  EXPECT_EQ(device_memory(c10::Device(c10::kCPU)).peak_bytes, 0);
+}
+
+TEST(Device, OtherSpellingsAreRefusedNamingTheKey) {
+  EXPECT_EQ(error_of("gpu"),
+            "training.device: 'gpu' is not a device; use cpu, cuda (the rank's own GPU) or cuda:N");
+  EXPECT_EQ(error_of("CUDA"),
+            "training.device: 'CUDA' is not a device; use cpu, cuda (the rank's own GPU) or "
+            "cuda:N");
+  for (const char* bad : {"cuda:", "cuda:-1", "cuda:x", "cuda:1x", "cuda:12345"}) {
+    EXPECT_EQ(error_of(bad), std::string("training.device: '") + bad +
+                                 "' has no device index; use cuda:N with N >= 0, or cuda");
+  }
+}
+
+TEST(Device, CudaWithoutAGpuSaysWhy) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is visible: CUDA resolves";
+  const std::string cuda = error_of("cuda");
+  const std::string indexed = error_of("cuda:1");
+  if (!cuda_compiled()) {
+    EXPECT_EQ(cuda,
+              "training.device: 'cuda' needs a pipemat built with CUDA (-DPIPEMAT_CUDA=ON, "
+              "which needs a CUDA build of LibTorch and the CUDA toolkit); this one runs on "
+              "cpu only");
+  } else {
+    EXPECT_EQ(cuda.rfind("training.device: 'cuda': no CUDA device is visible to this process "
+                         "(CUDA_VISIBLE_DEVICES='",
+                         0),
+              0u)
+        << cuda;
+    EXPECT_EQ(indexed.rfind("training.device: 'cuda:1': no CUDA device is visible", 0), 0u)
+        << indexed;
+  }
+}
+
+TEST(Device, CudaIsTheRanksOwnGpu) {
+  const int count = cuda_device_count();
+  if (count == 0) GTEST_SKIP() << "needs a visible CUDA device";
+  EXPECT_EQ(resolve_device("cuda", 0), c10::Device(c10::kCUDA, 0));
+  EXPECT_EQ(resolve_device("cuda", count), c10::Device(c10::kCUDA, 0));
+  EXPECT_EQ(resolve_device("cuda:0", 5), c10::Device(c10::kCUDA, 0));
+  EXPECT_EQ(error_of("cuda:" + std::to_string(count)),
+            "training.device: 'cuda:" + std::to_string(count) + "': this process sees " +
+                std::to_string(count) +
+                " CUDA device(s), cuda:0 to cuda:" + std::to_string(count - 1));
+}
+
+TEST(Device, CudaAllocatorBytesAreCounted) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "needs a visible CUDA device";
+  const c10::Device gpu(c10::kCUDA, 0);
+  reset_device_peak(gpu);
+  const DeviceMemory before = device_memory(gpu);
+  {
+    at::Tensor t = at::zeros({1 << 20}, at::TensorOptions().dtype(at::kFloat).device(gpu));
+    EXPECT_EQ(device_memory(gpu).current_bytes - before.current_bytes, 4 << 20);
+  }
+  const DeviceMemory after = device_memory(gpu);
+  EXPECT_EQ(after.current_bytes, before.current_bytes);
+  EXPECT_EQ(after.peak_bytes - before.current_bytes, 4 << 20);
+}
+
+}  // namespace
+}  // namespace pipemat::pp
