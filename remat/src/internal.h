@@ -36,11 +36,15 @@ struct HandleMeta {
   bool alive = true;  // the SavedVariable that owns the handle still exists
 };
 
-// The CPU generator state, copied by value (no tensor allocation): Note [Replay RNG alignment].
+// The generator state a unit records: the CPU generator's, copied by value (no tensor
+// allocation), and in a process that sees a GPU the current CUDA device's (Note [Replay RNG
+// alignment]).
 struct RngState {
   at::mt19937 engine;
   c10::optional<float> next_float_normal;
   c10::optional<double> next_double_normal;
+  c10::DeviceIndex cuda_device = -1;  // -1: the process sees no GPU
+  at::Tensor cuda;                    // that device's generator state (Generator::get_state)
 };
 
 // Why a saved tensor aliasing a SAVE region input was kept instead of rederived (docs/remat.md).
@@ -223,6 +227,9 @@ void join_group(InvocationGroup& group, std::shared_ptr<Invocation> invocation);
 // and replay, which skips the body, jumps the generator there, so RECOMPUTE ops after a SAVE
 // region (e.g. dropout) see the stream they saw in forward. Replay forks: the generator state
 // from before replay is restored afterwards. Access is serialized on the generator's mutex.
+// In a process that sees a GPU the current CUDA device's generator is recorded and restored with
+// the CPU one (its state is a seed and an offset), so dropout on CUDA replays exactly too; a
+// rank computes on one device, which is current while it runs (pp::Pipeline sets it).
 RngState cpu_rng_state();
 void set_cpu_rng_state(const RngState& state);
 bool same_rng_state(const RngState& a, const RngState& b);

@@ -4,7 +4,9 @@
 #include "pipemat/remat/rng.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
@@ -25,7 +27,9 @@
 //    switch it per thread through c10::impl's thread-local included-key set;
 //  * the state a checkpoint unit records and replay restores (Note [Replay RNG alignment]) is
 //    read and written through at::CPUGeneratorImpl's engine and cached normal samples, copied by
-//    value (RngState), not through get_state() (which allocates a tensor per unit call).
+//    value (RngState), not through get_state() (which allocates a tensor per unit call). A
+//    CUDA generator's state goes through the public get_state()/set_state() (a seed and an
+//    offset), recorded only in a process that sees a GPU.
 // Both are details of LibTorch: another version may use the key or change what a CPU
 // generator's state is. The key and the generator's engine and normal-sample accessors are the
 // same in every LibTorch the configure step accepts (2.11 to 2.15, Note [Finding LibTorch] in
@@ -42,7 +46,8 @@ thread_local at::Generator* tls_generator = nullptr;
 // then runs the op below this key.
 void fill_generator(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                     torch::jit::Stack* stack) {
-  if (tls_generator != nullptr) {
+  // A CUDA op draws from its device's generator: the thread's generator is a CPU one.
+  if (tls_generator != nullptr && !keys.has_backend(c10::BackendComponent::CUDABit)) {
     const auto& args = op.schema().arguments();
     const size_t n = args.size();
     for (size_t i = 0; i < n; ++i) {
@@ -84,21 +89,55 @@ at::Generator current_cpu_generator() {
 
 namespace detail {
 
+namespace {
+
+// The current CUDA device, or -1 when the process sees no GPU (asked once: a CUDA build without
+// a GPU answers false, and CPU runs then never touch CUDA).
+c10::DeviceIndex current_cuda_device() {
+  static const bool has_cuda = at::globalContext().hasCUDA();
+  if (!has_cuda) return -1;
+  return c10::impl::getDeviceGuardImpl(c10::kCUDA)->getDevice().index();
+}
+
+at::Generator cuda_generator(c10::DeviceIndex device) {
+  return at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, device));
+}
+
+}  // namespace
+
 RngState cpu_rng_state() {
-  auto gen = current_cpu_generator();  // Note [Per-thread CPU generators]
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
-  return RngState{impl->engine(), impl->next_float_normal_sample(),
-                  impl->next_double_normal_sample()};
+  RngState out;
+  {
+    auto gen = current_cpu_generator();  // Note [Per-thread CPU generators]
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
+    out.engine = impl->engine();
+    out.next_float_normal = impl->next_float_normal_sample();
+    out.next_double_normal = impl->next_double_normal_sample();
+  }
+  out.cuda_device = current_cuda_device();
+  if (out.cuda_device >= 0) {
+    auto gen = cuda_generator(out.cuda_device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.cuda = gen.get_state();
+  }
+  return out;
 }
 
 void set_cpu_rng_state(const RngState& state) {
-  auto gen = current_cpu_generator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
-  impl->set_engine(state.engine);
-  impl->set_next_float_normal_sample(state.next_float_normal);
-  impl->set_next_double_normal_sample(state.next_double_normal);
+  {
+    auto gen = current_cpu_generator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    auto* impl = at::check_generator<at::CPUGeneratorImpl>(gen);
+    impl->set_engine(state.engine);
+    impl->set_next_float_normal_sample(state.next_float_normal);
+    impl->set_next_double_normal_sample(state.next_double_normal);
+  }
+  if (state.cuda_device >= 0) {
+    auto gen = cuda_generator(state.cuda_device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state.cuda);
+  }
 }
 
 bool same_rng_state(const RngState& a, const RngState& b) {
@@ -106,7 +145,8 @@ bool same_rng_state(const RngState& a, const RngState& b) {
   const at::mt19937_data_pod y = b.engine.data();
   return x.seed_ == y.seed_ && x.left_ == y.left_ && x.seeded_ == y.seeded_ && x.next_ == y.next_ &&
          x.state_ == y.state_ && a.next_float_normal == b.next_float_normal &&
-         a.next_double_normal == b.next_double_normal;
+         a.next_double_normal == b.next_double_normal && a.cuda_device == b.cuda_device &&
+         (a.cuda_device < 0 || a.cuda.equal(b.cuda));
 }
 
 namespace {

@@ -17,7 +17,8 @@
 // current generator (current_cpu_generator()), so replay reproduces the forward's stream
 // whatever other threads do. Backward on CPU runs on the thread that calls it, under the
 // dispatch state captured when it started, so replays inside backward see the same generator.
-// Without a scope nothing changes and nothing is intercepted.
+// Without a scope nothing changes and nothing is intercepted. Random ops on CUDA tensors draw
+// from their device's generator as always (a scope supplies CPU generators only).
 //
 // The dispatch key is LibTorch's TESTING_ONLY_GenericMode, a key free for a process-wide boxed
 // fallback in the LibTorch versions pipemat accepts (2.11 to 2.15); a program
