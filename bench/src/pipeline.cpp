@@ -85,6 +85,84 @@ BenchPipelineRow summarize(const std::vector<pp::StepMetrics>& steps, int64_t wa
   return row;
 }
 
+// Each schedule's config: the common overrides with its schedule.kind.
+std::map<std::string, train::TrainConfig> schedule_configs(const BenchPipelineOptions& o,
+                                                           const std::vector<std::string>& common) {
+  std::map<std::string, train::TrainConfig> variant;
+  for (const auto& s : o.schedules) {
+    std::vector<std::string> with_kind = common;
+    with_kind.push_back("schedule.kind=" + s);
+    variant.emplace(s, train::load_config(o.config, with_kind));
+  }
+  return variant;
+}
+
+// The reference runs: with the pipeline ranks' threads (the oracle of the losses: the same
+// kernels and reduction orders), then with 1 thread and with the default threads of one rank
+// on this host where those differ: the faster reference is what a speedup is counted from.
+struct References {
+  std::vector<double> losses;  // with the ranks' threads
+  double best_step_ms = 0;
+  std::vector<BenchPipelineRow> rows;  // speedups over the best
+};
+
+References run_references(const train::TrainConfig& base, int64_t warmup, int rank_threads) {
+  const int one_rank = base.training.threads > 0 ? static_cast<int>(base.training.threads)
+                                                 : pp::default_compute_threads(1);
+  std::vector<int> reference_threads = {rank_threads};
+  for (int t : {1, one_rank}) {
+    if (std::find(reference_threads.begin(), reference_threads.end(), t) ==
+        reference_threads.end()) {
+      reference_threads.push_back(t);
+    }
+  }
+  References refs;
+  for (int threads : reference_threads) {
+    pp::set_compute_threads(threads);
+    const auto steps = train::run_reference(base, nullptr);
+    if (refs.losses.empty()) {
+      for (const auto& m : steps) refs.losses.push_back(m.loss);
+    }
+    BenchPipelineRow row = summarize(steps, warmup, refs.losses);
+    row.schedule = "-";
+    row.transport = "reference";
+    row.threads = threads;
+    row.losses_compared = threads == rank_threads;
+    refs.best_step_ms =
+        refs.best_step_ms == 0 ? row.step_ms : std::min(refs.best_step_ms, row.step_ms);
+    refs.rows.push_back(row);
+  }
+  for (auto& row : refs.rows) row.speedup = refs.best_step_ms / row.step_ms;
+  return refs;
+}
+
+bool splits_backward(pipemat::schedule::ScheduleKind kind) {
+  using Kind = pipemat::schedule::ScheduleKind;
+  return kind == Kind::kZeroBubbleH1 || kind == Kind::kZeroBubbleH2 || kind == Kind::kZeroBubbleV;
+}
+
+// The steps of `config` (schedule `schedule`) over `transport` with weight_tail `tail`: in this
+// process for local, else launched as `job` (its overrides the common ones) with the schedule's.
+std::vector<pp::StepMetrics> run_variant(const train::TrainConfig& config,
+                                         const std::string& schedule, const std::string& transport,
+                                         bool tail, train::LaunchedRun job, int64_t steps,
+                                         int rank_threads) {
+  if (transport == "local") {
+    train::TrainConfig local = config;
+    local.parallel.weight_tail = tail;
+    local.transport.kind = comm::TransportKind::kLocal;
+    local.output = train::OutputOptions{};
+    local.output.progress = false;
+    pp::set_compute_threads(rank_threads);
+    return train::train_in_process(local, nullptr).steps;
+  }
+  job.transport = transport;
+  job.overrides.push_back("schedule.kind=" + schedule);
+  job.overrides.push_back(std::string("parallel.weight_tail=") + (tail ? "true" : "false"));
+  return train::run_launched(job, steps,
+                             "bench pipeline: the " + schedule + " run over " + transport);
+}
+
 }  // namespace
 
 std::vector<BenchPipelineRow> run_bench_pipeline(
@@ -103,12 +181,7 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
   common.push_back("training.steps=" + std::to_string(o.steps));
   train::TrainConfig base = train::load_config(o.config, common);
   // Every variant's config, valid before anything runs.
-  std::map<std::string, train::TrainConfig> variant;
-  for (const auto& s : o.schedules) {
-    std::vector<std::string> with_kind = common;
-    with_kind.push_back("schedule.kind=" + s);
-    variant.emplace(s, train::load_config(o.config, with_kind));
-  }
+  const std::map<std::string, train::TrainConfig> variant = schedule_configs(o, common);
   PIPEMAT_CHECK(!o.weight_tails.empty(), ConfigError,
                 "bench pipeline: give at least one --weight-tail value");
   const int ranks = static_cast<int>(base.schedule.ranks * base.parallel.data);
@@ -121,61 +194,27 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
   };
 
   remat::install_tracking_allocator();  // peak bytes of the in-process runs
-  // The reference with the pipeline ranks' threads (the oracle of the losses: the same
-  // kernels and reduction orders), then with 1 thread and with the default threads of one rank
-  // on this host where those differ: the faster reference is what a speedup is counted from.
   const int rank_threads = base.training.threads > 0 ? static_cast<int>(base.training.threads)
                                                      : pp::default_compute_threads(ranks);
-  const int one_rank = base.training.threads > 0 ? static_cast<int>(base.training.threads)
-                                                 : pp::default_compute_threads(1);
-  std::vector<int> reference_threads = {rank_threads};
-  for (int t : {1, one_rank}) {
-    if (std::find(reference_threads.begin(), reference_threads.end(), t) ==
-        reference_threads.end()) {
-      reference_threads.push_back(t);
-    }
-  }
-  std::vector<double> losses;
-  double best_reference = 0;
-  std::vector<BenchPipelineRow> references;
-  for (int threads : reference_threads) {
-    pp::set_compute_threads(threads);
-    const auto steps = train::run_reference(base, nullptr);
-    if (losses.empty()) {
-      for (const auto& m : steps) losses.push_back(m.loss);
-    }
-    BenchPipelineRow row = summarize(steps, o.warmup, losses);
-    row.schedule = "-";
-    row.transport = "reference";
-    row.threads = threads;
-    row.losses_compared = threads == rank_threads;
-    best_reference = best_reference == 0 ? row.step_ms : std::min(best_reference, row.step_ms);
-    references.push_back(row);
-  }
-  for (auto& row : references) {
-    row.speedup = best_reference / row.step_ms;
-    add(row);
-  }
+  const References refs = run_references(base, o.warmup, rank_threads);
+  for (const auto& row : refs.rows) add(row);
   std::map<int, std::vector<double>> oracle;  // reference losses by model stages
   {
     pp::PipelineOptions shape;
     shape.schedule = base.schedule;
-    oracle[pp::stage_count(shape)] = losses;
+    oracle[pp::stage_count(shape)] = refs.losses;
   }
 
   const std::string who = "bench pipeline";
   const std::string launcher = o.launcher.empty() ? train::default_launcher(who) : o.launcher;
   // Kept when a run fails: the error names it.
   const train::TempFile temp_log("pipemat-bench-pipeline-XXXXXX.log", who, /*keep=*/true);
-  const std::string log = o.log.empty() ? temp_log.path() : o.log;
+  const train::LaunchedRun job{launcher, ranks,  "",
+                               o.config, common, o.log.empty() ? temp_log.path() : o.log};
   for (const auto& schedule : o.schedules) {
     const train::TrainConfig& config = variant.at(schedule);
     pp::PipelineOptions shape;
     shape.schedule = config.schedule;
-    using Kind = pipemat::schedule::ScheduleKind;
-    const bool split = config.schedule.kind == Kind::kZeroBubbleH1 ||
-                       config.schedule.kind == Kind::kZeroBubbleH2 ||
-                       config.schedule.kind == Kind::kZeroBubbleV;
     // A model with random layers (dropout) draws stage s's stream from pp::forward_seed(..., s):
     // the oracle of a variant with another stage split (zb-v: two per rank) is the reference of
     // that split, run once with the ranks' threads.
@@ -187,29 +226,16 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
     }
     for (const auto& transport : o.transports) {
       for (const bool tail : tails) {
-        std::vector<pp::StepMetrics> steps;
-        if (transport == "local") {
-          train::TrainConfig local = config;
-          local.parallel.weight_tail = tail;
-          local.transport.kind = comm::TransportKind::kLocal;
-          local.output = train::OutputOptions{};
-          local.output.progress = false;
-          pp::set_compute_threads(rank_threads);
-          steps = train::train_in_process(local, nullptr).steps;
-        } else {
-          std::vector<std::string> sets = common;
-          sets.push_back("schedule.kind=" + schedule);
-          sets.push_back(std::string("parallel.weight_tail=") + (tail ? "true" : "false"));
-          steps = train::run_launched({launcher, ranks, transport, o.config, sets, log}, o.steps,
-                                      "bench pipeline: the " + schedule + " run over " + transport);
-        }
+        const std::vector<pp::StepMetrics> steps =
+            run_variant(config, schedule, transport, tail, job, o.steps, rank_threads);
         BenchPipelineRow row = summarize(steps, o.warmup, oracle.at(stages),
-                                         static_cast<double>(config.model.layers) / stages, split);
+                                         static_cast<double>(config.model.layers) / stages,
+                                         splits_backward(config.schedule.kind));
         row.schedule = schedule;
         row.transport = transport;
         row.weight_tail = tail;
         row.threads = rank_threads;
-        row.speedup = best_reference / row.step_ms;
+        row.speedup = refs.best_step_ms / row.step_ms;
         add(row);
       }
     }

@@ -59,10 +59,7 @@ bool fits(const std::vector<int64_t>& peaks, int64_t budget) {
   return std::all_of(peaks.begin(), peaks.end(), [&](int64_t p) { return p <= budget; });
 }
 
-}  // namespace
-
-BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
-                               const std::function<void(const BenchPlanRun&)>& on_run) {
+void check_plan_options(const BenchPlanOptions& o) {
   PIPEMAT_CHECK(o.warmup >= 0 && o.steps > o.warmup, ConfigError, kWho, ": --steps ", o.steps,
                 " must be more than --warmup ", o.warmup);
   PIPEMAT_CHECK(o.shared_speed < 0 || (o.shared_speed > 0 && o.shared_speed <= 1), ConfigError,
@@ -77,122 +74,108 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
                 o.transport,
                 "': expected tcp or mpi (each rank its own process, so each rank's peak is its "
                 "own)");
-  std::vector<std::string> sets = o.overrides;
-  sets.push_back("training.steps=" + std::to_string(o.steps));
-  const train::TrainConfig config = train::load_config(o.config, sets);
-  const int ranks = static_cast<int>(config.schedule.ranks);
-  PIPEMAT_CHECK(ranks >= 2, ConfigError, kWho, ": schedule.ranks is ", ranks,
-                "; a plan is per pipeline rank, give 2 or more");
+}
 
-  BenchPlanReport report;
+// The single-process reference's losses, computed with the ranks' threads (their kernels and
+// reduction orders) under the tracking allocator the runs use too.
+std::vector<double> reference_run_losses(const train::TrainConfig& config, int ranks) {
   const int threads = config.training.threads > 0 ? static_cast<int>(config.training.threads)
                                                   : pp::default_compute_threads(ranks);
   remat::install_tracking_allocator();
   pp::set_compute_threads(threads);  // the ranks' kernels and reduction orders
-  for (const pp::StepMetrics& m : train::run_reference(config, nullptr))
-    report.reference_losses.push_back(m.loss);
+  std::vector<double> losses;
+  for (const pp::StepMetrics& m : train::run_reference(config, nullptr)) losses.push_back(m.loss);
+  return losses;
+}
 
-  train::PlanOptions plan_options = o.plan;
-  plan_options.budget_bytes.clear();
+// Note [Plan calibration]: the message cost and shared speed of this round's predictions.
+void calibrate_round(train::PlanReport& profiled, const BenchPlanOptions& o,
+                     const train::LaunchedRun& launch, BenchPlanReport& report) {
+  train::CalibrationOptions calibration;
+  calibration.steps = o.calibration_steps;
+  calibration.launcher = launch.launcher;
+  calibration.transport = o.transport;
+  calibration.log = launch.log;
+  calibration.message_ms = o.message_ms;
+  calibration.shared_speed = o.shared_speed;
+  const train::Calibration calibrated = train::calibrate_plan(profiled, calibration, kWho);
+  report.message_ms.push_back(calibrated.message_ms);
+  report.shared_speed.push_back(calibrated.shared_speed);
+  report.calibration_step_ms.push_back(calibrated.step_ms);
+  report.calibration_predicted_ms.push_back(calibrated.predicted_ms);
+}
 
-  const std::string log_pattern = "pipemat-bench-plan-XXXXXX.log";
-  const train::TempFile temp_log(log_pattern, kWho, /*keep=*/true);  // named by errors
-  Runner runner{o, report.reference_losses, {}};
-  runner.launch.launcher = o.launcher.empty() ? train::default_launcher(kWho) : o.launcher;
-  runner.launch.ranks = ranks;
-  runner.launch.transport = o.transport;
-  runner.launch.log = o.log.empty() ? temp_log.path() : o.log;
+// Adds round `round`'s run `one` to `total`, the report's row: the medians over the rounds so
+// far, the first round's predicted peaks, the largest measured peaks.
+void add_round(const BenchPlanRun& one, int round, BenchPlanRun& total) {
+  total.round = -1;
+  total.round_predicted_step_ms.push_back(one.predicted_step_ms);
+  total.round_step_ms.push_back(one.step_ms);
+  total.predicted_step_ms = median(total.round_predicted_step_ms);
+  total.step_ms = median(total.round_step_ms);
+  std::vector<double> errors;
+  for (size_t k = 0; k < total.round_step_ms.size(); ++k)
+    errors.push_back(total.round_step_ms[k] / total.round_predicted_step_ms[k] - 1);
+  total.step_error = median(errors);
+  if (round == 0) total.predicted_peak_bytes = one.predicted_peak_bytes;
+  total.peak_bytes.resize(one.peak_bytes.size(), 0);
+  for (size_t r = 0; r < one.peak_bytes.size(); ++r)
+    total.peak_bytes[r] = std::max(total.peak_bytes[r], one.peak_bytes[r]);
+  total.losses_equal = total.losses_equal && one.losses_equal;
+}
 
-  std::vector<models::RematPolicyKind> policies;
-  std::vector<std::vector<int>> plan_choices(o.budgets.size());
-  std::vector<train::TrainConfig> plan_configs(o.budgets.size());
-  for (int round = 0; round < o.rounds; ++round) {
-    train::PlanReport profiled = train::profile_plan(config, plan_options);
-    plan::PlanProblem& problem = profiled.problem;
-    problem.budget_bytes.assign(problem.fixed_bytes.size(), 1e300);  // evaluated, not solved
-    if (round == 0) {
-      report.summary = profiled.summary;
-      report.fixed_bytes = problem.fixed_bytes;
-      policies = train::uniform_policies(profiled);
-      report.uniform.resize(policies.size());
-      report.budgets.resize(o.budgets.size());
-    }
-    // Note [Plan calibration].
-    train::CalibrationOptions calibration;
-    calibration.steps = o.calibration_steps;
-    calibration.launcher = runner.launch.launcher;
-    calibration.transport = o.transport;
-    calibration.log = runner.launch.log;
-    calibration.message_ms = o.message_ms;
-    calibration.shared_speed = o.shared_speed;
-    const train::Calibration calibrated = train::calibrate_plan(profiled, calibration, kWho);
-    report.message_ms.push_back(calibrated.message_ms);
-    report.shared_speed.push_back(calibrated.shared_speed);
-    report.calibration_step_ms.push_back(calibrated.step_ms);
-    report.calibration_predicted_ms.push_back(calibrated.predicted_ms);
+// One run of `config` predicted by `choice` in round `round`, added to `total` (the report's
+// row).
+void run_predicted(Runner& runner, const plan::PlanProblem& problem, int round,
+                   const train::TrainConfig& config, const std::vector<int>& choice,
+                   BenchPlanRun& total, const std::function<void(const BenchPlanRun&)>& on_run) {
+  const plan::Prediction p = plan::evaluate(problem, choice);
+  BenchPlanRun one;
+  one.policy = total.policy;
+  one.budget = total.budget;
+  one.round = round;
+  one.predicted_step_ms = p.step;
+  for (const auto& r : p.ranks) one.predicted_peak_bytes.push_back(r.peak_bytes);
+  runner.run(config, one);
+  one.step_error = one.step_ms / one.predicted_step_ms - 1;
+  if (on_run) on_run(one);
+  add_round(one, round, total);
+}
 
-    // One run of `config` predicted by `choice`, added to `total` (the report's row).
-    const auto run = [&](const train::TrainConfig& run_config, const std::vector<int>& choice,
-                         BenchPlanRun& total) {
-      const plan::Prediction p = plan::evaluate(problem, choice);
-      BenchPlanRun one;
-      one.policy = total.policy;
-      one.budget = total.budget;
-      one.round = round;
-      one.predicted_step_ms = p.step;
-      for (const auto& r : p.ranks) one.predicted_peak_bytes.push_back(r.peak_bytes);
-      runner.run(run_config, one);
-      one.step_error = one.step_ms / one.predicted_step_ms - 1;
-      if (on_run) on_run(one);
-      total.round = -1;
-      total.round_predicted_step_ms.push_back(one.predicted_step_ms);
-      total.round_step_ms.push_back(one.step_ms);
-      total.predicted_step_ms = median(total.round_predicted_step_ms);
-      total.step_ms = median(total.round_step_ms);
-      std::vector<double> errors;
-      for (size_t k = 0; k < total.round_step_ms.size(); ++k)
-        errors.push_back(total.round_step_ms[k] / total.round_predicted_step_ms[k] - 1);
-      total.step_error = median(errors);
-      if (round == 0) total.predicted_peak_bytes = one.predicted_peak_bytes;
-      total.peak_bytes.resize(one.peak_bytes.size(), 0);
-      for (size_t r = 0; r < one.peak_bytes.size(); ++r)
-        total.peak_bytes[r] = std::max(total.peak_bytes[r], one.peak_bytes[r]);
-      total.losses_equal = total.losses_equal && one.losses_equal;
-    };
-    for (size_t u = 0; u < policies.size(); ++u) {
-      report.uniform[u].policy = to_string(policies[u]);
-      run(train::uniform_config(profiled, policies[u]),
-          train::uniform_choice(profiled, policies[u]), report.uniform[u]);
-    }
-    for (size_t b = 0; b < o.budgets.size(); ++b) {
-      BenchPlanBudget& row = report.budgets[b];
-      if (round == 0) {
-        row.budget = o.budgets[b];
-        train::PlanReport planned = profiled;
-        try {
-          train::solve_plan(planned, {o.budgets[b]});
-        } catch (const ConfigError& e) {
-          row.infeasible = e.what();
-        }
-        plan_choices[b] = planned.result.best.choice;
-        plan_configs[b] = planned.config;
-        row.plan.policy = "plan";
-        row.plan.budget = o.budgets[b];
-      }
-      if (!row.infeasible.empty()) continue;
-      run(plan_configs[b], plan_choices[b], row.plan);
-    }
+// The plans of the budgets, solved in the first round and run in every round.
+struct BudgetPlans {
+  std::vector<std::vector<int>> choices;
+  std::vector<train::TrainConfig> configs;
+};
+
+// First round: solves the plan for `budget` into entry `b` of `plans`; when none fits, the row
+// keeps the planner's error (and nothing of it runs).
+void solve_budget(const train::PlanReport& profiled, int64_t budget, size_t b, BudgetPlans& plans,
+                  BenchPlanBudget& row) {
+  row.budget = budget;
+  train::PlanReport planned = profiled;
+  try {
+    train::solve_plan(planned, {budget});
+  } catch (const ConfigError& e) {
+    row.infeasible = e.what();
   }
+  plans.choices[b] = planned.result.best.choice;
+  plans.configs[b] = planned.config;
+  row.plan.policy = "plan";
+  row.plan.budget = budget;
+}
 
-  // Per budget: the fastest uniform policy that fits, measured and predicted, and the plan's
-  // speedup over it, the median over rounds of the paired ratios.
-  const auto paired_speedup = [](const std::vector<double>& uniform,
-                                 const std::vector<double>& plan) {
-    std::vector<double> ratios;
-    for (size_t k = 0; k < uniform.size() && k < plan.size(); ++k)
-      if (plan[k] > 0) ratios.push_back(uniform[k] / plan[k]);
-    return median(ratios);
-  };
+// The plan's speedup over a uniform policy: the median over rounds of the paired ratios.
+double paired_speedup(const std::vector<double>& uniform, const std::vector<double>& plan) {
+  std::vector<double> ratios;
+  for (size_t k = 0; k < uniform.size() && k < plan.size(); ++k)
+    if (plan[k] > 0) ratios.push_back(uniform[k] / plan[k]);
+  return median(ratios);
+}
+
+// Per budget: the fastest uniform policy that fits, measured and predicted, and the plan's
+// speedup over it.
+void compare_with_uniform(BenchPlanReport& report) {
   for (BenchPlanBudget& row : report.budgets) {
     if (!row.infeasible.empty()) continue;
     const BenchPlanRun *best = nullptr, *predicted_best = nullptr;
@@ -216,6 +199,62 @@ BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
           paired_speedup(predicted_best->round_predicted_step_ms, row.plan.round_predicted_step_ms);
     }
   }
+}
+
+}  // namespace
+
+BenchPlanReport run_bench_plan(const BenchPlanOptions& o,
+                               const std::function<void(const BenchPlanRun&)>& on_run) {
+  check_plan_options(o);
+  std::vector<std::string> sets = o.overrides;
+  sets.push_back("training.steps=" + std::to_string(o.steps));
+  const train::TrainConfig config = train::load_config(o.config, sets);
+  const int ranks = static_cast<int>(config.schedule.ranks);
+  PIPEMAT_CHECK(ranks >= 2, ConfigError, kWho, ": schedule.ranks is ", ranks,
+                "; a plan is per pipeline rank, give 2 or more");
+
+  BenchPlanReport report;
+  report.reference_losses = reference_run_losses(config, ranks);
+
+  train::PlanOptions plan_options = o.plan;
+  plan_options.budget_bytes.clear();
+
+  const std::string log_pattern = "pipemat-bench-plan-XXXXXX.log";
+  const train::TempFile temp_log(log_pattern, kWho, /*keep=*/true);  // named by errors
+  Runner runner{o, report.reference_losses, {}};
+  runner.launch.launcher = o.launcher.empty() ? train::default_launcher(kWho) : o.launcher;
+  runner.launch.ranks = ranks;
+  runner.launch.transport = o.transport;
+  runner.launch.log = o.log.empty() ? temp_log.path() : o.log;
+
+  std::vector<models::RematPolicyKind> policies;
+  BudgetPlans plans{std::vector<std::vector<int>>(o.budgets.size()),
+                    std::vector<train::TrainConfig>(o.budgets.size())};
+  for (int round = 0; round < o.rounds; ++round) {
+    train::PlanReport profiled = train::profile_plan(config, plan_options);
+    plan::PlanProblem& problem = profiled.problem;
+    problem.budget_bytes.assign(problem.fixed_bytes.size(), 1e300);  // evaluated, not solved
+    if (round == 0) {
+      report.summary = profiled.summary;
+      report.fixed_bytes = problem.fixed_bytes;
+      policies = train::uniform_policies(profiled);
+      report.uniform.resize(policies.size());
+      report.budgets.resize(o.budgets.size());
+    }
+    calibrate_round(profiled, o, runner.launch, report);
+    for (size_t u = 0; u < policies.size(); ++u) {
+      report.uniform[u].policy = to_string(policies[u]);
+      run_predicted(runner, problem, round, train::uniform_config(profiled, policies[u]),
+                    train::uniform_choice(profiled, policies[u]), report.uniform[u], on_run);
+    }
+    for (size_t b = 0; b < o.budgets.size(); ++b) {
+      BenchPlanBudget& row = report.budgets[b];
+      if (round == 0) solve_budget(profiled, o.budgets[b], b, plans, row);
+      if (!row.infeasible.empty()) continue;
+      run_predicted(runner, problem, round, plans.configs[b], plans.choices[b], row.plan, on_run);
+    }
+  }
+  compare_with_uniform(report);
   std::remove(temp_log.path().c_str());
   return report;
 }

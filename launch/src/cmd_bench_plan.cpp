@@ -71,16 +71,119 @@ std::string calibration_text(const bench::BenchPlanReport& r) {
   return out;
 }
 
+struct BenchPlanFlags {
+  bench::BenchPlanOptions bench;
+  std::string budgets;
+  std::string svg;
+  bool json = false;
+};
+
+// The predictions' step model and the rounds (Note [Plan calibration]).
+void add_bench_plan_calibration_flags(CLI::App& cmd, bench::BenchPlanOptions& o) {
+  cmd.add_option("--message-ms", o.message_ms,
+                 "Message cost of the predictions, ms (-1: measure it with the calibration run)")
+      ->check(CLI::Range(-1.0, 1e6))
+      ->capture_default_str();
+  cmd.add_option("--shared-speed", o.shared_speed,
+                 "A rank's speed while other ranks compute too (-1: measure it with the\n"
+                 "calibration run)")
+      ->check(CLI::Range(-1.0, 1.0))
+      ->capture_default_str();
+  cmd.add_option("--calibration-steps", o.calibration_steps,
+                 "Steps of the calibration run (remat none, its own job; the first step is left\n"
+                 "out)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1000}))
+      ->capture_default_str();
+  cmd.add_option(
+         "--rounds", o.rounds,
+         "Rounds of profile, calibration and runs (the machine's speed drifts): each run's\n"
+         "step and prediction are the medians over rounds")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+}
+
+nlohmann::json bench_plan_json(const bench::BenchPlanReport& report) {
+  nlohmann::json out;
+  out["summary"] = report.summary;
+  out["message_ms"] = report.message_ms;
+  out["shared_speed"] = report.shared_speed;
+  out["calibration_step_ms"] = report.calibration_step_ms;
+  out["calibration_predicted_ms"] = report.calibration_predicted_ms;
+  out["fixed_bytes"] = report.fixed_bytes;
+  out["reference_losses"] = report.reference_losses;
+  for (const auto& u : report.uniform) out["uniform"].push_back(run_json(u));
+  for (const auto& b : report.budgets) {
+    nlohmann::json row = {{"budget_bytes", b.budget}};
+    if (!b.infeasible.empty()) {
+      row["infeasible"] = b.infeasible;
+    } else {
+      row["plan"] = run_json(b.plan);
+      row["best_uniform"] = b.best_uniform;
+      row["speedup"] = b.speedup;
+      row["predicted_best_uniform"] = b.predicted_best_uniform;
+      row["predicted_speedup"] = b.predicted_speedup;
+    }
+    out["budgets"].push_back(row);
+  }
+  return out;
+}
+
+// The tables after the runs: the medians over rounds (with more than one), then per budget the
+// plan against the fastest uniform policy that fits.
+void print_bench_plan_summary(const bench::BenchPlanReport& report, int rounds) {
+  if (rounds > 1) {
+    std::printf("medians over the %d rounds (error: the median of the rounds' errors):\n", rounds);
+    for (const auto& u : report.uniform) print_run(u, "all");
+    for (const auto& b : report.budgets)
+      if (b.infeasible.empty()) print_run(b.plan, "all");
+  }
+  std::printf("\n%s\n%s\n%10s %9s  %-10s %9s %8s  %s\n", report.summary.c_str(),
+              calibration_text(report).c_str(), "budget", "plan ms", "best fit", "its ms",
+              "speedup", "predicted: best fit, speedup");
+  for (const auto& b : report.budgets) {
+    if (!b.infeasible.empty()) {
+      std::printf("%10s  infeasible: %s\n", format_bytes(b.budget).c_str(), b.infeasible.c_str());
+      continue;
+    }
+    double best_ms = 0;
+    for (const auto& u : report.uniform)
+      if (u.policy == b.best_uniform) best_ms = u.step_ms;
+    std::printf(
+        "%10s %9.1f  %-10s %9.1f %7.3fx  %s %.3fx\n", format_bytes(b.budget).c_str(),
+        b.plan.step_ms, b.best_uniform.empty() ? "nothing fits" : b.best_uniform.c_str(), best_ms,
+        b.speedup,
+        b.predicted_best_uniform.empty() ? "nothing fits" : b.predicted_best_uniform.c_str(),
+        b.predicted_speedup);
+  }
+}
+
+void run_bench_plan_command(BenchPlanFlags& f) {
+  f.bench.budgets = parse_byte_list(f.budgets, "--budgets", "sizes such as 24MiB,28MiB");
+  print_config_warnings(train::load_config(f.bench.config, f.bench.overrides).warnings);
+  if (!f.json) {
+    std::printf("%-5s %-10s %10s %9s %9s %7s  %s  %s\n", "round", "run", "budget", "pred ms",
+                "step ms", "error", "per rank: predicted/measured peak MiB, error", "losses equal");
+  }
+  const bench::BenchPlanReport report =
+      bench::run_bench_plan(f.bench, [&](const bench::BenchPlanRun& r) {
+        if (!f.json) print_run(r, std::to_string(r.round + 1));
+      });
+  if (!f.svg.empty()) {
+    std::ofstream file(f.svg);
+    file << bench::render_bench_plan_svg(report);
+    PIPEMAT_CHECK(file.good(), ConfigError, "--svg: cannot write '", f.svg, "'");
+  }
+  if (f.json) {
+    std::cout << bench_plan_json(report).dump() << std::endl;
+    return;
+  }
+  print_bench_plan_summary(report, f.bench.rounds);
+}
+
 }  // namespace
 
 void add_bench_plan_command(CLI::App& bench) {
-  struct Flags {
-    bench::BenchPlanOptions bench;
-    std::string budgets;
-    std::string svg;
-    bool json = false;
-  };
-  auto f = std::make_shared<Flags>();
+  auto f = std::make_shared<BenchPlanFlags>();
   auto* cmd = bench.add_subcommand(
       "plan",
       "Does a plan keep its promises? Profiles the config once, then per budget plans it and\n"
@@ -105,100 +208,13 @@ void add_bench_plan_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--transport", f->bench.transport, "tcp or mpi")->capture_default_str();
   add_plan_profile_flags(*cmd, f->bench.plan);
-  cmd->add_option("--message-ms", f->bench.message_ms,
-                  "Message cost of the predictions, ms (-1: measure it with the calibration run)")
-      ->check(CLI::Range(-1.0, 1e6))
-      ->capture_default_str();
-  cmd->add_option("--shared-speed", f->bench.shared_speed,
-                  "A rank's speed while other ranks compute too (-1: measure it with the\n"
-                  "calibration run)")
-      ->check(CLI::Range(-1.0, 1.0))
-      ->capture_default_str();
-  cmd->add_option("--calibration-steps", f->bench.calibration_steps,
-                  "Steps of the calibration run (remat none, its own job; the first step is left\n"
-                  "out)")
-      ->check(CLI::Range(int64_t{2}, int64_t{1000}))
-      ->capture_default_str();
-  cmd->add_option(
-         "--rounds", f->bench.rounds,
-         "Rounds of profile, calibration and runs (the machine's speed drifts): each run's\n"
-         "step and prediction are the medians over rounds")
-      ->check(CLI::Range(1, 100))
-      ->capture_default_str();
+  add_bench_plan_calibration_flags(*cmd, f->bench);
   cmd->add_option("--launcher", f->bench.launcher,
                   "pipemat-run to start the runs (default: next to this binary)");
   cmd->add_option("--log", f->bench.log, "Keep the output of the runs in this file");
   cmd->add_option("--svg", f->svg, "Also draw step time vs budget into this SVG file");
   cmd->add_flag("--json", f->json, "Print one JSON object instead of the tables");
-  cmd->callback([f] {
-    f->bench.budgets = parse_byte_list(f->budgets, "--budgets", "sizes such as 24MiB,28MiB");
-    print_config_warnings(train::load_config(f->bench.config, f->bench.overrides).warnings);
-    if (!f->json) {
-      std::printf("%-5s %-10s %10s %9s %9s %7s  %s  %s\n", "round", "run", "budget", "pred ms",
-                  "step ms", "error", "per rank: predicted/measured peak MiB, error",
-                  "losses equal");
-    }
-    const bench::BenchPlanReport report =
-        bench::run_bench_plan(f->bench, [&](const bench::BenchPlanRun& r) {
-          if (!f->json) print_run(r, std::to_string(r.round + 1));
-        });
-    if (!f->svg.empty()) {
-      std::ofstream file(f->svg);
-      file << bench::render_bench_plan_svg(report);
-      PIPEMAT_CHECK(file.good(), ConfigError, "--svg: cannot write '", f->svg, "'");
-    }
-    if (f->json) {
-      nlohmann::json out;
-      out["summary"] = report.summary;
-      out["message_ms"] = report.message_ms;
-      out["shared_speed"] = report.shared_speed;
-      out["calibration_step_ms"] = report.calibration_step_ms;
-      out["calibration_predicted_ms"] = report.calibration_predicted_ms;
-      out["fixed_bytes"] = report.fixed_bytes;
-      out["reference_losses"] = report.reference_losses;
-      for (const auto& u : report.uniform) out["uniform"].push_back(run_json(u));
-      for (const auto& b : report.budgets) {
-        nlohmann::json row = {{"budget_bytes", b.budget}};
-        if (!b.infeasible.empty()) {
-          row["infeasible"] = b.infeasible;
-        } else {
-          row["plan"] = run_json(b.plan);
-          row["best_uniform"] = b.best_uniform;
-          row["speedup"] = b.speedup;
-          row["predicted_best_uniform"] = b.predicted_best_uniform;
-          row["predicted_speedup"] = b.predicted_speedup;
-        }
-        out["budgets"].push_back(row);
-      }
-      std::cout << out.dump() << std::endl;
-      return;
-    }
-    if (f->bench.rounds > 1) {
-      std::printf("medians over the %d rounds (error: the median of the rounds' errors):\n",
-                  f->bench.rounds);
-      for (const auto& u : report.uniform) print_run(u, "all");
-      for (const auto& b : report.budgets)
-        if (b.infeasible.empty()) print_run(b.plan, "all");
-    }
-    std::printf("\n%s\n%s\n%10s %9s  %-10s %9s %8s  %s\n", report.summary.c_str(),
-                calibration_text(report).c_str(), "budget", "plan ms", "best fit", "its ms",
-                "speedup", "predicted: best fit, speedup");
-    for (const auto& b : report.budgets) {
-      if (!b.infeasible.empty()) {
-        std::printf("%10s  infeasible: %s\n", format_bytes(b.budget).c_str(), b.infeasible.c_str());
-        continue;
-      }
-      double best_ms = 0;
-      for (const auto& u : report.uniform)
-        if (u.policy == b.best_uniform) best_ms = u.step_ms;
-      std::printf(
-          "%10s %9.1f  %-10s %9.1f %7.3fx  %s %.3fx\n", format_bytes(b.budget).c_str(),
-          b.plan.step_ms, b.best_uniform.empty() ? "nothing fits" : b.best_uniform.c_str(), best_ms,
-          b.speedup,
-          b.predicted_best_uniform.empty() ? "nothing fits" : b.predicted_best_uniform.c_str(),
-          b.predicted_speedup);
-    }
-  });
+  cmd->callback([f] { run_bench_plan_command(*f); });
 }
 
 }  // namespace pipemat::launch

@@ -126,6 +126,148 @@ void print_text(const train::PlanReport& report, const train::Calibration& calib
   }
 }
 
+struct PlanFlags {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string budget;
+  std::string out;
+  bool json = false;
+  train::PlanOptions plan;
+  train::CalibrationOptions calibration;
+};
+
+// The calibration run's flags (Note [Plan calibration]).
+void add_plan_calibration_flags(CLI::App& cmd, train::CalibrationOptions& calibration) {
+  cmd.add_option("--calibration-steps", calibration.steps,
+                 "Steps of the calibration run: the config with remat none as its own job\n"
+                 "(pipemat-run) before the plan is solved; it measures what a message takes\n"
+                 "and how fast a rank computes while the others do too (Note [Plan\n"
+                 "calibration]). 0: no run, the profile alone (--message-ms, --shared-speed)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000}))
+      ->capture_default_str();
+  cmd.add_option("--transport", calibration.transport,
+                 "Transport of the calibration run: mpi (as `pipemat-run -n N plan.yaml` runs\n"
+                 "the plan) or tcp")
+      ->check(CLI::IsMember({"mpi", "tcp"}))
+      ->capture_default_str();
+  cmd.add_option("--launcher", calibration.launcher,
+                 "pipemat-run for the calibration run (default: next to this binary)");
+  cmd.add_option("--message-ms", calibration.message_ms,
+                 "What one stage-boundary message takes from send to use, ms, instead of the\n"
+                 "calibration run's (default: measured; 0 with --calibration-steps 0)")
+      ->check(CLI::Range(0.0, 1e6));
+  cmd.add_option("--shared-speed", calibration.shared_speed,
+                 "A rank's speed while other ranks compute too, in (0, 1], instead of the\n"
+                 "calibration run's: shared caches and memory bandwidth, the transport's threads,\n"
+                 "switching when ranks outnumber --cores (default: measured; 1 with\n"
+                 "--calibration-steps 0)")
+      ->check(CLI::Range(0.01, 1.0));
+}
+
+// The calibration run's options: without a run, the times it would measure default to none
+// (messages) and 1 (shared speed).
+train::CalibrationOptions plan_calibration(const PlanFlags& f) {
+  train::CalibrationOptions calibration = f.calibration;
+  if (calibration.steps == 0) {
+    calibration.message_ms = std::max(calibration.message_ms, 0.0);
+    if (calibration.shared_speed < 0) calibration.shared_speed = 1;
+  } else if (!f.json && (calibration.message_ms < 0 || calibration.shared_speed < 0)) {
+    std::cout << "plan: calibrating the step model on " << calibration.steps
+              << " steps of the config with remat none (pipemat-run, " << calibration.transport
+              << ")\n"
+              << std::flush;
+  }
+  return calibration;
+}
+
+void write_plan_config(const PlanFlags& f, const train::PlanReport& report) {
+  std::ofstream file(f.out);
+  PIPEMAT_CHECK(file.good(), ConfigError, "--out: cannot write '", f.out, "'");
+  file << "# pipemat plan --config " << f.config << " --memory-budget " << f.budget
+       << ": predicted step " << format_fixed(report.result.best.step, 2) << " ms, peaks "
+       << peaks_of(report.result.best) << "\n"
+       << train::config_to_yaml(report.config);
+  PIPEMAT_CHECK(file.good(), ConfigError, "--out: cannot write '", f.out, "'");
+}
+
+// Stage entry `l` of the problem, beyond its layers (Note [Plan inputs]), with its StageBytes.
+nlohmann::json stage_json(const plan::PlanProblem& problem, size_t l) {
+  const size_t s = static_cast<size_t>(problem.stage_of_layer[l]);
+  nlohmann::json stage = candidate_json(problem.layers[l].candidates.front());
+  stage.erase("name");
+  stage["stage"] = s;
+  if (s < problem.stage_bytes.size()) {
+    const plan::StageBytes& b = problem.stage_bytes[s];
+    stage["gradient_bytes"] = b.gradients;
+    stage["input_temporary_bytes"] = b.backward_input;
+    stage["input_held_bytes"] = b.input_held;
+    stage["received_input_bytes"] = b.received_input;
+    stage["received_gradient_bytes"] = b.received_gradient;
+    stage["first_backward_gradient_bytes"] = b.first_backward_gradients;
+    stage["weight_temporary_bytes"] = b.backward_weight;
+  }
+  return stage;
+}
+
+nlohmann::json plan_json(const PlanFlags& f, const train::PlanReport& report,
+                         const train::Calibration& calibrated) {
+  nlohmann::json out;
+  out["summary"] = report.summary;
+  out["plan"] = prediction_json(report.result.best);
+  out["simulations"] = report.result.simulations;
+  const plan::PlanProblem& problem = report.problem;
+  for (double bytes : problem.fixed_bytes) out["fixed_bytes"].push_back(bytes);
+  for (size_t l = 0; l < problem.layers.size(); ++l) {
+    if (!report.is_layer[l]) continue;
+    const auto& c = problem.layers[l].candidates[static_cast<size_t>(report.result.best.choice[l])];
+    out["plan"]["layers"].push_back({{"layer", problem.layers[l].layer},
+                                     {"stage", problem.stage_of_layer[l]},
+                                     {"policy", c.name}});
+  }
+  for (const train::UniformPrediction& u : report.uniform)
+    out["uniform"][u.policy] = prediction_json(u.prediction);
+  const auto first_layer = std::find(report.is_layer.begin(), report.is_layer.end(), true);
+  const size_t layer = static_cast<size_t>(first_layer - report.is_layer.begin());
+  for (const plan::Candidate& c : problem.layers.at(layer).candidates)
+    out["candidates"].push_back(candidate_json(c));
+  for (size_t l = 0; l < problem.layers.size(); ++l) {
+    if (!report.is_layer[l]) out["stages"].push_back(stage_json(problem, l));
+  }
+  out["step_tail_ms"] = problem.step_tail;
+  out["tails_wait_for_all"] = problem.tails_wait_for_all;
+  out["message_ms"] = problem.message_cost;
+  out["parallel_ranks"] = problem.parallel_ranks;
+  out["shared_speed"] = problem.shared_speed;
+  out["calibration"] = {{"steps", calibrated.steps},
+                        {"step_ms", calibrated.step_ms},
+                        {"predicted_ms", calibrated.predicted_ms}};
+  if (!f.out.empty()) out["out"] = f.out;
+  return out;
+}
+
+void run_plan_command(PlanFlags& f) {
+  const train::TrainConfig config = train::load_config(f.config, f.overrides);
+  print_config_warnings(config.warnings);
+  f.plan.budget_bytes = parse_byte_list(f.budget, "--memory-budget",
+                                        "a size such as 48MiB, or one per rank: 64MiB,48MiB");
+  // Solved once before the calibration run, so that a budget nothing fits fails at once (the
+  // bytes do not depend on the times), and again with the calibrated step model.
+  train::PlanReport report = train::profile_plan(config, f.plan);
+  train::solve_plan(report, f.plan.budget_bytes);
+  const train::Calibration calibrated = train::calibrate_plan(report, plan_calibration(f), "plan");
+  train::solve_plan(report, f.plan.budget_bytes);
+  if (!f.out.empty()) write_plan_config(f, report);
+  if (f.json) {
+    std::cout << plan_json(f, report, calibrated).dump() << std::endl;
+    return;
+  }
+  print_text(report, calibrated, std::cout);
+  if (!f.out.empty()) {
+    std::cout << "plan: wrote " << f.out << "; run it with: pipemat-run -n "
+              << config.schedule.ranks << " " << f.out << "\n";
+  }
+}
+
 }  // namespace
 
 std::vector<int64_t> parse_byte_list(const std::string& text, const std::string& flag,
@@ -156,16 +298,7 @@ void add_plan_profile_flags(CLI::App& cmd, train::PlanOptions& plan) {
 }
 
 void add_plan_command(CLI::App& app) {
-  struct Flags {
-    std::string config;
-    std::vector<std::string> overrides;
-    std::string budget;
-    std::string out;
-    bool json = false;
-    train::PlanOptions plan;
-    train::CalibrationOptions calibration;
-  };
-  auto f = std::make_shared<Flags>();
+  auto f = std::make_shared<PlanFlags>();
   auto* cmd = app.add_subcommand(
       "plan",
       "Chooses a remat policy per layer and rank under a memory budget. Profiles the config's\n"
@@ -190,119 +323,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--out", f->out, "Write the planned config here (YAML)");
   cmd->add_flag("--json", f->json, "Print one JSON object instead of lines");
   add_plan_profile_flags(*cmd, f->plan);
-  cmd->add_option("--calibration-steps", f->calibration.steps,
-                  "Steps of the calibration run: the config with remat none as its own job\n"
-                  "(pipemat-run) before the plan is solved; it measures what a message takes\n"
-                  "and how fast a rank computes while the others do too (Note [Plan\n"
-                  "calibration]). 0: no run, the profile alone (--message-ms, --shared-speed)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1000}))
-      ->capture_default_str();
-  cmd->add_option("--transport", f->calibration.transport,
-                  "Transport of the calibration run: mpi (as `pipemat-run -n N plan.yaml` runs\n"
-                  "the plan) or tcp")
-      ->check(CLI::IsMember({"mpi", "tcp"}))
-      ->capture_default_str();
-  cmd->add_option("--launcher", f->calibration.launcher,
-                  "pipemat-run for the calibration run (default: next to this binary)");
-  cmd->add_option("--message-ms", f->calibration.message_ms,
-                  "What one stage-boundary message takes from send to use, ms, instead of the\n"
-                  "calibration run's (default: measured; 0 with --calibration-steps 0)")
-      ->check(CLI::Range(0.0, 1e6));
-  cmd->add_option(
-         "--shared-speed", f->calibration.shared_speed,
-         "A rank's speed while other ranks compute too, in (0, 1], instead of the\n"
-         "calibration run's: shared caches and memory bandwidth, the transport's threads,\n"
-         "switching when ranks outnumber --cores (default: measured; 1 with\n"
-         "--calibration-steps 0)")
-      ->check(CLI::Range(0.01, 1.0));
-  cmd->callback([f] {
-    const train::TrainConfig config = train::load_config(f->config, f->overrides);
-    print_config_warnings(config.warnings);
-    f->plan.budget_bytes = parse_byte_list(f->budget, "--memory-budget",
-                                           "a size such as 48MiB, or one per rank: 64MiB,48MiB");
-    // Solved once before the calibration run, so that a budget nothing fits fails at once (the
-    // bytes do not depend on the times), and again with the calibrated step model.
-    train::PlanReport report = train::profile_plan(config, f->plan);
-    train::solve_plan(report, f->plan.budget_bytes);
-    train::CalibrationOptions calibration = f->calibration;
-    if (calibration.steps == 0) {
-      calibration.message_ms = std::max(calibration.message_ms, 0.0);
-      if (calibration.shared_speed < 0) calibration.shared_speed = 1;
-    } else if (!f->json && (calibration.message_ms < 0 || calibration.shared_speed < 0)) {
-      std::cout << "plan: calibrating the step model on " << calibration.steps
-                << " steps of the config with remat none (pipemat-run, " << calibration.transport
-                << ")\n"
-                << std::flush;
-    }
-    const train::Calibration calibrated = train::calibrate_plan(report, calibration, "plan");
-    train::solve_plan(report, f->plan.budget_bytes);
-    if (!f->out.empty()) {
-      std::ofstream file(f->out);
-      PIPEMAT_CHECK(file.good(), ConfigError, "--out: cannot write '", f->out, "'");
-      file << "# pipemat plan --config " << f->config << " --memory-budget " << f->budget
-           << ": predicted step " << format_fixed(report.result.best.step, 2) << " ms, peaks "
-           << peaks_of(report.result.best) << "\n"
-           << train::config_to_yaml(report.config);
-      PIPEMAT_CHECK(file.good(), ConfigError, "--out: cannot write '", f->out, "'");
-    }
-    if (f->json) {
-      nlohmann::json out;
-      out["summary"] = report.summary;
-      out["plan"] = prediction_json(report.result.best);
-      out["simulations"] = report.result.simulations;
-      const plan::PlanProblem& problem = report.problem;
-      for (double bytes : problem.fixed_bytes) out["fixed_bytes"].push_back(bytes);
-      for (size_t l = 0; l < problem.layers.size(); ++l) {
-        if (!report.is_layer[l]) continue;
-        const auto& c =
-            problem.layers[l].candidates[static_cast<size_t>(report.result.best.choice[l])];
-        out["plan"]["layers"].push_back({{"layer", problem.layers[l].layer},
-                                         {"stage", problem.stage_of_layer[l]},
-                                         {"policy", c.name}});
-      }
-      for (const train::UniformPrediction& u : report.uniform)
-        out["uniform"][u.policy] = prediction_json(u.prediction);
-      const auto first_layer = std::find(report.is_layer.begin(), report.is_layer.end(), true);
-      const size_t layer = static_cast<size_t>(first_layer - report.is_layer.begin());
-      for (const plan::Candidate& c : problem.layers.at(layer).candidates)
-        out["candidates"].push_back(candidate_json(c));
-      // Each stage beyond its layers (Note [Plan inputs]) and its StageBytes.
-      for (size_t l = 0; l < problem.layers.size(); ++l) {
-        if (report.is_layer[l]) continue;
-        const size_t s = static_cast<size_t>(problem.stage_of_layer[l]);
-        nlohmann::json stage = candidate_json(problem.layers[l].candidates.front());
-        stage.erase("name");
-        stage["stage"] = s;
-        if (s < problem.stage_bytes.size()) {
-          const plan::StageBytes& b = problem.stage_bytes[s];
-          stage["gradient_bytes"] = b.gradients;
-          stage["input_temporary_bytes"] = b.backward_input;
-          stage["input_held_bytes"] = b.input_held;
-          stage["received_input_bytes"] = b.received_input;
-          stage["received_gradient_bytes"] = b.received_gradient;
-          stage["first_backward_gradient_bytes"] = b.first_backward_gradients;
-          stage["weight_temporary_bytes"] = b.backward_weight;
-        }
-        out["stages"].push_back(stage);
-      }
-      out["step_tail_ms"] = problem.step_tail;
-      out["tails_wait_for_all"] = problem.tails_wait_for_all;
-      out["message_ms"] = problem.message_cost;
-      out["parallel_ranks"] = problem.parallel_ranks;
-      out["shared_speed"] = problem.shared_speed;
-      out["calibration"] = {{"steps", calibrated.steps},
-                            {"step_ms", calibrated.step_ms},
-                            {"predicted_ms", calibrated.predicted_ms}};
-      if (!f->out.empty()) out["out"] = f->out;
-      std::cout << out.dump() << std::endl;
-      return;
-    }
-    print_text(report, calibrated, std::cout);
-    if (!f->out.empty()) {
-      std::cout << "plan: wrote " << f->out << "; run it with: pipemat-run -n "
-                << config.schedule.ranks << " " << f->out << "\n";
-    }
-  });
+  add_plan_calibration_flags(*cmd, f->calibration);
+  cmd->callback([f] { run_plan_command(*f); });
 }
 
 }  // namespace pipemat::launch

@@ -18,9 +18,8 @@ namespace {
 constexpr double kMaxWeightBytes = 16.0 * (1LL << 30);
 constexpr double kMaxActivationBytes = 4.0 * (1LL << 30);
 
-}  // namespace
-
-void check_consistency(const TrainConfig& config, const ConfigReader& reader) {
+// Keys that need or exclude one another; each failure names the key to change.
+void check_key_pairs(const TrainConfig& config, const ConfigReader& reader) {
   const models::ModelOptions& model = config.model;
   if (model.kind == models::ModelKind::kMoe && model.top_k > model.experts) {
     reader.fail_at(reader.given("model.top_k") ? "model.top_k" : "model.experts",
@@ -62,8 +61,10 @@ void check_consistency(const TrainConfig& config, const ConfigReader& reader) {
                    "hidden " + std::to_string(model.hidden) + " is not divisible by heads " +
                        std::to_string(model.heads) + "; expected model.hidden % model.heads == 0");
   }
+}
 
-  // Weights (float32) of the whole model and one layer's widest activation per micro-batch.
+// Weights (float32) of the whole model and one layer's widest activation per micro-batch.
+void check_model_size(const models::ModelOptions& model, const ConfigReader& reader) {
   const double h = static_cast<double>(model.hidden);
   const double f = static_cast<double>(model.ffn > 0 ? model.ffn : 4 * model.hidden);
   double per_layer = h * h + 2 * h;  // rmsnorm-gemm, save-chain (upper bound)
@@ -101,7 +102,10 @@ void check_consistency(const TrainConfig& config, const ConfigReader& reader) {
                        format_number(kMaxActivationBytes / (1LL << 30)) +
                        " GiB per micro-batch; lower model.tokens or the model's width");
   }
+}
 
+void check_layers_per_stage(const TrainConfig& config, const ConfigReader& reader) {
+  const models::ModelOptions& model = config.model;
   const std::vector<int64_t>& per_stage = config.partition.layers_per_stage;
   if (!per_stage.empty()) {
     const int64_t sum = std::accumulate(per_stage.begin(), per_stage.end(), int64_t{0});
@@ -112,8 +116,9 @@ void check_consistency(const TrainConfig& config, const ConfigReader& reader) {
                          std::to_string(model.layers) + ", or no list for a balanced split");
     }
   }
+}
 
-  const models::RematConfig& remat = config.remat;
+void check_remat_lists(const models::RematConfig& remat, const ConfigReader& reader) {
   // A stage named `custom` uses remat.checkpoint / exclude; a stage's own lists do not.
   const bool custom_stage =
       std::any_of(remat.stages.begin(), remat.stages.end(), [](const models::StageRemat& stage) {
@@ -134,6 +139,15 @@ void check_consistency(const TrainConfig& config, const ConfigReader& reader) {
                    "'custom' needs at least one remat.checkpoint pattern, e.g. checkpoint: "
                    "[\"layers.*\"]");
   }
+}
+
+}  // namespace
+
+void check_consistency(const TrainConfig& config, const ConfigReader& reader) {
+  check_key_pairs(config, reader);
+  check_model_size(config.model, reader);
+  check_layers_per_stage(config, reader);
+  check_remat_lists(config.remat, reader);
 }
 
 }  // namespace pipemat::train::config_detail

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -236,7 +237,8 @@ Codec master() {
           }};
 }
 
-std::vector<ConfigField> make_fields() {
+// model: the model kind and its shape.
+std::vector<ConfigField> model_fields() {
   return {
       {"model", "kind", choice(PIPEMAT_MEMBER(model.kind), models::model_kind_values()),
        "`gpt`, `mlp`, `rmsnorm-gemm`, `transformer`, `moe`, `save-chain`",
@@ -263,6 +265,12 @@ std::vector<ConfigField> make_fields() {
        "dropout after the embedding and on both residual branches of every block (`gpt`); with "
        "dropout every rank draws per (step, micro-batch, stage) streams, so the pipeline equals a "
        "single-process run bitwise"},
+  };
+}
+
+// data: the text of gpt.
+std::vector<ConfigField> data_fields() {
+  return {
       {"data", "path",
        text(PIPEMAT_MEMBER(data.path),
             "a text file or a directory of text files, e.g. /usr/share/games/fortunes"),
@@ -270,11 +278,23 @@ std::vector<ConfigField> make_fields() {
        "the text, e.g. `/usr/share/games/fortunes` (Debian's `fortunes` package)"},
       {"data", "validation", number(PIPEMAT_MEMBER(data.validation), 0, true, 0.5), "> 0 .. 0.5",
        "fraction of the text held out for the validation loss"},
+  };
+}
+
+// partition: the layers of each stage.
+std::vector<ConfigField> partition_fields() {
+  return {
       {"partition", "layers_per_stage",
        integer_list(PIPEMAT_MEMBER(partition.layers_per_stage),
                     "a list of layer counts, one per stage, e.g. [4, 4]", 1),
        "entries >= 1, summing to `model.layers`",
        "layers of each model stage in order; empty: contiguous ranges balanced by parameter count"},
+  };
+}
+
+// schedule: the pipeline schedule.
+std::vector<ConfigField> schedule_fields() {
+  return {
       {"schedule", "kind", choice(PIPEMAT_MEMBER(schedule.kind), schedule_kinds()),
        "`gpipe`, `1f1b`, `interleaved`, `zb-h1`, `zb-h2`, `zb-v`",
        "pipeline schedule (see docs/schedules.md)"},
@@ -299,6 +319,12 @@ std::vector<ConfigField> make_fields() {
        "stages and micro-batches (`kind`, `ranks`, `micro_batches`, `virtual_stages` are taken "
        "from it); `recompute` still places R actions unless the file has them. UNSHARD / RESHARD / "
        "REDUCE_GRAD cells are accepted as no-ops and reported once"},
+  };
+}
+
+// parallel: data parallelism over pipeline replicas.
+std::vector<ConfigField> parallel_fields() {
+  return {
       {"parallel", "data", integer(PIPEMAT_MEMBER(parallel.data), 1, 1024), "1 .. 1024",
        "data-parallel replicas D of the pipeline: the job has D x `schedule.ranks` ranks, a step "
        "D x `schedule.micro_batches` micro-batches (each replica its share), and every replica "
@@ -313,6 +339,12 @@ std::vector<ConfigField> make_fields() {
        "that end a rank's step run bucket by bucket over their micro-batches (the gradients of "
        "every micro-batch still added in schedule order), so a stage's first buckets leave while "
        "the rest computes; `false`: one W after the other, every bucket at the end"},
+  };
+}
+
+// remat: the recompute policy, with the keys of its list entries.
+std::vector<ConfigField> remat_fields() {
+  return {
       {"remat", "policy", choice(PIPEMAT_MEMBER(remat.policy), models::remat_policy_values()),
        "`none`, `full`, `selective`, `custom`",
        "`none`: no checkpoint; `full`: every layer a checkpoint unit; `selective`: every layer a "
@@ -342,6 +374,12 @@ std::vector<ConfigField> make_fields() {
        "non-empty patterns, relative to the stage", "the stage's checkpoint units", "(required)"},
       {"remat.stages[]", "exclude", list_entry_key("list of mappings"),
        "entries as in `remat.exclude`", "the stage's SAVE regions", "`[]`"},
+  };
+}
+
+// transport: how the ranks talk.
+std::vector<ConfigField> transport_fields() {
+  return {
       {"transport", "kind", choice(PIPEMAT_MEMBER(transport.kind), transport_kinds()),
        "`auto`, `mpi`, `tcp`, `local`",
        "`auto`: mpi under mpirun, tcp when `PIPEMAT_MASTER` is set"},
@@ -352,6 +390,12 @@ std::vector<ConfigField> make_fields() {
       {"transport", "connect_retries",
        integer(PIPEMAT_MEMBER(transport.connect_retries), 1, kIntMax), "1 .. 2147483647",
        "tcp connection attempts before giving up"},
+  };
+}
+
+// training: the optimizer, its schedule, threads and evaluation.
+std::vector<ConfigField> training_fields() {
+  return {
       {"training", "steps", integer(PIPEMAT_MEMBER(training.steps), 1), ">= 1", "optimizer steps"},
       {"training", "optimizer", choice(PIPEMAT_MEMBER(training.optimizer), optimizer_values()),
        "`sgd`, `adamw`", "LibTorch optimizer"},
@@ -394,6 +438,12 @@ std::vector<ConfigField> make_fields() {
        "while the LR schedule and the evaluations still span `training.steps`: an interruption on "
        "purpose that `--resume` continues (`pipemat train --stop-after N`); `0`: run to "
        "`training.steps`"},
+  };
+}
+
+// checkpoint: saving and resuming.
+std::vector<ConfigField> checkpoint_fields() {
+  return {
       {"checkpoint", "dir",
        text(PIPEMAT_MEMBER(checkpoint.dir), "a directory (empty: no checkpoints)"), "a directory",
        "where checkpoints are written and `latest` is looked up; empty: no checkpoints"},
@@ -413,6 +463,12 @@ std::vector<ConfigField> make_fields() {
       {"checkpoint", "overwrite", boolean(PIPEMAT_MEMBER(checkpoint.overwrite)), "",
        "a run that does not resume into a `dir` that holds checkpoints (another run's) is refused "
        "before training; `true`: remove them (step directories only) and start there"},
+  };
+}
+
+// sample: the text generated after training (gpt).
+std::vector<ConfigField> sample_fields() {
+  return {
       {"sample", "tokens", integer(PIPEMAT_MEMBER(sample.tokens), 0, kMaxTokens),
        "0 .. 1048576; > 0 needs `checkpoint.dir` and `gpt`", "bytes to generate; `0`: no sample"},
       {"sample", "prompt", text(PIPEMAT_MEMBER(sample.prompt), "the text the sample continues"), "",
@@ -423,6 +479,12 @@ std::vector<ConfigField> make_fields() {
        "sample among the k most likely bytes; `0`: all"},
       {"sample", "seed", unsigned_integer(PIPEMAT_MEMBER(sample.seed)), "0 .. 18446744073709551615",
        "seed of the sampling generator"},
+  };
+}
+
+// output: metrics, pictures and progress.
+std::vector<ConfigField> output_fields() {
+  return {
       {"output", "metrics",
        text(PIPEMAT_MEMBER(output.metrics), "a file path (empty: no metrics file)"), "a path",
        "JSON lines, one per step (with `val_loss` after an evaluation), written by the last "
@@ -444,6 +506,18 @@ std::vector<ConfigField> make_fields() {
        "process (`pipemat train --reference`, the ranks' threads) and the run summary compares "
        "the pipeline's tokens/s and peak memory per rank with it; `0`: the summary without it"},
   };
+}
+
+std::vector<ConfigField> make_fields() {
+  std::vector<ConfigField> fields;
+  for (const auto& section :
+       {model_fields, data_fields, partition_fields, schedule_fields, parallel_fields, remat_fields,
+        transport_fields, training_fields, checkpoint_fields, sample_fields, output_fields}) {
+    std::vector<ConfigField> keys = section();
+    fields.insert(fields.end(), std::make_move_iterator(keys.begin()),
+                  std::make_move_iterator(keys.end()));
+  }
+  return fields;
 }
 
 #undef PIPEMAT_MEMBER

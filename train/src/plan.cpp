@@ -129,6 +129,136 @@ void check_budgets(const std::vector<int64_t>& budget_bytes, int ranks) {
   }
 }
 
+// The candidates of one layer of the kind. Note [Plan inputs]: every candidate gets the times
+// of `none` for F, I, W and B (only what it keeps and replays differs).
+pp::LayerCandidates profile_layer_kind(const LayerKind& kind, const PlanOptions& options) {
+  pp::ProfileOptions profile_options;
+  profile_options.repeats = options.repeats;
+  profile_options.warmup = options.warmup;
+  profile_options.max_save_leaves = options.max_save_leaves;
+  pp::LayerCandidates layer =
+      pp::profile_layer(kind.prefix + ".*", kind.make, kind.input, profile_options);
+  const plan::Candidate none = layer.profile.candidates.front();
+  for (plan::Candidate& c : layer.profile.candidates) {
+    c.forward = none.forward;
+    c.backward_input = none.backward_input;
+    c.backward_weight = none.backward_weight;
+    c.backward = none.backward;
+  }
+  return layer;
+}
+
+// The bytes of a stage beyond its layers' candidates, from its whole profile.
+plan::StageBytes stage_bytes(const pp::StageProfile& whole, double gradients) {
+  plan::StageBytes bytes;
+  bytes.gradients = gradients;
+  bytes.backward_input = std::max(0.0, whole.input_peak_bytes);
+  bytes.input_held = std::max(0.0, whole.input_held_bytes);
+  bytes.backward_weight = std::max(0.0, whole.weight_peak_bytes);
+  bytes.received_input = whole.input_bytes;
+  bytes.received_gradient = whole.output_gradient_bytes;
+  bytes.first_backward_gradients =
+      std::clamp(whole.first_backward_peak_bytes - whole.backward_peak_bytes, 0.0, gradients);
+  return bytes;
+}
+
+// Note [Plan inputs]: the stage's sums under `none` are the whole stage's measurements; what
+// its `layers` layers (each `none`) leave is the stage's own "fixed" entry.
+plan::Candidate stage_rest(const pp::StageProfile& whole, const plan::Candidate& none,
+                           int64_t layers) {
+  const double n = static_cast<double>(layers);
+  plan::Candidate rest;
+  rest.name = "fixed";
+  rest.resident_bytes = whole.input_bytes + whole.resident_bytes - n * none.resident_bytes;
+  rest.forward = whole.forward - n * none.forward;
+  rest.backward_input = whole.backward_input - n * none.backward_input;
+  rest.backward_weight = whole.backward_weight - n * none.backward_weight;
+  rest.backward = whole.backward - n * none.backward;
+  rest.forward_temporary_bytes = std::max(0.0, whole.forward_peak_bytes - whole.resident_bytes);
+  rest.backward_temporary_bytes = std::max(0.0, whole.backward_peak_bytes);
+  return rest;
+}
+
+// Appends stage `s` to the problem: its fixed entry `rest`, then each of its layers with the
+// layer kind's candidates.
+void add_stage_entries(PlanReport& report, int s, const LayerKind& kind,
+                       const std::vector<plan::Candidate>& candidates, plan::Candidate rest) {
+  plan::PlanProblem& problem = report.problem;
+  problem.layers.push_back({"stage " + std::to_string(s), {std::move(rest)}});
+  problem.stage_of_layer.push_back(s);
+  report.is_layer.push_back(false);
+  for (int64_t l = kind.bounds[static_cast<size_t>(s)]; l < kind.bounds[static_cast<size_t>(s) + 1];
+       ++l) {
+    problem.layers.push_back({kind.prefix + "." + std::to_string(l), candidates});
+    problem.stage_of_layer.push_back(s);
+    report.is_layer.push_back(true);
+  }
+}
+
+// Profiles every stage of `run` (each on the outputs of the one before) into the problem, and
+// returns each rank's parameters, their gradients set by the profiles.
+std::vector<std::vector<at::Tensor>> profile_stages(PlanReport& report, const ModelRun& run,
+                                                    const schedule::Schedule& plan_schedule,
+                                                    const LayerKind& kind,
+                                                    const pp::LayerCandidates& layer,
+                                                    const PlanOptions& options) {
+  const TrainConfig& config = report.config;
+  plan::PlanProblem& problem = report.problem;
+  const int ranks = static_cast<int>(config.schedule.ranks);
+  const int stages = plan_schedule.stages_count;
+  const plan::Candidate& none = layer.profile.candidates.front();
+  problem.fixed_bytes.assign(static_cast<size_t>(ranks), 0.0);
+  problem.stage_bytes.assign(static_cast<size_t>(stages), {});
+  problem.message_cost = options.message_ms;
+  const pp::MicroBatch data = run.train_data(0, 0);
+  pp::Tensors inputs = data.inputs;
+  std::vector<std::vector<at::Tensor>> rank_params(static_cast<size_t>(ranks));
+  for (int s = 0; s < stages; ++s) {
+    const pp::PipelineStage stage = run.stage(s);
+    const auto stage_params = stage.module->parameters();
+    auto& params_of_rank = rank_params[static_cast<size_t>(plan_schedule.rank_of(s))];
+    params_of_rank.insert(params_of_rank.end(), stage_params.begin(), stage_params.end());
+    double params = 0;
+    for (const auto& p : stage_params) params += static_cast<double>(p.numel());
+    const double gradients = params * kFloatBytes;
+    problem.fixed_bytes[static_cast<size_t>(plan_schedule.rank_of(s))] +=
+        gradients * (1 + optimizer_states(config.training));
+    const bool last = s == stages - 1;
+    const pp::StageProfile whole =
+        pp::profile_stage(stage, inputs, last ? run.loss : pp::LossFn{},
+                          last ? data.targets : pp::Tensors{}, options.repeats, options.warmup);
+    inputs = whole.outputs;
+    problem.stage_bytes[static_cast<size_t>(s)] = stage_bytes(whole, gradients);
+    const int64_t layers =
+        kind.bounds[static_cast<size_t>(s) + 1] - kind.bounds[static_cast<size_t>(s)];
+    add_stage_entries(report, s, kind, layer.profile.candidates, stage_rest(whole, none, layers));
+  }
+  return rank_params;
+}
+
+// One line on what was planned and how it was profiled.
+std::string plan_summary(const PlanReport& report, const std::string& model_summary,
+                         const pp::LayerCandidates& layer, int stages, int threads, int cores) {
+  const TrainConfig& config = report.config;
+  const plan::PlanProblem& problem = report.problem;
+  const int ranks = static_cast<int>(config.schedule.ranks);
+  const int replicas = static_cast<int>(config.parallel.data);
+  return model_summary + "; " + to_string(config.schedule.kind) + " on " + std::to_string(ranks) +
+         " ranks (" + std::to_string(stages) + " stages), " +
+         std::to_string(config.schedule.micro_batches) + " micro-batches; " +
+         std::to_string(layer.profile.candidates.size()) + " candidates per layer (" +
+         join(layer.save_leaves, ", ") + " as SAVE leaves), profiled with " +
+         std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
+         (problem.parallel_ranks > 0 && problem.parallel_ranks < ranks
+              ? "; " + std::to_string(problem.parallel_ranks) +
+                    (problem.parallel_ranks == 1 ? " rank computes" : " ranks compute") +
+                    " at once (" + std::to_string(cores) + " cores)"
+              : "") +
+         (replicas > 1 ? "; every one of " + std::to_string(replicas) +
+                             " replicas (parallel.data) runs this plan"
+                       : "");
+}
+
 }  // namespace
 
 PlanReport run_plan(const TrainConfig& config, const PlanOptions& options) {
@@ -163,74 +293,9 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
   const int stages = plan_schedule.stages_count;
   const ModelRun run = make_model_run(config, stages);
   const LayerKind kind = layer_kind(config, stages);
-
-  pp::ProfileOptions profile_options;
-  profile_options.repeats = options.repeats;
-  profile_options.warmup = options.warmup;
-  profile_options.max_save_leaves = options.max_save_leaves;
-  pp::LayerCandidates layer =
-      pp::profile_layer(kind.prefix + ".*", kind.make, kind.input, profile_options);
-  const plan::Candidate none = layer.profile.candidates.front();
-  for (plan::Candidate& c : layer.profile.candidates) {  // Note [Plan inputs]: one F, I, W, B
-    c.forward = none.forward;
-    c.backward_input = none.backward_input;
-    c.backward_weight = none.backward_weight;
-    c.backward = none.backward;
-  }
-
-  problem.fixed_bytes.assign(static_cast<size_t>(ranks), 0.0);
-  problem.stage_bytes.assign(static_cast<size_t>(stages), {});
-  problem.message_cost = options.message_ms;
-  const pp::MicroBatch data = run.train_data(0, 0);
-  pp::Tensors inputs = data.inputs;
-  std::vector<std::vector<at::Tensor>> rank_params(static_cast<size_t>(ranks));
-  for (int s = 0; s < stages; ++s) {
-    const pp::PipelineStage stage = run.stage(s);
-    const auto stage_params = stage.module->parameters();
-    auto& params_of_rank = rank_params[static_cast<size_t>(plan_schedule.rank_of(s))];
-    params_of_rank.insert(params_of_rank.end(), stage_params.begin(), stage_params.end());
-    double params = 0;
-    for (const auto& p : stage_params) params += static_cast<double>(p.numel());
-    const double gradients = params * kFloatBytes;
-    problem.fixed_bytes[static_cast<size_t>(plan_schedule.rank_of(s))] +=
-        gradients * (1 + optimizer_states(config.training));
-    const bool last = s == stages - 1;
-    const pp::StageProfile whole =
-        pp::profile_stage(stage, inputs, last ? run.loss : pp::LossFn{},
-                          last ? data.targets : pp::Tensors{}, options.repeats, options.warmup);
-    inputs = whole.outputs;
-    plan::StageBytes& bytes = problem.stage_bytes[static_cast<size_t>(s)];
-    bytes.gradients = gradients;
-    bytes.backward_input = std::max(0.0, whole.input_peak_bytes);
-    bytes.input_held = std::max(0.0, whole.input_held_bytes);
-    bytes.backward_weight = std::max(0.0, whole.weight_peak_bytes);
-    bytes.received_input = whole.input_bytes;
-    bytes.received_gradient = whole.output_gradient_bytes;
-    bytes.first_backward_gradients =
-        std::clamp(whole.first_backward_peak_bytes - whole.backward_peak_bytes, 0.0, gradients);
-    const int64_t layers =
-        kind.bounds[static_cast<size_t>(s) + 1] - kind.bounds[static_cast<size_t>(s)];
-    const double n = static_cast<double>(layers);
-    // Note [Plan inputs]: the stage's sums under `none` are the whole stage's measurements.
-    plan::Candidate rest;
-    rest.name = "fixed";
-    rest.resident_bytes = whole.input_bytes + whole.resident_bytes - n * none.resident_bytes;
-    rest.forward = whole.forward - n * none.forward;
-    rest.backward_input = whole.backward_input - n * none.backward_input;
-    rest.backward_weight = whole.backward_weight - n * none.backward_weight;
-    rest.backward = whole.backward - n * none.backward;
-    rest.forward_temporary_bytes = std::max(0.0, whole.forward_peak_bytes - whole.resident_bytes);
-    rest.backward_temporary_bytes = std::max(0.0, whole.backward_peak_bytes);
-    problem.layers.push_back({"stage " + std::to_string(s), {rest}});
-    problem.stage_of_layer.push_back(s);
-    report.is_layer.push_back(false);
-    for (int64_t l = kind.bounds[static_cast<size_t>(s)];
-         l < kind.bounds[static_cast<size_t>(s) + 1]; ++l) {
-      problem.layers.push_back({kind.prefix + "." + std::to_string(l), layer.profile.candidates});
-      problem.stage_of_layer.push_back(s);
-      report.is_layer.push_back(true);
-    }
-  }
+  const pp::LayerCandidates layer = profile_layer_kind(kind, options);
+  const std::vector<std::vector<at::Tensor>> rank_params =
+      profile_stages(report, run, plan_schedule, kind, layer, options);
   // The step's tail on each rank: its optimizer step (and gradient norms) on its parameters,
   // whose gradients the stages' profiles left.
   for (int r = 0; r < ranks; ++r) {
@@ -246,20 +311,7 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
   problem.shared_speed = options.shared_speed;
   report.selective = selective_candidate(layer, config, kind.prefix);
   report.policies = layer.policies;
-  report.summary = run.summary + "; " + to_string(config.schedule.kind) + " on " +
-                   std::to_string(ranks) + " ranks (" + std::to_string(stages) + " stages), " +
-                   std::to_string(config.schedule.micro_batches) + " micro-batches; " +
-                   std::to_string(layer.profile.candidates.size()) + " candidates per layer (" +
-                   join(layer.save_leaves, ", ") + " as SAVE leaves), profiled with " +
-                   std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
-                   (problem.parallel_ranks > 0 && problem.parallel_ranks < ranks
-                        ? "; " + std::to_string(problem.parallel_ranks) +
-                              (problem.parallel_ranks == 1 ? " rank computes" : " ranks compute") +
-                              " at once (" + std::to_string(cores) + " cores)"
-                        : "") +
-                   (replicas > 1 ? "; every one of " + std::to_string(replicas) +
-                                       " replicas (parallel.data) runs this plan"
-                                 : "");
+  report.summary = plan_summary(report, run.summary, layer, stages, threads, cores);
   return report;
 }
 

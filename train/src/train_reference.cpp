@@ -54,6 +54,69 @@ struct Chain {
   }
 };
 
+// Note [Data x pipeline]: replica d's micro-batches d*M .. d*M + M-1 into a gradient of its
+// own; returns each replica's loss. With one replica the gradient stays in the parameters, else
+// `replica_grads` gets each replica's.
+std::vector<double> backward_replicas(const Chain& chain, int64_t step, int64_t M, int64_t D,
+                                      std::vector<std::vector<at::Tensor>>& replica_grads) {
+  const std::vector<at::Tensor>& all = chain.params;
+  std::vector<double> replica_loss;
+  for (int64_t d = 0; d < D; ++d) {
+    for (auto& p : all) p.mutable_grad().reset();
+    double loss_sum = 0;
+    for (int64_t i = d * M; i < (d + 1) * M; ++i) {
+      const pp::MicroBatch b = chain.run.train_data(step, i);
+      auto loss =
+          chain.run.loss(chain.forward(b.inputs, step, i), b.targets) / static_cast<double>(M);
+      loss_sum += loss.item<double>();
+      loss.backward();
+    }
+    replica_loss.push_back(loss_sum);
+    if (D == 1) break;
+    replica_grads.emplace_back();
+    for (auto& p : all) replica_grads.back().push_back(p.grad());
+  }
+  return replica_loss;
+}
+
+// The mean of the D replicas' gradients into the parameters, summed in replica order as the
+// data groups do; none where no replica has one.
+void set_mean_gradients(const std::vector<at::Tensor>& all,
+                        const std::vector<std::vector<at::Tensor>>& replica_grads, int64_t D) {
+  for (size_t k = 0; k < all.size(); ++k) {
+    bool any = false;
+    for (const auto& g : replica_grads) any = any || g[k].defined();
+    if (!any) {
+      all[k].mutable_grad().reset();
+      continue;
+    }
+    const auto grad_of = [&](int64_t d) {
+      const at::Tensor& g = replica_grads[static_cast<size_t>(d)][k];
+      return g.defined() ? g : at::zeros_like(all[k]);
+    };
+    at::Tensor sum = grad_of(0).clone();
+    for (int64_t d = 1; d < D; ++d) sum.add_(grad_of(d));
+    sum.div_(static_cast<int>(D));
+    all[k].mutable_grad() = sum;
+  }
+}
+
+// The validation loss after `step`: the mean over the eval micro-batches, forward only, in eval
+// mode.
+double reference_validation_loss(const Chain& chain, const TrainConfig& config, int64_t step) {
+  for (auto& c : chain.stages) c.module->eval();
+  c10::AutoGradMode no_grad(false);
+  const int64_t E = config.training.eval_batches;
+  double loss = 0;
+  for (int64_t i = 0; i < E; ++i) {
+    const pp::MicroBatch b = chain.run.eval_data(step, i);
+    loss += (chain.run.loss(chain.forward(b.inputs, step, i), b.targets) / static_cast<double>(E))
+                .item<double>();
+  }
+  for (auto& c : chain.stages) c.module->train();
+  return loss;
+}
+
 }  // namespace
 
 std::vector<StepMetrics> run_reference(const TrainConfig& given,
@@ -75,45 +138,14 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
     remat::reset_peak_bytes();
     const int64_t bytes0 = remat::memory_stats().current_bytes;
     const auto t0 = std::chrono::steady_clock::now();
-    // Note [Data x pipeline]: replica d's micro-batches d*M .. d*M + M-1 into a gradient of its
-    // own, then the gradients and losses combined in replica order as the data groups do.
     std::vector<std::vector<at::Tensor>> replica_grads;
-    std::vector<double> replica_loss;
-    for (int64_t d = 0; d < D; ++d) {
-      for (auto& p : all) p.mutable_grad().reset();
-      double loss_sum = 0;
-      for (int64_t i = d * M; i < (d + 1) * M; ++i) {
-        const pp::MicroBatch b = run.train_data(step, i);
-        auto loss = run.loss(chain.forward(b.inputs, step, i), b.targets) / static_cast<double>(M);
-        loss_sum += loss.item<double>();
-        loss.backward();
-      }
-      replica_loss.push_back(loss_sum);
-      if (D == 1) break;
-      replica_grads.emplace_back();
-      for (auto& p : all) replica_grads.back().push_back(p.grad());
-    }
+    const std::vector<double> replica_loss = backward_replicas(chain, step, M, D, replica_grads);
     if (D == 1) {
       m.loss = replica_loss[0];
     } else {
       for (double l : replica_loss) m.loss += l;
       m.loss /= static_cast<double>(D);
-      for (size_t k = 0; k < all.size(); ++k) {
-        bool any = false;
-        for (const auto& g : replica_grads) any = any || g[k].defined();
-        if (!any) {
-          all[k].mutable_grad().reset();
-          continue;
-        }
-        const auto grad_of = [&](int64_t d) {
-          const at::Tensor& g = replica_grads[static_cast<size_t>(d)][k];
-          return g.defined() ? g : at::zeros_like(all[k]);
-        };
-        at::Tensor sum = grad_of(0).clone();
-        for (int64_t d = 1; d < D; ++d) sum.add_(grad_of(d));
-        sum.div_(static_cast<int>(D));
-        all[k].mutable_grad() = sum;
-      }
+      set_mean_gradients(all, replica_grads, D);
     }
     if (config.training.clip_grad_norm > 0) {
       m.grad_norm = torch::nn::utils::clip_grad_norm_(all, config.training.clip_grad_norm);
@@ -128,17 +160,7 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
     out.push_back(std::move(m));
     if (eval_every > 0 && ((step + 1) % eval_every == 0 || step + 1 == config.training.steps) &&
         validation) {
-      for (auto& c : chain.stages) c.module->eval();
-      c10::AutoGradMode no_grad(false);
-      const int64_t E = config.training.eval_batches;
-      double loss = 0;
-      for (int64_t i = 0; i < E; ++i) {
-        const pp::MicroBatch b = run.eval_data(step, i);
-        loss += (run.loss(chain.forward(b.inputs, step, i), b.targets) / static_cast<double>(E))
-                    .item<double>();
-      }
-      for (auto& c : chain.stages) c.module->train();
-      validation->push_back({step, loss});
+      validation->push_back({step, reference_validation_loss(chain, config, step)});
     }
   }
   if (params) {
