@@ -73,21 +73,10 @@ std::string random_secret() {
   return out;
 }
 
-}  // namespace
-
-SpawnResult spawn_local_ranks(const SpawnOptions& options) {
-  PIPEMAT_CHECK(options.world_size >= 1, ConfigError, "spawn_local_ranks: world size ",
-                options.world_size, " must be at least 1");
-  const int port = options.port > 0 ? options.port : pick_free_port(options.host);
-  std::string program =
-      options.argv.empty() || options.argv[0].empty() ? "/proc/self/exe" : options.argv[0];
-  // Everything the children need is built before fork(): only async-signal-safe calls after.
-  std::vector<std::string> args = options.argv;
-  if (args.empty()) args.push_back(program);
-  std::vector<char*> argv;
-  argv.reserve(args.size() + 1);
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
+// The environment of this process without the variables that differ by rank, plus a fresh
+// secret per job (as pipemat-run makes) unless the environment gives one: the ranks
+// authenticate every rendezvous connection with it (TransportOptions::secret).
+std::vector<std::string> job_environment() {
   std::vector<std::string> base_env;
   for (char** e = environ; e && *e; ++e) {
     std::string entry = *e;
@@ -97,11 +86,14 @@ SpawnResult spawn_local_ranks(const SpawnOptions& options) {
     }
     base_env.push_back(entry);
   }
-  // A fresh secret per job (as pipemat-run makes), unless the environment gives one: the ranks
-  // authenticate every rendezvous connection with it (TransportOptions::secret).
   if (std::getenv("PIPEMAT_JOB_SECRET") == nullptr) {
     base_env.push_back("PIPEMAT_JOB_SECRET=" + random_secret());
   }
+  return base_env;
+}
+
+std::vector<std::vector<std::string>> rank_environments(const SpawnOptions& options, int port) {
+  const std::vector<std::string> base_env = job_environment();
   std::vector<std::vector<std::string>> envs;
   for (int r = 0; r < options.world_size; ++r) {
     auto env = base_env;
@@ -110,14 +102,23 @@ SpawnResult spawn_local_ranks(const SpawnOptions& options) {
     env.push_back("PIPEMAT_MASTER=" + options.host + ":" + std::to_string(port));
     envs.push_back(std::move(env));
   }
-  std::vector<std::vector<char*>> envps(envs.size());
-  for (size_t r = 0; r < envs.size(); ++r) {
-    for (auto& e : envs[r]) envps[r].push_back(e.data());
-    envps[r].push_back(nullptr);
-  }
+  return envs;
+}
 
+// The null-terminated array of pointers execve takes; `strings` must outlive it.
+std::vector<char*> c_string_array(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  out.reserve(strings.size() + 1);
+  for (auto& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// Forks one child per environment; on a failed fork kills and reaps the children so far.
+std::vector<pid_t> fork_ranks(const std::string& program, std::vector<char*>& argv,
+                              std::vector<std::vector<char*>>& envps) {
   std::vector<pid_t> pids;
-  for (int r = 0; r < options.world_size; ++r) {
+  for (int r = 0; r < static_cast<int>(envps.size()); ++r) {
     pid_t pid = ::fork();
     if (pid == 0) {
       ::execve(program.c_str(), argv.data(), envps[static_cast<size_t>(r)].data());
@@ -132,7 +133,19 @@ SpawnResult spawn_local_ranks(const SpawnOptions& options) {
     }
     pids.push_back(pid);
   }
+  return pids;
+}
 
+// Sends `sig` to every child that has not exited yet.
+void signal_running(const std::vector<pid_t>& pids, const SpawnResult& result, int sig) {
+  for (size_t r = 0; r < pids.size(); ++r) {
+    if (result.exit_codes[r] == -1) ::kill(pids[r], sig);
+  }
+}
+
+// Waits for every child: SIGTERM to the rest `options.grace` after the first failure, SIGKILL
+// at `options.timeout`.
+SpawnResult wait_for_ranks(const std::vector<pid_t>& pids, const SpawnOptions& options) {
   SpawnResult result;
   result.exit_codes.assign(pids.size(), -1);
   const auto deadline = Clock::now() + options.timeout;
@@ -156,19 +169,34 @@ SpawnResult spawn_local_ranks(const SpawnOptions& options) {
     const auto now = Clock::now();
     if (now >= deadline) {
       result.timed_out = true;
-      for (size_t r = 0; r < pids.size(); ++r) {
-        if (result.exit_codes[r] == -1) ::kill(pids[r], SIGKILL);
-      }
+      signal_running(pids, result, SIGKILL);
     } else if (now >= failure_deadline && !terminated) {
       terminated = true;
-      for (size_t r = 0; r < pids.size(); ++r) {
-        if (result.exit_codes[r] == -1) ::kill(pids[r], SIGTERM);
-      }
+      signal_running(pids, result, SIGTERM);
     }
     // A launcher polls its children; no test logic depends on this pause.
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return result;
+}
+
+}  // namespace
+
+SpawnResult spawn_local_ranks(const SpawnOptions& options) {
+  PIPEMAT_CHECK(options.world_size >= 1, ConfigError, "spawn_local_ranks: world size ",
+                options.world_size, " must be at least 1");
+  const int port = options.port > 0 ? options.port : pick_free_port(options.host);
+  std::string program =
+      options.argv.empty() || options.argv[0].empty() ? "/proc/self/exe" : options.argv[0];
+  // Everything the children need is built before fork(): only async-signal-safe calls after.
+  std::vector<std::string> args = options.argv;
+  if (args.empty()) args.push_back(program);
+  std::vector<char*> argv = c_string_array(args);
+  std::vector<std::vector<std::string>> envs = rank_environments(options, port);
+  std::vector<std::vector<char*>> envps;
+  for (auto& env : envs) envps.push_back(c_string_array(env));
+  const std::vector<pid_t> pids = fork_ranks(program, argv, envps);
+  return wait_for_ranks(pids, options);
 }
 
 }  // namespace pipemat::comm

@@ -67,56 +67,46 @@ struct TensorWork::State {
 
 namespace detail {
 
-// Turns the completed byte work into the tensor result (once).
-void finalize(TensorWork::State& s) {
-  if (s.finalized) return;
-  s.finalized = true;
-  const WorkInfo& info = s.work->info();
-  Status status = s.work->status();
-  if (s.mode == Mode::kSend) {
-    if (!status.ok()) {
-      s.error = status.message;
-      s.timeout_error = status.code == StatusCode::kTimeout;
-    } else {
-      s.result = s.tensor;
-    }
-    return;
-  }
-  if (!status.ok() && status.code != StatusCode::kSizeMismatch) {
+namespace {
+
+// A send: the tensor that was sent, or the error.
+void finalize_send(TensorWork::State& s, const Status& status) {
+  if (!status.ok()) {
     s.error = status.message;
     s.timeout_error = status.code == StatusCode::kTimeout;
-    return;
+  } else {
+    s.result = s.tensor;
   }
-  // Where the message is: the transport buffer (any size, or a size mismatch), or our header
-  // target followed by the destination tensor (exact size: the bytes landed in place, and
-  // nothing of them is handed out before the header passed the checks below).
-  Buffer buffer = s.work->buffer();
-  const bool in_buffer = buffer.data() != nullptr;
-  const size_t size = in_buffer ? buffer.size() : s.header->size() + s.expected.nbytes();
-  const uint8_t* head = in_buffer ? buffer.data() : s.header->data();
-  size_t head_size = in_buffer ? buffer.size() : s.header->size();
-  std::vector<uint8_t> gathered;
-  if (!in_buffer && has_tensor_magic(head, head_size)) {
-    // A sender's header with more dimensions than ours runs on into the destination's bytes.
-    WireHeader peek;
-    std::memcpy(&peek, head, sizeof(peek));
-    if (peek.ndim >= 0 && peek.ndim <= kMaxDims) {
-      const size_t need = std::min(size, header_size(static_cast<size_t>(peek.ndim)));
-      if (need > head_size) {
-        gathered.assign(s.header->begin(), s.header->end());
-        const auto* rest = static_cast<const uint8_t*>(s.tensor.data_ptr());
-        gathered.insert(gathered.end(), rest, rest + (need - head_size));
-        head = gathered.data();
-        head_size = gathered.size();
-      }
+}
+
+// A receive that landed in place: a sender's header with more dimensions than ours runs on
+// into the destination's bytes, so its header is gathered into `gathered` and `head` points
+// there.
+void gather_header(const TensorWork::State& s, size_t size, const uint8_t*& head, size_t& head_size,
+                   std::vector<uint8_t>& gathered) {
+  if (!has_tensor_magic(head, head_size)) return;
+  WireHeader peek;
+  std::memcpy(&peek, head, sizeof(peek));
+  if (peek.ndim >= 0 && peek.ndim <= kMaxDims) {
+    const size_t need = std::min(size, header_size(static_cast<size_t>(peek.ndim)));
+    if (need > head_size) {
+      gathered.assign(s.header->begin(), s.header->end());
+      const auto* rest = static_cast<const uint8_t*>(s.tensor.data_ptr());
+      gathered.insert(gathered.end(), rest, rest + (need - head_size));
+      head = gathered.data();
+      head_size = gathered.size();
     }
   }
-  TensorMeta sent;
-  size_t header_bytes = 0;
+}
+
+// Decodes the header of a received message of `size` bytes; false (with s.error) when it is no
+// single tensor of this peer.
+bool decode_received(TensorWork::State& s, const WorkInfo& info, const uint8_t* head,
+                     size_t head_size, size_t size, TensorMeta& sent, size_t& header_bytes) {
   std::string why;
   switch (decode_tensor(head, head_size, size, info.peer, sent, header_bytes, why)) {
     case Decoded::kOk:
-      break;
+      return true;
     case Decoded::kNotATensor:
       if (is_tensor_list(head, head_size)) {
         s.error = ::pipemat::detail::concat(
@@ -124,21 +114,27 @@ void finalize(TensorWork::State& s) {
             " to rank ", info.rank,
             ", which posted a single-tensor receive; use recv_tensors on this tag, or "
             "send_tensor on the sender");
-        return;
+        return false;
       }
       s.error = ::pipemat::detail::concat(
           "rank ", info.peer, " sent a message with tag ", info.tag, " to rank ", info.rank,
           " that is not a pipemat tensor (", size,
           " bytes, no tensor header); a byte send and a tensor receive share this tag");
-      return;
+      return false;
     case Decoded::kCorrupt:
       s.error = ::pipemat::detail::concat(
           "rank ", info.peer, " sent a corrupt tensor message on tag ", info.tag, ": ", why,
           " (received by rank ", info.rank, ", ", info.transport,
           "). Both ranks must run the same pipemat build, and nothing else may send on this "
           "tag.");
-      return;
+      return false;
   }
+  return true;
+}
+
+// The result of a receive whose header decoded to `sent`.
+void deliver_received(TensorWork::State& s, const WorkInfo& info, const Status& status,
+                      const Buffer& buffer, const TensorMeta& sent, size_t header_bytes) {
   if (s.mode == Mode::kRecvExpected) {
     if (sent != s.expected || !status.ok()) {
       s.error = mismatch_message(info, sent, s.expected);
@@ -157,6 +153,39 @@ void finalize(TensorWork::State& s) {
   s.result = at::from_blob(
       buffer.data() + header_bytes, sent.shape, [storage](void*) mutable { storage.reset(); },
       at::TensorOptions().dtype(sent.dtype).device(at::kCPU));
+}
+
+}  // namespace
+
+// Turns the completed byte work into the tensor result (once).
+void finalize(TensorWork::State& s) {
+  if (s.finalized) return;
+  s.finalized = true;
+  const WorkInfo& info = s.work->info();
+  Status status = s.work->status();
+  if (s.mode == Mode::kSend) {
+    finalize_send(s, status);
+    return;
+  }
+  if (!status.ok() && status.code != StatusCode::kSizeMismatch) {
+    s.error = status.message;
+    s.timeout_error = status.code == StatusCode::kTimeout;
+    return;
+  }
+  // Where the message is: the transport buffer (any size, or a size mismatch), or our header
+  // target followed by the destination tensor (exact size: the bytes landed in place, and
+  // nothing of them is handed out before the header passed the checks below).
+  Buffer buffer = s.work->buffer();
+  const bool in_buffer = buffer.data() != nullptr;
+  const size_t size = in_buffer ? buffer.size() : s.header->size() + s.expected.nbytes();
+  const uint8_t* head = in_buffer ? buffer.data() : s.header->data();
+  size_t head_size = in_buffer ? buffer.size() : s.header->size();
+  std::vector<uint8_t> gathered;
+  if (!in_buffer) gather_header(s, size, head, head_size, gathered);
+  TensorMeta sent;
+  size_t header_bytes = 0;
+  if (!decode_received(s, info, head, head_size, size, sent, header_bytes)) return;
+  deliver_received(s, info, status, buffer, sent, header_bytes);
 }
 
 }  // namespace detail

@@ -245,17 +245,17 @@ Decoded decode_tensor(const uint8_t* head, size_t head_size, size_t message_size
   return Decoded::kOk;
 }
 
-bool decode_list(const Buffer& buffer, const WorkInfo& info, std::vector<at::Tensor>& out,
-                 std::string& why) {
+namespace {
+
+// The list header of a message of `size` bytes from rank `peer`.
+bool check_list_header(const uint8_t* data, size_t size, int peer, ListHeader& header,
+                       std::string& why) {
   using ::pipemat::detail::concat;
-  const uint8_t* data = buffer.data();
-  const size_t size = buffer.size();
   if (size < kListHeaderBytes) {
     why = concat("the message has ", size, " bytes, less than the ", kListHeaderBytes,
                  "-byte list header");
     return false;
   }
-  ListHeader header;
   std::memcpy(&header, data, sizeof(header));
   if (header.count > kMaxListTensors) {
     why = concat("the header says ", header.count, " tensors, more than the limit of ",
@@ -267,87 +267,120 @@ bool decode_list(const Buffer& buffer, const WorkInfo& info, std::vector<at::Ten
                  " bytes arrived");
     return false;
   }
-  if (header.sender != info.peer) {
+  if (header.sender != peer) {
     why = concat("the header says it was sent by rank ", header.sender);
     return false;
   }
+  return true;
+}
+
+// An entry marked undefined: a bare header of header_size(0) bytes.
+bool decode_undefined_entry(const WireHeader& entry, uint32_t index, size_t left,
+                            std::vector<at::Tensor>& out, size_t& offset, std::string& why) {
+  using ::pipemat::detail::concat;
+  if (entry.flags != kFlagUndefined || entry.ndim != 0 || entry.nbytes != 0 ||
+      entry.dtype != kUndefinedDtypeCode) {
+    why = concat("entry ", index,
+                 " is marked undefined but has a dtype, dimensions, bytes or requires_grad");
+    return false;
+  }
+  if (left < header_size(0)) {
+    why = concat("entry ", index, " is cut off: its header needs ", header_size(0),
+                 " bytes but only ", left, " are left");
+    return false;
+  }
+  out.emplace_back();
+  offset += header_size(0);
+  return true;
+}
+
+// A tensor entry: its header, then its bytes (a view of the buffer) and their padding.
+bool decode_tensor_entry(const Buffer& buffer, const WireHeader& entry, uint32_t index, size_t left,
+                         std::vector<at::Tensor>& out, size_t& offset, std::string& why) {
+  using ::pipemat::detail::concat;
+  const std::string subject = concat("entry ", index);
+  if (!check_ndim(entry, subject, why)) return false;
+  const size_t entry_header = header_size(static_cast<size_t>(entry.ndim));
+  if (left < entry_header) {
+    why = concat("entry ", index, " is cut off: its header with ", entry.ndim, " dimensions needs ",
+                 entry_header, " bytes but only ", left, " are left");
+    return false;
+  }
+  TensorMeta meta;
+  int64_t nbytes = 0;
+  if (!check_meta(entry, buffer.data() + offset + sizeof(WireHeader), subject, meta, nbytes, why)) {
+    return false;
+  }
+  const size_t after_header = left - entry_header;
+  if (static_cast<uint64_t>(nbytes) > after_header ||
+      pad_bytes(static_cast<size_t>(nbytes)) > after_header - static_cast<size_t>(nbytes)) {
+    why = concat("entry ", index, " (", meta.to_string(), ", ", nbytes,
+                 " bytes and padding) is cut off: only ", after_header, " bytes are left");
+    return false;
+  }
+  const size_t data_offset = offset + entry_header;
+  auto storage = buffer.storage();
+  at::Tensor tensor = at::from_blob(
+      buffer.data() + data_offset, meta.shape, [storage](void*) mutable { storage.reset(); },
+      at::TensorOptions().dtype(meta.dtype).device(at::kCPU));
+  if (entry.flags & kFlagRequiresGrad) {
+    if (!can_require_grad(meta.dtype)) {
+      why = concat("entry ", index, " is ", meta.to_string(),
+                   " and marked requires_grad, which only floating point and complex tensors "
+                   "can be");
+      return false;
+    }
+    tensor.set_requires_grad(true);
+  }
+  out.push_back(std::move(tensor));
+  offset = data_offset + static_cast<size_t>(nbytes) + pad_bytes(static_cast<size_t>(nbytes));
+  return true;
+}
+
+// Entry `index`, whose header starts at `offset`; moves `offset` past it.
+bool decode_entry(const Buffer& buffer, uint32_t index, std::vector<at::Tensor>& out,
+                  size_t& offset, std::string& why) {
+  using ::pipemat::detail::concat;
+  const size_t size = buffer.size();
+  const size_t left = size - offset;
+  if (left < sizeof(WireHeader)) {
+    why = concat("entry ", index, " is cut off: its header starts at byte ", offset,
+                 " but the message ends at byte ", size);
+    return false;
+  }
+  WireHeader entry;
+  std::memcpy(&entry, buffer.data() + offset, sizeof(entry));
+  if (entry.magic != kTensorMagic) {
+    why = concat("entry ", index, " at byte ", offset, " has no tensor header (magic 0x", std::hex,
+                 entry.magic, std::dec, ")");
+    return false;
+  }
+  if ((entry.flags & ~(kFlagRequiresGrad | kFlagUndefined)) != 0) {
+    why = concat("entry ", index, " has unknown flags 0x", std::hex, entry.flags, std::dec);
+    return false;
+  }
+  if (entry.flags & kFlagUndefined) {
+    return decode_undefined_entry(entry, index, left, out, offset, why);
+  }
+  return decode_tensor_entry(buffer, entry, index, left, out, offset, why);
+}
+
+}  // namespace
+
+bool decode_list(const Buffer& buffer, const WorkInfo& info, std::vector<at::Tensor>& out,
+                 std::string& why) {
+  const size_t size = buffer.size();
+  ListHeader header;
+  if (!check_list_header(buffer.data(), size, info.peer, header, why)) return false;
   out.clear();
   out.reserve(header.count);
   size_t offset = kListHeaderBytes;  // always a multiple of kBlock, and <= size
   for (uint32_t index = 0; index < header.count; ++index) {
-    const size_t left = size - offset;
-    if (left < sizeof(WireHeader)) {
-      why = concat("entry ", index, " is cut off: its header starts at byte ", offset,
-                   " but the message ends at byte ", size);
-      return false;
-    }
-    WireHeader entry;
-    std::memcpy(&entry, data + offset, sizeof(entry));
-    if (entry.magic != kTensorMagic) {
-      why = concat("entry ", index, " at byte ", offset, " has no tensor header (magic 0x",
-                   std::hex, entry.magic, std::dec, ")");
-      return false;
-    }
-    if ((entry.flags & ~(kFlagRequiresGrad | kFlagUndefined)) != 0) {
-      why = concat("entry ", index, " has unknown flags 0x", std::hex, entry.flags, std::dec);
-      return false;
-    }
-    if (entry.flags & kFlagUndefined) {
-      if (entry.flags != kFlagUndefined || entry.ndim != 0 || entry.nbytes != 0 ||
-          entry.dtype != kUndefinedDtypeCode) {
-        why = concat("entry ", index,
-                     " is marked undefined but has a dtype, dimensions, bytes or requires_grad");
-        return false;
-      }
-      if (left < header_size(0)) {
-        why = concat("entry ", index, " is cut off: its header needs ", header_size(0),
-                     " bytes but only ", left, " are left");
-        return false;
-      }
-      out.emplace_back();
-      offset += header_size(0);
-      continue;
-    }
-    const std::string subject = concat("entry ", index);
-    if (!check_ndim(entry, subject, why)) return false;
-    const size_t entry_header = header_size(static_cast<size_t>(entry.ndim));
-    if (left < entry_header) {
-      why = concat("entry ", index, " is cut off: its header with ", entry.ndim,
-                   " dimensions needs ", entry_header, " bytes but only ", left, " are left");
-      return false;
-    }
-    TensorMeta meta;
-    int64_t nbytes = 0;
-    if (!check_meta(entry, data + offset + sizeof(WireHeader), subject, meta, nbytes, why)) {
-      return false;
-    }
-    const size_t after_header = left - entry_header;
-    if (static_cast<uint64_t>(nbytes) > after_header ||
-        pad_bytes(static_cast<size_t>(nbytes)) > after_header - static_cast<size_t>(nbytes)) {
-      why = concat("entry ", index, " (", meta.to_string(), ", ", nbytes,
-                   " bytes and padding) is cut off: only ", after_header, " bytes are left");
-      return false;
-    }
-    const size_t data_offset = offset + entry_header;
-    auto storage = buffer.storage();
-    at::Tensor tensor = at::from_blob(
-        buffer.data() + data_offset, meta.shape, [storage](void*) mutable { storage.reset(); },
-        at::TensorOptions().dtype(meta.dtype).device(at::kCPU));
-    if (entry.flags & kFlagRequiresGrad) {
-      if (!can_require_grad(meta.dtype)) {
-        why = concat("entry ", index, " is ", meta.to_string(),
-                     " and marked requires_grad, which only floating point and complex tensors "
-                     "can be");
-        return false;
-      }
-      tensor.set_requires_grad(true);
-    }
-    out.push_back(std::move(tensor));
-    offset = data_offset + static_cast<size_t>(nbytes) + pad_bytes(static_cast<size_t>(nbytes));
+    if (!decode_entry(buffer, index, out, offset, why)) return false;
   }
   if (offset != size) {
-    why = concat("its ", header.count, " entries end at byte ", offset, " but the message has ",
-                 size, " bytes");
+    why = ::pipemat::detail::concat("its ", header.count, " entries end at byte ", offset,
+                                    " but the message has ", size, " bytes");
     return false;
   }
   return true;

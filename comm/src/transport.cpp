@@ -1,3 +1,16 @@
+// Options from the environment, the checked send/recv, barrier and the transport factory.
+//
+// What lives where in comm/src (the public headers are listed in transport.h):
+//   transport.cpp   options from the environment, the checked send/recv, barrier, factory
+//   work.cpp        Work and Buffer;  common.h  shared error wording, SpanWork
+//   local/ mpi/ tcp/  one backend each (transport.h/.cpp); mpi/ also environment (MPI init
+//                   and finalize) and core (the request engine, the progress thread); tcp/
+//                   also core (the I/O thread; core_send, core_recv: its send path and read
+//                   loop), rendezvous (the handshake), wire (frames, handshake structs, MACs)
+//   tensor_wire.*   TensorMeta, the tensor wire format and the checks of received headers
+//   tensor.cpp, tensor_list.cpp, tensor_work.h  single tensors, tensor lists, their shared wait
+//   bench.cpp, raw_bench.cpp + raw_bench/<backend>.cpp, launcher.cpp
+
 #include "pipemat/comm/transport.h"
 
 #include <atomic>

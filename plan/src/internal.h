@@ -1,5 +1,7 @@
 #pragma once
-// Private types of the planner shared by peak.cpp and solve.cpp.
+// Private types of the planner shared by peak.cpp (the per-rank memory model over a schedule's
+// action order, Note [Plan memory]) and solve.cpp (the exact search, Note [Plan search], and the
+// plan's stage costs).
 
 #include <vector>
 

@@ -1,5 +1,21 @@
 #pragma once
 // Private state of remat: invocations, SAVE entries and the per-thread region context.
+//
+// What lives where in remat/src (the public headers are listed in remat.h):
+//   internal.h, invocation.cpp, replay.cpp, save_regions.cpp, report.cpp   the Invocation (its
+//       forward, replay, SAVE entries, rederivation, report) and the per-thread region context
+//       (Note [Replay RNG alignment]).
+//   region.cpp    run_region: unit forward, SAVE forward and replay, a SAVE body's hooks.
+//   saved_hooks.*  the saved-tensor hooks of a unit's forward and of its replay.
+//   counters.h + stats.cpp, overhead_clock.*, trace.cpp   counters, overhead clock, debug trace.
+//   slots.cpp (the module -> RegionSlot table), containers.cpp, policy.cpp, values.cpp.
+// The reaches into LibTorch internals, each in one file with a Note (checked for the LibTorch
+// versions the configure step accepts, 2.11 to 2.15):
+//   hooks.h / hooks.cpp  the autograd Engine subclass for default saved-tensor hooks
+//                        (Note [Saved tensor hooks in pure C++]).
+//   any_module.cpp       AnyModule's private content (Note [AnyModule content access]).
+//   memory.cpp           the CPU allocator replacement (Note [CPU allocator replacement]).
+//   rng.cpp              dispatch key and generator state (Note [LibTorch generator internals]).
 
 #include <ATen/core/MT19937RNGEngine.h>
 #include <ATen/core/Tensor.h>
@@ -154,6 +170,12 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
 
  private:
   void check_inputs_unchanged() const;
+  // The steps of replay(): reset the replay state and find the early stop; run the body under
+  // the replay hooks from the unit's entry generator state (true when it stopped early); check
+  // the count of a full replay.
+  void start_replay();
+  bool run_replay_body();
+  void finish_replay(bool stopped_early);
   std::string placeholder_producers() const;
   std::string placeholder_hint() const;
   void abandon_replay(const std::optional<RngState>& rng_outside);

@@ -44,29 +44,31 @@ bool path_matches(const std::string& pattern, const std::string& path) {
   return match_parts(split(pattern, '.'), 0, split(path, '.'), 0);
 }
 
-PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
-  auto modules = root.named_modules("", /*include_self=*/false);
-  std::map<std::string, std::shared_ptr<torch::nn::Module>> by_path;
-  for (const auto& item : modules) by_path[item.key()] = item.value();
+namespace {
 
-  auto known_paths = [&] {
-    std::vector<std::string> names;
-    for (const auto& [p, m] : by_path) names.push_back(p);
-    if (names.size() > 20) {
-      names.resize(20);
-      names.push_back("...");
-    }
-    return join(names, ", ");
-  };
+using ModuleMap = std::map<std::string, std::shared_ptr<torch::nn::Module>>;
 
-  // path -> (kind, rule) with conflict detection.
-  struct Decl {
-    bool checkpoint = false;
-    bool save = false;
-    bool save_output = true;
-    std::string rule;
-  };
-  std::map<std::string, Decl> decls;
+// The first module paths, for an error about a path that matches none.
+std::string known_paths(const ModuleMap& by_path) {
+  std::vector<std::string> names;
+  for (const auto& [p, m] : by_path) names.push_back(p);
+  if (names.size() > 20) {
+    names.resize(20);
+    names.push_back("...");
+  }
+  return join(names, ", ");
+}
+
+// What the policy declares for one module path, and the rule that declared it.
+struct Decl {
+  bool checkpoint = false;
+  bool save = false;
+  bool save_output = true;
+  std::string rule;
+};
+using Decls = std::map<std::string, Decl>;
+
+void declare_checkpoints(const ModuleMap& by_path, const RematPolicy& policy, Decls& decls) {
   for (const auto& pattern : policy.checkpoint) {
     PIPEMAT_CHECK(!pattern.empty(), RematError, "remat policy: a checkpoint path is empty");
     bool any = false;
@@ -77,8 +79,12 @@ PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
       decls[path].rule = "checkpoint '" + pattern + "'";
     }
     PIPEMAT_CHECK(any || policy.allow_unmatched, RematError, "remat policy: checkpoint path '",
-                  pattern, "' matches no module. Module paths are: ", known_paths());
+                  pattern, "' matches no module. Module paths are: ", known_paths(by_path));
   }
+}
+
+// After declare_checkpoints: a module is a checkpoint unit or a SAVE region, not both.
+void declare_excludes(const ModuleMap& by_path, const RematPolicy& policy, Decls& decls) {
   for (const auto& rule : policy.exclude) {
     PIPEMAT_CHECK(!rule.path.empty(), RematError, "remat policy: an exclude path is empty");
     bool any = false;
@@ -97,9 +103,12 @@ PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
       d.rule = "exclude '" + rule.path + "'";
     }
     PIPEMAT_CHECK(any || policy.allow_unmatched, RematError, "remat policy: exclude path '",
-                  rule.path, "' matches no module. Module paths are: ", known_paths());
+                  rule.path, "' matches no module. Module paths are: ", known_paths(by_path));
   }
-  // Nested units are not supported.
+}
+
+// Nested units are not supported.
+void check_not_nested(const Decls& decls) {
   for (const auto& [outer, d1] : decls) {
     if (!d1.checkpoint) continue;
     for (const auto& [inner, d2] : decls) {
@@ -109,41 +118,56 @@ PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
                     "'; nested checkpoint units are not supported");
     }
   }
+}
 
-  PolicyResult result;
-  for (const auto& [path, d] : decls) {
-    auto module = by_path.at(path);
-    const std::string parent_path = parent_of(path);
-    torch::nn::Module* parent = parent_path.empty()          ? &root
-                                : by_path.count(parent_path) ? by_path[parent_path].get()
-                                                             : nullptr;
-    if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(parent)) {
-      for (auto& any : *seq) {
-        if (any.ptr().get() == module.get()) make_any_module_region(any);
-      }
-    }
-    PIPEMAT_CHECK(slot_is_interceptable(module.get()), RematError, "remat policy: module '", path,
-                  "' (", module->name(), ") matched ", d.rule,
-                  " but its parent calls it directly, so a declaration cannot take effect. "
-                  "Declare that member as pipemat::remat::Remat<...> (a one-line change of the "
-                  "member declaration), hold it in a torch::nn::Sequential, or wrap its "
-                  "AnyModule with checkpoint_wrapper / checkpoint_exclude_wrapper");
-    auto slot = find_slot(module.get());
-    slot->reset();
-    slot->set_name(path);
-    if (d.checkpoint) {
-      CheckpointOptions options = policy.checkpoint_options;
-      options.name = path;
-      slot->declare_checkpoint(options);
-      result.checkpointed.push_back(path);
-    } else {
-      SaveRegionOptions options;
-      options.save_output = d.save_output;
-      options.name = path;
-      slot->declare_save(options);
-      result.excluded.push_back(path);
+// Declares `d` on the slot of the module at `path` and records it in `result`.
+void apply_decl(torch::nn::Module& root, const ModuleMap& by_path, const std::string& path,
+                const Decl& d, const RematPolicy& policy, PolicyResult& result) {
+  auto module = by_path.at(path);
+  const std::string parent_path = parent_of(path);
+  torch::nn::Module* parent = parent_path.empty()          ? &root
+                              : by_path.count(parent_path) ? by_path.at(parent_path).get()
+                                                           : nullptr;
+  if (auto* seq = dynamic_cast<torch::nn::SequentialImpl*>(parent)) {
+    for (auto& any : *seq) {
+      if (any.ptr().get() == module.get()) make_any_module_region(any);
     }
   }
+  PIPEMAT_CHECK(slot_is_interceptable(module.get()), RematError, "remat policy: module '", path,
+                "' (", module->name(), ") matched ", d.rule,
+                " but its parent calls it directly, so a declaration cannot take effect. "
+                "Declare that member as pipemat::remat::Remat<...> (a one-line change of the "
+                "member declaration), hold it in a torch::nn::Sequential, or wrap its "
+                "AnyModule with checkpoint_wrapper / checkpoint_exclude_wrapper");
+  auto slot = find_slot(module.get());
+  slot->reset();
+  slot->set_name(path);
+  if (d.checkpoint) {
+    CheckpointOptions options = policy.checkpoint_options;
+    options.name = path;
+    slot->declare_checkpoint(options);
+    result.checkpointed.push_back(path);
+  } else {
+    SaveRegionOptions options;
+    options.save_output = d.save_output;
+    options.name = path;
+    slot->declare_save(options);
+    result.excluded.push_back(path);
+  }
+}
+
+}  // namespace
+
+PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy) {
+  auto modules = root.named_modules("", /*include_self=*/false);
+  ModuleMap by_path;
+  for (const auto& item : modules) by_path[item.key()] = item.value();
+  Decls decls;  // path -> (kind, rule) with conflict detection
+  declare_checkpoints(by_path, policy, decls);
+  declare_excludes(by_path, policy, decls);
+  check_not_nested(decls);
+  PolicyResult result;
+  for (const auto& [path, d] : decls) apply_decl(root, by_path, path, d, policy, result);
   return result;
 }
 

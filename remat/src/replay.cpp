@@ -134,7 +134,16 @@ void Invocation::replay() {
   PIPEMAT_CHECK(!replaying_, RematError, "recursive replay of ", where());
   PIPEMAT_INTERNAL_ASSERT(forward_done_, "replay before the end of forward of ", where());
   check_inputs_unchanged();
+  start_replay();
+  if (replay_stop_after_ < 0) {  // nothing to regenerate
+    replayed_ = true;
+    return;
+  }
+  const bool stopped_early = run_replay_body();
+  finish_replay(stopped_early);
+}
 
+void Invocation::start_replay() {
   // Only handles that some SavedVariable still owns need a value; replay may stop right after
   // the last of them (early stop). Markers stand for SAVE regions whose slots replay must fill.
   replay_stop_after_ = -1;
@@ -155,11 +164,9 @@ void Invocation::replay() {
   replay_counter_ = 0;
   ++replays_;
   bump(Counter::kReplays);
-  if (replay_stop_after_ < 0) {  // nothing to regenerate
-    replayed_ = true;
-    return;
-  }
+}
 
+bool Invocation::run_replay_body() {
   std::optional<RngState> rng_outside;
   std::optional<SharedGeneratorWindow> window;  // Note [Shared generator detection]
   if (rng_entry_) {
@@ -198,6 +205,10 @@ void Invocation::replay() {
   replay_peak_bytes_ = std::max<int64_t>(0, window_peak_bytes() - bytes_before);
   if (rng_outside) set_cpu_rng_state(*rng_outside);
   if (window) window->close(true);
+  return stopped_early;
+}
+
+void Invocation::finish_replay(bool stopped_early) {
   if (trace_enabled()) {
     trace_line(concat("replay end: ", where(), stopped_early ? " (early stop after #" : " (full, ",
                       replay_counter_, stopped_early ? ")" : " saved)"));

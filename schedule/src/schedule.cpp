@@ -1,4 +1,8 @@
 // Schedule value type, names, stage maps, and the passes insert R / lower / strip / build.
+//
+// What lives where in schedule/src (the public headers are listed in schedule.h): action.cpp,
+// generate.cpp (one generator per kind), schedule.cpp (this file), validate.cpp, simulate.cpp
+// (and cost parsing), render.cpp, torch_csv.cpp, project.cpp, command.cpp.
 
 #include "pipemat/schedule/schedule.h"
 
@@ -210,6 +214,118 @@ bool glued_recompute(const std::vector<Action>& list, int r_index) {
          list[r_index].micro_batch == list[r_index + 1].micro_batch;
 }
 
+// End times of the forward and of the backward (B or I) of every (stage, micro-batch) in the
+// reference run of Note [Receive placement].
+struct PassEnds {
+  std::vector<double> forward, backward;
+};
+
+PassEnds pass_ends(const Schedule& schedule, const SimulationResult& timeline) {
+  const int mbs = schedule.micro_batches;
+  PassEnds ends;
+  ends.forward.assign(static_cast<size_t>(schedule.stages_count) * mbs, 0.0);
+  ends.backward.assign(ends.forward.size(), 0.0);
+  for (const RankTimeline& rank : timeline.ranks) {
+    for (const TimedAction& t : rank.actions) {
+      const size_t key = static_cast<size_t>(t.action.stage) * mbs + t.action.micro_batch;
+      if (t.action.type == ActionType::kForward) ends.forward[key] = t.end;
+      if (is_backward_pass(t.action.type)) ends.backward[key] = t.end;
+    }
+  }
+  return ends;
+}
+
+// One rank's compute list with the reference run's start of every action.
+struct ComputeList {
+  const std::vector<Action>& list;
+  std::vector<double> starts;
+  std::map<std::pair<int, int>, int> forward_index;  // (stage, micro-batch) -> position of F
+};
+
+// The slot (Note [Receive placement]) of the receive of list[j], whose send is issued at
+// `send_time`. Slot 2j: before list[j]; slot 2j + 1: right after list[j], ahead of its sends.
+int receive_slot(const ComputeList& c, int j, double send_time, bool gradient) {
+  const Action& a = c.list[j];
+  int previous = j - 1;
+  while (glued_recompute(c.list, previous)) --previous;
+  const int ahead = 2 * std::max(previous, 0);
+  // Starts are non-decreasing along the list: the last one before the send is a search.
+  const int last_started =
+      static_cast<int>(std::lower_bound(c.starts.begin(), c.starts.begin() + j, send_time) -
+                       c.starts.begin()) -
+      1;
+  const int in_time = last_started >= 0 ? 2 * last_started + 1 : 0;
+  int slot = std::min({ahead, in_time, 2 * j});
+  if (gradient) {
+    const auto own_forward = c.forward_index.find({a.stage, a.micro_batch});
+    if (own_forward != c.forward_index.end() && own_forward->second < j) {
+      slot = std::max(slot, 2 * own_forward->second + 1);
+    }
+  }
+  for (bool moved = true; moved;) {
+    moved = false;
+    if (slot % 2 == 1 && glued_recompute(c.list, slot / 2)) {
+      slot -= 1;
+      moved = true;
+    } else if (slot % 2 == 0 && slot > 0 && glued_recompute(c.list, slot / 2 - 1)) {
+      slot -= 2;
+      moved = true;
+    }
+  }
+  return slot;
+}
+
+// Rank r's compute list with its receives and sends (Note [Receive placement]).
+std::vector<Action> lower_rank(const Schedule& schedule, int r, const RankTimeline& timeline,
+                               const PassEnds& ends) {
+  const int stages = schedule.stages_count, mbs = schedule.micro_batches;
+  ComputeList c{schedule.actions[r], {}, {}};
+  const auto& list = c.list;
+  const auto& timed = timeline.actions;  // same positions: the list is compute-only
+  const int n = static_cast<int>(list.size());
+  c.starts.resize(n);
+  for (int x = 0; x < n; ++x) {
+    c.starts[x] = timed[x].start;
+    if (list[x].type == ActionType::kForward)
+      c.forward_index[{list[x].stage, list[x].micro_batch}] = x;
+  }
+  std::vector<std::vector<Action>> slots(2 * static_cast<size_t>(n) + 1);
+  std::vector<std::vector<Action>> sends(n);
+  for (int j = 0; j < n; ++j) {
+    const Action& a = list[j];
+    const int s = a.stage, i = a.micro_batch;
+    std::optional<Action> recv;
+    double send_time = 0.0;
+    if (a.type == ActionType::kForward && s > 0 && schedule.rank_of(s - 1) != r) {
+      recv = Action{s, ActionType::kRecvForward, i};
+      send_time = ends.forward[static_cast<size_t>(s - 1) * mbs + i];
+    }
+    if (is_backward_pass(a.type) && s < stages - 1 && schedule.rank_of(s + 1) != r) {
+      recv = Action{s, ActionType::kRecvBackward, i};
+      send_time = ends.backward[static_cast<size_t>(s + 1) * mbs + i];
+    }
+    if (recv) {
+      slots[receive_slot(c, j, send_time, recv->type == ActionType::kRecvBackward)].push_back(
+          *recv);
+    }
+    if (a.type == ActionType::kForward && s < stages - 1 && schedule.rank_of(s + 1) != r) {
+      sends[j].push_back({s, ActionType::kSendForward, i});
+    }
+    if (is_backward_pass(a.type) && s > 0 && schedule.rank_of(s - 1) != r) {
+      sends[j].push_back({s, ActionType::kSendBackward, i});
+    }
+  }
+  std::vector<Action> lowered;
+  for (int j = 0; j < n; ++j) {
+    lowered.insert(lowered.end(), slots[2 * j].begin(), slots[2 * j].end());
+    lowered.push_back(list[j]);
+    lowered.insert(lowered.end(), slots[2 * j + 1].begin(), slots[2 * j + 1].end());
+    lowered.insert(lowered.end(), sends[j].begin(), sends[j].end());
+  }
+  lowered.insert(lowered.end(), slots[2 * n].begin(), slots[2 * n].end());
+  return lowered;
+}
+
 }  // namespace
 
 Schedule lower_communication(const Schedule& schedule) {
@@ -229,90 +345,10 @@ Schedule lower_communication(const Schedule& schedule) {
   CostModel unit;
   unit.recompute = 0.0;
   const SimulationResult timeline = simulate(reference, unit);
-  const int stages = schedule.stages_count, mbs = schedule.micro_batches;
-  // End time of the forward and of the backward (B or I) of every (stage, micro-batch).
-  std::vector<double> forward_end(static_cast<size_t>(stages) * mbs, 0.0);
-  std::vector<double> backward_end(forward_end.size(), 0.0);
-  for (const RankTimeline& rank : timeline.ranks) {
-    for (const TimedAction& t : rank.actions) {
-      const size_t key = static_cast<size_t>(t.action.stage) * mbs + t.action.micro_batch;
-      if (t.action.type == ActionType::kForward) forward_end[key] = t.end;
-      if (is_backward_pass(t.action.type)) backward_end[key] = t.end;
-    }
-  }
+  const PassEnds ends = pass_ends(schedule, timeline);
   Schedule out = schedule;
   for (int r = 0; r < schedule.ranks_count; ++r) {
-    const auto& list = schedule.actions[r];
-    const auto& timed = timeline.ranks[r].actions;  // same positions: the list is compute-only
-    const int n = static_cast<int>(list.size());
-    std::vector<double> starts(n);
-    std::map<std::pair<int, int>, int> forward_index;
-    for (int x = 0; x < n; ++x) {
-      starts[x] = timed[x].start;
-      if (list[x].type == ActionType::kForward)
-        forward_index[{list[x].stage, list[x].micro_batch}] = x;
-    }
-    // Slot 2j: before list[j]; slot 2j + 1: right after list[j], ahead of its sends.
-    std::vector<std::vector<Action>> slots(2 * static_cast<size_t>(n) + 1);
-    std::vector<std::vector<Action>> sends(n);
-    for (int j = 0; j < n; ++j) {
-      const Action& a = list[j];
-      const int s = a.stage, i = a.micro_batch;
-      std::optional<Action> recv;
-      double send_time = 0.0;
-      if (a.type == ActionType::kForward && s > 0 && schedule.rank_of(s - 1) != r) {
-        recv = Action{s, ActionType::kRecvForward, i};
-        send_time = forward_end[static_cast<size_t>(s - 1) * mbs + i];
-      }
-      if (is_backward_pass(a.type) && s < stages - 1 && schedule.rank_of(s + 1) != r) {
-        recv = Action{s, ActionType::kRecvBackward, i};
-        send_time = backward_end[static_cast<size_t>(s + 1) * mbs + i];
-      }
-      if (recv) {
-        int previous = j - 1;
-        while (glued_recompute(list, previous)) --previous;
-        const int ahead = 2 * std::max(previous, 0);
-        // Starts are non-decreasing along the list: the last one before the send is a search.
-        const int last_started =
-            static_cast<int>(std::lower_bound(starts.begin(), starts.begin() + j, send_time) -
-                             starts.begin()) -
-            1;
-        const int in_time = last_started >= 0 ? 2 * last_started + 1 : 0;
-        int slot = std::min({ahead, in_time, 2 * j});
-        if (recv->type == ActionType::kRecvBackward) {
-          const auto own_forward = forward_index.find({s, i});
-          if (own_forward != forward_index.end() && own_forward->second < j) {
-            slot = std::max(slot, 2 * own_forward->second + 1);
-          }
-        }
-        for (bool moved = true; moved;) {
-          moved = false;
-          if (slot % 2 == 1 && glued_recompute(list, slot / 2)) {
-            slot -= 1;
-            moved = true;
-          } else if (slot % 2 == 0 && slot > 0 && glued_recompute(list, slot / 2 - 1)) {
-            slot -= 2;
-            moved = true;
-          }
-        }
-        slots[slot].push_back(*recv);
-      }
-      if (a.type == ActionType::kForward && s < stages - 1 && schedule.rank_of(s + 1) != r) {
-        sends[j].push_back({s, ActionType::kSendForward, i});
-      }
-      if (is_backward_pass(a.type) && s > 0 && schedule.rank_of(s - 1) != r) {
-        sends[j].push_back({s, ActionType::kSendBackward, i});
-      }
-    }
-    auto& lowered = out.actions[r];
-    lowered.clear();
-    for (int j = 0; j < n; ++j) {
-      lowered.insert(lowered.end(), slots[2 * j].begin(), slots[2 * j].end());
-      lowered.push_back(list[j]);
-      lowered.insert(lowered.end(), slots[2 * j + 1].begin(), slots[2 * j + 1].end());
-      lowered.insert(lowered.end(), sends[j].begin(), sends[j].end());
-    }
-    lowered.insert(lowered.end(), slots[2 * n].begin(), slots[2 * n].end());
+    out.actions[r] = lower_rank(schedule, r, timeline.ranks[r], ends);
   }
   return out;
 }

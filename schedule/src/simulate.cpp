@@ -108,9 +108,8 @@ class Simulator {
     }
   }
 
-  // Note [Shared cores]
-  // Time advances from event to event (an action's end, a message's
-  // arrival); between two events every computing rank runs at the same speed.
+  // Note [Shared cores] (simulate.h): from event to event (an action's end, a message's
+  // arrival), every computing rank runs at the same speed in between.
   void run_shared(std::vector<size_t>& next, SimulationResult& result) {
     const int p = schedule_.ranks_count;
     std::vector<double> clock(p, 0.0);      // when the rank's previous action ended
@@ -220,72 +219,19 @@ class Simulator {
                   " stages, ", schedule_.micro_batches,
                   " micro-batches); run validate_schedule first.");
     Cell& me = cell(st, mb);
-    auto need_local = [&](double t, ActionType type, int stage) {
-      if (t == kNotYet) {
-        blocked_on_ = format_action({stage, type, mb}) + " on rank " +
-                      std::to_string(schedule_.rank_of(stage));
-        return false;
-      }
-      *ready = std::max(*ready, t);
-      return true;
-    };
     switch (a.type) {
-      case ActionType::kForward: {
-        if (st == 0) return true;
-        Cell& prev = cell(st - 1, mb);
-        if (schedule_.rank_of(st - 1) == r || !comms_) {
-          if (!need_local(prev.f, ActionType::kForward, st - 1)) return false;
-          if (schedule_.rank_of(st - 1) != r) *ready += costs_[st - 1].message_cost();
-          return true;
-        }
-        double t = 0.0;
-        if (!arrival(prev.send_f, me.recv_f, costs_[st - 1].message_cost(), &t)) {
-          blocked_on_ = prev.send_f == kNotYet
-                            ? format_action({st - 1, ActionType::kSendForward, mb}) + " on rank " +
-                                  std::to_string(schedule_.rank_of(st - 1))
-                            : format_action({st, ActionType::kRecvForward, mb}) + " on rank " +
-                                  std::to_string(r);
-          return false;
-        }
-        *ready = std::max(*ready, t);
-        return true;
-      }
+      case ActionType::kForward:
+        return forward_input_ready(r, st, mb, ready);
       case ActionType::kBackward:
-      case ActionType::kBackwardInput: {
-        if (!need_local(me.f, ActionType::kForward, st)) return false;
-        if (st == schedule_.stages_count - 1) return true;
-        Cell& nxt = cell(st + 1, mb);
-        if (schedule_.rank_of(st + 1) == r || !comms_) {
-          double before = *ready;
-          *ready = 0.0;
-          if (!need_local(nxt.bwd, ActionType::kBackward, st + 1)) {
-            blocked_on_ = "the backward (B or I) of stage " + std::to_string(st + 1) +
-                          " micro-batch " + std::to_string(mb) + " on rank " +
-                          std::to_string(schedule_.rank_of(st + 1));
-            return false;
-          }
-          if (schedule_.rank_of(st + 1) != r) *ready += costs_[st + 1].message_cost();
-          *ready = std::max(*ready, before);
-          return true;
-        }
-        double t = 0.0;
-        if (!arrival(nxt.send_b, me.recv_b, costs_[st + 1].message_cost(), &t)) {
-          blocked_on_ = nxt.send_b == kNotYet
-                            ? format_action({st + 1, ActionType::kSendBackward, mb}) + " on rank " +
-                                  std::to_string(schedule_.rank_of(st + 1))
-                            : format_action({st, ActionType::kRecvBackward, mb}) + " on rank " +
-                                  std::to_string(r);
-          return false;
-        }
-        *ready = std::max(*ready, t);
-        return true;
-      }
+      case ActionType::kBackwardInput:
+        if (!need_local(me.f, ActionType::kForward, st, mb, ready)) return false;
+        return output_gradient_ready(r, st, mb, ready);
       case ActionType::kBackwardWeight:
-        return need_local(me.i, ActionType::kBackwardInput, st);
+        return need_local(me.i, ActionType::kBackwardInput, st, mb, ready);
       case ActionType::kRecompute:
-        return need_local(me.f, ActionType::kForward, st);
+        return need_local(me.f, ActionType::kForward, st, mb, ready);
       case ActionType::kSendForward:
-        if (!need_local(me.f, ActionType::kForward, st)) return false;
+        if (!need_local(me.f, ActionType::kForward, st, mb, ready)) return false;
         return receiver_posted(a, ready);
       case ActionType::kSendBackward:
         if (me.bwd == kNotYet) {
@@ -298,6 +244,71 @@ class Simulator {
       case ActionType::kRecvBackward:
         return true;
     }
+    return true;
+  }
+
+  // The pass `type` of (stage, mb), which ended at `t`, has run; else blocked on it.
+  bool need_local(double t, ActionType type, int stage, int mb, double* ready) {
+    if (t == kNotYet) {
+      blocked_on_ =
+          format_action({stage, type, mb}) + " on rank " + std::to_string(schedule_.rank_of(stage));
+      return false;
+    }
+    *ready = std::max(*ready, t);
+    return true;
+  }
+
+  // The input of F(st, mb) on rank r: the previous stage's output, local or a message.
+  bool forward_input_ready(int r, int st, int mb, double* ready) {
+    if (st == 0) return true;
+    Cell& me = cell(st, mb);
+    Cell& prev = cell(st - 1, mb);
+    if (schedule_.rank_of(st - 1) == r || !comms_) {
+      if (!need_local(prev.f, ActionType::kForward, st - 1, mb, ready)) return false;
+      if (schedule_.rank_of(st - 1) != r) *ready += costs_[st - 1].message_cost();
+      return true;
+    }
+    double t = 0.0;
+    if (!arrival(prev.send_f, me.recv_f, costs_[st - 1].message_cost(), &t)) {
+      blocked_on_ =
+          prev.send_f == kNotYet
+              ? format_action({st - 1, ActionType::kSendForward, mb}) + " on rank " +
+                    std::to_string(schedule_.rank_of(st - 1))
+              : format_action({st, ActionType::kRecvForward, mb}) + " on rank " + std::to_string(r);
+      return false;
+    }
+    *ready = std::max(*ready, t);
+    return true;
+  }
+
+  // The output gradient of B / I(st, mb) on rank r: the next stage's backward, local or a
+  // message.
+  bool output_gradient_ready(int r, int st, int mb, double* ready) {
+    if (st == schedule_.stages_count - 1) return true;
+    Cell& me = cell(st, mb);
+    Cell& nxt = cell(st + 1, mb);
+    if (schedule_.rank_of(st + 1) == r || !comms_) {
+      double before = *ready;
+      *ready = 0.0;
+      if (!need_local(nxt.bwd, ActionType::kBackward, st + 1, mb, ready)) {
+        blocked_on_ = "the backward (B or I) of stage " + std::to_string(st + 1) + " micro-batch " +
+                      std::to_string(mb) + " on rank " + std::to_string(schedule_.rank_of(st + 1));
+        return false;
+      }
+      if (schedule_.rank_of(st + 1) != r) *ready += costs_[st + 1].message_cost();
+      *ready = std::max(*ready, before);
+      return true;
+    }
+    double t = 0.0;
+    if (!arrival(nxt.send_b, me.recv_b, costs_[st + 1].message_cost(), &t)) {
+      blocked_on_ = nxt.send_b == kNotYet
+                        ? format_action({st + 1, ActionType::kSendBackward, mb}) + " on rank " +
+                              std::to_string(schedule_.rank_of(st + 1))
+                        : format_action({st, ActionType::kRecvBackward, mb}) + " on rank " +
+                              std::to_string(r);
+      return false;
+    }
+    *ready = std::max(*ready, t);
     return true;
   }
 

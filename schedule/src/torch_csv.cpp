@@ -97,8 +97,10 @@ Schedule import_torch_csv(const std::string& text, const std::string& source) {
   return import_torch_csv_report(text, source).schedule;
 }
 
-TorchCsvImport import_torch_csv_report(const std::string& text, const std::string& source) {
-  TorchCsvImport import;
+namespace {
+
+// The rows of the CSV without line-end '\r' and without trailing empty rows; at least one.
+std::vector<std::string> csv_rows(const std::string& text, const std::string& source) {
   std::vector<std::string> lines = split(text, '\n');
   for (auto& line : lines) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -109,12 +111,19 @@ TorchCsvImport import_torch_csv_report(const std::string& text, const std::strin
   PIPEMAT_CHECK(!lines.empty(), ScheduleError, source,
                 ": the CSV has no rows; expected one row of action strings per rank "
                 "(e.g. `0F0,0F1,0B0,0B1`).");
-  Schedule& s = import.schedule;
-  s.kind = ScheduleKind::kImported;
-  s.ranks_count = static_cast<int>(lines.size());
-  s.actions.resize(lines.size());
+  return lines;
+}
+
+// The largest stage and micro-batch the cells name, and whether any is an R.
+struct CsvExtent {
   int max_stage = -1, max_mb = -1;
   bool has_r = false;
+};
+
+// Parses the cells of every row into the actions of its rank, counting the FSDP cells it skips.
+CsvExtent read_cells(const std::vector<std::string>& lines, const std::string& source,
+                     TorchCsvImport& import) {
+  CsvExtent extent;
   for (size_t row = 0; row < lines.size(); ++row) {
     const std::vector<std::string> cells = split(lines[row], ',');
     for (size_t col = 0; col < cells.size(); ++col) {
@@ -133,12 +142,18 @@ TorchCsvImport import_torch_csv_report(const std::string& text, const std::strin
         PIPEMAT_THROW(ScheduleError, source, ": row ", row + 1, " (rank ", row, "), column ",
                       col + 1, ": ", e.what());
       }
-      s.actions[row].push_back(a);
-      max_stage = std::max(max_stage, a.stage);
-      max_mb = std::max(max_mb, a.micro_batch);
-      has_r = has_r || a.type == ActionType::kRecompute;
+      import.schedule.actions[row].push_back(a);
+      extent.max_stage = std::max(extent.max_stage, a.stage);
+      extent.max_mb = std::max(extent.max_mb, a.micro_batch);
+      extent.has_r = extent.has_r || a.type == ActionType::kRecompute;
     }
   }
+  return extent;
+}
+
+// The counts and the stage-to-rank map the actions imply; every stage on exactly one rank.
+void assign_stage_owners(Schedule& s, const CsvExtent& extent, const std::string& source) {
+  const int max_stage = extent.max_stage, max_mb = extent.max_mb;
   PIPEMAT_CHECK(max_stage >= 0, ScheduleError, source, ": the CSV holds no actions.");
   PIPEMAT_CHECK(static_cast<long long>(max_stage + 1) * (max_mb + 1) <= kMaxStageMicroBatches,
                 ScheduleError, source, ": stage ", max_stage, " and micro-batch ", max_mb,
@@ -162,16 +177,32 @@ TorchCsvImport import_torch_csv_report(const std::string& text, const std::strin
                   " has no actions on any rank, but stages 0..", max_stage,
                   " are used; every stage needs its F and backward for each micro-batch.");
   }
-  s.virtual_stages = std::max(1, s.stages_count / s.ranks_count);
+}
+
+StageLayout detect_layout(const Schedule& s) {
   if (s.stage_to_rank == loop_stage_to_rank(s.ranks_count, s.stages_count)) {
-    s.layout = StageLayout::kLoop;
-  } else if (s.stages_count == 2 * s.ranks_count &&
-             s.stage_to_rank == v_stage_to_rank(s.ranks_count)) {
-    s.layout = StageLayout::kV;
-  } else {
-    s.layout = StageLayout::kCustom;
+    return StageLayout::kLoop;
   }
-  s.recompute = has_r ? RecomputeMode::kPretrigger : RecomputeMode::kNone;
+  if (s.stages_count == 2 * s.ranks_count && s.stage_to_rank == v_stage_to_rank(s.ranks_count)) {
+    return StageLayout::kV;
+  }
+  return StageLayout::kCustom;
+}
+
+}  // namespace
+
+TorchCsvImport import_torch_csv_report(const std::string& text, const std::string& source) {
+  TorchCsvImport import;
+  const std::vector<std::string> lines = csv_rows(text, source);
+  Schedule& s = import.schedule;
+  s.kind = ScheduleKind::kImported;
+  s.ranks_count = static_cast<int>(lines.size());
+  s.actions.resize(lines.size());
+  const CsvExtent extent = read_cells(lines, source, import);
+  assign_stage_owners(s, extent, source);
+  s.virtual_stages = std::max(1, s.stages_count / s.ranks_count);
+  s.layout = detect_layout(s);
+  s.recompute = extent.has_r ? RecomputeMode::kPretrigger : RecomputeMode::kNone;
   try {
     validate_schedule(s);
   } catch (const ScheduleError& e) {

@@ -109,6 +109,35 @@ class Validator {
   }
 
   void check_action(int r, int k, const Action& a) {
+    check_placement(r, k, a);
+    Seen& sn = seen(a.stage, a.micro_batch);
+    switch (a.type) {
+      case ActionType::kForward:
+        check_forward(r, k, a, sn);
+        break;
+      case ActionType::kBackward:
+      case ActionType::kBackwardInput:
+        check_backward(r, k, a, sn);
+        break;
+      case ActionType::kBackwardWeight:
+        check_weight(r, k, a, sn);
+        break;
+      case ActionType::kRecompute:
+        check_recompute(r, k, a, sn);
+        break;
+      case ActionType::kSendForward:
+      case ActionType::kSendBackward:
+        check_send(r, k, a, sn);
+        break;
+      case ActionType::kRecvForward:
+      case ActionType::kRecvBackward:
+        check_recv(r, k, a, sn);
+        break;
+    }
+  }
+
+  // The action names a stage and micro-batch of the schedule, on the rank that holds the stage.
+  void check_placement(int r, int k, const Action& a) {
     const std::string text = format_action(a);
     if (a.stage < 0 || a.stage >= schedule_.stages_count || a.micro_batch < 0 ||
         a.micro_batch >= schedule_.micro_batches) {
@@ -123,111 +152,113 @@ class Validator {
                std::to_string(schedule_.rank_of(a.stage)) + ", not rank " + std::to_string(r),
            "Every action of a stage must be on the rank that holds the stage.");
     }
-    Seen& sn = seen(a.stage, a.micro_batch);
-    switch (a.type) {
-      case ActionType::kForward:
-        if (sn.f != kUnseen) duplicate(r, k, a, sn.f);
-        if (comms_ && cross_prev(a.stage, r) && sn.recv_f == kUnseen) {
-          fail(r, text, at(k), "RECV before consumer",
-               "its input comes from rank " + std::to_string(schedule_.rank_of(a.stage - 1)) +
-                   " but no " + format_action({a.stage, ActionType::kRecvForward, a.micro_batch}) +
-                   " was posted before it",
-               "Post the receive ahead of the forward (lower_communication does).");
-        }
-        sn.f = k;
-        break;
-      case ActionType::kBackward:
-      case ActionType::kBackwardInput:
-        require_forward(r, k, a, sn, "F before B/I");
-        if (sn.b != kUnseen) duplicate(r, k, a, sn.b);
-        if (sn.i != kUnseen) {
-          if (a.type == ActionType::kBackwardInput) duplicate(r, k, a, sn.i);
-          fail(r, text, at(k), "B or I+W",
-               "micro-batch " + std::to_string(a.micro_batch) + " of stage " +
-                   std::to_string(a.stage) + " already ran I at position " + std::to_string(sn.i),
-               "Use either one B or an I followed by a W per micro-batch, not both.");
-        }
-        if (comms_ && cross_next(a.stage, r) && sn.recv_b == kUnseen) {
-          fail(r, text, at(k), "RECV before consumer",
-               "its output gradient comes from rank " +
-                   std::to_string(schedule_.rank_of(a.stage + 1)) + " but no " +
-                   format_action({a.stage, ActionType::kRecvBackward, a.micro_batch}) +
-                   " was posted before it",
-               "Post the receive ahead of the backward (lower_communication does).");
-        }
-        (a.type == ActionType::kBackward ? sn.b : sn.i) = k;
-        break;
-      case ActionType::kBackwardWeight:
-        if (sn.w != kUnseen) duplicate(r, k, a, sn.w);
-        if (sn.b != kUnseen) {
-          fail(r, text, at(k), "B or I+W",
-               "micro-batch " + std::to_string(a.micro_batch) + " of stage " +
-                   std::to_string(a.stage) + " already ran a full B at position " +
-                   std::to_string(sn.b),
-               "A W only follows an I; drop the W or split the B into I + W.");
-        }
-        if (sn.i == kUnseen) {
-          fail(r, text, at(k), "I before W",
-               "W of micro-batch " + std::to_string(a.micro_batch) + " on stage " +
-                   std::to_string(a.stage) + " runs before its I",
-               "Move " + format_action({a.stage, ActionType::kBackwardInput, a.micro_batch}) +
-                   " ahead of " + text + ".");
-        }
-        sn.w = k;
-        break;
-      case ActionType::kRecompute:
-        require_forward(r, k, a, sn, "F before R");
-        if (sn.r != kUnseen) duplicate(r, k, a, sn.r);
-        if (sn.backward() != kUnseen) {
-          fail(r, text, at(k), "R before B/I",
-               "the recompute runs after the backward of the same micro-batch (position " +
-                   std::to_string(sn.backward()) + ")",
-               "Place R between the F and the B / I of the micro-batch.");
-        }
-        sn.r = k;
-        break;
-      case ActionType::kSendForward:
-      case ActionType::kSendBackward: {
-        const bool fwd = a.type == ActionType::kSendForward;
-        if (!(fwd ? cross_next(a.stage, r) : cross_prev(a.stage, r))) {
-          fail(r, text, at(k), "no comm for local hand-off",
-               std::string("stage ") + std::to_string(a.stage) + " has no " +
-                   (fwd ? "next" : "previous") + " stage on another rank",
-               "Remove the SEND; adjacent stages on one rank hand over in memory.");
-        }
-        int& slot = fwd ? sn.send_f : sn.send_b;
-        if (slot != kUnseen) duplicate(r, k, a, slot);
-        const int producer = fwd ? sn.f : sn.backward();
-        if (producer == kUnseen) {
-          fail(r, text, at(k), "SEND after producer",
-               std::string("it sends the ") + (fwd ? "output of F" : "input gradient of B/I") +
-                   " before that pass ran",
-               "Move the SEND after the pass that produces it.");
-        }
-        slot = k;
-        break;
-      }
-      case ActionType::kRecvForward:
-      case ActionType::kRecvBackward: {
-        const bool fwd = a.type == ActionType::kRecvForward;
-        if (!(fwd ? cross_prev(a.stage, r) : cross_next(a.stage, r))) {
-          fail(r, text, at(k), "no comm for local hand-off",
-               std::string("stage ") + std::to_string(a.stage) + " has no " +
-                   (fwd ? "previous" : "next") + " stage on another rank",
-               "Remove the RECV; adjacent stages on one rank hand over in memory.");
-        }
-        int& slot = fwd ? sn.recv_f : sn.recv_b;
-        if (slot != kUnseen) duplicate(r, k, a, slot);
-        const int consumer = fwd ? sn.f : sn.backward();
-        if (consumer != kUnseen) {
-          fail(r, text, at(k), "RECV before consumer",
-               "the pass that consumes it already ran at position " + std::to_string(consumer),
-               "Move the RECV ahead of that pass.");
-        }
-        slot = k;
-        break;
-      }
+  }
+
+  void check_forward(int r, int k, const Action& a, Seen& sn) {
+    if (sn.f != kUnseen) duplicate(r, k, a, sn.f);
+    if (comms_ && cross_prev(a.stage, r) && sn.recv_f == kUnseen) {
+      fail(r, format_action(a), at(k), "RECV before consumer",
+           "its input comes from rank " + std::to_string(schedule_.rank_of(a.stage - 1)) +
+               " but no " + format_action({a.stage, ActionType::kRecvForward, a.micro_batch}) +
+               " was posted before it",
+           "Post the receive ahead of the forward (lower_communication does).");
     }
+    sn.f = k;
+  }
+
+  // B or I.
+  void check_backward(int r, int k, const Action& a, Seen& sn) {
+    require_forward(r, k, a, sn, "F before B/I");
+    if (sn.b != kUnseen) duplicate(r, k, a, sn.b);
+    if (sn.i != kUnseen) {
+      if (a.type == ActionType::kBackwardInput) duplicate(r, k, a, sn.i);
+      fail(r, format_action(a), at(k), "B or I+W",
+           "micro-batch " + std::to_string(a.micro_batch) + " of stage " + std::to_string(a.stage) +
+               " already ran I at position " + std::to_string(sn.i),
+           "Use either one B or an I followed by a W per micro-batch, not both.");
+    }
+    if (comms_ && cross_next(a.stage, r) && sn.recv_b == kUnseen) {
+      fail(r, format_action(a), at(k), "RECV before consumer",
+           "its output gradient comes from rank " + std::to_string(schedule_.rank_of(a.stage + 1)) +
+               " but no " + format_action({a.stage, ActionType::kRecvBackward, a.micro_batch}) +
+               " was posted before it",
+           "Post the receive ahead of the backward (lower_communication does).");
+    }
+    (a.type == ActionType::kBackward ? sn.b : sn.i) = k;
+  }
+
+  void check_weight(int r, int k, const Action& a, Seen& sn) {
+    const std::string text = format_action(a);
+    if (sn.w != kUnseen) duplicate(r, k, a, sn.w);
+    if (sn.b != kUnseen) {
+      fail(r, text, at(k), "B or I+W",
+           "micro-batch " + std::to_string(a.micro_batch) + " of stage " + std::to_string(a.stage) +
+               " already ran a full B at position " + std::to_string(sn.b),
+           "A W only follows an I; drop the W or split the B into I + W.");
+    }
+    if (sn.i == kUnseen) {
+      fail(r, text, at(k), "I before W",
+           "W of micro-batch " + std::to_string(a.micro_batch) + " on stage " +
+               std::to_string(a.stage) + " runs before its I",
+           "Move " + format_action({a.stage, ActionType::kBackwardInput, a.micro_batch}) +
+               " ahead of " + text + ".");
+    }
+    sn.w = k;
+  }
+
+  void check_recompute(int r, int k, const Action& a, Seen& sn) {
+    require_forward(r, k, a, sn, "F before R");
+    if (sn.r != kUnseen) duplicate(r, k, a, sn.r);
+    if (sn.backward() != kUnseen) {
+      fail(r, format_action(a), at(k), "R before B/I",
+           "the recompute runs after the backward of the same micro-batch (position " +
+               std::to_string(sn.backward()) + ")",
+           "Place R between the F and the B / I of the micro-batch.");
+    }
+    sn.r = k;
+  }
+
+  // SEND_F or SEND_B.
+  void check_send(int r, int k, const Action& a, Seen& sn) {
+    const std::string text = format_action(a);
+    const bool fwd = a.type == ActionType::kSendForward;
+    if (!(fwd ? cross_next(a.stage, r) : cross_prev(a.stage, r))) {
+      fail(r, text, at(k), "no comm for local hand-off",
+           std::string("stage ") + std::to_string(a.stage) + " has no " +
+               (fwd ? "next" : "previous") + " stage on another rank",
+           "Remove the SEND; adjacent stages on one rank hand over in memory.");
+    }
+    int& slot = fwd ? sn.send_f : sn.send_b;
+    if (slot != kUnseen) duplicate(r, k, a, slot);
+    const int producer = fwd ? sn.f : sn.backward();
+    if (producer == kUnseen) {
+      fail(r, text, at(k), "SEND after producer",
+           std::string("it sends the ") + (fwd ? "output of F" : "input gradient of B/I") +
+               " before that pass ran",
+           "Move the SEND after the pass that produces it.");
+    }
+    slot = k;
+  }
+
+  // RECV_F or RECV_B.
+  void check_recv(int r, int k, const Action& a, Seen& sn) {
+    const std::string text = format_action(a);
+    const bool fwd = a.type == ActionType::kRecvForward;
+    if (!(fwd ? cross_prev(a.stage, r) : cross_next(a.stage, r))) {
+      fail(r, text, at(k), "no comm for local hand-off",
+           std::string("stage ") + std::to_string(a.stage) + " has no " +
+               (fwd ? "previous" : "next") + " stage on another rank",
+           "Remove the RECV; adjacent stages on one rank hand over in memory.");
+    }
+    int& slot = fwd ? sn.recv_f : sn.recv_b;
+    if (slot != kUnseen) duplicate(r, k, a, slot);
+    const int consumer = fwd ? sn.f : sn.backward();
+    if (consumer != kUnseen) {
+      fail(r, text, at(k), "RECV before consumer",
+           "the pass that consumes it already ran at position " + std::to_string(consumer),
+           "Move the RECV ahead of that pass.");
+    }
+    slot = k;
   }
 
   void check_complete() {

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <thread>
 
@@ -144,8 +143,22 @@ tcp::socket Rendezvous::accept(tcp::acceptor& acceptor, const std::string& what)
   return socket;
 }
 
-std::vector<Rendezvous::Joined> Rendezvous::accept_ranks(tcp::acceptor& acceptor, int lo, int hi,
-                                                         const std::string& to_where) {
+// One accept_ranks call: the connections in flight on the acceptor and what they settled.
+class Rendezvous::Acceptance {
+ public:
+  Acceptance(Rendezvous& rendezvous, tcp::acceptor& acceptor, int lo, int hi)
+      : rv_(rendezvous),
+        options_(rendezvous.options_),
+        acceptor_(acceptor),
+        lo_(lo),
+        hi_(hi),
+        has_secret_(!options_.secret.empty()),
+        handshake_timeout_(std::min(options_.handshake_timeout, options_.timeout)),
+        claimed_(static_cast<size_t>(options_.world_size), false) {}
+
+  std::vector<Joined> run(const std::string& to_where);
+
+ private:
   struct Incoming {
     explicit Incoming(asio::io_context& io) : socket(io), timer(io) {}
     tcp::socket socket;
@@ -158,191 +171,252 @@ std::vector<Rendezvous::Joined> Rendezvous::accept_ranks(tcp::acceptor& acceptor
     int claimed = -1;       // the rank it holds while its ack is being written
     bool finished = false;  // joined or dropped
   };
-  const int count = hi - lo + 1;
-  const bool has_secret = !options_.secret.empty();
-  const auto handshake_timeout = std::min(options_.handshake_timeout, options_.timeout);
-  std::vector<Joined> joined;
-  std::vector<bool> claimed(static_cast<size_t>(options_.world_size), false);
-  std::vector<std::shared_ptr<Incoming>> incoming;
-  std::string fatal;
-  error_code accept_error;
-  int dropped = 0;
-  std::string last_drop;
+  using IncomingPtr = std::shared_ptr<Incoming>;
 
-  auto drop = [&](Incoming& in, const std::string& reason) {
-    if (in.finished) return;
-    in.finished = true;
-    if (in.claimed >= 0) claimed[static_cast<size_t>(in.claimed)] = false;
-    in.timer.cancel();
-    ++dropped;
-    last_drop = concat("from ", in.from, ": ", reason);
-    std::fprintf(stderr,
-                 "pipemat tcp: rank %d dropped a connection from %s during rendezvous: %s\n",
-                 options_.rank, in.from.c_str(), reason.c_str());
-  };
-  auto close = [](Incoming& in) {
+  void start_accept();
+  void handshake(const IncomingPtr& in);
+  void read_hello(const IncomingPtr& in);
+  void judge(const IncomingPtr& in);
+  AckStatus check_hello(const Incoming& in, std::string& reason);
+  void refuse(const IncomingPtr& in, const std::string& reason);
+  void admit(const IncomingPtr& in);
+  void drop(Incoming& in, const std::string& reason);
+  bool stop_after(Incoming& in, const error_code& ec, const char* what);
+  void stop_in_flight();
+  [[noreturn]] void throw_failure(const std::string& to_where);
+
+  static void close(Incoming& in) {
     error_code ignored;
     in.socket.close(ignored);
-  };
-  // The start of the handshake's write handlers: true when the connection is done with, because
-  // it finished already or because `what` failed with `ec` (then it is dropped and closed).
-  auto stop_after = [&](Incoming& in, const error_code& ec, const char* what) {
-    if (in.finished) return true;
-    if (!ec) return false;
-    drop(in, concat(what, " failed (", ec.message(), ")"));
-    close(in);
-    return true;
-  };
+  }
 
-  auto judge = [&](const std::shared_ptr<Incoming>& in) {
-    const Hello& h = in->hello;
-    AckStatus status = AckStatus::kOk;
-    std::string reason;
-    if (h.magic == kHelloMagicV1) {
-      status = AckStatus::kBadProtocol;
-      reason =
-          "it speaks the unauthenticated rendezvous of an older pipemat (hello version 1); "
-          "start every rank from the same pipemat build";
-    } else if (h.magic != kHelloMagic) {
-      status = AckStatus::kBadProtocol;
-      reason = "not a pipemat hello (bad magic); is another program connecting to this port?";
-    } else if (h.version != kProtocolVersion) {
-      status = AckStatus::kBadProtocol;
-      reason = concat("rendezvous protocol version ", h.version, ", expected ", kProtocolVersion,
-                      "; start every rank from the same pipemat build");
-    } else if (const Digest mac = hello_mac(options_.secret, in->challenge, h);
-               !equal_digest(mac.data(), h.mac, mac.size())) {
-      status = AckStatus::kWrongSecret;
-      reason = "wrong job secret";
-      if (((h.flags & kHasSecret) != 0) != has_secret) {
-        reason += concat(" (it has ", secret_state((h.flags & kHasSecret) != 0), ", rank ",
-                         options_.rank, " has ", secret_state(has_secret), ")");
-      }
-    } else if (const std::string host = announced_host(h); host.empty()) {
-      status = AckStatus::kBadProtocol;
-      reason = "its hello announces no valid listener address";
-    } else if (h.world_size != options_.world_size) {
-      status = AckStatus::kWorldSize;
-      reason = concat("rank ", h.rank, " was started with world size ", h.world_size);
-      fatal = concat("tcp rendezvous: rank ", h.rank, " was started with world size ", h.world_size,
-                     " but rank ", options_.rank, " with world size ", options_.world_size,
-                     "; start every rank with the same PIPEMAT_WORLD_SIZE / --world-size");
-    } else if (h.rank < lo || h.rank > hi) {
-      status = AckStatus::kBadRank;
-      reason = concat("it announced rank ", h.rank, ", but rank ", options_.rank,
-                      " accepts only ranks ", lo, "..", hi, " here");
-    } else if (claimed[static_cast<size_t>(h.rank)]) {
-      status = AckStatus::kDuplicateRank;
-      reason = concat("it claims rank ", h.rank,
-                      ", which another process already holds; give every process a distinct "
-                      "PIPEMAT_RANK / --rank");
-    }
-    in->ack.status = static_cast<uint32_t>(status);
-    if (status != AckStatus::kOk) {
-      // The refusal tells a misconfigured rank why at once; it reveals nothing of the secret.
-      drop(*in, reason);
-      asio::async_write(in->socket, asio::buffer(&in->ack, sizeof(Ack)),
-                        [in, close](const error_code&, size_t) { close(*in); });
+  Rendezvous& rv_;
+  const TransportOptions& options_;
+  tcp::acceptor& acceptor_;
+  const int lo_;
+  const int hi_;
+  const bool has_secret_;
+  const std::chrono::milliseconds handshake_timeout_;
+  std::vector<Joined> joined_;
+  std::vector<bool> claimed_;
+  std::vector<IncomingPtr> incoming_;
+  std::string fatal_;
+  error_code accept_error_;
+  int dropped_ = 0;
+  std::string last_drop_;
+};
+
+std::vector<Rendezvous::Joined> Rendezvous::Acceptance::run(const std::string& to_where) {
+  const int count = hi_ - lo_ + 1;
+  start_accept();
+  rv_.io_.restart();
+  while (static_cast<int>(joined_.size()) < count && fatal_.empty() && !accept_error_ &&
+         Clock::now() < rv_.deadline_) {
+    rv_.io_.run_one_until(rv_.deadline_);
+  }
+  stop_in_flight();
+  if (!fatal_.empty()) PIPEMAT_THROW(CommError, fatal_);
+  if (accept_error_) rv_.fail(concat("accepting connections", to_where), accept_error_);
+  if (static_cast<int>(joined_.size()) < count) throw_failure(to_where);
+  return std::move(joined_);
+}
+
+void Rendezvous::Acceptance::start_accept() {
+  auto in = std::make_shared<Incoming>(rv_.io_);
+  acceptor_.async_accept(in->socket, [this, in](const error_code& ec) {
+    if (ec == asio::error::operation_aborted) return;
+    if (ec && ec != asio::error::connection_aborted) {
+      accept_error_ = ec;
       return;
     }
-    in->claimed = h.rank;
-    claimed[static_cast<size_t>(h.rank)] = true;
-    const Digest mac = ack_mac(options_.secret, in->challenge, h, in->ack.status);
-    std::memcpy(in->ack.mac, mac.data(), mac.size());
-    asio::async_write(in->socket, asio::buffer(&in->ack, sizeof(Ack)),
-                      [&, in](const error_code& ec, size_t) {
-                        if (stop_after(*in, ec, "sending the ack")) return;
-                        in->finished = true;
-                        in->timer.cancel();
-                        joined.push_back(Joined{in->hello, std::move(in->socket), in->address});
-                      });
-  };
+    start_accept();
+    if (!ec) handshake(in);
+  });
+}
 
-  auto handshake = [&](const std::shared_ptr<Incoming>& in) {
-    incoming.push_back(in);
-    error_code ec;
-    const auto remote = in->socket.remote_endpoint(ec);
-    if (!ec) {
-      in->address = remote.address().to_string();
-      in->from = concat(in->address, ":", remote.port());
-    }
-    in->socket.set_option(tcp::no_delay(true), ec);
-    in->challenge.flags = has_secret ? kHasSecret : 0;
-    fill_nonce(in->challenge.nonce);
-    in->timer.expires_after(handshake_timeout);
-    in->timer.async_wait([&, in](const error_code& wait_ec) {
-      if (wait_ec || in->finished) return;
-      drop(*in, concat("no complete hello within ", handshake_timeout.count(), " ms"));
-      close(*in);
-    });
-    asio::async_write(
-        in->socket, asio::buffer(&in->challenge, sizeof(Challenge)),
-        [&, in](const error_code& write_ec, size_t) {
-          if (stop_after(*in, write_ec, "sending the challenge")) return;
-          asio::async_read(
-              in->socket, asio::buffer(&in->hello, sizeof(Hello)),
-              [&, in](const error_code& read_ec, size_t n) {
-                if (in->finished) return;
-                if (read_ec) {
-                  drop(*in, read_ec == asio::error::eof
+// Sends the challenge of a fresh connection and arms its handshake deadline.
+void Rendezvous::Acceptance::handshake(const IncomingPtr& in) {
+  incoming_.push_back(in);
+  error_code ec;
+  const auto remote = in->socket.remote_endpoint(ec);
+  if (!ec) {
+    in->address = remote.address().to_string();
+    in->from = concat(in->address, ":", remote.port());
+  }
+  in->socket.set_option(tcp::no_delay(true), ec);
+  in->challenge.flags = has_secret_ ? kHasSecret : 0;
+  fill_nonce(in->challenge.nonce);
+  in->timer.expires_after(handshake_timeout_);
+  in->timer.async_wait([this, in](const error_code& wait_ec) {
+    if (wait_ec || in->finished) return;
+    drop(*in, concat("no complete hello within ", handshake_timeout_.count(), " ms"));
+    close(*in);
+  });
+  asio::async_write(in->socket, asio::buffer(&in->challenge, sizeof(Challenge)),
+                    [this, in](const error_code& write_ec, size_t) {
+                      if (stop_after(*in, write_ec, "sending the challenge")) return;
+                      read_hello(in);
+                    });
+}
+
+void Rendezvous::Acceptance::read_hello(const IncomingPtr& in) {
+  asio::async_read(in->socket, asio::buffer(&in->hello, sizeof(Hello)),
+                   [this, in](const error_code& read_ec, size_t n) {
+                     if (in->finished) return;
+                     if (read_ec) {
+                       drop(*in,
+                            read_ec == asio::error::eof
                                 ? concat("it closed the connection after ", n, " of the ",
                                          sizeof(Hello), " bytes of a hello")
                                 : concat("reading its hello failed (", read_ec.message(), ")"));
-                  close(*in);
-                  return;
-                }
-                judge(in);
-              });
-        });
-  };
+                       close(*in);
+                       return;
+                     }
+                     judge(in);
+                   });
+}
 
-  std::function<void()> start_accept = [&] {
-    auto in = std::make_shared<Incoming>(io_);
-    acceptor.async_accept(in->socket, [&, in](const error_code& ec) {
-      if (ec == asio::error::operation_aborted) return;
-      if (ec && ec != asio::error::connection_aborted) {
-        accept_error = ec;
-        return;
-      }
-      start_accept();
-      if (!ec) handshake(in);
-    });
-  };
-
-  start_accept();
-  io_.restart();
-  while (static_cast<int>(joined.size()) < count && fatal.empty() && !accept_error &&
-         Clock::now() < deadline_) {
-    io_.run_one_until(deadline_);
+void Rendezvous::Acceptance::judge(const IncomingPtr& in) {
+  std::string reason;
+  const AckStatus status = check_hello(*in, reason);
+  in->ack.status = static_cast<uint32_t>(status);
+  if (status != AckStatus::kOk) {
+    refuse(in, reason);
+  } else {
+    admit(in);
   }
-  // Stop what is still in flight and let its handlers run out before the locals they use go.
+}
+
+// The status of the ack for a complete hello, with the reason of a refusal; sets fatal_ for an
+// authenticated rank with another world size.
+AckStatus Rendezvous::Acceptance::check_hello(const Incoming& in, std::string& reason) {
+  const Hello& h = in.hello;
+  if (h.magic == kHelloMagicV1) {
+    reason =
+        "it speaks the unauthenticated rendezvous of an older pipemat (hello version 1); "
+        "start every rank from the same pipemat build";
+    return AckStatus::kBadProtocol;
+  }
+  if (h.magic != kHelloMagic) {
+    reason = "not a pipemat hello (bad magic); is another program connecting to this port?";
+    return AckStatus::kBadProtocol;
+  }
+  if (h.version != kProtocolVersion) {
+    reason = concat("rendezvous protocol version ", h.version, ", expected ", kProtocolVersion,
+                    "; start every rank from the same pipemat build");
+    return AckStatus::kBadProtocol;
+  }
+  if (const Digest mac = hello_mac(options_.secret, in.challenge, h);
+      !equal_digest(mac.data(), h.mac, mac.size())) {
+    reason = "wrong job secret";
+    if (((h.flags & kHasSecret) != 0) != has_secret_) {
+      reason += concat(" (it has ", secret_state((h.flags & kHasSecret) != 0), ", rank ",
+                       options_.rank, " has ", secret_state(has_secret_), ")");
+    }
+    return AckStatus::kWrongSecret;
+  }
+  if (announced_host(h).empty()) {
+    reason = "its hello announces no valid listener address";
+    return AckStatus::kBadProtocol;
+  }
+  if (h.world_size != options_.world_size) {
+    reason = concat("rank ", h.rank, " was started with world size ", h.world_size);
+    fatal_ = concat("tcp rendezvous: rank ", h.rank, " was started with world size ", h.world_size,
+                    " but rank ", options_.rank, " with world size ", options_.world_size,
+                    "; start every rank with the same PIPEMAT_WORLD_SIZE / --world-size");
+    return AckStatus::kWorldSize;
+  }
+  if (h.rank < lo_ || h.rank > hi_) {
+    reason = concat("it announced rank ", h.rank, ", but rank ", options_.rank,
+                    " accepts only ranks ", lo_, "..", hi_, " here");
+    return AckStatus::kBadRank;
+  }
+  if (claimed_[static_cast<size_t>(h.rank)]) {
+    reason = concat("it claims rank ", h.rank,
+                    ", which another process already holds; give every process a distinct "
+                    "PIPEMAT_RANK / --rank");
+    return AckStatus::kDuplicateRank;
+  }
+  return AckStatus::kOk;
+}
+
+// The refusal tells a misconfigured rank why at once; it reveals nothing of the secret.
+void Rendezvous::Acceptance::refuse(const IncomingPtr& in, const std::string& reason) {
+  drop(*in, reason);
+  asio::async_write(in->socket, asio::buffer(&in->ack, sizeof(Ack)),
+                    [in](const error_code&, size_t) { close(*in); });
+}
+
+// Claims the rank of an accepted hello and joins it once its ack is written.
+void Rendezvous::Acceptance::admit(const IncomingPtr& in) {
+  const Hello& h = in->hello;
+  in->claimed = h.rank;
+  claimed_[static_cast<size_t>(h.rank)] = true;
+  const Digest mac = ack_mac(options_.secret, in->challenge, h, in->ack.status);
+  std::memcpy(in->ack.mac, mac.data(), mac.size());
+  asio::async_write(in->socket, asio::buffer(&in->ack, sizeof(Ack)),
+                    [this, in](const error_code& ec, size_t) {
+                      if (stop_after(*in, ec, "sending the ack")) return;
+                      in->finished = true;
+                      in->timer.cancel();
+                      joined_.push_back(Joined{in->hello, std::move(in->socket), in->address});
+                    });
+}
+
+void Rendezvous::Acceptance::drop(Incoming& in, const std::string& reason) {
+  if (in.finished) return;
+  in.finished = true;
+  if (in.claimed >= 0) claimed_[static_cast<size_t>(in.claimed)] = false;
+  in.timer.cancel();
+  ++dropped_;
+  last_drop_ = concat("from ", in.from, ": ", reason);
+  std::fprintf(stderr, "pipemat tcp: rank %d dropped a connection from %s during rendezvous: %s\n",
+               options_.rank, in.from.c_str(), reason.c_str());
+}
+
+// The start of the handshake's write handlers: true when the connection is done with, because
+// it finished already or because `what` failed with `ec` (then it is dropped and closed).
+bool Rendezvous::Acceptance::stop_after(Incoming& in, const error_code& ec, const char* what) {
+  if (in.finished) return true;
+  if (!ec) return false;
+  drop(in, concat(what, " failed (", ec.message(), ")"));
+  close(in);
+  return true;
+}
+
+// Stops what is still in flight and lets its handlers run out before the state they use goes.
+void Rendezvous::Acceptance::stop_in_flight() {
   error_code ignored;
-  acceptor.close(ignored);
-  for (auto& in : incoming) {
+  acceptor_.close(ignored);
+  for (auto& in : incoming_) {
     if (!in->finished) {
       drop(*in, "the rendezvous ended before it completed its hello");
       close(*in);
     }
     in->timer.cancel();
   }
-  io_.restart();
-  io_.run();
+  rv_.io_.restart();
+  rv_.io_.run();
+}
 
-  if (!fatal.empty()) PIPEMAT_THROW(CommError, fatal);
-  if (accept_error) fail(concat("accepting connections", to_where), accept_error);
-  if (static_cast<int>(joined.size()) < count) {
-    std::string missing;
-    for (int r = lo; r <= hi; ++r) {
-      if (!claimed[static_cast<size_t>(r)]) missing += (missing.empty() ? "" : ", ") + concat(r);
-    }
-    std::string what = concat("waiting for ranks ", missing, to_where);
-    if (dropped > 0) {
-      what += concat(" (dropped ", dropped, dropped == 1 ? " connection" : " connections",
-                     " meanwhile, the last ", last_drop, ")");
-    }
-    fail(what, asio::error::timed_out);
+// The rendezvous deadline passed before every rank joined.
+void Rendezvous::Acceptance::throw_failure(const std::string& to_where) {
+  std::string missing;
+  for (int r = lo_; r <= hi_; ++r) {
+    if (!claimed_[static_cast<size_t>(r)]) missing += (missing.empty() ? "" : ", ") + concat(r);
   }
-  return joined;
+  std::string what = concat("waiting for ranks ", missing, to_where);
+  if (dropped_ > 0) {
+    what += concat(" (dropped ", dropped_, dropped_ == 1 ? " connection" : " connections",
+                   " meanwhile, the last ", last_drop_, ")");
+  }
+  rv_.fail(what, asio::error::timed_out);
+}
+
+std::vector<Rendezvous::Joined> Rendezvous::accept_ranks(tcp::acceptor& acceptor, int lo, int hi,
+                                                         const std::string& to_where) {
+  Acceptance acceptance(*this, acceptor, lo, hi);
+  return acceptance.run(to_where);
 }
 
 void Rendezvous::authenticate(tcp::socket& socket, Hello hello, const std::string& whom,

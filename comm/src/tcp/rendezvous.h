@@ -57,6 +57,8 @@ class Rendezvous {
                     const std::string& address);
 
  private:
+  class Acceptance;  // the state of one accept_ranks call
+
   // Runs an async operation to completion or to the deadline; returns its error code
   // (asio::error::timed_out at the deadline). Callers turn a failure into an error with fail().
   template <typename Start, typename Cancel>

@@ -11,7 +11,8 @@
 // are made contiguous first, and receives into non-contiguous tensors go through a contiguous
 // temporary).
 //
-// Mismatches are errors showing both sides and both ranks (Note [Tensor mismatch message]):
+// Mismatches are errors showing both sides and both ranks, in the same words whichever receive
+// detects them:
 //   "tensor mismatch on tag 5: rank 0 sent float32 [4, 8], rank 1 expected float32 [4, 16]"
 // Every receive checks the header it got like the list receive below does (known non-quantized
 // dtype code, ndim in [0, 64], dims >= 0, no overflow, nbytes, sender, sizes adding up) before

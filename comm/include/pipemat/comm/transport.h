@@ -1,7 +1,7 @@
 #pragma once
 // The byte transport of pipemat: asynchronous point-to-point messages between ranks.
 //
-// One abstract Transport, three backends (docs/comm.md), each in comm/src/<backend>/transport.cpp:
+// One abstract Transport, three backends (docs/comm.md):
 //   mpi    Open MPI; the default under mpirun. Duplicated communicator, MPI_ERRORS_RETURN.
 //   tcp    Boost.Asio sockets; ranks rendezvous at a master host:port. No MPI needed.
 //   local  ranks are threads of one process (tests); make_local_transports(n).
@@ -17,25 +17,14 @@
 // TimeoutError (a CommError) for deadlines, ConfigError for invalid arguments/options.
 // See docs/comm.md.
 //
-// What lives where in comm (two targets: pipemat_comm moves bytes and knows no torch;
+// The public headers of comm (two targets: pipemat_comm moves bytes and knows no torch;
 // pipemat_comm_tensor is the tensor layer and the p2p bench on top):
-//   public (include/pipemat/comm/)
-//     transport.h     Transport, TransportOptions, make_transport (this file)
-//     work.h          Work, Buffer, spans, Status (Note [Work contract])
-//     tensor.h        send_tensor / recv_tensor*, tensor lists, TensorMeta   (comm_tensor)
-//     bench.h         `pipemat bench p2p` as a library                      (comm_tensor)
-//     raw_bench.h     the raw ping-pong baseline per medium
-//     launcher.h      spawning N local processes as the ranks of a tcp job
-//   private (src/)
-//     transport.cpp   options from the environment, the checked send/recv, barrier, factory
-//     work.cpp        Work and Buffer;  common.h  shared error wording, SpanWork
-//     local/ mpi/ tcp/  one backend each (transport.h/.cpp); mpi/ also environment (MPI init
-//                     and finalize) and core (the request engine, the progress thread); tcp/
-//                     also core (the I/O thread; core_send, core_recv: its send path and read
-//                     loop), rendezvous (the handshake), wire (frames, handshake structs, MACs)
-//     tensor_wire.*   TensorMeta, the tensor wire format and the checks of received headers
-//     tensor.cpp, tensor_list.cpp, tensor_work.h  single tensors, tensor lists, their shared wait
-//     bench.cpp, raw_bench.cpp + raw_bench/<backend>.cpp, launcher.cpp
+//   transport.h     Transport, TransportOptions, make_transport (this file)
+//   work.h          Work, Buffer, spans, Status (Note [Work contract])
+//   tensor.h        send_tensor / recv_tensor*, tensor lists, TensorMeta   (comm_tensor)
+//   bench.h         `pipemat bench p2p` as a library                      (comm_tensor)
+//   raw_bench.h     the raw ping-pong baseline per medium
+//   launcher.h      spawning N local processes as the ranks of a tcp job
 
 #include <chrono>
 #include <cstddef>
@@ -102,8 +91,8 @@ struct TransportOptions {
   // this limit. Guards against corrupt streams and hostile peers; raise it for larger messages.
   size_t max_message_bytes = kDefaultMaxMessageBytes;
 
-  // mpi: how often the progress thread drives pending operations (Note [MPI progress thread]);
-  // it sleeps while nothing is pending. Zero: no progress thread (operations move only inside
+  // mpi: how often the progress thread drives pending operations; it sleeps while nothing is
+  // pending. Zero: no progress thread (operations move only inside
   // is_completed() / wait() calls). PIPEMAT_MPI_PROGRESS_US overrides it.
   std::chrono::microseconds mpi_progress_interval{100};
 

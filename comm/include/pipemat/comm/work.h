@@ -178,7 +178,7 @@ class Work {
   // needs_progress() backends: blocks until the Work finished or `deadline` passed, driving the
   // transfer; true when finished. The default polls progress(): it spins for 5 ms, then yields
   // between polls, then sleeps 100 us between them after 100 ms. The mpi backend with a
-  // progress thread replaces it (Note [MPI progress thread]).
+  // progress thread replaces it.
   virtual bool drive_until(Clock::time_point deadline);
   // For the message of a wait that timed out after `waited`: what the backend saw of the peer
   // meanwhile (e.g. "nothing arrived from rank 2 for 8.0 s: ..."), or "" when it cannot tell.

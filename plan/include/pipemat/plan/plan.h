@@ -2,12 +2,10 @@
 // The remat planner: one candidate policy per layer, chosen so that every pipeline rank's
 // predicted peak fits its memory budget and the simulated step is shortest.
 //
-// What lives where (pipemat::plan, torch-free; it knows the schedule module only):
-//   plan.h          this API: profiles in, a plan out; evaluation of any assignment.
-//   src/peak.cpp    the per-rank memory model over a schedule's action order (Note [Plan memory]).
-//   src/solve.cpp   the exact search (Note [Plan search]) and the plan's stage costs.
-// The profiles come from measuring a model's layers (the profiler is a LibTorch client of remat);
-// here they are plain numbers, so the planner is tested against exhaustive enumeration.
+// This API (pipemat::plan, torch-free; it knows the schedule module only): profiles in, a plan
+// out; evaluation of any assignment. The profiles come from measuring a model's layers (the
+// profiler is a LibTorch client of remat); here they are plain numbers, so the planner is tested
+// against exhaustive enumeration.
 //
 // Note [Plan memory]
 // ~~~~~~~~~~~~~~~~~~
@@ -124,7 +122,7 @@ struct Prediction {
 
 struct PlanResult {
   Prediction best;
-  long long simulations = 0;  // steps the search simulated (Note [Plan search])
+  long long simulations = 0;  // steps the search simulated
 };
 
 // The prediction of one assignment (candidate index per layer). ConfigError for a problem whose

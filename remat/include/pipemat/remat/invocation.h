@@ -109,8 +109,8 @@ class InvocationGroup {
   RematReport report() const;
 
  private:
-  struct Invocations;                  // the unit calls themselves (remat/src/invocation.cpp)
-  friend class InvocationGroupAccess;  // the unit wrapper adds its calls (remat/src)
+  struct Invocations;                  // the unit calls themselves
+  friend class InvocationGroupAccess;  // the unit wrapper adds its calls
 
   InvocationKey key_;
   std::unique_ptr<Invocations> invocations_;

@@ -11,7 +11,7 @@ struct CheckpointOptions {
   // of the forward after the last saved tensor is not re-run.
   bool early_stop = true;
   // Restore the CPU generator state of unit entry for replay, and the state right after each
-  // skipped SAVE body (Note [Replay RNG alignment]), so dropout replays identically.
+  // skipped SAVE body, so dropout replays identically.
   bool preserve_rng_state = true;
   // Name used in errors and reports; defaults to the module path or the module's type name.
   std::string name;

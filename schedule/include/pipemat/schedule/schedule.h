@@ -12,19 +12,14 @@
 // global state; all functions are pure and may be called from any thread concurrently. Schedule
 // is a plain value type (copyable, movable) that owns its action lists.
 //
-// What lives where in schedule (pure C++17: no torch, MPI or Asio):
-//   public (include/pipemat/schedule/)
-//     action.h      Action IR: ActionType, Action, format / parse of `2F0`, `0RECV_B2`
-//     schedule.h    Schedule, ScheduleOptions, generators and passes (this file)
-//     simulate.h    CostModel, simulate(), SimulationResult (timelines, bubble, peak)
-//     render.h      text timeline, torch CSV, JSON and SVG of a simulated schedule
-//     torch_csv.h   import / export of torch.distributed.pipelining CSV schedules
-//     project.h     the scaling projection (`pipemat project`) and its renderers
-//     command.h     `pipemat schedule` as a library: CLI options -> schedule -> render
-//   private (src/)
-//     action.cpp, generate.cpp (one generator per kind), schedule.cpp (names, stage maps, the
-//     passes insert R / lower / strip / build), validate.cpp, simulate.cpp (and cost parsing),
-//     render.cpp, torch_csv.cpp, project.cpp, command.cpp
+// The public headers of schedule (pure C++17: no torch, MPI or Asio):
+//   action.h      Action IR: ActionType, Action, format / parse of `2F0`, `0RECV_B2`
+//   schedule.h    Schedule, ScheduleOptions, generators and passes (this file)
+//   simulate.h    CostModel, simulate(), SimulationResult (timelines, bubble, peak)
+//   render.h      text timeline, torch CSV, JSON and SVG of a simulated schedule
+//   torch_csv.h   import / export of torch.distributed.pipelining CSV schedules
+//   project.h     the scaling projection (`pipemat project`) and its renderers
+//   command.h     `pipemat schedule` as a library: CLI options -> schedule -> render
 //
 // Note [Executor contract]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -50,9 +45,8 @@
 // cannot deadlock: every receive is posted before its consumer, every send is issued right after
 // its producer, and the simulator has checked that the compute order has no cross-rank cycle.
 // Schedules from build_schedule / lower_communication are stronger still: they also cannot hang
-// when a send blocks until the peer has posted the receive (MPI rendezvous), see
-// Note [Receive placement] in schedule.cpp; build_schedule checks this with
-// SimulateOptions::rendezvous_sends.
+// when a send blocks until the peer has posted the receive (MPI rendezvous); build_schedule
+// checks this with SimulateOptions::rendezvous_sends.
 //
 // Note [Recompute placement]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -171,7 +165,7 @@ Schedule insert_recompute(Schedule schedule, RecomputeMode mode);
 // Adds SEND_*/RECV_* actions for every cross-rank edge of a compute-only schedule: the SEND
 // right after its producer; the RECV at the earlier of "one compute action ahead of its
 // consumer" and "when the sender sends in a unit-cost run", never between a pre-triggered R and
-// its B / I, a gradient receive after the micro-batch's own F (Note [Receive placement]).
+// its B / I, a gradient receive after the micro-batch's own F.
 // Local hand-offs get no actions. Returns the schedule unchanged if it already has comms.
 // ScheduleError (cross-rank deadlock) when the compute order cannot run.
 Schedule lower_communication(const Schedule& schedule);

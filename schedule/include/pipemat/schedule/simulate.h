@@ -14,17 +14,22 @@
 //   - busy time of a rank = sum of its compute durations; bubble_ratio =
 //     1 - sum(busy) / (ranks_count * makespan).
 //   - in-flight activations: F(s,i) adds one on its rank; the last of B(s,i) / W(s,i) removes it.
-//   - Note [Shared cores]: ranks that compute at the same time slow each other down. While k >= 2
-//     ranks are inside a compute action, each progresses at s * min(1, c / k) of its speed:
-//     c = SimulateOptions::parallel_ranks (0: k), the ranks that can compute at once (the
-//     machine's cores over each rank's threads; with more, the kernel shares c cores between k
-//     busy processes), and s = SimulateOptions::shared_speed, what is left of a rank's speed
-//     while others compute too (shared caches and memory bandwidth, the transport's threads,
-//     switching between processes). A rank computing alone runs at full speed; one that waits
-//     for a message takes no core. Such a simulation still waits on the same inputs; busy is
-//     then the wall time inside compute actions, not their cost.
+//   - ranks that compute at the same time slow each other down: Note [Shared cores].
 // A schedule whose lists cannot all run to the end throws ScheduleError ("cross-rank deadlock")
 // naming, for every unfinished rank, the blocked action, its position and what it waits for.
+//
+// Note [Shared cores]
+// ~~~~~~~~~~~~~~~~~~~
+// Ranks that compute at the same time slow each other down. While k >= 2 ranks are inside a
+// compute action, each progresses at s * min(1, c / k) of its speed: c =
+// SimulateOptions::parallel_ranks (0: k), the ranks that can compute at once (the machine's cores
+// over each rank's threads; with more, the kernel shares c cores between k busy processes), and
+// s = SimulateOptions::shared_speed, what is left of a rank's speed while others compute too
+// (shared caches and memory bandwidth, the transport's threads, switching between processes). A
+// rank computing alone runs at full speed; one that waits for a message takes no core. Such a
+// simulation still waits on the same inputs; busy is then the wall time inside compute actions,
+// not their cost. Time advances from event to event (an action's end, a message's arrival);
+// between two events every computing rank runs at the same speed.
 //
 // Thread safety: pure functions over values.
 
