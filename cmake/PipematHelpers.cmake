@@ -105,8 +105,11 @@ function(pipemat_add_test name)
 endfunction()
 
 # pipemat_add_mpi_test(NAME COMMAND exe args... NP n [TIMEOUT s] [LABELS ...])
-# A real multi-process test: `mpiexec -n NP exe args...`, labelled `mpi`.
+# A real multi-process test: `mpiexec -n NP exe args...`, labelled `mpi`; none without MPI.
 function(pipemat_add_mpi_test name)
+  if(NOT PIPEMAT_MPI)
+    return()  # a build without MPI (PIPEMAT_MPI=OFF) has no mpiexec tests
+  endif()
   cmake_parse_arguments(ARG "" "NP;TIMEOUT" "COMMAND;LABELS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 120)

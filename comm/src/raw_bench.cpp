@@ -12,8 +12,12 @@ double raw_pingpong_seconds(Transport& transport, int peer, size_t bytes, int it
   PIPEMAT_CHECK(iterations >= 1, ConfigError, "raw ping-pong needs at least 1 iteration");
   switch (transport.kind()) {
     case TransportKind::kMpi:
+#ifdef PIPEMAT_MPI
       transport.barrier();
       return detail::mpi_raw_pingpong(peer, bytes, iterations, warmup);
+#else
+      break;  // no MPI transport exists in a build without MPI
+#endif
     case TransportKind::kTcp:
       return detail::tcp_raw_pingpong(transport, peer, bytes, iterations, warmup);
     case TransportKind::kLocal:

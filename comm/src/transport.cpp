@@ -19,7 +19,9 @@
 
 #include "common.h"
 #include "local/transport.h"
+#ifdef PIPEMAT_MPI
 #include "mpi/transport.h"
+#endif
 #include "pipemat/core/error.h"
 #include "pipemat/core/parse.h"
 #include "tcp/transport.h"
@@ -269,8 +271,14 @@ std::unique_ptr<Transport> make_transport(const TransportOptions& options) {
   TransportOptions resolved = resolve_options(options);
   switch (resolved.kind) {
     case TransportKind::kMpi:
+#ifdef PIPEMAT_MPI
       g_joining = true;
       return detail::make_mpi_transport(resolved);
+#else
+      PIPEMAT_THROW(ConfigError,
+                    "make_transport: transport mpi: this pipemat was built without MPI "
+                    "(-DPIPEMAT_MPI=OFF); use transport tcp (pipemat-run --tcp) or local");
+#endif
     case TransportKind::kTcp:
       g_joining = true;
       return detail::make_tcp_transport(resolved);
