@@ -40,11 +40,9 @@ std::string mismatch_message(const WorkInfo& info, const TensorMeta& sent,
       "shape and dtype and the micro-batch size on both ranks.");
 }
 
-void check_cpu(const at::Tensor& tensor, const char* what, int peer, int tag) {
+void check_dense(const at::Tensor& tensor, const char* what, int peer, int tag) {
   PIPEMAT_CHECK(tensor.defined(), ConfigError, what, " to/from rank ", peer, " with tag ", tag,
                 ": the tensor is undefined");
-  PIPEMAT_CHECK(tensor.device().is_cpu(), ConfigError, what, " to/from rank ", peer, " with tag ",
-                tag, ": only CPU tensors are supported, got a tensor on ", tensor.device().str());
   PIPEMAT_CHECK(tensor.layout() == at::kStrided, ConfigError, what, " to/from rank ", peer,
                 " with tag ", tag, ": only strided (dense) tensors are supported");
 }
@@ -57,7 +55,7 @@ struct TensorWork::State {
   TensorMeta expected;
   std::shared_ptr<std::vector<uint8_t>> header;  // send header / expected-recv header target
   at::Tensor tensor;  // send: the tensor; recv: the destination (contiguous)
-  at::Tensor out;     // recv_tensor_into with non-contiguous out: copy target
+  at::Tensor out;     // recv_tensor_into with a strided or device out: copy target
   std::mutex mutex;
   bool finalized = false;
   at::Tensor result;
@@ -215,7 +213,7 @@ const WorkPtr& TensorWork::work() const {
 }
 
 TensorWork send_tensor(Transport& transport, int peer, int tag, const at::Tensor& tensor) {
-  check_cpu(tensor, "send_tensor", peer, tag);
+  check_dense(tensor, "send_tensor", peer, tag);
   PIPEMAT_CHECK(detail::wire_dtype_code(tensor.scalar_type()).has_value(), ConfigError,
                 "send_tensor to rank ", peer, " with tag ", tag, ": the tensor has dtype ",
                 dtype_name(tensor.scalar_type()), "; tensor messages carry ",
@@ -224,7 +222,7 @@ TensorWork send_tensor(Transport& transport, int peer, int tag, const at::Tensor
   auto state = std::make_shared<TensorWork::State>();
   state->mode = Mode::kSend;
   state->tensor = tensor;
-  at::Tensor contiguous = tensor.contiguous();
+  at::Tensor contiguous = detail::host_contiguous(tensor);
   TensorMeta meta = TensorMeta::of(contiguous);
   state->header = std::make_shared<std::vector<uint8_t>>(encode_header(meta, transport.job_rank()));
   // The keep-alive owns both the header and the contiguous bytes until the message left.
@@ -280,13 +278,14 @@ TensorWork recv_tensor(Transport& transport, int peer, int tag, const TensorMeta
 }
 
 TensorWork recv_tensor_into(Transport& transport, int peer, int tag, const at::Tensor& out) {
-  check_cpu(out, "recv_tensor_into", peer, tag);
+  check_dense(out, "recv_tensor_into", peer, tag);
   TensorMeta expected = TensorMeta::of(out);
-  if (out.is_contiguous()) {
+  if (out.is_contiguous() && out.device().is_cpu()) {
     return recv_expected(transport, peer, tag, expected, out, at::Tensor());
   }
-  at::Tensor staging =
-      at::empty(expected.shape, out.options().memory_format(at::MemoryFormat::Contiguous));
+  // A strided or device `out`: the message lands in host memory and is copied into it.
+  at::Tensor staging = at::empty(
+      expected.shape, out.options().device(at::kCPU).memory_format(at::MemoryFormat::Contiguous));
   return recv_expected(transport, peer, tag, expected, staging, out);
 }
 

@@ -17,6 +17,7 @@ using detail::carried_dtypes;
 using detail::decode_list;
 using detail::has_tensor_magic;
 using detail::header_size;
+using detail::host_contiguous;
 using detail::is_tensor_list;
 using detail::kBlock;
 using detail::kFlagRequiresGrad;
@@ -49,9 +50,6 @@ alignas(kBlock) constexpr uint8_t kZeros[kBlock] = {};
 
 void check_list_entry(const at::Tensor& tensor, size_t index, int peer, int tag) {
   if (!tensor.defined()) return;
-  PIPEMAT_CHECK(tensor.device().is_cpu(), ConfigError, "send_tensors to rank ", peer, " with tag ",
-                tag, ": entry ", index, " is on ", tensor.device().str(),
-                "; only CPU tensors are supported (move it with .cpu() first)");
   PIPEMAT_CHECK(tensor.layout() == at::kStrided, ConfigError, "send_tensors to rank ", peer,
                 " with tag ", tag, ": entry ", index,
                 " is not a strided (dense) tensor; convert it with .to_dense() first");
@@ -156,7 +154,7 @@ TensorListWork send_tensors(Transport& transport, int peer, int tag,
   header_offsets.reserve(tensors.size());
   size_t headers_bytes = kListHeaderBytes;
   for (const at::Tensor& tensor : tensors) {
-    owned->data.push_back(tensor.defined() ? tensor.contiguous() : at::Tensor());
+    owned->data.push_back(tensor.defined() ? host_contiguous(tensor) : at::Tensor());
     header_offsets.push_back(headers_bytes);
     headers_bytes += header_size(tensor.defined() ? static_cast<size_t>(tensor.dim()) : 0);
   }

@@ -386,5 +386,9 @@ bool decode_list(const Buffer& buffer, const WorkInfo& info, std::vector<at::Ten
   return true;
 }
 
+at::Tensor host_contiguous(const at::Tensor& tensor) {
+  return tensor.device().is_cpu() ? tensor.contiguous() : tensor.to(at::kCPU).contiguous();
+}
+
 }  // namespace detail
 }  // namespace pipemat::comm

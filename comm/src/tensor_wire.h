@@ -100,4 +100,10 @@ inline size_t pad_bytes(size_t n) { return (kBlock - n % kBlock) % kBlock; }
 bool decode_list(const Buffer& buffer, const WorkInfo& info, std::vector<at::Tensor>& out,
                  std::string& why);
 
+// The tensor whose bytes a message carries: `tensor` when it is a contiguous CPU tensor, else a
+// contiguous CPU copy. A device (CUDA) tensor is copied to host memory with a blocking copy,
+// which waits for the device work that produces it; a received message lands in host memory
+// and the caller moves it to its device.
+at::Tensor host_contiguous(const at::Tensor& tensor);
+
 }  // namespace pipemat::comm::detail

@@ -22,10 +22,13 @@
 // contiguous `out` receives in place, so after such an error `out` holds unspecified bytes.)
 //
 // Blocking: send_tensor/recv_tensor* return at once; TensorWork::wait blocks (bounded by the
-// transport's timeout). Threading: thread-safe like Transport. Tensors: CPU tensors of any
-// dtype, any layout (strided); the send keeps its tensor alive until the message left; the
-// receive owns its destination until wait() returned it.
-// Errors: CommError (mismatch, peer failure), TimeoutError, ConfigError (e.g. non-CPU tensor).
+// transport's timeout). Threading: thread-safe like Transport. Tensors: dense (strided) tensors
+// of any dtype, on the CPU or a CUDA device: a device tensor travels from a host copy made at the
+// send call (a blocking copy, which waits for the device work producing it), and received
+// tensors are CPU tensors (recv_tensor_into copies into a device `out` at wait()). The send keeps
+// its bytes alive until the message left; the receive owns its destination until wait()
+// returned it.
+// Errors: CommError (mismatch, peer failure), TimeoutError, ConfigError (e.g. a sparse tensor).
 //
 // Tensor lists (send_tensors / recv_tensors) carry several tensors, some possibly undefined, as
 // ONE transport message whose shapes may change from message to message. Wire format (all
@@ -103,8 +106,8 @@ class TensorWork {
   std::shared_ptr<State> state_;
 };
 
-// Sends `tensor` (CPU, any non-quantized dtype, any shape/strides) with its dtype and shape.
-// ConfigError (at the call) for a non-CPU, non-strided or quantized tensor.
+// Sends `tensor` (CPU or CUDA, any non-quantized dtype, any shape/strides) with its dtype and
+// shape. ConfigError (at the call) for a non-strided or quantized tensor.
 TensorWork send_tensor(Transport& transport, int peer, int tag, const at::Tensor& tensor);
 
 // Receives a tensor of whatever dtype and shape the sender sent (a fresh CPU tensor that owns
@@ -115,10 +118,11 @@ TensorWork recv_tensor(Transport& transport, int peer, int tag);
 // naming both metas and both ranks.
 TensorWork recv_tensor(Transport& transport, int peer, int tag, const TensorMeta& expected);
 
-// Receives into `out` (preallocated, CPU; its dtype and shape are the expectation). Contiguous
-// `out` is written in place; otherwise via a contiguous temporary copied in at wait(). Under
-// MPI a receive that timed out after its message was matched may still land in a contiguous
-// `out` later (Note [Work contract]); the storage stays alive, but do not reuse `out` then.
+// Receives into `out` (preallocated, CPU or CUDA; its dtype and shape are the expectation). A
+// contiguous CPU `out` is written in place; otherwise via a contiguous host temporary copied in
+// at wait(). Under MPI a receive that timed out after its message was matched may still land in
+// a contiguous `out` later (Note [Work contract]); the storage stays alive, but do not reuse
+// `out` then.
 TensorWork recv_tensor_into(Transport& transport, int peer, int tag, const at::Tensor& out);
 
 // ---- lists of tensors ----
@@ -151,11 +155,11 @@ class TensorListWork {
   std::shared_ptr<State> state_;
 };
 
-// Sends `tensors` (CPU, any dtype/shape/strides; entries may be undefined) as one message: each
-// entry's dtype, shape and requires_grad travel with its bytes. Non-contiguous entries are made
-// contiguous first; the work keeps the bytes alive until the message left. ConfigError (at the
-// call) for more than kMaxListTensors entries, a non-CPU or non-strided tensor, a quantized
-// dtype or more than 64 dimensions, naming the entry.
+// Sends `tensors` (CPU or CUDA, any dtype/shape/strides; entries may be undefined) as one
+// message: each entry's dtype, shape and requires_grad travel with its bytes. Non-contiguous and
+// device entries are copied into contiguous host memory first; the work keeps the bytes alive
+// until the message left. ConfigError (at the call) for more than kMaxListTensors entries, a
+// non-strided tensor, a quantized dtype or more than 64 dimensions, naming the entry.
 TensorListWork send_tensors(Transport& transport, int peer, int tag,
                             const std::vector<at::Tensor>& tensors);
 
