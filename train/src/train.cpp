@@ -128,7 +128,7 @@ ResolvedSchedule resolve_schedule(const TrainConfig& config) {
 
 namespace {
 
-// The pipeline's options but for the model run's (add_run_options): the schedule.
+// The schedule part of the pipeline's options: it fixes the stage count the model is built for.
 pp::PipelineOptions schedule_options(const ResolvedSchedule& resolved) {
   pp::PipelineOptions options;
   options.schedule = resolved.config.schedule;
