@@ -1,21 +1,22 @@
 // render_bench_plan_svg: step time against memory budget (bench_plan.h).
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "pipemat/bench/plan.h"
+#include "pipemat/core/format.h"
+#include "pipemat/core/svg.h"
 
 namespace pipemat::bench {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kWidth = 760, kHeight = 440, kLeft = 70, kRight = 170, kTop = 40, kBottom = 50;
+constexpr double kPlotW = kWidth - kLeft - kRight, kPlotH = kHeight - kTop - kBottom;
 
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f", v);
-  return buf;
-}
+std::string num(double v) { return format_fixed(v, 1); }
 
 double max_peak(const BenchPlanRun& run) {
   double out = 0;
@@ -23,112 +24,159 @@ double max_peak(const BenchPlanRun& run) {
   return out;
 }
 
-}  // namespace
+// The plotted ranges: budgets and peaks in MiB across, steps in ms up (ticks every y_step).
+struct PlanAxes {
+  double x_lo = INFINITY, x_hi = -INFINITY, y_lo = INFINITY, y_hi = 0, y_step = 1;
+  double x(double mib) const { return kLeft + kPlotW * (mib - x_lo) / (x_hi - x_lo); }
+  double y(double ms) const { return kTop + kPlotH * (y_hi - ms) / (y_hi - y_lo); }
+};
 
-std::string render_bench_plan_svg(const BenchPlanReport& report) {
-  constexpr double kWidth = 760, kHeight = 440, kLeft = 70, kRight = 170, kTop = 40, kBottom = 50;
-  double x_lo = INFINITY, x_hi = -INFINITY, y_lo = INFINITY, y_hi = 0;
+PlanAxes plan_axes(const BenchPlanReport& report) {
+  PlanAxes a;
   for (const BenchPlanBudget& b : report.budgets) {
     if (!b.infeasible.empty()) continue;
-    x_lo = std::min(x_lo, b.budget / kMiB);
-    x_hi = std::max(x_hi, b.budget / kMiB);
-    y_lo = std::min({y_lo, b.plan.step_ms, b.plan.predicted_step_ms});
-    y_hi = std::max({y_hi, b.plan.step_ms, b.plan.predicted_step_ms});
+    a.x_lo = std::min(a.x_lo, b.budget / kMiB);
+    a.x_hi = std::max(a.x_hi, b.budget / kMiB);
+    a.y_lo = std::min({a.y_lo, b.plan.step_ms, b.plan.predicted_step_ms});
+    a.y_hi = std::max({a.y_hi, b.plan.step_ms, b.plan.predicted_step_ms});
   }
   for (const BenchPlanRun& u : report.uniform) {
-    x_lo = std::min(x_lo, max_peak(u) / kMiB);
-    x_hi = std::max(x_hi, max_peak(u) / kMiB);
-    y_lo = std::min(y_lo, u.step_ms);
-    y_hi = std::max(y_hi, u.step_ms);
+    a.x_lo = std::min(a.x_lo, max_peak(u) / kMiB);
+    a.x_hi = std::max(a.x_hi, max_peak(u) / kMiB);
+    a.y_lo = std::min(a.y_lo, u.step_ms);
+    a.y_hi = std::max(a.y_hi, u.step_ms);
   }
-  if (!std::isfinite(x_lo)) x_lo = 0, x_hi = 1;
-  if (!std::isfinite(y_lo)) y_lo = 0, y_hi = 1;
-  x_lo = std::floor(x_lo) - 1;
-  x_hi = std::ceil(x_hi) + 1;
+  if (!std::isfinite(a.x_lo)) a.x_lo = 0, a.x_hi = 1;
+  if (!std::isfinite(a.y_lo)) a.y_lo = 0, a.y_hi = 1;
+  a.x_lo = std::floor(a.x_lo) - 1;
+  a.x_hi = std::ceil(a.x_hi) + 1;
   // The step axis spans the values with a margin (not from 0: the differences are a few
   // percent), ticks at a round step giving about 6 of them.
-  const double span = std::max(1.0, y_hi - y_lo);
-  double y_step = 1;
+  const double span = std::max(1.0, a.y_hi - a.y_lo);
   for (double s : {1.0, 2.0, 5.0, 10.0, 20.0, 25.0, 50.0, 100.0, 200.0, 500.0, 1000.0}) {
-    y_step = s;
+    a.y_step = s;
     if (span * 1.3 / s <= 7) break;
   }
-  y_lo = std::max(0.0, std::floor((y_lo - 0.15 * span) / y_step) * y_step);
-  y_hi = std::ceil((y_hi + 0.15 * span) / y_step) * y_step;
-  const double plot_w = kWidth - kLeft - kRight, plot_h = kHeight - kTop - kBottom;
-  const auto x = [&](double mib) { return kLeft + plot_w * (mib - x_lo) / (x_hi - x_lo); };
-  const auto y = [&](double ms) { return kTop + plot_h * (y_hi - ms) / (y_hi - y_lo); };
+  a.y_lo = std::max(0.0, std::floor((a.y_lo - 0.15 * span) / a.y_step) * a.y_step);
+  a.y_hi = std::ceil((a.y_hi + 0.15 * span) / a.y_step) * a.y_step;
+  return a;
+}
 
-  std::ostringstream os;
-  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight
-     << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
-     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << kLeft << "\" y=\"22\" font-size=\"14\">step time vs memory budget "
-     << "(pipemat bench plan)</text>\n";
-  // Axes with ticks: x every MiB step that gives about 8 ticks, y every y_step ms.
-  os << "<line x1=\"" << kLeft << "\" y1=\"" << y(y_lo) << "\" x2=\"" << kLeft + plot_w
-     << "\" y2=\"" << y(y_lo) << "\" stroke=\"black\"/>\n"
-     << "<line x1=\"" << kLeft << "\" y1=\"" << kTop << "\" x2=\"" << kLeft << "\" y2=\"" << y(y_lo)
-     << "\" stroke=\"black\"/>\n";
-  const double x_step = std::max(1.0, std::round((x_hi - x_lo) / 8));
-  for (double v = x_lo; v <= x_hi + 1e-9; v += x_step) {
-    os << "<text x=\"" << num(x(v)) << "\" y=\"" << y(y_lo) + 16 << "\" text-anchor=\"middle\">"
-       << num(v) << "</text>\n";
+// Axes with ticks: x every MiB step that gives about 8 ticks, y every y_step ms.
+void draw_axes(SvgWriter& svg, const PlanAxes& a) {
+  const double bottom = a.y(a.y_lo);
+  svg.line({{"x1", kLeft},
+            {"y1", bottom},
+            {"x2", kLeft + kPlotW},
+            {"y2", bottom},
+            {"stroke", "black"}})
+      .newline();
+  svg.line({{"x1", kLeft}, {"y1", kTop}, {"x2", kLeft}, {"y2", bottom}, {"stroke", "black"}})
+      .newline();
+  const double x_step = std::max(1.0, std::round((a.x_hi - a.x_lo) / 8));
+  for (double v = a.x_lo; v <= a.x_hi + 1e-9; v += x_step) {
+    svg.text({{"x", num(a.x(v))}, {"y", bottom + 16}, {"text-anchor", "middle"}}, num(v)).newline();
   }
-  for (double v = y_lo; v <= y_hi + 1e-9; v += y_step) {
-    os << "<text x=\"" << kLeft - 6 << "\" y=\"" << num(y(v) + 4) << "\" text-anchor=\"end\">"
-       << num(v) << "</text>\n"
-       << "<line x1=\"" << kLeft << "\" y1=\"" << num(y(v)) << "\" x2=\"" << kLeft + plot_w
-       << "\" y2=\"" << num(y(v)) << "\" stroke=\"#eee\"/>\n";
+  for (double v = a.y_lo; v <= a.y_hi + 1e-9; v += a.y_step) {
+    svg.text({{"x", kLeft - 6}, {"y", num(a.y(v) + 4)}, {"text-anchor", "end"}}, num(v)).newline();
+    svg.line({{"x1", kLeft},
+              {"y1", num(a.y(v))},
+              {"x2", kLeft + kPlotW},
+              {"y2", num(a.y(v))},
+              {"stroke", "#eee"}})
+        .newline();
   }
-  os << "<text x=\"" << kLeft + plot_w / 2 << "\" y=\"" << kHeight - 12
-     << "\" text-anchor=\"middle\">memory budget per rank (MiB)</text>\n"
-     << "<text x=\"16\" y=\"" << kTop + plot_h / 2 << "\" transform=\"rotate(-90 16 "
-     << kTop + plot_h / 2 << ")\" text-anchor=\"middle\">step (ms)</text>\n";
+  const double middle = kTop + kPlotH / 2;
+  svg.text({{"x", kLeft + kPlotW / 2}, {"y", kHeight - 12}, {"text-anchor", "middle"}},
+           "memory budget per rank (MiB)")
+      .newline();
+  svg.text({{"x", 16},
+            {"y", middle},
+            {"transform", "rotate(-90 16 " + svg_number(middle) + ")"},
+            {"text-anchor", "middle"}},
+           "step (ms)")
+      .newline();
+}
 
-  // A uniform policy: its measured step from its measured peak (where it starts to fit) on.
-  const char* uniform_colors[] = {"#999999", "#d62728", "#ff7f0e"};
-  double legend_y = kTop + 10;
-  const auto legend = [&](const std::string& color, const std::string& label, bool dashed) {
-    os << "<line x1=\"" << kWidth - kRight + 14 << "\" y1=\"" << legend_y << "\" x2=\""
-       << kWidth - kRight + 38 << "\" y2=\"" << legend_y << "\" stroke=\"" << color
-       << "\" stroke-width=\"2\"" << (dashed ? " stroke-dasharray=\"5,4\"" : "") << "/>\n"
-       << "<text x=\"" << kWidth - kRight + 44 << "\" y=\"" << legend_y + 4 << "\">" << label
-       << "</text>\n";
-    legend_y += 18;
-  };
+// The legend on the right, one line per call, downwards.
+struct PlanLegend {
+  SvgWriter& svg;
+  double y = kTop + 10;
+  void add(const std::string& color, const std::string& label, bool dashed) {
+    SvgWriter::Attrs line = {{"x1", kWidth - kRight + 14},
+                             {"y1", y},
+                             {"x2", kWidth - kRight + 38},
+                             {"y2", y},
+                             {"stroke", color},
+                             {"stroke-width", 2}};
+    if (dashed) line.emplace_back("stroke-dasharray", "5,4");
+    svg.line(line).newline();
+    svg.text({{"x", kWidth - kRight + 44}, {"y", y + 4}}, label).newline();
+    y += 18;
+  }
+};
+
+// A uniform policy: its measured step from its measured peak (where it starts to fit) on.
+void draw_uniform(SvgWriter& svg, PlanLegend& legend, const BenchPlanReport& report,
+                  const PlanAxes& a) {
+  const char* colors[] = {"#999999", "#d62728", "#ff7f0e"};
   for (size_t i = 0; i < report.uniform.size(); ++i) {
     const BenchPlanRun& u = report.uniform[i];
-    const std::string color = uniform_colors[i % 3];
-    const double from = std::max(x_lo, max_peak(u) / kMiB);
-    if (from <= x_hi) {
-      os << "<line x1=\"" << num(x(from)) << "\" y1=\"" << num(y(u.step_ms)) << "\" x2=\""
-         << num(x(x_hi)) << "\" y2=\"" << num(y(u.step_ms)) << "\" stroke=\"" << color
-         << "\" stroke-width=\"2\"/>\n"
-         << "<circle cx=\"" << num(x(from)) << "\" cy=\"" << num(y(u.step_ms))
-         << "\" r=\"3\" fill=\"" << color << "\"/>\n";
+    const std::string color = colors[i % 3];
+    const double from = std::max(a.x_lo, max_peak(u) / kMiB);
+    if (from <= a.x_hi) {
+      svg.line({{"x1", num(a.x(from))},
+                {"y1", num(a.y(u.step_ms))},
+                {"x2", num(a.x(a.x_hi))},
+                {"y2", num(a.y(u.step_ms))},
+                {"stroke", color},
+                {"stroke-width", 2}})
+          .newline();
+      svg.circle({{"cx", num(a.x(from))}, {"cy", num(a.y(u.step_ms))}, {"r", 3}, {"fill", color}})
+          .newline();
     }
-    legend(color, "uniform " + u.policy, false);
+    legend.add(color, "uniform " + u.policy, false);
   }
-  // The plan: measured (solid) and predicted (dashed) per feasible budget.
+}
+
+// The plan: measured (solid) and predicted (dashed) per feasible budget.
+void draw_plan(SvgWriter& svg, PlanLegend& legend, const BenchPlanReport& report,
+               const PlanAxes& a) {
   for (int predicted = 0; predicted < 2; ++predicted) {
-    std::ostringstream points;
+    std::vector<std::pair<double, double>> points;
     for (const BenchPlanBudget& b : report.budgets) {
       if (!b.infeasible.empty()) continue;
       const double ms = predicted ? b.plan.predicted_step_ms : b.plan.step_ms;
-      points << num(x(b.budget / kMiB)) << "," << num(y(ms)) << " ";
+      points.emplace_back(a.x(b.budget / kMiB), a.y(ms));
       if (!predicted) {
-        os << "<circle cx=\"" << num(x(b.budget / kMiB)) << "\" cy=\"" << num(y(ms))
-           << "\" r=\"4\" fill=\"#1f77b4\"/>\n";
+        svg.circle({{"cx", num(points.back().first)},
+                    {"cy", num(points.back().second)},
+                    {"r", 4},
+                    {"fill", "#1f77b4"}})
+            .newline();
       }
     }
-    os << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\""
-       << (predicted ? " stroke-dasharray=\"5,4\"" : "") << " points=\"" << points.str()
-       << "\"/>\n";
-    legend("#1f77b4", predicted ? "plan, predicted" : "plan, measured", predicted != 0);
+    SvgWriter::Attrs line = {{"fill", "none"}, {"stroke", "#1f77b4"}, {"stroke-width", 2}};
+    if (predicted) line.emplace_back("stroke-dasharray", "5,4");
+    line.emplace_back("points", svg_points(points));
+    svg.polyline(line).newline();
+    legend.add("#1f77b4", predicted ? "plan, predicted" : "plan, measured", predicted != 0);
   }
-  os << "</svg>\n";
-  return os.str();
+}
+
+}  // namespace
+
+std::string render_bench_plan_svg(const BenchPlanReport& report) {
+  const PlanAxes axes = plan_axes(report);
+  SvgWriter svg(kWidth, kHeight, {{"font-family", "sans-serif"}, {"font-size", 12}}, "white");
+  svg.text({{"x", kLeft}, {"y", 22}, {"font-size", 14}},
+           "step time vs memory budget (pipemat bench plan)")
+      .newline();
+  draw_axes(svg, axes);
+  PlanLegend legend{svg};
+  draw_uniform(svg, legend, report, axes);
+  draw_plan(svg, legend, report, axes);
+  return svg.finish();
 }
 
 }  // namespace pipemat::bench

@@ -8,9 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
+#include <utility>
 
 #include "pipemat/comm/launcher.h"
+#include "pipemat/comm/rank_threads.h"
 #include "pipemat/comm/raw_bench.h"
 #include "pipemat/comm/tensor.h"
 #include "pipemat/core/error.h"
@@ -127,23 +128,10 @@ P2PBenchReport run_p2p_command(const P2PBenchOptions& options,
   P2PBenchReport out;
   TransportOptions topts = options.transport;
   if (topts.kind == TransportKind::kLocal) {
-    auto group = make_local_transports(2, topts);
-    std::exception_ptr failure;
-    std::thread peer([&] {
-      try {
-        run_p2p_bench(*group[1], options);
-      } catch (...) {
-        failure = std::current_exception();
-      }
+    run_local_ranks(2, topts, [&](Transport& t) {
+      std::vector<P2PResult> results = run_p2p_bench(t, options);
+      if (t.rank() == 0) out.results = std::move(results);
     });
-    try {
-      out.results = run_p2p_bench(*group[0], options);
-    } catch (...) {
-      peer.join();
-      throw;
-    }
-    peer.join();
-    if (failure) std::rethrow_exception(failure);
     out.transport = "local";
     out.report = true;
     return out;

@@ -10,6 +10,7 @@
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
+#include "pipemat/core/svg.h"
 #include "pipemat/schedule/command.h"
 
 namespace pipemat::schedule {
@@ -83,11 +84,8 @@ std::string render_projection_chart(const ProjectionChart& chart) {
       for (const auto& xy : line) top = std::max(top, std::ceil(xy.second * 10 - 1e-9) / 10);
   const double x_lo = std::log2(*std::min_element(chart.xs.begin(), chart.xs.end()));
   const double x_hi = std::log2(*std::max_element(chart.xs.begin(), chart.xs.end()));
-  std::ostringstream os;
-  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
-     << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
-     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << margin_l << "\" y=\"22\" font-size=\"15\">" << chart.title << "</text>\n";
+  SvgWriter svg(width, height, {{"font-family", "sans-serif"}, {"font-size", 12}}, "white");
+  svg.text({{"x", margin_l}, {"y", 22}, {"font-size", 15}}, chart.title).newline();
   for (size_t pi = 0; pi < chart.panels.size(); ++pi) {
     const int x0 = margin_l + static_cast<int>(pi % columns) * (panel_w + gap);
     const int y0 = margin_t + static_cast<int>(pi / columns) * (panel_h + gap + 20);
@@ -96,36 +94,51 @@ std::string render_projection_chart(const ProjectionChart& chart) {
       return x0 + f * panel_w;
     };
     auto y_of = [&](double y) { return y0 + panel_h - y / top * panel_h; };
-    os << "<text x=\"" << x0 << "\" y=\"" << y0 - 6 << "\">P = " << chart.panels[pi] << "</text>\n"
-       << "<rect x=\"" << x0 << "\" y=\"" << y0 << "\" width=\"" << panel_w << "\" height=\""
-       << panel_h << "\" fill=\"none\" stroke=\"#999\"/>\n";
+    svg.text({{"x", x0}, {"y", y0 - 6}}, "P = " + std::to_string(chart.panels[pi])).newline();
+    svg.rect({{"x", x0},
+              {"y", y0},
+              {"width", panel_w},
+              {"height", panel_h},
+              {"fill", "none"},
+              {"stroke", "#999"}})
+        .newline();
     for (int t = 0; t <= 4; ++t) {
       const double y = top * t / 4;
-      os << "<text x=\"" << x0 - 6 << "\" y=\"" << format_fixed(y_of(y) + 4, 1)
-         << "\" text-anchor=\"end\">" << format_fixed(y, 2) << "</text>\n";
+      svg.text({{"x", x0 - 6}, {"y", format_fixed(y_of(y) + 4, 1)}, {"text-anchor", "end"}},
+               format_fixed(y, 2))
+          .newline();
     }
-    for (int x : chart.xs)
-      os << "<text x=\"" << format_fixed(x_of(x), 1) << "\" y=\"" << y0 + panel_h + 15
-         << "\" text-anchor=\"middle\">" << x << "</text>\n";
+    for (int x : chart.xs) {
+      svg.text(
+             {{"x", format_fixed(x_of(x), 1)}, {"y", y0 + panel_h + 15}, {"text-anchor", "middle"}},
+             std::to_string(x))
+          .newline();
+    }
     for (size_t si = 0; si < chart.series.size(); ++si) {
-      std::ostringstream line;
-      for (const auto& [x, y] : chart.lines[si][pi])
-        line << format_fixed(x_of(x), 1) << "," << format_fixed(y_of(y), 1) << " ";
-      if (line.str().empty()) continue;
-      os << "<polyline fill=\"none\" stroke-width=\"2\" stroke=\"" << kColors[si % 6]
-         << "\" points=\"" << line.str() << "\"/>\n";
+      std::vector<std::pair<double, double>> points;
+      for (const auto& [x, y] : chart.lines[si][pi]) points.emplace_back(x_of(x), y_of(y));
+      if (points.empty()) continue;
+      svg.polyline({{"fill", "none"},
+                    {"stroke-width", 2},
+                    {"stroke", kColors[si % 6]},
+                    {"points", svg_points(points)}})
+          .newline();
     }
   }
   for (size_t si = 0; si < chart.series.size(); ++si) {
     const int y = margin_t + 10 + static_cast<int>(si) * 18;
     const int x = margin_l + columns * (panel_w + gap);
-    os << "<line x1=\"" << x << "\" y1=\"" << y << "\" x2=\"" << x + 20 << "\" y2=\"" << y
-       << "\" stroke-width=\"2\" stroke=\"" << kColors[si % 6] << "\"/><text x=\"" << x + 26
-       << "\" y=\"" << y + 4 << "\">" << chart.series[si] << "</text>\n";
+    svg.line({{"x1", x},
+              {"y1", y},
+              {"x2", x + 20},
+              {"y2", y},
+              {"stroke-width", 2},
+              {"stroke", kColors[si % 6]}})
+        .text({{"x", x + 26}, {"y", y + 4}}, chart.series[si])
+        .newline();
   }
-  os << "<text x=\"" << margin_l << "\" y=\"" << height - 4 << "\">" << chart.caption
-     << "</text>\n</svg>\n";
-  return os.str();
+  svg.text({{"x", margin_l}, {"y", height - 4}}, chart.caption).newline();
+  return svg.finish();
 }
 
 // "1e+07" as the cost model's lines print numbers.
@@ -152,7 +165,10 @@ bool projects_data_parallel(const ProjectionOptions& o) {
   return std::any_of(o.data.begin(), o.data.end(), [](int d) { return d != 1; });
 }
 
-std::vector<ProjectionPoint> project_scaling(const ProjectionOptions& o) {
+namespace {
+
+// ConfigError naming the flag when an option of a projection is out of range.
+void check_projection(const ProjectionOptions& o) {
   PIPEMAT_CHECK(!o.kinds.empty() && !o.ranks.empty() && !o.micro_batches.empty(), ConfigError,
                 "project: give at least one schedule, one stage count and one micro-batch count");
   PIPEMAT_CHECK(o.layers >= 1 && o.layers <= 1 << 20, ConfigError, "project: --layers ", o.layers,
@@ -181,58 +197,66 @@ std::vector<ProjectionPoint> project_scaling(const ProjectionOptions& o) {
                 "project: --grad-bytes ", o.grad_bytes,
                 " needs --allreduce-bw, the all-reduce's bytes per time unit (e.g. "
                 "--allreduce-bw 1e7 for 10 GB/s in ms)");
-  std::vector<ProjectionPoint> points;
-  for (ScheduleKind kind : o.kinds) {
-    for (int p : o.ranks) {
-      for (int m : o.micro_batches) {
-        ProjectionPoint point;
-        point.kind = kind;
-        point.ranks = p;
-        point.micro_batches = m;
-        ScheduleOptions so;
-        so.kind = kind;
-        so.ranks = p;
-        so.micro_batches = m;
-        so.virtual_stages = kind == ScheduleKind::kInterleaved ? o.virtual_stages : 1;
-        so.recompute = o.recompute;
-        Schedule s;
-        try {
-          s = build_schedule(so);
-        } catch (const ConfigError& e) {
-          point.feasible = false;
-          point.why = e.what();
-          for (int d : o.data) {
-            point.data = d;
-            points.push_back(point);
-          }
-          continue;
-        }
-        const SimulationResult sim = simulate(s, stage_costs(o, s.stages_count));
-        point.bubble = sim.bubble_ratio;
-        for (const RankTimeline& rank : sim.ranks)
-          point.peak_activations = std::max(point.peak_activations, rank.peak_activations);
-        for (int d : o.data) {
-          // Note [Projected all-reduce]: every replica runs this timeline.
-          const double per_chunk = projection_allreduce_time(o, d, s.stages_count);
-          point.data = d;
-          point.step = sim.makespan;
-          point.allreduce = 0;
-          double total = 0, hidden = 0;
-          for (const RankTimeline& rank : sim.ranks) {
-            const RankAllReduce r = overlap_allreduce(s, rank, per_chunk);
-            point.step = std::max(point.step, r.end);
-            point.allreduce = std::max(point.allreduce, r.total);
-            total += r.total;
-            hidden += r.hidden;
-          }
-          point.hidden = total > 0 ? hidden / total : 1.0;
-          point.speedup = projection_reference_step(o, d * m) / point.step;
-          point.efficiency = point.speedup / (static_cast<double>(d) * p);
-          points.push_back(point);
-        }
-      }
+}
+
+// The points of one schedule, P and M: one per data degree, infeasible ones with the reason.
+void project_point(const ProjectionOptions& o, ScheduleKind kind, int p, int m,
+                   std::vector<ProjectionPoint>& points) {
+  ProjectionPoint point;
+  point.kind = kind;
+  point.ranks = p;
+  point.micro_batches = m;
+  ScheduleOptions so;
+  so.kind = kind;
+  so.ranks = p;
+  so.micro_batches = m;
+  so.virtual_stages = kind == ScheduleKind::kInterleaved ? o.virtual_stages : 1;
+  so.recompute = o.recompute;
+  Schedule s;
+  try {
+    s = build_schedule(so);
+  } catch (const ConfigError& e) {
+    point.feasible = false;
+    point.why = e.what();
+    for (int d : o.data) {
+      point.data = d;
+      points.push_back(point);
     }
+    return;
   }
+  const SimulationResult sim = simulate(s, stage_costs(o, s.stages_count));
+  point.bubble = sim.bubble_ratio;
+  for (const RankTimeline& rank : sim.ranks)
+    point.peak_activations = std::max(point.peak_activations, rank.peak_activations);
+  for (int d : o.data) {
+    // Note [Projected all-reduce]: every replica runs this timeline.
+    const double per_chunk = projection_allreduce_time(o, d, s.stages_count);
+    point.data = d;
+    point.step = sim.makespan;
+    point.allreduce = 0;
+    double total = 0, hidden = 0;
+    for (const RankTimeline& rank : sim.ranks) {
+      const RankAllReduce r = overlap_allreduce(s, rank, per_chunk);
+      point.step = std::max(point.step, r.end);
+      point.allreduce = std::max(point.allreduce, r.total);
+      total += r.total;
+      hidden += r.hidden;
+    }
+    point.hidden = total > 0 ? hidden / total : 1.0;
+    point.speedup = projection_reference_step(o, d * m) / point.step;
+    point.efficiency = point.speedup / (static_cast<double>(d) * p);
+    points.push_back(point);
+  }
+}
+
+}  // namespace
+
+std::vector<ProjectionPoint> project_scaling(const ProjectionOptions& o) {
+  check_projection(o);
+  std::vector<ProjectionPoint> points;
+  for (ScheduleKind kind : o.kinds)
+    for (int p : o.ranks)
+      for (int m : o.micro_batches) project_point(o, kind, p, m, points);
   return points;
 }
 

@@ -9,6 +9,7 @@
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
+#include "pipemat/core/svg.h"
 #include "pipemat/schedule/torch_csv.h"
 
 namespace pipemat::schedule {
@@ -58,22 +59,6 @@ std::string header(const Schedule& s, const SimulationResult& sim, const RenderO
      << " (1 - sum(busy) / (ranks * makespan)), span_bubble_ratio " << ratio(span_bubble_ratio(sim))
      << " (worst rank, from its first to its last action)\n";
   return os.str();
-}
-
-// Escapes &, <, > for SVG text.
-std::string xml(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '&')
-      out += "&amp;";
-    else if (c == '<')
-      out += "&lt;";
-    else if (c == '>')
-      out += "&gt;";
-    else
-      out += c;
-  }
-  return out;
 }
 
 // Label colour readable on the block colour.
@@ -187,6 +172,133 @@ std::string render_json(const Schedule& s, const SimulationResult& sim, const Re
   return doc.dump(2) + "\n";
 }
 
+namespace {
+
+// The timeline picture's geometry: one row per rank, the time axis below, the legend under it.
+struct SvgLayout {
+  double makespan = 0;  // the drawn time
+  double unit = 0;      // px per time unit
+  int left = 70, top = 58, row_h = 30, gap = 8;
+  int plot_w = 0, width = 0, axis_y = 0, height = 0;
+  int row_y(int rank) const { return top + rank * (row_h + gap); }
+};
+
+SvgLayout svg_layout(const Schedule& s, const SimulationResult& sim, const RenderOptions& o) {
+  SvgLayout l;
+  // The drawn time: the schedule's makespan, and the rank spans where they end later.
+  l.makespan = std::max(sim.makespan, 1e-9);
+  for (const auto& span : o.rank_spans) l.makespan = std::max(l.makespan, span.second);
+  l.unit = std::clamp(1100.0 / l.makespan, 2.0, 48.0);
+  l.plot_w = static_cast<int>(std::ceil(l.makespan * l.unit));
+  l.width = std::max(l.left + l.plot_w + 20, 780);
+  l.axis_y = l.row_y(s.ranks_count);
+  l.height = l.axis_y + 70;
+  return l;
+}
+
+// A rank's row: its name, the idle background, one block per compute action (a tooltip with
+// the action and its interval, the micro-batch on it where it fits) and its span, if any.
+void svg_rank_row(SvgWriter& svg, const Schedule& s, const RankTimeline& rank,
+                  const RenderOptions& o, const SvgLayout& l) {
+  const int y = l.row_y(rank.rank);
+  svg.text(
+         {{"x", l.left - 8}, {"y", y + l.row_h / 2 + 4}, {"font-size", 12}, {"text-anchor", "end"}},
+         "rank " + std::to_string(rank.rank))
+      .newline();
+  // Idle background: whatever no block covers stays this light grey.
+  svg.rect({{"x", l.left}, {"y", y}, {"width", l.plot_w}, {"height", l.row_h}, {"fill", "#eeeeee"}})
+      .newline();
+  const std::vector<int> own = s.stages_of(rank.rank);
+  for (const auto& t : rank.actions) {
+    if (!is_compute(t.action.type) || t.end <= t.start) continue;
+    const int chunk =
+        static_cast<int>(std::find(own.begin(), own.end(), t.action.stage) - own.begin());
+    const double x = l.left + t.start * l.unit, w = (t.end - t.start) * l.unit;
+    const double opacity = chunk == 0 ? 1.0 : std::max(0.35, 1.0 - 0.3 * chunk);
+    svg.group(format_action(t.action) + " [" + num(t.start) + ", " + num(t.end) + ")");
+    svg.rect({{"x", x},
+              {"y", y},
+              {"width", w},
+              {"height", l.row_h},
+              {"fill", colour(t.action.type)},
+              {"fill-opacity", opacity},
+              {"stroke", "#ffffff"},
+              {"stroke-width", 1}});
+    if (w >= 9) {
+      svg.text({{"x", x + w / 2},
+                {"y", y + l.row_h / 2 + 4},
+                {"font-size", w >= 16 ? 11 : 8},
+                {"text-anchor", "middle"},
+                {"fill", ink(t.action.type)}},
+               std::to_string(t.action.micro_batch));
+    }
+    svg.end_group().newline();
+  }
+  if (static_cast<size_t>(rank.rank) >= o.rank_spans.size()) return;
+  const auto [from, to] = o.rank_spans[static_cast<size_t>(rank.rank)];
+  if (to <= from) return;
+  svg.group(o.span_label + " [" + num(from) + ", " + num(to) + ")")
+      .rect({{"x", l.left + from * l.unit},
+             {"y", y + l.row_h - 5},
+             {"width", (to - from) * l.unit},
+             {"height", 5},
+             {"fill", "#222222"}})
+      .end_group()
+      .newline();
+}
+
+// The time axis: a tick every step, labelled where the labels do not crowd.
+void svg_time_axis(SvgWriter& svg, const SvgLayout& l) {
+  const int step = l.makespan <= 40 ? 1 : (l.makespan <= 120 ? 5 : 10);
+  svg.line({{"x1", l.left},
+            {"y1", l.axis_y},
+            {"x2", l.left + l.plot_w},
+            {"y2", l.axis_y},
+            {"stroke", "#555"}})
+      .newline();
+  for (int t = 0; t <= l.makespan + 1e-9; t += step) {
+    const double x = l.left + t * l.unit;
+    svg.line({{"x1", x}, {"y1", l.axis_y}, {"x2", x}, {"y2", l.axis_y + 4}, {"stroke", "#555"}});
+    if (t % (step * (l.unit * step < 18 ? 5 : 1)) == 0) {
+      svg.text({{"x", x}, {"y", l.axis_y + 16}, {"font-size", 10}, {"text-anchor", "middle"}},
+               std::to_string(t));
+    }
+    svg.newline();
+  }
+}
+
+void svg_legend(SvgWriter& svg, const Schedule& s, const RenderOptions& o, const SvgLayout& l) {
+  const std::pair<const char*, const char*> legend[] = {
+      {colour(ActionType::kForward), "F forward"},
+      {colour(ActionType::kBackward), "B backward"},
+      {colour(ActionType::kBackwardInput), "I input grad"},
+      {colour(ActionType::kBackwardWeight), "W weight grad"},
+      {colour(ActionType::kRecompute), "R recompute"},
+      {"#eeeeee", "idle"}};
+  int lx = l.left;
+  const int ly = l.axis_y + 32;
+  for (const auto& [fill, name] : legend) {
+    svg.rect({{"x", lx}, {"y", ly}, {"width", 14}, {"height", 14}, {"fill", fill}})
+        .text({{"x", lx + 19}, {"y", ly + 11}, {"font-size", 11}}, name)
+        .newline();
+    lx += 110;
+  }
+  lx -= 110;  // the idle entry's
+  if (s.virtual_stages > 1) {
+    svg.text({{"x", lx + 70}, {"y", ly + 11}, {"font-size", 11}},
+             "(lighter = later chunk on the rank)")
+        .newline();
+  }
+  if (std::any_of(o.rank_spans.begin(), o.rank_spans.end(),
+                  [](const auto& span) { return span.second > span.first; })) {
+    svg.rect({{"x", l.left}, {"y", ly + 24}, {"width", 14}, {"height", 5}, {"fill", "#222222"}})
+        .text({{"x", l.left + 19}, {"y", ly + 30}, {"font-size", 11}}, o.span_label)
+        .newline();
+  }
+}
+
+}  // namespace
+
 std::string render_svg(const Schedule& s, const SimulationResult& sim, const RenderOptions& o) {
   size_t blocks = 0;
   for (const auto& rank : sim.ranks) blocks += rank.actions.size();
@@ -195,106 +307,24 @@ std::string render_svg(const Schedule& s, const SimulationResult& sim, const Ren
                 kMaxSvgActions,
                 ") would make a picture nobody can open. Use --format json or text, or fewer "
                 "--micro-batches / --ranks.");
-  // The drawn time: the schedule's makespan, and the rank spans where they end later.
-  double makespan = std::max(sim.makespan, 1e-9);
-  for (const auto& span : o.rank_spans) makespan = std::max(makespan, span.second);
-  const double unit = std::clamp(1100.0 / makespan, 2.0, 48.0);  // px per time unit
-  const int left = 70, top = 58, row_h = 30, gap = 8;
-  const int ranks = s.ranks_count;
-  const int plot_w = static_cast<int>(std::ceil(makespan * unit));
-  const int width = std::max(left + plot_w + 20, 780);
-  const int axis_y = top + ranks * (row_h + gap);
-  const int height = axis_y + 70;
-  std::ostringstream os;
-  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
-     << "\" viewBox=\"0 0 " << width << " " << height
-     << "\" font-family=\"Helvetica, Arial, sans-serif\">\n";
-  os << "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
-  os << "<text x=\"" << left << "\" y=\"22\" font-size=\"15\" font-weight=\"bold\">"
-     << xml(to_string(s.kind)) << ": P=" << s.ranks_count << ", M=" << s.micro_batches
-     << ", V=" << s.virtual_stages << ", recompute " << to_string(s.recompute) << "</text>\n";
-  os << "<text x=\"" << left << "\" y=\"42\" font-size=\"12\" fill=\"#333\">makespan "
-     << num(sim.makespan) << ", bubble ratio " << ratio(sim.bubble_ratio)
-     << (o.costs_label.empty() ? "" : ", costs " + xml(o.costs_label)) << "</text>\n";
-  for (const auto& rank : sim.ranks) {
-    const int y = top + rank.rank * (row_h + gap);
-    os << "<text x=\"" << left - 8 << "\" y=\"" << y + row_h / 2 + 4
-       << "\" font-size=\"12\" text-anchor=\"end\">rank " << rank.rank << "</text>\n";
-    // Idle background: whatever no block covers stays this light grey.
-    os << "<rect x=\"" << left << "\" y=\"" << y << "\" width=\"" << plot_w << "\" height=\""
-       << row_h << "\" fill=\"#eeeeee\"/>\n";
-    const std::vector<int> own = s.stages_of(rank.rank);
-    for (const auto& t : rank.actions) {
-      if (!is_compute(t.action.type) || t.end <= t.start) continue;
-      const int chunk =
-          static_cast<int>(std::find(own.begin(), own.end(), t.action.stage) - own.begin());
-      const double x = left + t.start * unit, w = (t.end - t.start) * unit;
-      const double opacity = chunk == 0 ? 1.0 : std::max(0.35, 1.0 - 0.3 * chunk);
-      os << "<g><title>" << format_action(t.action) << " [" << num(t.start) << ", " << num(t.end)
-         << ")</title><rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\""
-         << row_h << "\" fill=\"" << colour(t.action.type) << "\" fill-opacity=\"" << opacity
-         << "\" stroke=\"#ffffff\" stroke-width=\"1\"/>";
-      if (w >= 9) {
-        const int font = w >= 16 ? 11 : 8;
-        os << "<text x=\"" << x + w / 2 << "\" y=\"" << y + row_h / 2 + 4 << "\" font-size=\""
-           << font << "\" text-anchor=\"middle\" fill=\"" << ink(t.action.type) << "\">"
-           << t.action.micro_batch << "</text>";
-      }
-      os << "</g>\n";
-    }
-    if (static_cast<size_t>(rank.rank) < o.rank_spans.size()) {
-      const auto [from, to] = o.rank_spans[static_cast<size_t>(rank.rank)];
-      if (to > from) {
-        os << "<g><title>" << xml(o.span_label) << " [" << num(from) << ", " << num(to)
-           << ")</title><rect x=\"" << left + from * unit << "\" y=\"" << y + row_h - 5
-           << "\" width=\"" << (to - from) * unit << "\" height=\"5\" fill=\"#222222\"/></g>\n";
-      }
-    }
-  }
-  // Time axis.
-  const int step = makespan <= 40 ? 1 : (makespan <= 120 ? 5 : 10);
-  os << "<line x1=\"" << left << "\" y1=\"" << axis_y << "\" x2=\"" << left + plot_w << "\" y2=\""
-     << axis_y << "\" stroke=\"#555\"/>\n";
-  for (int t = 0; t <= makespan + 1e-9; t += step) {
-    const double x = left + t * unit;
-    os << "<line x1=\"" << x << "\" y1=\"" << axis_y << "\" x2=\"" << x << "\" y2=\"" << axis_y + 4
-       << "\" stroke=\"#555\"/>";
-    if (t % (step * (unit * step < 18 ? 5 : 1)) == 0) {
-      os << "<text x=\"" << x << "\" y=\"" << axis_y + 16
-         << "\" font-size=\"10\" text-anchor=\"middle\">" << t << "</text>";
-    }
-    os << "\n";
-  }
-  // Legend.
-  const std::pair<ActionType, const char*> legend[] = {
-      {ActionType::kForward, "F forward"},
-      {ActionType::kBackward, "B backward"},
-      {ActionType::kBackwardInput, "I input grad"},
-      {ActionType::kBackwardWeight, "W weight grad"},
-      {ActionType::kRecompute, "R recompute"}};
-  int lx = left;
-  const int ly = axis_y + 32;
-  for (const auto& [type, name] : legend) {
-    os << "<rect x=\"" << lx << "\" y=\"" << ly << "\" width=\"14\" height=\"14\" fill=\""
-       << colour(type) << "\"/><text x=\"" << lx + 19 << "\" y=\"" << ly + 11
-       << "\" font-size=\"11\">" << name << "</text>\n";
-    lx += 110;
-  }
-  os << "<rect x=\"" << lx << "\" y=\"" << ly
-     << "\" width=\"14\" height=\"14\" fill=\"#eeeeee\"/><text x=\"" << lx + 19 << "\" y=\""
-     << ly + 11 << "\" font-size=\"11\">idle</text>\n";
-  if (s.virtual_stages > 1) {
-    os << "<text x=\"" << lx + 70 << "\" y=\"" << ly + 11
-       << "\" font-size=\"11\">(lighter = later chunk on the rank)</text>\n";
-  }
-  if (std::any_of(o.rank_spans.begin(), o.rank_spans.end(),
-                  [](const auto& span) { return span.second > span.first; })) {
-    os << "<rect x=\"" << left << "\" y=\"" << ly + 24
-       << "\" width=\"14\" height=\"5\" fill=\"#222222\"/><text x=\"" << left + 19 << "\" y=\""
-       << ly + 30 << "\" font-size=\"11\">" << xml(o.span_label) << "</text>\n";
-  }
-  os << "</svg>\n";
-  return os.str();
+  const SvgLayout l = svg_layout(s, sim, o);
+  SvgWriter svg(l.width, l.height,
+                {{"viewBox", "0 0 " + std::to_string(l.width) + " " + std::to_string(l.height)},
+                 {"font-family", "Helvetica, Arial, sans-serif"}},
+                "#ffffff");
+  svg.text({{"x", l.left}, {"y", 22}, {"font-size", 15}, {"font-weight", "bold"}},
+           ::pipemat::detail::concat(to_string(s.kind), ": P=", s.ranks_count,
+                                     ", M=", s.micro_batches, ", V=", s.virtual_stages,
+                                     ", recompute ", to_string(s.recompute)))
+      .newline();
+  svg.text({{"x", l.left}, {"y", 42}, {"font-size", 12}, {"fill", "#333"}},
+           "makespan " + num(sim.makespan) + ", bubble ratio " + ratio(sim.bubble_ratio) +
+               (o.costs_label.empty() ? "" : ", costs " + o.costs_label))
+      .newline();
+  for (const auto& rank : sim.ranks) svg_rank_row(svg, s, rank, o, l);
+  svg_time_axis(svg, l);
+  svg_legend(svg, s, o, l);
+  return svg.finish();
 }
 
 }  // namespace pipemat::schedule

@@ -6,16 +6,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include <gtest/gtest.h>
 #include <vector>
 
+#include "pipemat/comm/rank_threads.h"
 #include "pipemat/comm/transport.h"
 
 namespace pipemat::comm::testing {
@@ -54,23 +52,9 @@ inline int free_port() {
 
 using Group = std::vector<std::unique_ptr<Transport>>;
 
-// Runs fn(rank) on one thread per rank and rethrows the first exception.
+// Runs fn(rank) on one thread per rank and rethrows the root cause (rank_threads.h).
 inline void run_threads(int world_size, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  std::mutex mutex;
-  std::exception_ptr first;
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        fn(rank);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!first) first = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (first) std::rethrow_exception(first);
+  run_rank_threads(world_size, fn);
 }
 
 inline Group make_group(TransportKind kind, int world_size, TransportOptions options = {}) {
@@ -89,10 +73,9 @@ inline Group make_group(TransportKind kind, int world_size, TransportOptions opt
   return group;
 }
 
-// Runs fn(transport) for every rank on its own thread.
+// Runs fn(transport) for every rank on its own thread; the transports stay open.
 inline void run_ranks(Group& group, const std::function<void(Transport&)>& fn) {
-  run_threads(static_cast<int>(group.size()),
-              [&](int rank) { fn(*group[static_cast<size_t>(rank)]); });
+  run_rank_threads(group, fn);
 }
 
 // Parameter of the tests that run over transport x world size.

@@ -8,10 +8,10 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "pipemat/comm/rank_threads.h"
 #include "pipemat/comm/transport.h"
 
 #include "pipemat/pp/pipeline.h"
@@ -25,20 +25,14 @@ inline std::vector<std::string> run_ranks(
     int ranks, const std::function<void(pipemat::comm::Transport&)>& body) {
   pipemat::comm::TransportOptions options;
   options.timeout = std::chrono::seconds(30);
-  auto transports = pipemat::comm::make_local_transports(ranks, options);
   std::vector<std::string> errors(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(*transports[r]);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-      transports[r].reset();  // peers waiting on this rank fail fast
-    });
-  }
-  for (auto& t : threads) t.join();
+  pipemat::comm::run_local_ranks(ranks, options, [&](pipemat::comm::Transport& transport) {
+    try {
+      body(transport);
+    } catch (const std::exception& e) {
+      errors[transport.rank()] = e.what();
+    }
+  });
   return errors;
 }
 

@@ -12,9 +12,8 @@
 #include <functional>
 #include <iterator>
 #include <optional>
-#include <system_error>
-#include <thread>
 
+#include "pipemat/comm/rank_threads.h"
 #include "pipemat/core/error.h"
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/pp/compute.h"
@@ -127,22 +126,19 @@ ResolvedSchedule resolve_schedule(const TrainConfig& config) {
   return out;
 }
 
-TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostream* progress,
-                     const AfterStep& after_step) {
-  remat::install_tracking_allocator();
-  ResolvedSchedule resolved = resolve_schedule(given);
-  check_schedule(resolved);
-  const TrainConfig& config = resolved.config;
-  // Note [Rank layout]: this rank's pipeline and, with data parallelism, its data group.
-  const RankLayout layout = make_rank_layout(config, job);
-  comm::Transport& transport = layout.pipeline ? *layout.pipeline : job;
-  // Before anything is built: a directory this run must not write into is refused at once (by
-  // every rank of the job: replica 0 writes, every replica resumes).
-  const RunCheckpoints checkpoints = start_checkpoints(config, job);
+namespace {
+
+// The schedule part of the pipeline's options: it fixes the stage count the model is built for.
+pp::PipelineOptions schedule_options(const ResolvedSchedule& resolved) {
   pp::PipelineOptions options;
-  options.schedule = config.schedule;
+  options.schedule = resolved.config.schedule;
   options.actions = resolved.actions;
-  const ModelRun run = make_model_run(config, pp::stage_count(options));
+  return options;
+}
+
+// The model run's remat, loss and seed, the training's optimizer and the rank's data group.
+void add_run_options(pp::PipelineOptions& options, const TrainConfig& config, const ModelRun& run,
+                     const RankLayout& layout) {
   options.remat = run.policy;
   options.stage_remat = run.stage_policies;
   options.loss = run.loss;
@@ -155,25 +151,135 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   options.data_group = layout.data.get();
   options.gradient_bucket_bytes = config.parallel.bucket_bytes;
   options.weight_tail = config.parallel.weight_tail;
+}
+
+// What one rank's run shares between its start, its steps and its end.
+struct RankRun {
+  const TrainConfig& config;
+  const ModelRun& run;
+  pp::Pipeline& pipeline;
+  comm::Transport& transport;  // the pipeline's
+  int replica = 0;
+  std::ostream* talk = nullptr;  // the progress stream on the rank that speaks for the job
+  TrainResult& result;
+};
+
+// Loads the checkpoint the run resumes from, if any, and says so and where the run saves.
+void resume_run(const RankRun& r, const RunCheckpoints& checkpoints) {
+  if (!checkpoints.resume_dir.empty()) {
+    pp::load_checkpoint(r.pipeline, r.transport, checkpoints.resume_dir);
+    if (r.talk) {
+      *r.talk << "resumed from " << checkpoints.resume_dir << " after step " << r.pipeline.step()
+              << "\n";
+    }
+  }
+  if (r.talk && !r.config.checkpoint.dir.empty()) {
+    print_checkpoint_run(*r.talk, r.config, checkpoints);
+  }
+}
+
+// Replica 0 writes the checkpoints: the replicas hold the same weights and optimizer state.
+void save_after_step(const RankRun& r, const RunCheckpoints& checkpoints, int64_t step, int64_t end,
+                     const std::string& metadata) {
+  const CheckpointOptions& ck = r.config.checkpoint;
+  if (ck.dir.empty() || r.replica != 0 ||
+      !((ck.every > 0 && (step + 1) % ck.every == 0) || step + 1 == end))
+    return;
+  // Note [End of a run]: the last step's save failing ends the run, not the training.
+  const bool final_save = step + 1 == end;
+  try {
+    r.result.final_checkpoint = pp::save_checkpoint(
+        r.pipeline, r.transport, ck.dir, checkpoints.run, static_cast<int>(ck.keep_last), metadata);
+    if (r.talk) *r.talk << "checkpoint " << r.result.final_checkpoint << "\n";
+  } catch (const PipelineError& e) {
+    if (!final_save) throw;
+    r.result.final_checkpoint.clear();
+    r.result.end_failures.push_back({EndPart::kCheckpoint, e.what()});
+  }
+}
+
+// After the last step: the timeline, the loss curve and the sample, each failure recorded
+// (Note [End of a run]), then one replica's parameters.
+void finish_run(const RankRun& r, const std::vector<LossPoint>& train_curve, int64_t end) {
+  const TrainConfig& config = r.config;
+  TrainResult& result = r.result;
+  const auto at_end = [&](EndPart part, const std::function<void()>& work) {
+    try {
+      work();
+    } catch (const std::exception& e) {
+      result.end_failures.push_back({part, e.what()});
+    }
+  };
+  if (result.last_stage_rank && !config.output.timeline_svg.empty() && !result.steps.empty()) {
+    at_end(EndPart::kOutput,
+           [&] { write_timeline_svg(config, r.pipeline.schedule(), result.last); });
+  }
+  if (!train_curve.empty()) {
+    at_end(EndPart::kOutput, [&] {
+      std::vector<LossPoint> validation_curve;
+      for (const auto& [step, loss] : result.validation) {
+        validation_curve.push_back({step + 1, loss});
+      }
+      write_loss_svg(config.output.loss_svg, train_curve, validation_curve, r.run.summary);
+      if (r.talk) *r.talk << "loss curve " << config.output.loss_svg << "\n";
+    });
+  }
+  if (result.last_stage_rank && config.sample.tokens > 0 && !config.checkpoint.dir.empty() &&
+      end == config.training.steps) {
+    at_end(EndPart::kSample, [&] {
+      PIPEMAT_CHECK(!result.final_checkpoint.empty(), PipelineError,
+                    "no sample: it is drawn from the final checkpoint, which was not saved");
+      const GenerateResult sample = generate_text(result.final_checkpoint, config.sample);
+      result.sample = sample.text;
+      if (r.talk) {
+        *r.talk << "sample (pipemat generate --checkpoint " << result.final_checkpoint
+                << " --tokens " << config.sample.tokens << "):\n"
+                << config.sample.prompt << sample.text << "\n"
+                << std::flush;
+      }
+    });
+  }
+  // One replica's parameters: the others hold the same bits (Note [Data x pipeline]).
+  for (int s : r.replica == 0 ? r.pipeline.stages() : std::vector<int>{}) {
+    for (const auto& item : r.pipeline.stage(s).module->named_parameters()) {
+      result.params.emplace_back(r.run.global_name(s, item.key()), item.value());
+    }
+  }
+}
+
+}  // namespace
+
+TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostream* progress,
+                     const AfterStep& after_step) {
+  remat::install_tracking_allocator();
+  ResolvedSchedule resolved = resolve_schedule(given);
+  check_schedule(resolved);
+  const TrainConfig& config = resolved.config;
+  // Note [Rank layout]: this rank's pipeline and, with data parallelism, its data group.
+  const RankLayout layout = make_rank_layout(config, job);
+  comm::Transport& transport = layout.pipeline ? *layout.pipeline : job;
+  // Before anything is built: a directory this run must not write into is refused at once (by
+  // every rank of the job: replica 0 writes, every replica resumes).
+  const RunCheckpoints checkpoints = start_checkpoints(config, job);
+  pp::PipelineOptions options = schedule_options(resolved);
+  const ModelRun run = make_model_run(config, pp::stage_count(options));
+  add_run_options(options, config, run, layout);
   pp::Pipeline pipeline(transport, options, run.stage);
   run.release_unused();  // the other ranks' stages' weights
   TrainResult result;
   // Replica 0's last stage speaks for the job (every replica holds the same loss and weights).
   result.last_stage_rank = pipeline.is_last_stage_rank() && layout.replica == 0;
-  const bool talk = result.last_stage_rank && progress && config.output.progress;
-  const CheckpointOptions& ck = config.checkpoint;
-  if (!checkpoints.resume_dir.empty()) {
-    pp::load_checkpoint(pipeline, transport, checkpoints.resume_dir);
-    if (talk) {
-      *progress << "resumed from " << checkpoints.resume_dir << " after step " << pipeline.step()
-                << "\n";
-    }
-  }
-  if (talk && !ck.dir.empty()) print_checkpoint_run(*progress, config, checkpoints);
-  MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "", !ck.resume.empty());
-  if (talk) {
-    print_compute(*progress, job.world_size());
-    *progress << "model: " << run.summary << "\n" << std::flush;
+  const RankRun r{
+      config,         run,
+      pipeline,       transport,
+      layout.replica, result.last_stage_rank && config.output.progress ? progress : nullptr,
+      result};
+  resume_run(r, checkpoints);
+  MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "",
+                      !config.checkpoint.resume.empty());
+  if (r.talk) {
+    print_compute(*r.talk, job.world_size());
+    *r.talk << "model: " << run.summary << "\n" << std::flush;
   }
   const std::string metadata = config_to_yaml(given);
   Pace pace;
@@ -201,70 +307,16 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
     if (result.last_stage_rank) {
       result.totals.add(m);
       metrics.write(m, validation);
-      if (talk) {
-        print_progress(*progress, config, m, true, pace);
-        if (validation) print_validation(*progress, step, *validation);
+      if (r.talk) {
+        print_progress(*r.talk, config, m, true, pace);
+        if (validation) print_validation(*r.talk, step, *validation);
       }
     }
     keep_step(result, std::move(m));
-    // Replica 0 writes the checkpoints: the replicas hold the same weights and optimizer state.
-    if (!ck.dir.empty() && layout.replica == 0 &&
-        ((ck.every > 0 && (step + 1) % ck.every == 0) || step + 1 == end)) {
-      // Note [End of a run]: the last step's save failing ends the run, not the training.
-      const bool final_save = step + 1 == end;
-      try {
-        result.final_checkpoint = pp::save_checkpoint(pipeline, transport, ck.dir, checkpoints.run,
-                                                      static_cast<int>(ck.keep_last), metadata);
-        if (talk) *progress << "checkpoint " << result.final_checkpoint << "\n";
-      } catch (const PipelineError& e) {
-        if (!final_save) throw;
-        result.final_checkpoint.clear();
-        result.end_failures.push_back({EndPart::kCheckpoint, e.what()});
-      }
-    }
+    save_after_step(r, checkpoints, step, end, metadata);
     if (after_step) after_step(step, transport);
   }
-  const auto at_end = [&](EndPart part, const std::function<void()>& work) {
-    try {
-      work();
-    } catch (const std::exception& e) {
-      result.end_failures.push_back({part, e.what()});
-    }
-  };
-  if (result.last_stage_rank && !config.output.timeline_svg.empty() && !result.steps.empty()) {
-    at_end(EndPart::kOutput, [&] { write_timeline_svg(config, pipeline.schedule(), result.last); });
-  }
-  if (draw_curve && !train_curve.empty()) {
-    at_end(EndPart::kOutput, [&] {
-      std::vector<LossPoint> validation_curve;
-      for (const auto& [step, loss] : result.validation) {
-        validation_curve.push_back({step + 1, loss});
-      }
-      write_loss_svg(config.output.loss_svg, train_curve, validation_curve, run.summary);
-      if (talk) *progress << "loss curve " << config.output.loss_svg << "\n";
-    });
-  }
-  if (result.last_stage_rank && config.sample.tokens > 0 && !ck.dir.empty() &&
-      end == config.training.steps) {
-    at_end(EndPart::kSample, [&] {
-      PIPEMAT_CHECK(!result.final_checkpoint.empty(), PipelineError,
-                    "no sample: it is drawn from the final checkpoint, which was not saved");
-      const GenerateResult sample = generate_text(result.final_checkpoint, config.sample);
-      result.sample = sample.text;
-      if (talk) {
-        *progress << "sample (pipemat generate --checkpoint " << result.final_checkpoint
-                  << " --tokens " << config.sample.tokens << "):\n"
-                  << config.sample.prompt << sample.text << "\n"
-                  << std::flush;
-      }
-    });
-  }
-  // One replica's parameters: the others hold the same bits (Note [Data x pipeline]).
-  for (int s : layout.replica == 0 ? pipeline.stages() : std::vector<int>{}) {
-    for (const auto& item : pipeline.stage(s).module->named_parameters()) {
-      result.params.emplace_back(run.global_name(s, item.key()), item.value());
-    }
-  }
+  finish_run(r, train_curve, end);
   return result;
 }
 
@@ -275,47 +327,17 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
       resolved.config.schedule.ranks * static_cast<int>(resolved.config.parallel.data);
   PIPEMAT_CHECK(ranks >= 1, ConfigError, "schedule.ranks must be at least 1");
   check_schedule(resolved);  // before any thread or tensor exists
-  comm::TransportOptions options = config.transport;
-  options.kind = comm::TransportKind::kLocal;
-  auto transports = comm::make_local_transports(ranks, options);
   std::vector<TrainResult> results(ranks);
-  std::vector<std::exception_ptr> errors(ranks);
-  std::vector<std::thread> threads;
   try {
-    for (int r = 0; r < ranks; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          results[r] = train_on(config, *transports[r], progress, after_step);
-        } catch (...) {
-          errors[r] = std::current_exception();
-        }
-        transports[r].reset();  // peers waiting on this rank fail fast
-      });
-    }
-  } catch (const std::system_error& e) {
-    // Out of threads: end the ranks that started (their peers are gone) and say so.
-    for (size_t r = threads.size(); r < transports.size(); ++r) transports[r].reset();
-    for (auto& t : threads) t.join();
-    PIPEMAT_THROW(ConfigError, "transport local: could not start thread ", threads.size() + 1,
-                  " of ", ranks, " (", e.what(),
+    comm::run_local_ranks(ranks, config.transport, [&](comm::Transport& transport) {
+      results[transport.rank()] = train_on(config, transport, progress, after_step);
+    });
+  } catch (const comm::ThreadStartError& e) {
+    PIPEMAT_THROW(ConfigError, "transport local: could not start thread ", e.thread, " of ",
+                  e.count, " (", e.reason,
                   "); run fewer ranks in one process "
                   "(schedule.ranks) or use transport.kind mpi / tcp");
   }
-  for (auto& t : threads) t.join();
-  // The root cause is the first error that is not a consequence of a peer going away.
-  std::exception_ptr first;
-  for (auto& e : errors) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const CommError&) {
-      if (!first) first = e;
-    } catch (...) {
-      first = e;
-      break;
-    }
-  }
-  if (first) std::rethrow_exception(first);
   TrainResult merged;
   for (auto& r : results) {
     if (r.last_stage_rank) {
