@@ -39,12 +39,7 @@ using detail::publish;
 using detail::read_manifest_json;
 using detail::step_dir_name;
 
-// Note [Checkpoint layout]
-// rank-<r>.pt is a torch archive with "step" (int64), "stages" (int64: this rank's stages),
-// "params/<stage>/<name>" and "buffers/<stage>/<name>" (dots of module paths become '|'),
-// "optimizer" (the optimizer's own archive) and "rng" (the generator state, with
-// PipelineOptions::seed). manifest.json holds the format version, the step and what must match
-// on resume: world size, schedule kind, stages, micro-batches and the stage map.
+// The format version manifest.json holds (Note [Checkpoint layout] in pipemat/pp/checkpoint.h).
 constexpr int kFormat = 1;
 
 std::string rank_file(const std::string& dir, int rank) {

@@ -115,16 +115,7 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
                 "PipelineOptions::optimizer returned no optimizer on rank ", rank);
 }
 
-// Note [Random streams of a step]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// With PipelineOptions::seed the rank's generator is reseeded before every draw site of a
-// step: the forward of stage s on micro-batch i of step t with forward_seed(seed, t, i, s), the
-// data source's call for (t, i) with kDataStream, the loss with kLossStream; evaluation the
-// same with its step. So what a forward draws depends on (seed, step, micro-batch, stage)
-// only, not on the order the schedule runs the actions, on which rank holds the stage or on
-// the transport, and a single-process loop that reseeds the same way draws the same dropout
-// masks. A checkpoint unit records the generator state at its entry (after the reseed) and
-// its replay rewinds to it, wherever the schedule puts the replay.
+// Note [Random streams of a step] (pipemat/pp/pipeline.h): before each draw site of a step.
 void Pipeline::Impl::reseed(int64_t step, int64_t micro_batch, int stream) {
   if (generator.defined()) {
     generator.set_current_seed(forward_seed(*options.seed, step, micro_batch, stream));

@@ -1,7 +1,24 @@
 #pragma once
 // Private to pp: the state of a Pipeline, shared by the files that implement it. Each member
-// function is defined in the file its group names (what lives where: the top of
-// pipemat/pp/pipeline.h).
+// function is defined in the file its group names. What lives where in pp/src:
+//   pipeline_impl.h     this file: Pipeline::Impl, the state the files below share.
+//   pipeline.cpp        setup: plan, option and stage checks, the rank's generator and
+//                       Note [Random streams of a step]; Pipeline's members (forward to Impl).
+//   stages.cpp          make_stage, balance_by_size / _parameters, split_sequential.
+//   stage_io.cpp        batch split into micro-batches, Note [Stage boundary signature] checks,
+//                       the detached copies that go on the wire.
+//   executor.cpp        train_step: dispatches the rank's actions to a StepRun, then the tail:
+//                       the gradient all-reduce, clipping, the optimizer step and the metrics.
+//   step_run.h          StepRun, one step in progress: its state and a method per action.
+//   step_actions.cpp    the actions: F, B, I, W, R, SEND / RECV.
+//   gradients.cpp       loss scaling, clipping by the global gradient norm.
+//   data_parallel.cpp   Note [Data x pipeline]: equal replicas, the mean gradient and loss.
+//   metrics.cpp         the loss on every rank; step metrics and timelines on the last rank.
+//   evaluate.cpp        evaluate: forward only, in eval mode.
+//   split_backward.h/.cpp  B, and I / W (Note [Split backward]) on the autograd engine: pp's
+//                       only use of torch/csrc (Note [Autograd internals of pp's backward]).
+//   checkpoint.cpp, checkpoint_dir.cpp, checkpoint_files.h, compute.cpp, profile.cpp  what
+//                       checkpoint.h, compute.h, profile.h declare.
 
 #include <cstdint>
 #include <map>
@@ -18,13 +35,8 @@
 
 namespace pipemat::pp {
 
-// Note [Stage boundary signature]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// What one stage boundary carries: the number of tensors and the dtype of each (-1: undefined).
-// Shapes are free: they travel with every message (comm::send_tensors). Both ranks of a
-// boundary learn it from its first micro-batch and check every later one, the sender before it
-// sends (it still sends, then throws, so the receiver does not wait) and the receiver after it
-// receives, so a stage that changes what it returns is an error on both sides.
+// What one stage boundary carries (Note [Stage boundary signature] in pipemat/pp/pipeline.h):
+// the number of tensors and the dtype of each (-1: undefined).
 using Signature = std::vector<int>;
 
 struct Pipeline::Impl {
@@ -96,7 +108,8 @@ struct Pipeline::Impl {
                       const Tensors& in);
   static Tensors as_received(const Tensors& out);
 
-  // executor.cpp: the action executor.
+  // executor.cpp: the action executor; step_run.h: one step in progress.
+  class StepRun;
   StepMetrics train_step(const DataSource& data);
   StepMetrics train_step(const MicroBatch& batch);
 

@@ -22,6 +22,13 @@
 
 namespace pipemat::pp {
 
+// Note [Checkpoint layout]
+// rank-<r>.pt is a torch archive with "step" (int64), "stages" (int64: this rank's stages),
+// "params/<stage>/<name>" and "buffers/<stage>/<name>" (dots of module paths become '|'),
+// "optimizer" (the optimizer's own archive) and "rng" (the generator state, with
+// PipelineOptions::seed). manifest.json holds the format version, the step and what must match
+// on resume: world size, schedule kind, stages, micro-batches and the stage map.
+
 // Note [Checkpoint runs]
 // Every checkpoint names the run that wrote it: a random id made when a run starts
 // (new_checkpoint_run) and kept when a run resumes (resumed_run), with the digest of the config

@@ -1,31 +1,16 @@
 #pragma once
-// What lives where in pp.
-//   Public, pp/include/pipemat/pp/:
-//     pipeline.h    this file: Pipeline with its options, metrics and evaluation; stages from
-//                   modules, callables and a split Sequential; forward_seed, stage_count.
-//     checkpoint.h  save, find and resume checkpoints of a run, or load their weights into
-//                   modules (Note [Checkpoint layout]).
-//     compute.h     compute threads, the BLAS in use, retain_freed_memory.
-//     profile.h     the remat profiler: a layer's candidate policies, measured (for plan/).
-//   Private, pp/src/ (pipeline_impl.h declares Pipeline::Impl, the state the files below share):
-//     pipeline.cpp        setup: plan, option and stage checks, the rank's generator and
-//                         Note [Random streams of a step]; Pipeline's members (forward to Impl).
-//     stages.cpp          make_stage, balance_by_size / _parameters, split_sequential.
-//     stage_io.cpp        batch split into micro-batches, Note [Stage boundary signature] checks,
-//                         the detached copies that go on the wire.
-//     executor.cpp        train_step: runs the rank's actions, then clipping and the optimizer.
-//     gradients.cpp       loss scaling, clipping by the global gradient norm.
-//     data_parallel.cpp   Note [Data x pipeline]: equal replicas, the mean gradient and loss.
-//     metrics.cpp         the loss on every rank; step metrics and timelines on the last rank.
-//     evaluate.cpp        evaluate: forward only, in eval mode.
-//     split_backward.h/.cpp  B, and I / W (Note [Split backward]) on the autograd engine: pp's
-//                         only use of torch/csrc (Note [Autograd internals of pp's backward]).
-//     checkpoint.cpp, compute.cpp, profile.cpp  what checkpoint.h, compute.h, profile.h declare.
+// pp's public headers, pp/include/pipemat/pp/:
+//   pipeline.h    this file: Pipeline with its options, metrics and evaluation; stages from
+//                 modules, callables and a split Sequential; forward_seed, stage_count.
+//   checkpoint.h  save, find and resume checkpoints of a run, or load their weights into
+//                 modules (Note [Checkpoint layout]).
+//   compute.h     compute threads, the BLAS in use, retain_freed_memory.
+//   profile.h     the remat profiler: a layer's candidate policies, measured (for plan/).
 //
 // pp as a library: pipeline-train your own LibTorch model.
 //
 //   pipemat::pp::PipelineOptions options;
-//   options.schedule = {schedule::ScheduleKind::kOneFOneB, /*stages=*/2, /*micro_batches=*/4};
+//   options.schedule = {schedule::ScheduleKind::kOneFOneB, /*ranks=*/2, /*micro_batches=*/4};
 //   options.loss = [](const Tensors& out, const Tensors& target) {
 //     return torch::cross_entropy_loss(out[0], target[0]);
 //   };
@@ -50,15 +35,17 @@
 // tensors a stage returns are the next stage's inputs in the same order; the first stage gets
 // MicroBatch::inputs, the last stage's outputs go to the loss with MicroBatch::targets.
 //
-// Stage boundaries (Note [Stage boundary signature]). A boundary carries any number of tensors
-// of any dtype (int64 ids, bool masks, float32 / bfloat16 activations); shapes may change from
-// micro-batch to micro-batch and step to step (sequence length), and travel with the data. The
-// number of tensors and their dtypes are learned from the first micro-batch that crosses the
-// boundary and must stay the same: a stage that returns another count or dtype later gets a
-// PipelineError on its own rank (naming the stage, step, micro-batch and both signatures), and
-// the next stage's rank, which still receives the message, reports the same mismatch naming
-// both ranks, so neither side hangs. A received tensor requires grad exactly when the sent one
-// did; gradients flow back only for those (a mask gets none).
+// Note [Stage boundary signature]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// What a stage boundary carries: any number of tensors of any dtype (int64 ids, bool masks,
+// float32 / bfloat16 activations); shapes may change from micro-batch to micro-batch and step
+// to step (sequence length), and travel with the data. The number of tensors and their dtypes
+// (the boundary's signature) are learned by both of its ranks from the first micro-batch that
+// crosses the boundary and must stay the same: a stage that returns another count or dtype
+// later gets a PipelineError on its own rank (naming the stage, step, micro-batch and both
+// signatures), and the next stage's rank, which still receives the message, reports the same
+// mismatch naming both ranks, so neither side hangs. A received tensor requires grad exactly
+// when the sent one did; gradients flow back only for those (a mask gets none).
 //
 // Loss scaling. The user loss of micro-batch i is divided by the number of micro-batches M
 // before backward, so the accumulated gradients are those of the mean of the micro-batch losses
@@ -160,14 +147,8 @@ struct PipelineOptions {
   double clip_grad_norm = 0;   // max global L2 norm of the gradients; 0: no clipping
   // Set: this rank's random ops (dropout in the stages, the data source, the loss) draw from a
   // generator of its own (remat::ThreadGeneratorScope, Note [Per-thread CPU generators]), so
-  // ranks running as threads never share generator state. Note [Random streams of a step]:
-  // before the forward of stage s on micro-batch i of step t the generator is seeded with
-  // forward_seed(seed, t, i, s); before the data source's call for (t, i) with
-  // forward_seed(seed, t, i, kDataStream), before the loss with kLossStream. The numbers a
-  // forward draws therefore depend on (seed, step, micro-batch, stage) only, not on the
-  // schedule, the rank placement or the transport, and a single-process loop that seeds the
-  // same way (see forward_seed) draws the same dropout masks. Recompute replays rewind to the
-  // forward's state. Unset: LibTorch's process-wide generator.
+  // ranks running as threads never share generator state, reseeded before every draw site
+  // (Note [Random streams of a step]). Unset: LibTorch's process-wide generator.
   std::optional<uint64_t> seed;
   // Every rank sends its step time, busy time, remat counters and action timeline to the last
   // stage's rank, which fills the bubble and timeline fields of StepMetrics.
@@ -183,6 +164,18 @@ struct PipelineOptions {
   // after the other). The same gradients either way.
   bool weight_tail = true;
 };
+
+// Note [Random streams of a step]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With PipelineOptions::seed the rank's generator is reseeded before every draw site of a
+// step: the forward of stage s on micro-batch i of step t with forward_seed(seed, t, i, s), the
+// data source's call for (t, i) with forward_seed(seed, t, i, kDataStream), the loss with
+// kLossStream; evaluation the same with its step. So what a forward draws depends on (seed,
+// step, micro-batch, stage) only, not on the order the schedule runs the actions, on which rank
+// holds the stage or on the transport, and a single-process loop that reseeds the same way
+// (see forward_seed) draws the same dropout masks. A checkpoint unit records the generator
+// state at its entry (after the reseed) and its replay rewinds to it, wherever the schedule
+// puts the replay.
 
 // Note [Overlapped gradient all-reduce]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -231,7 +224,7 @@ struct PipelineOptions {
 // replicas (replica d: d*E/D .. (d+1)*E/D - 1) and sums their losses in micro-batch order, as
 // one pipeline does. A single process that accumulates each replica's
 // micro-batches into a gradient of its own and combines them the same way
-// (models::run_reference with parallel.data) gives the same bits.
+// (train::run_reference with parallel.data) gives the same bits.
 
 // Start and end of one executed action, microseconds from the start of the step.
 struct ActionTiming {
