@@ -144,10 +144,11 @@ void Pipeline::Impl::finish_gradients(GradientExchange& x, int64_t step) {
     for (size_t i = bucket.first; i < bucket.end; ++i) {
       const size_t k = i - bucket.first;
       if (!any[k]) continue;  // no replica produced it: it stays undefined, as in one pipeline
-      at::Tensor sum = all[0][k + 1].clone();
-      for (int d = 1; d < replicas; ++d) sum.add_(all[static_cast<size_t>(d)][k + 1]);
-      sum.div_(replicas);
       at::Tensor p = ps[i];
+      at::Tensor sum = all[0][k + 1].to(p.device()).clone();  // received ones are on the host
+      for (int d = 1; d < replicas; ++d)
+        sum.add_(all[static_cast<size_t>(d)][k + 1].to(p.device()));
+      sum.div_(replicas);
       if (p.grad().defined()) {
         p.mutable_grad().detach().copy_(sum);
       } else {

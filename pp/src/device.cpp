@@ -3,9 +3,11 @@
 
 #include "pipemat/pp/device.h"
 
+#include <ATen/Context.h>
 #include <torch/cuda.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "pipemat/core/error.h"
@@ -80,6 +82,13 @@ DeviceMemory device_memory(c10::Device device) {
   (void)device;
 #endif
   return out;
+}
+
+void seed_device(c10::Device device, uint64_t seed) {
+  if (!device.is_cuda()) return;
+  at::Generator generator = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_current_seed(seed);
 }
 
 void reset_device_peak(c10::Device device) {

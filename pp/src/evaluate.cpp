@@ -1,6 +1,7 @@
 // Pipeline::evaluate: forward only, in eval mode and without autograd, micro-batch by
 // micro-batch through the stages.
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 
 #include <map>
@@ -40,6 +41,8 @@ class EvalModeScope {
 
 EvalResult Pipeline::Impl::evaluate(const DataSource& data, const EvalOptions& eo) {
   PIPEMAT_CHECK(static_cast<bool>(data), PipelineError, "evaluate: the data source is empty");
+  c10::OptionalDeviceGuard device_guard;  // a CUDA rank's device is current
+  if (!options.device.is_cpu()) device_guard.reset_device(options.device);
   std::optional<remat::ThreadGeneratorScope> rng;
   if (generator.defined()) rng.emplace(generator);
   PIPEMAT_CHECK(eo.micro_batches >= 1, ConfigError,
@@ -60,6 +63,8 @@ EvalResult Pipeline::Impl::evaluate(const DataSource& data, const EvalOptions& e
     if (is_first_stage_rank() || is_last_stage_rank()) {
       reseed(eo.step, i, kDataStream);
       b = data(eo.step, i);
+      b.inputs = on_device(std::move(b.inputs));
+      b.targets = on_device(std::move(b.targets));
     }
     for (const auto& [s, stage] : stages) {
       reseed(eo.step, i, s);
@@ -73,6 +78,7 @@ EvalResult Pipeline::Impl::evaluate(const DataSource& data, const EvalOptions& e
         const int from = plan.rank_of(s - 1);
         in = comm::recv_tensors(transport, from, eval_tag(s - 1, i, E)).wait();
         check_received(s, from, eo.step, i, in);
+        in = on_device(std::move(in));
       }
       Tensors out = stage.forward(in);
       if (s == last_stage) {

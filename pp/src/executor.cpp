@@ -11,6 +11,7 @@
 #include "pipeline_impl.h"
 #include "pipemat/comm/tensor.h"
 #include "pipemat/pp/compute.h"
+#include "pipemat/pp/device.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/remat/stats.h"
 #include "step_run.h"
@@ -35,6 +36,10 @@ StepMetrics Pipeline::Impl::train_step(const MicroBatch& batch) {
 
 Pipeline::Impl::StepRun::StepRun(Impl& pipe, const DataSource& data)
     : pipe_(pipe), data_(data), actions_(pipe.plan.actions[pipe.rank]), step_(pipe.next_step) {
+  if (!pipe_.options.device.is_cpu()) {
+    device_.reset_device(pipe_.options.device);
+    reset_device_peak(pipe_.options.device);
+  }
   if (pipe_.generator.defined()) rng_.emplace(pipe_.generator);
   m_.step = step_;
   for (auto p : pipe_.params) p.mutable_grad().reset();
@@ -154,6 +159,7 @@ StepMetrics Pipeline::Impl::StepRun::finish() {
   m_.peak_bytes = std::max(step_peak_, remat::memory_stats().peak_bytes) - bytes0_;
   m_.max_rank_peak_bytes = m_.peak_bytes;
   m_.resident_peak_bytes = peak_resident_bytes();
+  m_.device_peak_bytes = device_memory(options.device).peak_bytes;
   m_.recv_wait_ms = recv_wait_us_ / 1000.0;
   m_.remat = remat::counters();
   for (const auto& [mb, l] : losses_) m_.loss += l;

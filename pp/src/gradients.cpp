@@ -35,7 +35,8 @@ double Pipeline::Impl::clip_global_norm(double max_norm) {
     for (const auto& p : ps) {
       if (p.grad().defined()) norms.push_back(p.grad().data().norm(2.0));
     }
-    at::Tensor t = norms.empty() ? at::empty({0}) : at::stack(norms);
+    at::Tensor t = norms.empty() ? at::empty({0}, at::TensorOptions().device(options.device))
+                                 : at::stack(norms);
     ids.push_back(s);
     mine.push_back(t);
     by_stage[s] = t;
@@ -56,7 +57,7 @@ double Pipeline::Impl::clip_global_norm(double max_norm) {
                   ": a peer sent a malformed list of gradient norms");
     auto stage_ids = got[0].accessor<int64_t, 1>();
     for (int64_t k = 0; k < got[0].numel(); ++k)
-      by_stage[static_cast<int>(stage_ids[k])] = got[k + 1];
+      by_stage[static_cast<int>(stage_ids[k])] = got[k + 1].to(options.device);
   }
   for (auto& w : sends) w.wait();
   std::vector<at::Tensor> norms;

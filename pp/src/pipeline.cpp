@@ -10,6 +10,7 @@
 
 #include "pipeline_impl.h"
 #include "pipemat/comm/work.h"
+#include "pipemat/pp/device.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/remat/policy.h"
 #include "pipemat/schedule/schedule.h"
@@ -100,6 +101,7 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
       policy.allow_unmatched = true;  // a stage holds only some of the model's modules
       remat::apply_policy(*stage.module, policy);
     }
+    if (!options.device.is_cpu()) stage.module->to(options.device);
     for (const auto& p : stage.module->parameters()) {
       stage_params[s].push_back(p);
       params.push_back(p);
@@ -118,8 +120,22 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
 // Note [Random streams of a step] (pipemat/pp/pipeline.h): before each draw site of a step.
 void Pipeline::Impl::reseed(int64_t step, int64_t micro_batch, int stream) {
   if (generator.defined()) {
-    generator.set_current_seed(forward_seed(*options.seed, step, micro_batch, stream));
+    const uint64_t seed = forward_seed(*options.seed, step, micro_batch, stream);
+    generator.set_current_seed(seed);
+    seed_device(options.device, seed);  // ops on a CUDA device draw from its generator
   }
+}
+
+Tensors Pipeline::Impl::on_device(Tensors ts) const {
+  if (options.device.is_cpu()) return ts;
+  for (auto& t : ts) {
+    if (t.defined() && t.device() != options.device) {
+      const bool grad = t.requires_grad();
+      t = t.detach().to(options.device);
+      if (grad) t.requires_grad_(true);
+    }
+  }
+  return ts;
 }
 
 uint64_t forward_seed(uint64_t seed, int64_t step, int64_t micro_batch, int stream) {

@@ -107,6 +107,9 @@ struct Pipeline::Impl {
   void check_received(int stage, int from_rank, int64_t step, int64_t micro_batch,
                       const Tensors& in);
   static Tensors as_received(const Tensors& out);
+  // `ts` on options.device: the same tensors on the CPU; else copies that keep requires_grad
+  // (a received tensor stays a leaf).
+  Tensors on_device(Tensors ts) const;
 
   // executor.cpp: the action executor; step_run.h: one step in progress.
   class StepRun;

@@ -89,7 +89,7 @@ Tensors Pipeline::Impl::StepRun::forward_inputs(const Action& a) {
   a0_ = now_us();
   waited_us_ = a0_ - w0;
   pipe_.check_received(a.stage, pipe_.plan.rank_of(a.stage - 1), step_, a.micro_batch, inputs);
-  return inputs;
+  return pipe_.on_device(std::move(inputs));
 }
 
 void Pipeline::Impl::StepRun::take_loss(const Action& a, MicroBatchState& mb, const Tensors& out) {
@@ -218,7 +218,7 @@ Tensors Pipeline::Impl::StepRun::incoming_grads(const Action& a) {
   PIPEMAT_INTERNAL_ASSERT(r != recv_b_.end(), "no gradient source for ", schedule::format_action(a),
                           " on rank ", pipe_.rank);
   const double w0 = now_us();
-  Tensors g = r->second.wait();
+  Tensors g = pipe_.on_device(r->second.wait());
   recv_b_.erase(r);
   a0_ = now_us();
   waited_us_ = a0_ - w0;
@@ -296,6 +296,8 @@ MicroBatch& Pipeline::Impl::StepRun::batch(int micro_batch) {
     it = batches_.emplace(micro_batch, data_(step_, offset_ + micro_batch)).first;
     if (!reads_inputs_) it->second.inputs.clear();
     if (!reads_targets_) it->second.targets.clear();
+    it->second.inputs = pipe_.on_device(std::move(it->second.inputs));
+    it->second.targets = pipe_.on_device(std::move(it->second.targets));
   }
   return it->second;
 }

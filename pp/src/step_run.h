@@ -5,6 +5,7 @@
 // schedule, the optimizer step and the metrics.
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceGuard.h>
 
 #include <chrono>
 #include <cstdint>
@@ -94,6 +95,7 @@ class Pipeline::Impl::StepRun {
 
   Impl& pipe_;
   const DataSource& data_;
+  c10::OptionalDeviceGuard device_;  // a CUDA rank's device is current during the step
   std::optional<remat::ThreadGeneratorScope> rng_;
   const std::vector<schedule::Action>& actions_;  // this rank's
   const int64_t step_;

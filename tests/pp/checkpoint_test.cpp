@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include <unistd.h>
+
 #include "pipemat/comm/transport.h"
 #include "pipemat/core/error.h"
 #include "pipemat/pp/checkpoint.h"
@@ -56,8 +58,10 @@ std::map<std::string, at::Tensor> params_of(const Pipeline& p) {
   return out;
 }
 
+// One directory per test process: test runs that share the machine never share one.
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("pipemat-checkpoint-test-" + name);
+  const fs::path dir = fs::temp_directory_path() /
+                       ("pipemat-checkpoint-test-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   return dir;
 }

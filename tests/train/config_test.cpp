@@ -1108,6 +1108,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "training.eval_every",
                                                      "training.eval_batches",
                                                      "training.stop_after",
+                                                     "training.device",
                                                      "checkpoint.dir",
                                                      "checkpoint.every",
                                                      "checkpoint.keep_last",

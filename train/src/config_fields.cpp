@@ -438,6 +438,11 @@ std::vector<ConfigField> training_fields() {
        "while the LR schedule and the evaluations still span `training.steps`: an interruption on "
        "purpose that `--resume` continues (`pipemat train --stop-after N`); `0`: run to "
        "`training.steps`"},
+      {"training", "device", text(PIPEMAT_MEMBER(training.device), "cpu, cuda or cuda:N"),
+       "`cpu`, `cuda`, `cuda:N`",
+       "where each rank computes: its stages, inputs, targets, received tensors and optimizer "
+       "state. `cuda`: the rank's own GPU (its index among its host's ranks, modulo the GPUs "
+       "it sees); needs a pipemat built with CUDA (docs/gpu.md)"},
   };
 }
 

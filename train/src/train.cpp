@@ -17,6 +17,7 @@
 #include "pipemat/core/error.h"
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/pp/compute.h"
+#include "pipemat/pp/device.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/schedule/torch_csv.h"
 #include "pipemat/train/config.h"
@@ -153,6 +154,21 @@ void add_run_options(pp::PipelineOptions& options, const TrainConfig& config, co
   options.weight_tail = config.parallel.weight_tail;
 }
 
+// The rank's index among the ranks of its host, which `training.device: cuda` maps to a GPU:
+// Open MPI's local rank under mpirun, else the job rank (pipemat-run --tcp and the local
+// transport start every rank on one host).
+int local_rank_of(const comm::Transport& job) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  if (local != nullptr) {
+    char* end = nullptr;
+    const long value = std::strtol(local, &end, 10);
+    if (end != local && *end == '\0' && value >= 0 && value < (1 << 20)) {
+      return static_cast<int>(value);
+    }
+  }
+  return job.rank();
+}
+
 // What one rank's run shares between its start, its steps and its end.
 struct RankRun {
   const TrainConfig& config;
@@ -264,6 +280,8 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   pp::PipelineOptions options = schedule_options(resolved);
   const ModelRun run = make_model_run(config, pp::stage_count(options));
   add_run_options(options, config, run, layout);
+  options.device =
+      pp::resolve_device(config.training.device, local_rank_of(job), "training.device");
   pp::Pipeline pipeline(transport, options, run.stage);
   run.release_unused();  // the other ranks' stages' weights
   TrainResult result;

@@ -10,6 +10,7 @@
 
 #include "pipemat/core/stats.h"
 #include "pipemat/pp/compute.h"
+#include "pipemat/pp/device.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/remat/rng.h"
 #include "pipemat/train/launched_run.h"
@@ -32,25 +33,44 @@ struct Chain {
   std::vector<pp::PipelineStage> stages;
   std::vector<at::Tensor> params;
   uint64_t seed = 0;
+  c10::Device device;  // training.device, as rank 0's (the reference is one process)
 
-  explicit Chain(const TrainConfig& config) : seed(config.training.seed) {
+  explicit Chain(const TrainConfig& config)
+      : seed(config.training.seed),
+        device(pp::resolve_device(config.training.device, 0, "training.device")) {
     pp::PipelineOptions shape;
     shape.schedule = config.schedule;
     const int count = pp::stage_count(shape);
     run = make_model_run(config, count);
     for (int s = 0; s < count; ++s) {
       stages.push_back(run.stage(s));
+      if (!device.is_cpu()) stages.back().module->to(device);
       for (const auto& p : stages.back().module->parameters()) params.push_back(p);
     }
   }
 
   pp::Tensors forward(pp::Tensors x, int64_t step, int64_t i) const {
+    for (auto& t : x) t = on_device(t);
     for (size_t s = 0; s < stages.size(); ++s) {
       std::optional<remat::ThreadGeneratorScope> rng;
-      if (run.random) rng.emplace(pp::forward_seed(seed, step, i, static_cast<int>(s)));
+      if (run.random) {
+        const uint64_t stage_seed = pp::forward_seed(seed, step, i, static_cast<int>(s));
+        rng.emplace(stage_seed);
+        pp::seed_device(device, stage_seed);
+      }
       x = stages[s].forward(x);
     }
     return x;
+  }
+
+  // The loss of one micro-batch, its targets on the device.
+  at::Tensor loss(const pp::Tensors& outputs, pp::Tensors targets) const {
+    for (auto& t : targets) t = on_device(t);
+    return run.loss(outputs, targets);
+  }
+
+  at::Tensor on_device(const at::Tensor& t) const {
+    return t.defined() && !device.is_cpu() ? t.to(device) : t;
   }
 };
 
@@ -66,8 +86,7 @@ std::vector<double> backward_replicas(const Chain& chain, int64_t step, int64_t 
     double loss_sum = 0;
     for (int64_t i = d * M; i < (d + 1) * M; ++i) {
       const pp::MicroBatch b = chain.run.train_data(step, i);
-      auto loss =
-          chain.run.loss(chain.forward(b.inputs, step, i), b.targets) / static_cast<double>(M);
+      auto loss = chain.loss(chain.forward(b.inputs, step, i), b.targets) / static_cast<double>(M);
       loss_sum += loss.item<double>();
       loss.backward();
     }
@@ -110,7 +129,7 @@ double reference_validation_loss(const Chain& chain, const TrainConfig& config, 
   double loss = 0;
   for (int64_t i = 0; i < E; ++i) {
     const pp::MicroBatch b = chain.run.eval_data(step, i);
-    loss += (chain.run.loss(chain.forward(b.inputs, step, i), b.targets) / static_cast<double>(E))
+    loss += (chain.loss(chain.forward(b.inputs, step, i), b.targets) / static_cast<double>(E))
                 .item<double>();
   }
   for (auto& c : chain.stages) c.module->train();

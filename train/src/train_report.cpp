@@ -1,5 +1,6 @@
 #include "train_report.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -187,6 +188,14 @@ std::string metrics_json(const StepMetrics& m, std::optional<double> validation_
     j["rank_peak_bytes"] = m.rank_peak_bytes;
     j["rank_start_bytes"] = m.rank_start_bytes;
     j["rank_resident_peak_bytes"] = m.rank_resident_peak_bytes;
+  }
+  const bool on_device =
+      m.device_peak_bytes > 0 ||
+      std::any_of(m.rank_device_peak_bytes.begin(), m.rank_device_peak_bytes.end(),
+                  [](int64_t bytes) { return bytes > 0; });
+  if (on_device) {  // a CUDA run's
+    j["device_peak_bytes"] = m.device_peak_bytes;
+    if (!m.rank_device_peak_bytes.empty()) j["rank_device_peak_bytes"] = m.rank_device_peak_bytes;
   }
   j["replays"] = m.remat.replays;
   j["early_stops"] = m.remat.early_stops;

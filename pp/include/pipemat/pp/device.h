@@ -39,4 +39,8 @@ struct DeviceMemory {
 DeviceMemory device_memory(c10::Device device);
 void reset_device_peak(c10::Device device);
 
+// Seeds the default generator of a CUDA `device` (random ops on its tensors draw from it); nothing
+// for the CPU, whose draws come from the thread's generator (remat/rng.h).
+void seed_device(c10::Device device, uint64_t seed);
+
 }  // namespace pipemat::pp

@@ -68,6 +68,7 @@
 // whatever the user's forward, loss or data source throws (the peers then see this rank go away).
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -163,6 +164,11 @@ struct PipelineOptions {
   // Note [Weight tail]: the W actions that end a rank's step run bucket by bucket (false: one W
   // after the other). The same gradients either way.
   bool weight_tail = true;
+  // Where this rank's stage modules, micro-batch inputs and targets, received tensors and
+  // optimizer state live (pipemat/pp/device.h names devices: resolve_device). On a CUDA device
+  // the device is current while the rank runs a step or an evaluation, a set seed seeds its
+  // generator too, and tensors cross ranks through host memory (pipemat/comm/tensor.h).
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
 // Note [Random streams of a step]
@@ -285,6 +291,11 @@ struct StepMetrics {
   // resident_peak_bytes of every rank, by rank (local: the one process's, the same for every
   // rank). Empty elsewhere.
   std::vector<int64_t> rank_start_bytes, rank_peak_bytes, rank_resident_peak_bytes;
+  // On a CUDA device: the most bytes of tensors the CUDA caching allocator held for this rank's
+  // device during the step (pp::device_memory); 0 on the CPU. On the last stage's rank, every
+  // rank's, by rank (with collect_timelines).
+  int64_t device_peak_bytes = 0;
+  std::vector<int64_t> rank_device_peak_bytes;
   // On the last stage's rank (with collect_timelines and a data group): every rank's
   // allreduce_start_ms and allreduce_end_ms, by rank. Empty elsewhere.
   std::vector<std::pair<double, double>> rank_allreduce_ms;

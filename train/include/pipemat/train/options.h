@@ -60,6 +60,9 @@ struct TrainingOptions {
   // checkpoint when checkpoint.dir is set: a run interrupted on purpose, which `--resume`
   // continues. The LR schedule and the evaluations still follow training.steps.
   int64_t stop_after = 0;
+  // Where each rank computes: cpu, cuda (the rank's own GPU: its index among the ranks of its
+  // host, modulo the GPUs it sees) or cuda:N (pipemat/pp/device.h).
+  std::string device = "cpu";
 };
 
 // A text sample after training (gpt): the trained stages are loaded into one process from the
