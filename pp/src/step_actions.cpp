@@ -75,21 +75,32 @@ Tensors Pipeline::Impl::StepRun::forward_inputs(const Action& a) {
     }
     return inputs;
   }
-  if (auto h = handoff_f_.find({a.stage, a.micro_batch}); h != handoff_f_.end()) {
-    inputs = std::move(h->second);
-    handoff_f_.erase(h);
-    return inputs;
-  }
-  auto r = recv_f_.find({a.stage, a.micro_batch});
-  PIPEMAT_INTERNAL_ASSERT(r != recv_f_.end(), "no input for ", schedule::format_action(a),
-                          " on rank ", pipe_.rank);
-  const double w0 = now_us();
-  inputs = r->second.wait();
-  recv_f_.erase(r);
-  a0_ = now_us();
-  waited_us_ = a0_ - w0;
+  if (take_handoff(handoff_f_, a, inputs)) return inputs;
+  inputs = take_received(recv_f_, a, "no input for ");
   pipe_.check_received(a.stage, pipe_.plan.rank_of(a.stage - 1), step_, a.micro_batch, inputs);
   return pipe_.on_device(std::move(inputs));
+}
+
+bool Pipeline::Impl::StepRun::take_handoff(std::map<Key, Tensors>& from, const Action& a,
+                                           Tensors& out) {
+  auto h = from.find({a.stage, a.micro_batch});
+  if (h == from.end()) return false;
+  out = std::move(h->second);
+  from.erase(h);
+  return true;
+}
+
+Tensors Pipeline::Impl::StepRun::take_received(std::map<Key, comm::TensorListWork>& from,
+                                               const Action& a, const char* missing) {
+  auto r = from.find({a.stage, a.micro_batch});
+  PIPEMAT_INTERNAL_ASSERT(r != from.end(), missing, schedule::format_action(a), " on rank ",
+                          pipe_.rank);
+  const double w0 = now_us();
+  Tensors got = r->second.wait();
+  from.erase(r);
+  a0_ = now_us();
+  waited_us_ = a0_ - w0;
+  return got;
 }
 
 void Pipeline::Impl::StepRun::take_loss(const Action& a, MicroBatchState& mb, const Tensors& out) {
@@ -208,21 +219,9 @@ void Pipeline::Impl::StepRun::send_backward(const Action& a) {
 }
 
 Tensors Pipeline::Impl::StepRun::incoming_grads(const Action& a) {
-  auto h = handoff_b_.find({a.stage, a.micro_batch});
-  if (h != handoff_b_.end()) {
-    Tensors g = std::move(h->second);
-    handoff_b_.erase(h);
-    return g;
-  }
-  auto r = recv_b_.find({a.stage, a.micro_batch});
-  PIPEMAT_INTERNAL_ASSERT(r != recv_b_.end(), "no gradient source for ", schedule::format_action(a),
-                          " on rank ", pipe_.rank);
-  const double w0 = now_us();
-  Tensors g = pipe_.on_device(r->second.wait());
-  recv_b_.erase(r);
-  a0_ = now_us();
-  waited_us_ = a0_ - w0;
-  return g;
+  Tensors g;
+  if (take_handoff(handoff_b_, a, g)) return g;
+  return pipe_.on_device(take_received(recv_b_, a, "no gradient source for "));
 }
 
 // The roots of (s,i) with the gradients that arrived for them (undefined ones skipped).

@@ -69,6 +69,11 @@ class Pipeline::Impl::StepRun {
   void keep_outputs(const schedule::Action& a, MicroBatchState& mb, Tensors out);
   [[noreturn]] void fail_boundary(const schedule::Action& a, const Tensors& out,
                                   const std::string& bad);
+  // A local hand-off of the stage and micro-batch of `a` into `out` (false: none), and the
+  // tensors of its posted receive (waited for: the action's wait time).
+  static bool take_handoff(std::map<Key, Tensors>& from, const schedule::Action& a, Tensors& out);
+  Tensors take_received(std::map<Key, comm::TensorListWork>& from, const schedule::Action& a,
+                        const char* missing);
   // B's and I's parts: the gradients that came for the stage's outputs, the roots they go to,
   // the gradients of the stage's inputs and where those go.
   Tensors incoming_grads(const schedule::Action& a);

@@ -89,6 +89,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.training.eval_every, b.training.eval_every);
   EXPECT_EQ(a.training.eval_batches, b.training.eval_batches);
   EXPECT_EQ(a.training.stop_after, b.training.stop_after);
+  EXPECT_EQ(a.training.device, b.training.device);
   EXPECT_EQ(a.sample.tokens, b.sample.tokens);
   EXPECT_EQ(a.sample.prompt, b.sample.prompt);
   EXPECT_EQ(a.sample.temperature, b.sample.temperature);
@@ -425,7 +426,7 @@ TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
       "x.yaml:1: training.batch_size: unknown key; allowed in training: steps, optimizer, "
       "lr, momentum, weight_decay, clip_grad_norm, seed, threads, thread_probe, warmup, lr_decay, "
       "min_lr, "
-      "eval_every, eval_batches, stop_after");
+      "eval_every, eval_batches, stop_after, device");
   EXPECT_EQ(error_of("remat:\n  policy: custom\n  checkpoint: [a]\n  exclude:\n"
                      "    - {path: a.b}\n    - {path: a.c, save_ouput: false}\n"),
             "x.yaml:6: remat.exclude[1].save_ouput: unknown key; did you mean "
@@ -717,7 +718,8 @@ TEST(ConfigOverrides, Errors) {
       "training.lr, training.momentum, training.weight_decay, training.clip_grad_norm, "
       "training.seed, training.threads, training.thread_probe, training.warmup, training.lr_decay, "
       "training.min_lr, "
-      "training.eval_every, training.eval_batches, training.stop_after, checkpoint.dir, "
+      "training.eval_every, training.eval_batches, training.stop_after, training.device, "
+      "checkpoint.dir, "
       "checkpoint.every, "
       "checkpoint.keep_last, checkpoint.resume, checkpoint.overwrite, sample.tokens, "
       "sample.prompt, "
@@ -866,6 +868,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  eval_every: 0\n"
             "  eval_batches: 8\n"
             "  stop_after: 0\n"
+            "  device: \"cpu\"\n"
             "checkpoint:\n"
             "  dir: \"\"\n"
             "  every: 0\n"
