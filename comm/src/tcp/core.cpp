@@ -218,13 +218,12 @@ void TcpCore::fail_peer(Peer& peer, StatusCode code, const std::string& what, bo
 }
 
 // Note [Silence of a peer]
-// A wait that timed out says whether anything came from the peer
-// meanwhile. Nothing (no frame began or ended on its connection) for at least the second half
-// of the wait is what a hung process or a stalled or cut link between the hosts looks like;
-// frames that kept coming mean the peer runs but never sent this message (a schedule mismatch
-// or deadlock). Half, not all of the wait: a wait may begin just before the peer's last frames
-// (the operation was posted early). A single message whose bytes take longer than that counts
-// as silence: the clock moves at a frame's start and end only.
+// A wait that timed out says whether anything came from the peer meanwhile. Nothing (no frame began
+// or ended on its connection) for at least the second half of the wait is what a hung process or a
+// stalled or cut link between the hosts looks like; frames that kept coming mean the peer runs but
+// never sent this message (a schedule mismatch or deadlock). Half, not all of the wait: a wait may
+// begin just before the peer's last frames (the operation was posted early). A single message whose
+// bytes take longer than that counts as silence: the clock moves at a frame's start and end only.
 std::string TcpWork::timeout_note(std::chrono::milliseconds waited) const {
   const auto core = core_.lock();
   const int peer = info().peer;

@@ -102,10 +102,10 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
 
   // ---- called from user threads ----
   // Note [Direct send]
-  // When nothing is queued for the peer, the caller's thread writes the
-  // frame itself with a non-blocking sendmsg (one thread hop less for small messages); what
-  // does not fit into the socket buffer is finished by the I/O thread. The stream is written by
-  // at most one party at a time (send_mutex + the `writing` invariant).
+  // When nothing is queued for the peer, the caller's thread writes the frame itself with a
+  // non-blocking sendmsg (one thread hop less for small messages); what does not fit into the
+  // socket buffer is finished by the I/O thread. The stream is written by at most one party at a
+  // time (send_mutex + the `writing` invariant).
   void post_send(const std::shared_ptr<TcpWork>& work);
   void post_recv(std::shared_ptr<TcpWork> work);
 

@@ -29,8 +29,8 @@ struct FrameHeader {
 static_assert(sizeof(FrameHeader) == 16, "frame header layout");
 
 // Note [Rendezvous handshake]
-// Every rendezvous connection (to the master and between ranks)
-// is a challenge-response keyed with the job secret (TransportOptions::secret):
+// Every rendezvous connection (to the master and between ranks) is a challenge-response keyed with
+// the job secret (TransportOptions::secret):
 //   acceptor  -> Challenge {fresh random nonce N_a}
 //   connector -> Hello {rank, world size, listener address and port, nonce N_c,
 //                       mac = HMAC-SHA256(secret, "pipemat hello" || N_a || hello fields)}
@@ -94,13 +94,13 @@ Digest ack_mac(const std::string& secret, const Challenge& challenge, const Hell
 void fill_nonce(uint8_t* out);
 
 // Note [Announced listener address]
-// The rank table gives, for every rank, the address its
-// listener is bound to as the rank itself announced it in its hello, not the address the
-// master saw the connection come from. Without anything between the hosts the two are the same
-// (the listener is bound to the address the rank reaches the master from). With a proxy or a
-// router that relays connections between hosts, the master sees the relay's address, which
-// does not lead to the rank; the rank's own address does: the relay forwards connections to it
-// like any other (the cross-host test of docs/reliability.md runs through such a relay).
+// The rank table gives, for every rank, the address its listener is bound to as the rank itself
+// announced it in its hello, not the address the master saw the connection come from. Without
+// anything between the hosts the two are the same (the listener is bound to the address the rank
+// reaches the master from). With a proxy or a router that relays connections between hosts, the
+// master sees the relay's address, which does not lead to the rank; the rank's own address does:
+// the relay forwards connections to it like any other (the cross-host test of docs/reliability.md
+// runs through such a relay).
 // Writes `host` (an IP address as text, at most 59 characters: a TableEntry) into the hello.
 void set_listen_host(Hello& hello, const std::string& host);
 // The hello's listener address when it is a NUL-terminated IPv4 or IPv6 address, else "".

@@ -226,11 +226,11 @@ JobStatus job_status();
 void abort_job(int exit_code) noexcept;
 
 // Note [Groups of ranks]
-// A group is a view of some ranks of a transport as a transport of their
-// own: its rank r is world_ranks[r] of `parent`. A message's Work and errors name the job's ranks
-// (job_rank(), the ranks a launcher and its logs show), not the group's. The parent must outlive
-// the group; a group is thread-safe as its parent is. ConfigError when `parent`'s rank is not in
-// `world_ranks`, or a rank is repeated or outside the parent's world.
+// A group is a view of some ranks of a transport as a transport of their own: its rank r is
+// world_ranks[r] of `parent`. A message's Work and errors name the job's ranks (job_rank(), the
+// ranks a launcher and its logs show), not the group's. The parent must outlive the group; a group
+// is thread-safe as its parent is. ConfigError when `parent`'s rank is not in `world_ranks`, or a
+// rank is repeated or outside the parent's world.
 //   * mpi (MPI initialized at MPI_THREAD_MULTIPLE, as pipemat does it): an MPI sub-communicator
 //     of the parent's (MPI_Comm_create_group), with its own request engine. Creating it is
 //     collective over the group's ranks and blocks until all of them call make_group for it:

@@ -8,16 +8,15 @@
 // a report shows the threads the GEMMs really get.
 //
 // Note [Freed memory stays in the process]
-// Glibc hands blocks above its mmap threshold back to
-// the kernel when they are freed and trims the heap's top above its trim threshold (both start
-// at 128 KiB and adapt only upward, and only for the sizes seen so far). A training step frees
-// and allocates the same activations every step, so every step faulted their pages in again:
-// about 10,000 page faults per step of the main job's single-process reference, 2-5 us each on
-// this machine, and with a 512 KiB buffer a freshly faulted allocation cost 5x the work done in
-// it. retain_freed_memory sets the mmap threshold to 32 MiB and the trim threshold to 1 GiB
-// (mallopt), so freed activations are reused in place; the process's resident size stays near
-// the peak it reaches every step anyway. The `pipemat` command calls it when it starts; a
-// library user calls it once before training.
+// Glibc hands blocks above its mmap threshold back to the kernel when they are freed and trims the
+// heap's top above its trim threshold (both start at 128 KiB and adapt only upward, and only for
+// the sizes seen so far). A training step frees and allocates the same activations every step, so
+// every step faulted their pages in again: about 10,000 page faults per step of the main job's
+// single-process reference, 2-5 us each on this machine, and with a 512 KiB buffer a freshly
+// faulted allocation cost 5x the work done in it. retain_freed_memory sets the mmap threshold to
+// 32 MiB and the trim threshold to 1 GiB (mallopt), so freed activations are reused in place; the
+// process's resident size stays near the peak it reaches every step anyway. The `pipemat` command
+// calls it when it starts; a library user calls it once before training.
 //
 // Threading: process-wide settings; call from one thread before training.
 
@@ -29,15 +28,15 @@
 namespace pipemat::pp {
 
 // Note [Threads are measured, not assumed]
-// More threads are not always faster. With LibTorch's
-// OpenMP (GNU libgomp) two threads that spin while they wait made the main job's single process
-// 1.5-2.0x faster than one thread on a quiet machine of two cores and 1.3-5.2x slower when one
-// core was busy with another process; threads that sleep while they wait (OMP_WAIT_POLICY=
-// PASSIVE) did the reverse. The policy is read once, when the library loads, so a running process
-// can only choose its thread count. choose_compute_threads runs the caller's work (one
-// micro-batch's forward and backward, say) alternately with 1 thread and with `threads`, after
-// one unmeasured round of each, and keeps `threads` only when its median is not slower: the
-// count it returns never ran slower than 1 thread when it was measured.
+// More threads are not always faster. With LibTorch's OpenMP (GNU libgomp) two threads that spin
+// while they wait made the main job's single process 1.5-2.0x faster than one thread on a quiet
+// machine of two cores and 1.3-5.2x slower when one core was busy with another process; threads
+// that sleep while they wait (OMP_WAIT_POLICY=PASSIVE) did the reverse. The policy is read once,
+// when the library loads, so a running process can only choose its thread count.
+// choose_compute_threads runs the caller's work (one micro-batch's forward and backward, say)
+// alternately with 1 thread and with `threads`, after one unmeasured round of each, and keeps
+// `threads` only when its median is not slower: the count it returns never ran slower than 1 thread
+// when it was measured.
 struct ThreadChoice {
   int asked = 1;            // what the caller asked for
   int threads = 1;          // what now runs

@@ -274,10 +274,10 @@ struct StepMetrics {
   schedule::CostModel measured_costs;
   double simulated_bubble = 0;
   // Note [Measured message delay]
-  // The median, over compute actions that waited (50 us or
-  // more) for a cross-rank input, of (start - when the peer issued its send): what a message
-  // took from being sent to being usable, protocol and progress included (0 when no action
-  // waited). The simulator's bubble with it as the per-message comm cost.
+  // The median, over compute actions that waited (50 us or more) for a cross-rank input, of
+  // (start - when the peer issued its send): what a message took from being sent to being usable,
+  // protocol and progress included (0 when no action waited). The simulator's bubble with it as
+  // the per-message comm cost.
   double message_delay_ms = 0;
   double simulated_bubble_comm = 0;
   int64_t max_rank_peak_bytes = 0;  // max of peak_bytes over ranks (local: one process)

@@ -12,16 +12,16 @@
 // and no messages; speedup = reference / step.
 //
 // Note [Projected all-reduce]
-// Data x pipeline runs D replicas of the P-rank pipeline, each with
-// M micro-batches (D x M in all). Every replica's timeline is the simulated one, so the D ranks
-// of a data group reach each point of the step together. A rank all-reduces the gradients of
-// each of its chunks (model stages; V of them under interleaved and zb-v) over its data group as
-// one message per chunk: it starts when the chunk's last B or W (whichever ends later, the
-// action that makes the chunk's gradients final) ends, after the rank's earlier all-reduces, in
-// the order the chunks finish. One takes the ring's 2 (D - 1) / D x G / allreduce_bandwidth +
-// allreduce_latency for a chunk of G = grad_bytes x its layers (0 when D = 1). It runs beside
-// the rank's compute and the pipeline's messages without slowing them. A rank ends at
-// max(its last compute's end, its last all-reduce's end); step = the latest rank's end.
+// Data x pipeline runs D replicas of the P-rank pipeline, each with M micro-batches (D x M in all).
+// Every replica's timeline is the simulated one, so the D ranks of a data group reach each point of
+// the step together. A rank all-reduces the gradients of each of its chunks (model stages; V of
+// them under interleaved and zb-v) over its data group as one message per chunk: it starts when the
+// chunk's last B or W (whichever ends later, the action that makes the chunk's gradients final)
+// ends, after the rank's earlier all-reduces, in the order the chunks finish. One takes the ring's
+// 2 (D - 1) / D x G / allreduce_bandwidth + allreduce_latency for a chunk of G = grad_bytes x its
+// layers (0 when D = 1). It runs beside the rank's compute and the pipeline's messages without
+// slowing them. A rank ends at max(its last compute's end, its last all-reduce's end); step = the
+// latest rank's end.
 //   allreduce = one rank's all-reduce time per step, the sum over its chunks (every rank holds
 //               the same layers, so the same for every rank);
 //   hidden    = the share of that time, summed over the P ranks, that ends before its rank's
