@@ -114,7 +114,16 @@ compare() {  # name config steps ranks [--set ...]
 }
 compare zoo-1f1b "$root/configs/zoo.yaml" 5 2 --set schedule.kind=1f1b
 compare zoo-zb-v "$root/configs/zoo.yaml" 5 2 --set schedule.kind=zb-v
-compare main-job "$root/configs/default.yaml" 50 2 --set training.eval_every=0
+# The main job's text: Debian's fortunes where installed, else Python's own sources (any
+# English-ish bytes do for 50 steps; the comparison is with --reference on the same text).
+text=/usr/share/games/fortunes
+if [ ! -d "$text" ]; then
+  text="$work/text.txt"
+  find "$(python3 -c 'import os; print(os.path.dirname(os.__file__))')" -maxdepth 1 -name '*.py' \
+    -print0 | sort -z | xargs -0 cat | head -c 3000000 >"$text"
+  say "no fortunes package: the main job trains on $(wc -c <"$text") bytes of Python's sources"
+fi
+compare main-job "$root/configs/default.yaml" 50 2 --set training.eval_every=0 --set data.path="$text"
 say "main job on 2 ranks sharing the GPU: the end of its output (tokens/s per step, the summary)"
 tail -n 15 "$work/main-job.pipe.log"
 python3 - "$work/main-job.pipe.jsonl" <<'EOF'
