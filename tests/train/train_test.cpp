@@ -482,5 +482,25 @@ TEST(PartitionLayers, BalancedByParametersOrExplicit) {
             "partition.layers_per_stage sums to 3 but model.layers is 4");
 }
 
+// The summary's device memory: each rank's most over the steps, and nothing from CPU steps.
+TEST(RunTotals, DevicePeaksAreEachRanksMostOverTheSteps) {
+  RunTotals totals;
+  StepMetrics cpu;
+  cpu.rank_device_peak_bytes = {0, 0};
+  totals.add(cpu);
+  EXPECT_TRUE(totals.rank_device_peak_bytes.empty());
+  StepMetrics a, b;
+  a.rank_device_peak_bytes = {5 << 20, 7 << 20};
+  b.rank_device_peak_bytes = {6 << 20, 3 << 20};
+  totals.add(a);
+  totals.add(b);
+  EXPECT_EQ(totals.rank_device_peak_bytes, (std::vector<int64_t>{6 << 20, 7 << 20}));
+  RunTotals one;  // a rank without the others' figures: its own
+  StepMetrics own;
+  own.device_peak_bytes = 9;
+  one.add(own);
+  EXPECT_EQ(one.rank_device_peak_bytes, (std::vector<int64_t>{9}));
+}
+
 }  // namespace
 }  // namespace pipemat::train

@@ -71,7 +71,29 @@ void RunTotals::add(const StepMetrics& m) {
   for (size_t r = 0; r < held.size(); ++r) {
     rank_peak_bytes[r] = std::max(rank_peak_bytes[r], held[r]);
   }
+  const std::vector<int64_t> device = m.rank_device_peak_bytes.empty()
+                                          ? std::vector<int64_t>{m.device_peak_bytes}
+                                          : m.rank_device_peak_bytes;
+  if (std::all_of(device.begin(), device.end(), [](int64_t b) { return b == 0; })) return;
+  if (rank_device_peak_bytes.size() != device.size()) {
+    rank_device_peak_bytes.assign(device.size(), 0);
+  }
+  for (size_t r = 0; r < device.size(); ++r) {
+    rank_device_peak_bytes[r] = std::max(rank_device_peak_bytes[r], device[r]);
+  }
 }
+
+namespace {
+
+// "; device memory per rank A, B (CUDA caching allocator)" for a run on CUDA devices, else "".
+std::string device_memory(const RunTotals& totals) {
+  if (totals.rank_device_peak_bytes.empty()) return "";
+  std::vector<std::string> peaks;
+  for (int64_t b : totals.rank_device_peak_bytes) peaks.push_back(format_bytes(b));
+  return "; device memory per rank " + join(peaks, ", ") + " (CUDA caching allocator)";
+}
+
+}  // namespace
 
 void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals& totals,
                        int64_t tokens_per_step, const std::optional<ReferenceFigures>& reference,
@@ -107,7 +129,8 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
                                       c.schedule.ranks == 1 ? " rank; " : " ranks; ",
                                       "the memory is replica 0's)")
           : ::pipemat::detail::concat(c.schedule.ranks, c.schedule.ranks == 1 ? " rank" : " ranks"),
-      "; ", memory, " (tensors: weights, gradients, optimizer state, activations)\n");
+      "; ", memory, " (tensors: weights, gradients, optimizer state, activations)",
+      device_memory(totals), "\n");
   if (reference) {
     const ReferenceFigures& r = *reference;
     const double ref_tokens_per_s = static_cast<double>(tokens_per_step) * 1000.0 / r.step_ms;

@@ -1,5 +1,5 @@
 #pragma once
-// What a training run reports (private to models): the progress lines of `pipemat train` and its
+// What a training run reports (private to train): the progress lines of `pipemat train` and its
 // output files (output.metrics, output.timeline_svg, output.loss_svg). The drivers in train.cpp
 // and train_reference.cpp decide when; this file decides how it reads. metrics_json (one step's
 // JSON line) is public, in pipemat/train/train.h.

@@ -47,6 +47,9 @@ struct RunTotals {
   // Per rank: the most tensor bytes it held during any step (StepMetrics::rank_start_bytes +
   // rank_peak_bytes: weights, gradients, optimizer state and activations).
   std::vector<int64_t> rank_peak_bytes;
+  // Per rank on a CUDA device: the most bytes its device's caching allocator held during any
+  // step (StepMetrics::rank_device_peak_bytes); empty while every step's are 0 (CPU runs).
+  std::vector<int64_t> rank_device_peak_bytes;
   void add(const StepMetrics& m);
 };
 
