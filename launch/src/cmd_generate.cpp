@@ -1,4 +1,4 @@
-// `pipemat generate`: flags -> SampleOptions -> models::generate_text; prints the prompt and
+// `pipemat generate`: flags -> SampleOptions -> train::generate_text; prints the prompt and
 // its continuation.
 
 #include <iostream>

@@ -1,5 +1,5 @@
 #pragma once
-// The checkpoints of a `pipemat train` run (private to models): which run a start continues or
+// The checkpoints of a `pipemat train` run (private to train): which run a start continues or
 // begins, and what it does with a checkpoint.dir that holds checkpoints already.
 //
 // Note [Checkpoint directories]

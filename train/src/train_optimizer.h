@@ -1,5 +1,5 @@
 #pragma once
-// The optimizer and learning-rate schedule of a run (private to models), built from
+// The optimizer and learning-rate schedule of a run (private to train), built from
 // TrainingOptions the same way for the pipeline (train.cpp) and the reference
 // (train_reference.cpp), so that both step their parameters alike.
 

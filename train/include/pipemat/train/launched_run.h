@@ -1,7 +1,7 @@
 #pragma once
-// What the benchmarks that run whole trainings share (private to models): running a config as a
-// multi-process job through `pipemat-run` (mpi or tcp) and reading back the metrics file of its
-// last stage's rank.
+// What the benchmarks and the plan calibration share, which run whole trainings: running a
+// config as a multi-process job through `pipemat-run` (mpi or tcp) and reading back the metrics
+// file of its last stage's rank.
 
 #include <cstdint>
 #include <string>

@@ -78,7 +78,7 @@ struct SampleOptions {
 
 // Note [Data x pipeline] (pp/pipeline.h): `data` replicas of the pipeline, each over its own
 // schedule.ranks ranks; the job has data x schedule.ranks ranks, rank w holding pipeline rank
-// w / data of replica w % data (Note [Rank layout] in train/train.cpp).
+// w / data of replica w % data.
 struct ParallelOptions {
   int64_t data = 1;
   // Note [Overlapped gradient all-reduce] (pp/pipeline.h): gradient message size.
@@ -101,7 +101,7 @@ struct OutputOptions {
 // step, under `dir`, keeping the newest `keep_last` (0: all) of this run. `resume`: a
 // step-NNNNNN directory or "latest" (the newest complete checkpoint under `dir`); empty: start
 // from step 0. A run that does not resume refuses a `dir` holding checkpoints unless
-// `overwrite`, which removes them first (Note [Checkpoint directories] in train_checkpoints.h).
+// `overwrite`, which removes them first (docs/training.md, "Checkpoint directories").
 struct CheckpointOptions {
   std::string dir;
   int64_t every = 0;
