@@ -176,4 +176,12 @@ Codec integer_list(Get get, std::string expected, int64_t item_min) {
       [](YAML::Emitter& out, int64_t value) { out << value; });
 }
 
+// The codecs of the structured keys (config_codecs.cpp).
+Codec list_entry_key(std::string type);  // a key of a list entry: read and written with its list
+Codec pattern_list();                    // remat.checkpoint
+Codec exclude_list();                    // remat.exclude
+Codec stage_list();                      // remat.stages
+Codec timeout_codec();                   // transport.timeout: seconds in YAML
+Codec master_codec();                    // transport.master: host:port, or empty
+
 }  // namespace pipemat::train::config_detail

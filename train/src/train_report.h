@@ -17,6 +17,7 @@
 #include "pipemat/schedule/schedule.h"
 #include "pipemat/train/loss_curve.h"
 #include "pipemat/train/options.h"
+#include "pipemat/train/train.h"
 #include "train_checkpoints.h"
 
 namespace pipemat::train {
