@@ -68,6 +68,10 @@ struct Peer {
   // then report it as such instead of suggesting that the peer crashed.
   bool refused = false;
   bool eof = false;
+  // A direct send (write_now, on a user thread) found the connection reset. The kernel reports
+  // a reset to the first call that asks: when a direct send took it, the I/O thread's read then
+  // sees only the end of the stream, and the reset must not be reported as an orderly close.
+  std::atomic<bool> direct_send_reset{false};
   // Send side, shared by user threads (direct write) and the I/O thread; guarded by send_mutex.
   // Invariant: `sends` is non-empty exactly when `writing` (the I/O thread owns the stream).
   std::mutex send_mutex;

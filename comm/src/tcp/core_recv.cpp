@@ -167,6 +167,14 @@ void TcpCore::on_payload(Peer& peer, const error_code& ec) {
 
 void TcpCore::on_read_error(Peer& peer, const error_code& ec) {
   if (peer.broken) return;
+  if (ec == asio::error::eof && peer.direct_send_reset) {
+    // The connection was reset and a direct send took the error (Peer::direct_send_reset).
+    const error_code reset = asio::error::connection_reset;
+    fail_peer(peer, StatusCode::kCommError,
+              concat("the connection to rank ", peer.rank, " failed (", reset.message(), ")"),
+              closing_);
+    return;
+  }
   if (ec == asio::error::eof) {
     peer.eof = true;
     fail_peer(peer, StatusCode::kCommError,

@@ -76,6 +76,7 @@ size_t TcpCore::write_now(Peer& peer, TcpWork& work, size_t offset) {
   do {
     n = ::sendmsg(peer.socket.native_handle(), &message, MSG_DONTWAIT | MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
+  if (n < 0 && errno == ECONNRESET) peer.direct_send_reset = true;
   return n > 0 ? static_cast<size_t>(n) : 0;
 }
 
