@@ -2,7 +2,10 @@
 // What the backends share (private): the wording of the comm error messages, so every backend
 // says the same thing, and the span-carrying Work each backend builds from a Transport::Request.
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -24,6 +27,39 @@ std::string peer_failure_message(const WorkInfo& info, const std::string& what_h
 
 // Work finished because the transport was destroyed first.
 std::string shutdown_message(const WorkInfo& info);
+
+// Note [Liveness of a peer] (pipemat/comm/work.h): when anything last arrived from each job rank,
+// and how often a backend beats. Written by a backend's I/O or progress thread, read by waits.
+class PeerClocks {
+ public:
+  explicit PeerClocks(int world_size)
+      : size_(static_cast<size_t>(world_size)),
+        heard_ns_(std::make_unique<std::atomic<int64_t>[]>(size_)) {
+    const int64_t now = Clock::now().time_since_epoch().count();
+    for (size_t r = 0; r < size_; ++r) heard_ns_[r].store(now, std::memory_order_relaxed);
+  }
+  void heard(int rank) {
+    if (rank >= 0 && static_cast<size_t>(rank) < size_) {
+      heard_ns_[static_cast<size_t>(rank)].store(Clock::now().time_since_epoch().count(),
+                                                 std::memory_order_relaxed);
+    }
+  }
+  Clock::duration silence(int rank) const {
+    if (rank < 0 || static_cast<size_t>(rank) >= size_) return Clock::duration::zero();
+    const int64_t heard = heard_ns_[static_cast<size_t>(rank)].load(std::memory_order_relaxed);
+    return Clock::now() - Clock::time_point(Clock::duration(heard));
+  }
+  // TransportOptions::heartbeat_interval, or a quarter of the timeout, between 20 ms and 1 s.
+  static Clock::duration beat_interval(const TransportOptions& options) {
+    if (options.heartbeat_interval.count() > 0) return options.heartbeat_interval;
+    return std::clamp<Clock::duration>(options.timeout / 4, std::chrono::milliseconds(20),
+                                       std::chrono::seconds(1));
+  }
+
+ private:
+  size_t size_;
+  std::unique_ptr<std::atomic<int64_t>[]> heard_ns_;
+};
 
 // What every backend's Work carries from its Transport::Request: the caller's buffers of a send
 // or of an exact-size receive (a recv_any has none). The backends add their own state.

@@ -195,7 +195,7 @@ bool TensorWork::is_completed() const {
 
 at::Tensor TensorWork::wait() const {
   PIPEMAT_CHECK(state_, ConfigError, "TensorWork::wait on an empty handle");
-  return wait(state_->work->default_timeout());
+  return wait_result(*state_, std::nullopt);  // Note [Liveness of a peer]
 }
 
 at::Tensor TensorWork::wait(std::chrono::milliseconds timeout) const {

@@ -119,7 +119,7 @@ bool TensorListWork::is_completed() const {
 
 std::vector<at::Tensor> TensorListWork::wait() const {
   PIPEMAT_CHECK(state_, ConfigError, "TensorListWork::wait on an empty handle");
-  return wait(state_->work->default_timeout());
+  return wait_result(*state_, std::nullopt);  // Note [Liveness of a peer]
 }
 
 std::vector<at::Tensor> TensorListWork::wait(std::chrono::milliseconds timeout) const {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 
 #include "pipemat/comm/tensor.h"
 #include "pipemat/core/error.h"
@@ -16,12 +17,17 @@ enum class Mode { kSend, kRecvAny, kRecvExpected };
 void finalize(TensorWork::State& s);      // tensor.cpp
 void finalize(TensorListWork::State& s);  // tensor_list.cpp
 
-// Waits for the byte work, turns it into the result once (finalize) and returns it or throws
-// the stored error. Shared by TensorWork and TensorListWork.
+// Waits for the byte work (Work::wait(timeout), or Work::wait() without one), turns it into the
+// result once (finalize) and returns it or throws the stored error. Shared by TensorWork and
+// TensorListWork.
 template <typename State>
-const auto& wait_result(State& state, std::chrono::milliseconds timeout) {
+const auto& wait_result(State& state, std::optional<std::chrono::milliseconds> timeout) {
   try {
-    state.work->wait(timeout);
+    if (timeout) {
+      state.work->wait(*timeout);
+    } else {
+      state.work->wait();
+    }
   } catch (const CommError&) {
     // The status is stored; finalize() turns it into the right message (e.g. a size mismatch
     // into the tensor mismatch text).

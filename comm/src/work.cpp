@@ -1,9 +1,11 @@
 #include "pipemat/comm/work.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <thread>
 
 #include "common.h"
@@ -110,29 +112,69 @@ bool Work::is_completed() {
   return done_.load(std::memory_order_acquire);
 }
 
-void Work::wait() { wait(default_timeout_); }
+void Work::wait() {
+  // Note [Liveness of a peer]: past the timeout, a peer that is alive extends the wait (up to
+  // twice the timeout); one that has been silent for the timeout ends it.
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(
+      std::min(default_timeout_, std::chrono::milliseconds(std::chrono::hours(24 * 365))));
+  const auto start = Clock::now();
+  for (;;) {
+    const auto now = Clock::now();
+    const std::optional<Clock::duration> silence = peer_silence();
+    auto deadline = start + timeout;
+    if (silence)
+      deadline = std::min(std::max(deadline, now - *silence + timeout), start + 2 * timeout);
+    if (now >= deadline) {
+      time_out(now - start);
+      break;
+    }
+    if (wait_until(deadline)) break;
+  }
+  Status s = status();
+  if (!s.ok()) throw_status(s);
+}
 
 void Work::wait(std::chrono::milliseconds timeout) {
   // A year is "forever" and keeps now() + timeout from overflowing.
   const auto cap = std::chrono::hours(24 * 365);
   if (timeout > cap) timeout = std::chrono::duration_cast<std::chrono::milliseconds>(cap);
-  if (!wait_until(Clock::now() + timeout)) {
-    std::string why = timeout_note(timeout);
-    if (why.empty()) {
-      why = detail::concat("rank ", info_.peer, " did not ",
-                           info_.op == OpKind::kRecv ? "send" : "receive",
-                           " in time: check that both ranks post the matching operation with the "
-                           "same tag (a schedule mismatch or deadlock) and that the peer is not "
-                           "stalled");
-    }
-    abort_impl(Status{StatusCode::kTimeout,
-                      detail::concat("timed out after ", timeout.count(), " ms waiting for ",
-                                     info_.describe(), ". ", why,
-                                     "; or raise the timeout (TransportOptions::timeout, "
-                                     "PIPEMAT_COMM_TIMEOUT seconds).")});
-  }
+  if (!wait_until(Clock::now() + timeout)) time_out(timeout);
   Status s = status();
   if (!s.ok()) throw_status(s);
+}
+
+void Work::time_out(Clock::duration waited) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(waited);
+  const std::optional<Clock::duration> silence = peer_silence();
+  const int peer = info_.peer;
+  const char* verb = info_.op == OpKind::kRecv ? "send" : "receive";
+  std::string why;
+  if (!silence) {
+    why = detail::concat("rank ", peer, " did not ", verb,
+                         " in time: check that both ranks post the matching operation with the "
+                         "same tag (a schedule mismatch or deadlock) and that the peer is not "
+                         "stalled");
+  } else if (*silence >= waited / 2) {
+    // Silent for the second half of the wait at least: a wait may begin just before the peer's
+    // last message (the operation was posted early).
+    why = detail::concat(
+        "Nothing arrived from rank ", peer, " for the last ",
+        format_fixed(std::chrono::duration<double>(*silence).count(), 1),
+        " s, not even its heartbeat: it is stalled or unreachable (a stopped or hung process, a "
+        "stalled or cut network between the hosts)");
+  } else {
+    why = detail::concat(
+        "Rank ", peer, " is alive (it was last heard from ",
+        std::chrono::duration_cast<std::chrono::milliseconds>(*silence).count(),
+        " ms ago) but did not ", verb,
+        " this one: check that both ranks post the matching operation with the same tag (a "
+        "schedule mismatch or deadlock), or look at its log for what it waits for");
+  }
+  abort_impl(Status{StatusCode::kTimeout,
+                    detail::concat("timed out after ", ms.count(), " ms waiting for ",
+                                   info_.describe(), ". ", why,
+                                   "; or raise the timeout (TransportOptions::timeout, "
+                                   "PIPEMAT_COMM_TIMEOUT seconds).")});
 }
 
 void Work::abort() noexcept {

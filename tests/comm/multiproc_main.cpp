@@ -4,8 +4,8 @@
 //   comm_multiproc <scenario> --transport tcp --spawn N      (starts N local processes)
 //   comm_multiproc expect-failure <seconds> -- <command...> (the command must fail, in time)
 //
-// Scenarios: exchange, mismatch, silent, peer_exit, bench, progress, driven (mpi), groups (mpi,
-// 4 ranks). Exit code 0 = pass. Every check prints "rank R: ..." on failure.
+// Scenarios: exchange, mismatch, silent, alive (mpi), peer_exit, bench, progress, driven (mpi),
+// groups (mpi, 4 ranks). Exit code 0 = pass. Every check prints "rank R: ..." on failure.
 
 #include <ATen/ATen.h>
 #include <unistd.h>
@@ -165,6 +165,33 @@ void scenario_silent(pc::Transport& t) {
     }
     const double waited = seconds_since(start);
     CHECK_THAT(waited >= 0.9 && waited < 5.0, "waited " << waited << " s");
+  }
+  t.barrier();
+}
+
+// Note [Liveness of a peer]: rank 1 is idle but alive (it waits for tag 10), so rank 0's wait()
+// for tag 9, which rank 1 never sends, lasts twice the timeout (main sets 2 s; beats every
+// 500 ms) and says that rank 1 is alive. Then rank 0 sends tag 10.
+void scenario_alive(pc::Transport& t) {
+  int value = 0;
+  if (t.rank() == 0) {
+    auto w = t.recv(1, 9, &value, sizeof(value));
+    const auto start = Clock::now();
+    try {
+      w->wait();
+      CHECK_THAT(false, "expected a timeout");
+    } catch (const pipemat::TimeoutError& e) {
+      std::cerr << "rank 0 got the expected error: " << e.what() << "\n";
+      CHECK_THAT(contains(e.what(),
+                          "from rank 1 with tag 9 on rank 0 (mpi). Rank 1 is alive (it was last "
+                          "heard from "),
+                 e.what());
+    }
+    const double waited = seconds_since(start);
+    CHECK_THAT(waited >= 4.0 && waited < 10.0, "waited " << waited << " s");
+    t.send(1, 10, &value, sizeof(value))->wait();
+  } else if (t.rank() == 1) {
+    t.recv(0, 10, &value, sizeof(value))->wait(std::chrono::seconds(30));
   }
   t.barrier();
 }
@@ -415,6 +442,7 @@ int main(int argc, char** argv) {
     options.connect_retry_interval = std::chrono::milliseconds(50);
     options.connect_retries = 600;  // rank 0 may load libtorch slowly on a loaded machine
     if (scenario == "driven") options.mpi_progress_interval = std::chrono::hours(1);
+    if (scenario == "alive") options.timeout = std::chrono::seconds(2);
     auto transport = pc::make_transport(options);
     g_rank = transport->rank();
     if (kind == "tcp") {
@@ -429,6 +457,8 @@ int main(int argc, char** argv) {
       scenario_mismatch(*transport);
     } else if (scenario == "silent") {
       scenario_silent(*transport);
+    } else if (scenario == "alive") {
+      scenario_alive(*transport);
     } else if (scenario == "peer_exit") {
       scenario_peer_exit(*transport);
     } else if (scenario == "bench") {

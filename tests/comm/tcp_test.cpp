@@ -206,7 +206,7 @@ std::vector<uint8_t> make_hello(const std::vector<uint8_t>& challenge, const std
                                 const std::string& listen_host = "127.0.0.1") {
   std::vector<uint8_t> hello(kHelloBytes, 0);
   const uint32_t head[6] = {0x504d4832,  // "PMH2"
-                            3,           // protocol version
+                            4,           // protocol version
                             static_cast<uint32_t>(rank),
                             static_cast<uint32_t>(world_size),
                             1,  // listen port
@@ -500,12 +500,16 @@ TEST(commTcpHostilePeer, MessagesAboveTheLimitFailTheReceivingRank) {
                     "1025 bytes");
 }
 
-// Note [Silence of a peer]: a timed-out wait tells a silent peer (nothing came for the whole
-// wait: stalled or unreachable) from one that keeps sending other messages (a mismatch).
+// Note [Liveness of a peer]: a timed-out wait tells a silent peer (nothing came, not even a
+// heartbeat: stalled or unreachable) from one that is alive (a mismatch). Rank 1 beats once an
+// hour: it is silent unless it sends.
 TEST(commTcpTimeout, TheMessageSaysWhetherThePeerWasSilent) {
   TransportOptions options;
   options.timeout = std::chrono::seconds(20);
-  testing::Group group = testing::make_group(TransportKind::kTcp, 2, options);
+  testing::Group group =
+      testing::make_group(TransportKind::kTcp, 2, options, [](int rank, TransportOptions& mine) {
+        if (rank == 1) mine.heartbeat_interval = std::chrono::hours(1);
+      });
   int32_t value = 0;
   auto timeout_of = [&] {
     try {
@@ -520,7 +524,9 @@ TEST(commTcpTimeout, TheMessageSaysWhetherThePeerWasSilent) {
                         "9 on rank 0 (tcp). Nothing arrived from rank 1 for the last "),
             std::string::npos)
       << silent;
-  EXPECT_NE(silent.find("it is stalled or unreachable"), std::string::npos) << silent;
+  EXPECT_NE(silent.find(" s, not even its heartbeat: it is stalled or unreachable"),
+            std::string::npos)
+      << silent;
   // Rank 1 sends on tag 5 all through the wait, never on tag 9.
   std::atomic<bool> stop{false};
   std::thread chatter([&] {
@@ -533,12 +539,49 @@ TEST(commTcpTimeout, TheMessageSaysWhetherThePeerWasSilent) {
   const std::string alive = timeout_of();
   stop = true;
   chatter.join();
-  EXPECT_NE(alive.find("(tcp). Rank 1 is alive (its last message arrived "), std::string::npos)
+  EXPECT_NE(alive.find("(tcp). Rank 1 is alive (it was last heard from "), std::string::npos)
       << alive;
   EXPECT_NE(alive.find(" ms ago) but did not send this one: check that both ranks post the "
                        "matching operation with the same tag"),
             std::string::npos)
       << alive;
+}
+
+// Note [Liveness of a peer]: wait() without a timeout gives a peer whose heartbeats arrive (an
+// idle rank 1) twice the transport's timeout and one that is silent (rank 2 beats once an hour)
+// the timeout. The timeout is 2 s, the beats every 500 ms.
+TEST(commTcpTimeout, TheDefaultWaitGivesALivePeerTwiceTheTimeout) {
+  TransportOptions options;
+  options.timeout = std::chrono::seconds(2);
+  testing::Group group =
+      testing::make_group(TransportKind::kTcp, 3, options, [](int rank, TransportOptions& mine) {
+        if (rank == 2) mine.heartbeat_interval = std::chrono::hours(1);
+      });
+  int32_t value = 0;
+  auto wait_for = [&](int peer) {
+    const auto start = Clock::now();
+    std::string what = "no timeout";
+    try {
+      group[0]->recv(peer, 9, &value, sizeof(value))->wait();
+    } catch (const TimeoutError& e) {
+      what = e.what();
+    }
+    return std::make_pair(
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start), what);
+  };
+  const auto [alive_ms, alive] = wait_for(1);
+  EXPECT_GE(alive_ms.count(), 4000) << alive;
+  EXPECT_NE(alive.find("from rank 1 with tag 9 on rank 0 (tcp). Rank 1 is alive (it was last heard "
+                       "from "),
+            std::string::npos)
+      << alive;
+  const auto [silent_ms, silent] = wait_for(2);
+  EXPECT_GE(silent_ms.count(), 2000) << silent;
+  EXPECT_LT(silent_ms.count(), 4000) << silent;
+  EXPECT_NE(silent.find("from rank 2 with tag 9 on rank 0 (tcp). Nothing arrived from rank 2 for "
+                        "the last "),
+            std::string::npos)
+      << silent;
 }
 
 // ---- rendezvous hardening: binding, job secret, stray connections ----
@@ -785,7 +828,7 @@ TEST(commTcpRendezvous, MasterThatCannotProveTheSecretIsRefused) {
     }
   });
   const int fd = ::accept(listener, nullptr, nullptr);
-  uint8_t challenge[kChallengeBytes] = {0x31, 0x4e, 0x4d, 0x50, 3};  // "PMN1", version 3
+  uint8_t challenge[kChallengeBytes] = {0x31, 0x4e, 0x4d, 0x50, 4};  // "PMN1", version 4
   ::send(fd, challenge, sizeof(challenge), MSG_NOSIGNAL);
   uint8_t hello[kHelloBytes];
   size_t got = 0;

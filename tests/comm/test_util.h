@@ -57,7 +57,9 @@ inline void run_threads(int world_size, const std::function<void(int)>& fn) {
   run_rank_threads(world_size, fn);
 }
 
-inline Group make_group(TransportKind kind, int world_size, TransportOptions options = {}) {
+// `per_rank(rank, options)` may change one rank's options (tcp).
+inline Group make_group(TransportKind kind, int world_size, TransportOptions options = {},
+                        const std::function<void(int, TransportOptions&)>& per_rank = {}) {
   if (kind == TransportKind::kLocal) return make_local_transports(world_size, options);
   Group group(static_cast<size_t>(world_size));
   options.kind = kind;
@@ -68,6 +70,7 @@ inline Group make_group(TransportKind kind, int world_size, TransportOptions opt
   run_threads(world_size, [&](int rank) {
     TransportOptions mine = options;
     mine.rank = rank;
+    if (per_rank) per_rank(rank, mine);
     group[static_cast<size_t>(rank)] = make_transport(mine);
   });
   return group;

@@ -13,7 +13,7 @@
 #          the relay carried exactly the 4 cross-host connections (2->0, 3->0, 2->1, 3->1).
 #   stall  once the job trains, the relay stops relaying (connections stay open): every rank
 #          ends non-zero within the transport timeout + 20 s, and a rank of h0 says that nothing
-#          arrived from a rank of h1 (Note [Silence of a peer]).
+#          arrived from a rank of h1, not even a heartbeat (Note [Liveness of a peer]).
 #   cut    the same with every relayed connection reset: "the connection to rank 2 failed".
 # Exit 77 (a ctest skip) with the reason when this machine refuses namespaces, veth or iptables.
 set -uo pipefail
@@ -131,7 +131,7 @@ for r in 0 1 2 3; do
 done
 echo "the $mode ended every rank after $((ms / 1000)).$(printf '%03d' $((ms % 1000))) s (bound $bound s)"
 # The host h0 names what it lost: a rank of h1 (2 or 3), the other side of the link.
-named='Nothing arrived from rank [23] for the last [0-9.]+ s: it is stalled or unreachable'
+named='Nothing arrived from rank [23] for the last [0-9.]+ s, not even its heartbeat: it is stalled or unreachable'
 [ "$mode" = cut ] && named='the connection to rank [23] failed'
 grep -Eq "$named" "$work/rank0.log" "$work/rank1.log" || fail "h0's ranks do not say '$named'"
 exit 0

@@ -2,7 +2,8 @@
 # fault_rank.sh SIGNAL RANK BOUND REGEX -- COMMAND...
 # Starts a multi-rank job (COMMAND, e.g. pipemat-run ...), waits until it trains (a "step 2/"
 # progress line), sends SIGNAL (KILL or STOP) to the process of rank RANK, then requires the
-# job to end within BOUND seconds with a non-zero exit code and output matching REGEX.
+# job to end within BOUND seconds with a non-zero exit code and output matching REGEX (for STOP:
+# the job's first timeout matches it).
 # Everything the job started is killed at the end, also a stopped rank.
 set -uo pipefail
 signal="$1" rank="$2" bound="$3" regex="$4"
@@ -50,5 +51,11 @@ echo "SIG$signal to rank $rank: the job ended with exit code $rc after $elapsed 
 [ "$rc" -ne 0 ] || fail "exit code 0 after SIG$signal to rank $rank"
 [ "$ms" -le $((bound * 1000)) ] || fail "took $elapsed s, more than $bound s"
 grep -Eq "$regex" "$out" || fail "no line matching '$regex'"
+if [ "$signal" = STOP ]; then
+  # The job's first timeout names the stopped rank (Note [Liveness of a peer]), not a rank that
+  # was only waiting for it.
+  first=$(grep -m1 -E "timed out after" "$out")
+  grep -Eq "$regex" <<<"$first" || fail "the first timeout does not match '$regex': $first"
+fi
 grep -E "error" "$out" | head -3
 exit 0

@@ -85,27 +85,85 @@ void MpiCore::post_recv(const std::shared_ptr<MpiWork>& work) {
 
 MpiCore::~MpiCore() { stop_progress_thread(); }
 
-void MpiCore::start_progress_thread(std::chrono::microseconds interval) {
+void MpiCore::start_progress_thread(std::chrono::microseconds interval,
+                                    std::optional<Clock::duration> beat) {
   if (interval.count() <= 0) return;
   interval_ = interval;
+  if (beat && kBeatTag <= tag_upper_bound) {
+    int size = 0;
+    MPI_Comm_size(comm, &size);
+    beats_.emplace();
+    beats_->interval = *beat;
+    beats_->sends.assign(static_cast<size_t>(size), MPI_REQUEST_NULL);
+  }
   has_progress_thread_ = true;
   progress_thread_ = std::thread([this, interval] {
+    const auto pending = [&] { return stopping_ || !unmatched_.empty() || !active_.empty(); };
     for (;;) {
+      Clock::duration sleep = interval;
       {
         auto lock = acquire();
-        pending_.wait(lock, [&] { return stopping_ || !unmatched_.empty() || !active_.empty(); });
+        if (beats_) {
+          // Note [Liveness of a peer]: the thread wakes for the heartbeats too.
+          pending_.wait_until(lock, beats_->next, pending);
+          sleep = std::min(sleep, std::max<Clock::duration>(beats_->next - Clock::now(), {}));
+        } else {
+          pending_.wait(lock, pending);
+        }
         if (stopping_) return;
         progress_locked();
       }
-      // Sleep for the interval, and for as long as a waiter drives MPI itself (MpiCore::wait):
-      // its MPI_Test calls advance every transfer, and a round would only take the mutex and
-      // the core (mpirun binds all threads of a rank to one core) from it.
+      // Sleep for the interval (at most until the next heartbeat), and for as long as a waiter
+      // drives MPI itself (MpiCore::wait, which beats too): its MPI_Test calls advance every
+      // transfer, and a round would only take the mutex and the core (mpirun binds all threads
+      // of a rank to one core) from it.
       std::unique_lock<std::mutex> lock(stop_mutex_);
       do {
-        if (stop_.wait_for(lock, interval, [&] { return stop_requested_; })) return;
+        if (stop_.wait_for(lock, sleep, [&] { return stop_requested_; })) return;
       } while (drivers_.load(std::memory_order_relaxed) > 0);
     }
   });
+}
+
+void MpiCore::beat_locked() {
+  if (!beats_ || comm == MPI_COMM_NULL) return;
+  Beats& b = *beats_;
+  for (;;) {  // the heartbeats that arrived (zero bytes, from any rank)
+    if (b.recv == MPI_REQUEST_NULL &&
+        MPI_Irecv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, kBeatTag, comm, &b.recv) != MPI_SUCCESS) {
+      break;
+    }
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Test(&b.recv, &flag, &status) != MPI_SUCCESS || !flag) break;
+    clocks->heard(status.MPI_SOURCE);  // the job's transport: comm ranks are job ranks
+  }
+  const auto now = Clock::now();
+  if (now < b.next) return;
+  b.next = now + b.interval;
+  int self = 0;
+  MPI_Comm_rank(comm, &self);
+  for (size_t r = 0; r < b.sends.size(); ++r) {
+    if (static_cast<int>(r) == self) continue;
+    MPI_Request& send = b.sends[r];
+    int flag = 1;
+    MPI_Status status;
+    if (send != MPI_REQUEST_NULL) MPI_Test(&send, &flag, &status);
+    // A beat still in flight (a peer that stopped reading) is not followed by another.
+    if (flag) MPI_Isend(nullptr, 0, MPI_BYTE, static_cast<int>(r), kBeatTag, comm, &send);
+  }
+}
+
+void MpiCore::stop_beats_locked() noexcept {
+  if (!beats_) return;
+  if (beats_->recv != MPI_REQUEST_NULL) {
+    MPI_Cancel(&beats_->recv);
+    MPI_Request_free(&beats_->recv);
+  }
+  for (MPI_Request& send : beats_->sends) {
+    if (send != MPI_REQUEST_NULL) MPI_Request_free(&send);
+  }
+  beats_.reset();
 }
 
 void MpiCore::stop_progress_thread() noexcept {
@@ -172,9 +230,11 @@ bool MpiCore::wait(MpiWork& work, Clock::time_point deadline) {
     if (work.done()) return true;
     if (work.started) {
       // Match the receives posted meanwhile too: their senders may be waiting for them (two
-      // ranks that each wait on a send to the other).
+      // ranks that each wait on a send to the other). The progress thread pauses while a waiter
+      // drives: the waiter beats.
       test_locked(work);
       if (!unmatched_.empty()) match_locked();
+      beat_locked();
     } else {
       progress_locked();
     }
@@ -246,6 +306,10 @@ void MpiCore::abort(MpiWork* work, const Status& reason) {
 
 void MpiCore::shutdown(std::chrono::milliseconds linger) noexcept {
   stop_progress_thread();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (comm != MPI_COMM_NULL) stop_beats_locked();
+  }
   const auto deadline = Clock::now() + linger;
   for (;;) {
     {
@@ -323,6 +387,7 @@ bool MpiCore::check_usable(const std::shared_ptr<MpiWork>& work) {
 
 void MpiCore::progress_locked() {
   if (comm == MPI_COMM_NULL) return;
+  beat_locked();
   match_locked();
   for (auto it = active_.begin(); it != active_.end();) {
     auto& work = *it;
@@ -439,6 +504,7 @@ void MpiCore::complete(MpiWork& work) {
   } else {
     work.set_received(work.incoming);
   }
+  if (clocks) clocks->heard(info.peer);
   work.finish(Status{});
 }
 
@@ -447,6 +513,11 @@ void MpiWork::progress() { core_->progress(); }
 bool MpiWork::drive_until(Clock::time_point deadline) {
   if (!core_->has_progress_thread()) return Work::drive_until(deadline);
   return core_->wait(*this, deadline);
+}
+
+std::optional<Clock::duration> MpiWork::peer_silence() const {
+  if (!core_->clocks) return std::nullopt;
+  return core_->clocks->silence(info().peer);
 }
 
 void MpiWork::abort_impl(const Status& reason) noexcept {

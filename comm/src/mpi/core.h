@@ -72,6 +72,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -102,6 +103,7 @@ class MpiWork final : public SpanWork {
   bool needs_progress() const override { return true; }
   bool drive_until(Clock::time_point deadline) override;
   void abort_impl(const Status& reason) noexcept override;
+  std::optional<Clock::duration> peer_silence() const override;
 
  private:
   std::shared_ptr<MpiCore> core_;
@@ -116,6 +118,9 @@ class MpiCore {
   // A group's sub-communicator (Note [Groups of ranks]): Works name job ranks, so a peer's rank
   // in `comm` is comm_rank_of_job[job rank]. Empty: they are the same (the job's transport).
   std::vector<int> comm_rank_of_job;
+  // Note [Liveness of a peer]: when each job rank was last heard from. Set (before the first
+  // post) on the job's transport that beats and shared with its groups; null: no liveness.
+  std::shared_ptr<PeerClocks> clocks;
 
   // Post one operation; a failure (shut down, tag above MPI_TAG_UB, above 2 GiB, an MPI error)
   // finishes the Work with its Status instead of throwing.
@@ -127,7 +132,10 @@ class MpiCore {
   bool has_progress_thread() const { return has_progress_thread_; }
 
   // Note [MPI progress thread]. Called once, after `comm` is set; none when `interval` is 0.
-  void start_progress_thread(std::chrono::microseconds interval);
+  // With a `beat` interval (the job's transport) the thread also sends every peer of `comm` a
+  // heartbeat that often and notes theirs in `clocks` (Note [Liveness of a peer]).
+  void start_progress_thread(std::chrono::microseconds interval,
+                             std::optional<Clock::duration> beat = std::nullopt);
   void stop_progress_thread() noexcept;
 
   // Drives every pending operation once (Note [Work contract]).
@@ -152,13 +160,18 @@ class MpiCore {
     return comm_rank_of_job.empty() ? job_rank : comm_rank_of_job[static_cast<size_t>(job_rank)];
   }
   void progress_locked();
+  // Note [Liveness of a peer]: notes the heartbeats that arrived and, when one is due, sends the
+  // next to every peer whose last one left. Nothing without beats.
+  void beat_locked();
+  // The heartbeats' requests are released (shutdown).
+  void stop_beats_locked() noexcept;
   // The MPI_Improbe part of progress_locked(): starts the receives whose messages arrived.
   void match_locked();
   // One MPI_Test of a started `work`; retires it from active_ when it finished.
   void test_locked(MpiWork& work);
   void start_matched_recv(const std::shared_ptr<MpiWork>& work, MPI_Message& message,
                           const MPI_Status& status);
-  static void complete(MpiWork& work);
+  void complete(MpiWork& work);
 
   // Locks mutex_, counted in wanted_ while it waits (a driving waiter lets it in).
   std::unique_lock<std::mutex> acquire();
@@ -176,6 +189,15 @@ class MpiCore {
   bool stop_requested_ = false;
   std::atomic<bool> has_progress_thread_{false};
   std::thread progress_thread_;
+  // Heartbeats (the job's transport only): a control tag above kMaxUserTag and the barrier's.
+  static constexpr int kBeatTag = kMaxUserTag + 2;
+  struct Beats {
+    Clock::duration interval{};
+    Clock::time_point next{};
+    MPI_Request recv = MPI_REQUEST_NULL;
+    std::vector<MPI_Request> sends;  // by rank in `comm`
+  };
+  std::optional<Beats> beats_;
   std::map<std::pair<int, int>, std::deque<std::shared_ptr<MpiWork>>> unmatched_;
   std::vector<std::shared_ptr<MpiWork>> active_;
   std::vector<std::shared_ptr<MpiWork>> orphans_;

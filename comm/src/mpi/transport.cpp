@@ -17,6 +17,7 @@
 #include <chrono>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common.h"
@@ -61,9 +62,10 @@ class MpiTransport final : public SpanTransport<MpiTransport, MpiWork> {
     start();
   }
 
-  // A group (Note [Groups of ranks]): `comm`, whose rank r is job rank job_ranks[r].
+  // A group (Note [Groups of ranks]): `comm`, whose rank r is job rank job_ranks[r]; it shares
+  // the job transport's `clocks` (Note [Liveness of a peer]: only the job's transport beats).
   MpiTransport(const TransportOptions& options, std::shared_ptr<MpiEnvironment> env, MPI_Comm comm,
-               int rank, std::vector<int> job_ranks)
+               int rank, std::vector<int> job_ranks, std::shared_ptr<PeerClocks> clocks)
       : SpanTransport(TransportKind::kMpi, rank, static_cast<int>(job_ranks.size()),
                       options.timeout, job_ranks[static_cast<size_t>(rank)]),
         env_(std::move(env)),
@@ -71,6 +73,7 @@ class MpiTransport final : public SpanTransport<MpiTransport, MpiWork> {
         core_(std::make_shared<MpiCore>()),
         job_ranks_(std::move(job_ranks)) {
     core_->comm = comm;
+    core_->clocks = std::move(clocks);
     const int most = *std::max_element(job_ranks_.begin(), job_ranks_.end());
     core_->comm_rank_of_job.assign(static_cast<size_t>(most) + 1, -1);
     for (size_t r = 0; r < job_ranks_.size(); ++r)
@@ -120,7 +123,8 @@ class MpiTransport final : public SpanTransport<MpiTransport, MpiWork> {
     MPI_Comm_rank(comm, &sub_rank);
     std::vector<int> job_ranks;
     for (int r : world_ranks) job_ranks.push_back(job_rank_of(r));
-    return std::make_unique<MpiTransport>(options_, env_, comm, sub_rank, std::move(job_ranks));
+    return std::make_unique<MpiTransport>(options_, env_, comm, sub_rank, std::move(job_ranks),
+                                          core_->clocks);
   }
 
  private:
@@ -133,7 +137,14 @@ class MpiTransport final : public SpanTransport<MpiTransport, MpiWork> {
     int flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &flag);
     if (flag && value) core_->tag_upper_bound = *static_cast<int*>(value);
-    if (env_->thread_multiple()) core_->start_progress_thread(options_.mpi_progress_interval);
+    if (!env_->thread_multiple()) return;
+    std::optional<Clock::duration> beat;
+    if (job_ranks_.empty() && options_.mpi_progress_interval.count() > 0) {
+      // The job's transport beats (Note [Liveness of a peer]); its groups share its clocks.
+      beat = PeerClocks::beat_interval(options_);
+      core_->clocks = std::make_shared<PeerClocks>(world_size());
+    }
+    core_->start_progress_thread(options_.mpi_progress_interval, beat);
   }
 
   int job_rank_of(int r) const {

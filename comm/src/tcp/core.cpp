@@ -6,6 +6,7 @@
 
 #include <exception>
 #include <future>
+#include <optional>
 
 #include "common.h"
 #include "pipemat/core/format.h"
@@ -47,6 +48,7 @@ void TcpCore::start() {
     peer->socket.set_option(asio::socket_base::receive_buffer_size(4 << 20), ignored);
     read_header(*peer);
   }
+  schedule_beat();
   {
     std::lock_guard<std::mutex> lock(state_mutex_);
     running_ = true;
@@ -86,6 +88,7 @@ void TcpCore::shutdown(std::chrono::milliseconds linger) noexcept {
   try {
     run_on_io([this] {
       closing_ = true;
+      beat_timer_.cancel();
       for (auto& peer : peers) {
         if (!peer || peer->broken) continue;
         std::lock_guard<std::mutex> lock(peer->send_mutex);
@@ -114,6 +117,35 @@ void TcpCore::shutdown(std::chrono::milliseconds linger) noexcept {
       io.stop();
       thread_.join();
     }
+  }
+}
+
+void TcpCore::schedule_beat() {
+  beat_timer_.expires_after(beat_interval_);
+  beat_timer_.async_wait([self = shared_from_this()](const error_code& ec) {
+    if (ec || self->closing_) return;
+    self->beat();
+    self->schedule_beat();
+  });
+}
+
+void TcpCore::beat() {
+  for (auto& peer : peers) {
+    if (!peer || peer->broken) continue;
+    {
+      std::lock_guard<std::mutex> lock(peer->send_mutex);
+      if (peer->send_closed || !peer->sends.empty()) continue;
+    }
+    WorkInfo info;
+    info.op = OpKind::kSend;
+    info.rank = rank_;
+    info.peer = peer->rank;
+    info.tag = 0;
+    info.transport = "tcp";
+    auto work =
+        std::make_shared<TcpWork>(std::move(info), std::chrono::milliseconds(0), weak_from_this());
+    work->header.magic = kBeatMagic;
+    post_send(work);  // a failure is the connection's, which its read loop reports
   }
 }
 
@@ -217,34 +249,16 @@ void TcpCore::fail_peer(Peer& peer, StatusCode code, const std::string& what, bo
   }
 }
 
-// Note [Silence of a peer]
-// A wait that timed out says whether anything came from the peer meanwhile. Nothing (no frame began
-// or ended on its connection) for at least the second half of the wait is what a hung process or a
-// stalled or cut link between the hosts looks like; frames that kept coming mean the peer runs but
-// never sent this message (a schedule mismatch or deadlock). Half, not all of the wait: a wait may
-// begin just before the peer's last frames (the operation was posted early). A single message whose
-// bytes take longer than that counts as silence: the clock moves at a frame's start and end only.
-std::string TcpWork::timeout_note(std::chrono::milliseconds waited) const {
+std::optional<Clock::duration> TcpWork::peer_silence() const {
   const auto core = core_.lock();
   const int peer = info().peer;
   if (!core || peer < 0 || peer >= static_cast<int>(core->peers.size()) ||
       !core->peers[static_cast<size_t>(peer)]) {
-    return "";
+    return std::nullopt;
   }
   const int64_t heard =
       core->peers[static_cast<size_t>(peer)]->last_heard_ns.load(std::memory_order_relaxed);
-  const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(
-      Clock::now() - Clock::time_point(Clock::duration(heard)));
-  if (silent >= waited / 2) {
-    return concat("Nothing arrived from rank ", peer, " for the last ",
-                  format_fixed(static_cast<double>(silent.count()) / 1000.0, 1),
-                  " s: it is stalled or unreachable (a hung process, a stalled or cut network "
-                  "between the hosts) or itself waiting (look at its log)");
-  }
-  return concat("Rank ", peer, " is alive (its last message arrived ", silent.count(),
-                " ms ago) but did not ", info().op == OpKind::kRecv ? "send" : "receive",
-                " this one: check that both ranks post the matching "
-                "operation with the same tag (a schedule mismatch or deadlock)");
+  return Clock::now() - Clock::time_point(Clock::duration(heard));
 }
 
 void TcpWork::abort_impl(const Status& reason) noexcept {

@@ -8,7 +8,9 @@
 // match with the right size is read straight into the caller's memory; otherwise the payload goes
 // into a Buffer (unexpected message, any-size receive or size mismatch). All peer state is touched
 // only on the I/O thread; handlers carry error codes as values and the Work turns them into
-// exceptions at wait() (Note [Work contract]).
+// exceptions at wait() (Note [Work contract]). The I/O thread also sends each idle connection a
+// heartbeat frame (magic "PMB1", no payload) every TransportOptions::heartbeat_interval, and the
+// read loop notes when any frame of a peer arrived (Note [Liveness of a peer]).
 //
 // TcpCore's members live in three files: tcp/core.cpp (the I/O thread, aborts, failing and
 // shutting down peers), tcp/core_send.cpp (the send path) and tcp/core_recv.cpp (the read loop).
@@ -47,8 +49,8 @@ class TcpWork final : public SpanWork {
 
  protected:
   void abort_impl(const Status& reason) noexcept override;
-  // Note [Silence of a peer].
-  std::string timeout_note(std::chrono::milliseconds waited) const override;
+  // Note [Liveness of a peer]: from Peer::last_heard_ns.
+  std::optional<Clock::duration> peer_silence() const override;
 
  private:
   std::weak_ptr<TcpCore> core_;
@@ -59,8 +61,9 @@ struct Peer {
       : rank(peer_rank), socket(std::move(peer_socket)) {}
   int rank;
   tcp::socket socket;
-  // Note [Silence of a peer]: when a frame from this peer last began or ended (steady clock,
-  // ns); the connection's start counts. Written by the I/O thread, read by timed-out waits.
+  // Note [Liveness of a peer] (pipemat/comm/work.h): when a frame (a message or a heartbeat)
+  // from this peer last began or ended (steady clock, ns); the connection's start counts.
+  // Written by the I/O thread, read by waits.
   std::atomic<int64_t> last_heard_ns{Clock::now().time_since_epoch().count()};
   bool broken = false;
   std::string broken_reason;
@@ -96,8 +99,11 @@ std::string recv_failure_message(const Peer& peer, const WorkInfo& info, const s
 
 class TcpCore : public std::enable_shared_from_this<TcpCore> {
  public:
-  TcpCore(int rank, int world_size, size_t max_message_bytes)
-      : rank_(rank), max_message_bytes_(max_message_bytes) {
+  TcpCore(int rank, int world_size, size_t max_message_bytes, Clock::duration beat_interval)
+      : rank_(rank),
+        max_message_bytes_(max_message_bytes),
+        beat_interval_(beat_interval),
+        beat_timer_(io) {
     peers.resize(static_cast<size_t>(world_size));
   }
 
@@ -134,6 +140,11 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
   // an error, which the I/O thread's write then reports).
   static size_t write_now(Peer& peer, TcpWork& work, size_t offset);
 
+  // Note [Liveness of a peer]: every beat_interval_, a heartbeat frame to each peer whose send
+  // queue is empty (a queued message tells the peer as much).
+  void schedule_beat();
+  void beat();
+
   void write_next(Peer& peer);
   void on_write(Peer& peer, const error_code& ec);
   void shut_send_locked(Peer& peer);
@@ -162,7 +173,9 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
 
   const int rank_;  // this rank
   const size_t max_message_bytes_;
-  bool closing_ = false;  // I/O thread only
+  const Clock::duration beat_interval_;
+  asio::steady_timer beat_timer_;  // I/O thread only
+  bool closing_ = false;           // I/O thread only
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard_;
   std::thread thread_;
   std::mutex state_mutex_;

@@ -94,6 +94,9 @@ void TcpCore::read_header(Peer& peer) {
 void TcpCore::on_header(Peer& peer, const error_code& ec) {
   if (ec) return on_read_error(peer, ec);
   peer.last_heard_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  if (peer.in_header.magic == kBeatMagic && peer.in_header.size == 0) {
+    return read_header(peer);  // Note [Liveness of a peer]: it only says the peer is there
+  }
   if (peer.in_header.magic != kFrameMagic) {
     refuse_peer(peer, concat("corrupt stream from rank ", peer.rank,
                              " (bad frame header); is another program connected to this port?"));

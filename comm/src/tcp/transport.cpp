@@ -24,8 +24,8 @@ class TcpTransport final : public SpanTransport<TcpTransport, TcpWork> {
   explicit TcpTransport(const TransportOptions& options)
       : SpanTransport(TransportKind::kTcp, options.rank, options.world_size, options.timeout),
         shutdown_timeout_(options.shutdown_timeout),
-        core_(std::make_shared<TcpCore>(options.rank, options.world_size,
-                                        options.max_message_bytes)) {
+        core_(std::make_shared<TcpCore>(options.rank, options.world_size, options.max_message_bytes,
+                                        PeerClocks::beat_interval(options))) {
     rendezvous(options);
     core_->start();
   }

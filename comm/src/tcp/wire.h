@@ -13,12 +13,14 @@
 namespace pipemat::comm::detail::tcp {
 
 constexpr uint32_t kFrameMagic = 0x504d4331;      // "PMC1"
+constexpr uint32_t kBeatMagic = 0x504d4231;       // "PMB1": a heartbeat, tag 0, size 0
 constexpr uint32_t kHelloMagicV1 = 0x504d4831;    // "PMH1": the unauthenticated hello before v2
 constexpr uint32_t kHelloMagic = 0x504d4832;      // "PMH2"
 constexpr uint32_t kChallengeMagic = 0x504d4e31;  // "PMN1"
 constexpr uint32_t kAckMagic = 0x504d4131;        // "PMA1"
-constexpr uint32_t kProtocolVersion = 3;          // 3: the hello carries the listener address
-constexpr uint32_t kHasSecret = 1;                // flag: the sender has a job secret
+// 3: the hello carries the listener address; 4: heartbeat frames (Note [Liveness of a peer]).
+constexpr uint32_t kProtocolVersion = 4;
+constexpr uint32_t kHasSecret = 1;  // flag: the sender has a job secret
 constexpr size_t kNonceBytes = 32;
 
 struct FrameHeader {

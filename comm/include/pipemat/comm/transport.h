@@ -91,6 +91,11 @@ struct TransportOptions {
   // this limit. Guards against corrupt streams and hostile peers; raise it for larger messages.
   size_t max_message_bytes = kDefaultMaxMessageBytes;
 
+  // tcp and mpi: how often a rank sends each peer a heartbeat (Note [Liveness of a peer] in
+  // pipemat/comm/work.h). Zero: a quarter of `timeout`, between 20 ms and 1 s. The beats go from
+  // the I/O thread (tcp) or the progress thread (mpi; none without one).
+  std::chrono::milliseconds heartbeat_interval{0};
+
   // mpi: how often the progress thread drives pending operations; it sleeps while nothing is
   // pending. Zero: no progress thread (operations move only inside
   // is_completed() / wait() calls). PIPEMAT_MPI_PROGRESS_US overrides it.

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,7 @@ using WorkPtr = std::shared_ptr<Work>;
 // * A wait that times out aborts the operation (Note [Abort after timeout]) and throws
 //   TimeoutError naming the operation, the peer, the tag and this rank. If the operation finished
 //   in the race with the abort, wait() returns normally.
+// * `wait()` without a timeout bounds the wait by the peer's liveness (Note [Liveness of a peer]).
 // * Every later wait() rethrows the same stored error; is_completed() stays true.
 // * `abort()` withdraws an unfinished operation; on return the transport no longer writes into
 //   (recv) or reads from (send) the caller's memory — except where MPI cannot withdraw it: a
@@ -121,6 +123,24 @@ using WorkPtr = std::shared_ptr<Work>;
 // * Threading: all members are thread-safe. Several threads may wait on the same Work.
 // * Ownership: for raw-pointer send/recv the caller keeps the memory alive and untouched until
 //   the Work is completed (or wait() threw). Objects passed to hold() live as long as the Work.
+//
+// Note [Liveness of a peer]
+// The tcp and mpi transports send every peer a heartbeat (an empty control message) every
+// quarter of their timeout (between 20 ms and 1 s), from their I/O or progress thread, and note
+// when anything, a heartbeat or a message, last arrived from each peer. A process that is
+// stopped, hung in the kernel or cut off falls silent; one that is only waiting (on another rank)
+// or computing keeps beating. `wait()` uses that to blame the right rank when a job stalls:
+//
+//   * it times out once the transport's timeout has passed and the peer has been silent for that
+//     long (a stalled or unreachable peer);
+//   * a peer that is alive gets up to twice the timeout (a schedule mismatch or deadlock between
+//     live ranks still ends, with a message saying the peer is alive).
+//
+// In a chain of waits (rank 2 waits for rank 0, which waits for a stopped rank 1) the rank next to
+// the stalled one thus times out first and its message, naming rank 1, is the job's first error,
+// whatever order the waits began in. The local transport (threads of one process, which cannot
+// stall alone) and an mpi transport without a progress thread keep no liveness: there `wait()`
+// times out after the timeout, like `wait(timeout)`, which never extends.
 //
 // Note [Abort after timeout]
 // On local and mpi a receive that has not started is simply withdrawn; the transport stays
@@ -137,9 +157,11 @@ class Work {
   // the transport's progress.
   bool is_completed();
 
-  // Blocks until completion or until the transport's default timeout (TransportOptions::timeout);
-  // see Note [Work contract]. Throws CommError / TimeoutError.
+  // Blocks until completion, bounded by the transport's timeout (TransportOptions::timeout) as
+  // Note [Liveness of a peer] says: at least the timeout, and up to twice it while the peer is
+  // alive. Throws CommError / TimeoutError.
   void wait();
+  // The same, bounded by exactly `timeout` (Note [Work contract]).
   void wait(std::chrono::milliseconds timeout);
 
   // Withdraws the operation if it has not finished; the Work then holds kAborted. No-op when
@@ -180,9 +202,9 @@ class Work {
   // between polls, then sleeps 100 us between them after 100 ms. The mpi backend with a
   // progress thread replaces it.
   virtual bool drive_until(Clock::time_point deadline);
-  // For the message of a wait that timed out after `waited`: what the backend saw of the peer
-  // meanwhile (e.g. "nothing arrived from rank 2 for 8.0 s: ..."), or "" when it cannot tell.
-  virtual std::string timeout_note(std::chrono::milliseconds waited) const { return ""; }
+  // Note [Liveness of a peer]: how long ago anything (a message or a heartbeat) last arrived
+  // from the peer; nullopt when the backend keeps no liveness.
+  virtual std::optional<Clock::duration> peer_silence() const { return std::nullopt; }
   // True once finished (successfully or not); drives nothing.
   bool done() const { return done_.load(std::memory_order_acquire); }
   // Withdraws the operation and finishes it with `reason` unless it finished meanwhile. On
@@ -192,6 +214,8 @@ class Work {
  private:
   // Blocks until completed or the deadline; true when completed.
   bool wait_until(Clock::time_point deadline);
+  // Aborts with kTimeout after a wait of `waited`, naming the operation and what the peer did.
+  void time_out(Clock::duration waited);
   [[noreturn]] void throw_status(const Status& status) const;
 
   const WorkInfo info_;
