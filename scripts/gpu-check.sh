@@ -17,9 +17,10 @@
 #
 # What it needs besides the GPU: python3 with torch (CUDA), cmake, ninja or make, g++ with C++20,
 # and the development files of Boost, CLI11, yaml-cpp, nlohmann-json, GoogleTest and OpenSSL. It
-# installs the missing ones from Debian's or Ubuntu's packages when apt-get can reach them; a
-# machine that cannot may get them from PIPEMAT_GPU_PREFIX, a directory holding the packages'
-# files (e.g. `dpkg -x` of each .deb into it), searched before the system.
+# takes the missing ones from .gpu-deps/ (scripts/gpu-deps.sh downloads their .deb files on a
+# machine that reaches Debian's packages; they are unpacked into build-gpu/deps), else installs
+# them with apt-get where it reaches the packages; PIPEMAT_GPU_PREFIX names a folder that holds
+# them already unpacked, searched before the system.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${PIPEMAT_GPU_BUILD_DIR:-$root/build-gpu}"
@@ -27,7 +28,7 @@ jobs="$(nproc)"
 while [ $# -gt 0 ]; do
   case "$1" in
     --jobs) jobs="$2"; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -58,12 +59,29 @@ have_header() {
   done
   return 1
 }
-missing=()
-for pair in boost/asio.hpp:libboost-dev CLI/CLI.hpp:libcli11-dev yaml-cpp/yaml.h:libyaml-cpp-dev \
-            nlohmann/json.hpp:nlohmann-json3-dev gtest/gtest.h:libgtest-dev \
-            openssl/hmac.h:libssl-dev; do
-  have_header "${pair%%:*}" || missing+=("${pair##*:}")
-done
+find_missing() {  # the packages whose headers are missing, into `missing`
+  missing=()
+  for pair in boost/asio.hpp:libboost-dev CLI/CLI.hpp:libcli11-dev yaml-cpp/yaml.h:libyaml-cpp-dev \
+              nlohmann/json.hpp:nlohmann-json3-dev gtest/gtest.h:libgtest-dev \
+              openssl/hmac.h:libssl-dev; do
+    have_header "${pair%%:*}" || missing+=("${pair##*:}")
+  done
+}
+find_missing
+if [ ${#missing[@]} -gt 0 ] && [ -z "$prefix" ] && compgen -G "$root/.gpu-deps/*.deb" >/dev/null; then
+  prefix="$build/deps"
+  say "missing development files: ${missing[*]}; unpacking .gpu-deps/*.deb into $prefix"
+  mkdir -p "$prefix"
+  for deb in "$root"/.gpu-deps/*.deb; do dpkg -x "$deb" "$prefix" || fail "dpkg -x $deb"; done
+  find_missing
+fi
+if [ -n "$prefix" ]; then
+  # OpenSSL's headers include their multiarch part (x86_64-linux-gnu/openssl/configuration.h),
+  # which the compiler looks for under /usr/include only; the unpacked packages' shared libraries
+  # are needed at run time.
+  export CPATH="$prefix/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}"
+  export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   say "missing development files: ${missing[*]}; installing them with apt-get"
   (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}") ||

@@ -234,14 +234,19 @@ WorkPtr Transport::recv_any(int peer, int tag) {
   return post_recv(std::move(request));
 }
 
-void Transport::barrier() { barrier(timeout_); }
+void Transport::barrier() { barrier_until(std::nullopt); }
 
 void Transport::barrier(std::chrono::milliseconds timeout) {
-  // Gather to rank 0, then release; messages of one byte on a reserved tag.
-  const auto deadline = Clock::now() + timeout;
-  auto remaining = [&] {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    return std::max(left, std::chrono::milliseconds(1));
+  barrier_until(Clock::now() + timeout);
+}
+
+void Transport::barrier_until(std::optional<Clock::time_point> deadline) {
+  // Gather to rank 0, then release; messages of one byte on a reserved tag. Without a deadline
+  // each wait is Work::wait() (Note [Liveness of a peer]).
+  auto wait = [&](Work& work) {
+    if (!deadline) return work.wait();
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - Clock::now());
+    work.wait(std::max(left, std::chrono::milliseconds(1)));
   };
   static const uint8_t kToken = 1;
   if (world_size_ == 1) return;
@@ -252,18 +257,18 @@ void Transport::barrier(std::chrono::milliseconds timeout) {
       arrivals.push_back(recv_checked(
           peer, kBarrierTag, {MutableSpan{&sink[static_cast<size_t>(peer)], 1}}, nullptr, true));
     }
-    for (auto& work : arrivals) work->wait(remaining());
+    for (auto& work : arrivals) wait(*work);
     std::vector<WorkPtr> releases;
     for (int peer = 1; peer < world_size_; ++peer) {
       releases.push_back(send_checked(peer, kBarrierTag, {ConstSpan{&kToken, 1}}, nullptr, true));
     }
-    for (auto& work : releases) work->wait(remaining());
+    for (auto& work : releases) wait(*work);
   } else {
     uint8_t sink = 0;
     auto arrival = send_checked(0, kBarrierTag, {ConstSpan{&kToken, 1}}, nullptr, true);
     auto release = recv_checked(0, kBarrierTag, {MutableSpan{&sink, 1}}, nullptr, true);
-    arrival->wait(remaining());
-    release->wait(remaining());
+    wait(*arrival);
+    wait(*release);
   }
 }
 

@@ -310,7 +310,9 @@ void add_plan_command(CLI::App& app) {
       "calibration run of the config with remat none (pipemat-run; --calibration-steps 0: none). "
       "--out writes a config that `pipemat train` runs as is "
       "(schedule.recompute\n"
-      "pretrigger, remat.stages with each stage's lists). Examples:\n"
+      "pretrigger, remat.stages with each stage's lists). The profiles run on the config's\n"
+      "training.device, so on `cuda` the budgets are GPU bytes (the CUDA caching allocator's).\n"
+      "Examples:\n"
       "  pipemat plan --config configs/1f1b.yaml --memory-budget 24MiB\n"
       "  pipemat plan --config configs/1f1b.yaml --memory-budget 32MiB,20MiB --out plan.yaml\n"
       "  pipemat-run -n 2 plan.yaml");
@@ -318,7 +320,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--set", f->overrides, "Override a config key: --set schedule.ranks=4")
       ->take_all();
   cmd->add_option("--memory-budget", f->budget,
-                  "Bytes per rank: one size for every rank (48MiB) or one per rank (64MiB,48MiB)")
+                  "Bytes per rank on its device (training.device): one size for every rank "
+                  "(48MiB) or one per rank (64MiB,48MiB)")
       ->required();
   cmd->add_option("--out", f->out, "Write the planned config here (YAML)");
   cmd->add_flag("--json", f->json, "Print one JSON object instead of lines");

@@ -91,6 +91,14 @@ void seed_device(c10::Device device, uint64_t seed) {
   generator.set_current_seed(seed);
 }
 
+void synchronize_device(c10::Device device) {
+#ifdef PIPEMAT_CUDA
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+#else
+  (void)device;
+#endif
+}
+
 void reset_device_peak(c10::Device device) {
 #ifdef PIPEMAT_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());

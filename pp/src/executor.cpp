@@ -44,7 +44,7 @@ Pipeline::Impl::StepRun::StepRun(Impl& pipe, const DataSource& data)
   m_.step = step_;
   for (auto p : pipe_.params) p.mutable_grad().reset();
   remat::reset_counters();
-  if (pipe_.options.collect_timelines) pipe_.transport.barrier(pipe_.transport.timeout());
+  if (pipe_.options.collect_timelines) pipe_.transport.barrier();
   remat::reset_peak_bytes();
   bytes0_ = remat::memory_stats().current_bytes;
   t0_ = std::chrono::steady_clock::now();

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <map>
 
+#include "device_meter.h"
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
 #include "pipemat/core/stats.h"
@@ -19,10 +20,12 @@
 namespace pipemat::pp {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+// The device of the first defined input: where a stage is profiled (the CPU without one).
+c10::Device device_of(const Tensors& inputs) {
+  for (const at::Tensor& t : inputs) {
+    if (t.defined()) return t.device();
+  }
+  return c10::Device(c10::kCPU);
 }
 
 // The layer as entry "0" of a Sequential, so that remat paths address it as "0" and "0.<child>".
@@ -107,11 +110,12 @@ struct Measured {
 // second forward and replay for the fused backward (B). Adds its times to `m` when `record`.
 void measure_once(torch::nn::Sequential& layer, const at::Tensor& input, const at::Tensor& dy,
                   bool record, Measured* m) {
+  const DeviceMeter meter(input.device());
   const auto params = layer->parameters();
   // The forward under an invocation scope, then R; returns the output and its group.
   const auto forward = [&](const at::Tensor& x, bool measure) {
-    const int64_t base = remat::begin_peak_window();
-    auto t0 = Clock::now();
+    const int64_t base = meter.begin_window();
+    auto t0 = meter.now();
     at::Tensor y;
     std::shared_ptr<remat::InvocationGroup> group;
     {
@@ -119,19 +123,19 @@ void measure_once(torch::nn::Sequential& layer, const at::Tensor& input, const a
       y = layer->forward(x);
       group = scope.group();
     }
-    const double forward_ms = ms_since(t0);
-    const int64_t forward_peak = remat::window_peak_bytes();
-    const int64_t after_forward = remat::begin_peak_window();
+    const double forward_ms = meter.ms_since(t0);
+    const int64_t forward_peak = meter.window_peak();
+    const int64_t after_forward = meter.begin_window();
     group->retain();
-    t0 = Clock::now();
+    t0 = meter.now();
     group->pretrigger();
-    const double recompute_ms = group->size() > 0 ? ms_since(t0) : 0.0;
+    const double recompute_ms = group->size() > 0 ? meter.ms_since(t0) : 0.0;
     if (measure) {
-      const int64_t after_replay = remat::memory_stats().current_bytes;
+      const int64_t after_replay = meter.current_bytes();
       m->resident = static_cast<double>(after_forward - base);
       m->replayed = static_cast<double>(after_replay - after_forward);
       m->forward_temporary = static_cast<double>(forward_peak - after_forward);
-      m->recompute_temporary = static_cast<double>(remat::window_peak_bytes() - after_replay);
+      m->recompute_temporary = static_cast<double>(meter.window_peak() - after_replay);
       if (record) {
         m->forward.push_back(forward_ms);
         m->recompute.push_back(recompute_ms);
@@ -147,13 +151,13 @@ void measure_once(torch::nn::Sequential& layer, const at::Tensor& input, const a
     const at::Tensor x = input.detach().clone().requires_grad_(true);
     auto [y, group] = forward(x, /*measure=*/true);
     SplitBackward split({gradient_edge(y)}, {x}, params);
-    auto t0 = Clock::now();
+    auto t0 = meter.now();
     split.run_input({dy});
-    const double input_ms = ms_since(t0);
-    t0 = Clock::now();
+    const double input_ms = meter.ms_since(t0);
+    t0 = meter.now();
     split.run_weight();
     if (record) {
-      m->weight.push_back(ms_since(t0));
+      m->weight.push_back(meter.ms_since(t0));
       m->input.push_back(input_ms);
     }
     group->release();
@@ -162,11 +166,11 @@ void measure_once(torch::nn::Sequential& layer, const at::Tensor& input, const a
   // its peak above its start is all temporaries (new gradients before they are added in).
   const at::Tensor x = input.detach().clone().requires_grad_(true);
   auto [y, group] = forward(x, /*measure=*/false);
-  const int64_t start = remat::begin_peak_window();
-  const auto t0 = Clock::now();
+  const int64_t start = meter.begin_window();
+  const auto t0 = meter.now();
   run_backward({gradient_edge(y)}, {dy});
-  if (record) m->backward.push_back(ms_since(t0));
-  m->backward_temporary = static_cast<double>(remat::window_peak_bytes() - start);
+  if (record) m->backward.push_back(meter.ms_since(t0));
+  m->backward_temporary = static_cast<double>(meter.window_peak() - start);
   group->release();
 }
 
@@ -205,6 +209,7 @@ LayerCandidates profile_layer(const std::string& name,
   const at::Tensor dy = at::randn_like(input);  // allocated before any measurement
   for (const LayerPolicy& p : out.policies) {
     torch::nn::Sequential layer = wrap(make_layer());
+    if (!input.device().is_cpu()) layer->to(input.device());
     remat::apply_policy(*layer, full_policy(p));
     Measured m;
     for (int r = 0; r < options.warmup + options.repeats; ++r) {
@@ -261,12 +266,12 @@ struct ProfiledForward {
 // Runs the forward of `stage` on copies of `inputs`; `outputs` gets detached copies of what it
 // returns and the outputs themselves are dropped (as the pipeline drops them once sent), so what
 // stays alive is the inputs and what the graph saved. `bytes` gets the inputs' and the rest.
-ProfiledForward stage_forward(const PipelineStage& stage, const Tensors& inputs, const LossFn& loss,
-                              const Tensors& targets, Tensors* outputs, double* input_bytes,
-                              double* resident_bytes) {
+ProfiledForward stage_forward(const DeviceMeter& meter, const PipelineStage& stage,
+                              const Tensors& inputs, const LossFn& loss, const Tensors& targets,
+                              Tensors* outputs, double* input_bytes, double* resident_bytes) {
   outputs->clear();  // the previous round's, freed before anything is measured
   ProfiledForward out;
-  const int64_t before_inputs = remat::memory_stats().current_bytes;
+  const int64_t before_inputs = meter.current_bytes();
   Tensors x;
   for (const at::Tensor& t : inputs) {
     at::Tensor copy = t.detach().clone();
@@ -276,8 +281,8 @@ ProfiledForward stage_forward(const PipelineStage& stage, const Tensors& inputs,
     }
     x.push_back(copy);
   }
-  const int64_t base = remat::begin_peak_window();
-  const auto t0 = Clock::now();
+  const int64_t base = meter.begin_window();
+  const auto t0 = meter.now();
   Tensors y;
   at::Tensor root;
   {
@@ -285,8 +290,8 @@ ProfiledForward stage_forward(const PipelineStage& stage, const Tensors& inputs,
     y = stage.forward(x);
   }
   if (loss) root = loss(y, targets);
-  out.ms = ms_since(t0);
-  out.peak_bytes = static_cast<double>(remat::window_peak_bytes() - base);
+  out.ms = meter.ms_since(t0);
+  out.peak_bytes = static_cast<double>(meter.window_peak() - base);
   // Sizes and options of each output's gradient (holding the outputs would keep them alive).
   std::vector<std::pair<std::vector<int64_t>, at::TensorOptions>> grad_like;
   if (root.defined()) {
@@ -305,7 +310,7 @@ ProfiledForward stage_forward(const PipelineStage& stage, const Tensors& inputs,
   }
   y.clear();
   *input_bytes = static_cast<double>(base - before_inputs);
-  *resident_bytes = static_cast<double>(remat::memory_stats().current_bytes - base - copies);
+  *resident_bytes = static_cast<double>(meter.current_bytes() - base - copies);
   if (root.defined()) {
     out.dy.push_back(at::ones_like(root));
   } else {
@@ -325,6 +330,7 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
   PIPEMAT_CHECK(static_cast<bool>(stage.forward), ConfigError, "profile: stage ", stage.index,
                 " has no forward.");
   remat::install_tracking_allocator();
+  const DeviceMeter meter(device_of(inputs));
   StageProfile out;
   std::vector<double> forward, backward, input, weight;
   std::vector<at::Tensor> params;
@@ -334,25 +340,25 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
   for (int r = 0; r < warmup + repeats; ++r) {
     const bool record = r >= warmup;
     const auto split_round = [&](bool measure) {
-      ProfiledForward f = stage_forward(stage, inputs, loss, targets, &out.outputs,
+      ProfiledForward f = stage_forward(meter, stage, inputs, loss, targets, &out.outputs,
                                         &out.input_bytes, &out.resident_bytes);
       SplitBackward split(f.roots, f.leaves, params);
-      int64_t start = remat::begin_peak_window();
-      auto t0 = Clock::now();
+      int64_t start = meter.begin_window();
+      auto t0 = meter.now();
       split.run_input(f.dy);  // the input gradients are sent and freed
-      const double input_ms = ms_since(t0);
-      const int64_t input_peak = remat::window_peak_bytes() - start;
-      const int64_t held = remat::memory_stats().current_bytes - start;
-      start = remat::begin_peak_window();
-      t0 = Clock::now();
+      const double input_ms = meter.ms_since(t0);
+      const int64_t input_peak = meter.window_peak() - start;
+      const int64_t held = meter.current_bytes() - start;
+      start = meter.begin_window();
+      t0 = meter.now();
       split.run_weight();
       if (!measure) return;
       if (record) {
-        weight.push_back(ms_since(t0));
+        weight.push_back(meter.ms_since(t0));
         input.push_back(input_ms);
         forward.push_back(f.ms);
       }
-      out.weight_peak_bytes = static_cast<double>(remat::window_peak_bytes() - start);
+      out.weight_peak_bytes = static_cast<double>(meter.window_peak() - start);
       out.input_peak_bytes = static_cast<double>(input_peak);
       out.input_held_bytes = static_cast<double>(held);
       out.forward_peak_bytes = f.peak_bytes;
@@ -362,13 +368,13 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
     }
     split_round(/*measure=*/false);
     {  // B
-      ProfiledForward f = stage_forward(stage, inputs, loss, targets, &out.outputs,
+      ProfiledForward f = stage_forward(meter, stage, inputs, loss, targets, &out.outputs,
                                         &out.input_bytes, &out.resident_bytes);
-      const int64_t start = remat::begin_peak_window();
-      const auto t0 = Clock::now();
+      const int64_t start = meter.begin_window();
+      const auto t0 = meter.now();
       run_backward(f.roots, f.dy);
-      if (record) backward.push_back(ms_since(t0));
-      out.backward_peak_bytes = static_cast<double>(remat::window_peak_bytes() - start);
+      if (record) backward.push_back(meter.ms_since(t0));
+      out.backward_peak_bytes = static_cast<double>(meter.window_peak() - start);
       if (record) forward.push_back(f.ms);
       out.output_gradient_bytes = 0;
       if (!loss) {
@@ -382,11 +388,11 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
     if (stage.module) {
       for (auto p : stage.module->parameters()) p.mutable_grad() = at::Tensor();
     }
-    ProfiledForward f = stage_forward(stage, inputs, loss, targets, &out.outputs, &out.input_bytes,
-                                      &out.resident_bytes);
-    const int64_t start = remat::begin_peak_window();
+    ProfiledForward f = stage_forward(meter, stage, inputs, loss, targets, &out.outputs,
+                                      &out.input_bytes, &out.resident_bytes);
+    const int64_t start = meter.begin_window();
     run_backward(f.roots, f.dy);
-    out.first_backward_peak_bytes = static_cast<double>(remat::window_peak_bytes() - start);
+    out.first_backward_peak_bytes = static_cast<double>(meter.window_peak() - start);
   }
   out.forward = median(forward);
   out.backward = median(backward);

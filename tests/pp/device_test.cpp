@@ -1,4 +1,5 @@
-// The device of a rank (pipemat/pp/device.h): names, errors, and the CUDA allocator's bytes.
+// The device of a rank (pipemat/pp/device.h): names, errors, the CUDA allocator's bytes, and a
+// profile on a GPU.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -6,7 +7,9 @@
 #include <string>
 
 #include "pipemat/core/error.h"
+#include "pipemat/models/zoo.h"
 #include "pipemat/pp/device.h"
+#include "pipemat/pp/profile.h"
 
 namespace pipemat::pp {
 namespace {
@@ -82,6 +85,24 @@ TEST(Device, CudaAllocatorBytesAreCounted) {
   const DeviceMemory after = device_memory(gpu);
   EXPECT_EQ(after.current_bytes, before.current_bytes);
   EXPECT_EQ(after.peak_bytes - before.current_bytes, 4 << 20);
+}
+
+// pipemat plan on a GPU (docs/gpu.md): a layer profiled on a CUDA input is measured in the
+// device's bytes. Checkpointing the whole layer keeps its output alone (64 x 64 floats, a multiple
+// of the caching allocator's 512-byte blocks); no remat keeps more, and the replay rebuilds some.
+TEST(Device, ProfileOnCudaCountsTheDeviceBytes) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "needs a visible CUDA device";
+  const c10::Device gpu(c10::kCUDA, 0);
+  const auto block = [] { return torch::nn::AnyModule(models::MlpBlock(64, 128)); };
+  const LayerCandidates c =
+      profile_layer("layers.*", block, at::randn({64, 64}, at::TensorOptions().device(gpu)));
+  const auto& k = c.profile.candidates;
+  ASSERT_GE(k.size(), 2u);
+  EXPECT_EQ(k[1].name, "full");
+  EXPECT_EQ(k[1].resident_bytes, 64 * 64 * 4);
+  EXPECT_GT(k[1].replayed_bytes, 0);
+  EXPECT_GT(k[0].resident_bytes, k[1].resident_bytes);
+  EXPECT_GT(k[0].forward, 0);
 }
 
 }  // namespace

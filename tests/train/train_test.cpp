@@ -330,7 +330,8 @@ TEST(PipelineTrain, ThreadsAboveOneAreMeasuredAgainstOneThreadFirst) {
   std::ostringstream out;
   ASSERT_EQ(run_train(c, /*reference=*/true, out, out), 0) << out.str();
   const std::regex line(
-      "compute: 1 rank, ([12]) threads? per rank \\(training.threads; 2 asked, measured first: one "
+      "compute: 1 rank on cpu, ([12]) threads? per rank \\(training.threads; 2 asked, measured "
+      "first: one "
       "micro-batch's forward and backward took ([0-9.]+) ms on 1 thread and ([0-9.]+) ms on 2 "
       "\\(medians of 3 rounds, OMP_WAIT_POLICY [^)]+\\), the faster kept\\), LibTorch ");
   std::smatch m;
@@ -349,8 +350,9 @@ TEST(PipelineTrain, ThreadsAboveOneAreMeasuredAgainstOneThreadFirst) {
   c.training.thread_probe = false;
   std::ostringstream asked;
   ASSERT_EQ(run_train(c, /*reference=*/true, asked, asked), 0) << asked.str();
-  EXPECT_NE(asked.str().find("compute: 1 rank, 2 threads per rank (training.threads), LibTorch "),
-            std::string::npos)
+  EXPECT_NE(
+      asked.str().find("compute: 1 rank on cpu, 2 threads per rank (training.threads), LibTorch "),
+      std::string::npos)
       << asked.str();
   pp::set_compute_threads(1);
 }

@@ -17,6 +17,7 @@
 #include "pipemat/models/gpt.h"
 #include "pipemat/models/zoo_stages.h"
 #include "pipemat/pp/compute.h"
+#include "pipemat/pp/device.h"
 #include "pipemat/pp/pipeline.h"
 #include "pipemat/pp/profile.h"
 #include "pipemat/train/model_run.h"
@@ -91,7 +92,7 @@ int selective_candidate(const pp::LayerCandidates& layer, const TrainConfig& con
 // Median ms of the optimizer step of `params` (their gradients set), with the gradient norms
 // and their scaling when the config clips (as pp's clipping computes them).
 double optimizer_ms(const TrainingOptions& training, const std::vector<at::Tensor>& params,
-                    int repeats, int warmup) {
+                    c10::Device device, int repeats, int warmup) {
   if (params.empty()) return 0.0;
   const auto optimizer = make_optimizer(training, params);
   std::vector<double> times;
@@ -111,6 +112,7 @@ double optimizer_ms(const TrainingOptions& training, const std::vector<at::Tenso
       }
     }
     optimizer->step();
+    pp::synchronize_device(device);  // a CUDA step returns before its kernels ran
     if (r >= warmup) {
       times.push_back(
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
@@ -201,6 +203,7 @@ std::vector<std::vector<at::Tensor>> profile_stages(PlanReport& report, const Mo
                                                     const schedule::Schedule& plan_schedule,
                                                     const LayerKind& kind,
                                                     const pp::LayerCandidates& layer,
+                                                    c10::Device device,
                                                     const PlanOptions& options) {
   const TrainConfig& config = report.config;
   plan::PlanProblem& problem = report.problem;
@@ -210,11 +213,16 @@ std::vector<std::vector<at::Tensor>> profile_stages(PlanReport& report, const Mo
   problem.fixed_bytes.assign(static_cast<size_t>(ranks), 0.0);
   problem.stage_bytes.assign(static_cast<size_t>(stages), {});
   problem.message_cost = options.message_ms;
-  const pp::MicroBatch data = run.train_data(0, 0);
+  pp::MicroBatch data = run.train_data(0, 0);
+  if (!device.is_cpu()) {  // profiled where the ranks compute (training.device)
+    for (auto& t : data.inputs) t = t.defined() ? t.to(device) : t;
+    for (auto& t : data.targets) t = t.defined() ? t.to(device) : t;
+  }
   pp::Tensors inputs = data.inputs;
   std::vector<std::vector<at::Tensor>> rank_params(static_cast<size_t>(ranks));
   for (int s = 0; s < stages; ++s) {
     const pp::PipelineStage stage = run.stage(s);
+    if (!device.is_cpu()) stage.module->to(device);
     const auto stage_params = stage.module->parameters();
     auto& params_of_rank = rank_params[static_cast<size_t>(plan_schedule.rank_of(s))];
     params_of_rank.insert(params_of_rank.end(), stage_params.begin(), stage_params.end());
@@ -292,15 +300,19 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
   const schedule::Schedule plan_schedule = plan::plan_schedule(problem);
   const int stages = plan_schedule.stages_count;
   const ModelRun run = make_model_run(config, stages);
-  const LayerKind kind = layer_kind(config, stages);
+  // Note [Plan memory] counts the bytes of the device the ranks compute on: the profiles run
+  // there (rank 0's for `cuda`), so the budgets are that device's bytes.
+  const c10::Device device = pp::resolve_device(config.training.device, 0, "training.device");
+  LayerKind kind = layer_kind(config, stages);
+  if (!device.is_cpu()) kind.input = kind.input.to(device);
   const pp::LayerCandidates layer = profile_layer_kind(kind, options);
   const std::vector<std::vector<at::Tensor>> rank_params =
-      profile_stages(report, run, plan_schedule, kind, layer, options);
+      profile_stages(report, run, plan_schedule, kind, layer, device, options);
   // The step's tail on each rank: its optimizer step (and gradient norms) on its parameters,
   // whose gradients the stages' profiles left.
   for (int r = 0; r < ranks; ++r) {
     problem.step_tail.push_back(optimizer_ms(config.training, rank_params[static_cast<size_t>(r)],
-                                             options.repeats, options.warmup));
+                                             device, options.repeats, options.warmup));
   }
   problem.tails_wait_for_all = config.training.clip_grad_norm > 0;
   const int cores =
@@ -312,6 +324,7 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
   report.selective = selective_candidate(layer, config, kind.prefix);
   report.policies = layer.policies;
   report.summary = plan_summary(report, run.summary, layer, stages, threads, cores);
+  if (!device.is_cpu()) report.summary += "; profiled on " + device.str() + " (training.device)";
   return report;
 }
 

@@ -296,7 +296,9 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "",
                       !config.checkpoint.resume.empty());
   if (r.talk) {
-    print_compute(*r.talk, job.world_size());
+    print_compute(*r.talk, job.world_size(),
+                  {comm::to_string(transport.kind()),
+                   place_of_device(options.device, config.training.device)});
     *r.talk << "model: " << run.summary << "\n" << std::flush;
   }
   const std::string metadata = config_to_yaml(given);

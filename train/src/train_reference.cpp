@@ -238,7 +238,10 @@ ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps, int
 
 TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {
   remat::install_tracking_allocator();
-  if (progress && config.output.progress) print_compute(*progress, 1);
+  if (progress && config.output.progress) {
+    const c10::Device device = pp::resolve_device(config.training.device, 0, "training.device");
+    print_compute(*progress, 1, {"", place_of_device(device, config.training.device)});
+  }
   TrainResult result;
   result.last_stage_rank = true;
   result.steps = run_reference(config, &result.params, &result.validation);

@@ -163,16 +163,22 @@ std::string describe_thread_choice(const pp::ThreadChoice& c) {
       c.wait_policy.empty() ? std::string("unset") : c.wait_policy, "), the faster kept");
 }
 
-void print_compute(std::ostream& out, int ranks) {
+void print_compute(std::ostream& out, int ranks, const ComputePlace& place) {
   const pp::ComputeInfo info = pp::compute_info();
-  out << "compute: " << ranks << (ranks == 1 ? " rank" : " ranks") << ", " << info.threads
-      << (info.threads == 1 ? " thread" : " threads") << " per rank (training.threads"
-      << (info.choice ? describe_thread_choice(*info.choice) : "") << "), LibTorch "
-      << info.torch_version << ", BLAS " << info.blas;
+  out << "compute: " << ranks << (ranks == 1 ? " rank" : " ranks")
+      << (place.transport.empty() ? "" : " over " + place.transport) << " on " << place.device
+      << ", " << info.threads << (info.threads == 1 ? " thread" : " threads")
+      << " per rank (training.threads" << (info.choice ? describe_thread_choice(*info.choice) : "")
+      << "), LibTorch " << info.torch_version << ", BLAS " << info.blas;
   if (info.blas_threads >= 0) {
     out << " (" << info.blas_threads << (info.blas_threads == 1 ? " thread)" : " threads)");
   }
   out << (info.freed_memory_retained ? "; freed memory kept for reuse" : "") << "\n" << std::flush;
+}
+
+std::string place_of_device(const c10::Device& device, const std::string& spelled) {
+  const std::string name = device.str();
+  return name == spelled ? name : name + " (training.device: " + spelled + ")";
 }
 
 MetricsFile::MetricsFile(const std::string& path, bool append) : path_(path) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pipemat/pp/compute.h"
+#include "pipemat/pp/device.h"
 #include "pipemat/pp/pipeline.h"
 #include "pipemat/schedule/schedule.h"
 #include "pipemat/train/loss_curve.h"
@@ -44,9 +45,21 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
 // "validation after step N: loss L nats/byte (B bits)".
 void print_validation(std::ostream& out, int64_t step, double loss);
 
-// The first progress line: which BLAS runs the GEMMs and with how many threads, and how they
-// were chosen when they were measured (pp::ThreadChoice).
-void print_compute(std::ostream& out, int ranks);
+// Where the first progress line says the ranks run: "over tcp" (empty for one process without a
+// transport) and the talking rank's device ("cpu", "cuda:1 (training.device: cuda)").
+struct ComputePlace {
+  std::string transport;
+  std::string device;
+};
+
+// The first progress line: the ranks, their transport and device, which BLAS runs the GEMMs and
+// with how many threads, and how they were chosen when they were measured (pp::ThreadChoice):
+// "compute: 4 ranks over tcp on cpu, 1 thread per rank (training.threads), LibTorch ...".
+void print_compute(std::ostream& out, int ranks, const ComputePlace& place);
+
+// ComputePlace::device: `device` as it prints, with the spelling of training.device when that
+// differs ("cuda:1 (training.device: cuda)").
+std::string place_of_device(const c10::Device& device, const std::string& spelled);
 
 // "; 2 asked, measured first: ... ms on 1 thread and ... ms on 2 (...), the faster kept"; empty
 // for a choice that measured nothing.

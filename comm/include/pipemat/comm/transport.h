@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -157,8 +158,9 @@ class Transport {
   // Receives a message of any size into transport-allocated memory: Work::buffer().
   WorkPtr recv_any(int peer, int tag);
 
-  // Blocks until every rank reached the barrier; TimeoutError naming the missing rank after
-  // `timeout` (default: timeout()).
+  // Blocks until every rank reached the barrier; TimeoutError naming the missing rank. barrier()
+  // bounds each of its waits as Work::wait() does (Note [Liveness of a peer]), barrier(timeout)
+  // the whole barrier by `timeout`.
   void barrier();
   void barrier(std::chrono::milliseconds timeout);
 
@@ -202,6 +204,8 @@ class Transport {
                        std::shared_ptr<const void> keep_alive, bool internal);
   WorkPtr recv_checked(int peer, int tag, std::vector<MutableSpan> spans,
                        std::shared_ptr<const void> keep_alive, bool internal);
+  // barrier() (no deadline) and barrier(timeout).
+  void barrier_until(std::optional<Clock::time_point> deadline);
 
   const TransportKind kind_;
   const int rank_;

@@ -39,6 +39,10 @@ struct DeviceMemory {
 DeviceMemory device_memory(c10::Device device);
 void reset_device_peak(c10::Device device);
 
+// Waits until every kernel queued on `device` finished (before reading a clock); nothing for the
+// CPU, whose work is done when the call that did it returns.
+void synchronize_device(c10::Device device);
+
 // Seeds the default generator of a CUDA `device` (random ops on its tensors draw from it); nothing
 // for the CPU, whose draws come from the thread's generator (remat/rng.h).
 void seed_device(c10::Device device, uint64_t seed);

@@ -56,7 +56,10 @@ struct LayerCandidates {
 // Profiles the layer that `make_layer` builds (called once per candidate and repeat setup; each
 // call must return a layer of the same structure; the weights need not be equal) on `input`
 // (one micro-batch, as the layer receives it). `name` labels the profile (e.g. "layers.*").
-// The layer's output must be one tensor. Installs the tracking allocator.
+// The layer's output must be one tensor. Installs the tracking allocator. On a CUDA `input` the
+// layer is moved to its device and measured there: bytes from the CUDA caching allocator, times
+// read after the device finished (the same for profile_stage on CUDA inputs, with the stage
+// module already on that device).
 LayerCandidates profile_layer(const std::string& name,
                               const std::function<torch::nn::AnyModule()>& make_layer,
                               const at::Tensor& input, const ProfileOptions& options = {});
