@@ -8,7 +8,8 @@
 #      GPU (Device.*: the device names, the CUDA allocator's bytes) with the rest of pp's and
 #      remat's unit tests;
 #   4. trains configs/zoo.yaml on cuda under 1f1b and zb-v on 2 ranks (tcp) and as
-#      `--reference` in one process, and compares their losses bitwise;
+#      `--reference` in one process, and compares their losses bitwise; runs `pipemat plan` on
+#      cuda (profiles on the GPU, budgets in its bytes);
 #   5. runs the main job (configs/default.yaml) for 50 steps on 2 ranks sharing the GPU (tcp)
 #      and prints its tokens/s, each rank's peak device memory and whether it equals
 #      `--reference` bitwise.
@@ -28,7 +29,7 @@ jobs="$(nproc)"
 while [ $# -gt 0 ]; do
   case "$1" in
     --jobs) jobs="$2"; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -132,6 +133,12 @@ compare() {  # name config steps ranks [--set ...]
 }
 compare zoo-1f1b "$root/configs/zoo.yaml" 5 2 --set schedule.kind=1f1b
 compare zoo-zb-v "$root/configs/zoo.yaml" 5 2 --set schedule.kind=zb-v
+# pipemat plan profiles on the GPU: its summary names the device, its budgets are GPU bytes.
+"$pipemat" plan --config "$root/configs/zoo.yaml" --memory-budget 1GiB --calibration-steps 0 \
+  --set training.device=cuda >"$work/plan.log" 2>&1 || { tail -20 "$work/plan.log"; fail "plan on cuda"; }
+grep -q "profiled on cuda:0 (training.device)" "$work/plan.log" ||
+  { head -5 "$work/plan.log"; fail "plan on cuda: the summary names no GPU"; }
+say "plan on cuda: $(grep -m1 -o 'predicted step [^;]*' "$work/plan.log" || head -1 "$work/plan.log")"
 # The main job's text: Debian's fortunes where installed, else Python's own sources (any
 # English-ish bytes do for 50 steps; the comparison is with --reference on the same text).
 text=/usr/share/games/fortunes

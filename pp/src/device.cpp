@@ -13,7 +13,13 @@
 #include "pipemat/core/error.h"
 
 #ifdef PIPEMAT_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <map>
 #endif
 
 namespace pipemat::pp {
@@ -30,7 +36,91 @@ int parse_index(const std::string& digits) {
   return n;
 }
 
+#ifdef PIPEMAT_CUDA
+// Note [Copies between host and device]: the side stream of a device, the same for the process's
+// whole life (streams of LibTorch's pool are never destroyed).
+c10::cuda::CUDAStream side_stream(c10::DeviceIndex index) {
+  static std::mutex mutex;
+  static auto* streams = new std::map<c10::DeviceIndex, c10::cuda::CUDAStream>();  // never freed
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = streams->find(index);
+  if (it == streams->end()) {
+    it = streams->emplace(index, c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index))
+             .first;
+  }
+  return it->second;
+}
+#endif
+
 }  // namespace
+
+at::Tensor copy_to_host(const at::Tensor& tensor) {
+  if (!tensor.defined() || tensor.device().is_cpu()) return tensor;
+#ifdef PIPEMAT_CUDA
+  if (tensor.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(tensor.device());
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(tensor.device().index());
+    const c10::cuda::CUDAStream side = side_stream(tensor.device().index());
+    at::cuda::CUDAEvent produced;
+    produced.record(compute);
+    produced.block(side);
+    at::Tensor host =
+        at::empty(tensor.sizes(), tensor.options().device(c10::kCPU).pinned_memory(true));
+    {
+      const c10::cuda::CUDAStreamGuard on_side(side);
+      host.copy_(tensor, /*non_blocking=*/true);
+    }
+    at::cuda::CUDAEvent copied;
+    copied.record(side);
+    copied.synchronize();
+    return host;
+  }
+#endif
+  return tensor.to(c10::kCPU);
+}
+
+at::Tensor copy_to_device(const at::Tensor& tensor, c10::Device device) {
+  if (!tensor.defined() || tensor.device() == device) return tensor;
+#ifdef PIPEMAT_CUDA
+  if (device.is_cuda() && tensor.device().is_cpu()) {
+    const c10::cuda::CUDAGuard guard(device);
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device.index());
+    const c10::cuda::CUDAStream side = side_stream(device.index());
+    const at::Tensor pinned =
+        tensor.is_contiguous() && tensor.is_pinned() ? tensor : tensor.contiguous().pin_memory();
+    // Allocated for the compute stream, which uses it; written on the side stream, which the
+    // caching allocator is told of, so the block is not reused before the copy ran.
+    at::Tensor out = at::empty(tensor.sizes(), tensor.options().device(device));
+    {
+      const c10::cuda::CUDAStreamGuard on_side(side);
+      out.copy_(pinned, /*non_blocking=*/true);  // keeps the pinned block until the copy ran
+    }
+    out.record_stream(side);
+    at::cuda::CUDAEvent copied;
+    copied.record(side);
+    copied.block(compute);
+    return out;
+  }
+#endif
+  return tensor.to(device);
+}
+
+DeviceScope::DeviceScope(c10::Device device) {
+#ifdef PIPEMAT_CUDA
+  if (device.is_cuda()) {
+    previous_ = c10::cuda::current_device();
+    c10::cuda::set_device(device.index());
+  }
+#else
+  (void)device;
+#endif
+}
+
+DeviceScope::~DeviceScope() {
+#ifdef PIPEMAT_CUDA
+  if (previous_ >= 0) c10::cuda::set_device(static_cast<c10::DeviceIndex>(previous_));
+#endif
+}
 
 bool cuda_compiled() {
 #ifdef PIPEMAT_CUDA

@@ -1,7 +1,6 @@
 // Pipeline::evaluate: forward only, in eval mode and without autograd, micro-batch by
 // micro-batch through the stages.
 
-#include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 
 #include <map>
@@ -12,6 +11,7 @@
 #include "pipeline_impl.h"
 #include "pipemat/comm/tensor.h"
 #include "pipemat/core/error.h"
+#include "pipemat/pp/device.h"
 #include "pipemat/remat/rng.h"
 
 namespace pipemat::pp {
@@ -41,8 +41,7 @@ class EvalModeScope {
 
 EvalResult Pipeline::Impl::evaluate(const DataSource& data, const EvalOptions& eo) {
   PIPEMAT_CHECK(static_cast<bool>(data), PipelineError, "evaluate: the data source is empty");
-  c10::OptionalDeviceGuard device_guard;  // a CUDA rank's device is current
-  if (!options.device.is_cpu()) device_guard.reset_device(options.device);
+  const DeviceScope device_scope(options.device);  // a CUDA rank's device is current
   std::optional<remat::ThreadGeneratorScope> rng;
   if (generator.defined()) rng.emplace(generator);
   PIPEMAT_CHECK(eo.micro_batches >= 1, ConfigError,
@@ -91,7 +90,8 @@ EvalResult Pipeline::Impl::evaluate(const DataSource& data, const EvalOptions& e
         PIPEMAT_CHECK(bad.empty(), PipelineError, bad);
         handoff[s + 1] = std::move(out);
       } else {
-        sends.push_back(comm::send_tensors(transport, plan.rank_of(s + 1), eval_tag(s, i, E), out));
+        sends.push_back(
+            comm::send_tensors(transport, plan.rank_of(s + 1), eval_tag(s, i, E), on_host(out)));
         if (!bad.empty()) {
           sends.back().wait();
           PIPEMAT_THROW(PipelineError, bad);

@@ -37,7 +37,7 @@ StepMetrics Pipeline::Impl::train_step(const MicroBatch& batch) {
 Pipeline::Impl::StepRun::StepRun(Impl& pipe, const DataSource& data)
     : pipe_(pipe), data_(data), actions_(pipe.plan.actions[pipe.rank]), step_(pipe.next_step) {
   if (!pipe_.options.device.is_cpu()) {
-    device_.reset_device(pipe_.options.device);
+    device_.emplace(pipe_.options.device);
     reset_device_peak(pipe_.options.device);
   }
   if (pipe_.generator.defined()) rng_.emplace(pipe_.generator);

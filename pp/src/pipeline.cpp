@@ -126,12 +126,18 @@ void Pipeline::Impl::reseed(int64_t step, int64_t micro_batch, int stream) {
   }
 }
 
+Tensors Pipeline::Impl::on_host(Tensors ts) const {
+  if (options.device.is_cpu()) return ts;
+  for (auto& t : ts) t = copy_to_host(t);  // Note [Copies between host and device]
+  return ts;
+}
+
 Tensors Pipeline::Impl::on_device(Tensors ts) const {
   if (options.device.is_cpu()) return ts;
   for (auto& t : ts) {
     if (t.defined() && t.device() != options.device) {
       const bool grad = t.requires_grad();
-      t = t.detach().to(options.device);
+      t = copy_to_device(t.detach(), options.device);  // Note [Copies between host and device]
       if (grad) t.requires_grad_(true);
     }
   }

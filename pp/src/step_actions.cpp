@@ -157,7 +157,7 @@ void Pipeline::Impl::StepRun::send_forward(const Action& a) {
   MicroBatchState& mb = state(a);
   // The graph keeps only the outputs' edges.
   sends_.push_back(comm::send_tensors(pipe_.transport, schedule::peer_rank(pipe_.plan, a),
-                                      pipe_.tag_of(a), as_received(mb.outputs)));
+                                      pipe_.tag_of(a), pipe_.on_host(as_received(mb.outputs))));
   mb.outputs.clear();  // freed once the send is done
 }
 
@@ -214,7 +214,7 @@ void Pipeline::Impl::StepRun::send_backward(const Action& a) {
   auto it = pending_dx_.find({a.stage, a.micro_batch});
   PIPEMAT_INTERNAL_ASSERT(it != pending_dx_.end(), schedule::format_action(a), " before its I/B");
   sends_.push_back(comm::send_tensors(pipe_.transport, schedule::peer_rank(pipe_.plan, a),
-                                      pipe_.tag_of(a), it->second));
+                                      pipe_.tag_of(a), pipe_.on_host(it->second)));
   pending_dx_.erase(it);
 }
 

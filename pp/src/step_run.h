@@ -5,7 +5,6 @@
 // schedule, the optimizer step and the metrics.
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/DeviceGuard.h>
 
 #include <chrono>
 #include <cstdint>
@@ -18,6 +17,7 @@
 
 #include "pipeline_impl.h"
 #include "pipemat/comm/tensor.h"
+#include "pipemat/pp/device.h"
 #include "pipemat/remat/invocation.h"
 #include "pipemat/remat/rng.h"
 #include "split_backward.h"
@@ -100,7 +100,7 @@ class Pipeline::Impl::StepRun {
 
   Impl& pipe_;
   const DataSource& data_;
-  c10::OptionalDeviceGuard device_;  // a CUDA rank's device is current during the step
+  std::optional<DeviceScope> device_;  // a CUDA rank's device is current during the step
   std::optional<remat::ThreadGeneratorScope> rng_;
   const std::vector<schedule::Action>& actions_;  // this rank's
   const int64_t step_;

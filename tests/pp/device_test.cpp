@@ -25,6 +25,9 @@ std::string error_of(const std::string& spec, int local_rank = 0) {
 
 TEST(Device, CpuIsTheCpu) {
   EXPECT_EQ(resolve_device("cpu", 3), c10::Device(c10::kCPU));
+  const at::Tensor t = at::ones({3});
+  EXPECT_TRUE(copy_to_host(t).is_same(t));
+  EXPECT_TRUE(copy_to_device(t, c10::Device(c10::kCPU)).is_same(t));
   EXPECT_EQ(device_memory(c10::Device(c10::kCPU)).current_bytes, 0);
   EXPECT_EQ(device_memory(c10::Device(c10::kCPU)).peak_bytes, 0);
 }
@@ -85,6 +88,29 @@ TEST(Device, CudaAllocatorBytesAreCounted) {
   const DeviceMemory after = device_memory(gpu);
   EXPECT_EQ(after.current_bytes, before.current_bytes);
   EXPECT_EQ(after.peak_bytes - before.current_bytes, 4 << 20);
+}
+
+// Note [Copies between host and device]: the values survive both ways, a strided source
+// included; the host copy is pinned, the device copy is usable on the compute stream at once
+// (a kernel queued right after it reads the copied values).
+TEST(Device, CopiesThroughPinnedMemoryKeepTheValues) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "needs a visible CUDA device";
+  const c10::Device gpu(c10::kCUDA, 0);
+  const at::Tensor host = at::randn({256, 64}).t();  // not contiguous
+  const at::Tensor on_gpu = copy_to_device(host, gpu);
+  EXPECT_EQ(on_gpu.device(), gpu);
+  const at::Tensor doubled = on_gpu * 2;  // queued on the compute stream after the copy
+  const at::Tensor back = copy_to_host(doubled);
+  EXPECT_TRUE(back.device().is_cpu());
+  EXPECT_TRUE(back.is_pinned());
+  EXPECT_TRUE(at::equal(back, host * 2));
+  // A long chain of kernels before the copy to the host: it waits for them.
+  at::Tensor x = at::ones({1024, 1024}, at::TensorOptions().device(gpu));
+  for (int i = 0; i < 20; ++i) x = x + 1;
+  EXPECT_EQ(copy_to_host(x)[1023][1023].item<float>(), 21.0f);
+  // CPU tensors pass through.
+  EXPECT_TRUE(copy_to_host(host).is_same(host));
+  EXPECT_TRUE(copy_to_device(host, c10::Device(c10::kCPU)).is_same(host));
 }
 
 // pipemat plan on a GPU (docs/gpu.md): a layer profiled on a CUDA input is measured in the

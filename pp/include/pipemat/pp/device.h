@@ -9,6 +9,7 @@
 //
 // Threading: the functions are safe to call from any thread.
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
@@ -38,6 +39,36 @@ struct DeviceMemory {
 };
 DeviceMemory device_memory(c10::Device device);
 void reset_device_peak(c10::Device device);
+
+// Note [Copies between host and device]
+// What crosses between a rank on a GPU and its transport goes through page-locked (pinned) host
+// memory, copied on a side stream of the device (one per device, from LibTorch's pool) and ordered
+// with CUDA events, so the compute stream never waits for a copy it does not use:
+//   copy_to_host   records an event on the current (compute) stream where the tensor is ready,
+//                  has the side stream wait for it, copies into a pinned host tensor there and
+//                  waits for that copy alone: the kernels queued on the compute stream after the
+//                  tensor was produced go on running (a plain .to(cpu) would wait for them too);
+//   copy_to_device copies a host tensor into pinned memory (unless it is pinned already), starts
+//                  its copy to the device on the side stream and has the compute stream wait for
+//                  it with an event, without blocking the calling thread; the kernels queued
+//                  before it overlap the copy.
+// Both return CPU tensors unchanged on the CPU and plain copies in a build without CUDA.
+at::Tensor copy_to_host(const at::Tensor& tensor);
+at::Tensor copy_to_device(const at::Tensor& tensor, c10::Device device);
+
+// Makes a CUDA `device` the calling thread's current device for the scope's life, and the one
+// before current again after; nothing for the CPU. (Out of line: LibTorch's inlined device
+// guards trip GCC's -Wmaybe-uninitialized with some LibTorch versions.)
+class DeviceScope {
+ public:
+  explicit DeviceScope(c10::Device device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;  // the CUDA device current before, or -1
+};
 
 // Waits until every kernel queued on `device` finished (before reading a clock); nothing for the
 // CPU, whose work is done when the call that did it returns.
