@@ -49,9 +49,12 @@ class PeerClocks {
     const int64_t heard = heard_ns_[static_cast<size_t>(rank)].load(std::memory_order_relaxed);
     return Clock::now() - Clock::time_point(Clock::duration(heard));
   }
-  // TransportOptions::heartbeat_interval, or a quarter of the timeout, between 20 ms and 1 s.
+  // TransportOptions::heartbeat_interval (at most a day), or a quarter of the timeout, between
+  // 20 ms and 1 s.
   static Clock::duration beat_interval(const TransportOptions& options) {
-    if (options.heartbeat_interval.count() > 0) return options.heartbeat_interval;
+    if (options.heartbeat_interval.count() > 0) {
+      return std::min<Clock::duration>(options.heartbeat_interval, std::chrono::hours(24));
+    }
     return std::clamp<Clock::duration>(options.timeout / 4, std::chrono::milliseconds(20),
                                        std::chrono::seconds(1));
   }

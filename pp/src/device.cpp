@@ -4,6 +4,7 @@
 #include "pipemat/pp/device.h"
 
 #include <ATen/Context.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/cuda.h>
 
 #include <cstdlib>
@@ -67,12 +68,14 @@ at::Tensor copy_to_host(const at::Tensor& tensor) {
     at::Tensor host =
         at::empty(tensor.sizes(), tensor.options().device(c10::kCPU).pinned_memory(true));
     {
+      const at::NoGradGuard no_grad;  // a leaf that requires grad as the tensor does (below)
       const c10::cuda::CUDAStreamGuard on_side(side);
       host.copy_(tensor, /*non_blocking=*/true);
     }
     at::cuda::CUDAEvent copied;
     copied.record(side);
     copied.synchronize();
+    if (tensor.requires_grad()) host.requires_grad_(true);
     return host;
   }
 #endif
@@ -86,16 +89,22 @@ at::Tensor copy_to_device(const at::Tensor& tensor, c10::Device device) {
     const c10::cuda::CUDAGuard guard(device);
     const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device.index());
     const c10::cuda::CUDAStream side = side_stream(device.index());
-    const at::Tensor pinned =
-        tensor.is_contiguous() && tensor.is_pinned() ? tensor : tensor.contiguous().pin_memory();
-    // Allocated for the compute stream, which uses it; written on the side stream, which the
-    // caching allocator is told of, so the block is not reused before the copy ran.
-    at::Tensor out = at::empty(tensor.sizes(), tensor.options().device(device));
+    // Always a pinned copy of its own (read after this returns: the caller's memory, pinned or
+    // not, may change or go).
+    at::Tensor pinned =
+        at::empty(tensor.sizes(), tensor.options().device(c10::kCPU).pinned_memory(true));
+    at::Tensor out;
     {
+      const at::NoGradGuard no_grad;
+      pinned.copy_(tensor);
+      // Allocated and written on the side stream (a block the caching allocator gives that
+      // stream is free of its earlier kernels), then used on the compute stream, which the
+      // allocator is told of so that the block is not reused before compute is done with it.
       const c10::cuda::CUDAStreamGuard on_side(side);
+      out = at::empty(tensor.sizes(), tensor.options().device(device));
       out.copy_(pinned, /*non_blocking=*/true);  // keeps the pinned block until the copy ran
     }
-    out.record_stream(side);
+    out.record_stream(compute);
     at::cuda::CUDAEvent copied;
     copied.record(side);
     copied.block(compute);
@@ -118,7 +127,9 @@ DeviceScope::DeviceScope(c10::Device device) {
 
 DeviceScope::~DeviceScope() {
 #ifdef PIPEMAT_CUDA
-  if (previous_ >= 0) c10::cuda::set_device(static_cast<c10::DeviceIndex>(previous_));
+  // Never throws (a destructor, maybe during an exception of the step): the error, if any, is
+  // the CUDA runtime's and the next CUDA call reports it.
+  if (previous_ >= 0) (void)c10::cuda::MaybeSetDevice(static_cast<c10::DeviceIndex>(previous_));
 #endif
 }
 

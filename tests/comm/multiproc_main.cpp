@@ -270,7 +270,8 @@ void scenario_progress(pc::Transport& t) {
 // A thread blocked in wait() drives its transfer itself (Note [MPI progress thread]); it does not
 // sleep while only the progress thread moves the message. Run with a progress interval of an
 // hour (main sets it for this scenario): the progress thread does one round when work is posted
-// and then sleeps, so every transfer below completes only if its waiters drive it. A 16 MiB
+// and then sleeps, but for a round at each heartbeat (every second here: Note [Liveness of a
+// peer]), so every transfer below completes in time only if its waiters drive it. A 16 MiB
 // tensor (header and data: a non-contiguous MPI message that Open MPI moves in 32 KiB fragments,
 // about 170 rounds of progress on each side) goes both ways, then 16 MiB of plain bytes (a
 // single copy), then 4 MiB tensors from two threads at once. Before waiters drove their

@@ -89,7 +89,7 @@ void MpiCore::start_progress_thread(std::chrono::microseconds interval,
                                     std::optional<Clock::duration> beat) {
   if (interval.count() <= 0) return;
   interval_ = interval;
-  if (beat && kBeatTag <= tag_upper_bound) {
+  if (beat && clocks && kBeatTag <= tag_upper_bound) {
     int size = 0;
     MPI_Comm_size(comm, &size);
     beats_.emplace();
@@ -104,14 +104,22 @@ void MpiCore::start_progress_thread(std::chrono::microseconds interval,
       {
         auto lock = acquire();
         if (beats_) {
-          // Note [Liveness of a peer]: the thread wakes for the heartbeats too.
+          // Note [Liveness of a peer]: the thread wakes for the heartbeats too; a wake-up for a
+          // heartbeat alone drives nothing else.
           pending_.wait_until(lock, beats_->next, pending);
-          sleep = std::min(sleep, std::max<Clock::duration>(beats_->next - Clock::now(), {}));
+          if (stopping_) return;
+          if (pending()) {
+            progress_locked();
+          } else {
+            beat_locked();
+          }
+          const auto until_beat = beats_->next - Clock::now();
+          sleep = std::min(sleep, std::max<Clock::duration>(until_beat, kMinBeatSleep));
         } else {
           pending_.wait(lock, pending);
+          if (stopping_) return;
+          progress_locked();
         }
-        if (stopping_) return;
-        progress_locked();
       }
       // Sleep for the interval (at most until the next heartbeat), and for as long as a waiter
       // drives MPI itself (MpiCore::wait, which beats too): its MPI_Test calls advance every
@@ -128,6 +136,11 @@ void MpiCore::start_progress_thread(std::chrono::microseconds interval,
 void MpiCore::beat_locked() {
   if (!beats_ || comm == MPI_COMM_NULL) return;
   Beats& b = *beats_;
+  const auto now = Clock::now();
+  // Once per interval (progress rounds and driving waiters call this often): a peer's beat is
+  // noted at most an interval late, a quarter of the timeout.
+  if (now < b.next) return;
+  b.next = now + b.interval;
   for (;;) {  // the heartbeats that arrived (zero bytes, from any rank)
     if (b.recv == MPI_REQUEST_NULL &&
         MPI_Irecv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, kBeatTag, comm, &b.recv) != MPI_SUCCESS) {
@@ -138,9 +151,6 @@ void MpiCore::beat_locked() {
     if (MPI_Test(&b.recv, &flag, &status) != MPI_SUCCESS || !flag) break;
     clocks->heard(status.MPI_SOURCE);  // the job's transport: comm ranks are job ranks
   }
-  const auto now = Clock::now();
-  if (now < b.next) return;
-  b.next = now + b.interval;
   int self = 0;
   MPI_Comm_rank(comm, &self);
   for (size_t r = 0; r < b.sends.size(); ++r) {
@@ -154,16 +164,26 @@ void MpiCore::beat_locked() {
   }
 }
 
-void MpiCore::stop_beats_locked() noexcept {
-  if (!beats_) return;
+bool MpiCore::stop_beats_locked() noexcept {
+  if (!beats_) return false;
   if (beats_->recv != MPI_REQUEST_NULL) {
     MPI_Cancel(&beats_->recv);
-    MPI_Request_free(&beats_->recv);
+    MPI_Status status;
+    MPI_Wait(&beats_->recv, &status);  // a cancelled receive completes at once
   }
+  bool active = false;
   for (MPI_Request& send : beats_->sends) {
-    if (send != MPI_REQUEST_NULL) MPI_Request_free(&send);
+    if (send == MPI_REQUEST_NULL) continue;
+    int flag = 0;
+    MPI_Status status;
+    MPI_Test(&send, &flag, &status);
+    if (!flag) {  // a peer that stopped reading: MPI finishes the send, the communicator stays
+      active = true;
+      MPI_Request_free(&send);
+    }
   }
   beats_.reset();
+  return active;
 }
 
 void MpiCore::stop_progress_thread() noexcept {
@@ -306,9 +326,10 @@ void MpiCore::abort(MpiWork* work, const Status& reason) {
 
 void MpiCore::shutdown(std::chrono::milliseconds linger) noexcept {
   stop_progress_thread();
+  bool beating = false;  // a heartbeat send MPI has not finished
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (comm != MPI_COMM_NULL) stop_beats_locked();
+    if (comm != MPI_COMM_NULL) beating = stop_beats_locked();
   }
   const auto deadline = Clock::now() + linger;
   for (;;) {
@@ -334,7 +355,7 @@ void MpiCore::shutdown(std::chrono::milliseconds linger) noexcept {
   // objects it holds are never freed: they move to a list that lives until the process
   // ends. This only happens when a peer failed or stopped; the memory is bounded by what
   // was in flight then.
-  bool pending = false;
+  bool pending = beating;
   auto retire = [&](std::shared_ptr<MpiWork>& work) {
     int flag = 0;
     MPI_Status status;

@@ -131,6 +131,12 @@ class MpiCore {
 
   bool has_progress_thread() const { return has_progress_thread_; }
 
+  // Heartbeats (the job's transport only): a control tag above kMaxUserTag and the barrier's;
+  // none where MPI_TAG_UB is below it (no liveness then). The progress thread's shortest sleep
+  // between heartbeat wake-ups.
+  static constexpr int kBeatTag = kMaxUserTag + 2;
+  static constexpr auto kMinBeatSleep = std::chrono::microseconds(100);
+
   // Note [MPI progress thread]. Called once, after `comm` is set; none when `interval` is 0.
   // With a `beat` interval (the job's transport) the thread also sends every peer of `comm` a
   // heartbeat that often and notes theirs in `clocks` (Note [Liveness of a peer]).
@@ -163,8 +169,9 @@ class MpiCore {
   // Note [Liveness of a peer]: notes the heartbeats that arrived and, when one is due, sends the
   // next to every peer whose last one left. Nothing without beats.
   void beat_locked();
-  // The heartbeats' requests are released (shutdown).
-  void stop_beats_locked() noexcept;
+  // The heartbeats' requests are released (shutdown); true when a send MPI has not finished is
+  // left to it (the communicator must then stay).
+  bool stop_beats_locked() noexcept;
   // The MPI_Improbe part of progress_locked(): starts the receives whose messages arrived.
   void match_locked();
   // One MPI_Test of a started `work`; retires it from active_ when it finished.
@@ -189,8 +196,6 @@ class MpiCore {
   bool stop_requested_ = false;
   std::atomic<bool> has_progress_thread_{false};
   std::thread progress_thread_;
-  // Heartbeats (the job's transport only): a control tag above kMaxUserTag and the barrier's.
-  static constexpr int kBeatTag = kMaxUserTag + 2;
   struct Beats {
     Clock::duration interval{};
     Clock::time_point next{};

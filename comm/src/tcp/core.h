@@ -141,7 +141,9 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
   static size_t write_now(Peer& peer, TcpWork& work, size_t offset);
 
   // Note [Liveness of a peer]: every beat_interval_, a heartbeat frame to each peer whose send
-  // queue is empty (a queued message tells the peer as much).
+  // queue is empty (the queued messages' frames tell the peer as much). The peer notes a frame
+  // where it begins and ends: one frame that takes longer than the timeout to arrive (a slow
+  // link, a huge message) counts as silence meanwhile.
   void schedule_beat();
   void beat();
 

@@ -93,8 +93,9 @@ struct TransportOptions {
   size_t max_message_bytes = kDefaultMaxMessageBytes;
 
   // tcp and mpi: how often a rank sends each peer a heartbeat (Note [Liveness of a peer] in
-  // pipemat/comm/work.h). Zero: a quarter of `timeout`, between 20 ms and 1 s. The beats go from
-  // the I/O thread (tcp) or the progress thread (mpi; none without one).
+  // pipemat/comm/work.h). Zero: a quarter of `timeout`, between 20 ms and 1 s; at most a day. The
+  // beats go from the I/O thread (tcp) or the progress thread (mpi; none without one). An
+  // interval near the timeout makes live peers look silent: keep it well below.
   std::chrono::milliseconds heartbeat_interval{0};
 
   // mpi: how often the progress thread drives pending operations; it sleeps while nothing is

@@ -43,16 +43,19 @@ void reset_device_peak(c10::Device device);
 // Note [Copies between host and device]
 // What crosses between a rank on a GPU and its transport goes through page-locked (pinned) host
 // memory, copied on a side stream of the device (one per device, from LibTorch's pool) and ordered
-// with CUDA events, so the compute stream never waits for a copy it does not use:
-//   copy_to_host   records an event on the current (compute) stream where the tensor is ready,
-//                  has the side stream wait for it, copies into a pinned host tensor there and
-//                  waits for that copy alone: the kernels queued on the compute stream after the
-//                  tensor was produced go on running (a plain .to(cpu) would wait for them too);
-//   copy_to_device copies a host tensor into pinned memory (unless it is pinned already), starts
-//                  its copy to the device on the side stream and has the compute stream wait for
-//                  it with an event, without blocking the calling thread; the kernels queued
-//                  before it overlap the copy.
-// Both return CPU tensors unchanged on the CPU and plain copies in a build without CUDA.
+// with CUDA events:
+//   copy_to_host   has the side stream wait (an event) for what the compute stream queued so far,
+//                  copies into a pinned host tensor there and waits for that copy: the rank waits
+//                  as long as a blocking .to(cpu) would, and the copy runs from pinned memory. A
+//                  send posted by another thread once the copy's event fired, so that the rank
+//                  could queue more work meanwhile, is not written;
+//   copy_to_device copies a host tensor into pinned memory of its own (the caller's may change
+//                  once this returns), starts its copy to the device on the side stream and has
+//                  the compute stream wait for it with an event, without blocking the calling
+//                  thread; the kernels queued before it overlap the copy. The result is
+//                  contiguous.
+// Both return CPU tensors unchanged on the CPU and plain copies in a build without CUDA; the
+// result requires grad when the tensor does (a leaf).
 at::Tensor copy_to_host(const at::Tensor& tensor);
 at::Tensor copy_to_device(const at::Tensor& tensor, c10::Device device);
 
