@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -148,23 +149,33 @@ void scenario_mismatch(pc::Transport& t) {
   t.barrier();
 }
 
+// Waits for `w` (wait(*timeout), or wait() without one) and checks that it times out with a
+// message holding `text`, after `least` to `most` seconds.
+void expect_timeout(const pc::WorkPtr& w, std::optional<std::chrono::milliseconds> timeout,
+                    const std::string& text, double least, double most) {
+  const auto start = Clock::now();
+  try {
+    if (timeout) {
+      w->wait(*timeout);
+    } else {
+      w->wait();
+    }
+    CHECK_THAT(false, "expected a timeout");
+  } catch (const pipemat::TimeoutError& e) {
+    std::cerr << "rank 0 got the expected error: " << e.what() << "\n";
+    CHECK_THAT(contains(e.what(), text), e.what());
+  }
+  const double waited = seconds_since(start);
+  CHECK_THAT(waited >= least && waited < most, "waited " << waited << " s");
+}
+
 void scenario_silent(pc::Transport& t) {
   if (t.rank() == 0) {
     int value = 0;
-    auto w = t.recv(1, 9, &value, sizeof(value));
-    const auto start = Clock::now();
-    try {
-      w->wait(std::chrono::milliseconds(1000));
-      CHECK_THAT(false, "expected a timeout");
-    } catch (const pipemat::TimeoutError& e) {
-      std::cerr << "rank 0 got the expected error: " << e.what() << "\n";
-      CHECK_THAT(contains(e.what(),
-                          "timed out after 1000 ms waiting for recv of 4 bytes from "
-                          "rank 1 with tag 9 on rank 0"),
-                 e.what());
-    }
-    const double waited = seconds_since(start);
-    CHECK_THAT(waited >= 0.9 && waited < 5.0, "waited " << waited << " s");
+    expect_timeout(t.recv(1, 9, &value, sizeof(value)), std::chrono::milliseconds(1000),
+                   "timed out after 1000 ms waiting for recv of 4 bytes from rank 1 with tag 9 on "
+                   "rank 0",
+                   0.9, 5.0);
   }
   t.barrier();
 }
@@ -175,20 +186,10 @@ void scenario_silent(pc::Transport& t) {
 void scenario_alive(pc::Transport& t) {
   int value = 0;
   if (t.rank() == 0) {
-    auto w = t.recv(1, 9, &value, sizeof(value));
-    const auto start = Clock::now();
-    try {
-      w->wait();
-      CHECK_THAT(false, "expected a timeout");
-    } catch (const pipemat::TimeoutError& e) {
-      std::cerr << "rank 0 got the expected error: " << e.what() << "\n";
-      CHECK_THAT(contains(e.what(),
-                          "from rank 1 with tag 9 on rank 0 (mpi). Rank 1 is alive (it was last "
-                          "heard from "),
-                 e.what());
-    }
-    const double waited = seconds_since(start);
-    CHECK_THAT(waited >= 4.0 && waited < 10.0, "waited " << waited << " s");
+    expect_timeout(t.recv(1, 9, &value, sizeof(value)), std::nullopt,
+                   "from rank 1 with tag 9 on rank 0 (mpi). Rank 1 is alive (it was last heard "
+                   "from ",
+                   4.0, 10.0);
     t.send(1, 10, &value, sizeof(value))->wait();
   } else if (t.rank() == 1) {
     t.recv(0, 10, &value, sizeof(value))->wait(std::chrono::seconds(30));

@@ -503,13 +503,20 @@ TEST(commTcpHostilePeer, MessagesAboveTheLimitFailTheReceivingRank) {
 // Note [Liveness of a peer]: a timed-out wait tells a silent peer (nothing came, not even a
 // heartbeat: stalled or unreachable) from one that is alive (a mismatch). Rank 1 beats once an
 // hour: it is silent unless it sends.
-TEST(commTcpTimeout, TheMessageSaysWhetherThePeerWasSilent) {
+// `world_size` tcp ranks with `timeout`; rank `silent` beats once an hour (it is silent unless it
+// sends).
+testing::Group group_with_a_silent_rank(int world_size, std::chrono::milliseconds timeout,
+                                        int silent) {
   TransportOptions options;
-  options.timeout = std::chrono::seconds(20);
-  testing::Group group =
-      testing::make_group(TransportKind::kTcp, 2, options, [](int rank, TransportOptions& mine) {
-        if (rank == 1) mine.heartbeat_interval = std::chrono::hours(1);
-      });
+  options.timeout = timeout;
+  return testing::make_group(TransportKind::kTcp, world_size, options,
+                             [silent](int rank, TransportOptions& mine) {
+                               if (rank == silent) mine.heartbeat_interval = std::chrono::hours(1);
+                             });
+}
+
+TEST(commTcpTimeout, TheMessageSaysWhetherThePeerWasSilent) {
+  testing::Group group = group_with_a_silent_rank(2, std::chrono::seconds(20), 1);
   int32_t value = 0;
   auto timeout_of = [&] {
     try {
@@ -551,12 +558,7 @@ TEST(commTcpTimeout, TheMessageSaysWhetherThePeerWasSilent) {
 // idle rank 1) twice the transport's timeout and one that is silent (rank 2 beats once an hour)
 // the timeout. The timeout is 2 s, the beats every 500 ms.
 TEST(commTcpTimeout, TheDefaultWaitGivesALivePeerTwiceTheTimeout) {
-  TransportOptions options;
-  options.timeout = std::chrono::seconds(2);
-  testing::Group group =
-      testing::make_group(TransportKind::kTcp, 3, options, [](int rank, TransportOptions& mine) {
-        if (rank == 2) mine.heartbeat_interval = std::chrono::hours(1);
-      });
+  testing::Group group = group_with_a_silent_rank(3, std::chrono::seconds(2), 2);
   int32_t value = 0;
   auto wait_for = [&](int peer) {
     const auto start = Clock::now();
