@@ -122,8 +122,10 @@ void TcpCore::shutdown(std::chrono::milliseconds linger) noexcept {
 
 void TcpCore::schedule_beat() {
   beat_timer_.expires_after(beat_interval_);
-  beat_timer_.async_wait([self = shared_from_this()](const error_code& ec) {
-    if (ec || self->closing_) return;
+  // A weak reference: a pending timer never keeps the core (which owns the io_context) alive.
+  beat_timer_.async_wait([weak = weak_from_this()](const error_code& ec) {
+    const auto self = weak.lock();
+    if (ec || !self || self->closing_) return;
     self->beat();
     self->schedule_beat();
   });
