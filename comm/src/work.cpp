@@ -18,6 +18,11 @@ namespace {
 void* default_allocate(size_t bytes) { return std::aligned_alloc(Buffer::kAlignment, bytes); }
 void default_release(void* data) { std::free(data); }
 
+// A year is "forever" and keeps now() + 2 * timeout from overflowing.
+std::chrono::milliseconds capped(std::chrono::milliseconds timeout) {
+  return std::min(timeout, std::chrono::milliseconds(std::chrono::hours(24 * 365)));
+}
+
 std::mutex g_memory_mutex;
 BufferMemory g_memory{&default_allocate, &default_release};
 
@@ -115,8 +120,7 @@ bool Work::is_completed() {
 void Work::wait() {
   // Note [Liveness of a peer]: past the timeout, a peer that is alive extends the wait (up to
   // twice the timeout); one that has been silent for the timeout ends it.
-  const auto timeout = std::chrono::duration_cast<Clock::duration>(
-      std::min(default_timeout_, std::chrono::milliseconds(std::chrono::hours(24 * 365))));
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(capped(default_timeout_));
   const auto start = Clock::now();
   for (;;) {
     const auto now = Clock::now();
@@ -135,9 +139,7 @@ void Work::wait() {
 }
 
 void Work::wait(std::chrono::milliseconds timeout) {
-  // A year is "forever" and keeps now() + timeout from overflowing.
-  const auto cap = std::chrono::hours(24 * 365);
-  if (timeout > cap) timeout = std::chrono::duration_cast<std::chrono::milliseconds>(cap);
+  timeout = capped(timeout);
   if (!wait_until(Clock::now() + timeout)) time_out(timeout);
   Status s = status();
   if (!s.ok()) throw_status(s);

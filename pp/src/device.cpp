@@ -53,6 +53,12 @@ c10::cuda::CUDAStream side_stream(c10::DeviceIndex index) {
 }
 #endif
 
+// Note [Copies between host and device]: `copy`, a leaf that requires grad as `tensor` does.
+at::Tensor leaf_like(at::Tensor copy, const at::Tensor& tensor) {
+  if (tensor.requires_grad()) copy.requires_grad_(true);
+  return copy;
+}
+
 }  // namespace
 
 at::Tensor copy_to_host(const at::Tensor& tensor) {
@@ -68,18 +74,17 @@ at::Tensor copy_to_host(const at::Tensor& tensor) {
     at::Tensor host =
         at::empty(tensor.sizes(), tensor.options().device(c10::kCPU).pinned_memory(true));
     {
-      const at::NoGradGuard no_grad;  // a leaf that requires grad as the tensor does (below)
+      const at::NoGradGuard no_grad;  // a leaf (leaf_like)
       const c10::cuda::CUDAStreamGuard on_side(side);
       host.copy_(tensor, /*non_blocking=*/true);
     }
     at::cuda::CUDAEvent copied;
     copied.record(side);
     copied.synchronize();
-    if (tensor.requires_grad()) host.requires_grad_(true);
-    return host;
+    return leaf_like(host, tensor);
   }
 #endif
-  return tensor.to(c10::kCPU);
+  return leaf_like(tensor.detach().to(c10::kCPU), tensor);
 }
 
 at::Tensor copy_to_device(const at::Tensor& tensor, c10::Device device) {
@@ -108,10 +113,10 @@ at::Tensor copy_to_device(const at::Tensor& tensor, c10::Device device) {
     at::cuda::CUDAEvent copied;
     copied.record(side);
     copied.block(compute);
-    return out;
+    return leaf_like(out, tensor);
   }
 #endif
-  return tensor.to(device);
+  return leaf_like(tensor.detach().to(device), tensor);
 }
 
 DeviceScope::DeviceScope(c10::Device device) {

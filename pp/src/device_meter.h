@@ -20,8 +20,6 @@ class DeviceMeter {
 
   explicit DeviceMeter(c10::Device device) : device_(device) {}
 
-  c10::Device device() const { return device_; }
-
   int64_t current_bytes() const {
     return device_.is_cuda() ? device_memory(device_).current_bytes
                              : remat::memory_stats().current_bytes;

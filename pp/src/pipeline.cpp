@@ -134,13 +134,7 @@ Tensors Pipeline::Impl::on_host(Tensors ts) const {
 
 Tensors Pipeline::Impl::on_device(Tensors ts) const {
   if (options.device.is_cpu()) return ts;
-  for (auto& t : ts) {
-    if (t.defined() && t.device() != options.device) {
-      const bool grad = t.requires_grad();
-      t = copy_to_device(t.detach(), options.device);  // Note [Copies between host and device]
-      if (grad) t.requires_grad_(true);
-    }
-  }
+  for (auto& t : ts) t = copy_to_device(t, options.device);  // a leaf, as received
   return ts;
 }
 

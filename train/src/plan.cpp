@@ -214,10 +214,8 @@ std::vector<std::vector<at::Tensor>> profile_stages(PlanReport& report, const Mo
   problem.stage_bytes.assign(static_cast<size_t>(stages), {});
   problem.message_cost = options.message_ms;
   pp::MicroBatch data = run.train_data(0, 0);
-  if (!device.is_cpu()) {  // profiled where the ranks compute (training.device)
-    for (auto& t : data.inputs) t = t.defined() ? t.to(device) : t;
-    for (auto& t : data.targets) t = t.defined() ? t.to(device) : t;
-  }
+  for (auto& t : data.inputs) t = pp::copy_to_device(t, device);  // where the ranks compute
+  for (auto& t : data.targets) t = pp::copy_to_device(t, device);
   pp::Tensors inputs = data.inputs;
   std::vector<std::vector<at::Tensor>> rank_params(static_cast<size_t>(ranks));
   for (int s = 0; s < stages; ++s) {
@@ -304,7 +302,7 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
   // there (rank 0's for `cuda`), so the budgets are that device's bytes.
   const c10::Device device = pp::resolve_device(config.training.device, 0, "training.device");
   LayerKind kind = layer_kind(config, stages);
-  if (!device.is_cpu()) kind.input = kind.input.to(device);
+  kind.input = pp::copy_to_device(kind.input, device);
   const pp::LayerCandidates layer = profile_layer_kind(kind, options);
   const std::vector<std::vector<at::Tensor>> rank_params =
       profile_stages(report, run, plan_schedule, kind, layer, device, options);

@@ -89,7 +89,7 @@ void MpiCore::start_progress_thread(std::chrono::microseconds interval,
                                     std::optional<Clock::duration> beat) {
   if (interval.count() <= 0) return;
   interval_ = interval;
-  if (beat && clocks && kBeatTag <= tag_upper_bound) {
+  if (beat && clocks) {
     int size = 0;
     MPI_Comm_size(comm, &size);
     beats_.emplace();

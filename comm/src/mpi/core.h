@@ -138,8 +138,9 @@ class MpiCore {
   static constexpr auto kMinBeatSleep = std::chrono::microseconds(100);
 
   // Note [MPI progress thread]. Called once, after `comm` is set; none when `interval` is 0.
-  // With a `beat` interval (the job's transport) the thread also sends every peer of `comm` a
-  // heartbeat that often and notes theirs in `clocks` (Note [Liveness of a peer]).
+  // With a `beat` interval and `clocks` (the job's transport, where MPI_TAG_UB admits kBeatTag)
+  // the thread also sends every peer of `comm` a heartbeat that often and notes theirs in
+  // `clocks` (Note [Liveness of a peer]).
   void start_progress_thread(std::chrono::microseconds interval,
                              std::optional<Clock::duration> beat = std::nullopt);
   void stop_progress_thread() noexcept;

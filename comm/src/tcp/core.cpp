@@ -46,6 +46,7 @@ void TcpCore::start() {
     error_code ignored;
     peer->socket.set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
     peer->socket.set_option(asio::socket_base::receive_buffer_size(4 << 20), ignored);
+    clocks.heard(peer->rank);  // the connection's start
     read_header(*peer);
   }
   schedule_beat();
@@ -258,9 +259,7 @@ std::optional<Clock::duration> TcpWork::peer_silence() const {
       !core->peers[static_cast<size_t>(peer)]) {
     return std::nullopt;
   }
-  const int64_t heard =
-      core->peers[static_cast<size_t>(peer)]->last_heard_ns.load(std::memory_order_relaxed);
-  return Clock::now() - Clock::time_point(Clock::duration(heard));
+  return core->clocks.silence(peer);
 }
 
 void TcpWork::abort_impl(const Status& reason) noexcept {

@@ -49,7 +49,7 @@ class TcpWork final : public SpanWork {
 
  protected:
   void abort_impl(const Status& reason) noexcept override;
-  // Note [Liveness of a peer]: from Peer::last_heard_ns.
+  // Note [Liveness of a peer]: from TcpCore::clocks.
   std::optional<Clock::duration> peer_silence() const override;
 
  private:
@@ -61,10 +61,6 @@ struct Peer {
       : rank(peer_rank), socket(std::move(peer_socket)) {}
   int rank;
   tcp::socket socket;
-  // Note [Liveness of a peer] (pipemat/comm/work.h): when a frame (a message or a heartbeat)
-  // from this peer last began or ended (steady clock, ns); the connection's start counts.
-  // Written by the I/O thread, read by waits.
-  std::atomic<int64_t> last_heard_ns{Clock::now().time_since_epoch().count()};
   bool broken = false;
   std::string broken_reason;
   // The failure was this side refusing what the peer sent (not the peer going away): receives
@@ -100,7 +96,8 @@ std::string recv_failure_message(const Peer& peer, const WorkInfo& info, const s
 class TcpCore : public std::enable_shared_from_this<TcpCore> {
  public:
   TcpCore(int rank, int world_size, size_t max_message_bytes, Clock::duration beat_interval)
-      : rank_(rank),
+      : clocks(world_size),
+        rank_(rank),
         max_message_bytes_(max_message_bytes),
         beat_interval_(beat_interval),
         beat_timer_(io) {
@@ -108,6 +105,10 @@ class TcpCore : public std::enable_shared_from_this<TcpCore> {
   }
 
   asio::io_context io;
+  // Note [Liveness of a peer] (pipemat/comm/work.h): when a frame (a message or a heartbeat) from
+  // each peer last began or ended; the connection's start counts. Written by the I/O thread,
+  // read by waits.
+  PeerClocks clocks;
   std::vector<std::unique_ptr<Peer>> peers;  // peers[rank]; null for self
 
   // ---- called from user threads ----

@@ -93,7 +93,7 @@ void TcpCore::read_header(Peer& peer) {
 
 void TcpCore::on_header(Peer& peer, const error_code& ec) {
   if (ec) return on_read_error(peer, ec);
-  peer.last_heard_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  clocks.heard(peer.rank);
   if (peer.in_header.magic == kBeatMagic && peer.in_header.size == 0) {
     return read_header(peer);  // Note [Liveness of a peer]: it only says the peer is there
   }
@@ -149,7 +149,7 @@ void TcpCore::on_header(Peer& peer, const error_code& ec) {
 void TcpCore::on_payload(Peer& peer, const error_code& ec) {
   peer.payload_in_flight = false;
   if (ec) return on_read_error(peer, ec);
-  peer.last_heard_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  clocks.heard(peer.rank);
   const size_t size = peer.in_header.size;
   auto work = std::move(peer.reading);
   Buffer buffer = std::move(peer.reading_buffer);

@@ -54,8 +54,8 @@ void reset_device_peak(c10::Device device);
 //                  the compute stream wait for it with an event, without blocking the calling
 //                  thread; the kernels queued before it overlap the copy. The result is
 //                  contiguous.
-// Both return CPU tensors unchanged on the CPU and plain copies in a build without CUDA; the
-// result requires grad when the tensor does (a leaf).
+// A tensor already where it goes is returned as it is; a copy (plain in a build without CUDA) is a
+// leaf that requires grad when the tensor does, as a received activation is.
 at::Tensor copy_to_host(const at::Tensor& tensor);
 at::Tensor copy_to_device(const at::Tensor& tensor, c10::Device device);
 
