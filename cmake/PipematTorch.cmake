@@ -155,3 +155,33 @@ macro(pipemat_cuda_option)
   endif()
   message(STATUS "pipemat: CUDA paths ${PIPEMAT_CUDA_ENABLED} (PIPEMAT_CUDA=${PIPEMAT_CUDA})")
 endmacro()
+
+# PIPEMAT_NCCL_ENABLED: the NCCL link of device lanes (comm; Note [Device lanes]) is built. It
+# needs the CUDA paths and NCCL's header and library: those of the torch wheel (its nvidia/nccl,
+# which LibTorch itself links) before any other. Defines the imported target pipemat::nccl.
+# REQUIRED (an installed pipemat built with it): a missing NCCL is an error.
+macro(pipemat_find_nccl)
+  cmake_parse_arguments(_pipemat_nccl "REQUIRED" "" "" ${ARGN})
+  set(PIPEMAT_NCCL_ENABLED FALSE)
+  if(PIPEMAT_CUDA_ENABLED OR _pipemat_nccl_REQUIRED)
+    find_path(PIPEMAT_NCCL_INCLUDE_DIR nccl.h
+              HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include")
+    find_library(PIPEMAT_NCCL_LIBRARY NAMES nccl libnccl.so.2
+                 HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/lib")
+    if(PIPEMAT_NCCL_INCLUDE_DIR AND PIPEMAT_NCCL_LIBRARY)
+      set(PIPEMAT_NCCL_ENABLED TRUE)
+      if(NOT TARGET pipemat::nccl)
+        add_library(pipemat::nccl UNKNOWN IMPORTED)
+        set_target_properties(pipemat::nccl PROPERTIES
+          IMPORTED_LOCATION "${PIPEMAT_NCCL_LIBRARY}"
+          INTERFACE_INCLUDE_DIRECTORIES "${PIPEMAT_NCCL_INCLUDE_DIR}")
+      endif()
+    elseif(_pipemat_nccl_REQUIRED)
+      message(FATAL_ERROR "this pipemat was built with NCCL; nccl.h or libnccl was not found "
+              "(searched ${TORCH_INSTALL_PREFIX}/../nvidia/nccl and the system)")
+    endif()
+  endif()
+  if(NOT _pipemat_nccl_REQUIRED)
+    message(STATUS "pipemat: NCCL link ${PIPEMAT_NCCL_ENABLED} ${PIPEMAT_NCCL_LIBRARY}")
+  endif()
+endmacro()

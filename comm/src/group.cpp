@@ -24,6 +24,12 @@ class GroupTransport final : public Transport {
         parent_(parent),
         world_ranks_(std::move(world_ranks)) {}
 
+  int job_rank_of(int peer) const override {
+    return parent_.job_rank_of(world_ranks_[static_cast<size_t>(Transport::job_rank_of(peer))]);
+  }
+  // The parent's lane: its ranks are job ranks, which job_rank_of gives.
+  DeviceLane* device_lane() const override { return parent_.device_lane(); }
+
  private:
   // The group's peer as the parent's rank; errors then name the parent's ranks, which are the
   // ones a launcher and a log show.

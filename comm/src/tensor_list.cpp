@@ -4,8 +4,10 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
+#include <functional>
 #include <mutex>
 
+#include "device_lane_impl.h"
 #include "pipemat/comm/tensor.h"
 #include "pipemat/core/error.h"
 #include "tensor_wire.h"
@@ -31,17 +33,6 @@ using detail::pad_bytes;
 using detail::wait_result;
 using detail::wire_dtype_code;
 using detail::write_header;
-
-struct TensorListWork::State {
-  Mode mode = Mode::kSend;
-  WorkPtr work;
-  std::vector<at::Tensor> tensors;  // send: the caller's tensors
-  std::mutex mutex;
-  bool finalized = false;
-  std::vector<at::Tensor> result;
-  std::string error;  // set when finalize failed
-  bool timeout_error = false;
-};
 
 namespace {
 
@@ -78,6 +69,10 @@ void finalize(TensorListWork::State& s) {
   }
   if (s.mode == Mode::kSend) {
     s.result = s.tensors;
+    return;
+  }
+  if (s.take) {  // a device lane's list (Note [Device lanes])
+    s.result = s.take();
     return;
   }
   Buffer buffer = s.work->buffer();
@@ -136,8 +131,10 @@ const WorkPtr& TensorListWork::work() const {
   return state_->work;
 }
 
-TensorListWork send_tensors(Transport& transport, int peer, int tag,
-                            const std::vector<at::Tensor>& tensors) {
+namespace detail {
+
+ListMessage encode_list(const std::vector<at::Tensor>& tensors, int sender, int peer, int tag,
+                        const LaneLink* link) {
   PIPEMAT_CHECK(tensors.size() <= kMaxListTensors, ConfigError, "send_tensors to rank ", peer,
                 " with tag ", tag, ": ", tensors.size(), " tensors exceed the limit of ",
                 kMaxListTensors, " (kMaxListTensors) per message; split the list");
@@ -149,23 +146,32 @@ TensorListWork send_tensors(Transport& transport, int peer, int tag,
     std::vector<at::Tensor> data;
   };
   auto owned = std::make_shared<Owned>();
+  ListMessage message;
   owned->data.reserve(tensors.size());
   std::vector<size_t> header_offsets;
   header_offsets.reserve(tensors.size());
+  std::vector<bool> on_lane(tensors.size(), false);
   size_t headers_bytes = kListHeaderBytes;
-  for (const at::Tensor& tensor : tensors) {
-    owned->data.push_back(tensor.defined() ? host_contiguous(tensor) : at::Tensor());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& tensor = tensors[i];
+    on_lane[i] = tensor.defined() && link != nullptr && link->carries(tensor);
+    if (on_lane[i]) {
+      message.carried.push_back(tensor.contiguous());
+      owned->data.emplace_back();
+    } else {
+      owned->data.push_back(tensor.defined() ? host_contiguous(tensor) : at::Tensor());
+    }
     header_offsets.push_back(headers_bytes);
     headers_bytes += header_size(tensor.defined() ? static_cast<size_t>(tensor.dim()) : 0);
   }
   owned->headers.assign(headers_bytes, 0);
-  const int sender = transport.job_rank();  // receivers check it against their Work's peer
-  std::vector<ConstSpan> spans;
+  std::vector<ConstSpan>& spans = message.spans;
   spans.reserve(1 + 3 * tensors.size());
   spans.push_back(ConstSpan{owned->headers.data(), kListHeaderBytes});
   uint64_t total = kListHeaderBytes;
+  size_t carried = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const at::Tensor& data = owned->data[i];
+    const at::Tensor& data = on_lane[i] ? message.carried[carried++] : owned->data[i];
     uint8_t* header = owned->headers.data() + header_offsets[i];
     if (!data.defined()) {
       write_header(header, kUndefinedDtypeCode, {}, sender, 0, kFlagUndefined);
@@ -175,27 +181,51 @@ TensorListWork send_tensors(Transport& transport, int peer, int tag,
     }
     const TensorMeta meta = TensorMeta::of(data);
     const size_t nbytes = meta.nbytes();
-    write_header(header, wire_dtype_code(meta.dtype).value(), meta.shape, sender, nbytes,
-                 tensors[i].requires_grad() ? kFlagRequiresGrad : 0);
+    const uint64_t flags =
+        (tensors[i].requires_grad() ? kFlagRequiresGrad : 0) | (on_lane[i] ? kFlagOnLane : 0);
+    write_header(header, wire_dtype_code(meta.dtype).value(), meta.shape, sender, nbytes, flags);
     spans.push_back(ConstSpan{header, header_size(meta.shape.size())});
+    total += header_size(meta.shape.size());
+    if (on_lane[i]) continue;  // its bytes go over the link
     if (nbytes > 0) spans.push_back(ConstSpan{data.data_ptr(), nbytes});
     if (pad_bytes(nbytes) > 0) spans.push_back(ConstSpan{kZeros, pad_bytes(nbytes)});
-    total += header_size(meta.shape.size()) + nbytes + pad_bytes(nbytes);
+    total += nbytes + pad_bytes(nbytes);
   }
   ListHeader list;
+  if (link != nullptr) {
+    list.magic = kLaneListMagic;
+    list.reserved = static_cast<uint32_t>(tag);
+  }
   list.sender = sender;
   list.count = static_cast<uint32_t>(tensors.size());
   list.total_bytes = total;
   std::memcpy(owned->headers.data(), &list, sizeof(list));
+  message.total = total;
+  message.owned = owned;
+  return message;
+}
 
+}  // namespace detail
+
+TensorListWork send_tensors(Transport& transport, int peer, int tag,
+                            const std::vector<at::Tensor>& tensors) {
+  if (DeviceLane* lane = transport.device_lane()) {
+    return detail::lane_send(*lane, transport, peer, tag, tensors);
+  }
+  // receivers check the sender against their Work's peer
+  detail::ListMessage message =
+      detail::encode_list(tensors, transport.job_rank(), peer, tag, nullptr);
   auto state = std::make_shared<TensorListWork::State>();
   state->mode = Mode::kSend;
   state->tensors = tensors;
-  state->work = transport.send(peer, tag, std::move(spans), owned);
+  state->work = transport.send(peer, tag, std::move(message.spans), std::move(message.owned));
   return TensorListWork(std::move(state));
 }
 
 TensorListWork recv_tensors(Transport& transport, int peer, int tag) {
+  if (DeviceLane* lane = transport.device_lane()) {
+    return detail::lane_recv(*lane, transport, peer, tag);
+  }
   auto state = std::make_shared<TensorListWork::State>();
   state->mode = Mode::kRecvAny;
   state->work = transport.recv_any(peer, tag);

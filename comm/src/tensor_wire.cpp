@@ -296,7 +296,8 @@ bool decode_undefined_entry(const WireHeader& entry, uint32_t index, size_t left
 
 // A tensor entry: its header, then its bytes (a view of the buffer) and their padding.
 bool decode_tensor_entry(const Buffer& buffer, const WireHeader& entry, uint32_t index, size_t left,
-                         std::vector<at::Tensor>& out, size_t& offset, std::string& why) {
+                         std::vector<at::Tensor>& out, size_t& offset, std::string& why,
+                         std::vector<LaneEntry>* lane) {
   using ::pipemat::detail::concat;
   const std::string subject = concat("entry ", index);
   if (!check_ndim(entry, subject, why)) return false;
@@ -311,6 +312,18 @@ bool decode_tensor_entry(const Buffer& buffer, const WireHeader& entry, uint32_t
   if (!check_meta(entry, buffer.data() + offset + sizeof(WireHeader), subject, meta, nbytes, why)) {
     return false;
   }
+  const bool requires_grad = (entry.flags & kFlagRequiresGrad) != 0;
+  if (requires_grad && !can_require_grad(meta.dtype)) {
+    why = concat("entry ", index, " is ", meta.to_string(),
+                 " and marked requires_grad, which only floating point and complex tensors can be");
+    return false;
+  }
+  if (entry.flags & kFlagOnLane) {  // its bytes come over the lane's link
+    lane->push_back(LaneEntry{index, meta, requires_grad});
+    out.emplace_back();
+    offset += entry_header;
+    return true;
+  }
   const size_t after_header = left - entry_header;
   if (static_cast<uint64_t>(nbytes) > after_header ||
       pad_bytes(static_cast<size_t>(nbytes)) > after_header - static_cast<size_t>(nbytes)) {
@@ -323,15 +336,7 @@ bool decode_tensor_entry(const Buffer& buffer, const WireHeader& entry, uint32_t
   at::Tensor tensor = at::from_blob(
       buffer.data() + data_offset, meta.shape, [storage](void*) mutable { storage.reset(); },
       at::TensorOptions().dtype(meta.dtype).device(at::kCPU));
-  if (entry.flags & kFlagRequiresGrad) {
-    if (!can_require_grad(meta.dtype)) {
-      why = concat("entry ", index, " is ", meta.to_string(),
-                   " and marked requires_grad, which only floating point and complex tensors "
-                   "can be");
-      return false;
-    }
-    tensor.set_requires_grad(true);
-  }
+  if (requires_grad) tensor.set_requires_grad(true);
   out.push_back(std::move(tensor));
   offset = data_offset + static_cast<size_t>(nbytes) + pad_bytes(static_cast<size_t>(nbytes));
   return true;
@@ -339,7 +344,7 @@ bool decode_tensor_entry(const Buffer& buffer, const WireHeader& entry, uint32_t
 
 // Entry `index`, whose header starts at `offset`; moves `offset` past it.
 bool decode_entry(const Buffer& buffer, uint32_t index, std::vector<at::Tensor>& out,
-                  size_t& offset, std::string& why) {
+                  size_t& offset, std::string& why, std::vector<LaneEntry>* lane) {
   using ::pipemat::detail::concat;
   const size_t size = buffer.size();
   const size_t left = size - offset;
@@ -355,20 +360,22 @@ bool decode_entry(const Buffer& buffer, uint32_t index, std::vector<at::Tensor>&
                  entry.magic, std::dec, ")");
     return false;
   }
-  if ((entry.flags & ~(kFlagRequiresGrad | kFlagUndefined)) != 0) {
+  const uint64_t known =
+      kFlagRequiresGrad | kFlagUndefined | (lane != nullptr ? kFlagOnLane : uint64_t{0});
+  if ((entry.flags & ~known) != 0) {
     why = concat("entry ", index, " has unknown flags 0x", std::hex, entry.flags, std::dec);
     return false;
   }
   if (entry.flags & kFlagUndefined) {
     return decode_undefined_entry(entry, index, left, out, offset, why);
   }
-  return decode_tensor_entry(buffer, entry, index, left, out, offset, why);
+  return decode_tensor_entry(buffer, entry, index, left, out, offset, why, lane);
 }
 
 }  // namespace
 
 bool decode_list(const Buffer& buffer, const WorkInfo& info, std::vector<at::Tensor>& out,
-                 std::string& why) {
+                 std::string& why, std::vector<LaneEntry>* lane) {
   const size_t size = buffer.size();
   ListHeader header;
   if (!check_list_header(buffer.data(), size, info.peer, header, why)) return false;
@@ -376,7 +383,7 @@ bool decode_list(const Buffer& buffer, const WorkInfo& info, std::vector<at::Ten
   out.reserve(header.count);
   size_t offset = kListHeaderBytes;  // always a multiple of kBlock, and <= size
   for (uint32_t index = 0; index < header.count; ++index) {
-    if (!decode_entry(buffer, index, out, offset, why)) return false;
+    if (!decode_entry(buffer, index, out, offset, why, lane)) return false;
   }
   if (offset != size) {
     why = ::pipemat::detail::concat("its ", header.count, " entries end at byte ", offset,

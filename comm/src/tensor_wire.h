@@ -33,6 +33,9 @@ static_assert(sizeof(WireHeader) == 32, "tensor header layout");
 
 constexpr uint64_t kFlagRequiresGrad = 1;
 constexpr uint64_t kFlagUndefined = 2;
+// A device lane's list (Note [Device lanes]): the entry's bytes come over the lane's link, not
+// after its header.
+constexpr uint64_t kFlagOnLane = 4;
 
 // Bytes of a tensor header with `ndim` dims: the fixed part and the dims, padded to 64 bytes.
 size_t header_size(size_t ndim);
@@ -59,6 +62,10 @@ struct ListHeader {
 };
 static_assert(sizeof(ListHeader) == 24 && sizeof(ListHeader) <= kListHeaderBytes,
               "list header layout");
+
+// A device lane's control message (Note [Device lanes]): a list whose header has this magic and
+// the list's tag in its `reserved` field.
+constexpr uint32_t kLaneListMagic = 0x504d4431;  // "PMD1"
 
 // True when `data` starts with the list header's magic.
 bool is_tensor_list(const uint8_t* data, size_t size);
@@ -97,8 +104,15 @@ inline size_t pad_bytes(size_t n) { return (kBlock - n % kBlock) % kBlock; }
 
 // Parses a received tensor-list message. Every read is bounds-checked against `size`; on failure
 // returns false with `why` describing the first problem.
+// With `lane` (a lane's control message), entries flagged kFlagOnLane are accepted: each gets an
+// undefined place in `out` and its index, meta and requires_grad in `lane`.
+struct LaneEntry {
+  size_t index = 0;
+  TensorMeta meta;
+  bool requires_grad = false;
+};
 bool decode_list(const Buffer& buffer, const WorkInfo& info, std::vector<at::Tensor>& out,
-                 std::string& why);
+                 std::string& why, std::vector<LaneEntry>* lane = nullptr);
 
 // The tensor whose bytes a message carries: `tensor` when it is a contiguous CPU tensor, else a
 // contiguous CPU copy. A device (CUDA) tensor is copied to host memory with a blocking copy,

@@ -3,15 +3,35 @@
 // (private): the mode of a handle and the wait that turns its byte work into the result once.
 
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "pipemat/comm/tensor.h"
 #include "pipemat/core/error.h"
 
-namespace pipemat::comm::detail {
-
+namespace pipemat::comm {
+namespace detail {
 enum class Mode { kSend, kRecvAny, kRecvExpected };
+}  // namespace detail
+
+// The state of a tensor-list handle (tensor_list.cpp; device_lane.cpp makes it for a lane).
+struct TensorListWork::State {
+  detail::Mode mode = detail::Mode::kSend;
+  WorkPtr work;
+  std::vector<at::Tensor> tensors;  // send: the caller's tensors
+  std::mutex mutex;
+  bool finalized = false;
+  std::vector<at::Tensor> result;
+  std::string error;  // set when finalize failed
+  bool timeout_error = false;
+  // A device lane's receive: the list, once the work completed (Note [Device lanes]).
+  std::function<std::vector<at::Tensor>()> take;
+};
+
+namespace detail {
 
 // Turns the completed byte work into the result (once); called under the state's mutex.
 void finalize(TensorWork::State& s);      // tensor.cpp
@@ -41,4 +61,5 @@ const auto& wait_result(State& state, std::optional<std::chrono::milliseconds> t
   return state.result;
 }
 
-}  // namespace pipemat::comm::detail
+}  // namespace detail
+}  // namespace pipemat::comm

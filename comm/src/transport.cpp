@@ -228,10 +228,37 @@ WorkPtr Transport::recv_checked(int peer, int tag, std::vector<MutableSpan> span
   return post_recv(std::move(request));
 }
 
-WorkPtr Transport::recv_any(int peer, int tag) {
+WorkPtr Transport::recv_any(int peer, int tag) { return recv_any_checked(peer, tag, false); }
+
+WorkPtr Transport::recv_any_checked(int peer, int tag, bool internal) {
   Request request;
-  request.info = make_info(OpKind::kRecv, peer, tag, 0, true, false);
+  request.info = make_info(OpKind::kRecv, peer, tag, 0, true, internal);
   return post_recv(std::move(request));
+}
+
+int Transport::job_rank_of(int peer) const {
+  PIPEMAT_CHECK(peer >= 0 && peer < world_size_, ConfigError, describe(), ": rank ", peer,
+                " is outside 0..", world_size_ - 1);
+  return peer;
+}
+
+WorkPtr send_reserved(Transport& transport, int peer, int tag, std::vector<ConstSpan> spans,
+                      std::shared_ptr<const void> keep_alive) {
+  PIPEMAT_CHECK(tag >= kLaneControlTag && tag <= kLaneBootstrapTag, ConfigError,
+                transport.describe(), ": tag ", tag, " is no reserved lane tag");
+  return transport.send_checked(peer, tag, std::move(spans), std::move(keep_alive), true);
+}
+
+WorkPtr recv_any_reserved(Transport& transport, int peer, int tag) {
+  PIPEMAT_CHECK(tag >= kLaneControlTag && tag <= kLaneBootstrapTag, ConfigError,
+                transport.describe(), ": tag ", tag, " is no reserved lane tag");
+  return transport.recv_any_checked(peer, tag, true);
+}
+
+void Transport::attach_device_lane(std::shared_ptr<DeviceLane> lane) {
+  PIPEMAT_CHECK(lane != nullptr, ConfigError, describe(), ": attach_device_lane(nullptr)");
+  PIPEMAT_CHECK(lane_ == nullptr, ConfigError, describe(), ": a device lane is attached already");
+  lane_ = std::move(lane);
 }
 
 void Transport::barrier() { barrier_until(std::nullopt); }

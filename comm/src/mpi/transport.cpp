@@ -87,6 +87,15 @@ class MpiTransport final : public SpanTransport<MpiTransport, MpiWork> {
                                                    : options_.shutdown_timeout);
   }
 
+  int job_rank_of(int r) const override {
+    Transport::job_rank_of(r);  // the bounds check
+    return job_ranks_.empty() ? r : job_ranks_[static_cast<size_t>(r)];
+  }
+  // A group's lane is the job transport's (Note [Device lanes]), whose ranks job_rank_of gives.
+  DeviceLane* device_lane() const override {
+    return parent_ != nullptr ? parent_->device_lane() : Transport::device_lane();
+  }
+
   // SpanTransport's post_send / post_recv hand their work to this.
   const std::shared_ptr<MpiCore>& core() const { return core_; }
 
@@ -123,8 +132,10 @@ class MpiTransport final : public SpanTransport<MpiTransport, MpiWork> {
     MPI_Comm_rank(comm, &sub_rank);
     std::vector<int> job_ranks;
     for (int r : world_ranks) job_ranks.push_back(job_rank_of(r));
-    return std::make_unique<MpiTransport>(options_, env_, comm, sub_rank, std::move(job_ranks),
-                                          core_->clocks);
+    auto sub = std::make_unique<MpiTransport>(options_, env_, comm, sub_rank, std::move(job_ranks),
+                                              core_->clocks);
+    sub->parent_ = this;
+    return sub;
   }
 
  private:
@@ -148,10 +159,6 @@ class MpiTransport final : public SpanTransport<MpiTransport, MpiWork> {
     core_->start_progress_thread(options_.mpi_progress_interval, beat);
   }
 
-  int job_rank_of(int r) const {
-    return job_ranks_.empty() ? r : job_ranks_[static_cast<size_t>(r)];
-  }
-
   Request to_job(Request request) const {
     request.info.rank = job_rank();
     request.info.peer = job_rank_of(request.info.peer);
@@ -169,6 +176,8 @@ class MpiTransport final : public SpanTransport<MpiTransport, MpiWork> {
   std::shared_ptr<MpiCore> core_;
   // This transport's rank r is job rank job_ranks_[r]; empty: the job's own transport.
   const std::vector<int> job_ranks_;
+  // A group: the transport it was made from, which outlives it (Note [Groups of ranks]).
+  const Transport* parent_ = nullptr;
 };
 
 }  // namespace

@@ -37,6 +37,8 @@
 
 namespace pipemat::comm {
 
+class DeviceLane;  // pipemat/comm/device_lane.h (Note [Device lanes])
+
 enum class TransportKind {
   kAuto,  // mpi when started by mpirun, tcp when PIPEMAT_MASTER is set, else ConfigError
   kMpi,
@@ -165,6 +167,18 @@ class Transport {
   void barrier();
   void barrier(std::chrono::milliseconds timeout);
 
+  // The job rank of this transport's rank `peer`: `peer` itself unless this is a group's view
+  // (Note [Groups of ranks]). ConfigError for a rank outside the world.
+  virtual int job_rank_of(int peer) const;
+
+  // The device lane that carries device tensors of tensor lists for this transport (Note
+  // [Device lanes] in pipemat/comm/device_lane.h), or null: the one attached to this transport,
+  // or to the transport a group's view is of.
+  virtual DeviceLane* device_lane() const { return lane_.get(); }
+  // Attaches `lane` (made for this transport by make_device_lane); kept until the transport is
+  // destroyed. ConfigError when one is attached already.
+  void attach_device_lane(std::shared_ptr<DeviceLane> lane);
+
  protected:
   struct Request {
     WorkInfo info;
@@ -205,15 +219,32 @@ class Transport {
                        std::shared_ptr<const void> keep_alive, bool internal);
   WorkPtr recv_checked(int peer, int tag, std::vector<MutableSpan> spans,
                        std::shared_ptr<const void> keep_alive, bool internal);
+  WorkPtr recv_any_checked(int peer, int tag, bool internal);
   // barrier() (no deadline) and barrier(timeout).
   void barrier_until(std::optional<Clock::time_point> deadline);
+
+  // Device lanes post their control messages on tags above kMaxUserTag (Note [Device lanes]).
+  friend WorkPtr send_reserved(Transport& transport, int peer, int tag,
+                               std::vector<ConstSpan> spans,
+                               std::shared_ptr<const void> keep_alive);
+  friend WorkPtr recv_any_reserved(Transport& transport, int peer, int tag);
 
   const TransportKind kind_;
   const int rank_;
   const int world_size_;
   const std::chrono::milliseconds timeout_;
   const int job_rank_;
+  std::shared_ptr<DeviceLane> lane_;
 };
+
+// The reserved tags above kMaxUserTag that layers of comm use (Note [Device lanes]), and the
+// send and receive on them (`tag` must be one of them).
+inline constexpr int kLaneControlTag = kMaxUserTag + 3;
+inline constexpr int kLaneDataTag = kMaxUserTag + 4;
+inline constexpr int kLaneBootstrapTag = kMaxUserTag + 5;
+WorkPtr send_reserved(Transport& transport, int peer, int tag, std::vector<ConstSpan> spans,
+                      std::shared_ptr<const void> keep_alive = nullptr);
+WorkPtr recv_any_reserved(Transport& transport, int peer, int tag);
 
 // Creates this process's transport (mpi or tcp; kAuto resolved as documented). Blocks for the
 // tcp rendezvous. Throws ConfigError (bad options, kLocal) or CommError (rendezvous failed).
