@@ -4,15 +4,18 @@
 #   1. names the GPU and the LibTorch of python3 (a CUDA build of 2.11 to 2.15);
 #   2. configures build-gpu/ with -DPIPEMAT_CUDA=ON against that LibTorch, and -DPIPEMAT_MPI=OFF
 #      when Open MPI's compiler wrapper is missing (the tcp and local transports remain);
-#   3. builds the pipemat command and the pp and remat tests, and runs the tests that need a
-#      GPU (Device.*: the device names, the CUDA allocator's bytes) with the rest of pp's and
-#      remat's unit tests;
+#   3. builds the pipemat command and the comm, pp and remat tests, and runs the tests that need
+#      a GPU (Device.*: the device names, the CUDA allocator's bytes, the pinned copies;
+#      DeviceLane.*: the device lanes, NCCL between two GPUs where there are two) with the rest of
+#      pp's and remat's unit tests;
 #   4. trains configs/zoo.yaml on cuda under 1f1b and zb-v on 2 ranks (tcp) and as
 #      `--reference` in one process, and compares their losses bitwise; runs `pipemat plan` on
 #      cuda (profiles on the GPU, budgets in its bytes);
 #   5. runs the main job (configs/default.yaml) for 50 steps on 2 ranks sharing the GPU (tcp)
 #      and prints its tokens/s, each rank's peak device memory and whether it equals
-#      `--reference` bitwise.
+#      `--reference` bitwise;
+#   6. with two GPUs or more (NCCL refuses two ranks on one GPU): trains zoo.yaml under 1f1b with
+#      transport.lane=nccl, the ranks' tensors going GPU to GPU, against `--reference` bitwise.
 # Usage: scripts/gpu-check.sh [--jobs N]. Everything it prints is also in build-gpu/gpu-check.log;
 # paste that into docs/gpu.md with the date.
 #
@@ -29,7 +32,7 @@ jobs="$(nproc)"
 while [ $# -gt 0 ]; do
   case "$1" in
     --jobs) jobs="$2"; shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -100,12 +103,13 @@ cmake -S "$root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 grep "pipemat:" "$build/configure.log" || true
 
 # 3. Build and the tests that need a GPU.
-say "building pipemat, pp_test, remat_test with $jobs jobs"
-cmake --build "$build" -j "$jobs" --target pipemat pp_test remat_test >"$build/build.log" 2>&1 ||
+say "building pipemat, comm_test, pp_test, remat_test with $jobs jobs"
+cmake --build "$build" -j "$jobs" --target pipemat comm_test pp_test remat_test >"$build/build.log" 2>&1 ||
   { grep -E "error|Error" "$build/build.log" | head -30; fail "build (all of it in $build/build.log)"; }
 say "built"
 export OMP_NUM_THREADS=1
 "$build/tests/pp/pp_test" --gtest_filter='Device.*' --gtest_brief=1 || fail "Device tests"
+"$build/tests/comm/comm_test" --gtest_filter='DeviceLane.*' || fail "DeviceLane tests"
 "$build/tests/pp/pp_test" --gtest_brief=1 || fail "pp tests"
 "$build/tests/remat/remat_test" --gtest_brief=1 || fail "remat tests"
 
@@ -161,4 +165,13 @@ peaks = [max(r["rank_device_peak_bytes"][k] for r in steps)
          for k in range(len(steps[-1]["rank_device_peak_bytes"]))]
 print("peak device memory per rank (MiB):", [round(p / 2**20, 1) for p in peaks])
 EOF
+gpus=$(nvidia-smi -L | grep -c '^GPU')
+if [ "$gpus" -ge 2 ]; then
+  compare zoo-1f1b-nccl "$root/configs/zoo.yaml" 5 2 --set schedule.kind=1f1b \
+    --set transport.lane=nccl
+  grep -q "over tcp+nccl" "$work/zoo-1f1b-nccl.pipe.log" ||
+    fail "zoo-1f1b-nccl: the first progress line names no nccl lane"
+else
+  say "one GPU: no NCCL run (NCCL refuses two ranks on one GPU; it needs two GPUs)"
+fi
 say "done: every check passed"

@@ -267,6 +267,11 @@ std::string lane_name(const Transport& transport) {
   return lane == nullptr ? std::string() : lane->link().name();
 }
 
+bool lane_carries(const Transport& transport, const at::Tensor& tensor) {
+  const DeviceLane* lane = transport.device_lane();
+  return lane != nullptr && tensor.defined() && lane->link().carries(tensor);
+}
+
 namespace detail {
 
 TensorListWork lane_send(DeviceLane& lane, Transport& transport, int peer, int tag,

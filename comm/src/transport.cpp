@@ -63,6 +63,8 @@ std::string to_string(TransportKind kind) {
   return "?";
 }
 
+std::string to_string(LaneKind kind) { return kind == LaneKind::kNccl ? "nccl" : "none"; }
+
 TransportKind parse_transport_kind(const std::string& text) {
   if (text == "auto") return TransportKind::kAuto;
   if (text == "mpi") return TransportKind::kMpi;

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "pipeline_impl.h"
+#include "pipemat/comm/device_lane.h"
 #include "pipemat/comm/work.h"
 #include "pipemat/pp/device.h"
 #include "pipemat/remat/memory.h"
@@ -128,7 +129,11 @@ void Pipeline::Impl::reseed(int64_t step, int64_t micro_batch, int stream) {
 
 Tensors Pipeline::Impl::on_host(Tensors ts) const {
   if (options.device.is_cpu()) return ts;
-  for (auto& t : ts) t = copy_to_host(t);  // Note [Copies between host and device]
+  // Note [Copies between host and device]; a device lane moves the tensors of its device as
+  // they are (Note [Device lanes]).
+  for (auto& t : ts) {
+    if (!comm::lane_carries(transport, t)) t = copy_to_host(t);
+  }
   return ts;
 }
 

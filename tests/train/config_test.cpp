@@ -431,9 +431,10 @@ TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
                      "    - {path: a.b}\n    - {path: a.c, save_ouput: false}\n"),
             "x.yaml:6: remat.exclude[1].save_ouput: unknown key; did you mean "
             "'remat.exclude[1].save_output'? allowed in remat.exclude[1]: path, save_output");
-  EXPECT_EQ(error_of("transport: {kind: tcp, rank: 0}\n"),
-            "x.yaml:1: transport.rank: unknown key; allowed in transport: kind, timeout, master, "
-            "connect_retries");
+  EXPECT_EQ(
+      error_of("transport: {kind: tcp, rank: 0}\n"),
+      "x.yaml:1: transport.rank: unknown key; allowed in transport: kind, lane, timeout, master, "
+      "connect_retries");
 }
 
 TEST(ConfigErrors, RepeatedKey) {
@@ -713,7 +714,7 @@ TEST(ConfigOverrides, Errors) {
       "parallel.data, parallel.bucket_bytes, parallel.weight_tail, "
       "remat.policy, "
       "remat.early_stop, remat.checkpoint, remat.exclude, remat.stages, transport.kind, "
-      "transport.timeout, "
+      "transport.lane, transport.timeout, "
       "transport.master, transport.connect_retries, training.steps, training.optimizer, "
       "training.lr, training.momentum, training.weight_decay, training.clip_grad_norm, "
       "training.seed, training.threads, training.thread_probe, training.warmup, training.lr_decay, "
@@ -849,6 +850,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  stages: []\n"
             "transport:\n"
             "  kind: auto\n"
+            "  lane: none\n"
             "  timeout: 0\n"
             "  master: \"\"\n"
             "  connect_retries: 40\n"
@@ -1093,6 +1095,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "remat.stages[].checkpoint",
                                                      "remat.stages[].exclude",
                                                      "transport.kind",
+                                                     "transport.lane",
                                                      "transport.timeout",
                                                      "transport.master",
                                                      "transport.connect_retries",

@@ -18,6 +18,8 @@
 #include <set>
 #include <sstream>
 
+#include "pipemat/comm/device_lane.h"
+#include "pipemat/comm/rank_threads.h"
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
 #include "pipemat/models/zoo_stages.h"
@@ -180,6 +182,60 @@ TEST(PipelineTrain, GradientBucketsOfOneParameterEqualTheReference) {
   }
   c.parallel.data = 1;
   EXPECT_EQ(train_in_process(c, nullptr).steps.back().allreduce_ms, 0.0) << "one pipeline";
+}
+
+// Note [Device lanes]: a run whose tensor lists all go over a lane (the transport link, which here
+// carries every CPU tensor as NCCL carries a GPU's) equals the reference bitwise: 2 replicas of a
+// 2-rank ZB-V pipeline with clipping, whose activations, gradients, norms and data-parallel sums
+// take the lane. The first progress line names it.
+TEST(PipelineTrain, ALaneCarryingEveryListEqualsTheReference) {
+  auto c = small_config("zb-v", 2, "rmsnorm-gemm", "selective");
+  c.parallel.data = 2;
+  c.training.clip_grad_norm = 0.5;
+  c.output.progress = true;
+  auto job = comm::make_local_transports(4);
+  for (auto& t : job) {
+    t->attach_device_lane(comm::make_device_lane(*t, comm::make_transport_link(*t, 1)));
+  }
+  std::vector<TrainResult> results(4);
+  std::vector<std::ostringstream> progress(4);
+  comm::run_rank_threads(4, [&](int r) {
+    results[static_cast<size_t>(r)] =
+        train_on(c, *job[static_cast<size_t>(r)], &progress[static_cast<size_t>(r)]);
+  });
+  const TrainResult ref = train_reference(c, nullptr);
+  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
+  size_t params = 0;
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (results[r].last_stage_rank) {
+      ASSERT_EQ(results[r].steps.size(), ref.steps.size());
+      for (size_t s = 0; s < ref.steps.size(); ++s) {
+        EXPECT_EQ(results[r].steps[s].loss, ref.steps[s].loss) << "loss of step " << s;
+      }
+      EXPECT_NE(progress[r].str().find("compute: 4 ranks over local+transport on cpu"),
+                std::string::npos)
+          << progress[r].str();
+    }
+    for (const auto& [name, value] : results[r].params) {
+      ASSERT_TRUE(want.count(name)) << name;
+      EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
+      ++params;
+    }
+  }
+  EXPECT_EQ(params, want.size());
+}
+
+TEST(PipelineTrain, AnNcclLaneNeedsACudaDevice) {
+  auto c = small_config("1f1b", 2, "rmsnorm-gemm", "none");
+  c.transport.lane = comm::LaneKind::kNccl;
+  try {
+    train_in_process(c, nullptr);
+    ADD_FAILURE() << "an nccl lane on the CPU";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "transport.lane: nccl moves tensors between GPUs, but training.device is cpu; "
+                 "set training.device: cuda, or transport.lane: none");
+  }
 }
 
 // A layout the job's ranks do not fill is a clear error before anything is built.

@@ -47,6 +47,8 @@ std::vector<comm::TransportKind> transport_kinds() {
           comm::TransportKind::kLocal};
 }
 
+std::vector<comm::LaneKind> lane_kinds() { return {comm::LaneKind::kNone, comm::LaneKind::kNccl}; }
+
 // model: the model kind and its shape.
 std::vector<ConfigField> model_fields() {
   return {
@@ -193,6 +195,9 @@ std::vector<ConfigField> transport_fields() {
       {"transport", "kind", choice(PIPEMAT_MEMBER(transport.kind), transport_kinds()),
        "`auto`, `mpi`, `tcp`, `local`",
        "`auto`: mpi under mpirun, tcp when `PIPEMAT_MASTER` is set"},
+      {"transport", "lane", choice(PIPEMAT_MEMBER(transport.lane), lane_kinds()), "`none`, `nccl`",
+       "`nccl`: the tensors of ranks on GPUs go GPU to GPU over NCCL (needs `training.device` "
+       "cuda, one GPU per rank and a build with NCCL); `none`: through host memory"},
       {"transport", "timeout", timeout_codec(), "0 .. 31536000, fractions down to 0.001",
        "deadline of every wait and of the tcp rendezvous; `0`: `PIPEMAT_COMM_TIMEOUT` or 300 s"},
       {"transport", "master", master_codec(), "`host:port` with a port in 1 .. 65535, or empty",

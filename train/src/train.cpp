@@ -13,6 +13,7 @@
 #include <iterator>
 #include <optional>
 
+#include "pipemat/comm/device_lane.h"
 #include "pipemat/comm/rank_threads.h"
 #include "pipemat/core/error.h"
 #include "pipemat/pp/checkpoint.h"
@@ -265,12 +266,35 @@ void finish_run(const RankRun& r, const std::vector<LossPoint>& train_curve, int
 
 }  // namespace
 
+namespace {
+
+// transport.lane (Note [Device lanes]): attached once to the job's transport, before its groups
+// and the pipeline; collective over the job's ranks for nccl.
+void attach_lane(const TrainConfig& config, comm::Transport& job, c10::Device device) {
+  if (config.transport.lane == comm::LaneKind::kNone || job.device_lane() != nullptr) return;
+  PIPEMAT_CHECK(device.is_cuda(), ConfigError,
+                "transport.lane: nccl moves tensors between GPUs, but training.device is ",
+                device.str(), "; set training.device: cuda, or transport.lane: none");
+  job.attach_device_lane(comm::make_device_lane(job, comm::make_nccl_link(job, device.index())));
+}
+
+// "tcp", "tcp+nccl": the transport and its lane, as the first progress line names them.
+std::string transport_name(const comm::Transport& job) {
+  const std::string lane = comm::lane_name(job);
+  return comm::to_string(job.kind()) + (lane.empty() ? "" : "+" + lane);
+}
+
+}  // namespace
+
 TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostream* progress,
                      const AfterStep& after_step) {
   remat::install_tracking_allocator();
   ResolvedSchedule resolved = resolve_schedule(given);
   check_schedule(resolved);
   const TrainConfig& config = resolved.config;
+  const c10::Device device =
+      pp::resolve_device(config.training.device, local_rank_of(job), "training.device");
+  attach_lane(config, job, device);
   // Note [Rank layout]: this rank's pipeline and, with data parallelism, its data group.
   const RankLayout layout = make_rank_layout(config, job);
   comm::Transport& transport = layout.pipeline ? *layout.pipeline : job;
@@ -280,8 +304,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   pp::PipelineOptions options = schedule_options(resolved);
   const ModelRun run = make_model_run(config, pp::stage_count(options));
   add_run_options(options, config, run, layout);
-  options.device =
-      pp::resolve_device(config.training.device, local_rank_of(job), "training.device");
+  options.device = device;
   pp::Pipeline pipeline(transport, options, run.stage);
   run.release_unused();  // the other ranks' stages' weights
   TrainResult result;
@@ -297,8 +320,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
                       !config.checkpoint.resume.empty());
   if (r.talk) {
     print_compute(*r.talk, job.world_size(),
-                  {comm::to_string(transport.kind()),
-                   place_of_device(options.device, config.training.device)});
+                  {transport_name(job), place_of_device(options.device, config.training.device)});
     *r.talk << "model: " << run.summary << "\n" << std::flush;
   }
   const std::string metadata = config_to_yaml(given);

@@ -78,6 +78,10 @@ std::shared_ptr<DeviceLane> make_device_lane(Transport& transport, std::unique_p
 // The lane's link name ("nccl"), or "" for a transport without a lane.
 std::string lane_name(const Transport& transport);
 
+// True when `transport` has a lane whose link carries `tensor`: send_tensors moves it as it is,
+// with no host copy.
+bool lane_carries(const Transport& transport, const at::Tensor& tensor);
+
 // A link over the transport itself (a tag above kMaxUserTag): the lane's protocol end to end
 // without a device. It carries the CPU tensors whose element count is at least `min_numel`, so a
 // test can send lists that mix carried and inline entries.

@@ -47,6 +47,14 @@ enum class TransportKind {
 };
 
 std::string to_string(TransportKind kind);
+
+// The device lane a training run attaches to its transport (Note [Device lanes]): none, or NCCL
+// between the ranks' GPUs. make_transport makes none: a lane needs the rank's device.
+enum class LaneKind {
+  kNone,
+  kNccl,
+};
+std::string to_string(LaneKind kind);  // "none", "nccl"
 // "auto", "mpi", "tcp", "local"; throws ConfigError naming the accepted values.
 TransportKind parse_transport_kind(const std::string& text);
 
@@ -67,6 +75,10 @@ struct TransportOptions {
   // Default deadline of Work::wait() and barrier(), and the rendezvous deadline of tcp.
   // Zero: PIPEMAT_COMM_TIMEOUT (seconds, may be fractional) or kDefaultTimeout.
   std::chrono::milliseconds timeout{0};
+
+  // The device lane that pipemat train attaches (training.device must be CUDA for nccl);
+  // make_transport ignores it.
+  LaneKind lane = LaneKind::kNone;
 
   // tcp: this rank, the number of ranks and rank 0's "host:port". -1 / empty: taken from
   // PIPEMAT_RANK, PIPEMAT_WORLD_SIZE, PIPEMAT_MASTER.
