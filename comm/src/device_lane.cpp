@@ -6,8 +6,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -29,8 +31,11 @@ namespace {
 // their waiters), never by a thread of its own.
 class LaneWork final : public Work {
  public:
-  LaneWork(WorkInfo info, std::chrono::milliseconds timeout, LaneLink::Poll poll)
-      : Work(std::move(info), timeout), poll_(std::move(poll)) {}
+  // `withdraw` (receives) takes back a receive that has not got its list yet, as a transport
+  // withdraws an aborted receive: the next list of its tag goes to the next receive.
+  LaneWork(WorkInfo info, std::chrono::milliseconds timeout, LaneLink::Poll poll,
+           std::function<void()> withdraw = nullptr)
+      : Work(std::move(info), timeout), poll_(std::move(poll)), withdraw_(std::move(withdraw)) {}
 
  protected:
   bool needs_progress() const override { return true; }
@@ -43,12 +48,21 @@ class LaneWork final : public Work {
       finish(*outcome);
     }
   }
-  // The link's transfer cannot be withdrawn: the tensors stay held by the list until it ends.
-  void abort_impl(const Status& reason) noexcept override { finish(reason); }
+  // A link's transfer cannot be withdrawn: its tensors stay held by the list until it ends.
+  void abort_impl(const Status& reason) noexcept override {
+    if (withdraw_) {
+      try {
+        withdraw_();
+      } catch (...) {  // a lock that cannot be had: the receive keeps its place
+      }
+    }
+    finish(reason);
+  }
 
  private:
   std::mutex mutex_;
   LaneLink::Poll poll_;
+  const std::function<void()> withdraw_;
 };
 
 Status comm_error(std::string message) {
@@ -60,7 +74,7 @@ Status comm_error(std::string message) {
 // The lane of one job transport. Per peer: a lock that keeps a send's control message and its
 // link transfer in one order, and the receive side (the posted control receive, the lists that
 // arrived and the receives that wait, by tag).
-class DeviceLane {
+class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
  public:
   struct List {
     std::vector<at::Tensor> tensors;
@@ -144,12 +158,15 @@ class DeviceLane {
         in.waiting[tag].push_back(claim);
       }
     }
-    LaneLink::Poll poll = [this, job_peer, claim]() -> std::optional<Status> {
+    // The works hold the lane: one may be polled after its transport is gone (its control
+    // receives have failed then, and pump touches the transport no more).
+    std::shared_ptr<DeviceLane> self = shared_from_this();
+    LaneLink::Poll poll = [self, job_peer, claim]() -> std::optional<Status> {
       std::shared_ptr<List> list;
       {
-        Incoming& from = incoming_[static_cast<size_t>(job_peer)];
+        Incoming& from = self->incoming_[static_cast<size_t>(job_peer)];
         std::lock_guard<std::mutex> lock(from.mutex);
-        pump(job_peer, from);
+        self->pump(job_peer, from);
         list = claim->list;
         if (!list) return from.failed;  // nullopt while the list has not come
       }
@@ -161,8 +178,14 @@ class DeviceLane {
     state->take = [claim] { return claim->list->tensors; };
     WorkInfo work_info = info(OpKind::kRecv, job_peer, tag, 0);
     work_info.any_size = true;
-    state->work =
-        std::make_shared<LaneWork>(std::move(work_info), transport_.timeout(), std::move(poll));
+    auto withdraw = [self, job_peer, tag, claim] {
+      Incoming& from = self->incoming_[static_cast<size_t>(job_peer)];
+      std::lock_guard<std::mutex> lock(from.mutex);
+      auto& waiting = from.waiting[tag];
+      waiting.erase(std::remove(waiting.begin(), waiting.end(), claim), waiting.end());
+    };
+    state->work = std::make_shared<LaneWork>(std::move(work_info), transport_.timeout(),
+                                             std::move(poll), std::move(withdraw));
     return TensorListWork(std::move(state));
   }
 

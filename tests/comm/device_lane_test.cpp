@@ -155,6 +155,19 @@ TEST(DeviceLane, GroupsUseTheJobsLaneWithJobRanks) {
   EXPECT_EQ(counts[0].sent_tensors + counts[2].sent_tensors, 0);
 }
 
+// A receive that timed out is withdrawn, as a transport's is: the list sent later goes to the
+// next receive of its tag.
+TEST(DeviceLane, ATimedOutReceiveIsWithdrawn) {
+  std::vector<LinkCounts> counts;
+  testing::Group group = lane_group(2, counts);
+  TensorListWork early = recv_tensors(*group[1], 0, 9);
+  EXPECT_THROW(early.wait(std::chrono::milliseconds(100)), TimeoutError);
+  TensorListWork send = send_tensors(*group[0], 1, 9, list_of(5));
+  expect_list(recv_tensors(*group[1], 0, 9).wait(), 5);
+  send.wait();
+  EXPECT_THROW(early.wait(), TimeoutError);  // the same error again
+}
+
 TEST(DeviceLane, WrongUseIsAConfigError) {
   testing::Group group = make_local_transports(3);
   Transport& t = *group[0];

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "pipemat/comm/bench.h"
+#include "pipemat/comm/device_lane.h"
 #include "pipemat/comm/launcher.h"
 #include "pipemat/comm/tensor.h"
 #include "pipemat/comm/transport.h"
@@ -338,10 +339,10 @@ void scenario_driven(pc::Transport& t) {
 }
 
 int usage() {
-  std::cerr
-      << "usage: comm_multiproc <exchange|mismatch|silent|peer_exit|bench|progress|driven|groups> "
-         "--transport mpi|tcp [--spawn N]\n"
-         "       comm_multiproc expect-failure <seconds> -- <command...>\n";
+  std::cerr << "usage: comm_multiproc "
+               "<exchange|mismatch|silent|peer_exit|bench|progress|driven|groups|lanes> "
+               "--transport mpi|tcp [--spawn N]\n"
+               "       comm_multiproc expect-failure <seconds> -- <command...>\n";
   return 2;
 }
 
@@ -398,6 +399,48 @@ void scenario_groups(pc::Transport& t) {
   for (auto* w : {&rp, &rd, &sp, &sd}) (*w)->wait();
   CHECK_THAT(from_pipeline == 10 * (r < 2 ? r + 2 : r - 2), "pipeline peer sent " << from_pipeline);
   CHECK_THAT(from_data == 10 * (r ^ 1), "data peer sent " << from_data);
+  t.barrier();
+}
+
+// Note [Device lanes] over real processes, 4 ranks, with the transport link (CPU tensors of 64
+// elements or more take it): lists between every pair, taken in reverse tag order, and on the
+// groups of a 2 x 2 grid (mpi sub-communicators, tcp views), which use the job's lane with job
+// ranks. The lane's control receives are posted from the start and end with the transport.
+void scenario_lanes(pc::Transport& t) {
+  CHECK_THAT(t.world_size() == 4, "needs 4 ranks, has " << t.world_size());
+  t.attach_device_lane(pc::make_device_lane(t, pc::make_transport_link(t, 64)));
+  const int r = t.rank();
+  auto list = [](int from, int to, int tag) {
+    return std::vector<at::Tensor>{at::full({16, 8}, double(100 * from + 10 * to + tag)),
+                                   at::tensor(int64_t{from * 10 + tag})};
+  };
+  auto expect = [&](const std::vector<at::Tensor>& got, int from, int to, int tag) {
+    const auto want = list(from, to, tag);
+    CHECK_THAT(got.size() == 2 && at::equal(got[0], want[0]) && at::equal(got[1], want[1]),
+               "list from rank " << from << " with tag " << tag);
+  };
+  std::vector<pc::TensorListWork> sends;
+  for (int peer = 0; peer < 4; ++peer) {
+    if (peer == r) continue;
+    for (int tag = 0; tag < 3; ++tag)
+      sends.push_back(pc::send_tensors(t, peer, tag, list(r, peer, tag)));
+  }
+  for (int peer = 0; peer < 4; ++peer) {
+    if (peer == r) continue;
+    for (int tag = 2; tag >= 0; --tag) expect(pc::recv_tensors(t, peer, tag).wait(), peer, r, tag);
+  }
+  for (auto& w : sends) w.wait();
+  auto pipeline = pc::make_group(t, r % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3});
+  auto data = pc::make_group(t, r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3});
+  CHECK_THAT(pipeline->device_lane() == t.device_lane() && data->device_lane() == t.device_lane(),
+             "a group without the job's lane");
+  const int pipeline_peer = r < 2 ? r + 2 : r - 2, data_peer = r ^ 1;
+  auto sp = pc::send_tensors(*pipeline, 1 - pipeline->rank(), 7, list(r, pipeline_peer, 7));
+  auto sd = pc::send_tensors(*data, 1 - data->rank(), 8, list(r, data_peer, 8));
+  expect(pc::recv_tensors(*data, 1 - data->rank(), 8).wait(), data_peer, r, 8);
+  expect(pc::recv_tensors(*pipeline, 1 - pipeline->rank(), 7).wait(), pipeline_peer, r, 7);
+  sp.wait();
+  sd.wait();
   t.barrier();
 }
 
@@ -471,6 +514,8 @@ int main(int argc, char** argv) {
       scenario_driven(*transport);
     } else if (scenario == "groups") {
       scenario_groups(*transport);
+    } else if (scenario == "lanes") {
+      scenario_lanes(*transport);
     } else {
       return usage();
     }
