@@ -158,6 +158,9 @@ class NcclLink final : public LaneLink {
     for (const at::Tensor& tensor : tensors) {
       const size_t bytes = tensor.nbytes();
       if (bytes == 0) continue;
+      // The caching allocator then keeps the block from other use until the pair's stream is
+      // done with it, even when the list is dropped (a failed step) before the transfer ended.
+      tensor.record_stream(*pair.stream);
       // The pair's other rank is rank 1 of a send pair, rank 0 of a receive pair.
       const ncclResult_t rc =
           sending
