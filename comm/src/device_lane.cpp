@@ -33,12 +33,18 @@ class LaneWork final : public Work {
  public:
   // `withdraw` (receives) takes back a receive that has not got its list yet, as a transport
   // withdraws an aborted receive: the next list of its tag goes to the next receive.
-  LaneWork(WorkInfo info, std::chrono::milliseconds timeout, LaneLink::Poll poll,
+  // `silence` is the peer's, from the transport's work beneath (Note [Liveness of a peer]).
+  using Silence = std::function<std::optional<Clock::duration>()>;
+  LaneWork(WorkInfo info, std::chrono::milliseconds timeout, LaneLink::Poll poll, Silence silence,
            std::function<void()> withdraw = nullptr)
-      : Work(std::move(info), timeout), poll_(std::move(poll)), withdraw_(std::move(withdraw)) {}
+      : Work(std::move(info), timeout),
+        poll_(std::move(poll)),
+        silence_(std::move(silence)),
+        withdraw_(std::move(withdraw)) {}
 
  protected:
   bool needs_progress() const override { return true; }
+  std::optional<Clock::duration> peer_silence() const override { return silence_(); }
   void progress() override {
     if (done()) return;
     std::lock_guard<std::mutex> lock(mutex_);
@@ -62,6 +68,7 @@ class LaneWork final : public Work {
  private:
   std::mutex mutex_;
   LaneLink::Poll poll_;
+  const Silence silence_;
   const std::function<void()> withdraw_;
 };
 
@@ -135,8 +142,9 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
     auto state = std::make_shared<TensorListWork::State>();
     state->mode = detail::Mode::kSend;
     state->tensors = tensors;
-    state->work = std::make_shared<LaneWork>(info(OpKind::kSend, job_peer, tag, bytes),
-                                             transport_.timeout(), std::move(poll));
+    state->work =
+        std::make_shared<LaneWork>(info(OpKind::kSend, job_peer, tag, bytes), transport_.timeout(),
+                                   std::move(poll), [control] { return control->silence(); });
     return TensorListWork(std::move(state));
   }
 
@@ -184,8 +192,18 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
       auto& waiting = from.waiting[tag];
       waiting.erase(std::remove(waiting.begin(), waiting.end(), claim), waiting.end());
     };
-    state->work = std::make_shared<LaneWork>(std::move(work_info), transport_.timeout(),
-                                             std::move(poll), std::move(withdraw));
+    auto silence = [self, job_peer]() -> std::optional<Clock::duration> {
+      Incoming& from = self->incoming_[static_cast<size_t>(job_peer)];
+      WorkPtr control;
+      {
+        std::lock_guard<std::mutex> lock(from.mutex);
+        control = from.control;
+      }
+      return control->silence();
+    };
+    state->work =
+        std::make_shared<LaneWork>(std::move(work_info), transport_.timeout(), std::move(poll),
+                                   std::move(silence), std::move(withdraw));
     return TensorListWork(std::move(state));
   }
 

@@ -168,6 +168,29 @@ TEST(DeviceLane, ATimedOutReceiveIsWithdrawn) {
   EXPECT_THROW(early.wait(), TimeoutError);  // the same error again
 }
 
+// Note [Liveness of a peer] holds through a lane: its receive asks the transport's control receive
+// beneath how long the peer has been silent, so a live peer (its heartbeats arrive) gets up to
+// twice the timeout, and the message says it is alive.
+TEST(DeviceLane, AWaitGivesALivePeerTwiceTheTimeout) {
+  TransportOptions options;
+  options.timeout = std::chrono::seconds(2);  // as commTcpTimeout's: beats every 500 ms
+  testing::Group group = testing::make_group(TransportKind::kTcp, 2, options);
+  group[0]->attach_device_lane(make_device_lane(*group[0], make_transport_link(*group[0], 1)));
+  const auto start = Clock::now();
+  std::string what = "no timeout";
+  try {
+    recv_tensors(*group[0], 1, 9).wait();
+  } catch (const TimeoutError& e) {
+    what = e.what();
+  }
+  const auto waited =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  EXPECT_GE(waited, 4000) << what;
+  EXPECT_NE(what.find("from rank 1 with tag 9 on rank 0 (tcp+transport). Rank 1 is alive"),
+            std::string::npos)
+      << what;
+}
+
 TEST(DeviceLane, WrongUseIsAConfigError) {
   testing::Group group = make_local_transports(3);
   Transport& t = *group[0];

@@ -173,6 +173,9 @@ class Work {
 
   const WorkInfo& info() const { return info_; }
   std::chrono::milliseconds default_timeout() const { return default_timeout_; }
+  // Note [Liveness of a peer]: how long ago anything last arrived from the peer; nullopt when the
+  // backend keeps no liveness. (A work layered on another, as a device lane's, asks this.)
+  std::optional<Clock::duration> silence() const { return peer_silence(); }
 
   // recv: the number of bytes that arrived (valid after completion, also on kSizeMismatch).
   size_t received_bytes() const;
