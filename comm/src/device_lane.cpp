@@ -112,7 +112,7 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
   }
 
   const LaneLink& link() const { return *link_; }
-  std::string where() const { return concat(to_string(transport_.kind()), "+", link_->name()); }
+  std::string where() const { return transport_name(transport_); }
 
   TensorListWork send(Transport& via, int peer, int tag, const std::vector<at::Tensor>& tensors) {
     const int job_peer = via.job_rank_of(peer);
@@ -311,6 +311,11 @@ std::string lane_name(const Transport& transport) {
 bool lane_carries(const Transport& transport, const at::Tensor& tensor) {
   const DeviceLane* lane = transport.device_lane();
   return lane != nullptr && tensor.defined() && lane->link().carries(tensor);
+}
+
+std::string transport_name(const Transport& transport) {
+  const std::string lane = lane_name(transport);
+  return to_string(transport.kind()) + (lane.empty() ? "" : "+" + lane);
 }
 
 namespace detail {

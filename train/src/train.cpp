@@ -264,10 +264,6 @@ void finish_run(const RankRun& r, const std::vector<LossPoint>& train_curve, int
   }
 }
 
-}  // namespace
-
-namespace {
-
 // transport.lane (Note [Device lanes]): attached once to the job's transport, before its groups
 // and the pipeline; collective over the job's ranks for nccl.
 void attach_lane(const TrainConfig& config, comm::Transport& job, c10::Device device) {
@@ -276,12 +272,6 @@ void attach_lane(const TrainConfig& config, comm::Transport& job, c10::Device de
                 "transport.lane: nccl moves tensors between GPUs, but training.device is ",
                 device.str(), "; set training.device: cuda, or transport.lane: none");
   job.attach_device_lane(comm::make_device_lane(job, comm::make_nccl_link(job, device.index())));
-}
-
-// "tcp", "tcp+nccl": the transport and its lane, as the first progress line names them.
-std::string transport_name(const comm::Transport& job) {
-  const std::string lane = comm::lane_name(job);
-  return comm::to_string(job.kind()) + (lane.empty() ? "" : "+" + lane);
 }
 
 }  // namespace
@@ -319,8 +309,9 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "",
                       !config.checkpoint.resume.empty());
   if (r.talk) {
-    print_compute(*r.talk, job.world_size(),
-                  {transport_name(job), place_of_device(options.device, config.training.device)});
+    print_compute(
+        *r.talk, job.world_size(),
+        {comm::transport_name(job), place_of_device(options.device, config.training.device)});
     *r.talk << "model: " << run.summary << "\n" << std::flush;
   }
   const std::string metadata = config_to_yaml(given);

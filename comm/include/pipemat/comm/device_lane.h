@@ -77,6 +77,9 @@ std::shared_ptr<DeviceLane> make_device_lane(Transport& transport, std::unique_p
 
 // The lane's link name ("nccl"), or "" for a transport without a lane.
 std::string lane_name(const Transport& transport);
+// The transport's kind and its lane's link: "tcp", "tcp+nccl" (what errors and the first progress
+// line of a run name).
+std::string transport_name(const Transport& transport);
 
 // True when `transport` has a lane whose link carries `tensor`: send_tensors moves it as it is,
 // with no host copy.
