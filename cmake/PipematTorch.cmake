@@ -164,10 +164,14 @@ macro(pipemat_find_nccl)
   cmake_parse_arguments(_pipemat_nccl "REQUIRED" "" "" ${ARGN})
   set(PIPEMAT_NCCL_ENABLED FALSE)
   if(PIPEMAT_CUDA_ENABLED OR _pipemat_nccl_REQUIRED)
+    # The wheel's first (NO_DEFAULT_PATH: CMAKE_PREFIX_PATH would come before HINTS), then the
+    # system's.
     find_path(PIPEMAT_NCCL_INCLUDE_DIR nccl.h
-              HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include")
+              PATHS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include" NO_DEFAULT_PATH)
+    find_path(PIPEMAT_NCCL_INCLUDE_DIR nccl.h)
     find_library(PIPEMAT_NCCL_LIBRARY NAMES nccl libnccl.so.2
-                 HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/lib")
+                 PATHS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/lib" NO_DEFAULT_PATH)
+    find_library(PIPEMAT_NCCL_LIBRARY NAMES nccl libnccl.so.2)
     if(PIPEMAT_NCCL_INCLUDE_DIR AND PIPEMAT_NCCL_LIBRARY)
       set(PIPEMAT_NCCL_ENABLED TRUE)
       if(NOT TARGET pipemat::nccl)

@@ -31,8 +31,8 @@ namespace {
 // their waiters), never by a thread of its own.
 class LaneWork final : public Work {
  public:
-  // `withdraw` (receives) takes back a receive that has not got its list yet, as a transport
-  // withdraws an aborted receive: the next list of its tag goes to the next receive.
+  // `withdraw` (receives) takes back an aborted receive, as a transport withdraws one: a list it
+  // had been given goes back, so the next receive of its tag gets it.
   // `silence` is the peer's, from the transport's work beneath (Note [Liveness of a peer]).
   using Silence = std::function<std::optional<Clock::duration>()>;
   LaneWork(WorkInfo info, std::chrono::milliseconds timeout, LaneLink::Poll poll, Silence silence,
@@ -54,14 +54,19 @@ class LaneWork final : public Work {
       finish(*outcome);
     }
   }
-  // A link's transfer cannot be withdrawn: its tensors stay held by the list until it ends.
+  // Under the lock progress() takes, so a receive either completes with its list or gives it
+  // back (withdraw), never both. A link's transfer cannot be withdrawn: its tensors stay held by
+  // the list until it ends.
   void abort_impl(const Status& reason) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done()) return;
     if (withdraw_) {
       try {
         withdraw_();
       } catch (...) {  // a lock that cannot be had: the receive keeps its place
       }
     }
+    poll_ = nullptr;
     finish(reason);
   }
 
@@ -102,6 +107,7 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
   DeviceLane(Transport& transport, std::unique_ptr<LaneLink> link)
       : transport_(transport),
         link_(std::move(link)),
+        where_(concat(to_string(transport.kind()), "+", link_->name())),
         outgoing_(static_cast<size_t>(transport.world_size())),
         incoming_(static_cast<size_t>(transport.world_size())) {
     for (int peer = 0; peer < transport.world_size(); ++peer) {
@@ -112,7 +118,7 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
   }
 
   const LaneLink& link() const { return *link_; }
-  std::string where() const { return transport_name(transport_); }
+  const std::string& where() const { return where_; }
 
   TensorListWork send(Transport& via, int peer, int tag, const std::vector<at::Tensor>& tensors) {
     const int job_peer = via.job_rank_of(peer);
@@ -128,15 +134,32 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
     LaneLink::Poll carried;
     {
       // The link's order is the control messages' order (Note [Device lanes]).
-      std::lock_guard<std::mutex> lock(outgoing_[static_cast<size_t>(job_peer)]);
+      Outgoing& out = outgoing_[static_cast<size_t>(job_peer)];
+      std::lock_guard<std::mutex> lock(out.mutex);
+      PIPEMAT_CHECK(out.broken.empty(), CommError, "the device lane (", where_, ") to rank ",
+                    job_peer, " is broken: ", out.broken);
       control = send_reserved(transport_, job_peer, kLaneControlTag, std::move(message.spans),
                               std::move(message.owned));
-      if (!message.carried.empty()) carried = link_->send(job_peer, std::move(message.carried));
+      if (!message.carried.empty()) {
+        try {
+          carried = link_->send(job_peer, std::move(message.carried));
+        } catch (const std::exception& e) {
+          // The control message is out and its bytes are not: the peer's link receives would be
+          // one transfer behind from now on.
+          out.broken = concat("a link send on tag ", tag, " failed: ", e.what());
+          throw;
+        }
+      }
     }
-    LaneLink::Poll poll = [control, carried]() -> std::optional<Status> {
+    // The work holds the lane weakly: polled after the transport (and with it the lane and its
+    // link) is gone, it fails instead of touching them.
+    std::weak_ptr<DeviceLane> lane = weak_from_this();
+    LaneLink::Poll poll = [lane, control, carried]() -> std::optional<Status> {
       if (!control->is_completed()) return std::nullopt;
       if (!control->status().ok()) return control->status();
       if (!carried) return Status{};
+      const std::shared_ptr<DeviceLane> alive = lane.lock();
+      if (!alive) return gone();
       return carried();
     };
     auto state = std::make_shared<TensorListWork::State>();
@@ -166,10 +189,11 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
         in.waiting[tag].push_back(claim);
       }
     }
-    // The works hold the lane: one may be polled after its transport is gone (its control
-    // receives have failed then, and pump touches the transport no more).
-    std::shared_ptr<DeviceLane> self = shared_from_this();
-    LaneLink::Poll poll = [self, job_peer, claim]() -> std::optional<Status> {
+    // The work holds the lane weakly, as a send's does.
+    std::weak_ptr<DeviceLane> lane = weak_from_this();
+    LaneLink::Poll poll = [lane, job_peer, claim]() -> std::optional<Status> {
+      const std::shared_ptr<DeviceLane> self = lane.lock();
+      if (!self) return gone();
       std::shared_ptr<List> list;
       {
         Incoming& from = self->incoming_[static_cast<size_t>(job_peer)];
@@ -184,15 +208,28 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
     auto state = std::make_shared<TensorListWork::State>();
     state->mode = detail::Mode::kRecvAny;
     state->take = [claim] { return claim->list->tensors; };
+    // (The lane outlives the transport's works only through the transport: Note [Device lanes].)
     WorkInfo work_info = info(OpKind::kRecv, job_peer, tag, 0);
     work_info.any_size = true;
-    auto withdraw = [self, job_peer, tag, claim] {
+    auto withdraw = [lane, job_peer, tag, claim] {
+      const std::shared_ptr<DeviceLane> self = lane.lock();
+      if (!self) return;
       Incoming& from = self->incoming_[static_cast<size_t>(job_peer)];
       std::lock_guard<std::mutex> lock(from.mutex);
       auto& waiting = from.waiting[tag];
       waiting.erase(std::remove(waiting.begin(), waiting.end(), claim), waiting.end());
+      if (!claim->list) return;
+      // It had its list: the next receive of the tag gets it, or the first one posted later.
+      if (!waiting.empty()) {
+        waiting.front()->list = std::move(claim->list);
+        waiting.pop_front();
+      } else {
+        from.arrived[tag].push_front(std::move(claim->list));
+      }
     };
-    auto silence = [self, job_peer]() -> std::optional<Clock::duration> {
+    auto silence = [lane, job_peer]() -> std::optional<Clock::duration> {
+      const std::shared_ptr<DeviceLane> self = lane.lock();
+      if (!self) return std::nullopt;
       Incoming& from = self->incoming_[static_cast<size_t>(job_peer)];
       WorkPtr control;
       {
@@ -234,7 +271,17 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
       in.control = recv_any_reserved(transport_, peer, kLaneControlTag);
       int tag = -1;
       std::string why;
-      auto list = decode(buffer, control_info, tag, why);
+      std::shared_ptr<List> list;
+      try {
+        list = decode(buffer, control_info, tag, why);
+      } catch (const std::exception& e) {
+        // The link's order is lost with this list's transfer: nothing later from the peer can
+        // be trusted.
+        in.failed =
+            comm_error(concat("the device lane (", where_, ") could not take a list from rank ",
+                              peer, " on tag ", tag, ": ", e.what()));
+        break;
+      }
       if (!list) {
         in.failed = comm_error(concat("rank ", peer, " sent a corrupt device-lane list to rank ",
                                       transport_.rank(), " (", where(), "): ", why,
@@ -274,6 +321,16 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
     std::vector<detail::LaneEntry> entries;
     if (!detail::decode_list(buffer, control_info, list->tensors, why, &entries)) return nullptr;
     if (entries.empty()) return list;
+    // Carried entries have no bytes in the message to check their size against: a corrupt or
+    // hostile header must not make this rank allocate without bound.
+    uint64_t carried_bytes = 0;
+    for (const detail::LaneEntry& entry : entries) carried_bytes += entry.meta.nbytes();
+    if (carried_bytes > kDefaultMaxMessageBytes) {
+      why =
+          concat("its entries on the link hold ", carried_bytes, " bytes, more than the limit of ",
+                 kDefaultMaxMessageBytes, " per list (kDefaultMaxMessageBytes)");
+      return nullptr;
+    }
     std::vector<at::Tensor> carried;
     carried.reserve(entries.size());
     for (const detail::LaneEntry& entry : entries) {
@@ -286,9 +343,19 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
     return list;
   }
 
+  struct Outgoing {
+    std::mutex mutex;
+    std::string broken;  // set when a link send failed after its control message went out
+  };
+
+  static Status gone() {
+    return Status{StatusCode::kAborted, "the device lane's transport was destroyed"};
+  }
+
   Transport& transport_;
   std::unique_ptr<LaneLink> link_;
-  std::vector<std::mutex> outgoing_;
+  const std::string where_;
+  std::vector<Outgoing> outgoing_;
   std::vector<Incoming> incoming_;
 };
 

@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "pipemat/comm/device_lane.h"
 #include "pipemat/comm/tensor.h"
 #include "pipemat/core/error.h"
+#include "tensor_wire.h"
 #include "test_util.h"
 
 namespace pipemat::comm {
@@ -189,6 +192,96 @@ TEST(DeviceLane, AWaitGivesALivePeerTwiceTheTimeout) {
   EXPECT_NE(what.find("from rank 1 with tag 9 on rank 0 (tcp+transport). Rank 1 is alive"),
             std::string::npos)
       << what;
+}
+
+// A receive aborted after another receive's poll had given it its list hands the list on: the
+// next receive of the tag gets it.
+TEST(DeviceLane, AnAbortedReceiveHandsItsListOn) {
+  std::vector<LinkCounts> counts;
+  testing::Group group = lane_group(2, counts);
+  TensorListWork first = recv_tensors(*group[1], 0, 3);
+  TensorListWork second = recv_tensors(*group[1], 0, 3);
+  send_tensors(*group[0], 1, 3, list_of(7)).wait();  // the control message is at rank 1 now
+  // `second`'s poll reads it and gives the list to `first`, the earlier receive; `second` waits.
+  EXPECT_FALSE(second.is_completed());
+  first.abort();
+  expect_list(second.wait(std::chrono::seconds(10)), 7);
+  EXPECT_THROW(first.wait(), CommError);
+}
+
+// A work polled after its transport (and with it the lane) is gone fails; it touches neither.
+TEST(DeviceLane, AWorkOutlivingItsTransportFails) {
+  std::vector<LinkCounts> counts;
+  testing::Group group = lane_group(2, counts);
+  TensorListWork recv = recv_tensors(*group[1], 0, 2);
+  group.clear();
+  EXPECT_THROW(recv.wait(std::chrono::milliseconds(100)), CommError);
+}
+
+// Entries on the link carry no bytes in the control message to check their size against: a
+// header asking for more than kDefaultMaxMessageBytes is refused before anything is allocated.
+TEST(DeviceLane, AHostileEntrySizeIsRefusedBeforeAllocating) {
+  std::vector<LinkCounts> counts;
+  testing::Group group = lane_group(2, counts);
+  const std::vector<int64_t> shape{int64_t{1} << 40};
+  const size_t entry = detail::header_size(1);
+  std::vector<uint8_t> message(detail::kListHeaderBytes + entry, 0);
+  detail::ListHeader header;
+  header.magic = detail::kLaneListMagic;
+  header.sender = 0;
+  header.count = 1;
+  header.reserved = 4;  // the tag
+  header.total_bytes = message.size();
+  std::memcpy(message.data(), &header, sizeof(header));
+  detail::write_header(message.data() + detail::kListHeaderBytes,
+                       detail::wire_dtype_code(at::kFloat).value(), shape, 0, uint64_t{4} << 40,
+                       detail::kFlagOnLane);
+  send_reserved(*group[0], 1, kLaneControlTag, {ConstSpan{message.data(), message.size()}})->wait();
+  try {
+    recv_tensors(*group[1], 0, 4).wait();
+    FAIL() << "a 4 TiB entry was taken";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("its entries on the link hold 4398046511104 bytes, more "
+                                         "than the limit of 17179869184 per list"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A link that cannot take a list (its allocation fails) fails that receive and every later one
+// from the peer with a CommError: the link's order is lost.
+TEST(DeviceLane, ALinkThatCannotTakeAListFailsThePeer) {
+  class FailingLink final : public LaneLink {
+   public:
+    explicit FailingLink(std::unique_ptr<LaneLink> inner) : inner_(std::move(inner)) {}
+    std::string name() const override { return "failing"; }
+    bool carries(const at::Tensor& t) const override { return inner_->carries(t); }
+    at::Tensor empty(const TensorMeta&) const override {
+      throw std::runtime_error("out of device memory");
+    }
+    Poll send(int peer, Tensors t) override { return inner_->send(peer, std::move(t)); }
+    Poll recv(int peer, Tensors t) override { return inner_->recv(peer, std::move(t)); }
+
+   private:
+    std::unique_ptr<LaneLink> inner_;
+  };
+  testing::Group group = make_local_transports(2);
+  for (auto& t : group) {
+    t->attach_device_lane(
+        make_device_lane(*t, std::make_unique<FailingLink>(make_transport_link(*t, 1))));
+  }
+  TensorListWork send = send_tensors(*group[0], 1, 6, {at::ones({8})});
+  try {
+    recv_tensors(*group[1], 0, 6).wait();
+    FAIL() << "the list was taken";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("the device lane (local+failing) could not take a list "
+                                         "from rank 0 on tag 6: out of device memory"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(recv_tensors(*group[1], 0, 7).wait(), CommError);
+  send.abort();
 }
 
 TEST(DeviceLane, WrongUseIsAConfigError) {

@@ -87,42 +87,37 @@ class NcclLink final : public LaneLink {
       std::memcpy(&theirs[static_cast<size_t>(peer)], id.data(), sizeof(ncclUniqueId));
     }
     for (auto& work : posted) work->wait();
-    // All communicators at once: NCCL makes the ones of a group together, so no rank waits for a
-    // pair whose other rank is still making another.
-    check(ncclGroupStart(), "ncclGroupStart", -1);
-    for (int peer = 0; peer < world; ++peer) {
-      if (peer == me) continue;
-      Pair& send = sends_[static_cast<size_t>(peer)];
-      Pair& recv = recvs_[static_cast<size_t>(peer)];
-      check(ncclCommInitRank(&send.comm, 2, mine[static_cast<size_t>(peer)], 0),
-            "ncclCommInitRank (send side)", peer);
-      check(ncclCommInitRank(&recv.comm, 2, theirs[static_cast<size_t>(peer)], 1),
-            "ncclCommInitRank (receive side)", peer);
-    }
-    check(ncclGroupEnd(), "ncclGroupEnd (making the communicators)", -1);
-    for (int peer = 0; peer < world; ++peer) {
-      if (peer == me) continue;
-      sends_[static_cast<size_t>(peer)].stream.emplace(
-          c10::cuda::getStreamFromPool(false, device_.index()));
-      recvs_[static_cast<size_t>(peer)].stream.emplace(
-          c10::cuda::getStreamFromPool(false, device_.index()));
+    try {
+      // All communicators at once: NCCL makes the ones of a group together, so no rank waits for
+      // a pair whose other rank is still making another.
+      check(ncclGroupStart(), "ncclGroupStart", -1);
+      for (int peer = 0; peer < world; ++peer) {
+        if (peer == me) continue;
+        Pair& send = sends_[static_cast<size_t>(peer)];
+        Pair& recv = recvs_[static_cast<size_t>(peer)];
+        check(ncclCommInitRank(&send.comm, 2, mine[static_cast<size_t>(peer)], 0),
+              "ncclCommInitRank (send side)", peer);
+        check(ncclCommInitRank(&recv.comm, 2, theirs[static_cast<size_t>(peer)], 1),
+              "ncclCommInitRank (receive side)", peer);
+      }
+      check(ncclGroupEnd(), "ncclGroupEnd (making the communicators)", -1);
+      for (int peer = 0; peer < world; ++peer) {
+        if (peer == me) continue;
+        sends_[static_cast<size_t>(peer)].stream.emplace(
+            c10::cuda::getStreamFromPool(false, device_.index()));
+        recvs_[static_cast<size_t>(peer)].stream.emplace(
+            c10::cuda::getStreamFromPool(false, device_.index()));
+      }
+      if (world > 1) connect_all();
+    } catch (...) {
+      release(/*abort=*/true);
+      throw;
     }
   }
 
-  ~NcclLink() override {
-    // After a failure, peers may never post their side: abort instead of waiting for it.
-    const bool failing = std::uncaught_exceptions() > 0;
-    for (auto* pairs : {&sends_, &recvs_}) {
-      for (Pair& pair : *pairs) {
-        if (pair.comm == nullptr) continue;
-        if (failing) {
-          ncclCommAbort(pair.comm);
-        } else {
-          ncclCommDestroy(pair.comm);
-        }
-      }
-    }
-  }
+  // A pair whose stream still has a transfer queued (its peer failed, or a failed step dropped a
+  // list) is aborted: destroying it would wait for a peer that may never post its side.
+  ~NcclLink() override { release(std::uncaught_exceptions() > 0); }
 
   std::string name() const override { return "nccl"; }
   bool carries(const at::Tensor& tensor) const override { return tensor.device() == device_; }
@@ -142,6 +137,46 @@ class NcclLink final : public LaneLink {
     ncclComm_t comm = nullptr;
     std::optional<c10::cuda::CUDAStream> stream;
   };
+
+  // NCCL connects a pair at its first transfer, and a blocking communicator's first send waits
+  // in ncclGroupEnd until the peer makes its first receive: a rank that sends before it receives
+  // (two replicas exchanging gradients) would wait there for a peer doing the same. One byte each
+  // way on every pair, in one group on every rank, connects them all while every rank is here.
+  void connect_all() {
+    const int world = transport_.world_size(), me = transport_.rank();
+    const at::Tensor bytes =
+        at::zeros({2 * world}, at::TensorOptions().dtype(at::kByte).device(device_));
+    auto* data = static_cast<uint8_t*>(bytes.data_ptr());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    check(ncclGroupStart(), "ncclGroupStart", -1);
+    for (int peer = 0; peer < world; ++peer) {
+      if (peer == me) continue;
+      const size_t at = 2 * static_cast<size_t>(peer);
+      check(ncclSend(data + at, 1, ncclUint8, 1, sends_[static_cast<size_t>(peer)].comm, stream),
+            "ncclSend (connecting)", peer);
+      check(
+          ncclRecv(data + at + 1, 1, ncclUint8, 0, recvs_[static_cast<size_t>(peer)].comm, stream),
+          "ncclRecv (connecting)", peer);
+    }
+    check(ncclGroupEnd(), "ncclGroupEnd (connecting the pairs)", -1);
+    PIPEMAT_CHECK(cudaStreamSynchronize(stream) == cudaSuccess, CommError, transport_.describe(),
+                  ": connecting the nccl lane's pairs on ", device_.str(), " failed");
+  }
+
+  void release(bool abort) noexcept {
+    for (auto* pairs : {&sends_, &recvs_}) {
+      for (Pair& pair : *pairs) {
+        if (pair.comm == nullptr) continue;
+        const bool idle = pair.stream.has_value() && pair.stream->query();
+        if (abort || !idle) {
+          ncclCommAbort(pair.comm);
+        } else {
+          ncclCommDestroy(pair.comm);
+        }
+        pair.comm = nullptr;
+      }
+    }
+  }
 
   // The pair's stream first waits for the work queued on the current stream (what produced a
   // sent tensor; what last used a received tensor's memory), then moves the bytes; the poll is
