@@ -77,6 +77,11 @@ class LaneWork final : public Work {
   const std::function<void()> withdraw_;
 };
 
+// "tcp", "tcp+nccl": transport_name's words, also before a lane is attached.
+std::string joined_name(TransportKind kind, const std::string& link) {
+  return to_string(kind) + (link.empty() ? "" : "+" + link);
+}
+
 Status comm_error(std::string message) {
   return Status{StatusCode::kCommError, std::move(message)};
 }
@@ -107,7 +112,7 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
   DeviceLane(Transport& transport, std::unique_ptr<LaneLink> link)
       : transport_(transport),
         link_(std::move(link)),
-        where_(concat(to_string(transport.kind()), "+", link_->name())),
+        where_(joined_name(transport.kind(), link_->name())),
         outgoing_(static_cast<size_t>(transport.world_size())),
         incoming_(static_cast<size_t>(transport.world_size())) {
     for (int peer = 0; peer < transport.world_size(); ++peer) {
@@ -118,14 +123,9 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
   }
 
   const LaneLink& link() const { return *link_; }
-  const std::string& where() const { return where_; }
 
   TensorListWork send(Transport& via, int peer, int tag, const std::vector<at::Tensor>& tensors) {
-    const int job_peer = via.job_rank_of(peer);
-    PIPEMAT_CHECK(tag >= 0 && tag <= kMaxUserTag, ConfigError, via.describe(), ": tag ", tag,
-                  " for send to rank ", peer, " is outside 0..", kMaxUserTag);
-    PIPEMAT_CHECK(job_peer != transport_.rank(), ConfigError, via.describe(),
-                  ": cannot send to itself (peer == rank)");
+    const int job_peer = checked_job_peer(via, peer, tag, "send to");
     detail::ListMessage message =
         detail::encode_list(tensors, transport_.rank(), job_peer, tag, link_.get());
     uint64_t bytes = message.total;
@@ -172,11 +172,7 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
   }
 
   TensorListWork recv(Transport& via, int peer, int tag) {
-    const int job_peer = via.job_rank_of(peer);
-    PIPEMAT_CHECK(tag >= 0 && tag <= kMaxUserTag, ConfigError, via.describe(), ": tag ", tag,
-                  " for recv from rank ", peer, " is outside 0..", kMaxUserTag);
-    PIPEMAT_CHECK(job_peer != transport_.rank(), ConfigError, via.describe(),
-                  ": cannot recv from itself (peer == rank)");
+    const int job_peer = checked_job_peer(via, peer, tag, "recv from");
     auto claim = std::make_shared<Claim>();
     Incoming& in = incoming_[static_cast<size_t>(job_peer)];
     {
@@ -208,7 +204,6 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
     auto state = std::make_shared<TensorListWork::State>();
     state->mode = detail::Mode::kRecvAny;
     state->take = [claim] { return claim->list->tensors; };
-    // (The lane outlives the transport's works only through the transport: Note [Device lanes].)
     WorkInfo work_info = info(OpKind::kRecv, job_peer, tag, 0);
     work_info.any_size = true;
     auto withdraw = [lane, job_peer, tag, claim] {
@@ -218,14 +213,8 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
       std::lock_guard<std::mutex> lock(from.mutex);
       auto& waiting = from.waiting[tag];
       waiting.erase(std::remove(waiting.begin(), waiting.end(), claim), waiting.end());
-      if (!claim->list) return;
-      // It had its list: the next receive of the tag gets it, or the first one posted later.
-      if (!waiting.empty()) {
-        waiting.front()->list = std::move(claim->list);
-        waiting.pop_front();
-      } else {
-        from.arrived[tag].push_front(std::move(claim->list));
-      }
+      // A list it had goes to the next receive of the tag, ahead of those that came later.
+      if (claim->list) file(from, tag, std::move(claim->list), /*first=*/true);
     };
     auto silence = [lane, job_peer]() -> std::optional<Clock::duration> {
       const std::shared_ptr<DeviceLane> self = lane.lock();
@@ -245,6 +234,16 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
   }
 
  private:
+  // The job rank of `via`'s rank `peer`, checked as the transport checks a peer and a tag.
+  int checked_job_peer(const Transport& via, int peer, int tag, const char* verb) const {
+    const int job_peer = via.job_rank_of(peer);
+    PIPEMAT_CHECK(tag >= 0 && tag <= kMaxUserTag, ConfigError, via.describe(), ": tag ", tag,
+                  " for ", verb, " rank ", peer, " is outside 0..", kMaxUserTag);
+    PIPEMAT_CHECK(job_peer != transport_.rank(), ConfigError, via.describe(), ": cannot ", verb,
+                  " itself (peer == rank)");
+    return job_peer;
+  }
+
   WorkInfo info(OpKind op, int job_peer, int tag, uint64_t bytes) const {
     WorkInfo out;
     out.op = op;
@@ -252,7 +251,7 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
     out.peer = job_peer;
     out.tag = tag;
     out.bytes = bytes;
-    out.transport = where();
+    out.transport = where_;
     return out;
   }
 
@@ -262,7 +261,7 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
     while (!in.failed && in.control->is_completed()) {
       const Status status = in.control->status();
       if (!status.ok()) {
-        in.failed = comm_error(concat("the device lane (", where(), ") lost rank ", peer,
+        in.failed = comm_error(concat("the device lane (", where_, ") lost rank ", peer,
                                       ": its control message failed: ", status.message));
         break;
       }
@@ -284,18 +283,26 @@ class DeviceLane : public std::enable_shared_from_this<DeviceLane> {
       }
       if (!list) {
         in.failed = comm_error(concat("rank ", peer, " sent a corrupt device-lane list to rank ",
-                                      transport_.rank(), " (", where(), "): ", why,
+                                      transport_.rank(), " (", where_, "): ", why,
                                       ". Both ranks must run the same pipemat build with the "
                                       "same lane."));
         break;
       }
-      auto& waiting = in.waiting[tag];
-      if (!waiting.empty()) {
-        waiting.front()->list = std::move(list);
-        waiting.pop_front();
-      } else {
-        in.arrived[tag].push_back(std::move(list));
-      }
+      file(in, tag, std::move(list), /*first=*/false);
+    }
+  }
+
+  // Gives `list` to the earliest receive of `tag` that waits, or keeps it for the next one (at
+  // the front of those kept when `first`). Under in.mutex.
+  static void file(Incoming& in, int tag, std::shared_ptr<List> list, bool first) {
+    auto& waiting = in.waiting[tag];
+    if (!waiting.empty()) {
+      waiting.front()->list = std::move(list);
+      waiting.pop_front();
+    } else if (first) {
+      in.arrived[tag].push_front(std::move(list));
+    } else {
+      in.arrived[tag].push_back(std::move(list));
     }
   }
 
@@ -381,8 +388,7 @@ bool lane_carries(const Transport& transport, const at::Tensor& tensor) {
 }
 
 std::string transport_name(const Transport& transport) {
-  const std::string lane = lane_name(transport);
-  return to_string(transport.kind()) + (lane.empty() ? "" : "+" + lane);
+  return joined_name(transport.kind(), lane_name(transport));
 }
 
 namespace detail {

@@ -29,8 +29,6 @@
 namespace pipemat::comm {
 namespace {
 
-constexpr int kBarrierTag = kMaxUserTag + 1;
-
 std::atomic<bool> g_joining{false};
 
 const char* getenv_or_null(const char* name) {

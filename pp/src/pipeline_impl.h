@@ -110,7 +110,8 @@ struct Pipeline::Impl {
   // `ts` on options.device: the same tensors on the CPU; else copies that keep requires_grad
   // (a received tensor stays a leaf).
   Tensors on_device(Tensors ts) const;
-  // What a rank sends, on the host (through pinned memory from a GPU); unchanged on the CPU.
+  // What a rank sends, on the host (through pinned memory from a GPU); unchanged on the CPU and
+  // where a device lane carries it (Note [Device lanes]).
   Tensors on_host(Tensors ts) const;
 
   // executor.cpp: the action executor; step_run.h: one step in progress.

@@ -500,9 +500,6 @@ TEST(commTcpHostilePeer, MessagesAboveTheLimitFailTheReceivingRank) {
                     "1025 bytes");
 }
 
-// Note [Liveness of a peer]: a timed-out wait tells a silent peer (nothing came, not even a
-// heartbeat: stalled or unreachable) from one that is alive (a mismatch). Rank 1 beats once an
-// hour: it is silent unless it sends.
 // `world_size` tcp ranks with `timeout`; rank `silent` beats once an hour (it is silent unless it
 // sends).
 testing::Group group_with_a_silent_rank(int world_size, std::chrono::milliseconds timeout,
@@ -515,6 +512,9 @@ testing::Group group_with_a_silent_rank(int world_size, std::chrono::millisecond
                              });
 }
 
+// Note [Liveness of a peer]: a timed-out wait tells a silent peer (nothing came, not even a
+// heartbeat: stalled or unreachable) from one that is alive (a mismatch). Rank 1 beats once an
+// hour: it is silent unless it sends.
 TEST(commTcpTimeout, TheMessageSaysWhetherThePeerWasSilent) {
   testing::Group group = group_with_a_silent_rank(2, std::chrono::seconds(20), 1);
   int32_t value = 0;

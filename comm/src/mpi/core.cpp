@@ -142,8 +142,8 @@ void MpiCore::beat_locked() {
   if (now < b.next) return;
   b.next = now + b.interval;
   for (;;) {  // the heartbeats that arrived (zero bytes, from any rank)
-    if (b.recv == MPI_REQUEST_NULL &&
-        MPI_Irecv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, kBeatTag, comm, &b.recv) != MPI_SUCCESS) {
+    if (b.recv == MPI_REQUEST_NULL && MPI_Irecv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, kHeartbeatTag,
+                                                comm, &b.recv) != MPI_SUCCESS) {
       break;
     }
     int flag = 0;
@@ -160,7 +160,7 @@ void MpiCore::beat_locked() {
     MPI_Status status;
     if (send != MPI_REQUEST_NULL) MPI_Test(&send, &flag, &status);
     // A beat still in flight (a peer that stopped reading) is not followed by another.
-    if (flag) MPI_Isend(nullptr, 0, MPI_BYTE, static_cast<int>(r), kBeatTag, comm, &send);
+    if (flag) MPI_Isend(nullptr, 0, MPI_BYTE, static_cast<int>(r), kHeartbeatTag, comm, &send);
   }
 }
 

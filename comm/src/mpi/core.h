@@ -131,16 +131,14 @@ class MpiCore {
 
   bool has_progress_thread() const { return has_progress_thread_; }
 
-  // Heartbeats (the job's transport only): a control tag above kMaxUserTag and the barrier's;
-  // none where MPI_TAG_UB is below it (no liveness then). The progress thread's shortest sleep
-  // between heartbeat wake-ups.
-  static constexpr int kBeatTag = kMaxUserTag + 2;
+  // Heartbeats (the job's transport only) go on kHeartbeatTag; none where MPI_TAG_UB is below it
+  // (no liveness then). The progress thread's shortest sleep between heartbeat wake-ups.
   static constexpr auto kMinBeatSleep = std::chrono::microseconds(100);
 
   // Note [MPI progress thread]. Called once, after `comm` is set; none when `interval` is 0.
-  // With a `beat` interval and `clocks` (the job's transport, where MPI_TAG_UB admits kBeatTag)
-  // the thread also sends every peer of `comm` a heartbeat that often and notes theirs in
-  // `clocks` (Note [Liveness of a peer]).
+  // With a `beat` interval and `clocks` (the job's transport, where MPI_TAG_UB admits
+  // kHeartbeatTag) the thread also sends every peer of `comm` a heartbeat that often and notes
+  // theirs in `clocks` (Note [Liveness of a peer]).
   void start_progress_thread(std::chrono::microseconds interval,
                              std::optional<Clock::duration> beat = std::nullopt);
   void stop_progress_thread() noexcept;

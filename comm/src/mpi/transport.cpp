@@ -151,7 +151,7 @@ class MpiTransport final : public SpanTransport<MpiTransport, MpiWork> {
     if (!env_->thread_multiple()) return;
     std::optional<Clock::duration> beat;
     if (job_ranks_.empty() && options_.mpi_progress_interval.count() > 0 &&
-        MpiCore::kBeatTag <= core_->tag_upper_bound) {
+        kHeartbeatTag <= core_->tag_upper_bound) {
       // The job's transport beats (Note [Liveness of a peer]); its groups share its clocks.
       beat = PeerClocks::beat_interval(options_);
       core_->clocks = std::make_shared<PeerClocks>(world_size());

@@ -249,11 +249,13 @@ class Transport {
   std::shared_ptr<DeviceLane> lane_;
 };
 
-// The reserved tags above kMaxUserTag that layers of comm use (Note [Device lanes]), and the
-// send and receive on them (`tag` must be one of them).
-inline constexpr int kLaneControlTag = kMaxUserTag + 3;
-inline constexpr int kLaneDataTag = kMaxUserTag + 4;
-inline constexpr int kLaneBootstrapTag = kMaxUserTag + 5;
+// The tags above kMaxUserTag, each reserved for one use inside comm.
+inline constexpr int kBarrierTag = kMaxUserTag + 1;        // Transport::barrier
+inline constexpr int kHeartbeatTag = kMaxUserTag + 2;      // mpi (Note [Liveness of a peer])
+inline constexpr int kLaneControlTag = kMaxUserTag + 3;    // Note [Device lanes]: control messages
+inline constexpr int kLaneDataTag = kMaxUserTag + 4;       // the transport link's bytes
+inline constexpr int kLaneBootstrapTag = kMaxUserTag + 5;  // the NCCL link's ids
+// A send and a receive on the device lanes' tags (`tag` must be one of them).
 WorkPtr send_reserved(Transport& transport, int peer, int tag, std::vector<ConstSpan> spans,
                       std::shared_ptr<const void> keep_alive = nullptr);
 WorkPtr recv_any_reserved(Transport& transport, int peer, int tag);
