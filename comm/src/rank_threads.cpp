@@ -15,6 +15,8 @@ std::exception_ptr root_cause(const std::vector<std::exception_ptr>& errors) {
       std::rethrow_exception(e);
     } catch (const CommError&) {
       if (!first) first = e;
+    } catch (const PeerFailedError&) {
+      if (!first) first = e;
     } catch (...) {
       return e;
     }

@@ -5,25 +5,84 @@
 #include <openssl/evp.h>
 #include <openssl/params.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <vector>
 
 #include "pipemat/core/error.h"
 
 namespace pipemat {
 
-std::string sha256_hex(std::string_view bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  PIPEMAT_CHECK(EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr) == 1,
-                InternalError, "sha256_hex: OpenSSL's EVP_Digest failed");
+namespace {
+
+std::string hex_of(const unsigned char* bytes, size_t size) {
   std::string hex;
   hex.reserve(2 * size);
   char pair[3];
-  for (unsigned int i = 0; i < size; ++i) {
-    std::snprintf(pair, sizeof(pair), "%02x", digest[i]);
+  for (size_t i = 0; i < size; ++i) {
+    std::snprintf(pair, sizeof(pair), "%02x", bytes[i]);
     hex += pair;
   }
   return hex;
+}
+
+}  // namespace
+
+std::string to_hex(const Digest& digest) { return hex_of(digest.data(), digest.size()); }
+
+std::string sha256_hex(std::string_view bytes) {
+  Sha256 sha;
+  sha.update(bytes.data(), bytes.size());
+  return sha.finish_hex();
+}
+
+struct Sha256::Context {
+  EVP_MD_CTX* ctx = nullptr;
+  ~Context() { EVP_MD_CTX_free(ctx); }
+};
+
+Sha256::Sha256() : context_(std::make_unique<Context>()) {
+  context_->ctx = EVP_MD_CTX_new();
+  PIPEMAT_CHECK(
+      context_->ctx != nullptr && EVP_DigestInit_ex(context_->ctx, EVP_sha256(), nullptr) == 1,
+      InternalError, "Sha256: OpenSSL could not set up SHA-256");
+}
+
+Sha256::~Sha256() = default;
+
+void Sha256::update(const void* data, size_t size) {
+  PIPEMAT_CHECK(EVP_DigestUpdate(context_->ctx, data, size) == 1, InternalError,
+                "Sha256: OpenSSL's update failed");
+}
+
+std::string Sha256::finish_hex() {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  PIPEMAT_CHECK(EVP_DigestFinal_ex(context_->ctx, digest, &size) == 1, InternalError,
+                "Sha256: OpenSSL's final step failed");
+  return hex_of(digest, size);
+}
+
+FileDigest sha256_file(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  PIPEMAT_CHECK(file != nullptr, PipelineError, "cannot open ", path,
+                " to check its digest: ", std::strerror(errno));
+  Sha256 sha;
+  FileDigest out;
+  std::vector<char> block(size_t{1} << 20);
+  size_t n = 0;
+  while ((n = std::fread(block.data(), 1, block.size(), file)) > 0) {
+    sha.update(block.data(), n);
+    out.bytes += n;
+  }
+  const bool failed = std::ferror(file) != 0;
+  const int error = errno;
+  std::fclose(file);
+  PIPEMAT_CHECK(!failed, PipelineError, "cannot read ", path,
+                " to check its digest: ", std::strerror(error));
+  out.sha256 = sha.finish_hex();
+  return out;
 }
 
 struct HmacSha256::Context {

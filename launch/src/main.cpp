@@ -14,6 +14,7 @@
 #include "pipemat/comm/transport.h"
 #include "pipemat/core/error.h"
 #include "pipemat/pp/compute.h"
+#include "pipemat/train/train.h"
 
 namespace {
 
@@ -35,9 +36,14 @@ bool leave_it_to_rank0(bool shared) {
   return true;
 }
 
-void report_failure(const std::exception& e) {
+// Returns the exit code: 1, or kDivergedExitCode for a diverged run.
+int report_failure(const std::exception& e) {
   const pipemat::comm::JobStatus job = pipemat::comm::job_status();
-  const bool waited = leave_it_to_rank0(dynamic_cast<const pipemat::ConfigError*>(&e) != nullptr);
+  const bool diverged = dynamic_cast<const pipemat::train::DivergedError*>(&e) != nullptr;
+  const int code = diverged ? pipemat::train::kDivergedExitCode : 1;
+  // A diverged run is every rank's at the same step, like a ConfigError.
+  const bool waited =
+      leave_it_to_rank0(diverged || dynamic_cast<const pipemat::ConfigError*>(&e) != nullptr);
   const char* what = e.what();
   const bool names_a_rank = std::strncmp(what, "rank ", 5) == 0;
   // One write for the whole line: ranks started as local processes share the terminal.
@@ -50,7 +56,8 @@ void report_failure(const std::exception& e) {
   std::cerr << line << std::flush;
   // Under mpirun a failed rank ends the job: its peers may wait on it, or be stuck, and
   // MPI_Finalize would wait for them (docs/comm.md, "Failures").
-  pipemat::comm::abort_job(1);
+  pipemat::comm::abort_job(code);
+  return code;
 }
 
 }  // namespace
@@ -86,8 +93,7 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() != 0) leave_it_to_rank0(true);
     return app.exit(e);
   } catch (const std::exception& e) {
-    report_failure(e);
-    return 1;
+    return report_failure(e);
   }
   return 0;
 }

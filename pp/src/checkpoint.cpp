@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "checkpoint_files.h"
+#include "pipemat/core/digest.h"
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
 
@@ -39,12 +40,20 @@ using detail::publish;
 using detail::read_manifest_json;
 using detail::step_dir_name;
 
-// The format version manifest.json holds (Note [Checkpoint layout] in pipemat/pp/checkpoint.h).
-constexpr int kFormat = 1;
+// The format version manifest.json holds (Note [Checkpoint layout] in pipemat/pp/checkpoint.h):
+// 2 records each rank file's SHA-256 and size and names the run in each rank file; 1 did
+// neither (its checkpoints still load, without those checks).
+constexpr int kFormat = 2;
+constexpr int kOldestFormat = 1;
+
+std::string rank_file_name(int rank) { return "rank-" + std::to_string(rank) + ".pt"; }
 
 std::string rank_file(const std::string& dir, int rank) {
-  return (fs::path(dir) / ("rank-" + std::to_string(rank) + ".pt")).string();
+  return (fs::path(dir) / rank_file_name(rank)).string();
 }
+
+// The manifest's record of each rank file: {"rank-0.pt": {"sha256": ..., "bytes": ...}, ...}.
+constexpr const char* kFilesKey = "files";
 
 std::string key_of(const std::string& path) {
   std::string key = path;
@@ -85,6 +94,72 @@ void open_rank_file(torch::serialize::InputArchive& archive, const std::string& 
                   "damaged): ",
                   std::string(e.what()).substr(0, 200));
   }
+}
+
+// The manifest's format version, checked to be one this build reads.
+int format_of(const nlohmann::json& m, const std::string& manifest) {
+  PIPEMAT_CHECK(m.contains("format") && m["format"].is_number_integer(), PipelineError,
+                "load_checkpoint: ", manifest,
+                " has no format version; it is not a pipemat "
+                "manifest");
+  const int format = m["format"].get<int>();
+  PIPEMAT_CHECK(format >= kOldestFormat && format <= kFormat, PipelineError,
+                "load_checkpoint: ", manifest, " is of format ", format,
+                "; this pipemat reads formats ", kOldestFormat, " to ", kFormat,
+                (format > kFormat ? " (it was written by a newer pipemat)" : ""));
+  return format;
+}
+
+// Note [Verified checkpoints]
+// Nothing of a rank file is used unless it is, byte for byte, the file its rank wrote. The
+// writer digests the bytes as they go to the file (SHA-256, the archive's own per-record CRCs
+// are not checked by LibTorch's reader), the ranks send their digests to rank 0, and the
+// manifest records each rank file's digest and size: a flipped byte, a truncated or extended
+// file, or a file copied in from another checkpoint fails the check on load, before the
+// archive is opened, naming the file, both digests and both sizes. Each rank file also names
+// its run and step, checked against the manifest, so a rank file of another run cannot be
+// taken for this one's even where the manifest itself was rewritten by hand. Checkpoints of
+// format 1 (before the digests) load without these two checks.
+void verify_rank_file(const nlohmann::json& m, int format, const std::string& dir, int rank) {
+  if (format < 2) return;
+  const std::string file = rank_file(dir, rank);
+  const std::string name = rank_file_name(rank);
+  const std::string manifest = manifest_path(dir);
+  PIPEMAT_CHECK(fs::exists(file), PipelineError, "load_checkpoint: ", file,
+                " is missing: the checkpoint has no state for rank ", rank);
+  std::string want;
+  uint64_t want_bytes = 0;
+  try {
+    want = m.at(kFilesKey).at(name).at("sha256").get<std::string>();
+    want_bytes = m.at(kFilesKey).at(name).at("bytes").get<uint64_t>();
+  } catch (const nlohmann::json::exception&) {
+    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", manifest, " records no digest of ", name,
+                  "; the manifest is damaged");
+  }
+  const FileDigest got = sha256_file(file);
+  PIPEMAT_CHECK(got.sha256 == want && got.bytes == want_bytes, PipelineError,
+                "load_checkpoint: ", file, " is damaged or was replaced: its SHA-256 is ",
+                got.sha256.substr(0, 16), "... (", got.bytes, " bytes) but ", manifest,
+                " recorded ", want.substr(0, 16), "... (", want_bytes,
+                " bytes) when it was written; nothing was loaded. Load an older checkpoint");
+}
+
+// The run and step a rank file names, against the manifest's (format 2 and later).
+void check_rank_file_run(torch::serialize::InputArchive& archive, const nlohmann::json& m,
+                         int format, const std::string& file) {
+  if (format < 2) return;
+  c10::IValue run;
+  PIPEMAT_CHECK(archive.try_read("run", run) && run.isString(), PipelineError,
+                "load_checkpoint: ", file, " names no run; it was not written with this manifest");
+  std::string want;
+  if (m.contains(detail::kRunKey) && m[detail::kRunKey].contains("id") &&
+      m[detail::kRunKey]["id"].is_string()) {
+    want = m[detail::kRunKey]["id"].get<std::string>();
+  }
+  PIPEMAT_CHECK(
+      run.toStringRef() == want, PipelineError, "load_checkpoint: ", file,
+      " is a rank file of run ", run.toStringRef(), ", but the manifest beside it is of run ",
+      want.empty() ? std::string("(none)") : want, "; a rank file of another run is never loaded");
 }
 
 // Note [Checkpoint crash injection]
@@ -163,7 +238,7 @@ int first_failed_rank(comm::Transport& transport, bool failed) {
 }
 
 // Runs `part` on this rank, then agrees (Note [Checkpoint agreement]): rethrows this rank's own
-// error, or throws PipelineError "<what>: rank R <failed_part(R)>" when another rank's part
+// error, or throws PeerFailedError "<what>: rank R <failed_part(R)>" when another rank's part
 // failed.
 template <typename Part>
 void agree_on(comm::Transport& transport, const char* what, Part&& part,
@@ -176,7 +251,7 @@ void agree_on(comm::Transport& transport, const char* what, Part&& part,
   }
   const int failed = first_failed_rank(transport, error != nullptr);
   if (error) std::rethrow_exception(error);
-  PIPEMAT_CHECK(failed < 0, PipelineError, what, ": rank ", failed, " ", failed_part(failed));
+  PIPEMAT_CHECK(failed < 0, PeerFailedError, what, ": rank ", failed, " ", failed_part(failed));
 }
 
 // Rank 0, before a save into `dir`: a complete checkpoint of another run there is refused; one
@@ -202,8 +277,9 @@ bool prepare_step_dir(const std::string& dir, const CheckpointRun& run) {
   return !existed;
 }
 
-// This rank's file of the checkpoint in `dir`, written to a temporary name and published.
-void write_rank_file(Pipeline& pipeline, const std::string& dir) {
+// This rank's file of the checkpoint in `dir` for `run`, written to a temporary name and
+// published; returns its digest, computed from the bytes as they were written.
+FileDigest write_rank_file(Pipeline& pipeline, const std::string& dir, const CheckpointRun& run) {
   const int rank = pipeline.rank();
   std::error_code ec;
   fs::create_directories(dir, ec);  // the ranks of other hosts
@@ -211,6 +287,7 @@ void write_rank_file(Pipeline& pipeline, const std::string& dir) {
                 ec.message());
   torch::serialize::OutputArchive archive;
   archive.write("step", at::tensor({pipeline.step()}, at::kLong));
+  archive.write("run", c10::IValue(run.id));
   const std::vector<int> mine = pipeline.stages();
   const std::vector<int64_t> stages(mine.begin(), mine.end());
   archive.write("stages", at::tensor(stages, at::kLong));
@@ -239,8 +316,14 @@ void write_rank_file(Pipeline& pipeline, const std::string& dir) {
   PIPEMAT_CHECK(fd >= 0, PipelineError, "save_checkpoint: rank ", rank, " cannot create ", tmp,
                 ": ", std::strerror(errno));
   int write_error = 0;
+  Sha256 sha;
+  FileDigest digest;
   try {
     archive.save_to([&](const void* data, size_t n) -> size_t {
+      if (write_error == 0) {
+        sha.update(data, n);
+        digest.bytes += n;
+      }
       const char* at = static_cast<const char*>(data);
       for (size_t left = n; left > 0 && write_error == 0;) {
         const ssize_t wrote = ::write(fd, at, left);
@@ -269,17 +352,71 @@ void write_rank_file(Pipeline& pipeline, const std::string& dir) {
   }
   maybe_crash("rank-file", pipeline.step(), rank, tmp);
   publish(tmp, final_path);
+  digest.sha256 = sha.finish_hex();
+  return digest;
+}
+
+// What each rank's file holds, as rank 0 learns it for the manifest.
+struct RankPart {
+  FileDigest digest;
+  std::string run_id;  // the run the rank saved as (the first 64 characters)
+};
+
+// Every rank's part on rank 0 (the others get an empty list): each sends its digest and run
+// after the write agreement, in order per peer and tag, so it cannot meet another message.
+std::vector<RankPart> gather_parts(comm::Transport& transport, const FileDigest& mine,
+                                   const CheckpointRun& run) {
+  struct Wire {
+    char sha256[64];
+    uint64_t bytes;
+    char run[64];
+  };
+  Wire own{};
+  PIPEMAT_INTERNAL_ASSERT(mine.sha256.size() == sizeof(own.sha256), "a SHA-256 has 64 digits");
+  std::memcpy(own.sha256, mine.sha256.data(), sizeof(own.sha256));
+  own.bytes = mine.bytes;
+  std::memcpy(own.run, run.id.data(), std::min(run.id.size(), sizeof(own.run)));
+  if (transport.rank() != 0) {
+    transport.send(0, kAgreementTag, &own, sizeof(own))->wait();
+    return {};
+  }
+  std::vector<Wire> wires(static_cast<size_t>(transport.world_size()));
+  wires[0] = own;
+  std::vector<comm::WorkPtr> works;
+  for (int r = 1; r < transport.world_size(); ++r) {
+    works.push_back(transport.recv(r, kAgreementTag, &wires[static_cast<size_t>(r)], sizeof(Wire)));
+  }
+  for (auto& w : works) w->wait();
+  std::vector<RankPart> out;
+  for (const Wire& w : wires) {
+    out.push_back({{std::string(w.sha256, sizeof(w.sha256)), w.bytes},
+                   std::string(w.run, strnlen(w.run, sizeof(w.run)))});
+  }
+  return out;
 }
 
 // Rank 0: the manifest, written last.
 void write_manifest(const Pipeline& pipeline, const std::string& dir, const CheckpointRun& run,
-                    const std::string& metadata) {
+                    const std::string& metadata, const std::vector<RankPart>& parts) {
   const std::string manifest = manifest_path(dir);
+  for (size_t r = 1; r < parts.size(); ++r) {
+    PIPEMAT_CHECK(parts[r].run_id == parts[0].run_id, PipelineError, "save_checkpoint: rank ", r,
+                  " saved ", dir, " as run '", parts[r].run_id, "' but rank 0 as run '",
+                  parts[0].run_id,
+                  "'; every rank must pass the same CheckpointRun (make it once, e.g. on rank 0, "
+                  "and share it); the checkpoint stays incomplete");
+  }
   {
     std::ofstream out(manifest + ".tmp");
     nlohmann::json m = manifest_of(pipeline);
     m["metadata"] = metadata;
     m[detail::kRunKey] = {{"id", run.id}, {"config_digest", run.config_digest}};
+    nlohmann::json files = nlohmann::json::object();
+    for (size_t r = 0; r < parts.size(); ++r) {
+      files[rank_file_name(static_cast<int>(r))] = {{"sha256", parts[r].digest.sha256},
+                                                    {"bytes", parts[r].digest.bytes}};
+    }
+    m[kFilesKey] = files;
     out << m.dump(2) << "\n";
     out.flush();
     PIPEMAT_CHECK(out.good(), PipelineError, "save_checkpoint: cannot write ", manifest,
@@ -331,13 +468,16 @@ std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, cons
       [&](int) {
         return "refused to save into " + dir + " (its error says why); nothing was written";
       });
+  std::vector<RankPart> parts;
   try {
+    FileDigest mine;
     agree_on(
-        transport, "save_checkpoint", [&] { write_rank_file(pipeline, dir); },
+        transport, "save_checkpoint", [&] { mine = write_rank_file(pipeline, dir, run); },
         [&](int r) {
           return "could not write its part of " + dir + " (" + rank_file(dir, r) +
                  "; its error says why); the save was abandoned";
         });
+    parts = gather_parts(transport, mine, run);
   } catch (...) {
     // Every rank is done writing: an incomplete directory this save made goes away.
     std::error_code ec;
@@ -348,7 +488,7 @@ std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, cons
   agree_on(
       transport, "save_checkpoint",
       [&] {
-        if (rank == 0) write_manifest(pipeline, dir, run, metadata);
+        if (rank == 0) write_manifest(pipeline, dir, run, metadata, parts);
       },
       [&](int) { return "could not write the manifest of " + dir + " (its error says why)"; });
   if (rank == 0 && keep_last > 0) prune(root, dir, run, keep_last);
@@ -366,8 +506,9 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
   const nlohmann::json m = read_manifest_json(dir);
   const nlohmann::json want = manifest_of(pipeline);
+  const int format = format_of(m, manifest_path);
   for (const char* field :
-       {"format", "world_size", "schedule_kind", "stages", "micro_batches", "stage_to_rank"}) {
+       {"world_size", "schedule_kind", "stages", "micro_batches", "stage_to_rank"}) {
     PIPEMAT_CHECK(m.contains(field) && m[field] == want[field], ConfigError,
                   "load_checkpoint: ", manifest_path, ": ", field, " is ",
                   m.contains(field) ? m[field].dump() : "missing", " in the checkpoint but ",
@@ -377,7 +518,9 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
   }
   const std::string file = rank_file(dir, rank);
   torch::serialize::InputArchive archive;
+  verify_rank_file(m, format, dir, rank);
   open_rank_file(archive, file, rank);
+  check_rank_file_run(archive, m, format, file);
   at::Tensor stages;
   PIPEMAT_CHECK(
       archive.try_read("step", step) && archive.try_read("stages", stages) && step.numel() == 1,
@@ -443,6 +586,7 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
 CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
   const nlohmann::json m = read_manifest_json(dir);
   CheckpointManifest out;
+  out.format = format_of(m, manifest_path(dir));
   try {
     out.step = m.at("step").get<int64_t>();
     out.world_size = m.at("world_size").get<int>();
@@ -473,10 +617,14 @@ void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Mod
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;
   std::map<int, std::vector<int>> by_rank;
   for (int s = 0; s < manifest.stages; ++s) by_rank[manifest.stage_to_rank[s]].push_back(s);
+  const nlohmann::json m = read_manifest_json(dir);
+  const int format = format_of(m, manifest_path(dir));
   for (const auto& [rank, owned] : by_rank) {
     const std::string file = rank_file(dir, rank);
     torch::serialize::InputArchive archive;
+    verify_rank_file(m, format, dir, rank);
     open_rank_file(archive, file, rank);
+    check_rank_file_run(archive, m, format, file);
     for (int s : owned) read_stage(archive, file, s, *stages[static_cast<size_t>(s)], copies);
   }
   at::NoGradGuard no_grad;

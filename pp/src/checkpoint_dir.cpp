@@ -110,8 +110,9 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
         entry.complete = true;
         entry.run_id = m.run_id;
         entry.config_digest = m.config_digest;
-      } catch (const PipelineError&) {
-        entry.complete = false;  // a manifest that is not one: cannot be loaded
+      } catch (const PipelineError& e) {
+        entry.damaged = true;  // a manifest that is not one: cannot be loaded
+        entry.problem = e.what();
       }
     }
     out.push_back(std::move(entry));
@@ -135,9 +136,22 @@ void remove_checkpoint(const std::string& dir) {
 
 std::string latest_checkpoint(const std::string& root, const std::string& run_id) {
   std::string best;
-  for (const CheckpointEntry& e : list_checkpoints(root)) {
-    if (e.complete && (run_id.empty() || e.run_id == run_id)) best = e.dir;  // in step order
+  const std::vector<CheckpointEntry> entries = list_checkpoints(root);
+  const CheckpointEntry* damaged = nullptr;
+  for (const CheckpointEntry& e : entries) {  // in step order
+    if (e.complete && (run_id.empty() || e.run_id == run_id)) {
+      best = e.dir;
+      damaged = nullptr;
+    } else if (e.damaged) {
+      damaged = &e;
+    }
   }
+  PIPEMAT_CHECK(damaged == nullptr, PipelineError,
+                "latest_checkpoint: the newest checkpoint under ", root,
+                " is damaged: ", damaged->problem,
+                best.empty() ? std::string("; there is no older complete checkpoint")
+                             : "; the newest complete one before it is " + best +
+                                   ": load it explicitly if that is meant");
   return best;
 }
 

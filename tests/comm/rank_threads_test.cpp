@@ -87,6 +87,25 @@ TEST(RankThreadsTest, RootCauseIsTheLowestRanksNonCommErrorElseItsCommError) {
   EXPECT_EQ(throw_at({}, {}), "");
 }
 
+// A rank that ends a collective step because its peer's part failed only repeats that failure:
+// the peer's own error is the root cause, whichever rank is lower.
+TEST(RankThreadsTest, APeerFailedErrorIsNoRootCause) {
+  EXPECT_EQ(error_of([&] {
+              run_rank_threads(3, [&](int r) {
+                if (r == 0) throw PeerFailedError("load: rank 2 could not load its part");
+                if (r == 1) throw CommError("rank 2 closed the connection");
+                if (r == 2) throw PipelineError("rank-2.pt is damaged");
+              });
+            }),
+            "rank-2.pt is damaged");
+  EXPECT_EQ(error_of([&] {
+              run_rank_threads(2, [&](int r) {
+                if (r == 1) throw PeerFailedError("rank 0 failed");
+              });
+            }),
+            "rank 0 failed");
+}
+
 TEST(RankThreadsTest, OnRankEndRunsAfterEachRank) {
   std::vector<int> ran(3, 0), ended(3, 0);
   EXPECT_EQ(error_of([&] {

@@ -191,9 +191,19 @@ class RawSocket {
 };
 
 // The rendezvous handshake of comm/src/tcp/wire.h (Note [Rendezvous handshake]) spoken
-// by hand. Wire sizes: challenge 48 bytes (nonce at 16), hello 152 (listener address at 24, nonce
-// at 88, mac over the first 120), ack 40 (status at 4).
-constexpr size_t kChallengeBytes = 48, kHelloBytes = 152, kAckBytes = 40;
+// by hand. Wire sizes: challenge 80 bytes (nonce at 16, job digest at 48), hello 184 (listener
+// address at 24, nonce at 88, job digest at 120, mac over the first 152), ack 40 (status at 4).
+constexpr size_t kChallengeBytes = 80, kHelloBytes = 184, kAckBytes = 40;
+
+// The job digest of TransportOptions::job `job` as the hello carries it: SHA-256's 32 bytes.
+std::vector<uint8_t> job_bytes(const std::string& job) {
+  const std::string hex = sha256_hex(job);
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    out.push_back(static_cast<uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  return out;
+}
 
 std::vector<uint8_t> read_challenge(RawSocket& socket) {
   std::vector<uint8_t> challenge(kChallengeBytes);
@@ -206,7 +216,7 @@ std::vector<uint8_t> make_hello(const std::vector<uint8_t>& challenge, const std
                                 const std::string& listen_host = "127.0.0.1") {
   std::vector<uint8_t> hello(kHelloBytes, 0);
   const uint32_t head[6] = {0x504d4832,  // "PMH2"
-                            4,           // protocol version
+                            5,           // protocol version
                             static_cast<uint32_t>(rank),
                             static_cast<uint32_t>(world_size),
                             1,  // listen port
@@ -214,12 +224,14 @@ std::vector<uint8_t> make_hello(const std::vector<uint8_t>& challenge, const std
   std::memcpy(hello.data(), head, sizeof(head));
   std::memcpy(hello.data() + 24, listen_host.data(), listen_host.size());
   for (size_t i = 0; i < 32; ++i) hello[88 + i] = static_cast<uint8_t>(i * 7 + 1);  // nonce
+  const std::vector<uint8_t> job = job_bytes("");  // the job of TransportOptions' default
+  std::memcpy(hello.data() + 120, job.data(), job.size());
   HmacSha256 mac(secret);
   mac.update("pipemat hello", 13);
   mac.update(challenge.data() + 16, 32);
-  mac.update(hello.data(), 120);
+  mac.update(hello.data(), 152);
   const Digest digest = mac.finish();
-  std::memcpy(hello.data() + 120, digest.data(), digest.size());
+  std::memcpy(hello.data() + 152, digest.data(), digest.size());
   return hello;
 }
 
@@ -816,6 +828,46 @@ TEST(commTcpRendezvous, WrongSecretOnARealRankFailsBothSides) {
   }
 }
 
+// Two jobs on one master port, neither with a secret: the other job's rank is refused at once,
+// both sides naming both job digests, and rank 0 goes on waiting for its own rank 1 (it times
+// out here: there is none).
+TEST(commTcpRendezvous, ARankOfAnotherJobIsRefusedWithOrWithoutASecret) {
+  for (const std::string secret : {"", "shared secret"}) {
+    const int port = testing::free_port();
+    std::string rank0_error, rank1_error;
+    ::testing::internal::CaptureStderr();
+    testing::run_threads(2, [&](int rank) {
+      TransportOptions options = tcp_rank(rank, port, secret);
+      options.job = rank == 0 ? "job A" : "job B";
+      options.timeout = rank == 0 ? std::chrono::milliseconds(1500) : std::chrono::seconds(5);
+      try {
+        make_transport(options);
+      } catch (const Error& e) {
+        (rank == 0 ? rank0_error : rank1_error) = e.what();
+      }
+    });
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    const std::string a = sha256_hex("job A").substr(0, 12), b = sha256_hex("job B").substr(0, 12);
+    EXPECT_NE(rank1_error.find("refused rank 1: it belongs to another job (job digest " + a +
+                               ", this rank's " + b + ")"),
+              std::string::npos)
+        << rank1_error;
+    EXPECT_NE(rank0_error.find("waiting for ranks 1 to connect"), std::string::npos) << rank0_error;
+    EXPECT_NE(log.find("it belongs to another job (job digest " + b + ", this job's " + a + ")"),
+              std::string::npos)
+        << log;
+  }
+  // The same job text joins.
+  const int port = testing::free_port();
+  std::unique_ptr<Transport> rank0, rank1;
+  testing::run_threads(2, [&](int rank) {
+    TransportOptions options = tcp_rank(rank, port);
+    options.job = "job A";
+    (rank == 0 ? rank0 : rank1) = make_transport(options);
+  });
+  expect_round_trip(*rank0, *rank1);
+}
+
 // A process squatting on the master port without the secret cannot pose as rank 0.
 TEST(commTcpRendezvous, MasterThatCannotProveTheSecretIsRefused) {
   const testing::LoopbackSocket bound = testing::bind_loopback(4);
@@ -830,7 +882,7 @@ TEST(commTcpRendezvous, MasterThatCannotProveTheSecretIsRefused) {
     }
   });
   const int fd = ::accept(listener, nullptr, nullptr);
-  uint8_t challenge[kChallengeBytes] = {0x31, 0x4e, 0x4d, 0x50, 4};  // "PMN1", version 4
+  uint8_t challenge[kChallengeBytes] = {0x31, 0x4e, 0x4d, 0x50, 5};  // "PMN1", version 5
   ::send(fd, challenge, sizeof(challenge), MSG_NOSIGNAL);
   uint8_t hello[kHelloBytes];
   size_t got = 0;

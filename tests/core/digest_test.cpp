@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include "pipemat/core/error.h"
 
 namespace pipemat {
 namespace {
@@ -17,6 +20,33 @@ TEST(Digest, Sha256OfTheStandardVectors) {
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   EXPECT_EQ(sha256_hex(std::string(1000000, 'a')),
             "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// Pieces of any size give the digest of the whole; a file's digest is its bytes' digest.
+TEST(Digest, Sha256InPiecesAndOfAFile) {
+  const std::string text(1000000, 'a');
+  Sha256 sha;
+  for (size_t at = 0; at < text.size(); at += 777) {
+    sha.update(text.data() + at, std::min<size_t>(777, text.size() - at));
+  }
+  EXPECT_EQ(sha.finish_hex(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  const std::string path = ::testing::TempDir() + "/pipemat-digest-test.bin";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(text.data(), 1, text.size(), f), text.size());
+    std::fclose(f);
+  }
+  const FileDigest d = sha256_file(path);
+  EXPECT_EQ(d.sha256, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  EXPECT_EQ(d.bytes, 1000000u);
+  std::remove(path.c_str());
+  try {
+    sha256_file(path);
+    FAIL() << "a missing file has no digest";
+  } catch (const PipelineError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot open " + path), std::string::npos) << e.what();
+  }
 }
 
 // HMAC-SHA256: RFC 4231 section 4, and the empty key (the tcp rendezvous of a job without a

@@ -43,7 +43,8 @@ expect_refused() {  # expect_refused REGEX WHAT
 }
 run_id() { grep -o '"id": "[0-9a-f]*"' "$1/manifest.json"; }
 steps_in() { ls "$1" | tr '\n' ' '; }
-listing() { (cd "$1" && find . -printf '%p %s %T@\n' | sort | md5sum); }
+# The job's lock file (.pipemat-lock, Note [One job per file]) names its latest holder: not data.
+listing() { (cd "$1" && find . ! -name .pipemat-lock -printf '%p %s %T@\n' | sort | md5sum); }
 
 case "$group" in
 dir)

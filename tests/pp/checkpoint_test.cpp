@@ -174,7 +174,7 @@ TEST(Checkpoint, IncompleteDamagedAndForeignCheckpointsAreRefusedAndChangeNothin
       load_checkpoint(*p, t, damaged.string());
     } catch (const PipelineError& e) {
       const std::string what = e.what();
-      const std::string want = t.rank() == 1 ? "rank-1.pt cannot be read (truncated or damaged)"
+      const std::string want = t.rank() == 1 ? "rank-1.pt is damaged or was replaced: its SHA-256"
                                              : "rank 1 could not load its part of";
       EXPECT_NE(what.find(want), std::string::npos) << "rank " << t.rank() << ": " << what;
     }
@@ -205,6 +205,206 @@ TEST(Checkpoint, IncompleteDamagedAndForeignCheckpointsAreRefusedAndChangeNothin
   // Rank 0's parameters are a subset ("written by another model"), rank 1's have other names
   // ("has no parameter"): each names its file.
   expect_refused(smaller, good, good + "/rank-");
+  fs::remove_all(root);
+}
+
+// Expects load_checkpoint to fail on rank `failing` with `text` and on the other rank with the
+// echo naming it, leaving the parameters alone (Note [Checkpoint agreement]).
+void expect_refused_by(const PipelineCase& c, const std::string& dir, int failing,
+                       const std::string& text) {
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make_pipeline(t, c, 99);
+    const auto before = params_of(*p);
+    try {
+      load_checkpoint(*p, t, dir);
+      ADD_FAILURE() << "rank " << t.rank() << ": no error for " << dir;
+    } catch (const PeerFailedError& e) {
+      EXPECT_NE(t.rank(), failing) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(failing) +
+                                           " could not load its part of " + dir),
+                std::string::npos)
+          << e.what();
+    } catch (const PipelineError& e) {
+      EXPECT_EQ(t.rank(), failing) << e.what();
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos)
+          << e.what() << "\n  expected: " << text;
+    }
+    EXPECT_EQ(p->step(), 0);
+    for (const auto& [name, value] : params_of(*p)) EXPECT_TRUE(at::equal(before.at(name), value));
+  });
+}
+
+// Flips one byte of `file` at `offset`.
+void flip_byte(const fs::path& file, std::streamoff offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char byte = 0;
+  f.read(&byte, 1);
+  byte = static_cast<char>(byte ^ 0x5a);
+  f.seekp(offset);
+  f.write(&byte, 1);
+}
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// Note [Verified checkpoints]: a single flipped byte anywhere in a rank file (the archive's
+// header, a tensor's data, its end) is refused before anything is loaded, naming the file and
+// the digests; so is a rank file of another run at the same step, even where the manifest was
+// rewritten to its digest; a checkpoint of format 1 (no digests) still loads.
+TEST(Checkpoint, AFlippedByteOrAnotherRunsRankFileIsRefused) {
+  PipelineCase c = dropout_case(ScheduleKind::kOneFOneB);
+  const fs::path root = fresh_dir("verified"), other_root = fresh_dir("verified-other");
+  std::string good, other;
+  std::map<std::string, at::Tensor> saved1;
+  const CheckpointRun run = new_checkpoint_run(), other_run = new_checkpoint_run();
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make_pipeline(t, c, 7);
+    p->train_step(batch_of);
+    const std::string dir = save_checkpoint(*p, t, root.string(), run);
+    if (t.rank() == 1) saved1 = params_of(*p);
+    if (t.rank() == 0) good = dir;
+  });
+  on_ranks(2, [&](comm::Transport& t) {  // another run (another seed) at the same step
+    auto p = make_pipeline(t, c, 8);
+    p->train_step(batch_of);
+    const std::string dir = save_checkpoint(*p, t, other_root.string(), other_run);
+    if (t.rank() == 0) other = dir;
+  });
+  // Ranks that save as two runs (each made its own): refused, the checkpoint left incomplete.
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make_pipeline(t, c, 7);
+    p->train_step(batch_of);
+    try {
+      save_checkpoint(*p, t, (root / "split").string(), new_checkpoint_run());
+      ADD_FAILURE() << "rank " << t.rank() << ": two runs in one checkpoint were accepted";
+    } catch (const PipelineError& e) {
+      EXPECT_NE(std::string(e.what()).find(t.rank() == 0 ? "save_checkpoint: rank 1 saved "
+                                                         : "could not write the manifest"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+  EXPECT_FALSE(fs::exists(root / "split" / "step-000001" / "manifest.json"));
+  const nlohmann::json manifest = read_json(fs::path(good) / "manifest.json");
+  EXPECT_EQ(manifest["format"], 2);
+  EXPECT_EQ(manifest["files"]["rank-1.pt"]["bytes"].get<uint64_t>(),
+            fs::file_size(fs::path(good) / "rank-1.pt"));
+  EXPECT_EQ(manifest["files"]["rank-0.pt"]["sha256"].get<std::string>().size(), 64u);
+  const auto size = static_cast<std::streamoff>(fs::file_size(fs::path(good) / "rank-1.pt"));
+  int refused = 0;
+  for (const std::streamoff offset :
+       {std::streamoff{0}, std::streamoff{100}, size / 3, size / 2, size - 200, size - 1}) {
+    SCOPED_TRACE("offset " + std::to_string(offset));
+    const fs::path flipped = root / ("flipped-" + std::to_string(offset));
+    fs::copy(good, flipped);
+    flip_byte(flipped / "rank-1.pt", offset);
+    expect_refused_by(
+        c, flipped.string(), 1,
+        (flipped / "rank-1.pt").string() + " is damaged or was replaced: its SHA-256 is");
+    // load_stage_weights checks the digests too.
+    torch::nn::Sequential model = user_model::make_model(c.blocks, 1, c.dropout);
+    const StageFactory split = split_sequential(model, balance_by_parameters(model, 2));
+    const PipelineStage first = split(0), second = split(1);
+    try {
+      load_stage_weights(flipped.string(), {first.module.get(), second.module.get()});
+      ADD_FAILURE() << "load_stage_weights loaded a flipped byte";
+    } catch (const PipelineError& e) {
+      EXPECT_NE(std::string(e.what()).find("is damaged or was replaced"), std::string::npos)
+          << e.what();
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, 6);
+
+  // Another run's rank file at the same step, copied in.
+  const fs::path crossed = root / "crossed";
+  fs::copy(good, crossed);
+  fs::copy_file(fs::path(other) / "rank-1.pt", crossed / "rank-1.pt",
+                fs::copy_options::overwrite_existing);
+  expect_refused_by(c, crossed.string(), 1,
+                    (crossed / "rank-1.pt").string() + " is damaged or was replaced");
+  // ... and with the manifest rewritten to that file's digest: the rank file names its run.
+  nlohmann::json m = read_json(crossed / "manifest.json");
+  m["files"]["rank-1.pt"] = read_json(fs::path(other) / "manifest.json")["files"]["rank-1.pt"];
+  std::ofstream(crossed / "manifest.json") << m.dump();
+  expect_refused_by(
+      c, crossed.string(), 1,
+      (crossed / "rank-1.pt").string() + " is a rank file of run " +
+          read_json(fs::path(other) / "manifest.json")["run"]["id"].get<std::string>() +
+          ", but the manifest beside it is of run " + m["run"]["id"].get<std::string>());
+
+  // Format 1 (no digests) loads, with what it holds.
+  const fs::path old = root / "format-1";
+  fs::copy(good, old);
+  nlohmann::json m1 = read_json(old / "manifest.json");
+  m1["format"] = 1;
+  m1.erase("files");
+  std::ofstream(old / "manifest.json") << m1.dump();
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make_pipeline(t, c, 99);
+    load_checkpoint(*p, t, old.string());
+    EXPECT_EQ(p->step(), 1);
+    if (t.rank() == 1) {
+      for (const auto& [name, value] : params_of(*p))
+        EXPECT_TRUE(at::equal(saved1.at(name), value));
+    }
+  });
+  fs::remove_all(root);
+  fs::remove_all(other_root);
+}
+
+// A damaged newest manifest is never skipped in silence: latest_checkpoint names it.
+TEST(Checkpoint, ADamagedNewestManifestIsNamedNotSkipped) {
+  PipelineCase c = dropout_case(ScheduleKind::kOneFOneB);
+  const fs::path root = fresh_dir("damaged-manifest");
+  const CheckpointRun run = new_checkpoint_run();
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make_pipeline(t, c, 7);
+    for (int i = 0; i < 2; ++i) {
+      p->train_step(batch_of);
+      save_checkpoint(*p, t, root.string(), run);
+    }
+  });
+  const fs::path newest = root / "step-000002" / "manifest.json";
+  std::string text;
+  {
+    std::ifstream in(newest);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  nlohmann::json string_step = nlohmann::json::parse(text);
+  string_step["step"] = "2";
+  const std::vector<std::pair<std::string, std::string>> damages = {
+      {"truncated", text.substr(0, text.size() / 2)},
+      {"empty", ""},
+      {"a string step", string_step.dump()}};
+  for (const auto& [what, content] : damages) {
+    SCOPED_TRACE(what);
+    std::ofstream(newest, std::ios::trunc) << content;
+    const auto entries = list_checkpoints(root.string());
+    ASSERT_EQ(entries.size(), 2u);
+    EXPECT_TRUE(entries[0].complete);
+    EXPECT_TRUE(entries[1].damaged);
+    EXPECT_FALSE(entries[1].complete);
+    try {
+      latest_checkpoint(root.string());
+      ADD_FAILURE() << "a damaged newest manifest was skipped";
+    } catch (const PipelineError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("the newest checkpoint under " + root.string() + " is damaged"),
+                std::string::npos)
+          << msg;
+      EXPECT_NE(msg.find(newest.string()), std::string::npos) << msg;
+      EXPECT_NE(msg.find("the newest complete one before it is " + (root / "step-000001").string()),
+                std::string::npos)
+          << msg;
+    }
+  }
+  // A UTF-8 byte order mark before intact JSON damages nothing: the checkpoint is the newest.
+  std::ofstream(newest, std::ios::trunc) << "\xEF\xBB\xBF" + text;
+  EXPECT_EQ(latest_checkpoint(root.string()), (root / "step-000002").string());
   fs::remove_all(root);
 }
 

@@ -1114,6 +1114,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "training.eval_every",
                                                      "training.eval_batches",
                                                      "training.stop_after",
+                                                     "training.allow_non_finite",
                                                      "training.device",
                                                      "checkpoint.dir",
                                                      "checkpoint.every",

@@ -253,6 +253,10 @@ std::vector<ConfigField> training_fields() {
        "while the LR schedule and the evaluations still span `training.steps`: an interruption on "
        "purpose that `--resume` continues (`pipemat train --stop-after N`); `0`: run to "
        "`training.steps`"},
+      {"training", "allow_non_finite", boolean(PIPEMAT_MEMBER(training.allow_non_finite)), "",
+       "`false`: a step whose loss or clipped gradient norm is not finite (nan, inf) stops the run "
+       "at that step with exit code 6, before the step's checkpoint; the last complete checkpoint "
+       "stays. `true`: train on (experiments with divergence)"},
       {"training", "device", text(PIPEMAT_MEMBER(training.device), "cpu, cuda or cuda:N"),
        "`cpu`, `cuda`, `cuda:N`",
        "where each rank computes: its stages, inputs, targets, received tensors and optimizer "

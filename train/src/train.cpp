@@ -5,6 +5,7 @@
 #include "pipemat/train/train.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -15,6 +16,7 @@
 
 #include "pipemat/comm/device_lane.h"
 #include "pipemat/comm/rank_threads.h"
+#include "pipemat/core/digest.h"
 #include "pipemat/core/error.h"
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/pp/compute.h"
@@ -183,8 +185,28 @@ struct RankRun {
 
 // Loads the checkpoint the run resumes from, if any, and says so and where the run saves.
 void resume_run(const RankRun& r, const RunCheckpoints& checkpoints) {
+  if (r.talk) {
+    for (const std::string& skipped : checkpoints.skipped) {
+      *r.talk << "resume latest: skipped " << skipped << "\n";
+    }
+  }
   if (!checkpoints.resume_dir.empty()) {
-    pp::load_checkpoint(r.pipeline, r.transport, checkpoints.resume_dir);
+    try {
+      pp::load_checkpoint(r.pipeline, r.transport, checkpoints.resume_dir);
+      r.result.final_checkpoint = checkpoints.resume_dir;  // the last complete one, so far
+    } catch (const PipelineError& e) {
+      // Nothing was loaded on any rank: say which checkpoint to name instead (the rank whose
+      // part failed keeps its error's kind, the others their echo's).
+      const std::string hint =
+          checkpoints.older.empty()
+              ? std::string("; there is no older complete checkpoint of this run")
+              : "; to resume the newest complete one before it: --resume " +
+                    checkpoints.older.front();
+      if (dynamic_cast<const PeerFailedError*>(&e) != nullptr) {
+        throw PeerFailedError(e.what() + hint);
+      }
+      throw PipelineError(e.what() + hint);
+    }
     if (r.talk) {
       *r.talk << "resumed from " << checkpoints.resume_dir << " after step " << r.pipeline.step()
               << "\n";
@@ -262,6 +284,29 @@ void finish_run(const RankRun& r, const std::vector<LossPoint>& train_curve, int
       result.params.emplace_back(r.run.global_name(s, item.key()), item.value());
     }
   }
+}
+
+// A step whose loss or clipped gradient norm is not finite ends the run (DivergedError): the
+// same on every rank, since the loss and the norm are shared (Note [Data x pipeline]).
+void stop_if_diverged(const TrainConfig& config, const StepMetrics& m, int64_t step,
+                      const TrainResult& result) {
+  const bool loss_bad = !std::isfinite(m.loss);
+  const bool norm_bad = config.training.clip_grad_norm > 0 && !std::isfinite(m.grad_norm);
+  if (!loss_bad && !norm_bad) return;
+  std::string what = loss_bad ? ::pipemat::detail::concat("the loss is ", m.loss) : "";
+  if (norm_bad) {
+    what +=
+        ::pipemat::detail::concat(loss_bad ? " and " : "", "the gradient norm is ", m.grad_norm);
+  }
+  throw DivergedError(::pipemat::detail::concat(
+      "training diverged at step ", step + 1, " of ", config.training.steps, ": ", what,
+      "; the run stopped before saving that step. ",
+      result.final_checkpoint.empty()
+          ? std::string("No checkpoint of this run was saved")
+          : "The last complete checkpoint is " + result.final_checkpoint,
+      ". Lower training.lr (", config.training.lr,
+      ") or clip the gradients (training.clip_grad_norm), or set "
+      "training.allow_non_finite=true to train on"));
 }
 
 // transport.lane (Note [Device lanes]): attached once to the job's transport, before its groups
@@ -345,6 +390,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
         if (validation) print_validation(*r.talk, step, *validation);
       }
     }
+    if (!config.training.allow_non_finite) stop_if_diverged(config, m, step, result);
     keep_step(result, std::move(m));
     save_after_step(r, checkpoints, step, end, metadata);
     if (after_step) after_step(step, transport);
@@ -464,6 +510,8 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
     print_run_summary(out, resolved.config, result.totals, tokens_per_step, figures, one_process);
   };
   comm::TransportOptions options = comm::resolve_options(config.transport);
+  // tcp refuses a rank of another job at the rendezvous: every rank must run this config.
+  options.job = "pipemat train " + sha256_hex(config_to_yaml(config));
   if (options.kind == comm::TransportKind::kLocal) {
     const TrainResult result = train_in_process(config, &out);
     summarize(result, /*one_process=*/true);

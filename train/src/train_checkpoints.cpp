@@ -28,10 +28,12 @@ std::string short_id(const std::string& run_id) {
 // this config), 1 incomplete (ck/step-000008)".
 std::string describe(const std::vector<pp::CheckpointEntry>& entries, const std::string& digest) {
   std::map<std::string, std::vector<const pp::CheckpointEntry*>> runs;
-  std::vector<std::string> incomplete;
+  std::vector<std::string> incomplete, damaged;
   for (const auto& e : entries) {
     if (e.complete) {
       runs[e.run_id].push_back(&e);
+    } else if (e.damaged) {
+      damaged.push_back(e.dir);
     } else {
       incomplete.push_back(e.dir);
     }
@@ -55,24 +57,54 @@ std::string describe(const std::vector<pp::CheckpointEntry>& entries, const std:
     for (size_t i = 0; i < incomplete.size() && i < 3; ++i) out << (i ? ", " : "") << incomplete[i];
     if (incomplete.size() > 3) out << ", ...";
     out << ")";
+    separator = ", ";
+  }
+  if (!damaged.empty()) {
+    out << separator << damaged.size() << " with a damaged manifest (";
+    for (size_t i = 0; i < damaged.size() && i < 3; ++i) out << (i ? ", " : "") << damaged[i];
+    if (damaged.size() > 3) out << ", ...";
+    out << ")";
   }
   return out.str();
 }
 
-// checkpoint.resume `latest`: the newest complete checkpoint of the one run under `dir`.
+// checkpoint.resume `latest`: the newest complete checkpoint of the one run under `dir`; the
+// newer incomplete directories it passes over go to `skipped`. A newer damaged one is an error.
 std::string latest_of_one_run(const std::string& dir,
                               const std::vector<pp::CheckpointEntry>& entries,
-                              const std::string& digest) {
+                              const std::string& digest, std::vector<std::string>& skipped) {
   std::map<std::string, int> runs;
   std::string latest;
+  int64_t latest_step = -1;
+  const pp::CheckpointEntry* damaged = nullptr;
   for (const auto& e : entries) {
+    if (e.damaged) {
+      damaged = &e;
+      continue;
+    }
     if (!e.complete) continue;
     ++runs[e.run_id];
     latest = e.dir;
+    latest_step = e.step;
+    damaged = nullptr;
+  }
+  if (damaged != nullptr) {
+    PIPEMAT_THROW(ConfigError, "checkpoint.resume: latest: the newest checkpoint ", damaged->dir,
+                  " is damaged: ", damaged->problem, ". It is not skipped in silence: ",
+                  latest.empty() ? std::string("there is no older complete checkpoint to resume")
+                                 : "to resume the newest complete one before it, name it: "
+                                   "--resume " +
+                                       latest,
+                  " (or repair or remove ", damaged->dir, ")");
   }
   PIPEMAT_CHECK(!latest.empty(), ConfigError,
                 "checkpoint.resume: latest: there is no complete checkpoint under '", dir,
-                "' (checkpoint.dir)");
+                "' (checkpoint.dir)", entries.empty() ? "" : ": ", describe(entries, digest));
+  for (const auto& e : entries) {
+    if (!e.complete && !e.damaged && e.step > latest_step) {
+      skipped.push_back(e.dir + " (incomplete: no manifest, a save that was interrupted)");
+    }
+  }
   PIPEMAT_CHECK(runs.size() == 1, ConfigError, "checkpoint.resume: latest: checkpoint.dir '", dir,
                 "' holds the checkpoints of ", runs.size(), " runs: ", describe(entries, digest),
                 "; name the step directory to resume (--resume DIR/step-NNNNNN)");
@@ -115,6 +147,57 @@ std::string config_digest(const TrainConfig& config) {
   return sha256_hex(config_to_yaml(identity));
 }
 
+namespace {
+
+// Before the pipeline exists nothing else travels on the job's transport: the tag of the
+// pipeline's checkpoint agreements is free here.
+constexpr int kStartTag = comm::kMaxUserTag;
+
+// Job rank 0 locks checkpoint.dir and output.metrics (Note [One job per file]) and sends every
+// rank its run id, or the refusal, which every rank then throws (a ConfigError that rank 0
+// reports, Note [One error line per failure]).
+void share_run(RunCheckpoints& out, const TrainConfig& config, comm::Transport& transport) {
+  std::string message;
+  if (transport.rank() == 0) {
+    try {
+      char host[256] = {};
+      ::gethostname(host, sizeof(host) - 1);
+      const std::string note = ::pipemat::detail::concat("pid ", ::getpid(), " on ", host, ", run ",
+                                                         out.run.id.substr(0, 12));
+      if (!config.checkpoint.dir.empty()) {
+        out.locks.push_back(std::make_shared<FileLock>(
+            (std::filesystem::path(config.checkpoint.dir) / ".pipemat-lock").string(),
+            "checkpoint.dir '" + config.checkpoint.dir + "'", note));
+      }
+      if (!config.output.metrics.empty()) {
+        std::filesystem::path parent = std::filesystem::path(config.output.metrics).parent_path();
+        std::error_code ec;
+        if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+        out.locks.push_back(std::make_shared<FileLock>(
+            config.output.metrics, "output.metrics '" + config.output.metrics + "'"));
+      }
+      message = "+" + out.run.id;
+    } catch (const ConfigError& e) {
+      message = std::string("-") + e.what();
+    }
+    std::vector<comm::WorkPtr> sends;
+    for (int r = 1; r < transport.world_size(); ++r) {
+      sends.push_back(transport.send(r, kStartTag, message.data(), message.size()));
+    }
+    for (auto& w : sends) w->wait();
+  } else {
+    comm::WorkPtr work = transport.recv_any(0, kStartTag);
+    work->wait();
+    const auto& bytes = work->buffer();
+    message.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  PIPEMAT_CHECK(!message.empty() && message[0] == '+', ConfigError,
+                message.empty() ? std::string("rank 0 sent no run") : message.substr(1));
+  out.run.id = message.substr(1);
+}
+
+}  // namespace
+
 RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& transport) {
   const CheckpointOptions& ck = config.checkpoint;
   const std::string digest = config_digest(config);
@@ -125,11 +208,17 @@ RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& tra
                 "starts at step 0");
   const std::vector<pp::CheckpointEntry> entries = pp::list_checkpoints(ck.dir);
   if (!ck.resume.empty()) {
-    out.resume_dir = ck.resume == "latest" ? latest_of_one_run(ck.dir, entries, digest) : ck.resume;
+    out.resume_dir =
+        ck.resume == "latest" ? latest_of_one_run(ck.dir, entries, digest, out.skipped) : ck.resume;
     const pp::CheckpointManifest from = pp::read_checkpoint_manifest(out.resume_dir);
     out.continued = !from.run_id.empty();
     out.run = out.continued ? pp::CheckpointRun{from.run_id, from.config_digest}
                             : pp::new_checkpoint_run(from.config_digest);
+    for (auto e = entries.rbegin(); e != entries.rend(); ++e) {
+      if (e->complete && e->step < from.step && e->run_id == from.run_id) {
+        out.older.push_back(e->dir);
+      }
+    }
     for (const auto& e : entries) {
       PIPEMAT_CHECK(!e.complete || e.run_id == out.run.id || e.step <= from.step ||
                         e.step > config.training.steps,
@@ -141,12 +230,13 @@ RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& tra
                     "checkpoint.dir");
     }
     if (!ck.dir.empty()) check_writable(ck.dir, transport.rank());
+    share_run(out, config, transport);
     return out;
   }
   out.run = pp::new_checkpoint_run(digest);
-  if (ck.dir.empty()) return out;
-  if (entries.empty()) {
-    check_writable(ck.dir, transport.rank());
+  if (ck.dir.empty() || entries.empty()) {
+    if (!ck.dir.empty()) check_writable(ck.dir, transport.rank());
+    share_run(out, config, transport);
     return out;
   }
   PIPEMAT_CHECK(ck.overwrite, ConfigError, "checkpoint.dir '", ck.dir,
@@ -155,7 +245,8 @@ RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& tra
                 "--resume latest (checkpoint.resume=latest); to start a new run and keep them: "
                 "another checkpoint.dir; to remove them and start here: --set "
                 "checkpoint.overwrite=true");
-  transport.barrier();  // every rank has looked before rank 0 removes anything
+  share_run(out, config, transport);  // rank 0 holds the directory's lock from here on
+  transport.barrier();                // every rank has looked before rank 0 removes anything
   for (const auto& e : entries) out.overwritten.push_back(e.dir);
   if (transport.rank() == 0) {
     for (const auto& e : entries) pp::remove_checkpoint(e.dir);

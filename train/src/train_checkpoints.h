@@ -10,6 +10,12 @@
 //    checkpoints. `latest` is refused when the directory holds complete checkpoints of more
 //    than one run (which one is meant?), and a resume is refused when a complete checkpoint of
 //    another run sits at a step this run would write (it would have to overwrite it).
+//  * `latest` passes over newer step directories without a manifest (an interrupted save) and
+//    says so; a newer one whose manifest is damaged stops the resume with an error that names
+//    it (never a silent fallback to an older step that would then be overwritten).
+//  * One job per directory: job rank 0 locks checkpoint.dir (its file .pipemat-lock) and
+//    output.metrics for the run's life before anything is changed, and makes the run id that
+//    every rank then uses, so the id printed is the manifests' id.
 //  * A run that starts at step 0 into a directory that holds step-NNNNNN directories (complete
 //    or not) is refused before anything is built, with what is there and the three ways on:
 //    resume it, choose another directory, or checkpoint.overwrite=true, which removes those
@@ -18,20 +24,30 @@
 // directory itself before any rank changes it, so a refusal is every rank's (a ConfigError that
 // rank 0 reports).
 
+#include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "pipemat/comm/transport.h"
+#include "pipemat/core/file_lock.h"
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/train/options.h"
 
 namespace pipemat::train {
 
 struct RunCheckpoints {
-  pp::CheckpointRun run;   // the run this process saves as
+  pp::CheckpointRun run;   // the run this process saves as: the same on every rank (rank 0's)
   std::string resume_dir;  // the checkpoint to load; "" for a run that starts at step 0
   bool continued = false;  // `run` is the resumed checkpoint's run
   std::vector<std::string> overwritten;  // step directories removed by checkpoint.overwrite
+  // `latest`: the step directories newer than resume_dir it passed over, each with why.
+  std::vector<std::string> skipped;
+  // The complete checkpoints before resume_dir, newest first (what to name when it is damaged).
+  std::vector<std::string> older;
+  // Job rank 0: the locks of checkpoint.dir and output.metrics, held for the run (Note [One job
+  // per file] in pipemat/core/file_lock.h).
+  std::vector<std::shared_ptr<FileLock>> locks;
 };
 
 // The config's digest as runs record it: the SHA-256 of the effective config, without the keys
@@ -39,7 +55,7 @@ struct RunCheckpoints {
 // training.stop_after).
 std::string config_digest(const TrainConfig& config);
 
-// Collective when checkpoint.overwrite removes something (two barriers); otherwise reads only.
+// Collective over the job's ranks (rank 0 takes the locks and sends the run to the others).
 // `config.checkpoint.dir` empty: no checkpoints (a fresh run id all the same). ConfigError as
 // Note [Checkpoint directories] says.
 RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& transport);

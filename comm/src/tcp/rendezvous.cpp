@@ -246,6 +246,7 @@ void Rendezvous::Acceptance::handshake(const IncomingPtr& in) {
   in->socket.set_option(tcp::no_delay(true), ec);
   in->challenge.flags = has_secret_ ? kHasSecret : 0;
   fill_nonce(in->challenge.nonce);
+  std::memcpy(in->challenge.job, rv_.job_.data(), sizeof(in->challenge.job));
   in->timer.expires_after(handshake_timeout_);
   in->timer.async_wait([this, in](const error_code& wait_ec) {
     if (wait_ec || in->finished) return;
@@ -314,6 +315,13 @@ AckStatus Rendezvous::Acceptance::check_hello(const Incoming& in, std::string& r
                        options_.rank, " has ", secret_state(has_secret_), ")");
     }
     return AckStatus::kWrongSecret;
+  }
+  if (!equal_digest(h.job, rv_.job_.data(), sizeof(h.job))) {
+    reason = concat("it belongs to another job (job digest ", short_job(h.job), ", this job's ",
+                    short_job(rv_.job_.data()),
+                    "): a job started with another config, or another job on the same master "
+                    "port");
+    return AckStatus::kOtherJob;
   }
   if (announced_host(h).empty()) {
     reason = "its hello announces no valid listener address";
@@ -430,6 +438,7 @@ void Rendezvous::authenticate(tcp::socket& socket, Hello hello, const std::strin
                 kProtocolVersion, "; is another program or an older pipemat listening there?");
   hello.flags = has_secret ? kHasSecret : 0;
   fill_nonce(hello.nonce);
+  std::memcpy(hello.job, job_.data(), sizeof(hello.job));
   const Digest mac = hello_mac(options_.secret, challenge, hello);
   std::memcpy(hello.mac, mac.data(), mac.size());
   write(socket, &hello, sizeof(hello), concat("sending a hello to ", whom));
@@ -451,6 +460,12 @@ void Rendezvous::authenticate(tcp::socket& socket, Hello hello, const std::strin
       PIPEMAT_THROW(CommError, prefix, "it runs a different world size than this rank's ",
                     options_.world_size,
                     "; start every rank with the same PIPEMAT_WORLD_SIZE / --world-size");
+    case AckStatus::kOtherJob:
+      PIPEMAT_THROW(CommError, prefix, "it belongs to another job (job digest ",
+                    short_job(challenge.job), ", this rank's ", short_job(job_.data()),
+                    "): every rank of a job must run the same config; is another job using "
+                    "the master port ",
+                    options_.master, "? Give each job its own port (and PIPEMAT_JOB_SECRET)");
     case AckStatus::kBadRank:
       PIPEMAT_THROW(CommError, prefix, "rank ", options_.rank,
                     " is not expected to connect there (check PIPEMAT_RANK / --rank)");

@@ -26,7 +26,10 @@ namespace pipemat::comm::detail::tcp {
 class Rendezvous {
  public:
   Rendezvous(asio::io_context& io, const TransportOptions& options)
-      : io_(io), options_(options), deadline_(Clock::now() + options.timeout) {}
+      : io_(io),
+        options_(options),
+        deadline_(Clock::now() + options.timeout),
+        job_(job_digest(options.job)) {}
 
   // Connects with retries (TransportOptions::connect_retries) and returns the socket once the
   // acceptor's first bytes arrived; a connection closed before them is retried like a refused
@@ -73,6 +76,7 @@ class Rendezvous {
   asio::io_context& io_;
   const TransportOptions& options_;
   const Clock::time_point deadline_;
+  const Digest job_;  // job_digest(options.job)
 };
 
 // Listens on exactly the configured master host (every address it resolves to that is local).

@@ -34,6 +34,22 @@ Digest ack_mac(const std::string& secret, const Challenge& challenge, const Hell
   return mac.finish();
 }
 
+Digest job_digest(const std::string& job) {
+  // The hex digest's bytes, so that every rank computes the same 32 bytes from the same text.
+  const std::string hex = sha256_hex(job);
+  Digest out{};
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<uint8_t>(std::strtoul(hex.substr(2 * i, 2).c_str(), nullptr, 16));
+  }
+  return out;
+}
+
+std::string short_job(const uint8_t* digest) {
+  Digest d{};
+  std::memcpy(d.data(), digest, d.size());
+  return to_hex(d).substr(0, 12);
+}
+
 void fill_nonce(uint8_t* out) {
   size_t filled = 0;
   while (filled < kNonceBytes) {

@@ -18,8 +18,9 @@ constexpr uint32_t kHelloMagicV1 = 0x504d4831;    // "PMH1": the unauthenticated
 constexpr uint32_t kHelloMagic = 0x504d4832;      // "PMH2"
 constexpr uint32_t kChallengeMagic = 0x504d4e31;  // "PMN1"
 constexpr uint32_t kAckMagic = 0x504d4131;        // "PMA1"
-// 3: the hello carries the listener address; 4: heartbeat frames (Note [Liveness of a peer]).
-constexpr uint32_t kProtocolVersion = 4;
+// 3: the hello carries the listener address; 4: heartbeat frames (Note [Liveness of a peer]);
+// 5: the challenge and the hello carry the job digest.
+constexpr uint32_t kProtocolVersion = 5;
 constexpr uint32_t kHasSecret = 1;  // flag: the sender has a job secret
 constexpr size_t kNonceBytes = 32;
 
@@ -38,6 +39,10 @@ static_assert(sizeof(FrameHeader) == 16, "frame header layout");
 //                       mac = HMAC-SHA256(secret, "pipemat hello" || N_a || hello fields)}
 //   acceptor  -> Ack {status, mac = HMAC-SHA256(secret, "pipemat ack" || N_c || N_a || rank ||
 //                                               status)}
+// Both the challenge and the hello carry the job digest (the SHA-256 of TransportOptions::job,
+// which `pipemat train` sets to its config's digest): a connector of another job, with the
+// secret or without one, is refused with kOtherJob, and both sides name both digests. Two jobs
+// started by hand on one master port therefore never train together.
 // The acceptor's fresh nonce makes a recorded hello useless later; the connector's nonce makes
 // the acceptor prove the secret too, so a process squatting on the master port cannot pose as
 // rank 0. The secret itself never goes over the wire. Without a secret the key is empty: the
@@ -51,8 +56,9 @@ struct Challenge {
   uint32_t flags = 0;
   uint32_t reserved = 0;
   uint8_t nonce[kNonceBytes] = {};
+  uint8_t job[32] = {};  // the acceptor's job digest
 };
-static_assert(sizeof(Challenge) == 48, "challenge layout");
+static_assert(sizeof(Challenge) == 80, "challenge layout");
 
 struct Hello {
   uint32_t magic = kHelloMagic;
@@ -65,9 +71,10 @@ struct Hello {
   // announces it (Note [Announced listener address]).
   char listen_host[64] = {};
   uint8_t nonce[kNonceBytes] = {};
+  uint8_t job[32] = {};  // the connector's job digest
   uint8_t mac[32] = {};  // last: the mac covers everything before it
 };
-static_assert(sizeof(Hello) == 152 && offsetof(Hello, mac) == 120, "hello layout");
+static_assert(sizeof(Hello) == 184 && offsetof(Hello, mac) == 152, "hello layout");
 
 enum class AckStatus : uint32_t {
   kOk = 0,
@@ -76,6 +83,7 @@ enum class AckStatus : uint32_t {
   kBadRank = 3,
   kDuplicateRank = 4,
   kBadProtocol = 5,
+  kOtherJob = 6,
 };
 
 struct Ack {
@@ -91,6 +99,12 @@ Digest hello_mac(const std::string& secret, const Challenge& challenge, const He
 // The mac of an ack with `status` for `hello` in answer to `challenge`.
 Digest ack_mac(const std::string& secret, const Challenge& challenge, const Hello& hello,
                uint32_t status);
+
+// The job digest of TransportOptions::job: its SHA-256.
+Digest job_digest(const std::string& job);
+
+// The first 12 hex digits of a job digest, as messages name it.
+std::string short_job(const uint8_t* digest);
 
 // Fills `out` with kNonceBytes random bytes; throws CommError when getrandom() fails.
 void fill_nonce(uint8_t* out);

@@ -2,9 +2,10 @@
 // Ranks as threads of this process: one thread per rank, all joined before returning, and of
 // the ranks' failures one error for the caller, the root cause.
 //
-// The root cause is, by rank, the first error that is not a CommError, else the first
-// CommError: a rank whose peer failed and closed its transport fails with a CommError that only
-// repeats what happened elsewhere.
+// The root cause is, by rank, the first error that is neither a CommError nor a
+// PeerFailedError, else the first of those: a rank whose peer failed and closed its transport
+// fails with a CommError, and a rank that ends a collective step because a peer's part failed
+// with a PeerFailedError, each only repeating what happened elsewhere.
 
 #include <functional>
 #include <memory>

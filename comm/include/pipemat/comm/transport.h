@@ -94,6 +94,12 @@ struct TransportOptions {
   // connection is a challenge-response (HMAC-SHA256 over fresh nonces): the secret itself never
   // goes over the wire, and a rank with a different secret is refused (CommError on both sides).
   std::string secret;
+  // tcp: what identifies the job, compared at the rendezvous with or without a secret (its
+  // SHA-256 travels, Note [Rendezvous handshake]): a rank whose `job` differs is refused, both
+  // sides naming both digests. `pipemat train` sets its config's digest and world size, so ranks
+  // of two jobs on one master port, or started with two configs, never train together. Empty is
+  // a value like any other (every rank that leaves it empty matches).
+  std::string job;
   // tcp: how long an accepted rendezvous connection may take to complete its hello (capped at
   // `timeout`). A connection that is silent, sends garbage or fails authentication is closed and
   // reported on stderr; the rendezvous goes on without it.

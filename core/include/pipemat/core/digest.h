@@ -15,6 +15,36 @@ std::string sha256_hex(std::string_view bytes);
 
 using Digest = std::array<uint8_t, 32>;
 
+// "3f2a..." : `digest` as 64 lowercase hex digits.
+std::string to_hex(const Digest& digest);
+
+// SHA-256 of a message given in pieces: Sha256 sha; sha.update(...); sha.finish_hex(). For a
+// file that is being written, or one too large to hold in memory. InternalError when OpenSSL
+// fails (it does not for this algorithm unless out of memory).
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+
+  void update(const void* data, size_t size);
+  // The digest of everything updated, as 64 lowercase hex digits; call once.
+  std::string finish_hex();
+
+ private:
+  struct Context;
+  std::unique_ptr<Context> context_;
+};
+
+// The SHA-256 of the file at `path` and its size in bytes, read in blocks. PipelineError naming
+// the file and the OS's reason when it cannot be opened or read.
+struct FileDigest {
+  std::string sha256;  // 64 lowercase hex digits
+  uint64_t bytes = 0;
+};
+FileDigest sha256_file(const std::string& path);
+
 // HMAC-SHA256 (RFC 2104) of a message given in pieces: HmacSha256 mac(key); mac.update(...);
 // mac.finish(). An empty key is allowed. InternalError when OpenSSL fails (it does not for this
 // algorithm unless out of memory).

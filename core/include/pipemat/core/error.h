@@ -58,6 +58,14 @@ class PipelineError : public Error {
   using Error::Error;
 };
 
+// A collective step failed on another rank, and this rank ends it the same way: its message
+// names that rank, whose own error holds the cause (a rank that runs the ranks as threads
+// reports that one, comm/rank_threads.h).
+class PeerFailedError : public PipelineError {
+ public:
+  using PipelineError::PipelineError;
+};
+
 // A pipemat invariant did not hold: a bug in pipemat, not in the caller.
 class InternalError : public Error {
  public:

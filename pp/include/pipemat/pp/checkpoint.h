@@ -23,11 +23,13 @@
 namespace pipemat::pp {
 
 // Note [Checkpoint layout]
-// rank-<r>.pt is a torch archive with "step" (int64), "stages" (int64: this rank's stages),
-// "params/<stage>/<name>" and "buffers/<stage>/<name>" (dots of module paths become '|'),
-// "optimizer" (the optimizer's own archive) and "rng" (the generator state, with
-// PipelineOptions::seed). manifest.json holds the format version, the step and what must match
-// on resume: world size, schedule kind, stages, micro-batches and the stage map.
+// rank-<r>.pt is a torch archive with "step" (int64), "run" (the run's id, a string), "stages"
+// (int64: this rank's stages), "params/<stage>/<name>" and "buffers/<stage>/<name>" (dots of
+// module paths become '|'), "optimizer" (the optimizer's own archive) and "rng" (the generator
+// state, with PipelineOptions::seed). manifest.json holds the format version (2), the step, what
+// must match on resume (world size, schedule kind, stages, micro-batches and the stage map), the
+// run, and "files": each rank file's SHA-256 and size, checked before anything of it is loaded
+// (Note [Verified checkpoints] in src/checkpoint.cpp).
 
 // Note [Checkpoint runs]
 // Every checkpoint names the run that wrote it: a random id made when a run starts
@@ -52,14 +54,18 @@ CheckpointRun resumed_run(const std::string& dir);
 struct CheckpointEntry {
   std::string dir;
   int64_t step = 0;
-  bool complete = false;      // its manifest exists
+  bool complete = false;      // its manifest exists and is one pipemat wrote
+  bool damaged = false;       // its manifest exists but is not one (see `problem`)
+  std::string problem;        // why a damaged manifest cannot be read
   std::string run_id;         // "" when incomplete or written before checkpoints named their run
   std::string config_digest;  // of that run
 };
 
 // Every step-NNNNNN directory under `root` in step order (other files and directories are not
-// checkpoints and are left out); empty when `root` does not exist. An unreadable manifest
-// counts as incomplete.
+// checkpoints and are left out); empty when `root` does not exist. A directory without a
+// manifest is incomplete (a save was interrupted); one whose manifest cannot be read is neither
+// complete nor a silent skip: `damaged`, with the reason. Rank files are checked on load, not
+// here.
 std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
 
 // Removes one checkpoint directory, its manifest first (so an interrupted removal leaves an
@@ -84,20 +90,24 @@ std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, cons
                             const std::string& metadata = "");
 
 // The directory of the newest complete checkpoint under `root` (of run `run_id` when given), or
-// "" when there is none.
+// "" when there is none. A damaged manifest newer than it is not skipped in silence:
+// PipelineError naming the manifest and what is wrong with it.
 std::string latest_checkpoint(const std::string& root, const std::string& run_id = "");
 
 // Collective. Loads the checkpoint in `dir` (a step-NNNNNN directory) into this rank's stages,
 // optimizer, generator and step. ConfigError when the manifest was written by another pipeline
 // (world size, schedule kind, stages, micro-batches or stage map differ: the field and both
-// values); PipelineError when it is incomplete (no manifest, a missing or truncated rank file) or
-// a parameter's name, shape or count differs. Nothing is changed before every check of this rank
+// values); PipelineError when it is incomplete (no manifest, a missing rank file), when a rank
+// file's SHA-256 or size differs from the manifest's record (a damaged or replaced file: both
+// digests named), when a rank file names another run or step than the manifest, or when a
+// parameter's name, shape or count differs. Nothing is changed before every check of this rank
 // passed. Resuming on another stage layout (re-partitioning) is not supported.
 void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& dir);
 
 // What a complete checkpoint's manifest says. PipelineError when `dir` is incomplete (no
 // manifest) or the manifest is not one pipemat wrote.
 struct CheckpointManifest {
+  int format = 0;  // 1: no digests of the rank files; 2: with them
   int64_t step = 0;
   int world_size = 0;
   std::string schedule_kind;
@@ -114,7 +124,8 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir);
 // into `stages` (one module per stage, in stage order, built as the pipeline built them), e.g.
 // to sample from a trained model in one process. ConfigError when the number of stages
 // differs; PipelineError (naming the file, stage and name) when a rank file is missing or
-// damaged or a parameter's name, shape or dtype differs. Optimizer and generator states are
+// damaged (checked against the manifest's digests) or a parameter's name, shape or dtype
+// differs. Optimizer and generator states are
 // not read.
 void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Module*>& stages);
 

@@ -63,6 +63,9 @@ struct TrainingOptions {
   // Where each rank computes: cpu, cuda (the rank's own GPU: its index among the ranks of its
   // host, modulo the GPUs it sees) or cuda:N (pipemat/pp/device.h).
   std::string device = "cpu";
+  // false: a non-finite loss or clipped gradient norm stops the run (DivergedError in train.h);
+  // true: the run trains on.
+  bool allow_non_finite = false;
 };
 
 // A text sample after training (gpt): the trained stages are loaded into one process from the

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pipemat/comm/transport.h"
+#include "pipemat/core/error.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/pp/pipeline.h"
 #include "pipemat/train/options.h"
@@ -40,6 +41,16 @@ struct EndFailure {
   std::string message;
 };
 const char* to_string(EndPart part);
+
+// A run that diverged: step N's loss or clipped gradient norm was not finite (nan or inf) and
+// training.allow_non_finite is false. Every rank throws it at the same step (the loss and the
+// norm are the same on every rank), before that step's checkpoint: the last complete
+// checkpoint is the one named. `pipemat train` exits with kDivergedExitCode.
+class DivergedError : public Error {
+ public:
+  using Error::Error;
+};
+inline constexpr int kDivergedExitCode = 6;
 
 // The whole run as the last stage's rank measured it, for the summary at its end.
 struct RunTotals {
