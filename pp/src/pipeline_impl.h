@@ -74,6 +74,9 @@ struct Pipeline::Impl {
                   "than the transport has; evaluate fewer micro-batches per call");
     return static_cast<int>(tag);
   }
+  // The module paths of PipelineOptions::remat's stages, exchanged once at construction (every
+  // message is received there, before any step); below checkpoint.cpp's kAgreementTag.
+  static int remat_paths_tag() { return comm::kMaxUserTag - 1; }
   int last_rank() const { return plan.rank_of(last_stage); }
   bool is_first_stage_rank() const { return plan.rank_of(0) == rank; }
   bool is_last_stage_rank() const { return last_rank() == rank; }

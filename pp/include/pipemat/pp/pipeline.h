@@ -136,11 +136,14 @@ struct PipelineOptions {
   std::optional<schedule::Schedule> actions;
   // Applied to every stage's module by path (remat::apply_policy; paths relative to the stage
   // module; a pattern that matches nothing on a stage is skipped there); empty: no recompute.
+  // A pattern that matches on none of the stages it applies to (those of every rank without a
+  // stage_remat entry) is a ConfigError naming it and the nearest module path: the ranks
+  // exchange their stages' paths at construction, so every rank passes the same `remat`.
   remat::RematPolicy remat;
   // Per model stage (global index) instead of `remat`: a stage listed here gets its own policy
   // (an empty one: no recompute on that stage), e.g. none on the last stage, which holds one
   // micro-batch in flight under 1F1B, and selective on the first, which holds P. ConfigError for
-  // an index outside the schedule's stages.
+  // an index outside the schedule's stages, and for a pattern that matches nothing on its stage.
   std::map<int, remat::RematPolicy> stage_remat;
   LossFn loss;                 // required
   OptimizerFactory optimizer;  // required
@@ -316,9 +319,11 @@ struct EvalResult {
 class Pipeline {
  public:
   // Builds the schedule, calls `build` for each stage of this rank, applies the remat policy to
-  // each stage module and creates the optimizer. Not collective (no messages). ConfigError when
-  // the schedule's ranks differ from the transport's world size, a required option is missing,
-  // or `build` returns a stage with another index, no module or no forward.
+  // each stage module and creates the optimizer. Collective only with PipelineOptions::remat
+  // set (the ranks exchange their stages' module paths) or a data group. ConfigError when the
+  // schedule's ranks differ from the transport's world size, a required option is missing, a
+  // remat pattern matches no module, or `build` returns a stage with another index, no module or
+  // no forward.
   Pipeline(comm::Transport& transport, PipelineOptions options, const StageFactory& build);
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
