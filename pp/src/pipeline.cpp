@@ -135,7 +135,6 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
     generator =
         at::make_generator<at::CPUGeneratorImpl>(*options.seed + static_cast<uint64_t>(rank));
   }
-  std::vector<std::string> shared_paths;  // of this rank's stages that take options.remat
   for (int s : plan.stages_of(rank)) {
     PipelineStage stage = build(s);
     PIPEMAT_CHECK(stage.index == s, ConfigError, "the stage factory was asked for stage ", s,
@@ -151,7 +150,7 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
       check_matched(policy, paths, "PipelineOptions::stage_remat[" + std::to_string(s) + "]",
                     "stage " + std::to_string(s));
     } else {
-      shared_paths.insert(shared_paths.end(), paths.begin(), paths.end());
+      remat_paths.insert(remat_paths.end(), paths.begin(), paths.end());
     }
     if (!policy.checkpoint.empty() || !policy.exclude.empty()) {
       policy.allow_unmatched = true;  // checked above and below, over the stages it applies to
@@ -164,13 +163,6 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
     }
     stages.emplace(s, std::move(stage));
   }
-  // PipelineOptions::remat applies to every stage without a stage_remat entry, on all ranks: a
-  // pattern is an error when it matches on none of them, so the ranks exchange their paths.
-  if (!options.remat.checkpoint.empty() || !options.remat.exclude.empty()) {
-    check_matched(options.remat, paths_of_all_ranks(transport, remat_paths_tag(), shared_paths),
-                  "PipelineOptions::remat",
-                  "any of the pipeline's " + std::to_string(plan.stages_count) + " stages");
-  }
   if (options.data_group != nullptr) {
     plan_buckets();
     equalize_parameters();
@@ -178,6 +170,23 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
   optimizer = options.optimizer(params);
   PIPEMAT_CHECK(optimizer != nullptr, ConfigError,
                 "PipelineOptions::optimizer returned no optimizer on rank ", rank);
+}
+
+// PipelineOptions::remat applies to every stage without a stage_remat entry, on all ranks: a
+// pattern is an error when it matches on none of them. The ranks exchange their paths at the
+// first step, the first collective call (the constructor sends nothing).
+void Pipeline::Impl::check_remat_paths() {
+  if (remat_checked) return;
+  remat_checked = true;
+  // No message when stage_remat covers every stage (every rank knows it: its keys are global).
+  const int shared_stages = plan.stages_count - static_cast<int>(options.stage_remat.size());
+  if (shared_stages == 0 || (options.remat.checkpoint.empty() && options.remat.exclude.empty())) {
+    return;
+  }
+  check_matched(options.remat, paths_of_all_ranks(transport, remat_paths_tag(), remat_paths),
+                "PipelineOptions::remat",
+                "any of the pipeline's " + std::to_string(shared_stages) + " stages");
+  std::vector<std::string>().swap(remat_paths);
 }
 
 // Note [Random streams of a step] (pipemat/pp/pipeline.h): before each draw site of a step.
