@@ -1,5 +1,6 @@
 #include "pipemat/core/format.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <limits>
@@ -120,6 +121,38 @@ std::vector<std::string> split(const std::string& text, char sep) {
   }
   out.push_back(cur);
   return out;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+std::string nearest_name(const std::string& name, const std::vector<std::string>& candidates,
+                         size_t max_edits) {
+  std::string best;
+  size_t best_distance = max_edits;
+  bool found = false;
+  for (const std::string& candidate : candidates) {
+    const size_t distance = edit_distance(name, candidate);
+    if (distance <= best_distance && (!found || distance < best_distance)) {
+      best = candidate;
+      best_distance = distance;
+      found = true;
+    }
+  }
+  return best;
 }
 
 }  // namespace pipemat

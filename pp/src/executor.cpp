@@ -23,6 +23,7 @@ using schedule::ActionType;
 
 StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
   PIPEMAT_CHECK(static_cast<bool>(data), PipelineError, "train_step: the data source is empty");
+  check_remat_paths();
   StepRun run(*this, data);
   for (size_t k = 0; k < plan.actions[rank].size(); ++k) run.dispatch(k);
   StepMetrics m = run.finish();

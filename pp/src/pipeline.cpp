@@ -6,11 +6,14 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "pipeline_impl.h"
 #include "pipemat/comm/device_lane.h"
 #include "pipemat/comm/work.h"
+#include "pipemat/core/format.h"
 #include "pipemat/pp/device.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/remat/policy.h"
@@ -35,6 +38,50 @@ schedule::Schedule plan_of(const PipelineOptions& options) {
   }
   schedule::validate_schedule(plan);
   return plan;
+}
+
+// Every rank's `paths`, in rank order, on every rank: an all-to-all of one small message each.
+std::vector<std::string> paths_of_all_ranks(comm::Transport& transport, int tag,
+                                            const std::vector<std::string>& paths) {
+  if (transport.world_size() == 1) return paths;
+  // A leading newline: never an empty message; split() gives empty fields, skipped below.
+  auto mine = std::make_shared<std::string>("\n" + join(paths, "\n"));
+  std::vector<comm::WorkPtr> sends;
+  for (int peer = 0; peer < transport.world_size(); ++peer) {
+    if (peer != transport.rank())
+      sends.push_back(transport.send(peer, tag, {{mine->data(), mine->size()}}, mine));
+  }
+  std::vector<std::string> all;
+  for (int peer = 0; peer < transport.world_size(); ++peer) {
+    if (peer == transport.rank()) {
+      all.insert(all.end(), paths.begin(), paths.end());
+      continue;
+    }
+    comm::WorkPtr work = transport.recv_any(peer, tag);
+    work->wait();
+    const comm::Buffer buffer = work->buffer();
+    const std::string text(reinterpret_cast<const char*>(buffer.data()), buffer.size());
+    for (std::string& path : split(text, '\n')) {
+      if (!path.empty()) all.push_back(std::move(path));
+    }
+  }
+  for (const auto& work : sends) work->wait();
+  return all;
+}
+
+// ConfigError for the first pattern of `policy` that matches none of `paths` (those of every
+// stage the policy applies to), naming `what` and the nearest path.
+void check_matched(const remat::RematPolicy& policy, const std::vector<std::string>& paths,
+                   const std::string& what, const std::string& stages) {
+  const auto unmatched = remat::unmatched_patterns(policy, paths);
+  if (unmatched.empty()) return;
+  const remat::UnmatchedPattern& u = unmatched.front();
+  PIPEMAT_THROW(
+      ConfigError, what, ": ", u.list, "[", u.index, "] '", u.pattern, "' matches no module on ",
+      stages, " (paths are relative to each stage's module)",
+      u.nearest.empty() ? std::string() : "; the nearest module path is '" + u.nearest + "'",
+      ". Fix the pattern or remove it; a misspelt pattern would silently change what "
+      "is recomputed");
 }
 
 }  // namespace
@@ -98,8 +145,15 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
     PIPEMAT_CHECK(static_cast<bool>(stage.forward), ConfigError, "stage ", s, " has no forward");
     const auto own = options.stage_remat.find(s);
     remat::RematPolicy policy = own != options.stage_remat.end() ? own->second : options.remat;
+    const std::vector<std::string> paths = remat::module_paths(*stage.module);
+    if (own != options.stage_remat.end()) {
+      check_matched(policy, paths, "PipelineOptions::stage_remat[" + std::to_string(s) + "]",
+                    "stage " + std::to_string(s));
+    } else {
+      remat_paths.insert(remat_paths.end(), paths.begin(), paths.end());
+    }
     if (!policy.checkpoint.empty() || !policy.exclude.empty()) {
-      policy.allow_unmatched = true;  // a stage holds only some of the model's modules
+      policy.allow_unmatched = true;  // checked above and below, over the stages it applies to
       remat::apply_policy(*stage.module, policy);
     }
     if (!options.device.is_cpu()) stage.module->to(options.device);
@@ -116,6 +170,23 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
   optimizer = options.optimizer(params);
   PIPEMAT_CHECK(optimizer != nullptr, ConfigError,
                 "PipelineOptions::optimizer returned no optimizer on rank ", rank);
+}
+
+// PipelineOptions::remat applies to every stage without a stage_remat entry, on all ranks: a
+// pattern is an error when it matches on none of them. The ranks exchange their paths at the
+// first step, the first collective call (the constructor sends nothing).
+void Pipeline::Impl::check_remat_paths() {
+  if (remat_checked) return;
+  remat_checked = true;
+  // No message when stage_remat covers every stage (every rank knows it: its keys are global).
+  const int shared_stages = plan.stages_count - static_cast<int>(options.stage_remat.size());
+  if (shared_stages == 0 || (options.remat.checkpoint.empty() && options.remat.exclude.empty())) {
+    return;
+  }
+  check_matched(options.remat, paths_of_all_ranks(transport, remat_paths_tag(), remat_paths),
+                "PipelineOptions::remat",
+                "any of the pipeline's " + std::to_string(shared_stages) + " stages");
+  std::vector<std::string>().swap(remat_paths);
 }
 
 // Note [Random streams of a step] (pipemat/pp/pipeline.h): before each draw site of a step.

@@ -52,6 +52,10 @@ struct Pipeline::Impl {
   int64_t next_step = 0;
   std::map<int, Signature> boundary;  // boundary s -> s + 1, Note [Stage boundary signature]
   at::Generator generator;            // PipelineOptions::seed
+  // This rank's module paths of the stages that take PipelineOptions::remat, until the first
+  // step checks the policy against those of every rank (check_remat_paths).
+  std::vector<std::string> remat_paths;
+  bool remat_checked = false;
 
   // pipeline.cpp: checks the options, builds the plan, this rank's stages and the optimizer.
   Impl(comm::Transport& t, PipelineOptions o, const StageFactory& build);
@@ -74,6 +78,9 @@ struct Pipeline::Impl {
                   "than the transport has; evaluate fewer micro-batches per call");
     return static_cast<int>(tag);
   }
+  // The module paths of PipelineOptions::remat's stages, exchanged once at the first step
+  // (every message is received there, before any action); below checkpoint.cpp's kAgreementTag.
+  static int remat_paths_tag() { return comm::kMaxUserTag - 1; }
   int last_rank() const { return plan.rank_of(last_stage); }
   bool is_first_stage_rank() const { return plan.rank_of(0) == rank; }
   bool is_last_stage_rank() const { return last_rank() == rank; }
@@ -97,6 +104,9 @@ struct Pipeline::Impl {
     return options.data_group ? options.data_group->rank() * plan.micro_batches : 0;
   }
 
+  // pipeline.cpp: ConfigError at the first step for a PipelineOptions::remat pattern that
+  // matches on no stage of any rank; collective (the ranks exchange remat_paths).
+  void check_remat_paths();
   // pipeline.cpp: Note [Random streams of a step].
   void reseed(int64_t step, int64_t micro_batch, int stream);
 

@@ -44,6 +44,53 @@ bool path_matches(const std::string& pattern, const std::string& path) {
   return match_parts(split(pattern, '.'), 0, split(path, '.'), 0);
 }
 
+std::string pattern_problem(const std::string& pattern) {
+  if (pattern.empty()) return "it is empty";
+  for (const std::string& part : split(pattern, '.')) {
+    if (part.empty()) return "it has an empty component (two dots, or a dot at an end)";
+    for (size_t i = 0; i < part.size(); ++i) {
+      if (part[i] == '\\') {
+        ++i;  // an escaped character
+      } else if (part[i] == '[') {
+        size_t j = i + 1;
+        if (j < part.size() && (part[j] == '!' || part[j] == '^')) ++j;
+        if (j < part.size() && part[j] == ']') ++j;  // a ']' first is one of the set
+        const size_t close = part.find(']', j);
+        if (close == std::string::npos) {
+          return "component '" + part + "' opens a '[' set that it never closes (write '[[]' " +
+                 "for a literal '[')";
+        }
+        i = close;
+      }
+    }
+  }
+  return "";
+}
+
+std::vector<std::string> module_paths(torch::nn::Module& root) {
+  std::vector<std::string> paths;
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    paths.push_back(item.key());
+  }
+  return paths;
+}
+
+std::vector<UnmatchedPattern> unmatched_patterns(const RematPolicy& policy,
+                                                 const std::vector<std::string>& paths) {
+  std::vector<UnmatchedPattern> out;
+  const auto check = [&](const char* list, size_t index, const std::string& pattern) {
+    for (const std::string& path : paths) {
+      if (path_matches(pattern, path)) return;
+    }
+    out.push_back({list, index, pattern, nearest_name(pattern, paths)});
+  };
+  for (size_t i = 0; i < policy.checkpoint.size(); ++i) {
+    check("checkpoint", i, policy.checkpoint[i]);
+  }
+  for (size_t i = 0; i < policy.exclude.size(); ++i) check("exclude", i, policy.exclude[i].path);
+  return out;
+}
+
 namespace {
 
 using ModuleMap = std::map<std::string, std::shared_ptr<torch::nn::Module>>;
@@ -59,6 +106,14 @@ std::string known_paths(const ModuleMap& by_path) {
   return join(names, ", ");
 }
 
+// "; the nearest is 'x'" for a pattern that matches none.
+std::string nearest_of(const std::string& pattern, const ModuleMap& by_path) {
+  std::vector<std::string> names;
+  for (const auto& [p, m] : by_path) names.push_back(p);
+  const std::string nearest = nearest_name(pattern, names);
+  return nearest.empty() ? "" : "; the nearest to '" + pattern + "' is '" + nearest + "'";
+}
+
 // What the policy declares for one module path, and the rule that declared it.
 struct Decl {
   bool checkpoint = false;
@@ -71,6 +126,9 @@ using Decls = std::map<std::string, Decl>;
 void declare_checkpoints(const ModuleMap& by_path, const RematPolicy& policy, Decls& decls) {
   for (const auto& pattern : policy.checkpoint) {
     PIPEMAT_CHECK(!pattern.empty(), RematError, "remat policy: a checkpoint path is empty");
+    const std::string problem = pattern_problem(pattern);
+    PIPEMAT_CHECK(problem.empty(), RematError, "remat policy: checkpoint path '", pattern,
+                  "' is malformed: ", problem);
     bool any = false;
     for (const auto& [path, m] : by_path) {
       if (!path_matches(pattern, path)) continue;
@@ -79,7 +137,8 @@ void declare_checkpoints(const ModuleMap& by_path, const RematPolicy& policy, De
       decls[path].rule = "checkpoint '" + pattern + "'";
     }
     PIPEMAT_CHECK(any || policy.allow_unmatched, RematError, "remat policy: checkpoint path '",
-                  pattern, "' matches no module. Module paths are: ", known_paths(by_path));
+                  pattern, "' matches no module. Module paths are: ", known_paths(by_path),
+                  nearest_of(pattern, by_path));
   }
 }
 
@@ -87,6 +146,9 @@ void declare_checkpoints(const ModuleMap& by_path, const RematPolicy& policy, De
 void declare_excludes(const ModuleMap& by_path, const RematPolicy& policy, Decls& decls) {
   for (const auto& rule : policy.exclude) {
     PIPEMAT_CHECK(!rule.path.empty(), RematError, "remat policy: an exclude path is empty");
+    const std::string problem = pattern_problem(rule.path);
+    PIPEMAT_CHECK(problem.empty(), RematError, "remat policy: exclude path '", rule.path,
+                  "' is malformed: ", problem);
     bool any = false;
     for (const auto& [path, m] : by_path) {
       if (!path_matches(rule.path, path)) continue;
@@ -103,7 +165,8 @@ void declare_excludes(const ModuleMap& by_path, const RematPolicy& policy, Decls
       d.rule = "exclude '" + rule.path + "'";
     }
     PIPEMAT_CHECK(any || policy.allow_unmatched, RematError, "remat policy: exclude path '",
-                  rule.path, "' matches no module. Module paths are: ", known_paths(by_path));
+                  rule.path, "' matches no module. Module paths are: ", known_paths(by_path),
+                  nearest_of(rule.path, by_path));
   }
 }
 

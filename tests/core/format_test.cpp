@@ -42,5 +42,16 @@ TEST(FormatTest, JoinSplit) {
   EXPECT_EQ(split("a,,b", ','), (std::vector<std::string>{"a", "", "b"}));
 }
 
+TEST(FormatTest, NearestName) {
+  EXPECT_EQ(edit_distance("modle", "model"), 1u);  // a swap of neighbours is one edit
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  const std::vector<std::string> paths{"blocks.0.attn.qkv", "blocks.0.mlp.up", "blocks.0"};
+  EXPECT_EQ(nearest_name("block.0.attn.qkv", paths), "blocks.0.attn.qkv");
+  EXPECT_EQ(nearest_name("blocks.0.mlp.upp", paths), "blocks.0.mlp.up");
+  EXPECT_EQ(nearest_name("zzz", paths, 2), "");  // nothing within two edits
+  EXPECT_EQ(nearest_name("zzz", {}), "");
+  EXPECT_EQ(nearest_name("ab", {"ax", "ay"}), "ax");  // the first of equals
+}
+
 }  // namespace
 }  // namespace pipemat

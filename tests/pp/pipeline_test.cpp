@@ -439,6 +439,67 @@ TEST(Pipeline, MisuseIsAClearError) {
   }
 }
 
+// PipelineOptions::remat holds one policy for the stages of every rank: a misspelt pattern (here
+// a SAVE path) is an error at the first step on every rank naming it and the nearest module
+// path, not skipped on each stage (it was: the run recomputed those layers). A pattern that
+// matches on one rank's stage only (the head, on the last) is no error.
+TEST(Pipeline, RematPatternThatMatchesOnNoStageOfAnyRankIsAnError) {
+  PipelineCase c;  // 2 ranks, 6 blocks
+  const DataSource step_data = [](int64_t s, int64_t i) {
+    auto [ids, targets] = user_model::data(s, i);
+    return MicroBatch{{ids}, {targets}};
+  };
+  auto construct = [&](const remat::RematPolicy& policy) {
+    return run_ranks(c.ranks, [&](comm::Transport& t) {
+      torch::nn::Sequential model = user_model::make_model(c.blocks, 7);
+      PipelineOptions o = user_model::pipeline_options(c);
+      o.remat = policy;
+      const auto bounds = balance_by_parameters(model, stage_count(o));
+      Pipeline pipe(t, o, split_sequential(model, bounds));  // sends nothing
+      pipe.train_step(step_data);                            // checks over all ranks first
+    });
+  };
+  remat::RematPolicy typo = user_model::pipeline_options(c).remat;
+  typo.exclude = {{"block*.atn_in.1", true}};
+  const auto errors = construct(typo);
+  for (int r = 0; r < c.ranks; ++r) {
+    EXPECT_EQ(errors[static_cast<size_t>(r)],
+              "PipelineOptions::remat: exclude[0] 'block*.atn_in.1' matches no module on any of "
+              "the pipeline's 2 stages (paths are relative to each stage's module); the nearest "
+              "module path is 'block0.attn_in.1'. Fix the pattern or remove it; a misspelt "
+              "pattern would silently change what is recomputed")
+        << "rank " << r;
+  }
+  remat::RematPolicy one_stage;
+  one_stage.checkpoint = {"head", "embed"};  // the last stage's and the first stage's
+  EXPECT_EQ(construct(one_stage), (std::vector<std::string>{"", ""}));
+  // With an own policy on every stage, PipelineOptions::remat applies to none: not checked.
+  EXPECT_EQ(run_ranks(c.ranks,
+                      [&](comm::Transport& t) {
+                        torch::nn::Sequential model = user_model::make_model(c.blocks, 7);
+                        PipelineOptions o = user_model::pipeline_options(c);
+                        o.remat = typo;
+                        o.stage_remat = {{0, {}}, {1, {}}};
+                        Pipeline pipe(t, o,
+                                      split_sequential(model, balance_by_parameters(model, 2)));
+                      }),
+            (std::vector<std::string>{"", ""}));
+  // A stage's own policy applies to that stage alone.
+  auto own = run_ranks(1, [&](comm::Transport& t) {
+    PipelineCase one = c;
+    one.ranks = 1;
+    torch::nn::Sequential model = user_model::make_model(one.blocks, 7);
+    PipelineOptions o = user_model::pipeline_options(one);
+    o.stage_remat[0].checkpoint = {"blockz"};
+    Pipeline pipe(t, o, split_sequential(model, {0, static_cast<int64_t>(model->size())}));
+  });
+  EXPECT_EQ(own[0],
+            "PipelineOptions::stage_remat[0]: checkpoint[0] 'blockz' matches no module on stage 0 "
+            "(paths are relative to each stage's module); the nearest module path is 'block0'. "
+            "Fix the pattern or remove it; a misspelt pattern would silently change what is "
+            "recomputed");
+}
+
 // Note [Data x pipeline]: replicas that build other stages (here another layer width) are an
 // error on every replica at construction, naming the replicas and the pipeline rank.
 TEST(Pipeline, ReplicasThatBuildOtherStagesAreAClearError) {

@@ -1,6 +1,8 @@
 // Declarative application: Sequential entries, AnyModule members, plain callables, path
 // policies; several inputs, named inputs and tuple outputs.
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 #include <torch/nn/modules/container/sequential.h>
 
@@ -91,6 +93,69 @@ TEST(Declare, PolicyErrorsNameThePath) {
   RematPolicy save_output;
   save_output.exclude = {{"layers.0.1", true}, {"layers.*.1", false}};
   expect_error(save_output, "with a different save_output");
+}
+
+// A malformed glob is an error even for a policy that may leave patterns unmatched (today "["
+// is a literal character to fnmatch, so it matched nothing and was skipped on every stage).
+TEST(Declare, MalformedPatternIsAnErrorNamingIt) {
+  EXPECT_EQ(pattern_problem("layers.[01].1"), "");
+  EXPECT_EQ(pattern_problem("layers.[]].*"), "");  // a ']' first is a member of the set
+  EXPECT_EQ(pattern_problem("layers.[[].x"), "");  // a literal '['
+  EXPECT_EQ(pattern_problem("["),
+            "component '[' opens a '[' set that it never closes (write '[[]' for a literal '[')");
+  EXPECT_EQ(pattern_problem("layers.[!0"),
+            "component '[!0' opens a '[' set that it never closes (write '[[]' for a literal '[')");
+  EXPECT_EQ(pattern_problem("layers..1"),
+            "it has an empty component (two dots, or a dot at an end)");
+  SeqModel model = make_seq_model();
+  RematPolicy bad;
+  bad.checkpoint = {"["};
+  bad.allow_unmatched = true;
+  try {
+    apply_policy(*model, bad);
+    FAIL() << "no error for '['";
+  } catch (const RematError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "remat policy: checkpoint path '[' is malformed: component '[' opens a '[' set that "
+              "it never closes (write '[[]' for a literal '[')");
+  }
+}
+
+// A pattern that matches nothing names the nearest module path; over several trees (the stages
+// of a pipeline) a pattern is unmatched only when it matches on none.
+TEST(Declare, UnmatchedPatternNamesTheNearestModulePath) {
+  SeqModel model = make_seq_model();
+  RematPolicy typo;
+  typo.exclude = {{"layer.*.1", true}};
+  try {
+    apply_policy(*model, typo);
+    FAIL() << "no error for a misspelt exclude path";
+  } catch (const RematError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("exclude path 'layer.*.1' matches no module. Module paths are: layers, "),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("; the nearest to 'layer.*.1' is 'layers.0.1'"), std::string::npos) << what;
+  }
+  const std::vector<std::string> paths = module_paths(*model);
+  EXPECT_EQ(paths.front(), "layers");
+  EXPECT_NE(std::find(paths.begin(), paths.end(), "layers.1.2"), paths.end());
+  RematPolicy policy;
+  policy.checkpoint = {"head", "haed"};
+  policy.exclude = {{"embed", true}, {"layers.*.up", true}};
+  const std::vector<std::string> first{"embed", "layers.0", "layers.0.up"};
+  const std::vector<std::string> last{"layers.1", "head"};
+  std::vector<std::string> both = first;
+  both.insert(both.end(), last.begin(), last.end());
+  const auto unmatched = unmatched_patterns(policy, both);
+  ASSERT_EQ(unmatched.size(), 1u);
+  EXPECT_EQ(unmatched[0].list, "checkpoint");
+  EXPECT_EQ(unmatched[0].index, 1u);
+  EXPECT_EQ(unmatched[0].pattern, "haed");
+  EXPECT_EQ(unmatched[0].nearest, "head");
+  // On one stage alone, the other stage's modules are unmatched.
+  EXPECT_EQ(unmatched_patterns(policy, first).size(), 2u);
+  EXPECT_EQ(unmatched_patterns(policy, {}).front().nearest, "");
 }
 
 TEST(Declare, PolicyRefusesAModuleItsParentCallsDirectly) {

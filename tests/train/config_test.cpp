@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pipemat/core/error.h"
@@ -630,6 +631,63 @@ TEST(ConfigErrors, ChecksAcrossKeys) {
   EXPECT_EQ(error_of("remat:\n  early_stop: true\n  policy: custom\n"),
             "x.yaml:3: remat.policy: 'custom' needs at least one remat.checkpoint pattern, e.g. "
             "checkpoint: [\"layers.*\"]");
+}
+
+// Issue 44, finding 9: a malformed glob is an error naming its key (it was read as a literal
+// '[' that matched nothing, and the run had no checkpoint units).
+TEST(ConfigErrors, MalformedRematPatternNamesItsKey) {
+  EXPECT_EQ(error_of("remat: {policy: custom}\n", {"remat.checkpoint=['[']"}),
+            "--set: remat.checkpoint[0]: '[' is not a module path pattern: component '[' opens a "
+            "'[' set that it never closes (write '[[]' for a literal '['); expected e.g. "
+            "\"layers.*.gemm\" (shell wildcards within a component)");
+  EXPECT_EQ(error_of("remat:\n  policy: custom\n  checkpoint: [\"layers.*\"]\n  exclude:\n"
+                     "    - {path: \"layers..gemm\"}\n"),
+            "x.yaml:5: remat.exclude[0].path: 'layers..gemm' is not a module path pattern: it "
+            "has an empty component (two dots, or a dot at an end); expected e.g. "
+            "\"layers.*.gemm\" (shell wildcards within a component)");
+}
+
+// Issue 44, finding 10: the entries' sum overflowed and was reported as a negative number.
+TEST(ConfigErrors, LayersPerStageSumThatOverflowsIsRefused) {
+  EXPECT_EQ(error_of("model: {layers: 8}\npartition:\n  layers_per_stage: "
+                     "[9223372036854775807, 1]\n"),
+            "x.yaml:3: partition.layers_per_stage: the entries sum to more than 2^63 - 1; give "
+            "one entry per stage summing to model.layers (8), or no list for a balanced split");
+}
+
+// Issue 44, finding 10: a check across keys names the key --set gave, not the file's line of
+// another key of the same check.
+TEST(ConfigErrors, ChecksAcrossKeysNameTheKeyThatSetGave) {
+  const std::string error =
+      error_of("model: {kind: rmsnorm-gemm, layers: 64}\n", {"model.hidden=65536"});
+  EXPECT_EQ(error.rfind("--set: model.hidden: the rmsnorm-gemm model of 64 layers with hidden "
+                        "65536 holds about ",
+                        0),
+            0u)
+      << error;
+  // Without --set the key given in the file is named, as before.
+  EXPECT_EQ(error_of("model: {kind: rmsnorm-gemm, layers: 64, hidden: 65536}\n")
+                .rfind("x.yaml:1: model.layers: the rmsnorm-gemm model of 64 layers", 0),
+            0u);
+}
+
+// Issue 44, finding 10: resources refused before any thread starts, naming the key: libgomp
+// ended the process ("Thread creation failed", no pipemat error line) and 1024 local ranks
+// failed after 91 s.
+TEST(ConfigErrors, ResourcesBeyondTheMachineAreRefusedNamingTheKey) {
+  const int64_t hardware = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  EXPECT_EQ(error_of("training: {threads: 1024}\n"),
+            "x.yaml:1: training.threads: 1024 compute threads per rank, but this machine has " +
+                std::to_string(hardware) +
+                " hardware threads; expected at most 4 per hardware "
+                "thread (" +
+                std::to_string(4 * hardware) +
+                "), or 0 for the hardware threads divided by the ranks");
+  EXPECT_EQ(error_of("", {"schedule.ranks=1024", "transport.kind=local"}),
+            "--set: schedule.ranks: transport.kind local runs the 1024 ranks (schedule.ranks x "
+            "parallel.data) as threads of one process; expected at most 64; run more ranks as "
+            "processes (transport.kind tcp or mpi, pipemat-run -n)");
+  EXPECT_EQ(error_of("schedule: {ranks: 1024}\n"), "(no error)");  // processes: not this check
 }
 
 TEST(ConfigErrors, TheFirstProblemInDocumentOrderIsReported) {

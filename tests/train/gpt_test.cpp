@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -107,6 +108,72 @@ TEST(TextData, DirectoryReadsTextFilesInOrderSkippingBinaryAndLinks) {
   EXPECT_EQ(c.skipped_binary, 1);
   EXPECT_EQ(c.train.size() + c.validation.size(), 6u * kSplitBlock);
   EXPECT_EQ(c.validation.size(), 1u * kSplitBlock);  // blocks 3: floor(4 * 0.25) > floor(3 * 0.25)
+}
+
+// Issue 44, finding 10: /dev/zero read until memory ran out, a FIFO blocked forever; both are
+// refused by a stat before any open (the test would hang on the FIFO otherwise), as is a file
+// inside a directory that is a FIFO (skipped: only regular files are read there).
+TEST(TextData, DevicesAndFifosAreRefusedBeforeReading) {
+  EXPECT_EQ(error_of([] { load_text("/dev/zero", 0.05, 10); }),
+            "data.path: '/dev/zero' is a character device; expected a regular file (copy the data "
+            "into a file and give its path)");
+  TempDir dir;
+  const std::string fifo = (dir.path() / "pipe").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(error_of([&] { load_text(fifo, 0.05, 10); }),
+            "data.path: '" + fifo +
+                "' is a FIFO (named pipe); expected a regular file (copy the data into a file and "
+                "give its path)");
+  write(dir.path() / "a.txt", words(4 * kSplitBlock));
+  EXPECT_EQ(load_text(dir.path().string(), 0.25, 10).files,
+            (std::vector<std::string>{(dir.path() / "a.txt").string()}));
+}
+
+// Issue 44, finding 10: schedule.csv was read to its end whatever it was: /dev/zero until memory
+// ran out, a FIFO forever.
+TEST(ScheduleCsv, DevicesFifosAndDirectoriesAreRefusedNamingTheKey) {
+  TrainConfig c;
+  c.schedule_csv = "/dev/zero";
+  EXPECT_EQ(error_of([&] { resolve_schedule(c); }),
+            "schedule.csv: '/dev/zero' is a character device; expected a regular file (copy the "
+            "data into a file and give its path)");
+  TempDir temp;
+  const fs::path dir = temp.path();
+  const std::string fifo = (dir / "pipe.csv").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  c.schedule_csv = fifo;
+  EXPECT_EQ(error_of([&] { resolve_schedule(c); }),
+            "schedule.csv: '" + fifo +
+                "' is a FIFO (named pipe); expected a regular file (copy the data into a file and "
+                "give its path)");
+  c.schedule_csv = dir.string();
+  EXPECT_EQ(error_of([&] { resolve_schedule(c); }),
+            "schedule.csv: '" + dir.string() +
+                "' is a directory; expected a regular file (copy the data into a file and give "
+                "its path)");
+}
+
+// Issue 44, finding 9: a misspelt pattern of the config's policy matched nothing on each stage
+// and was skipped; the whole model is on every rank here, so it is checked against all stages.
+TEST(ModelRun, RematPatternThatMatchesOnNoStageNamesItsKeyAndTheNearestPath) {
+  TrainConfig c;
+  c.model.kind = models::ModelKind::kRmsNormGemm;
+  c.model.layers = 4;
+  c.model.hidden = 8;
+  c.model.tokens = 4;
+  c.remat.policy = models::RematPolicyKind::kCustom;
+  c.remat.custom.checkpoint = {"layers.*"};
+  c.remat.custom.exclude = {{"layers.*.gemn", true}};
+  EXPECT_EQ(error_of([&] { make_model_run(c, 2); }),
+            "remat.exclude[0].path: 'layers.*.gemn' matches no module on any of the model's 2 "
+            "stages (paths are relative to each stage's module); the nearest module path is "
+            "'layers.0.gemm'. Fix the pattern or remove it");
+  c.remat.custom.exclude = {{"layers.*.gemm", true}};
+  c.remat.custom.checkpoint = {"layers.3"};  // on one stage only: stage-relative "layers.3"
+  EXPECT_NE(error_of([&] { make_model_run(c, 2); }).find("remat.checkpoint[0]: 'layers.3' "),
+            std::string::npos);
+  c.remat.custom.checkpoint = {"layers.1"};  // the second layer of each stage
+  EXPECT_EQ(error_of([&] { make_model_run(c, 2); }), "no error");
 }
 
 TEST(TextData, BadPathsAreClearErrors) {

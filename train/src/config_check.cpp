@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "config_reader.h"
@@ -17,12 +17,17 @@ namespace {
 // inside this kind of machine.
 constexpr double kMaxWeightBytes = 16.0 * (1LL << 30);
 constexpr double kMaxActivationBytes = 4.0 * (1LL << 30);
+// training.threads per hardware thread of the machine that reads the config.
+constexpr int64_t kThreadsPerHardwareThread = 4;
+// Ranks as threads of one process (transport.kind local): each holds its stages, a transport and
+// its compute threads.
+constexpr int64_t kMaxLocalRanks = 64;
 
 // Keys that need or exclude one another; each failure names the key to change.
 void check_key_pairs(const TrainConfig& config, const ConfigReader& reader) {
   const models::ModelOptions& model = config.model;
   if (model.kind == models::ModelKind::kMoe && model.top_k > model.experts) {
-    reader.fail_at(reader.given("model.top_k") ? "model.top_k" : "model.experts",
+    reader.fail_at(reader.blame({"model.top_k", "model.experts"}),
                    "top_k " + std::to_string(model.top_k) + " is larger than experts " +
                        std::to_string(model.experts) +
                        "; expected 1 <= model.top_k <= model.experts");
@@ -57,7 +62,7 @@ void check_key_pairs(const TrainConfig& config, const ConfigReader& reader) {
   }
   if ((model.kind == models::ModelKind::kTransformer || model.kind == models::ModelKind::kGpt) &&
       model.hidden % model.heads != 0) {
-    reader.fail_at(reader.given("model.heads") ? "model.heads" : "model.hidden",
+    reader.fail_at(reader.blame({"model.heads", "model.hidden"}),
                    "hidden " + std::to_string(model.hidden) + " is not divisible by heads " +
                        std::to_string(model.heads) + "; expected model.hidden % model.heads == 0");
   }
@@ -76,7 +81,7 @@ void check_model_size(const models::ModelOptions& model, const ConfigReader& rea
   const double weights = 4.0 * per_layer * static_cast<double>(model.layers);
   if (weights > kMaxWeightBytes) {
     reader.fail_at(
-        reader.given("model.layers") ? "model.layers" : "model.hidden",
+        reader.blame({"model.layers", "model.hidden", "model.ffn"}),
         "the " + std::string(to_string(model.kind)) + " model of " + std::to_string(model.layers) +
             " layers with hidden " + std::to_string(model.hidden) + " holds about " +
             format_number(weights / (1LL << 30)) + " GiB of float32 weights, more than the " +
@@ -95,7 +100,7 @@ void check_model_size(const models::ModelOptions& model, const ConfigReader& rea
   const double activation = 4.0 * tokens * width;
   if (activation > kMaxActivationBytes) {
     const char* key = model.kind == models::ModelKind::kGpt ? "model.batch" : "model.tokens";
-    reader.fail_at(reader.given(key) ? key : "model.hidden",
+    reader.fail_at(reader.blame({key, "model.hidden", "model.ffn"}),
                    "one activation of " + format_number(tokens) + " tokens x " +
                        format_number(width) + " is about " +
                        format_number(activation / (1LL << 30)) + " GiB, more than the limit of " +
@@ -108,13 +113,46 @@ void check_layers_per_stage(const TrainConfig& config, const ConfigReader& reade
   const models::ModelOptions& model = config.model;
   const std::vector<int64_t>& per_stage = config.partition.layers_per_stage;
   if (!per_stage.empty()) {
-    const int64_t sum = std::accumulate(per_stage.begin(), per_stage.end(), int64_t{0});
+    int64_t sum = 0;
+    for (int64_t entry : per_stage) {
+      if (__builtin_add_overflow(sum, entry, &sum)) {
+        reader.fail_at("partition.layers_per_stage",
+                       "the entries sum to more than 2^63 - 1; give one entry per stage summing "
+                       "to model.layers (" +
+                           std::to_string(model.layers) + "), or no list for a balanced split");
+      }
+    }
     if (sum != model.layers) {
       reader.fail_at("partition.layers_per_stage",
                      "the entries sum to " + std::to_string(sum) + " but model.layers is " +
                          std::to_string(model.layers) + "; give one entry per stage summing to " +
                          std::to_string(model.layers) + ", or no list for a balanced split");
     }
+  }
+}
+
+// Resources a run asks of this machine, refused before any thread starts: compute threads far
+// beyond the hardware's (libgomp ends the process when it cannot create them) and ranks as
+// threads of one process beyond kMaxLocalRanks.
+void check_resources(const TrainConfig& config, const ConfigReader& reader) {
+  const int64_t hardware = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  if (config.training.threads > kThreadsPerHardwareThread * hardware) {
+    reader.fail_at("training.threads",
+                   std::to_string(config.training.threads) + " compute threads per rank, but " +
+                       "this machine has " + std::to_string(hardware) +
+                       " hardware threads; expected at most " +
+                       std::to_string(kThreadsPerHardwareThread) + " per hardware thread (" +
+                       std::to_string(kThreadsPerHardwareThread * hardware) +
+                       "), or 0 for the hardware threads divided by the ranks");
+  }
+  const int64_t world = config.schedule.ranks * config.parallel.data;
+  if (config.transport.kind == comm::TransportKind::kLocal && world > kMaxLocalRanks) {
+    reader.fail_at(reader.blame({"schedule.ranks", "parallel.data"}),
+                   "transport.kind local runs the " + std::to_string(world) +
+                       " ranks (schedule.ranks x parallel.data) as threads of one process; "
+                       "expected at most " +
+                       std::to_string(kMaxLocalRanks) +
+                       "; run more ranks as processes (transport.kind tcp or mpi, pipemat-run -n)");
   }
 }
 
@@ -147,6 +185,7 @@ void check_consistency(const TrainConfig& config, const ConfigReader& reader) {
   check_key_pairs(config, reader);
   check_model_size(config.model, reader);
   check_layers_per_stage(config, reader);
+  check_resources(config, reader);
   check_remat_lists(config.remat, reader);
 }
 

@@ -12,6 +12,7 @@
 
 #include "config_fields.h"
 #include "pipemat/core/parse.h"
+#include "pipemat/remat/policy.h"
 
 namespace pipemat::train::config_detail {
 namespace {
@@ -23,6 +24,12 @@ std::string read_pattern(const ConfigReader& r, const YAML::Node& node, const st
   std::string pattern = r.read_string(node, key, "a module path pattern, e.g. \"layers.*.gemm\"");
   if (pattern.empty()) {
     r.fail(key, node.Mark(), "'' is empty; expected a module path pattern, e.g. \"layers.*.gemm\"");
+  }
+  const std::string problem = remat::pattern_problem(pattern);
+  if (!problem.empty()) {
+    r.fail(key, node.Mark(),
+           "'" + pattern + "' is not a module path pattern: " + problem +
+               "; expected e.g. \"layers.*.gemm\" (shell wildcards within a component)");
   }
   return pattern;
 }

@@ -86,7 +86,7 @@ std::vector<ConfigField> data_fields() {
       {"data", "path",
        text(PIPEMAT_MEMBER(data.path),
             "a text file or a directory of text files, e.g. /usr/share/games/fortunes"),
-       "a text file or a directory; required for `gpt`",
+       "a regular text file or a directory of them, at most 1 GiB in all; required for `gpt`",
        "the text, e.g. `/usr/share/games/fortunes` (Debian's `fortunes` package)"},
       {"data", "validation", number(PIPEMAT_MEMBER(data.validation), 0, true, 0.5), "> 0 .. 0.5",
        "fraction of the text held out for the validation loss"},
@@ -125,7 +125,7 @@ std::vector<ConfigField> schedule_fields() {
       {"schedule", "csv",
        text(PIPEMAT_MEMBER(schedule_csv),
             "the path of a torch.distributed.pipelining CSV schedule, e.g. \"my-schedule.csv\""),
-       "a file path",
+       "a regular file of at most 1 GiB",
        "a torch.distributed.pipelining CSV schedule (one row per rank, compute-only or with "
        "SEND/RECV cells) that replaces the generated one: its rows set the ranks, its actions the "
        "stages and micro-batches (`kind`, `ranks`, `micro_batches`, `virtual_stages` are taken "
@@ -226,7 +226,8 @@ std::vector<ConfigField> training_fields() {
        "`torch::nn::utils::clip_grad_norm_` over the whole model); `0`: no clipping"},
       {"training", "seed", unsigned_integer(PIPEMAT_MEMBER(training.seed)),
        "0 .. 18446744073709551615", "seed of parameters, data windows and dropout"},
-      {"training", "threads", integer(PIPEMAT_MEMBER(training.threads), 0, 1024), "0 to 1024",
+      {"training", "threads", integer(PIPEMAT_MEMBER(training.threads), 0, 1024),
+       "0 to 1024, at most 4 per hardware thread of the machine",
        "compute threads per rank: LibTorch's intra-op threads (OpenMP's and MKL's); `0`: the "
        "machine's hardware threads divided by the ranks on it (at least 1). The first progress "
        "line says which LibTorch and BLAS run and with how many threads"},

@@ -28,38 +28,10 @@ namespace pipemat::train {
 namespace config_detail {
 namespace {
 
-// Edits (insert, delete, substitute, swap two neighbours) that turn `a` into `b`: the optimal
-// string alignment distance, so the common typo "modle" is one edit from "model".
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-      }
-    }
-  }
-  return d[a.size()][b.size()];
-}
-
 // The candidate closest to `name` when it is close enough to be a typo (at most one edit per
 // three characters, at least one), else "".
 std::string closest(const std::string& name, const Names& candidates) {
-  const size_t limit = std::max<size_t>(1, name.size() / 3);
-  std::string best;
-  size_t best_distance = limit + 1;
-  for (const std::string& candidate : candidates) {
-    const size_t distance = edit_distance(name, candidate);
-    if (distance < best_distance) {
-      best = candidate;
-      best_distance = distance;
-    }
-  }
-  return best;
+  return nearest_name(name, candidates, std::max<size_t>(1, name.size() / 3));
 }
 
 // "model.layers" from "model" and "layers"; "model" from "" and "model" (the document level).
@@ -155,6 +127,17 @@ bool ConfigReader::from_override(const std::string& key) const {
     }
   }
   return false;
+}
+
+std::string ConfigReader::blame(const std::vector<std::string>& keys) const {
+  PIPEMAT_INTERNAL_ASSERT(!keys.empty(), "blame of no keys");
+  for (const std::string& key : keys) {
+    if (from_override(key)) return key;
+  }
+  for (const std::string& key : keys) {
+    if (given(key)) return key;
+  }
+  return keys.back();
 }
 
 std::string ConfigReader::where(const std::string& key, const YAML::Mark& mark) const {

@@ -51,6 +51,9 @@ class ConfigReader {
   // the source alone when the key was not given.
   [[noreturn]] void fail_at(const std::string& key, const std::string& message) const;
   bool given(const std::string& key) const { return marks_.count(key) != 0; }
+  // Of the keys a check across keys involves, the one its error names: the first set by --set
+  // (the value the user just gave), else the first given in the document, else the last.
+  std::string blame(const std::vector<std::string>& keys) const;
 
   using EntryFn =
       std::function<void(const std::string& name, const std::string& key, const YAML::Node&)>;

@@ -3,12 +3,14 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
 #include "pipemat/core/parse.h"
 #include "pipemat/models/gpt.h"
 #include "pipemat/models/zoo_stages.h"
+#include "pipemat/remat/policy.h"
 #include "pipemat/train/text_data.h"
 
 namespace pipemat::train {
@@ -112,6 +114,57 @@ ModelRun gpt_run(const TrainConfig& config, int stages) {
   return run;
 }
 
+// The config key of entry `index` of `list` ("checkpoint", "exclude") of the policy of stage `s`
+// (-1: the policy of every stage without one of its own).
+std::string remat_key(const models::RematConfig& remat, int s, const std::string& list,
+                      size_t index) {
+  const std::string item =
+      list + "[" + std::to_string(index) + "]" + (list == "exclude" ? ".path" : "");
+  if (s >= 0) {
+    const models::StageRemat& entry = remat.stages[static_cast<size_t>(s)];
+    if (entry.own) return "remat.stages[" + std::to_string(s) + "]." + item;
+    if (entry.policy != models::RematPolicyKind::kCustom) {
+      return "remat.stages[" + std::to_string(s) + "] (policy " + to_string(entry.policy) + ")";
+    }
+  } else if (remat.policy != models::RematPolicyKind::kCustom) {
+    return std::string("remat.policy (") + to_string(remat.policy) + ")";
+  }
+  return "remat." + item;
+}
+
+// The model is whole on every rank here: a remat pattern that matches on none of the stages it
+// applies to is a ConfigError naming its key, before any rank starts (the pipeline checks the
+// same over its ranks, naming PipelineOptions::remat).
+void check_remat_patterns(const ModelRun& run, const models::RematConfig& remat) {
+  std::vector<std::string> shared;  // the paths of the stages without a policy of their own
+  int shared_stages = 0;
+  const auto check = [&](const remat::RematPolicy& policy, const std::vector<std::string>& paths,
+                         int s, const std::string& stages) {
+    const auto unmatched = remat::unmatched_patterns(policy, paths);
+    if (unmatched.empty()) return;
+    const remat::UnmatchedPattern& u = unmatched.front();
+    PIPEMAT_THROW(
+        ConfigError, remat_key(remat, s, u.list, u.index), ": '", u.pattern,
+        "' matches no module on ", stages, " (paths are relative to each stage's module)",
+        u.nearest.empty() ? std::string() : "; the nearest module path is '" + u.nearest + "'",
+        ". Fix the pattern or remove it");
+  };
+  for (int s = 0; s < run.stages; ++s) {
+    const std::vector<std::string> paths = remat::module_paths(*run.stage(s).module);
+    const auto own = run.stage_policies.find(s);
+    if (own != run.stage_policies.end()) {
+      check(own->second, paths, s, "stage " + std::to_string(s));
+    } else {
+      shared.insert(shared.end(), paths.begin(), paths.end());
+      ++shared_stages;
+    }
+  }
+  if (shared_stages > 0) {
+    check(run.policy, shared, -1,
+          "any of the model's " + std::to_string(shared_stages) + " stages");
+  }
+}
+
 }  // namespace
 
 ModelRun make_model_run(const TrainConfig& config, int stages) {
@@ -130,6 +183,7 @@ ModelRun make_model_run(const TrainConfig& config, int stages) {
     if (entry.own) one.custom = entry.lists;  // the stage's own lists, not remat.checkpoint's
     run.stage_policies[s] = models::stage_policy(config.model, one);
   }
+  check_remat_patterns(run, config.remat);
   return run;
 }
 

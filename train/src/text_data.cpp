@@ -5,23 +5,28 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <random>
 #include <set>
 #include <system_error>
 
 #include "pipemat/core/error.h"
+#include "pipemat/core/files.h"
+#include "pipemat/core/format.h"
 
 namespace pipemat::train {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  PIPEMAT_CHECK(in.good(), ConfigError, "data.path: cannot read '", path.string(), "'");
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+// Only regular files, each and all together at most kMaxInputFileBytes (core/files.h): a FIFO
+// or a device would block or read until memory runs out.
+std::string read_file(const fs::path& path, size_t read_before) {
+  std::string text = read_regular_file(path.string(), "data.path");
+  PIPEMAT_CHECK(read_before + text.size() <= static_cast<size_t>(kMaxInputFileBytes), ConfigError,
+                "data.path: the text files read hold more than the cap of ",
+                format_bytes(kMaxInputFileBytes), " in all (at '", path.string(),
+                "'); give a smaller directory");
+  return text;
 }
 
 }  // namespace
@@ -51,7 +56,7 @@ TextCorpus load_text(const std::string& path, double validation_fraction, int64_
     for (const fs::path& file : files) {
       const fs::path real = fs::canonical(file, ec);
       if (!seen.insert(ec ? file : real).second) continue;
-      std::string text = read_file(file);
+      std::string text = read_file(file, all.size());
       if (text.empty()) continue;
       if (text.find('\0') != std::string::npos) {
         ++corpus.skipped_binary;
@@ -63,7 +68,7 @@ TextCorpus load_text(const std::string& path, double validation_fraction, int64_
     PIPEMAT_CHECK(!all.empty(), ConfigError, "data.path: '", path, "' holds no text files (",
                   corpus.skipped_binary, " binary files skipped)");
   } else {
-    all = read_file(path);
+    all = read_file(path, 0);
     PIPEMAT_CHECK(!all.empty(), ConfigError, "data.path: '", path, "' is empty");
     const auto nul = all.find('\0');
     PIPEMAT_CHECK(nul == std::string::npos, ConfigError, "data.path: '", path,

@@ -18,6 +18,7 @@
 #include "pipemat/comm/rank_threads.h"
 #include "pipemat/core/digest.h"
 #include "pipemat/core/error.h"
+#include "pipemat/core/files.h"
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/pp/device.h"
@@ -115,10 +116,8 @@ RankLayout make_rank_layout(const TrainConfig& config, comm::Transport& job) {
 ResolvedSchedule resolve_schedule(const TrainConfig& config) {
   ResolvedSchedule out{config, std::nullopt, ""};
   if (config.schedule_csv.empty()) return out;
-  std::ifstream in(config.schedule_csv, std::ios::binary);
-  PIPEMAT_CHECK(in.is_open(), ConfigError, "schedule.csv: cannot open '", config.schedule_csv,
-                "'; expected a torch.distributed.pipelining CSV schedule (one row per rank)");
-  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  // A regular file of at most kMaxInputFileBytes (core/files.h), refused by stat before opening.
+  const std::string text = read_regular_file(config.schedule_csv, "schedule.csv");
   schedule::TorchCsvImport imported = schedule::import_torch_csv_report(text, config.schedule_csv);
   schedule::ScheduleOptions& s = out.config.schedule;
   s.kind = schedule::ScheduleKind::kImported;

@@ -1,6 +1,7 @@
 #pragma once
 // Small text helpers shared by every module: byte sizes, lists, joined strings.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,5 +28,14 @@ std::string join(const std::vector<std::string>& items, const std::string& sep);
 
 // Splits on a single character; keeps empty fields.
 std::vector<std::string> split(const std::string& text, char sep);
+
+// Edits (insert, delete, substitute, swap two neighbours) that turn `a` into `b`: the optimal
+// string alignment distance, so the common typo "modle" is one edit from "model".
+size_t edit_distance(const std::string& a, const std::string& b);
+
+// The candidate with the fewest edits from `name` (the first of equals) when it is within
+// `max_edits`, else "": for "did you mean" hints over keys, module paths, names.
+std::string nearest_name(const std::string& name, const std::vector<std::string>& candidates,
+                         size_t max_edits = static_cast<size_t>(-1));
 
 }  // namespace pipemat

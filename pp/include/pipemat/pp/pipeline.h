@@ -136,11 +136,15 @@ struct PipelineOptions {
   std::optional<schedule::Schedule> actions;
   // Applied to every stage's module by path (remat::apply_policy; paths relative to the stage
   // module; a pattern that matches nothing on a stage is skipped there); empty: no recompute.
+  // A pattern that matches on none of the stages it applies to (those of every rank without a
+  // stage_remat entry) is a ConfigError naming it and the nearest module path, thrown by the
+  // first train_step on every rank: the ranks exchange their stages' paths there, so every rank
+  // passes the same `remat`.
   remat::RematPolicy remat;
   // Per model stage (global index) instead of `remat`: a stage listed here gets its own policy
   // (an empty one: no recompute on that stage), e.g. none on the last stage, which holds one
   // micro-batch in flight under 1F1B, and selective on the first, which holds P. ConfigError for
-  // an index outside the schedule's stages.
+  // an index outside the schedule's stages, and for a pattern that matches nothing on its stage.
   std::map<int, remat::RematPolicy> stage_remat;
   LossFn loss;                 // required
   OptimizerFactory optimizer;  // required
@@ -318,7 +322,8 @@ class Pipeline {
   // Builds the schedule, calls `build` for each stage of this rank, applies the remat policy to
   // each stage module and creates the optimizer. Not collective (no messages). ConfigError when
   // the schedule's ranks differ from the transport's world size, a required option is missing,
-  // or `build` returns a stage with another index, no module or no forward.
+  // a stage_remat pattern matches nothing on its stage, or `build` returns a stage with another
+  // index, no module or no forward.
   Pipeline(comm::Transport& transport, PipelineOptions options, const StageFactory& build);
   ~Pipeline();
   Pipeline(const Pipeline&) = delete;
@@ -326,7 +331,9 @@ class Pipeline {
 
   // One training step: the action list of this rank with micro-batches from `data` (called on
   // the ranks of the first and of the last stage, with this step's index and the micro-batch),
-  // then clipping, the LR schedule and the optimizer step; gradients are reset first.
+  // then clipping, the LR schedule and the optimizer step; gradients are reset first. The first
+  // step throws ConfigError on every rank, before any action, for a PipelineOptions::remat
+  // pattern that matches on no stage of any rank.
   StepMetrics train_step(const DataSource& data);
   // The same with the step's batch split along dim 0 into schedule micro-batches (every tensor
   // of `inputs` on the first stage's rank and of `targets` on the last's; others may be empty).

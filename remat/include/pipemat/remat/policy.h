@@ -35,14 +35,37 @@ struct RematPolicy {
   bool allow_unmatched = false;
 };
 
+// A pattern of a policy that matches no module path: its list ("checkpoint" or "exclude"), its
+// index there, the pattern, and the module path nearest to it by edits ("" without paths).
+struct UnmatchedPattern {
+  std::string list;
+  size_t index = 0;
+  std::string pattern;
+  std::string nearest;
+};
+
 struct PolicyResult {
   std::vector<std::string> checkpointed;  // module paths declared checkpoint units
   std::vector<std::string> excluded;      // module paths declared SAVE regions
 };
 
+// "" when `pattern` is a well-formed path pattern; else what is wrong with it: it is empty, it
+// has an empty component ("a..b"), or a component opens a '[' set that it never closes ("[").
+std::string pattern_problem(const std::string& pattern);
+
+// The module paths under `root` (without root itself), as apply_policy matches them.
+std::vector<std::string> module_paths(torch::nn::Module& root);
+
+// The patterns of `policy` that match none of `paths`, in list order (checkpoint, then exclude).
+// For one policy over several module trees (the stages of a pipeline) pass the paths of them all:
+// a pattern is unmatched only when it matches on none.
+std::vector<UnmatchedPattern> unmatched_patterns(const RematPolicy& policy,
+                                                 const std::vector<std::string>& paths);
+
 // Applies `policy` to the module tree under `root`: Sequential entries are rerouted in place;
 // modules held by Remat<H> or wrapped AnyModules get the declaration. Throws RematError naming
-// the path for: a pattern that matches no module (unless allow_unmatched), a module matched by two
+// the path for: a malformed pattern (pattern_problem), a pattern that matches no module (unless
+// allow_unmatched; the message names the nearest module path), a module matched by two
 // conflicting rules, nested checkpoint units, and a matched module that its parent calls directly
 // (declare that member as Remat<H>, or put it in a Sequential).
 PolicyResult apply_policy(torch::nn::Module& root, const RematPolicy& policy);
