@@ -10,6 +10,8 @@
 #   * with checkpoint.dir (@TMP@ in COMMAND is a fresh directory), the checkpoint they name is
 #     that step's and complete.
 set -uo pipefail
+# shellcheck source=job_end.sh
+source "$(dirname "$0")/job_end.sh"
 signal="$1" to="$2" code="$3" bound="$4" lines="$5"
 shift 5
 [ "$1" = "--" ] && shift
@@ -36,15 +38,7 @@ done
 grep -q "step 2/" "$out" || fail "no \"step 2/\" line after 60 s"
 start=$(date +%s%N)
 if [ "$to" = group ]; then kill "-$signal" -- "-$job"; else kill "-$signal" "$job"; fi
-for _ in $(seq 1 $(( (bound + 20) * 10 ))); do
-  kill -0 "$job" 2>/dev/null || break
-  sleep 0.1
-done
-kill -0 "$job" 2>/dev/null && fail "still running $((bound + 20)) s after SIG$signal"
-wait "$job"
-rc=$?
-ms=$(( ($(date +%s%N) - start) / 1000000 ))
-elapsed="$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
+wait_for_end "$job" "$start" $((bound + 20)) || fail "still running $((bound + 20)) s after SIG$signal"
 echo "SIG$signal to the $to: exit code $rc after $elapsed s (bound $bound s)"
 # (An exited rank its parent has not reaped yet, state Z, runs no more.)
 left=$(ps -o pid=,stat=,args= -s "$job" 2>/dev/null | awk '$2 !~ /^Z/')
