@@ -23,7 +23,7 @@ double train_step(models::RmsNormGemmStack& model, const at::Tensor& x, const at
 
 }  // namespace
 
-DemoReport run_demo(const DemoOptions& o) {
+DemoReport run_demo(const DemoOptions& o, const DemoStepFn& on_step) {
   PIPEMAT_CHECK(o.layers > 0 && o.tokens > 0 && o.hidden > 0 && o.steps > 0, ConfigError,
                 "demo: --layers, --tokens, --hidden and --steps must be positive");
   at::manual_seed(o.seed);
@@ -51,7 +51,8 @@ DemoReport run_demo(const DemoOptions& o) {
     r.counters = remat::counters();
     r.reference_loss = train_step(reference, x, target, o.lr);
     all_equal = all_equal && r.loss == r.reference_loss;
-    report.steps.push_back(r);
+    report.steps = step + 1;
+    if (on_step) on_step(step, r);
   }
   auto pm = model->parameters();
   auto pr = reference->parameters();

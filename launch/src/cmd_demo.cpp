@@ -8,29 +8,28 @@
 namespace pipemat::launch {
 namespace {
 
-void print_demo(const bench::DemoOptions& o, const bench::DemoReport& report) {
+void print_header(const bench::DemoOptions& o) {
   char line[256];
   std::snprintf(line, sizeof(line),
                 "pipemat demo: %lld layers of RMSNorm -> GEMM %lldx%lld -> SiLU, %lld tokens\n"
                 "remat policy: checkpoint layers.*, exclude layers.*.gemm (SAVE region)\n",
                 static_cast<long long>(o.layers), static_cast<long long>(o.hidden),
                 static_cast<long long>(o.hidden), static_cast<long long>(o.tokens));
-  std::cout << line;
-  for (size_t i = 0; i < report.steps.size(); ++i) {
-    const bench::DemoStep& s = report.steps[i];
-    const remat::RematCounters& c = s.counters;
-    std::snprintf(line, sizeof(line),
-                  "step %lld  loss %.6f  (no-checkpoint %.6f, %s)  %.1f ms  units %lld  "
-                  "replays %lld  save bodies %lld  skipped in replay %lld\n",
-                  static_cast<long long>(i + 1), s.loss, s.reference_loss,
-                  s.loss == s.reference_loss ? "equal" : "DIFFERENT", s.ms,
-                  static_cast<long long>(c.unit_calls), static_cast<long long>(c.replays),
-                  static_cast<long long>(c.save_calls), static_cast<long long>(c.save_skips));
-    std::cout << line;
-  }
-  std::cout << (report.all_equal ? "pipemat demo: losses and every parameter equal the "
-                                   "no-checkpoint run bitwise\n"
-                                 : "pipemat demo: MISMATCH against the no-checkpoint run\n");
+  std::cout << line << std::flush;
+}
+
+// One line per step, flushed as the step ends.
+void print_step(int64_t step, const bench::DemoStep& s) {
+  char line[256];
+  const remat::RematCounters& c = s.counters;
+  std::snprintf(line, sizeof(line),
+                "step %lld  loss %.6f  (no-checkpoint %.6f, %s)  %.1f ms  units %lld  "
+                "replays %lld  save bodies %lld  skipped in replay %lld\n",
+                static_cast<long long>(step + 1), s.loss, s.reference_loss,
+                s.loss == s.reference_loss ? "equal" : "DIFFERENT", s.ms,
+                static_cast<long long>(c.unit_calls), static_cast<long long>(c.replays),
+                static_cast<long long>(c.save_calls), static_cast<long long>(c.save_skips));
+  std::cout << line << std::flush;
 }
 
 }  // namespace
@@ -56,8 +55,11 @@ void add_demo_command(CLI::App& app) {
   cmd->add_option("--lr", opts->lr, "SGD learning rate")->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of weights and data")->capture_default_str();
   cmd->callback([opts] {
-    const bench::DemoReport report = bench::run_demo(*opts);
-    print_demo(*opts, report);
+    print_header(*opts);
+    const bench::DemoReport report = bench::run_demo(*opts, print_step);
+    std::cout << (report.all_equal ? "pipemat demo: losses and every parameter equal the "
+                                     "no-checkpoint run bitwise\n"
+                                   : "pipemat demo: MISMATCH against the no-checkpoint run\n");
     if (!report.all_equal) std::exit(1);
   });
 }

@@ -5,9 +5,11 @@
 #include <vector>
 
 #include "commands.h"
+#include "pipemat/comm/transport.h"
 #include "pipemat/core/error.h"
 #include "pipemat/train/config.h"
 #include "pipemat/train/train.h"
+#include "stop_signals.h"
 
 namespace pipemat::launch {
 
@@ -30,7 +32,10 @@ void add_train_command(CLI::App& app) {
       "or set transport.kind=local to run every rank as a thread of this process.\n"
       "Prints one progress line per step; --metrics writes one JSON line per step.\n"
       "Exit code: 0; 1 when an error stopped the run; after training finished, 3 when the final\n"
-      "checkpoint, 4 when an output file (loss curve, timeline), 5 when the sample failed.");
+      "checkpoint, 4 when an output file (loss curve, timeline), 5 when the sample failed;\n"
+      "130 after SIGINT (Ctrl-C), 143 after SIGTERM: the run stops at the next step boundary,\n"
+      "saying the last complete step and checkpoint (a second signal ends it at once; under\n"
+      "mpirun, which sends the ranks SIGTERM, mpirun itself exits 1).");
   cmd->add_option("--config", f->config, "YAML config file (see docs/config.md)")->required();
   cmd->add_option("--set", f->overrides,
                   "Override a config key: --set schedule.kind=zb-v --set training.steps=3")
@@ -63,7 +68,16 @@ void add_train_command(CLI::App& app) {
       std::cout << train::config_to_yaml(config);
       return;
     }
-    const int rc = train::run_train(config, f->reference, std::cout, std::cerr);
+    // The reference runs in one process with nothing to coordinate: a signal ends it as usual.
+    if (!f->reference) install_stop_signals();
+    const int rc = train::run_train(config, f->reference, std::cout, std::cerr,
+                                    [] { return stop_signal() != 0; });
+    if (rc == train::kInterrupted) {
+      // Under mpirun a rank that stopped must not wait in MPI_Finalize for a peer that began the
+      // next step and waits on it (Note [Stopping on a signal]): it ends the job, after its line.
+      comm::abort_job(128 + stop_signal());
+      std::exit(128 + stop_signal());
+    }
     if (rc != 0) std::exit(rc);
   });
 }

@@ -6,6 +6,8 @@
 # the job's first timeout matches it).
 # Everything the job started is killed at the end, also a stopped rank.
 set -uo pipefail
+# shellcheck source=job_end.sh
+source "$(dirname "$0")/job_end.sh"
 signal="$1" rank="$2" bound="$3" regex="$4"
 shift 4
 [ "$1" = "--" ] && shift
@@ -38,15 +40,7 @@ done
 [ -n "$target" ] || fail "no process of rank $rank training after 30 s"
 start=$(date +%s%N)
 kill "-$signal" "$target"
-for _ in $(seq 1 $(( (bound + 20) * 10 ))); do
-  kill -0 "$job" 2>/dev/null || break
-  sleep 0.1
-done
-kill -0 "$job" 2>/dev/null && fail "the job still runs $((bound + 20)) s after SIG$signal to rank $rank"
-wait "$job"
-rc=$?
-ms=$(( ($(date +%s%N) - start) / 1000000 ))
-elapsed="$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
+wait_for_end "$job" "$start" $((bound + 20)) || fail "the job still runs $((bound + 20)) s after SIG$signal to rank $rank"
 echo "SIG$signal to rank $rank: the job ended with exit code $rc after $elapsed s (bound $bound s)"
 [ "$rc" -ne 0 ] || fail "exit code 0 after SIG$signal to rank $rank"
 [ "$ms" -le $((bound * 1000)) ] || fail "took $elapsed s, more than $bound s"

@@ -308,6 +308,17 @@ void stop_if_diverged(const TrainConfig& config, const StepMetrics& m, int64_t s
       "training.allow_non_finite=true to train on"));
 }
 
+// Note [Stopping on a signal]: true, with result.interrupted set, when a stop is requested at
+// this boundary (`steps_done` steps complete).
+bool stop_here(const RankRun& r, const StopRequested& stop_requested,
+               const RunCheckpoints& checkpoints, int64_t steps_done) {
+  if (!stop_requested || !stop_requested()) return false;
+  const std::string& saved = r.result.final_checkpoint;
+  r.result.interrupted =
+      Interruption{steps_done, saved.empty() ? checkpoints.resume_dir : saved, r.replica == 0};
+  return true;
+}
+
 // transport.lane (Note [Device lanes]): attached once to the job's transport, before its groups
 // and the pipeline; collective over the job's ranks for nccl.
 void attach_lane(const TrainConfig& config, comm::Transport& job, c10::Device device) {
@@ -321,7 +332,7 @@ void attach_lane(const TrainConfig& config, comm::Transport& job, c10::Device de
 }  // namespace
 
 TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostream* progress,
-                     const AfterStep& after_step) {
+                     const AfterStep& after_step, const StopRequested& stop_requested) {
   remat::install_tracking_allocator();
   ResolvedSchedule resolved = resolve_schedule(given);
   check_schedule(resolved);
@@ -371,7 +382,14 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
                           ? std::min(config.training.stop_after, config.training.steps)
                           : config.training.steps;
   for (int64_t step = pipeline.step(); step < end; ++step) {
-    StepMetrics m = pipeline.train_step(run.train_data);
+    if (stop_here(r, stop_requested, checkpoints, step)) break;
+    StepMetrics m;
+    try {
+      m = pipeline.train_step(run.train_data);
+    } catch (const CommError&) {
+      if (stop_here(r, stop_requested, checkpoints, step)) break;  // a peer stopped before it
+      throw;
+    }
     const bool last = step + 1 == config.training.steps;
     std::optional<double> validation;
     if (eval_every > 0 && ((step + 1) % eval_every == 0 || last)) {
@@ -394,12 +412,14 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
     save_after_step(r, checkpoints, step, end, metadata);
     if (after_step) after_step(step, transport);
   }
-  finish_run(r, train_curve, end);
+  if (!result.interrupted && !stop_here(r, stop_requested, checkpoints, end)) {
+    finish_run(r, train_curve, end);
+  }
   return result;
 }
 
 TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
-                             const AfterStep& after_step) {
+                             const AfterStep& after_step, const StopRequested& stop_requested) {
   const ResolvedSchedule resolved = resolve_schedule(config);
   const int ranks =
       resolved.config.schedule.ranks * static_cast<int>(resolved.config.parallel.data);
@@ -408,7 +428,7 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
   std::vector<TrainResult> results(ranks);
   try {
     comm::run_local_ranks(ranks, config.transport, [&](comm::Transport& transport) {
-      results[transport.rank()] = train_on(config, transport, progress, after_step);
+      results[transport.rank()] = train_on(config, transport, progress, after_step, stop_requested);
     });
   } catch (const comm::ThreadStartError& e) {
     PIPEMAT_THROW(ConfigError, "transport local: could not start thread ", e.thread, " of ",
@@ -426,6 +446,9 @@ TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
       merged.sample = r.sample;
       merged.final_checkpoint = r.final_checkpoint;
       merged.totals = r.totals;
+    }
+    if (r.interrupted && (r.last_stage_rank || !merged.interrupted)) {
+      merged.interrupted = r.interrupted;  // replica 0's last stage's, which knows the checkpoint
     }
     for (const EndFailure& f : r.end_failures) {  // one line per part (a save fails everywhere)
       const bool known = std::any_of(merged.end_failures.begin(), merged.end_failures.end(),
@@ -471,9 +494,32 @@ int report_end(const TrainResult& result, const TrainConfig& config, std::ostrea
   return code;
 }
 
+// Note [Stopping on a signal]: replica 0's ranks say where the run stopped (`who`: "rank R: "
+// for one process of a job); returns the exit code.
+int report_interrupted(const TrainResult& result, const TrainConfig& config, const std::string& who,
+                       std::ostream& err) {
+  const Interruption& at = *result.interrupted;
+  if (!at.replica0) return kInterrupted;
+  std::string line =
+      ::pipemat::detail::concat("pipemat: ", who, "interrupted at step ", at.steps_done, " of ",
+                                config.training.steps, " (the last complete step); ");
+  if (at.checkpoint.empty()) {
+    line += config.checkpoint.dir.empty()
+                ? "there is no complete checkpoint (checkpoint.dir is not set)"
+                : "there is no complete checkpoint (this run has saved none yet)";
+  } else {
+    line += ::pipemat::detail::concat("the last complete checkpoint is ", at.checkpoint,
+                                      " (pipemat train --resume ", at.checkpoint,
+                                      " continues from it)");
+  }
+  err << line + "\n" << std::flush;
+  return kInterrupted;
+}
+
 }  // namespace
 
-int run_train(const TrainConfig& config, bool reference, std::ostream& out, std::ostream& err) {
+int run_train(const TrainConfig& config, bool reference, std::ostream& out, std::ostream& err,
+              const StopRequested& stop_requested) {
   const ResolvedSchedule resolved = resolve_schedule(config);
   if (!resolved.note.empty()) out << resolved.note << "\n";
   // The ranks of this machine share its cores (all of them when they are threads here). The
@@ -512,12 +558,17 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
   // tcp refuses a rank of another job at the rendezvous: every rank must run this config.
   options.job = "pipemat train " + sha256_hex(config_to_yaml(config));
   if (options.kind == comm::TransportKind::kLocal) {
-    const TrainResult result = train_in_process(config, &out);
+    const TrainResult result = train_in_process(config, &out, nullptr, stop_requested);
+    if (result.interrupted) return report_interrupted(result, config, "", err);
     summarize(result, /*one_process=*/true);
     return report_end(result, config, err);
   }
   auto transport = comm::make_transport(options);
-  const TrainResult result = train_on(config, *transport, &out);
+  const TrainResult result = train_on(config, *transport, &out, nullptr, stop_requested);
+  if (result.interrupted) {
+    const std::string who = ::pipemat::detail::concat("rank ", transport->rank(), ": ");
+    return report_interrupted(result, config, who, err);
+  }
   summarize(result, /*one_process=*/false);
   return report_end(result, config, err);
 }

@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <ostream>
@@ -52,6 +53,37 @@ class DivergedError : public Error {
 };
 inline constexpr int kDivergedExitCode = 6;
 
+// Note [Stopping on a signal]
+// `pipemat train` turns SIGINT and SIGTERM into a stop request (launch/src/stop_signals.h); the
+// library only asks a StopRequested between steps and never reads signals itself. Every rank of
+// a job gets the signal (pipemat-run forwards it to each rank, mpirun sends each rank SIGTERM,
+// ranks as threads share one process), so every rank stops at a step boundary: the run finishes
+// nothing new (no step, evaluation, checkpoint, loss curve or sample) and reports the steps that
+// are complete and its newest complete checkpoint. The ranks may see the request at different
+// boundaries: one that has already started the next step when its peer stops is blocked in that
+// step until the peer's exit fails it (a closed connection on tcp, a transport destroyed on
+// local); a CommError in a step while a stop is requested is therefore the stop, not a failure,
+// and that rank reports the same complete steps as its peer (the step it was in cannot complete
+// without the peer). MPI has no such failure (a peer waiting in MPI_Finalize looks alive), so
+// under mpirun `pipemat train` ends the job with MPI_Abort once a stopped rank has printed its
+// line (launch/src/cmd_train.cpp): the first rank to stop reports, the others may be ended
+// before they do.
+// Must be cheap and thread-safe: ranks as threads ask it concurrently.
+using StopRequested = std::function<bool()>;
+
+// Where a stop request ended a run.
+struct Interruption {
+  int64_t steps_done = 0;  // the steps complete (the step counter, resumed steps included)
+  // The newest complete checkpoint of the run (the last one it saved, else the one it resumed
+  // from); "" when there is none. Known on replica 0's ranks only, which write the checkpoints.
+  std::string checkpoint;
+  bool replica0 = false;  // this rank belongs to replica 0, which reports the interruption
+};
+
+// run_train's return value when a stop request ended the run; `pipemat train` exits with 128 +
+// the signal's number instead (130 for SIGINT, 143 for SIGTERM), as a shell reports a signal.
+inline constexpr int kInterrupted = 2;
+
 // The whole run as the last stage's rank measured it, for the summary at its end.
 struct RunTotals {
   std::vector<double> step_ms;  // every step's time
@@ -76,6 +108,8 @@ struct TrainResult {
   std::string final_checkpoint;  // "" without checkpoint.dir or when its save failed
   std::vector<EndFailure> end_failures;  // this rank's (in-process: every rank's)
   RunTotals totals;                      // on the last stage's rank
+  // Set when a stop request ended the run (Note [Stopping on a signal]).
+  std::optional<Interruption> interrupted;
 };
 
 // Called on every rank after each step (0-based) with the rank's transport, e.g. to meet the
@@ -83,13 +117,16 @@ struct TrainResult {
 using AfterStep = std::function<void(int64_t step, comm::Transport& transport)>;
 
 // Runs config.training.steps steps on `transport` (one rank of the pipeline).
+// stop_requested (when set) is asked before each step: Note [Stopping on a signal].
 TrainResult train_on(const TrainConfig& config, comm::Transport& transport, std::ostream* progress,
-                     const AfterStep& after_step = nullptr);
+                     const AfterStep& after_step = nullptr,
+                     const StopRequested& stop_requested = nullptr);
 
 // Runs the whole pipeline in this process, one thread per rank over local transports.
 // Rethrows the first rank's error (the other ranks fail fast when a peer is gone).
 TrainResult train_in_process(const TrainConfig& config, std::ostream* progress,
-                             const AfterStep& after_step = nullptr);
+                             const AfterStep& after_step = nullptr,
+                             const StopRequested& stop_requested = nullptr);
 
 // The oracle run with the same progress and metrics output.
 TrainResult train_reference(const TrainConfig& config, std::ostream* progress);
@@ -97,8 +134,11 @@ TrainResult train_reference(const TrainConfig& config, std::ostream* progress);
 // `pipemat train`: picks the transport (config.transport.kind; local runs in-process), runs,
 // writes progress to `out`, metrics to config.output.metrics and each end-of-run failure to
 // `err` as "pipemat: error: ..." (Note [End of a run]). Returns the exit code: 0, or the
-// EndPart of the first end-of-run failure.
-int run_train(const TrainConfig& config, bool reference, std::ostream& out, std::ostream& err);
+// EndPart of the first end-of-run failure; kInterrupted when stop_requested ended the run
+// (ignored by the reference), after replica 0's ranks wrote "pipemat: [rank R: ]interrupted at
+// step N of M; ..." with the newest complete checkpoint to `err`.
+int run_train(const TrainConfig& config, bool reference, std::ostream& out, std::ostream& err,
+              const StopRequested& stop_requested = nullptr);
 
 // The oracle: the same stages, data and steps chained in one process, no pipeline and no
 // remat; a random model draws stage s of micro-batch i from pp::forward_seed(seed, step, i, s)
