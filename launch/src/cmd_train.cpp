@@ -33,6 +33,8 @@ void add_train_command(CLI::App& app) {
       "Prints one progress line per step; --metrics writes one JSON line per step.\n"
       "Exit code: 0; 1 when an error stopped the run; after training finished, 3 when the final\n"
       "checkpoint, 4 when an output file (loss curve, timeline), 5 when the sample failed;\n"
+      "6 when the run diverged (a loss or clipped gradient norm not finite; it stops before\n"
+      "that step's checkpoint unless training.allow_non_finite=true);\n"
       "130 after SIGINT (Ctrl-C), 143 after SIGTERM: the run stops at the next step boundary,\n"
       "saying the last complete step and checkpoint (a second signal ends it at once; under\n"
       "mpirun, which sends the ranks SIGTERM, mpirun itself exits 1).");

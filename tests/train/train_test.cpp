@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <regex>
@@ -538,6 +539,15 @@ TEST(PartitionLayers, BalancedByParametersOrExplicit) {
   explicit_split.layers_per_stage = {1, 2};
   EXPECT_EQ(message(explicit_split, 2),
             "partition.layers_per_stage sums to 3 but model.layers is 4");
+  // Entries that would overflow the running sum, or leave a stage empty, name the entry.
+  explicit_split.layers_per_stage = {std::numeric_limits<int64_t>::max(), 1};
+  EXPECT_EQ(message(explicit_split, 2),
+            "partition.layers_per_stage[0] is 9223372036854775807; expected 1 to 4 (every stage "
+            "holds at least one of the model's 4 layers, and the entries sum to model.layers)");
+  explicit_split.layers_per_stage = {3, 0, 1};
+  EXPECT_EQ(message(explicit_split, 3),
+            "partition.layers_per_stage[1] is 0; expected 1 to 1 (every stage holds at least one "
+            "of the model's 4 layers, and the entries sum to model.layers)");
 }
 
 // The summary's device memory: each rank's most over the steps, and nothing from CPU steps.

@@ -4,6 +4,8 @@
 
 #include "pipemat/train/train.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -12,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <new>
 #include <optional>
 
 #include "pipemat/comm/device_lane.h"
@@ -496,6 +499,35 @@ int report_end(const TrainResult& result, const TrainConfig& config, std::ostrea
 
 // Note [Stopping on a signal]: replica 0's ranks say where the run stopped (`who`: "rank R: "
 // for one process of a job); returns the exit code.
+// Runs `train`; an allocation that failed (LibTorch's allocator, or operator new) becomes a
+// PipelineError naming the keys that size what the run allocates, instead of the allocator's
+// text and a C++ backtrace.
+TrainResult out_of_memory_names_the_keys(const TrainConfig& config,
+                                         const std::function<TrainResult()>& train) {
+  std::string what;
+  try {
+    return train();
+  } catch (const c10::Error& e) {
+    what = e.what_without_backtrace();
+    const bool allocation = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+                            what.find("can't allocate memory") != std::string::npos ||
+                            what.find("not enough memory") != std::string::npos;
+    if (!allocation) throw;
+  } catch (const std::bad_alloc& e) {
+    what = e.what();
+  }
+  const models::ModelOptions& m = config.model;
+  const std::string size =
+      m.kind == models::ModelKind::kGpt
+          ? ::pipemat::detail::concat("model.batch ", m.batch, " x model.seq_len ", m.seq_len)
+          : ::pipemat::detail::concat("model.tokens ", m.tokens);
+  PIPEMAT_THROW(PipelineError, "out of memory: the run (", size, " per micro-batch, model.hidden ",
+                m.hidden, ", model.layers ", m.layers, ", schedule.micro_batches ",
+                config.schedule.micro_batches, ") needs more memory than this machine gave it (",
+                what.substr(0, what.find('\n')),
+                "); lower those keys, or recompute more (remat.policy full)");
+}
+
 int report_interrupted(const TrainResult& result, const TrainConfig& config, const std::string& who,
                        std::ostream& err) {
   const Interruption& at = *result.interrupted;
@@ -558,13 +590,15 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
   // tcp refuses a rank of another job at the rendezvous: every rank must run this config.
   options.job = "pipemat train " + sha256_hex(config_to_yaml(config));
   if (options.kind == comm::TransportKind::kLocal) {
-    const TrainResult result = train_in_process(config, &out, nullptr, stop_requested);
+    const TrainResult result = out_of_memory_names_the_keys(
+        config, [&] { return train_in_process(config, &out, nullptr, stop_requested); });
     if (result.interrupted) return report_interrupted(result, config, "", err);
     summarize(result, /*one_process=*/true);
     return report_end(result, config, err);
   }
   auto transport = comm::make_transport(options);
-  const TrainResult result = train_on(config, *transport, &out, nullptr, stop_requested);
+  const TrainResult result = out_of_memory_names_the_keys(
+      config, [&] { return train_on(config, *transport, &out, nullptr, stop_requested); });
   if (result.interrupted) {
     const std::string who = ::pipemat::detail::concat("rank ", transport->rank(), ": ");
     return report_interrupted(result, config, who, err);
