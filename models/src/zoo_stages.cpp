@@ -65,8 +65,8 @@ std::vector<int64_t> partition_sizes(const std::vector<double>& sizes,
     for (size_t i = 0; i < partition.layers_per_stage.size(); ++i) {
       // Each entry within what is left: the running sum never overflows, whatever the entries.
       const int64_t c = partition.layers_per_stage[i];
-      PIPEMAT_CHECK(c >= 1 && c <= n - bounds.back(), ConfigError, "partition.layers_per_stage[",
-                    i, "] is ", c, "; expected 1 to ", n - bounds.back(),
+      PIPEMAT_CHECK(c >= 1 && c <= n - bounds.back(), ConfigError, "partition.layers_per_stage[", i,
+                    "] is ", c, "; expected 1 to ", n - bounds.back(),
                     " (every stage holds at least one of the model's ", n,
                     " layers, and the entries sum to model.layers)");
       bounds.push_back(bounds.back() + c);
