@@ -63,6 +63,23 @@ struct RngState {
   at::Tensor cuda;                    // that device's generator state (Generator::get_state)
 };
 
+// The thread's autocast state for the device types a rank computes on (Note [Autocast in
+// replay]): enabled and dtype for CPU and CUDA, and whether casts are cached.
+struct AutocastState {
+  bool cpu_enabled = false;
+  at::ScalarType cpu_dtype = at::kBFloat16;
+  bool cuda_enabled = false;
+  at::ScalarType cuda_dtype = at::kHalf;
+  bool cache_enabled = true;
+};
+
+// What a replay must reproduce of its forward, recorded in one place: at a unit's entry
+// (Invocation) and right after each SAVE body, which replay skips (SaveEntry).
+struct ForwardModes {
+  std::optional<RngState> rng;  // Note [Replay RNG alignment]; empty: the unit drew nothing
+  AutocastState autocast;       // Note [Autocast in replay]
+};
+
 // Why a saved tensor aliasing a SAVE region input was kept instead of rederived (docs/remat.md).
 enum class Fallback {
   kSaveSourced,  // the input is (a view of) another SAVE region's output: replay does not rerun it
@@ -118,7 +135,7 @@ struct SaveEntry {
   std::vector<bool> output_requires_grad;
   int64_t leaf_count = 0;
   bool save_output = true;
-  std::optional<RngState> rng_after;  // generator state right after the body
+  ForwardModes modes_after;  // the generator and autocast state right after the body
   bool has_marker = false;
 };
 
@@ -188,7 +205,7 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
   RegionBody body_;
   std::vector<c10::IValue> inputs_;
   std::vector<std::pair<c10::VariableVersion, uint32_t>> input_versions_;
-  std::optional<RngState> rng_entry_;
+  ForwardModes entry_modes_;  // at the unit's entry: what its replay starts from
 
   std::vector<HandleMeta> handles_;
   std::unordered_map<uint64_t, std::deque<SaveEntry>> save_entries_;
@@ -255,6 +272,40 @@ void join_group(InvocationGroup& group, std::shared_ptr<Invocation> invocation);
 RngState cpu_rng_state();
 void set_cpu_rng_state(const RngState& state);
 bool same_rng_state(const RngState& a, const RngState& b);
+
+// Note [Autocast in replay]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Replay must compute in the dtypes its forward computed in. Autocast (LibTorch's thread-local
+// mixed-precision mode: enabled and dtype per device type, a cast cache, a nesting count) is
+// recorded with the generator state (ForwardModes): at a unit's entry and after each SAVE body.
+// A replay, whichever path starts it (a backward's unpack, a pre-triggered R, a second backward
+// over a retained graph), runs the body under exactly the entry state as a fresh autocast
+// region (nesting counted; the cast cache cleared when the region ends at nesting 0, so no cast
+// of a weight outlives it), never under the replaying thread's ambient state, and jumps to the
+// state a skipped SAVE body left, so a region that turns autocast off inside a unit stays off
+// in replay. Early stop ends a replay by unwinding the user's forward at its last needed saved
+// tensor (StopReplay): the user's own "autocast off" or "grad mode back on" after that point
+// never runs. So ReplayRegion restores the replaying thread's autocast state, its nesting and its
+// grad mode exactly as it found them, early stop, error or not.
+AutocastState current_autocast();
+void set_autocast(const AutocastState& state);
+// "cpu BFloat16, cuda off" (what errors say of the two states).
+std::string describe_autocast(const AutocastState& state);
+
+// Runs what it scopes (a replay) under `recorded` as a fresh autocast region; restores the
+// thread's autocast state, nesting and grad mode on destruction (Note [Autocast in replay]).
+class ReplayRegion {
+ public:
+  explicit ReplayRegion(const AutocastState& recorded);
+  ~ReplayRegion();
+  ReplayRegion(const ReplayRegion&) = delete;
+  ReplayRegion& operator=(const ReplayRegion&) = delete;
+
+ private:
+  AutocastState outside_;
+  int nesting_outside_ = 0;
+  bool grad_outside_ = true;
+};
 
 // Note [Shared generator detection]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -160,7 +160,8 @@ c10::IValue run_save_forward(Invocation& inv, const RegionSlot& slot,
     out = body(args);
   }
   bump(Counter::kSaveCalls);
-  if (inv.options().preserve_rng_state) entry.rng_after = cpu_rng_state();
+  if (inv.options().preserve_rng_state) entry.modes_after.rng = cpu_rng_state();
+  entry.modes_after.autocast = current_autocast();  // Note [Autocast in replay]
   if (entry.save_output) {
     entry.cached_output = map_tensor_leaves(out, [&](const at::Tensor& t) {
       entry.output_requires_grad.push_back(t.requires_grad());
@@ -182,13 +183,15 @@ c10::IValue run_save_forward(Invocation& inv, const RegionSlot& slot,
 
 // Replay of a SAVE region: the body is skipped; the cached output is handed on with the
 // requires_grad it had, so the RECOMPUTE ops after it record the same saved tensors as in
-// forward (Note [Replay RNG alignment]: the generator is moved to where the body left it).
+// forward (Note [Replay RNG alignment] and Note [Autocast in replay]: the generator and autocast
+// are moved to where the body left them).
 c10::IValue run_save_replay(Invocation& inv, const RegionSlot& slot,
                             const std::vector<c10::IValue>& args) {
   SaveEntry& entry = inv.next_replay_entry(slot);
   bump(Counter::kSaveSkips);
   inv.fill_slots(entry, args);
-  if (entry.rng_after) set_cpu_rng_state(*entry.rng_after);
+  if (entry.modes_after.rng) set_cpu_rng_state(*entry.modes_after.rng);
+  set_autocast(entry.modes_after.autocast);  // Note [Autocast in replay]
   if (entry.has_marker) inv.on_replay_marker();
   if (!entry.save_output) return inv.make_placeholders(entry);
   size_t leaf = 0;

@@ -44,9 +44,10 @@ c10::IValue Invocation::run_forward() {
                          });
   }
   std::optional<SharedGeneratorWindow> window;  // Note [Shared generator detection]
+  entry_modes_.autocast = current_autocast();   // Note [Autocast in replay]
   if (options_.preserve_rng_state) {
     window.emplace(*this);
-    rng_entry_ = cpu_rng_state();
+    entry_modes_.rng = cpu_rng_state();
   }
   first_allocation_ = memory_stats().allocations;
   bump(Counter::kUnitCalls);
@@ -58,14 +59,14 @@ c10::IValue Invocation::run_forward() {
     UserCode user;
     out = body_(inputs_);
   }
-  if (rng_entry_ && same_rng_state(*rng_entry_, cpu_rng_state())) {
+  if (entry_modes_.rng && same_rng_state(*entry_modes_.rng, cpu_rng_state())) {
     // Drew nothing: replay leaves the generator alone (Note [Shared generator detection]).
-    rng_entry_.reset();
+    entry_modes_.rng.reset();
     for (auto& [key, entries] : save_entries_) {
-      for (SaveEntry& entry : entries) entry.rng_after.reset();
+      for (SaveEntry& entry : entries) entry.modes_after.rng.reset();
     }
   }
-  if (window) window->close(rng_entry_.has_value());
+  if (window) window->close(entry_modes_.rng.has_value());
   check_unit_output(out);
   forward_done_ = true;
   return out;
@@ -169,16 +170,17 @@ void Invocation::start_replay() {
 bool Invocation::run_replay_body() {
   std::optional<RngState> rng_outside;
   std::optional<SharedGeneratorWindow> window;  // Note [Shared generator detection]
-  if (rng_entry_) {
+  if (entry_modes_.rng) {
     window.emplace(*this);
     rng_outside = cpu_rng_state();
-    set_cpu_rng_state(*rng_entry_);
+    set_cpu_rng_state(*entry_modes_.rng);
   }
   bool stopped_early = false;
   replaying_ = true;
   const int64_t bytes_before = begin_peak_window();
   if (trace_enabled()) trace_line(concat("replay start: ", where()));
   try {
+    ReplayRegion region(entry_modes_.autocast);  // Note [Autocast in replay]
     c10::AutoGradMode grad_on(true);
     ReplayFactory factory(this);
     HookScope hooks(&factory);
@@ -275,9 +277,17 @@ void Invocation::on_replay_pack(const at::Tensor& saved) {
                 describe_tensor(saved),
                 ") where forward passed a SAVE region; forward and "
                 "replay took different code paths (phase: replay)");
-  PIPEMAT_CHECK(meta.dtype == saved.scalar_type() && saved.sizes().equals(meta.sizes), RematError,
-                where(), ": saved tensor #", index, " is ", describe_tensor(saved),
-                " in replay but was ", c10::toString(meta.dtype), " ", c10::IntArrayRef(meta.sizes),
+  PIPEMAT_CHECK(meta.dtype == saved.scalar_type(), RematError, where(), ": saved tensor #", index,
+                " is ", describe_tensor(saved), " in replay but was ", c10::toString(meta.dtype),
+                " ", c10::IntArrayRef(meta.sizes),
+                " in forward: replay computed in another dtype than its forward. Replay runs "
+                "under the autocast state of the unit's forward (",
+                describe_autocast(entry_modes_.autocast),
+                "); an op whose dtype depends on other state (a global, a dtype chosen from data) "
+                "differs between the two (phase: replay)");
+  PIPEMAT_CHECK(saved.sizes().equals(meta.sizes), RematError, where(), ": saved tensor #", index,
+                " is ", describe_tensor(saved), " in replay but was ", c10::toString(meta.dtype),
+                " ", c10::IntArrayRef(meta.sizes),
                 " in forward; forward and replay must compute the same shapes", placeholder_hint(),
                 " (phase: replay)");
   if (meta.alive) replayed_values_[index] = saved;
@@ -352,7 +362,7 @@ void Invocation::release() noexcept {
   save_entries_.clear();
   for (auto& slot : slots_) slot.value = at::Tensor();
   inputs_.clear();
-  rng_entry_.reset();
+  entry_modes_.rng.reset();
 }
 
 }  // namespace pipemat::remat::detail
