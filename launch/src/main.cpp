@@ -15,6 +15,7 @@
 #include "pipemat/core/error.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/train/train.h"
+#include "stop_signals.h"
 
 namespace {
 
@@ -38,6 +39,7 @@ bool leave_it_to_rank0(bool shared) {
 
 // Returns the exit code: 1, or kDivergedExitCode for a diverged run.
 int report_failure(const std::exception& e) {
+  pipemat::launch::restore_default_signals();  // the launcher may end this rank while it waits
   const pipemat::comm::JobStatus job = pipemat::comm::job_status();
   const bool diverged = dynamic_cast<const pipemat::train::DivergedError*>(&e) != nullptr;
   const int code = diverged ? pipemat::train::kDivergedExitCode : 1;

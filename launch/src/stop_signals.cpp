@@ -35,4 +35,9 @@ void install_stop_signals() {
 
 int stop_signal() { return g_stop_signal.load(); }
 
+void restore_default_signals() {
+  set_action(SIGINT, SIG_DFL);
+  set_action(SIGTERM, SIG_DFL);
+}
+
 }  // namespace pipemat::launch

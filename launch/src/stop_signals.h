@@ -13,4 +13,9 @@ void install_stop_signals();
 // The signal that asked this process to stop (SIGINT or SIGTERM), or 0. Thread-safe.
 int stop_signal();
 
+// Back to the default actions of SIGINT and SIGTERM: once a run has failed, a launcher's TERM
+// to the other ranks (Note [One error line per failure]) must end this process, not ask it to
+// stop at a step boundary it will never reach.
+void restore_default_signals();
+
 }  // namespace pipemat::launch

@@ -79,7 +79,11 @@ EvalResult Pipeline::Impl::evaluate(const DataSource& data, const EvalOptions& e
         check_received(s, from, eo.step, i, in);
         in = on_device(std::move(in));
       }
-      Tensors out = stage.forward(in);
+      Tensors out;
+      {
+        PrecisionRegion precision(options.precision, options.device);
+        out = stage.forward(in);
+      }
       if (s == last_stage) {
         share[i] = scaled_loss(out, b.targets, E, eo.step, i).item<double>();
         if (eo.keep_outputs) result.outputs.push_back(out);

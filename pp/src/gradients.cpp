@@ -14,7 +14,7 @@ namespace pipemat::pp {
 
 at::Tensor Pipeline::Impl::scaled_loss(const Tensors& out, const Tensors& targets,
                                        int64_t micro_batches, int64_t step, int64_t micro_batch) {
-  at::Tensor loss = options.loss(out, targets);
+  at::Tensor loss = options.loss(loss_inputs(out, options.precision), targets);
   PIPEMAT_CHECK(loss.defined() && loss.numel() == 1 && at::isFloatingType(loss.scalar_type()),
                 PipelineError, "the loss of micro-batch ", micro_batch, " of step ", step,
                 " on the last stage (rank ", rank, ") must be a floating scalar, got ",

@@ -91,6 +91,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.training.eval_batches, b.training.eval_batches);
   EXPECT_EQ(a.training.stop_after, b.training.stop_after);
   EXPECT_EQ(a.training.allow_non_finite, b.training.allow_non_finite);
+  EXPECT_EQ(a.training.precision, b.training.precision);
   EXPECT_EQ(a.training.device, b.training.device);
   EXPECT_EQ(a.sample.tokens, b.sample.tokens);
   EXPECT_EQ(a.sample.prompt, b.sample.prompt);
@@ -123,7 +124,7 @@ remat:
     - {path: "layers.*.experts"}
     - {path: "layers.*.router", save_output: false}
 transport: {kind: tcp, timeout: 2.5, master: "10.0.0.1:1234", connect_retries: 7}
-training: {steps: 11, optimizer: adamw, lr: 0.003, momentum: 0.9, weight_decay: 0.1, clip_grad_norm: 1.5, seed: 18446744073709551615, threads: 3, thread_probe: false, warmup: 2, lr_decay: cosine, min_lr: 0.001, eval_every: 4, eval_batches: 3, stop_after: 7, allow_non_finite: true}
+training: {steps: 11, optimizer: adamw, lr: 0.003, momentum: 0.9, weight_decay: 0.1, clip_grad_norm: 1.5, seed: 18446744073709551615, threads: 3, thread_probe: false, warmup: 2, lr_decay: cosine, min_lr: 0.001, eval_every: 4, eval_batches: 3, stop_after: 7, precision: bf16, allow_non_finite: true}
 checkpoint: {dir: "ck", every: 2, keep_last: 3, resume: latest}
 sample: {tokens: 50, prompt: "Hi", temperature: 0.5, top_k: 10, seed: 9}
 output: {metrics: "out/m.jsonl", timeline_svg: "t.svg", loss_svg: "l.svg", progress: false}
@@ -224,6 +225,7 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.training.eval_batches, 3);
   EXPECT_EQ(config.training.stop_after, 7);
   EXPECT_TRUE(config.training.allow_non_finite);
+  EXPECT_EQ(config.training.precision, pp::Precision::kBFloat16);
   EXPECT_EQ(config.checkpoint.dir, "ck");
   EXPECT_EQ(config.checkpoint.every, 2);
   EXPECT_EQ(config.checkpoint.keep_last, 3);
@@ -429,7 +431,7 @@ TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
       "x.yaml:1: training.batch_size: unknown key; allowed in training: steps, optimizer, "
       "lr, momentum, weight_decay, clip_grad_norm, seed, threads, thread_probe, warmup, lr_decay, "
       "min_lr, "
-      "eval_every, eval_batches, stop_after, allow_non_finite, device");
+      "eval_every, eval_batches, stop_after, precision, allow_non_finite, device");
   EXPECT_EQ(error_of("remat:\n  policy: custom\n  checkpoint: [a]\n  exclude:\n"
                      "    - {path: a.b}\n    - {path: a.c, save_ouput: false}\n"),
             "x.yaml:6: remat.exclude[1].save_ouput: unknown key; did you mean "
@@ -779,7 +781,8 @@ TEST(ConfigOverrides, Errors) {
       "training.lr, training.momentum, training.weight_decay, training.clip_grad_norm, "
       "training.seed, training.threads, training.thread_probe, training.warmup, training.lr_decay, "
       "training.min_lr, "
-      "training.eval_every, training.eval_batches, training.stop_after, training.allow_non_finite, "
+      "training.eval_every, training.eval_batches, training.stop_after, training.precision, "
+      "training.allow_non_finite, "
       "training.device, "
       "checkpoint.dir, "
       "checkpoint.every, "
@@ -931,6 +934,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  eval_every: 0\n"
             "  eval_batches: 8\n"
             "  stop_after: 0\n"
+            "  precision: fp32\n"
             "  allow_non_finite: false\n"
             "  device: \"cpu\"\n"
             "checkpoint:\n"
@@ -1176,6 +1180,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "training.eval_every",
                                                      "training.eval_batches",
                                                      "training.stop_after",
+                                                     "training.precision",
                                                      "training.allow_non_finite",
                                                      "training.device",
                                                      "checkpoint.dir",

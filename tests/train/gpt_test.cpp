@@ -324,6 +324,20 @@ INSTANTIATE_TEST_SUITE_P(Schedules, GptGrid,
                            return n;
                          });
 
+// Note [Mixed precision]: the GPT with dropout, AdamW, clipping and validation under bf16
+// (fused attention, remat's SAVE regions on the GEMMs, pre-triggered replay) equals the single
+// process bitwise under 1F1B and ZB-V.
+TEST(GptBf16, DropoutRunEqualsTheSingleProcessTrainingBitwise) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  for (const char* kind : {"1f1b", "zb-v"}) {
+    SCOPED_TRACE(kind);
+    TrainConfig c = gpt_config((dir.path() / "text.txt").string(), kind, "selective");
+    c.training.precision = pp::Precision::kBFloat16;
+    expect_pipeline_equals_reference(c);
+  }
+}
+
 // Note [Data x pipeline]: 2 replicas of the 2-rank GPT pipeline (4 ranks as threads) with
 // dropout, AdamW, clipping, warmup and cosine decay, and validation equal the single process
 // that combines the replicas' gradients in replica order, bitwise; zb-v splits every backward.

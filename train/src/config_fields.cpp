@@ -254,6 +254,12 @@ std::vector<ConfigField> training_fields() {
        "while the LR schedule and the evaluations still span `training.steps`: an interruption on "
        "purpose that `--resume` continues (`pipemat train --stop-after N`); `0`: run to "
        "`training.steps`"},
+      {"training", "precision", choice(PIPEMAT_MEMBER(training.precision), precision_values()),
+       "`fp32`, `bf16`",
+       "`bf16`: every stage forward runs under autocast to bf16 (on the rank's device type), a "
+       "region of its own per forward; stage outputs cross ranks as bf16; parameters, gradients, "
+       "the data-parallel exchange, clipping, the optimizer and the loss stay float32; remat "
+       "replays under the autocast state of its forward. The first progress line names it"},
       {"training", "allow_non_finite", boolean(PIPEMAT_MEMBER(training.allow_non_finite)), "",
        "`false`: a step whose loss or clipped gradient norm is not finite (nan, inf) stops the run "
        "at that step with exit code 6, before the step's checkpoint; the last complete checkpoint "

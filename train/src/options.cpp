@@ -39,4 +39,10 @@ const std::vector<LrDecay>& lr_decay_values() {
   return kValues;
 }
 
+const std::vector<pp::Precision>& precision_values() {
+  static const std::vector<pp::Precision> kValues = {pp::Precision::kFloat32,
+                                                     pp::Precision::kBFloat16};
+  return kValues;
+}
+
 }  // namespace pipemat::train

@@ -353,6 +353,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   const ModelRun run = make_model_run(config, pp::stage_count(options));
   add_run_options(options, config, run, layout);
   options.device = device;
+  options.precision = config.training.precision;
   pp::Pipeline pipeline(transport, options, run.stage);
   run.release_unused();  // the other ranks' stages' weights
   TrainResult result;
@@ -367,9 +368,9 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "",
                       !config.checkpoint.resume.empty());
   if (r.talk) {
-    print_compute(
-        *r.talk, job.world_size(),
-        {comm::transport_name(job), place_of_device(options.device, config.training.device)});
+    print_compute(*r.talk, job.world_size(),
+                  {comm::transport_name(job),
+                   place_of_device(options.device, config.training.device), options.precision});
     *r.talk << "model: " << run.summary << "\n" << std::flush;
   }
   const std::string metadata = config_to_yaml(given);

@@ -11,6 +11,7 @@
 #include "pipemat/core/stats.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/pp/device.h"
+#include "pipemat/pp/precision.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/remat/rng.h"
 #include "pipemat/train/launched_run.h"
@@ -34,10 +35,12 @@ struct Chain {
   std::vector<at::Tensor> params;
   uint64_t seed = 0;
   c10::Device device;  // training.device, as rank 0's (the reference is one process)
+  pp::Precision precision = pp::Precision::kFloat32;
 
   explicit Chain(const TrainConfig& config)
       : seed(config.training.seed),
-        device(pp::resolve_device(config.training.device, 0, "training.device")) {
+        device(pp::resolve_device(config.training.device, 0, "training.device")),
+        precision(config.training.precision) {
     pp::PipelineOptions shape;
     shape.schedule = config.schedule;
     const int count = pp::stage_count(shape);
@@ -58,6 +61,7 @@ struct Chain {
         rng.emplace(stage_seed);
         pp::seed_device(device, stage_seed);
       }
+      pp::PrecisionRegion region(precision, device);  // Note [Mixed precision]
       x = stages[s].forward(x);
     }
     return x;
@@ -66,7 +70,7 @@ struct Chain {
   // The loss of one micro-batch, its targets on the device.
   at::Tensor loss(const pp::Tensors& outputs, pp::Tensors targets) const {
     for (auto& t : targets) t = on_device(t);
-    return run.loss(outputs, targets);
+    return run.loss(pp::loss_inputs(outputs, precision), targets);
   }
 
   at::Tensor on_device(const at::Tensor& t) const {
@@ -240,7 +244,8 @@ TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {
   remat::install_tracking_allocator();
   if (progress && config.output.progress) {
     const c10::Device device = pp::resolve_device(config.training.device, 0, "training.device");
-    print_compute(*progress, 1, {"", place_of_device(device, config.training.device)});
+    print_compute(*progress, 1,
+                  {"", place_of_device(device, config.training.device), config.training.precision});
   }
   TrainResult result;
   result.last_stage_rank = true;

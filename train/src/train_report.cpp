@@ -167,9 +167,10 @@ void print_compute(std::ostream& out, int ranks, const ComputePlace& place) {
   const pp::ComputeInfo info = pp::compute_info();
   out << "compute: " << ranks << (ranks == 1 ? " rank" : " ranks")
       << (place.transport.empty() ? "" : " over " + place.transport) << " on " << place.device
-      << ", " << info.threads << (info.threads == 1 ? " thread" : " threads")
-      << " per rank (training.threads" << (info.choice ? describe_thread_choice(*info.choice) : "")
-      << "), LibTorch " << info.torch_version << ", BLAS " << info.blas;
+      << " in " << pp::to_string(place.precision) << ", " << info.threads
+      << (info.threads == 1 ? " thread" : " threads") << " per rank (training.threads"
+      << (info.choice ? describe_thread_choice(*info.choice) : "") << "), LibTorch "
+      << info.torch_version << ", BLAS " << info.blas;
   if (info.blas_threads >= 0) {
     out << " (" << info.blas_threads << (info.blas_threads == 1 ? " thread)" : " threads)");
   }

@@ -50,6 +50,7 @@ void print_validation(std::ostream& out, int64_t step, double loss);
 struct ComputePlace {
   std::string transport;
   std::string device;
+  pp::Precision precision = pp::Precision::kFloat32;  // training.precision
 };
 
 // The first progress line: the ranks, their transport and device, which BLAS runs the GEMMs and

@@ -88,6 +88,7 @@
 
 #include "pipemat/comm/transport.h"
 #include "pipemat/core/error.h"
+#include "pipemat/pp/precision.h"
 #include "pipemat/remat/policy.h"
 #include "pipemat/remat/stats.h"
 #include "pipemat/schedule/schedule.h"
@@ -173,6 +174,10 @@ struct PipelineOptions {
   // the device is current while the rank runs a step or an evaluation, a set seed seeds its
   // generator too, and tensors cross ranks through host memory (pipemat/comm/tensor.h).
   c10::Device device = c10::Device(c10::kCPU);
+  // kBFloat16: every stage forward in an autocast region to bf16 of its own, parameters,
+  // gradients, optimizer and the loss in float32 (Note [Mixed precision] in
+  // pipemat/pp/precision.h).
+  Precision precision = Precision::kFloat32;
 };
 
 // Note [Random streams of a step]

@@ -9,6 +9,7 @@
 
 #include "pipemat/comm/transport.h"
 #include "pipemat/models/model.h"
+#include "pipemat/pp/precision.h"
 #include "pipemat/schedule/schedule.h"
 
 namespace pipemat::train {
@@ -27,6 +28,7 @@ std::optional<LrDecay> parse_lr_decay(const std::string& text);
 
 const std::vector<OptimizerKind>& optimizer_values();
 const std::vector<LrDecay>& lr_decay_values();
+const std::vector<pp::Precision>& precision_values();  // fp32 | bf16
 
 // The text of a gpt model (text_data.h): a file or a directory of text files, of which the
 // fraction `validation` (in 4 KiB blocks spread over the text) is held out for evaluation.
@@ -63,6 +65,9 @@ struct TrainingOptions {
   // Where each rank computes: cpu, cuda (the rank's own GPU: its index among the ranks of its
   // host, modulo the GPUs it sees) or cuda:N (pipemat/pp/device.h).
   std::string device = "cpu";
+  // fp32, or bf16: each stage forward under autocast to bf16, parameters, gradients, optimizer
+  // and loss in float32 (Note [Mixed precision] in pipemat/pp/precision.h).
+  pp::Precision precision = pp::Precision::kFloat32;
   // false: a non-finite loss or clipped gradient norm stops the run (DivergedError in train.h);
   // true: the run trains on.
   bool allow_non_finite = false;
