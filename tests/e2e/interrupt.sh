@@ -31,12 +31,7 @@ finish() {
 trap finish EXIT
 fail() { echo "interrupt: $*"; echo "---- output ----"; cat "$out"; exit 1; }
 
-for _ in $(seq 1 600); do
-  grep -q "step 2/" "$out" && break
-  kill -0 "$job" 2>/dev/null || fail "the command ended before the signal"
-  sleep 0.1
-done
-grep -q "step 2/" "$out" || fail "no \"step 2/\" line after 60 s"
+wait_for_line "$job" "$out" "step 2/"
 start=$(date +%s%N)
 if [ "$to" = group ]; then kill "-$signal" -- "-$job"; else kill "-$signal" "$job"; fi
 wait_for_end "$job" "$start" $((bound + 20)) || fail "still running $((bound + 20)) s after SIG$signal"

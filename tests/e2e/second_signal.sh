@@ -15,12 +15,7 @@ setsid env --default-signal=INT,TERM OMP_NUM_THREADS=1 "$pipemat" train --config
 job=$!
 trap 'kill -KILL "$job" 2>/dev/null; rm -rf "$tmp"' EXIT
 fail() { echo "second_signal: $*"; echo "---- output ----"; cat "$out"; exit 1; }
-for _ in $(seq 1 600); do
-  grep -q "^model: " "$out" && break
-  kill -0 "$job" 2>/dev/null || fail "the command ended before the signal"
-  sleep 0.1
-done
-grep -q "^model: " "$out" || fail "no \"model:\" line after 60 s"
+wait_for_line "$job" "$out" "^model: "
 sleep 0.5  # inside the first step (it takes several seconds)
 start=$(date +%s%N)
 kill -INT "$job"

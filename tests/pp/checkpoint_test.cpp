@@ -123,8 +123,11 @@ INSTANTIATE_TEST_SUITE_P(Schedules, Resume,
                            return test.param == ScheduleKind::kOneFOneB ? "OneFOneB" : "ZbV";
                          });
 
-// Expects load_checkpoint to fail with `text` on every rank and to leave the parameters alone.
-void expect_refused(const PipelineCase& c, const std::string& dir, const std::string& text) {
+// Expects load_checkpoint to fail with `text` and to leave the parameters alone: on every rank,
+// or (failing >= 0) on rank `failing` with `text` and on the other with the PeerFailedError
+// naming that rank (Note [Checkpoint agreement]).
+void expect_refused(const PipelineCase& c, const std::string& dir, const std::string& text,
+                    int failing = -1) {
   on_ranks(2, [&](comm::Transport& t) {
     auto p = make_pipeline(t, c, 99);
     const auto before = params_of(*p);
@@ -132,8 +135,14 @@ void expect_refused(const PipelineCase& c, const std::string& dir, const std::st
       load_checkpoint(*p, t, dir);
       ADD_FAILURE() << "rank " << t.rank() << ": no error for " << dir;
     } catch (const Error& e) {  // ConfigError for a foreign manifest, else PipelineError
-      EXPECT_NE(std::string(e.what()).find(text), std::string::npos)
-          << "rank " << t.rank() << ": " << e.what();
+      const bool echo = failing >= 0 && t.rank() != failing;
+      if (failing >= 0) {
+        EXPECT_EQ(dynamic_cast<const PeerFailedError*>(&e) != nullptr, echo) << e.what();
+      }
+      const std::string want =
+          echo ? "rank " + std::to_string(failing) + " could not load its part of " + dir : text;
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos)
+          << "rank " << t.rank() << ": " << e.what() << "\n  expected: " << want;
     }
     EXPECT_EQ(p->step(), 0);
     for (const auto& [name, value] : params_of(*p)) EXPECT_TRUE(at::equal(before.at(name), value));
@@ -208,32 +217,6 @@ TEST(Checkpoint, IncompleteDamagedAndForeignCheckpointsAreRefusedAndChangeNothin
   fs::remove_all(root);
 }
 
-// Expects load_checkpoint to fail on rank `failing` with `text` and on the other rank with the
-// echo naming it, leaving the parameters alone (Note [Checkpoint agreement]).
-void expect_refused_by(const PipelineCase& c, const std::string& dir, int failing,
-                       const std::string& text) {
-  on_ranks(2, [&](comm::Transport& t) {
-    auto p = make_pipeline(t, c, 99);
-    const auto before = params_of(*p);
-    try {
-      load_checkpoint(*p, t, dir);
-      ADD_FAILURE() << "rank " << t.rank() << ": no error for " << dir;
-    } catch (const PeerFailedError& e) {
-      EXPECT_NE(t.rank(), failing) << e.what();
-      EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(failing) +
-                                           " could not load its part of " + dir),
-                std::string::npos)
-          << e.what();
-    } catch (const PipelineError& e) {
-      EXPECT_EQ(t.rank(), failing) << e.what();
-      EXPECT_NE(std::string(e.what()).find(text), std::string::npos)
-          << e.what() << "\n  expected: " << text;
-    }
-    EXPECT_EQ(p->step(), 0);
-    for (const auto& [name, value] : params_of(*p)) EXPECT_TRUE(at::equal(before.at(name), value));
-  });
-}
-
 // Flips one byte of `file` at `offset`.
 void flip_byte(const fs::path& file, std::streamoff offset) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
@@ -301,9 +284,9 @@ TEST(Checkpoint, AFlippedByteOrAnotherRunsRankFileIsRefused) {
     const fs::path flipped = root / ("flipped-" + std::to_string(offset));
     fs::copy(good, flipped);
     flip_byte(flipped / "rank-1.pt", offset);
-    expect_refused_by(
-        c, flipped.string(), 1,
-        (flipped / "rank-1.pt").string() + " is damaged or was replaced: its SHA-256 is");
+    expect_refused(c, flipped.string(),
+                   (flipped / "rank-1.pt").string() + " is damaged or was replaced: its SHA-256 is",
+                   1);
     // load_stage_weights checks the digests too.
     torch::nn::Sequential model = user_model::make_model(c.blocks, 1, c.dropout);
     const StageFactory split = split_sequential(model, balance_by_parameters(model, 2));
@@ -324,17 +307,17 @@ TEST(Checkpoint, AFlippedByteOrAnotherRunsRankFileIsRefused) {
   fs::copy(good, crossed);
   fs::copy_file(fs::path(other) / "rank-1.pt", crossed / "rank-1.pt",
                 fs::copy_options::overwrite_existing);
-  expect_refused_by(c, crossed.string(), 1,
-                    (crossed / "rank-1.pt").string() + " is damaged or was replaced");
+  expect_refused(c, crossed.string(),
+                 (crossed / "rank-1.pt").string() + " is damaged or was replaced", 1);
   // ... and with the manifest rewritten to that file's digest: the rank file names its run.
   nlohmann::json m = read_json(crossed / "manifest.json");
   m["files"]["rank-1.pt"] = read_json(fs::path(other) / "manifest.json")["files"]["rank-1.pt"];
   std::ofstream(crossed / "manifest.json") << m.dump();
-  expect_refused_by(
-      c, crossed.string(), 1,
-      (crossed / "rank-1.pt").string() + " is a rank file of run " +
-          read_json(fs::path(other) / "manifest.json")["run"]["id"].get<std::string>() +
-          ", but the manifest beside it is of run " + m["run"]["id"].get<std::string>());
+  expect_refused(c, crossed.string(),
+                 (crossed / "rank-1.pt").string() + " is a rank file of run " +
+                     read_json(fs::path(other) / "manifest.json")["run"]["id"].get<std::string>() +
+                     ", but the manifest beside it is of run " + m["run"]["id"].get<std::string>(),
+                 1);
 
   // Format 1 (no digests) loads, with what it holds.
   const fs::path old = root / "format-1";

@@ -100,16 +100,17 @@ std::vector<GridCase> grid() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Schedules, PipelineGrid, ::testing::ValuesIn(grid()),
-                         [](const ::testing::TestParamInfo<GridCase>& test) {
-                           std::string n = test.param.kind + "_" +
-                                           std::to_string(test.param.ranks) + "r_" +
-                                           test.param.model + "_" + test.param.policy;
-                           for (auto& ch : n) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return n;
-                         });
+// "zb_v_2r_rmsnorm_gemm_selective"
+std::string grid_name(const ::testing::TestParamInfo<GridCase>& test) {
+  std::string n = test.param.kind + "_" + std::to_string(test.param.ranks) + "r_" +
+                  test.param.model + "_" + test.param.policy;
+  for (auto& ch : n) {
+    if (ch == '-') ch = '_';
+  }
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, PipelineGrid, ::testing::ValuesIn(grid()), grid_name);
 
 // Note [Mixed precision]: under training.precision bf16 every schedule kind, with and without
 // remat (selective: SAVE regions on the GEMMs, recomputed norms, pre-triggered replay), and a
@@ -140,16 +141,7 @@ std::vector<GridCase> bf16_grid() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Schedules, Bf16Grid, ::testing::ValuesIn(bf16_grid()),
-                         [](const ::testing::TestParamInfo<GridCase>& test) {
-                           std::string n = test.param.kind + "_" +
-                                           std::to_string(test.param.ranks) + "r_" +
-                                           test.param.model + "_" + test.param.policy;
-                           for (auto& ch : n) {
-                             if (ch == '-') ch = '_';
-                           }
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Schedules, Bf16Grid, ::testing::ValuesIn(bf16_grid()), grid_name);
 
 // Note [Data x pipeline]: D replicas of a P-rank pipeline (D x P ranks as threads) equal the
 // single process on the global batch of D x M micro-batches, bitwise: pure data parallelism
