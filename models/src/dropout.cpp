@@ -48,16 +48,18 @@ __attribute__((target_clones("avx2", "default"))) void fill_noise(float* out, in
 at::Tensor counter_dropout(const at::Tensor& x, double p, bool train) {
   PIPEMAT_CHECK(p >= 0 && p < 1, ConfigError, "dropout: p ", p, " is outside [0, 1)");
   if (!train || p == 0) return x;
-  if (x.scalar_type() != at::kFloat) return at::dropout(x, p, train);
+  const bool low = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  if (x.scalar_type() != at::kFloat && !low) return at::dropout(x, p, train);
   PIPEMAT_CHECK(x.numel() <= (int64_t{1} << 32), ConfigError, "dropout: ", x.numel(),
                 " elements are more than the 2^32 a mask counts");
   // One draw from the current generator (see the Note in the header).
   const auto seed =
       static_cast<uint64_t>(at::empty({}, x.options().dtype(at::kLong)).random_().item<int64_t>());
-  at::Tensor noise = at::empty(x.sizes(), x.options().requires_grad(false));
+  at::Tensor noise = at::empty(x.sizes(), x.options().dtype(at::kFloat).requires_grad(false));
   fill_noise(noise.data_ptr<float>(), noise.numel(), seed, static_cast<uint32_t>(std::ldexp(p, 32)),
              static_cast<float>(1.0 / (1.0 - p)));
-  return x * noise;
+  // bf16 / half (under autocast): the same mask, the scale rounded to x's dtype.
+  return x * (low ? noise.to(x.scalar_type()) : noise);
 }
 
 CounterDropoutImpl::CounterDropoutImpl(double p_) : p(p_) {

@@ -1,6 +1,7 @@
 #include "pipemat/models/gpt.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
 
@@ -41,6 +42,27 @@ at::Tensor GptEmbedImpl::forward(const at::Tensor& ids) {
   return drop(tok(ids) + pos(at::arange(t, at::kLong)).unsqueeze(0));
 }
 
+namespace {
+
+// Autocast off for one device type over a scope, the thread's state back at its end (also when
+// a remat replay that stopped early unwinds through it).
+class AutocastOff {
+ public:
+  explicit AutocastOff(c10::DeviceType type)
+      : type_(type), was_(at::autocast::is_autocast_enabled(type)) {
+    at::autocast::set_autocast_enabled(type_, false);
+  }
+  ~AutocastOff() { at::autocast::set_autocast_enabled(type_, was_); }
+  AutocastOff(const AutocastOff&) = delete;
+  AutocastOff& operator=(const AutocastOff&) = delete;
+
+ private:
+  c10::DeviceType type_;
+  bool was_;
+};
+
+}  // namespace
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptShape& shape) : heads(shape.heads) {
   qkv = register_module("qkv", CountedLinear(shape.hidden, 3 * shape.hidden));
   proj = register_module("proj", torch::nn::Linear(shape.hidden, shape.hidden));
@@ -52,8 +74,23 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   // softmax(q k^T / sqrt(d) + causal mask) v in one fused kernel (LibTorch's flash attention on
   // the CPU): no [T, T] score, mask or probability tensor is made, kept for backward or
   // recomputed. Same result as the explicit formula to float rounding (Gpt.AttentionIsCausal).
-  const at::Tensor context = at::scaled_dot_product_attention(
-      parts[0], parts[1], parts[2], /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  at::Tensor q = parts[0], k = parts[1], v = parts[2];
+  const at::ScalarType dtype = q.scalar_type();
+  at::Tensor context;
+  if (dtype == at::kBFloat16 || dtype == at::kHalf) {
+    // Under autocast the attention runs in float32 and its output goes back to q's dtype: the
+    // softmax keeps float32's range, and on this CPU the fused kernel's bf16 backward took 5x
+    // its float32 time (38 of the 82 ms of a micro-batch's forward and backward, LibTorch 2.15,
+    // one thread), more than the bf16 GEMMs saved.
+    AutocastOff off(q.device().type());
+    context = at::scaled_dot_product_attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
+                                               /*attn_mask=*/{},
+                                               /*dropout_p=*/0.0, /*is_causal=*/true)
+                  .to(dtype);
+  } else {
+    context = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                               /*is_causal=*/true);
+  }
   return proj(context.transpose(1, 2).reshape({b, t, h}));  // [B, nh, T, d] -> [B, T, h]
 }
 

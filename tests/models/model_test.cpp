@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 
 #include <cmath>
 #include <vector>
@@ -43,6 +44,52 @@ TEST(CounterDropout, OneDrawGivesTheMaskAndTheGradient) {
   EXPECT_TRUE(module(x).is_same(x));
   EXPECT_THROW(counter_dropout(x, 1.0, true), ConfigError);
   EXPECT_THROW(CounterDropout(-0.1), ConfigError);
+}
+
+// Under CPU autocast to bf16 the attention's kernel runs in float32 on the bf16 q, k, v (its
+// output back in bf16), and the thread's autocast state is as it was afterwards.
+TEST(Gpt, AttentionUnderAutocastRunsInFloat32) {
+  GptShape shape;
+  shape.hidden = 32;
+  shape.heads = 4;
+  at::manual_seed(3);
+  CausalSelfAttention attn(shape);
+  const int64_t b = 2, t = 9, h = shape.hidden, d = h / shape.heads;
+  const at::Tensor x = at::randn({b, t, h});
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::increment_nesting();
+  const at::Tensor fused = attn->forward(x);
+  EXPECT_TRUE(at::autocast::is_autocast_enabled(at::kCPU));
+  const at::Tensor q_k_v =
+      attn->qkv->forward(x).view({b, t, 3, shape.heads, d}).permute({2, 0, 3, 1, 4});
+  ASSERT_EQ(q_k_v.scalar_type(), at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  const at::Tensor context =
+      at::scaled_dot_product_attention(q_k_v[0].to(at::kFloat), q_k_v[1].to(at::kFloat),
+                                       q_k_v[2].to(at::kFloat), {}, 0.0, true)
+          .to(at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  const at::Tensor plain = attn->proj->forward(context.transpose(1, 2).reshape({b, t, h}));
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  EXPECT_EQ(fused.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(fused, plain));
+}
+
+// A bf16 input (autocast's output) gets the float32 call's mask from the same draw, the scale
+// rounded to bf16, and the result stays bf16 (no at::dropout, which draws every element).
+TEST(CounterDropout, Bf16TakesTheSameMaskFromOneDraw) {
+  const at::Tensor x = at::ones({300, 300});
+  at::manual_seed(11);
+  const at::Tensor y32 = counter_dropout(x, 0.25, true);
+  const int64_t after = at::empty({}, at::kLong).random_().item<int64_t>();
+  at::manual_seed(11);
+  const at::Tensor y16 = counter_dropout(x.to(at::kBFloat16), 0.25, true);
+  EXPECT_EQ(at::empty({}, at::kLong).random_().item<int64_t>(), after) << "one draw";
+  EXPECT_EQ(y16.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(y16.ne(0).equal(y32.ne(0)));
+  EXPECT_TRUE(y16.to(at::kFloat).equal(y32.to(at::kBFloat16).to(at::kFloat)));
 }
 
 // The attention's fused kernel computes softmax(q k^T / sqrt(d) with the future masked) v: its

@@ -10,9 +10,9 @@
 // forward's masks, and one draw per call keeps the generator's stream as short as a scalar
 // op's.
 //
-// The output is x * noise with noise = 0 or 1 / (1 - p), as at::dropout computes it; float32
-// only (other dtypes use at::dropout), at most 2^32 elements. The keep probability is 1 - p
-// to 2^-32.
+// The output is x * noise with noise = 0 or 1 / (1 - p), as at::dropout computes it; float32,
+// and bf16 / half (autocast's outputs: the same mask, the scale rounded to that dtype); other
+// dtypes use at::dropout; at most 2^32 elements. The keep probability is 1 - p to 2^-32.
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/cloneable.h>
