@@ -142,6 +142,43 @@ TEST(AutocastReplay, TheUnitsMatmulRunsInItsForwardsDtypeInReplay) {
   }
 }
 
+// A pre-triggered replay (the pipeline's R action, outside any autocast region) recomputes in
+// its forward's bf16, and the report counts the bf16 tensors at 2 bytes an element: each unit's
+// cached gemm output [4, kHidden] and, of its replay, what the matmul saves (autocast's bf16
+// casts of its input [4, kHidden] and weight [kHidden, kHidden]), the gemm's slot (the
+// matmul's output) and silu's input. Gradients as without remat, bitwise.
+TEST(AutocastReplay, APretriggeredReplayRecomputesInBf16AndCountsItsBytes) {
+  TwoProbes m = make_probes(true);
+  auto xin = probe_input().requires_grad_(true);
+  std::shared_ptr<InvocationGroup> group;
+  at::Tensor out;
+  {
+    InvocationScope scope({0, 0, 0});
+    CpuAutocast on(true);
+    out = m->forward(xin);
+    group = scope.group();
+  }
+  group->pretrigger();
+  EXPECT_EQ(m->a->dtypes, std::vector<at::ScalarType>({at::kBFloat16, at::kBFloat16}));
+  const RematReport report = group->report();
+  EXPECT_EQ(report.invocations, 2);
+  EXPECT_EQ(report.cached_output_bytes, 2 * (4 * kHidden * 2));
+  EXPECT_EQ(report.replayed_bytes,
+            2 * (4 * kHidden + kHidden * kHidden + 4 * kHidden + 4 * kHidden) * 2);
+  const auto w = at::linspace(-1, 1, out.numel()).reshape(out.sizes());
+  std::vector<at::Tensor> inputs{xin};
+  for (const auto& p : m->parameters()) inputs.push_back(p);
+  const auto grads = torch::autograd::grad({(out * w).sum()}, inputs);
+  group->release();
+  TwoProbes plain = make_probes(false);
+  const Grads want = run(plain, Around::kForward);
+  EXPECT_TRUE(at::equal(out, want.out));
+  EXPECT_TRUE(at::equal(grads[0], want.dx));
+  for (size_t i = 0; i < want.dparams.size(); ++i) {
+    EXPECT_TRUE(at::equal(grads[i + 1], want.dparams[i])) << "parameter " << i;
+  }
+}
+
 // (b) A unit that turns autocast on and off itself, with early stop (replay ends at the silu's
 // saved input, before the block's "off"), and without early stop: bitwise equal, and the
 // thread's autocast state, nesting and grad mode are what they were.

@@ -417,6 +417,34 @@ TEST(GptData, ReplicasCheckpointAndResumeBitwise) {
   EXPECT_NE(single.steps[0].loss, second.steps[0].loss);  // half the global batch
 }
 
+// Note [Mixed precision]: a bf16 run stopped after step 2 and resumed trains bitwise as the
+// uninterrupted one (the state is float32; the autocast regions open per forward).
+TEST(GptBf16, StopAndResumeBitwise) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "zb-v", "selective");
+  c.training.precision = pp::Precision::kBFloat16;
+  c.training.steps = 4;
+  const TrainResult whole = train_in_process(c, nullptr);
+  ASSERT_EQ(whole.steps.size(), 4u);
+  c.checkpoint.dir = (dir.path() / "ck").string();
+  c.training.stop_after = 2;
+  ASSERT_EQ(train_in_process(c, nullptr).steps.size(), 2u);
+  c.training.stop_after = 0;
+  c.checkpoint.resume = "latest";
+  const TrainResult second = train_in_process(c, nullptr);
+  ASSERT_EQ(second.steps.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(second.steps[k].loss, whole.steps[k + 2].loss) << "step " << k + 2;
+  }
+  std::map<std::string, at::Tensor> want(whole.params.begin(), whole.params.end());
+  ASSERT_EQ(second.params.size(), want.size());
+  for (const auto& [name, value] : second.params) {
+    EXPECT_EQ(value.scalar_type(), at::kFloat) << name;
+    EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
+  }
+}
+
 TEST(Gpt, DropoutIsOnAndTheLossFalls) {
   TempDir dir;
   write(dir.path() / "text.txt", words(16 * kSplitBlock));
