@@ -109,7 +109,7 @@ struct Measured {
 // One round of a candidate: forward, pre-triggered replay and the split backward (I, W), then a
 // second forward and replay for the fused backward (B). Adds its times to `m` when `record`.
 void measure_once(torch::nn::Sequential& layer, const at::Tensor& input, const at::Tensor& dy,
-                  bool record, Measured* m) {
+                  Precision precision, bool record, Measured* m) {
   const DeviceMeter meter(input.device());
   const auto params = layer->parameters();
   // The forward under an invocation scope, then R; returns the output and its group.
@@ -120,6 +120,7 @@ void measure_once(torch::nn::Sequential& layer, const at::Tensor& input, const a
     std::shared_ptr<remat::InvocationGroup> group;
     {
       remat::InvocationScope scope({0, 0, 0});
+      const PrecisionRegion region(precision, input.device());
       y = layer->forward(x);
       group = scope.group();
     }
@@ -213,7 +214,7 @@ LayerCandidates profile_layer(const std::string& name,
     remat::apply_policy(*layer, full_policy(p));
     Measured m;
     for (int r = 0; r < options.warmup + options.repeats; ++r) {
-      measure_once(layer, input, dy, /*record=*/r >= options.warmup, &m);
+      measure_once(layer, input, dy, options.precision, /*record=*/r >= options.warmup, &m);
     }
     plan::Candidate c;
     c.name = candidate_name(p);
@@ -268,7 +269,8 @@ struct ProfiledForward {
 // stays alive is the inputs and what the graph saved. `bytes` gets the inputs' and the rest.
 ProfiledForward stage_forward(const DeviceMeter& meter, const PipelineStage& stage,
                               const Tensors& inputs, const LossFn& loss, const Tensors& targets,
-                              Tensors* outputs, double* input_bytes, double* resident_bytes) {
+                              Precision precision, Tensors* outputs, double* input_bytes,
+                              double* resident_bytes) {
   outputs->clear();  // the previous round's, freed before anything is measured
   ProfiledForward out;
   const int64_t before_inputs = meter.current_bytes();
@@ -287,9 +289,10 @@ ProfiledForward stage_forward(const DeviceMeter& meter, const PipelineStage& sta
   at::Tensor root;
   {
     remat::InvocationScope scope({0, stage.index, 0});
+    const PrecisionRegion region(precision, device_of(x));
     y = stage.forward(x);
   }
-  if (loss) root = loss(y, targets);
+  if (loss) root = loss(loss_inputs(y, precision), targets);
   out.ms = meter.ms_since(t0);
   out.peak_bytes = static_cast<double>(meter.window_peak() - base);
   // Sizes and options of each output's gradient (holding the outputs would keep them alive).
@@ -324,7 +327,7 @@ ProfiledForward stage_forward(const DeviceMeter& meter, const PipelineStage& sta
 }  // namespace
 
 StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, const LossFn& loss,
-                           const Tensors& targets, int repeats, int warmup) {
+                           const Tensors& targets, int repeats, int warmup, Precision precision) {
   PIPEMAT_CHECK(repeats >= 1 && warmup >= 0, ConfigError, "profile: repeats must be >= 1 (got ",
                 repeats, ") and warmup >= 0 (got ", warmup, ").");
   PIPEMAT_CHECK(static_cast<bool>(stage.forward), ConfigError, "profile: stage ", stage.index,
@@ -340,8 +343,8 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
   for (int r = 0; r < warmup + repeats; ++r) {
     const bool record = r >= warmup;
     const auto split_round = [&](bool measure) {
-      ProfiledForward f = stage_forward(meter, stage, inputs, loss, targets, &out.outputs,
-                                        &out.input_bytes, &out.resident_bytes);
+      ProfiledForward f = stage_forward(meter, stage, inputs, loss, targets, precision,
+                                        &out.outputs, &out.input_bytes, &out.resident_bytes);
       SplitBackward split(f.roots, f.leaves, params);
       int64_t start = meter.begin_window();
       auto t0 = meter.now();
@@ -368,8 +371,8 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
     }
     split_round(/*measure=*/false);
     {  // B
-      ProfiledForward f = stage_forward(meter, stage, inputs, loss, targets, &out.outputs,
-                                        &out.input_bytes, &out.resident_bytes);
+      ProfiledForward f = stage_forward(meter, stage, inputs, loss, targets, precision,
+                                        &out.outputs, &out.input_bytes, &out.resident_bytes);
       const int64_t start = meter.begin_window();
       const auto t0 = meter.now();
       run_backward(f.roots, f.dy);
@@ -388,7 +391,7 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
     if (stage.module) {
       for (auto p : stage.module->parameters()) p.mutable_grad() = at::Tensor();
     }
-    ProfiledForward f = stage_forward(meter, stage, inputs, loss, targets, &out.outputs,
+    ProfiledForward f = stage_forward(meter, stage, inputs, loss, targets, precision, &out.outputs,
                                       &out.input_bytes, &out.resident_bytes);
     const int64_t start = meter.begin_window();
     run_backward(f.roots, f.dy);

@@ -76,6 +76,27 @@ TEST(Profile, CandidatesComeFromTheModuleTree) {
   EXPECT_GT(k[0].backward_temporary_bytes, 0);
 }
 
+// Note [Mixed precision]: profiled in bf16, a layer's bytes are those of its bf16 run. The
+// layer x + down(silu(up(norm(x)))) under autocast: the RMSNorm's ops are not autocast's, so
+// "none" keeps the rsqrt's [8, 1] and x * rsqrt [8, 16] in float32 (saved by the weight
+// multiply); up's GEMM saves autocast's bf16 cast of the normalized x [8, 16], not the float32
+// tensor itself, which is freed; then the bf16 casts of up's [32, 16] and down's [16, 32]
+// weights, up's and silu's outputs [8, 32] in bf16, and the output [8, 16] (float32 x plus bf16
+// down(...): float32). 4384 B against float32's 3616.
+TEST(Profile, Bf16BytesAreThoseOfTheBf16Run) {
+  at::manual_seed(3);
+  ProfileOptions bf16;
+  bf16.precision = Precision::kBFloat16;
+  const LayerCandidates c =
+      profile_layer("layers.*", mlp_block, at::randn({kTokens, kHidden}), bf16);
+  const auto& none = c.profile.candidates[0];
+  EXPECT_EQ(none.resident_bytes, kTokens * 4 + kTokens * kHidden * 4 + kTokens * kHidden * 2 +
+                                     2 * kFfn * kHidden * 2 + 2 * kTokens * kFfn * 2 +
+                                     kTokens * kHidden * 4);
+  EXPECT_EQ(none.resident_bytes, 4384);
+  EXPECT_EQ(c.profile.candidates[1].resident_bytes, kTokens * kHidden * 4) << "full: the output";
+}
+
 TEST(Profile, StagePolicyNamesEachLayerByItsIndex) {
   at::manual_seed(3);
   const LayerCandidates c =

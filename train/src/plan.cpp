@@ -133,8 +133,10 @@ void check_budgets(const std::vector<int64_t>& budget_bytes, int ranks) {
 
 // The candidates of one layer of the kind. Note [Plan inputs]: every candidate gets the times
 // of `none` for F, I, W and B (only what it keeps and replays differs).
-pp::LayerCandidates profile_layer_kind(const LayerKind& kind, const PlanOptions& options) {
+pp::LayerCandidates profile_layer_kind(const LayerKind& kind, const PlanOptions& options,
+                                       pp::Precision precision) {
   pp::ProfileOptions profile_options;
+  profile_options.precision = precision;
   profile_options.repeats = options.repeats;
   profile_options.warmup = options.warmup;
   profile_options.max_save_leaves = options.max_save_leaves;
@@ -230,9 +232,9 @@ std::vector<std::vector<at::Tensor>> profile_stages(PlanReport& report, const Mo
     problem.fixed_bytes[static_cast<size_t>(plan_schedule.rank_of(s))] +=
         gradients * (1 + optimizer_states(config.training));
     const bool last = s == stages - 1;
-    const pp::StageProfile whole =
-        pp::profile_stage(stage, inputs, last ? run.loss : pp::LossFn{},
-                          last ? data.targets : pp::Tensors{}, options.repeats, options.warmup);
+    const pp::StageProfile whole = pp::profile_stage(
+        stage, inputs, last ? run.loss : pp::LossFn{}, last ? data.targets : pp::Tensors{},
+        options.repeats, options.warmup, config.training.precision);
     inputs = whole.outputs;
     problem.stage_bytes[static_cast<size_t>(s)] = stage_bytes(whole, gradients);
     const int64_t layers =
@@ -303,7 +305,7 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
   const c10::Device device = pp::resolve_device(config.training.device, 0, "training.device");
   LayerKind kind = layer_kind(config, stages);
   kind.input = pp::copy_to_device(kind.input, device);
-  const pp::LayerCandidates layer = profile_layer_kind(kind, options);
+  const pp::LayerCandidates layer = profile_layer_kind(kind, options, config.training.precision);
   const std::vector<std::vector<at::Tensor>> rank_params =
       profile_stages(report, run, plan_schedule, kind, layer, device, options);
   // The step's tail on each rank: its optimizer step (and gradient norms) on its parameters,

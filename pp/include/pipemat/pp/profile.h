@@ -39,6 +39,9 @@ struct ProfileOptions {
   int repeats = 3;          // measured rounds per candidate (times: their median)
   int warmup = 1;           // unmeasured rounds per candidate before them
   int max_save_leaves = 6;  // 2^6 - 1 selective candidates at most
+  // Each forward in the region the pipeline gives it (Note [Mixed precision] in
+  // pipemat/pp/precision.h), so bytes and times are those of the run's precision.
+  Precision precision = Precision::kFloat32;
 };
 
 // One candidate's declaration, with paths relative to the layer: "" is the layer itself.
@@ -103,7 +106,10 @@ struct StageProfile {
 // into them, each with a random output gradient on other stages. `warmup` rounds
 // first, unmeasured (first calls allocate and fault in memory, start kernels); times: the median
 // of the `repeats` rounds after them; bytes: those of the last. Installs the tracking allocator.
+// `precision`: each forward in the region the pipeline gives it, the loss on loss_inputs (Note
+// [Mixed precision]).
 StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, const LossFn& loss,
-                           const Tensors& targets, int repeats = 3, int warmup = 1);
+                           const Tensors& targets, int repeats = 3, int warmup = 1,
+                           Precision precision = Precision::kFloat32);
 
 }  // namespace pipemat::pp
