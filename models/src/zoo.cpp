@@ -102,7 +102,9 @@ at::Tensor MoELayerImpl::forward(const at::Tensor& x) {
   auto h = norm(x);
   Dispatch d = dispatch(h);
   auto y = experts(d.packed, d.counts);
-  auto combined = at::zeros_like(x).index_add(0, d.token_index, y * d.gate);
+  // In the experts' dtype (bf16 under autocast: softmax's gate is float32, so y * gate is too).
+  const at::Tensor weighted = y * d.gate;
+  auto combined = at::zeros_like(x, weighted.scalar_type()).index_add(0, d.token_index, weighted);
   return x + combined;
 }
 
