@@ -105,6 +105,11 @@ struct InputRecord {
   int64_t storage_nbytes = 0;
   bool rederivable = false;
   Fallback reason = Fallback::kLeaf;
+  // Its gradient edge (the autograd node that made it and which of its outputs it is), to know
+  // a cast of it (Note [Rederived casts]); and its version counter.
+  const void* grad_fn = nullptr;
+  uint32_t output_nr = 0;
+  c10::VariableVersion counter{c10::VariableVersion::DISABLED};
 };
 
 // One saved tensor of a SAVE region that replay rederives from an input instead of keeping it.
@@ -115,6 +120,8 @@ struct SlotRecipe {
   std::vector<int64_t> sizes, strides;
   int64_t relative_offset = 0;
   bool exact = true;  // the input itself, not a view of it
+  // Undefined, or the dtype the saved tensor is a cast of the input to (Note [Rederived casts]).
+  at::ScalarType cast = at::ScalarType::Undefined;
   c10::VariableVersion version{c10::VariableVersion::DISABLED};
   uint32_t saved_version = 0;
   at::Tensor value;  // filled by replay
@@ -170,7 +177,8 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
   // Zero-element placeholders for the `leaf_count` tensor leaves of a save_output=false region.
   c10::IValue make_placeholders(const SaveEntry& entry);
   void check_unit_output(const c10::IValue& output) const;
-  // Slot for `saved` (an alias of entry.inputs[input]) or -1 when it must be kept (fallback).
+  // Slot for `saved` (an alias of entry.inputs[input], or a cast of one) or -1 when it must be
+  // kept (fallback).
   int64_t try_rederive(SaveEntry& entry, const at::Tensor& saved);
   void fill_slots(SaveEntry& entry, const std::vector<c10::IValue>& args);
   at::Tensor unpack_slot(int64_t index);
@@ -198,6 +206,9 @@ class Invocation : public std::enable_shared_from_this<Invocation> {
   void abandon_replay(const std::optional<RngState>& rng_outside);
   void ensure_replayed_for_unpack(bool consumed);
   void note_fallback(Fallback reason, const InputRecord& input, const SaveEntry& entry);
+  int64_t try_rederive_cast(SaveEntry& entry, const at::Tensor& saved);
+  int64_t add_slot(SaveEntry& entry, size_t input, const at::Tensor& saved, bool exact,
+                   at::ScalarType cast);
 
   InvocationId id_;
   std::string unit_name_;

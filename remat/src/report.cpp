@@ -113,9 +113,17 @@ RematReport Invocation::report() const {
   for (const auto& [id, fifo] : save_entries_) {
     for (const auto& e : fifo) {
       for (int64_t index : e.slots) {
-        const InputRecord& rec = e.inputs[slots_[index].input];
+        const SlotRecipe& slot = slots_[index];
+        const InputRecord& rec = e.inputs[slot.input];
         ++r.rederived_slots;
-        if (rederived_storages.insert(rec.storage).second) r.rederived_bytes += rec.storage_nbytes;
+        if (slot.cast != at::ScalarType::Undefined) {
+          // Note [Rederived casts]: the cast not kept, in its own dtype's bytes.
+          int64_t elements = 1;
+          for (int64_t d : slot.sizes) elements *= d;
+          r.rederived_bytes += elements * static_cast<int64_t>(c10::elementSize(slot.cast));
+        } else if (rederived_storages.insert(rec.storage).second) {
+          r.rederived_bytes += rec.storage_nbytes;
+        }
       }
     }
   }

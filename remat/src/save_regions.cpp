@@ -4,6 +4,7 @@
 
 #include <ATen/ops/empty.h>
 #include <c10/core/TensorImpl.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
 #include <atomic>
@@ -40,6 +41,9 @@ void Invocation::record_save_inputs(SaveEntry& entry, const std::vector<c10::IVa
                            rec.strides = t.strides().vec();
                            rec.offset = t.storage_offset();
                            rec.version = static_cast<uint32_t>(t._version());
+                           rec.counter = t.unsafeGetTensorImpl()->version_counter();
+                           rec.grad_fn = t.grad_fn().get();
+                           rec.output_nr = static_cast<uint32_t>(t.output_nr());
                            if (t.has_storage()) {
                              rec.storage = t.storage().unsafeGetStorageImpl();
                              rec.storage_nbytes = static_cast<int64_t>(t.storage().nbytes());
@@ -172,25 +176,69 @@ int64_t Invocation::try_rederive(SaveEntry& entry, const at::Tensor& saved) {
         return -1;
       }
     }
-    SlotRecipe slot;
-    slot.region = entry.name;
-    slot.input_path = rec.path;
-    slot.input = i;
-    slot.sizes = saved.sizes().vec();
-    slot.strides = saved.strides().vec();
-    slot.relative_offset = saved.storage_offset() - rec.offset;
-    slot.exact = exact;
-    slot.version = saved.unsafeGetTensorImpl()->version_counter();
-    slot.saved_version = slot.version.current_version();
-    slots_.push_back(std::move(slot));
-    const auto index = static_cast<int64_t>(slots_.size()) - 1;
-    entry.slots.push_back(index);
-    if (trace_enabled()) {
-      trace_line(concat("rederive: SAVE region '", entry.name, "' saves ", rec.path,
-                        exact ? "" : " (a view)", " as slot #", index, ", ", describe_tensor(saved),
-                        " not kept (", where(), ")"));
+    return add_slot(entry, i, saved, exact, at::ScalarType::Undefined);
+  }
+  return try_rederive_cast(entry, saved);
+}
+
+int64_t Invocation::add_slot(SaveEntry& entry, size_t input, const at::Tensor& saved, bool exact,
+                             at::ScalarType cast) {
+  const InputRecord& rec = entry.inputs[input];
+  SlotRecipe slot;
+  slot.region = entry.name;
+  slot.input_path = rec.path;
+  slot.input = input;
+  slot.sizes = saved.sizes().vec();
+  slot.strides = saved.strides().vec();
+  slot.relative_offset = saved.storage_offset() - rec.offset;
+  slot.exact = exact;
+  slot.cast = cast;
+  slot.version = saved.unsafeGetTensorImpl()->version_counter();
+  slot.saved_version = slot.version.current_version();
+  slots_.push_back(std::move(slot));
+  const auto index = static_cast<int64_t>(slots_.size()) - 1;
+  entry.slots.push_back(index);
+  if (trace_enabled()) {
+    trace_line(concat("rederive: SAVE region '", entry.name, "' saves ", rec.path,
+                      cast != at::ScalarType::Undefined ? " (a cast)"
+                      : exact                           ? ""
+                                                        : " (a view)",
+                      " as slot #", index, ", ", describe_tensor(saved), " not kept (", where(),
+                      ")"));
+  }
+  return index;
+}
+
+// Note [Rederived casts]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Under autocast a SAVE region's GEMM does not save its float32 input but autocast's cast of
+// it to bf16: another tensor, so no alias of the input, and it would be kept. Such a saved
+// tensor is known by its autograd node: a copy (ToCopyBackward0) whose one edge is the gradient
+// edge of a rederivable input, with the input's sizes and strides (a cast of the whole input),
+// taken while the input was at its recorded version. Replay rederives it by the same recipe
+// plus the cast: the replayed input converted to that dtype, bit for bit the forward's cast.
+int64_t Invocation::try_rederive_cast(SaveEntry& entry, const at::Tensor& saved) {
+  const auto node = saved.grad_fn();
+  if (node == nullptr || node->num_outputs() != 1 || node->name() != "ToCopyBackward0") return -1;
+  const torch::autograd::Edge& edge = node->next_edge(0);
+  if (!edge.is_valid()) return -1;
+  for (size_t i = 0; i < entry.inputs.size(); ++i) {
+    const InputRecord& rec = entry.inputs[i];
+    if (rec.grad_fn != edge.function.get() || rec.output_nr != edge.input_nr) continue;
+    if (!rec.rederivable) {
+      note_fallback(rec.reason, rec, entry);
+      return -1;
     }
-    return index;
+    if (rec.counter.current_version() != rec.version) {
+      note_fallback(Fallback::kInplace, rec, entry);
+      return -1;
+    }
+    if (saved.sizes().vec() != rec.sizes || saved.strides().vec() != rec.strides ||
+        saved.storage_offset() != 0) {
+      note_fallback(Fallback::kView, rec, entry);
+      return -1;
+    }
+    return add_slot(entry, i, saved, /*exact=*/true, saved.scalar_type());
   }
   return -1;
 }
@@ -228,6 +276,7 @@ void Invocation::fill_slots(SaveEntry& entry, const std::vector<c10::IValue>& ar
     slot.value = slot.exact ? base
                             : base.as_strided(slot.sizes, slot.strides,
                                               base.storage_offset() + slot.relative_offset);
+    if (slot.cast != at::ScalarType::Undefined) slot.value = slot.value.to(slot.cast);
     slot.consumed = false;
     if (trace_enabled()) {
       trace_line(concat("fill slot #", index, " of SAVE region '", entry.name, "' from replayed ",

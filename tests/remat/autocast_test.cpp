@@ -179,6 +179,49 @@ TEST(AutocastReplay, APretriggeredReplayRecomputesInBf16AndCountsItsBytes) {
   }
 }
 
+// Note [Rederived casts]: RMSNorm (RECOMPUTE, float32 ops) feeding a SAVE GEMM under autocast:
+// the GEMM saves autocast's bf16 cast of the normalized input, which replay rederives from the
+// replayed input plus the cast instead of keeping it, as float32 rederives the input itself.
+// Gradients as without remat under the same autocast, bitwise.
+TEST(AutocastReplay, AGemmsBf16CastOfARecomputedInputIsRederived) {
+  const auto make = [](bool remat) {
+    at::manual_seed(13);
+    Remat<Block> block{Block(kHidden)};
+    if (remat) {
+      block->gemm = checkpoint_exclude_wrapper(block->gemm);
+      block = checkpoint_wrapper(block);
+    }
+    return block;
+  };
+  for (const bool on : {false, true}) {
+    SCOPED_TRACE(on ? "bf16" : "float32");
+    Remat<Block> remat = make(true), plain = make(false);
+    auto x = probe_input().requires_grad_(true);
+    auto x2 = probe_input().requires_grad_(true);
+    std::shared_ptr<InvocationGroup> group;
+    at::Tensor out, want;
+    {
+      InvocationScope scope({0, 0, 0});
+      CpuAutocast autocast(on);
+      out = remat(x).to(at::kFloat);
+      group = scope.group();
+    }
+    {
+      CpuAutocast autocast(on);
+      want = plain(x2).to(at::kFloat);
+    }
+    const RematReport report = group->report();
+    EXPECT_EQ(report.rederived_slots, 1);
+    EXPECT_EQ(report.rederived_bytes, 4 * kHidden * (on ? 2 : 4));
+    EXPECT_EQ(report.fallback_total(), 0);
+    out.sum().backward();
+    want.sum().backward();
+    EXPECT_TRUE(at::equal(out, want));
+    EXPECT_TRUE(at::equal(x.grad(), x2.grad()));
+    EXPECT_TRUE(at::equal(remat->gemm->weight.grad(), plain->gemm->weight.grad()));
+  }
+}
+
 // (b) A unit that turns autocast on and off itself, with early stop (replay ends at the silu's
 // saved input, before the block's "off"), and without early stop: bitwise equal, and the
 // thread's autocast state, nesting and grad mode are what they were.
