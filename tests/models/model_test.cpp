@@ -46,12 +46,18 @@ TEST(CounterDropout, OneDrawGivesTheMaskAndTheGradient) {
   EXPECT_THROW(CounterDropout(-0.1), ConfigError);
 }
 
-// Under CPU autocast to bf16 the attention's kernel runs in float32 on the bf16 q, k, v (its
-// output back in bf16), and the thread's autocast state is as it was afterwards.
-TEST(Gpt, AttentionUnderAutocastRunsInFloat32) {
+// The attention tests' shape: hidden 32 in 4 heads.
+GptShape attention_shape() {
   GptShape shape;
   shape.hidden = 32;
   shape.heads = 4;
+  return shape;
+}
+
+// Under CPU autocast to bf16 the attention's kernel runs in float32 on the bf16 q, k, v (its
+// output back in bf16), and the thread's autocast state is as it was afterwards.
+TEST(Gpt, AttentionUnderAutocastRunsInFloat32) {
+  const GptShape shape = attention_shape();
   at::manual_seed(3);
   CausalSelfAttention attn(shape);
   const int64_t b = 2, t = 9, h = shape.hidden, d = h / shape.heads;
@@ -95,9 +101,7 @@ TEST(CounterDropout, Bf16TakesTheSameMaskFromOneDraw) {
 // The attention's fused kernel computes softmax(q k^T / sqrt(d) with the future masked) v: its
 // output and the gradients of x and of both projections equal the explicit formula's.
 TEST(Gpt, AttentionIsCausal) {
-  GptShape shape;
-  shape.hidden = 32;
-  shape.heads = 4;
+  const GptShape shape = attention_shape();
   at::manual_seed(3);
   CausalSelfAttention attn(shape);
   const int64_t b = 2, t = 9, h = shape.hidden, d = h / shape.heads;
