@@ -14,22 +14,16 @@
 
 namespace pipemat {
 
-namespace {
-
-std::string hex_of(const unsigned char* bytes, size_t size) {
+std::string to_hex(const Digest& digest) {
   std::string hex;
-  hex.reserve(2 * size);
+  hex.reserve(2 * digest.size());
   char pair[3];
-  for (size_t i = 0; i < size; ++i) {
-    std::snprintf(pair, sizeof(pair), "%02x", bytes[i]);
+  for (const uint8_t byte : digest) {
+    std::snprintf(pair, sizeof(pair), "%02x", byte);
     hex += pair;
   }
   return hex;
 }
-
-}  // namespace
-
-std::string to_hex(const Digest& digest) { return hex_of(digest.data(), digest.size()); }
 
 std::string sha256_hex(std::string_view bytes) {
   Sha256 sha;
@@ -56,12 +50,12 @@ void Sha256::update(const void* data, size_t size) {
                 "Sha256: OpenSSL's update failed");
 }
 
-std::string Sha256::finish_hex() {
-  unsigned char digest[EVP_MAX_MD_SIZE];
+Digest Sha256::finish() {
+  Digest out{};
   unsigned int size = 0;
-  PIPEMAT_CHECK(EVP_DigestFinal_ex(context_->ctx, digest, &size) == 1, InternalError,
-                "Sha256: OpenSSL's final step failed");
-  return hex_of(digest, size);
+  PIPEMAT_CHECK(EVP_DigestFinal_ex(context_->ctx, out.data(), &size) == 1 && size == out.size(),
+                InternalError, "Sha256: OpenSSL's final step failed");
+  return out;
 }
 
 FileDigest sha256_file(const std::string& path) {

@@ -583,8 +583,10 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
   transport.barrier();
 }
 
-CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
-  const nlohmann::json m = read_manifest_json(dir);
+namespace {
+
+// The manifest `m` of the checkpoint in `dir`, checked (read_checkpoint_manifest's contract).
+CheckpointManifest manifest_from_json(const nlohmann::json& m, const std::string& dir) {
   CheckpointManifest out;
   out.format = format_of(m, manifest_path(dir));
   try {
@@ -609,22 +611,27 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
   return out;
 }
 
+}  // namespace
+
+CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
+  return manifest_from_json(read_manifest_json(dir), dir);
+}
+
 void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Module*>& stages) {
-  const CheckpointManifest manifest = read_checkpoint_manifest(dir);
+  const nlohmann::json m = read_manifest_json(dir);  // read once: its digests are checked below
+  const CheckpointManifest manifest = manifest_from_json(m, dir);
   PIPEMAT_CHECK(stages.size() == static_cast<size_t>(manifest.stages), ConfigError,
                 "load_stage_weights: ", dir, " holds ", manifest.stages, " stages but ",
                 stages.size(), " modules were given");
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;
   std::map<int, std::vector<int>> by_rank;
   for (int s = 0; s < manifest.stages; ++s) by_rank[manifest.stage_to_rank[s]].push_back(s);
-  const nlohmann::json m = read_manifest_json(dir);
-  const int format = format_of(m, manifest_path(dir));
   for (const auto& [rank, owned] : by_rank) {
     const std::string file = rank_file(dir, rank);
     torch::serialize::InputArchive archive;
-    verify_rank_file(m, format, dir, rank);
+    verify_rank_file(m, manifest.format, dir, rank);
     open_rank_file(archive, file, rank);
-    check_rank_file_run(archive, m, format, file);
+    check_rank_file_run(archive, m, manifest.format, file);
     for (int s : owned) read_stage(archive, file, s, *stages[static_cast<size_t>(s)], copies);
   }
   at::NoGradGuard no_grad;

@@ -36,10 +36,7 @@ PrecisionRegion::~PrecisionRegion() {
 std::vector<at::Tensor> loss_inputs(std::vector<at::Tensor> outputs, Precision precision) {
   if (precision == Precision::kFloat32) return outputs;
   for (auto& t : outputs) {
-    if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kDouble &&
-        t.scalar_type() != at::kFloat) {
-      t = t.to(at::kFloat);
-    }
+    if (t.defined() && at::isReducedFloatingType(t.scalar_type())) t = t.to(at::kFloat);
   }
   return outputs;
 }

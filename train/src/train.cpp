@@ -202,8 +202,7 @@ void resume_run(const RankRun& r, const RunCheckpoints& checkpoints) {
       const std::string hint =
           checkpoints.older.empty()
               ? std::string("; there is no older complete checkpoint of this run")
-              : "; to resume the newest complete one before it: --resume " +
-                    checkpoints.older.front();
+              : "; to resume the newest complete one before it: --resume " + checkpoints.older;
       if (dynamic_cast<const PeerFailedError*>(&e) != nullptr) {
         throw PeerFailedError(e.what() + hint);
       }
@@ -313,12 +312,10 @@ void stop_if_diverged(const TrainConfig& config, const StepMetrics& m, int64_t s
 
 // Note [Stopping on a signal]: true, with result.interrupted set, when a stop is requested at
 // this boundary (`steps_done` steps complete).
-bool stop_here(const RankRun& r, const StopRequested& stop_requested,
-               const RunCheckpoints& checkpoints, int64_t steps_done) {
+bool stop_here(const RankRun& r, const StopRequested& stop_requested, int64_t steps_done) {
   if (!stop_requested || !stop_requested()) return false;
-  const std::string& saved = r.result.final_checkpoint;
-  r.result.interrupted =
-      Interruption{steps_done, saved.empty() ? checkpoints.resume_dir : saved, r.replica == 0};
+  // The last checkpoint saved, else the one resumed from (resume_run sets it).
+  r.result.interrupted = Interruption{steps_done, r.result.final_checkpoint, r.replica == 0};
   return true;
 }
 
@@ -386,12 +383,12 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
                           ? std::min(config.training.stop_after, config.training.steps)
                           : config.training.steps;
   for (int64_t step = pipeline.step(); step < end; ++step) {
-    if (stop_here(r, stop_requested, checkpoints, step)) break;
+    if (stop_here(r, stop_requested, step)) break;
     StepMetrics m;
     try {
       m = pipeline.train_step(run.train_data);
     } catch (const CommError&) {
-      if (stop_here(r, stop_requested, checkpoints, step)) break;  // a peer stopped before it
+      if (stop_here(r, stop_requested, step)) break;  // a peer stopped before it
       throw;
     }
     const bool last = step + 1 == config.training.steps;
@@ -416,7 +413,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
     save_after_step(r, checkpoints, step, end, metadata);
     if (after_step) after_step(step, transport);
   }
-  if (!result.interrupted && !stop_here(r, stop_requested, checkpoints, end)) {
+  if (!result.interrupted && !stop_here(r, stop_requested, end)) {
     finish_run(r, train_curve, end);
   }
   return result;

@@ -214,10 +214,8 @@ RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& tra
     out.continued = !from.run_id.empty();
     out.run = out.continued ? pp::CheckpointRun{from.run_id, from.config_digest}
                             : pp::new_checkpoint_run(from.config_digest);
-    for (auto e = entries.rbegin(); e != entries.rend(); ++e) {
-      if (e->complete && e->step < from.step && e->run_id == from.run_id) {
-        out.older.push_back(e->dir);
-      }
+    for (const auto& e : entries) {  // in step order: the last one found is the newest
+      if (e.complete && e.step < from.step && e.run_id == from.run_id) out.older = e.dir;
     }
     for (const auto& e : entries) {
       PIPEMAT_CHECK(!e.complete || e.run_id == out.run.id || e.step <= from.step ||

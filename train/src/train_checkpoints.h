@@ -43,8 +43,9 @@ struct RunCheckpoints {
   std::vector<std::string> overwritten;  // step directories removed by checkpoint.overwrite
   // `latest`: the step directories newer than resume_dir it passed over, each with why.
   std::vector<std::string> skipped;
-  // The complete checkpoints before resume_dir, newest first (what to name when it is damaged).
-  std::vector<std::string> older;
+  // The newest complete checkpoint of the run before resume_dir, or "" (what to name when
+  // resume_dir is damaged).
+  std::string older;
   // Job rank 0: the locks of checkpoint.dir and output.metrics, held for the run (Note [One job
   // per file] in pipemat/core/file_lock.h).
   std::vector<std::shared_ptr<FileLock>> locks;

@@ -35,13 +35,9 @@ Digest ack_mac(const std::string& secret, const Challenge& challenge, const Hell
 }
 
 Digest job_digest(const std::string& job) {
-  // The hex digest's bytes, so that every rank computes the same 32 bytes from the same text.
-  const std::string hex = sha256_hex(job);
-  Digest out{};
-  for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = static_cast<uint8_t>(std::strtoul(hex.substr(2 * i, 2).c_str(), nullptr, 16));
-  }
-  return out;
+  Sha256 sha;
+  sha.update(job.data(), job.size());
+  return sha.finish();
 }
 
 std::string short_job(const uint8_t* digest) {

@@ -96,8 +96,9 @@ struct TransportOptions {
   std::string secret;
   // tcp: what identifies the job, compared at the rendezvous with or without a secret (its
   // SHA-256 travels, Note [Rendezvous handshake]): a rank whose `job` differs is refused, both
-  // sides naming both digests. `pipemat train` sets its config's digest and world size, so ranks
-  // of two jobs on one master port, or started with two configs, never train together. Empty is
+  // sides naming both digests. `pipemat train` sets its effective config's digest (the world size
+  // is compared on its own), so ranks of two jobs on one master port, or started with two
+  // configs, never train together. Empty is
   // a value like any other (every rank that leaves it empty matches).
   std::string job;
   // tcp: how long an accepted rendezvous connection may take to complete its hello (capped at

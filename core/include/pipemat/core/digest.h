@@ -29,8 +29,9 @@ class Sha256 {
   Sha256& operator=(const Sha256&) = delete;
 
   void update(const void* data, size_t size);
-  // The digest of everything updated, as 64 lowercase hex digits; call once.
-  std::string finish_hex();
+  // The digest of everything updated; call one of the two, once.
+  Digest finish();
+  std::string finish_hex() { return to_hex(finish()); }  // 64 lowercase hex digits
 
  private:
   struct Context;
