@@ -292,6 +292,73 @@ TEST(AutocastReplay, ASaveRegionThatTurnsAutocastOffStaysOffInReplay) {
   EXPECT_EQ(m->gemm->calls, 1) << "the SAVE body ran once";
 }
 
+// Two units sharing one weight (tied layers) under autocast: autocast caches the weight's bf16
+// cast for its region, so the second unit's forward reuses the first one's cast. A replay
+// outside any region opens its own and casts the weight again (its cache cleared when it ends);
+// inside the caller's open region it is nested in it and may reuse that region's cast, whose
+// autograd history leads to the same weight. Either way the weight's gradient sums both units'
+// shares as without remat, bitwise: autocast around the forward only and around forward and
+// backward, the units replayed in the backward and pre-triggered.
+struct TiedImpl : torch::nn::Module {
+  TiedImpl() {
+    weight = register_parameter("weight", at::randn({kHidden, kHidden}) * 0.1);
+    const auto unit = [this](const at::Tensor& x) { return at::silu(at::matmul(x, weight.t())); };
+    a = register_module("a", Counted(unit));
+    b = register_module("b", Counted(unit));
+  }
+  at::Tensor forward(const at::Tensor& x) { return b(a(x)).to(at::kFloat); }
+  at::Tensor weight;
+  Remat<Counted> a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(Tied);
+
+TEST(AutocastReplay, TwoUnitsSharingOneWeightAreBitwiseEqual) {
+  const auto once = [](Tied& m, Around around, bool pretrigger) {
+    auto x = probe_input().requires_grad_(true);
+    at::Tensor out, dx, dw;
+    {
+      CpuAutocast outer(around == Around::kForwardAndBackward);
+      std::shared_ptr<InvocationGroup> group;
+      {
+        InvocationScope scope({0, 0, 0});
+        CpuAutocast inner(around == Around::kForward);
+        out = m->forward(x);
+        group = scope.group();
+      }
+      if (pretrigger) group->pretrigger();
+      const auto w = at::linspace(-1, 1, out.numel()).reshape(out.sizes());
+      const auto grads = torch::autograd::grad({(out * w).sum()}, {x, m->weight});
+      dx = grads[0];
+      dw = grads[1];
+      group->release();
+    }
+    EXPECT_EQ(nesting(), 0);
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+    return std::vector<at::Tensor>{out.detach(), dx, dw};
+  };
+  for (const Around around : {Around::kForward, Around::kForwardAndBackward}) {
+    for (const bool pretrigger : {false, true}) {
+      SCOPED_TRACE(std::string(around == Around::kForward ? "forward" : "forward and backward") +
+                   (pretrigger ? ", pre-triggered" : ""));
+      at::manual_seed(21);
+      Tied remat;
+      remat->a = checkpoint_wrapper(remat->a);
+      remat->b = checkpoint_wrapper(remat->b);
+      at::manual_seed(21);
+      Tied plain;
+      const auto got = once(remat, around, pretrigger);
+      const auto want = once(plain, around, false);
+      EXPECT_EQ(got[0].scalar_type(), at::kFloat);
+      EXPECT_TRUE(at::equal(got[0], want[0])) << "outputs";
+      EXPECT_TRUE(at::equal(got[1], want[1])) << "input gradients";
+      EXPECT_TRUE(at::equal(got[2], want[2])) << "the shared weight's gradient";
+      EXPECT_GT(got[2].abs().sum().item<float>(), 0.0f);
+      EXPECT_EQ(remat->a->calls, 2) << "forward and replay";
+      EXPECT_EQ(remat->b->calls, 2);
+    }
+  }
+}
+
 // Dropout inside a unit under autocast (a SAVE region that draws too): the same masks and
 // values as without remat, and the dropout after the SAVE region replays.
 TEST(AutocastReplay, DropoutInsideAUnitUnderAutocastIsBitwiseEqual) {
