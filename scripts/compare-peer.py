@@ -32,6 +32,11 @@ Known differences between the two sides (none changes a shape or a hyper-paramet
 * Selective recompute: pipemat's SAVE regions keep the inputs of attn.qkv and mlp.up as well as
   their outputs; the SAC policy keeps the outputs only (the layer norms before them are rerun).
 * The peer's processes are Python: each holds about 0.5 GiB after `import torch` alone.
+* bf16 (--precision bf16): pipemat runs `training.precision: bf16` (each stage forward its own
+  autocast region; its GPT computes attention in float32 inside it); the peer wraps each stage
+  forward in torch.autocast("cpu", bfloat16), so its fused attention runs in bf16. On both
+  sides the residual stream, and so what crosses between the stages, stays float32 (the
+  float32 embedding plus bf16 branches); the logits are bf16 and the loss is float32.
 * pipemat's 2-thread reference runs with OpenMP's default wait policy, the peer's eager-2t with
   OMP_WAIT_POLICY=passive.
 
@@ -177,6 +182,8 @@ its error, and the command goes on):
 Columns:
   side       pipemat, or peer (torch.distributed.pipelining and plain PyTorch)
   variant    the name --variants takes after "SIDE/"
+  precision  fp32, or bf16 (--precision): pipemat's training.precision; the peer's stage
+             forwards inside torch.autocast("cpu", bfloat16)
   schedule   the schedule and its stages in all ("2st": 2 stages, one per rank)
   recompute  none: nothing recomputed.
              selective (pipemat): every block a checkpoint unit, its attn.qkv and mlp.up SAVE
@@ -345,24 +352,26 @@ def pipemat_binary(args):
 # ---------------------------------------------------------------------------------------------
 # pipemat's side.
 # ---------------------------------------------------------------------------------------------
-def pipemat_bench_command(binary, config, steps, warmup, schedules, policy_none):
+def pipemat_bench_command(binary, config, steps, warmup, schedules, policy_none, precision):
     cmd = [binary, "bench", "pipeline", "--config", config, "--json", "--steps", str(steps),
-           "--warmup", str(warmup), "--schedules", ",".join(schedules), "--transports", "mpi"]
+           "--warmup", str(warmup), "--schedules", ",".join(schedules), "--transports", "mpi",
+           "--set", f"training.precision={precision}"]
     if policy_none:
         cmd += ["--set", "remat.policy=none"]
     return cmd
 
 
-def pipemat_reference_command(binary, config, steps, threads):
+def pipemat_reference_command(binary, config, steps, threads, precision):
     cmd = [binary, "train", "--config", config, "--reference"]
-    for s in PIPEMAT_QUIET_SETS + [f"training.steps={steps}", f"training.threads={threads}"]:
+    for s in PIPEMAT_QUIET_SETS + [f"training.steps={steps}", f"training.threads={threads}",
+                                   f"training.precision={precision}"]:
         cmd += ["--set", s]
     return cmd
 
 
-def run_pipemat(args, binary, selected):
-    """pipemat's rows: one bench run per remat policy (selective, none) that has a selected
-    schedule; the references come from the first one."""
+def run_pipemat(args, binary, selected, precision):
+    """pipemat's rows in `precision`: one bench run per remat policy (selective, none) that has
+    a selected schedule; the references come from the first one."""
     rows, references_done = [], False
     config = shown_path(args.config)  # the bench runs in the repository root
     for policy in ("selective", "none"):
@@ -377,12 +386,12 @@ def run_pipemat(args, binary, selected):
         else:
             keep_schedules = set(schedules)
         cmd = pipemat_bench_command(binary, config, args.steps, args.warmup, schedules,
-                                    policy == "none")
+                                    policy == "none", precision)
         logfile = tempfile.NamedTemporaryFile(prefix="compare-peer-pipemat-", suffix=".log",
                                               delete=False)
         cmd_logged = cmd + ["--log", logfile.name]
-        log(f"pipemat: remat {policy}: references, then {', '.join(schedules)} over mpi "
-            f"({args.steps} steps each)")
+        log(f"pipemat: {precision}, remat {policy}: references, then "
+            f"{', '.join(schedules)} over mpi ({args.steps} steps each)")
         t0 = time.monotonic()
         proc = subprocess.run(cmd_logged, cwd=REPO, capture_output=True, text=True)
         out, err = proc.stdout, proc.stderr
@@ -398,15 +407,18 @@ def run_pipemat(args, binary, selected):
                 os.unlink(logfile.name)
             for threads in (1, 2):
                 if want_refs and selected(f"pipemat/ref-{threads}t"):
-                    rows.append(pipemat_row(None, 1, "none", threads=threads, error=message,
+                    rows.append(pipemat_row(None, 1, "none", precision, threads=threads,
+                                            error=message,
                                             rerun=pipemat_reference_command(
-                                                shown_path(binary), config, args.steps, threads)))
+                                                shown_path(binary), config, args.steps, threads,
+                                                precision)))
             for kind, stages in PIPEMAT_SCHEDULES:
                 if kind in keep_schedules:
-                    rows.append(pipemat_row(kind, stages, policy, error=message,
+                    rows.append(pipemat_row(kind, stages, policy, precision, error=message,
                                             rerun=pipemat_bench_command(
                                                 shown_path(binary), config, args.steps,
-                                                args.warmup, [kind], policy == "none")))
+                                                args.warmup, [kind], policy == "none",
+                                                precision)))
             references_done = True
             continue
         os.unlink(logfile.name)
@@ -421,31 +433,32 @@ def run_pipemat(args, binary, selected):
                             f"{r['step_ms']:.1f} ms/step; not in the table)")
                     continue
                 rows.append(pipemat_row(
-                    None, 1, "none", threads=threads, step_ms=r["step_ms"],
+                    None, 1, "none", precision, threads=threads, step_ms=r["step_ms"],
                     alloc_peak=r["peak_bytes"], rss=r["resident_peak_bytes"], loss=r["loss"],
                     rerun=pipemat_reference_command(shown_path(binary), config, args.steps,
-                                                    threads)))
+                                                    threads, precision)))
                 continue
             kind = r["schedule"]
             if kind not in keep_schedules:
                 continue
             stages = dict(PIPEMAT_SCHEDULES)[kind]
             rows.append(pipemat_row(
-                kind, stages, policy, threads=int(r["threads"]), step_ms=r["step_ms"],
-                bubble=r["bubble"], alloc_peak=r["peak_bytes"], rss=r["resident_peak_bytes"],
-                loss=r["loss"],
+                kind, stages, policy, precision, threads=int(r["threads"]),
+                step_ms=r["step_ms"], bubble=r["bubble"], alloc_peak=r["peak_bytes"],
+                rss=r["resident_peak_bytes"], loss=r["loss"],
                 rerun=pipemat_bench_command(shown_path(binary), config, args.steps, args.warmup,
-                                            [kind], policy == "none")))
+                                            [kind], policy == "none", precision)))
         references_done = True
     return rows
 
 
-def pipemat_row(kind, stages, policy, threads=1, step_ms=None, bubble=None, alloc_peak=None,
-                rss=None, loss=None, error=None, rerun=None):
+def pipemat_row(kind, stages, policy, precision, threads=1, step_ms=None, bubble=None,
+                alloc_peak=None, rss=None, loss=None, error=None, rerun=None):
     reference = kind is None
     return {
         "side": "pipemat",
         "variant": f"ref-{threads}t" if reference else f"{kind}/{policy}",
+        "precision": precision,
         "schedule": "-" if reference else f"{kind} {stages}st",
         "recompute": policy,
         "ranks": 1 if reference else 2,
@@ -481,20 +494,22 @@ def peer_variants():
     return out
 
 
-def run_peer_variant(args, name, spec, workdir):
-    """Starts the ranks of one peer variant, waits for them and returns its row."""
+def run_peer_variant(args, name, spec, workdir, precision):
+    """Starts the ranks of one peer variant in `precision`, waits for them and returns its
+    row."""
     ranks = 2 if spec["mode"] == "pipeline" else 1
     spec = dict(spec, steps=args.steps, warmup=args.warmup, timeout_s=args.peer_timeout,
-                attention=args.attention)
+                attention=args.attention, precision=precision)
     row = {
-        "side": "peer", "variant": name,
+        "side": "peer", "variant": name, "precision": precision,
         "schedule": PEER_SCHEDULES[spec["schedule"]]["label"] if ranks > 1 else "-",
         "recompute": PEER_RECOMPUTE[spec.get("recompute", "none")],
         "ranks": ranks, "threads": spec["threads"], "step_ms": None, "bubble": None, "rss": [],
         "alloc_peak": None, "loss": None, "error": None,
         "rerun": shlex.join([sys.executable, shown_path(__file__),
                              "--steps", str(args.steps), "--warmup", str(args.warmup),
-                             "--attention", args.attention, "--only", "peer",
+                             "--attention", args.attention, "--precision", precision,
+                             "--only", "peer",
                              "--variants", f"peer/{name}"]),
     }
     port = free_port()
@@ -504,9 +519,10 @@ def run_peer_variant(args, name, spec, workdir):
         env.update(CHILD_ENV[spec["threads"]])  # read by torch when the worker imports it
         env.update({"RANK": str(rank), "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(port)})
-        result = os.path.join(workdir, f"{name.replace('/', '_')}.rank{rank}.json")
-        logpath = os.path.join(workdir, f"{name.replace('/', '_')}.rank{rank}.log")
-        spec_path = os.path.join(workdir, f"{name.replace('/', '_')}.spec.json")
+        base = f"{name.replace('/', '_')}.{precision}"
+        result = os.path.join(workdir, f"{base}.rank{rank}.json")
+        logpath = os.path.join(workdir, f"{base}.rank{rank}.log")
+        spec_path = os.path.join(workdir, f"{base}.spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
         results.append(result)
@@ -536,15 +552,23 @@ def run_peer_variant(args, name, spec, workdir):
             with open(result) as f:
                 data = json.load(f)
         if data is None:
-            failures.append((math.inf, rank, f"rank {rank} exited with status {p.returncode} "
-                             "and no result"))
+            # Killed inside LibTorch (gloo's checks end the process): its log's last line says
+            # why.
+            with open(logs[rank], errors="replace") as f:
+                lines = [line.strip() for line in f if line.strip()]
+            failures.append((False, math.inf, rank,
+                             f"rank {rank} exited with status {p.returncode}: "
+                             f"{lines[-1] if lines else 'no output'}"))
         elif data.get("error"):
-            failures.append((os.path.getmtime(result), rank, data["error"]))
+            # A peer that saw the other side's socket close only reports the consequence.
+            consequence = "Connection reset by peer" in data["error"] or \
+                "Connection closed by peer" in data["error"]
+            failures.append((consequence, os.path.getmtime(result), rank, data["error"]))
         else:
             per_rank.append(data)
     if failures and not row["error"]:
         # The rank that failed first has the cause; its peer then fails on the closed socket.
-        _, rank, row["error"] = min(failures)
+        _, _, rank, row["error"] = min(failures)
         row["log"] = logs[rank]
     if row["error"]:
         row.setdefault("log", logs[0])
@@ -686,15 +710,21 @@ def torch_model():
 
     class Stage(nn.Module):
         """Blocks [first, end) of the model, with the embedding first when first == 0 and the
-        head last when end == layers (pipemat's GptStage)."""
+        head last when end == layers (pipemat's GptStage). With bf16 its forward is one
+        torch.autocast region to bfloat16 (pipemat: training.precision bf16)."""
 
-        def __init__(self, parts, first, end):
+        def __init__(self, parts, first, end, bf16=False):
             super().__init__()
             self.embed = parts["embed"] if first == 0 else None
             self.blocks = nn.ModuleList(parts["blocks"][first:end])
             self.head = parts["head"] if end == len(parts["blocks"]) else None
+            self.bf16 = bf16
 
         def forward(self, x):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+                return self.body(x)
+
+        def body(self, x):
             if self.embed is not None:
                 x = self.embed(x)
             for block in self.blocks:
@@ -727,8 +757,8 @@ def torch_model():
             init_linear(head.out, 0.02)
         return {"embed": embed, "blocks": blocks, "head": head}
 
-    def loss_fn(logits, targets):
-        return F.cross_entropy(logits.reshape(-1, MODEL["vocab"]), targets.reshape(-1))
+    def loss_fn(logits, targets):  # in float32 under either precision
+        return F.cross_entropy(logits.float().reshape(-1, MODEL["vocab"]), targets.reshape(-1))
 
     return types.SimpleNamespace(torch=torch, Stage=Stage, build_gpt=build_gpt, loss_fn=loss_fn)
 
@@ -783,7 +813,7 @@ def run_worker(spec, rank):
     out = {"rank": rank, "torch": torch.__version__, "import_rss_mib": import_rss,
            "step_ms": [], "busy_ms": [], "losses": []}
     if spec["mode"] == "eager":
-        model = m.Stage(parts, 0, MODEL["layers"])
+        model = m.Stage(parts, 0, MODEL["layers"], bf16=spec["precision"] == "bf16")
         params = list(model.parameters())
         optimizer = torch.optim.AdamW(params, lr=TRAIN["lr"], weight_decay=TRAIN["weight_decay"])
         for step in range(steps):
@@ -819,20 +849,25 @@ def run_worker(spec, rank):
         else:  # loop: stage s on rank s % world
             mine = [s for s in range(n_stages) if s % world == rank]
         per_stage = MODEL["layers"] // n_stages
-        modules = [m.Stage(parts, s * per_stage, (s + 1) * per_stage) for s in mine]
+        modules = [m.Stage(parts, s * per_stage, (s + 1) * per_stage,
+                           bf16=spec["precision"] == "bf16") for s in mine]
 
         # Static stage metadata: the shapes of every stage's input and output. Without them
         # the stages infer the shapes in the first step and exchange them with
         # send/recv_object_list, which needs numpy (not installed here).
+        # With bf16 the logits are bf16 (the head's GEMM under autocast); the residual stream
+        # between the stages stays float32 (the float32 embedding plus the blocks' branches).
         b, t, h = MODEL["batch"], MODEL["seq_len"], MODEL["hidden"]
+        logits_dtype = torch.bfloat16 if spec["precision"] == "bf16" else torch.float32
 
         def example_input(s):
             return torch.zeros(b, t, dtype=torch.long) if s == 0 else \
                 torch.zeros(b, t, h, requires_grad=True)
 
         def example_output(s):
-            return torch.zeros(b, t, MODEL["vocab"] if s == n_stages - 1 else h,
-                               requires_grad=True)
+            if s == n_stages - 1:
+                return torch.zeros(b, t, MODEL["vocab"], dtype=logits_dtype, requires_grad=True)
+            return torch.zeros(b, t, h, requires_grad=True)
 
         stages = [pipelining.PipelineStage(mod, s, n_stages, torch.device("cpu"),
                                            input_args=example_input(s),
@@ -910,22 +945,24 @@ def clip_global_grad_norm(torch, dist, params, max_norm):
 # ---------------------------------------------------------------------------------------------
 # The table.
 # ---------------------------------------------------------------------------------------------
-COLUMNS = ["side", "variant", "schedule", "recompute", "ranks", "threads", "step ms",
+COLUMNS = ["side", "variant", "precision", "schedule", "recompute", "ranks", "threads",
+           "step ms",
            "tokens/s", "x-eager1", "bubble", "peak RSS/rank MiB", "alloc peak MiB", "loss"]
 
 
 def format_rows(rows, baseline_ms):
     table = []
     for r in rows:
-        cells = [r["side"], r["variant"], r["schedule"], r["recompute"], str(r["ranks"]),
-                 str(r["threads"])]
+        cells = [r["side"], r["variant"], r["precision"], r["schedule"], r["recompute"],
+                 str(r["ranks"]), str(r["threads"])]
         if r["error"]:
             table.append(cells + ["FAILED: " + r["error"][:160]])
             continue
         cells += [
             f"{r['step_ms']:.1f}",
             f"{TOKENS_PER_STEP / r['step_ms'] * 1e3:,.0f}",
-            f"{baseline_ms / r['step_ms']:.2f}x" if baseline_ms else "-",
+            f"{baseline_ms[r['precision']] / r['step_ms']:.2f}x"
+            if baseline_ms.get(r["precision"]) else "-",
             f"{r['bubble']:.3f}" if r["bubble"] is not None else "-",
             " / ".join(f"{v:.0f}" for v in r["rss"]) if r["rss"] else "-",
             f"{r['alloc_peak']:.2f}" if r["alloc_peak"] is not None else "-",
@@ -936,7 +973,7 @@ def format_rows(rows, baseline_ms):
     widths = [max([len(c)] + [len(row[i]) for row in table
                               if i < len(row) - (len(row) < len(COLUMNS))])
               for i, c in enumerate(COLUMNS)]
-    numeric = set(range(4, len(COLUMNS)))
+    numeric = set(range(5, len(COLUMNS)))
 
     def line(cells):
         parts = []
@@ -987,12 +1024,19 @@ def parse_args(argv):
                    help="the peer's attention kernel: sdpa (F.scaled_dot_product_attention, "
                         "is_causal: the fused kernel pipemat's GPT calls; default) or explicit "
                         "(matmul, causal mask, softmax, matmul)")
+    p.add_argument("--precision", default="fp32", metavar="LIST",
+                   help="comma-separated precisions to run every selected variant in: fp32, "
+                        "bf16 (default fp32; e.g. fp32,bf16 for both, side by side)")
     p.add_argument("--worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return args
     if args.warmup < 0 or args.steps <= args.warmup:
         p.error(f"--steps {args.steps} must be more than --warmup {args.warmup} (>= 0)")
+    args.precisions = [v.strip() for v in args.precision.split(",") if v.strip()]
+    bad = [v for v in args.precisions if v not in ("fp32", "bf16")]
+    if bad or not args.precisions:
+        p.error(f"--precision {args.precision}: each entry must be fp32 or bf16")
     args.config = os.path.abspath(args.config)
     return args
 
@@ -1029,16 +1073,18 @@ def main(argv):
 
     rows = []
     if run_pipemat_side:
-        rows += run_pipemat(args, binary, selected)
+        for precision in args.precisions:
+            rows += run_pipemat(args, binary, selected, precision)
     torch_versions, import_rss = set(), []
     if run_peer_side:
         with tempfile.TemporaryDirectory(prefix="compare-peer-") as workdir:
-            for name, spec in peer_variants():
+            for precision, (name, spec) in ((p, v) for p in args.precisions
+                                            for v in peer_variants()):
                 if not selected(f"peer/{name}"):
                     continue
-                log(f"peer: {name}: starting ({args.steps} steps)")
+                log(f"peer: {name} in {precision}: starting ({args.steps} steps)")
                 t0 = time.monotonic()
-                row = run_peer_variant(args, name, spec, workdir)
+                row = run_peer_variant(args, name, spec, workdir, precision)
                 seconds = time.monotonic() - t0
                 if row["error"]:
                     log(f"peer: {name}: FAILED after {seconds:.0f} s: {row['error']}")
@@ -1053,18 +1099,23 @@ def main(argv):
                         f"{low:.0f}-{high:.0f}), loss {row['loss']:.4f} ({seconds:.0f} s)")
                 rows.append(row)
 
-    # x-eager1: against the peer's 1-thread eager run, or pipemat's 1-thread reference.
-    baseline = next((r for r in rows if r["side"] == "peer" and r["variant"] == "eager-1t"
-                     and not r["error"]), None) or \
-        next((r for r in rows if r["side"] == "pipemat" and r["variant"] == "ref-1t"
-              and not r["error"]), None)
-    print(format_rows(rows, baseline["step_ms"] if baseline else None))
+    # x-eager1: against the peer's 1-thread eager run of the same precision, or pipemat's
+    # 1-thread reference.
+    baselines = {}
+    for precision in args.precisions:
+        baseline = next((r for r in rows if r["side"] == "peer" and r["variant"] == "eager-1t"
+                         and r["precision"] == precision and not r["error"]), None) or \
+            next((r for r in rows if r["side"] == "pipemat" and r["variant"] == "ref-1t"
+                  and r["precision"] == precision and not r["error"]), None)
+        if baseline:
+            baselines[precision] = baseline
+    print(format_rows(rows, {p: b["step_ms"] for p, b in baselines.items()}))
     print()
     print(f"{TOKENS_PER_STEP} tokens per step (4 micro-batches x 8 x 128); medians over steps "
           f"{args.warmup + 1}-{args.steps} of {args.steps}.")
-    if baseline:
-        print(f"x-eager1: relative to {baseline['side']} {baseline['variant']} "
-              f"({baseline['step_ms']:.1f} ms/step).")
+    for precision, baseline in baselines.items():
+        print(f"x-eager1 ({precision}): relative to {baseline['side']} {baseline['variant']} "
+              f"in {precision} ({baseline['step_ms']:.1f} ms/step).")
     if any(r["side"] == "peer" for r in rows):
         print(f"peer: torch {', '.join(sorted(v for v in torch_versions if v)) or '?'}, CPU, gloo; "
               "every rank/process starts with OMP_NUM_THREADS=1 (eager-2t: OMP_NUM_THREADS=2 "
@@ -1083,7 +1134,7 @@ def main(argv):
     print()
     print("Rerun one variant (from the repository root):")
     for r in rows:
-        print(f"  {r['side']}/{r['variant']}: {r['rerun']}")
+        print(f"  {r['side']}/{r['variant']} ({r['precision']}): {r['rerun']}")
     return 0  # a variant that failed is a row of the table, not a failed command
 
 
