@@ -98,6 +98,9 @@ const char* fallback_name(Fallback reason);
 struct InputRecord {
   std::string path;
   const c10::StorageImpl* storage = nullptr;
+  // Holds the StorageImpl object (not its data) so that its address names this storage alone
+  // while the entry lives: a freed input's address is not reused by a later tensor.
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storage_ref;
   at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> sizes, strides;
   int64_t offset = 0;

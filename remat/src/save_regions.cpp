@@ -46,6 +46,7 @@ void Invocation::record_save_inputs(SaveEntry& entry, const std::vector<c10::IVa
                            rec.output_nr = static_cast<uint32_t>(t.output_nr());
                            if (t.has_storage()) {
                              rec.storage = t.storage().unsafeGetStorageImpl();
+                             rec.storage_ref.emplace(t.storage().getWeakStorageImpl());
                              rec.storage_nbytes = static_cast<int64_t>(t.storage().nbytes());
                            }
                            auto contains = [&](const std::vector<const c10::StorageImpl*>& v) {
@@ -143,6 +144,17 @@ bool footprint(const std::vector<int64_t>& sizes, const std::vector<int64_t>& st
   return true;
 }
 
+// A contiguous layout of `numel` elements.
+bool contiguous(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+                int64_t numel) {
+  int64_t expected = 1;
+  for (size_t d = sizes.size(); d-- > 0;) {
+    if (sizes[d] != 1 && strides[d] != expected) return false;
+    expected *= sizes[d];
+  }
+  return expected == numel;
+}
+
 }  // namespace
 
 int64_t Invocation::try_rederive(SaveEntry& entry, const at::Tensor& saved) {
@@ -217,8 +229,20 @@ int64_t Invocation::add_slot(SaveEntry& entry, size_t input, const at::Tensor& s
 // edge of a rederivable input, with the input's sizes and strides (a cast of the whole input),
 // taken while the input was at its recorded version. Replay rederives it by the same recipe
 // plus the cast: the replayed input converted to that dtype, bit for bit the forward's cast.
+// A GEMM on a 3-d input (at::linear on [batch, tokens, hidden]) saves a [rows, hidden] view of
+// the cast instead: a view node (ViewBackward0, UnsafeViewBackward0) over the cast's node. When
+// the input is contiguous and the view is all of the cast, contiguous from its start, replay
+// casts the replayed input and views it with the saved sizes: the same bits again.
 int64_t Invocation::try_rederive_cast(SaveEntry& entry, const at::Tensor& saved) {
-  const auto node = saved.grad_fn();
+  auto node = saved.grad_fn();
+  bool viewed = false;
+  if (node != nullptr && node->num_outputs() == 1 && node->next_edges().size() == 1 &&
+      (node->name() == "ViewBackward0" || node->name() == "UnsafeViewBackward0")) {
+    const torch::autograd::Edge& base = node->next_edge(0);
+    if (!base.is_valid()) return -1;
+    node = base.function;
+    viewed = true;
+  }
   if (node == nullptr || node->num_outputs() != 1 || node->name() != "ToCopyBackward0") return -1;
   const torch::autograd::Edge& edge = node->next_edge(0);
   if (!edge.is_valid()) return -1;
@@ -233,12 +257,16 @@ int64_t Invocation::try_rederive_cast(SaveEntry& entry, const at::Tensor& saved)
       note_fallback(Fallback::kInplace, rec, entry);
       return -1;
     }
-    if (saved.sizes().vec() != rec.sizes || saved.strides().vec() != rec.strides ||
-        saved.storage_offset() != 0) {
+    const bool whole =
+        viewed ? saved.is_contiguous() && saved.storage_offset() == 0 &&
+                     contiguous(rec.sizes, rec.strides, saved.numel())
+               : saved.sizes().vec() == rec.sizes && saved.strides().vec() == rec.strides &&
+                     saved.storage_offset() == 0;
+    if (!whole) {
       note_fallback(Fallback::kView, rec, entry);
       return -1;
     }
-    return add_slot(entry, i, saved, /*exact=*/true, saved.scalar_type());
+    return add_slot(entry, i, saved, /*exact=*/!viewed, saved.scalar_type());
   }
   return -1;
 }
@@ -273,10 +301,15 @@ void Invocation::fill_slots(SaveEntry& entry, const std::vector<c10::IValue>& ar
                   "); its saved data was not kept, so backward cannot proceed (phase: replay)");
     if (!slot.alive) continue;
     at::Tensor base = t.detach();
-    slot.value = slot.exact ? base
-                            : base.as_strided(slot.sizes, slot.strides,
-                                              base.storage_offset() + slot.relative_offset);
-    if (slot.cast != at::ScalarType::Undefined) slot.value = slot.value.to(slot.cast);
+    if (slot.cast != at::ScalarType::Undefined) {
+      // Note [Rederived casts]: the whole input cast, then, for a view of the cast, viewed.
+      slot.value = base.to(slot.cast);
+      if (!slot.exact) slot.value = slot.value.view(slot.sizes);
+    } else {
+      slot.value = slot.exact ? base
+                              : base.as_strided(slot.sizes, slot.strides,
+                                                base.storage_offset() + slot.relative_offset);
+    }
     slot.consumed = false;
     if (trace_enabled()) {
       trace_line(concat("fill slot #", index, " of SAVE region '", entry.name, "' from replayed ",

@@ -11,6 +11,8 @@
 #include "pipemat/core/error.h"
 #include "pipemat/models/dropout.h"
 #include "pipemat/models/gpt.h"
+#include "pipemat/models/zoo_stages.h"
+#include "pipemat/remat/remat.h"
 
 namespace pipemat::models {
 namespace {
@@ -81,6 +83,58 @@ TEST(Gpt, AttentionUnderAutocastRunsInFloat32) {
   at::autocast::set_autocast_enabled(at::kCPU, false);
   EXPECT_EQ(fused.scalar_type(), at::kBFloat16);
   EXPECT_TRUE(at::equal(fused, plain));
+}
+
+// The selective policy (blocks checkpoint units, attn.qkv and mlp.up SAVE regions) rederives the
+// layer-normed input of both SAVE GEMMs in either precision: in float32 the input itself, under
+// autocast to bf16 the 2-d view of its bf16 cast that the GEMM on [B, T, H] saves (Note
+// [Rederived casts]), at half the bytes; gradients as without remat, bitwise.
+TEST(Gpt, SelectiveRederivesTheLayerNormedInputsInBothPrecisions) {
+  GptShape shape = attention_shape();
+  shape.layers = 2;
+  shape.seq_len = 8;
+  const int64_t b = 2, t = shape.seq_len, h = shape.hidden;
+  ModelOptions model;
+  model.kind = ModelKind::kGpt;
+  RematConfig selective;
+  selective.policy = RematPolicyKind::kSelective;
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "float32");
+    const auto run = [&](bool remat, remat::RematReport* report) {
+      GptStage stage(build_gpt(shape, 5), 0, shape.layers, false, false);
+      if (remat) remat::apply_policy(*stage, stage_policy(model, selective));
+      at::manual_seed(4);
+      const at::Tensor x = at::randn({b, t, h}).requires_grad_();
+      at::Tensor out;
+      std::shared_ptr<remat::InvocationGroup> group;
+      {
+        remat::InvocationScope scope({0, 0, 0});
+        if (bf16) {
+          at::autocast::set_autocast_enabled(at::kCPU, true);
+          at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+          at::autocast::increment_nesting();
+        }
+        out = stage->forward(x).to(at::kFloat);
+        if (bf16) {
+          if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+          at::autocast::set_autocast_enabled(at::kCPU, false);
+        }
+        group = scope.group();
+      }
+      if (report != nullptr) *report = group->report();
+      (out * at::linspace(-1, 1, out.numel()).reshape(out.sizes())).sum().backward();
+      std::vector<at::Tensor> grads{x.grad()};
+      for (const auto& p : stage->parameters()) grads.push_back(p.grad());
+      return grads;
+    };
+    remat::RematReport report;
+    const std::vector<at::Tensor> with = run(true, &report), without = run(false, nullptr);
+    ASSERT_EQ(with.size(), without.size());
+    for (size_t i = 0; i < with.size(); ++i) EXPECT_TRUE(at::equal(with[i], without[i])) << i;
+    EXPECT_EQ(report.fallback_total(), 0) << report.str();
+    EXPECT_EQ(report.rederived_slots, shape.layers * 2) << report.str();
+    EXPECT_EQ(report.rederived_bytes, shape.layers * 2 * b * t * h * (bf16 ? 2 : 4)) << report.str();
+  }
 }
 
 // A bf16 input (autocast's output) gets the float32 call's mask from the same draw, the scale

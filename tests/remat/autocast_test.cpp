@@ -181,8 +181,9 @@ TEST(AutocastReplay, APretriggeredReplayRecomputesInBf16AndCountsItsBytes) {
 
 // Note [Rederived casts]: RMSNorm (RECOMPUTE, float32 ops) feeding a SAVE GEMM under autocast:
 // the GEMM saves autocast's bf16 cast of the normalized input, which replay rederives from the
-// replayed input plus the cast instead of keeping it, as float32 rederives the input itself.
-// Gradients as without remat under the same autocast, bitwise.
+// replayed input plus the cast instead of keeping it, as float32 rederives the input itself. On
+// a 3-d input the GEMM saves a 2-d view of the cast, rederived as the cast viewed. Gradients as
+// without remat under the same autocast, bitwise.
 TEST(AutocastReplay, AGemmsBf16CastOfARecomputedInputIsRederived) {
   const auto make = [](bool remat) {
     at::manual_seed(13);
@@ -193,32 +194,35 @@ TEST(AutocastReplay, AGemmsBf16CastOfARecomputedInputIsRederived) {
     }
     return block;
   };
-  for (const bool on : {false, true}) {
-    SCOPED_TRACE(on ? "bf16" : "float32");
-    Remat<Block> remat = make(true), plain = make(false);
-    auto x = probe_input().requires_grad_(true);
-    auto x2 = probe_input().requires_grad_(true);
-    std::shared_ptr<InvocationGroup> group;
-    at::Tensor out, want;
-    {
-      InvocationScope scope({0, 0, 0});
-      CpuAutocast autocast(on);
-      out = remat(x).to(at::kFloat);
-      group = scope.group();
+  for (const bool three_d : {false, true}) {
+    for (const bool on : {false, true}) {
+      SCOPED_TRACE(std::string(on ? "bf16" : "float32") + (three_d ? ", 3-d input" : ""));
+      Remat<Block> remat = make(true), plain = make(false);
+      const at::Tensor input = three_d ? probe_input().reshape({2, 2, kHidden}) : probe_input();
+      auto x = input.clone().requires_grad_(true);
+      auto x2 = input.clone().requires_grad_(true);
+      std::shared_ptr<InvocationGroup> group;
+      at::Tensor out, want;
+      {
+        InvocationScope scope({0, 0, 0});
+        CpuAutocast autocast(on);
+        out = remat(x).to(at::kFloat);
+        group = scope.group();
+      }
+      {
+        CpuAutocast autocast(on);
+        want = plain(x2).to(at::kFloat);
+      }
+      const RematReport report = group->report();
+      EXPECT_EQ(report.rederived_slots, 1);
+      EXPECT_EQ(report.rederived_bytes, 4 * kHidden * (on ? 2 : 4));
+      EXPECT_EQ(report.fallback_total(), 0);
+      out.sum().backward();
+      want.sum().backward();
+      EXPECT_TRUE(at::equal(out, want));
+      EXPECT_TRUE(at::equal(x.grad(), x2.grad()));
+      EXPECT_TRUE(at::equal(remat->gemm->weight.grad(), plain->gemm->weight.grad()));
     }
-    {
-      CpuAutocast autocast(on);
-      want = plain(x2).to(at::kFloat);
-    }
-    const RematReport report = group->report();
-    EXPECT_EQ(report.rederived_slots, 1);
-    EXPECT_EQ(report.rederived_bytes, 4 * kHidden * (on ? 2 : 4));
-    EXPECT_EQ(report.fallback_total(), 0);
-    out.sum().backward();
-    want.sum().backward();
-    EXPECT_TRUE(at::equal(out, want));
-    EXPECT_TRUE(at::equal(x.grad(), x2.grad()));
-    EXPECT_TRUE(at::equal(remat->gemm->weight.grad(), plain->gemm->weight.grad()));
   }
 }
 
