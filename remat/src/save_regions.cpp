@@ -257,11 +257,11 @@ int64_t Invocation::try_rederive_cast(SaveEntry& entry, const at::Tensor& saved)
       note_fallback(Fallback::kInplace, rec, entry);
       return -1;
     }
-    const bool whole =
-        viewed ? saved.is_contiguous() && saved.storage_offset() == 0 &&
-                     contiguous(rec.sizes, rec.strides, saved.numel())
-               : saved.sizes().vec() == rec.sizes && saved.strides().vec() == rec.strides &&
-                     saved.storage_offset() == 0;
+    const bool whole = viewed ? saved.is_contiguous() && saved.storage_offset() == 0 &&
+                                    contiguous(rec.sizes, rec.strides, saved.numel())
+                              : saved.sizes().vec() == rec.sizes &&
+                                    saved.strides().vec() == rec.strides &&
+                                    saved.storage_offset() == 0;
     if (!whole) {
       note_fallback(Fallback::kView, rec, entry);
       return -1;

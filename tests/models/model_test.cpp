@@ -133,7 +133,8 @@ TEST(Gpt, SelectiveRederivesTheLayerNormedInputsInBothPrecisions) {
     for (size_t i = 0; i < with.size(); ++i) EXPECT_TRUE(at::equal(with[i], without[i])) << i;
     EXPECT_EQ(report.fallback_total(), 0) << report.str();
     EXPECT_EQ(report.rederived_slots, shape.layers * 2) << report.str();
-    EXPECT_EQ(report.rederived_bytes, shape.layers * 2 * b * t * h * (bf16 ? 2 : 4)) << report.str();
+    EXPECT_EQ(report.rederived_bytes, shape.layers * 2 * b * t * h * (bf16 ? 2 : 4))
+        << report.str();
   }
 }
 
