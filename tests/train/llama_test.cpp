@@ -19,7 +19,9 @@
 
 #include "pipemat/core/error.h"
 #include "pipemat/train/config.h"
+#include "pipemat/train/generate.h"
 #include "pipemat/train/model_run.h"
+#include "pipemat/train/plan.h"
 #include "pipemat/train/text_data.h"
 #include "pipemat/train/train.h"
 
@@ -222,6 +224,51 @@ TEST(Llama, TiedEmbeddingsTrainInOneStage) {
   }
 }
 
+// `pipemat plan` on the llama: a block's SAVE leaves are the five GEMMs of the selective policy
+// (o_proj and down_proj are plain members), so with 5 leaves tried the profile holds none, full
+// and the 31 sets, and the uniform selective row is one of them.
+TEST(Llama, PlanProfilesTheFiveSaveLeavesOfABlock) {
+  LlamaDir dir;
+  const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
+  TrainConfig c = llama_config(text, "1f1b", "selective");
+  c.training.eval_every = 0;
+  c.training.threads = 1;
+  PlanOptions options;
+  options.budget_bytes = {int64_t{1} << 40};
+  options.repeats = 1;
+  options.warmup = 0;
+  options.max_save_leaves = 5;
+  const PlanReport r = run_plan(c, options);
+  ASSERT_EQ(r.problem.layers.size(), 6u);  // per stage: "stage s" and its 2 blocks
+  EXPECT_EQ(r.problem.layers[1].layer, "layers.0");
+  EXPECT_EQ(r.problem.layers[1].candidates.size(), 33u);
+  std::vector<std::string> policies;
+  for (const UniformPrediction& u : r.uniform) policies.push_back(u.policy);
+  EXPECT_EQ(policies, (std::vector<std::string>{"none", "full", "selective"}));
+  EXPECT_TRUE(r.result.best.fits());
+}
+
+// The sample after training and `pipemat generate` from a llama checkpoint of a zb-v run (the
+// embedding and the head on rank 0, in two stages).
+TEST(Llama, SamplesFromItsCheckpoint) {
+  LlamaDir dir;
+  const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
+  TrainConfig c = llama_config(text, "zb-v", "selective");
+  c.checkpoint.dir = dir.path() + "/ck";
+  c.sample.tokens = 37;
+  c.sample.prompt = "one two";
+  const TrainResult r = train_in_process(c, nullptr);
+  EXPECT_EQ(r.sample.size(), 37u);
+  SampleOptions o;
+  o.tokens = 37;
+  o.prompt = "one two";
+  const GenerateResult g = generate_text(dir.path() + "/ck/step-000003", o);
+  EXPECT_EQ(g.text, r.sample);  // the same checkpoint, prompt and seed: the same bytes
+  EXPECT_EQ(g.model, "llama, 4 blocks, hidden 16, 4 heads (2 key/value), seq_len 16");
+  o.tokens = 40;  // longer than seq_len: the context slides
+  EXPECT_EQ(generate_text(dir.path() + "/ck/step-000003", o).text.size(), 40u);
+}
+
 // ---- config keys -------------------------------------------------------------------------
 
 std::string config_error(const std::string& yaml) {
@@ -252,9 +299,9 @@ TEST(LlamaConfig, ChecksNameTheKey) {
   EXPECT_EQ(config_error("model: {kind: llama}\n"),
             "x.yaml:1: model.kind: llama trains on text and needs data.path, a text file or a "
             "directory of text files (e.g. /usr/share/games/fortunes)");
-  EXPECT_EQ(config_error(base + "sample: {tokens: 5}\ncheckpoint: {dir: ck}\n"),
-            "x.yaml:4: sample.tokens: pipemat generate samples from gpt checkpoints only; set "
-            "sample.tokens: 0 for model.kind llama");
+  EXPECT_EQ(config_error(base + "sample: {tokens: 5}\n"),
+            "x.yaml:4: sample.tokens: the sample is drawn from the final checkpoint and needs "
+            "checkpoint.dir");
   const TrainConfig ok = parse_config(base + "  heads: 4\n  kv_heads: 1\n", "x.yaml");
   EXPECT_EQ(ok.model.kv_heads, 1);
   EXPECT_EQ(ok.model.rope_theta, 10000.0);

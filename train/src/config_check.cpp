@@ -67,13 +67,7 @@ void check_key_pairs(const TrainConfig& config, const ConfigReader& reader) {
                                      " trains on text and needs data.path, a text file or a "
                                      "directory of text files (e.g. /usr/share/games/fortunes)");
   }
-  if (model.kind == models::ModelKind::kLlama && config.sample.tokens > 0) {
-    reader.fail_at("sample.tokens",
-                   "pipemat generate samples from gpt checkpoints only; set sample.tokens: 0 "
-                   "for model.kind llama");
-  }
-  if (model.kind == models::ModelKind::kGpt && config.sample.tokens > 0 &&
-      config.checkpoint.dir.empty()) {
+  if (text && config.sample.tokens > 0 && config.checkpoint.dir.empty()) {
     reader.fail_at("sample.tokens",
                    "the sample is drawn from the final checkpoint and needs "
                    "checkpoint.dir");

@@ -319,7 +319,7 @@ std::vector<ConfigField> checkpoint_fields() {
 std::vector<ConfigField> sample_fields() {
   return {
       {"sample", "tokens", integer(PIPEMAT_MEMBER(sample.tokens), 0, kMaxTokens),
-       "0 .. 1048576; > 0 needs `checkpoint.dir` and `gpt` (not `llama`)",
+       "0 .. 1048576; > 0 needs `checkpoint.dir` and `gpt` or `llama`",
        "bytes to generate; `0`: no sample"},
       {"sample", "prompt", text(PIPEMAT_MEMBER(sample.prompt), "the text the sample continues"), "",
        "the text the sample continues"},
