@@ -8,7 +8,6 @@
 
 #include "autocast_off.h"
 #include "pipemat/core/error.h"
-#include "pipemat/core/parse.h"
 #include "pipemat/models/zoo_stages.h"
 
 namespace pipemat::models {
@@ -254,9 +253,9 @@ bool is_block_name(const std::string& name, const std::string& prefix) {
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
   const auto dot = name.find('.', prefix.size());
   if (dot == std::string::npos) return false;
-  int64_t index = 0;
-  if (parse_int64(name.substr(prefix.size(), dot - prefix.size()), &index) != IntParse::kOk ||
-      index < 0) {
+  const std::string index = name.substr(prefix.size(), dot - prefix.size());
+  if (index.empty() ||
+      !std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return false;
   }
   const std::vector<std::string>& rest = block_parameter_names();

@@ -224,7 +224,8 @@ TEST(LlamaNames, MapOneToOneOntoHuggingFaceNames) {
   shape.tie_embeddings = true;
   EXPECT_EQ(llama_hf_names(shape).back().first, "norm.weight");
   EXPECT_EQ(llama_hf_name("layers.31.mlp.up_proj.weight"), "model.layers.31.mlp.up_proj.weight");
-  for (const char* bad : {"layers.0.mlp.up.weight", "blocks.0.attn.qkv.weight", "layers.x.mlp"}) {
+  for (const char* bad : {"layers.0.mlp.up.weight", "blocks.0.attn.qkv.weight", "layers.x.mlp",
+                          "layers.+1.mlp.up_proj.weight", "layers..mlp.up_proj.weight"}) {
     try {
       llama_hf_name(bad);
       ADD_FAILURE() << bad;
