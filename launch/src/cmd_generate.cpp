@@ -19,10 +19,10 @@ void add_generate_command(CLI::App& app) {
   };
   auto f = std::make_shared<Flags>();
   f->sample.tokens = 200;
-  auto* cmd = app.add_subcommand(
-      "generate",
-      "Sample text from a trained gpt checkpoint: every stage of the pipeline run is loaded into\n"
-      "this one process and continues the prompt byte by byte.");
+  auto* cmd = app.add_subcommand("generate",
+                                 "Sample text from a trained gpt or llama checkpoint: every stage "
+                                 "of the pipeline run is loaded into\n"
+                                 "this one process and continues the prompt byte by byte.");
   cmd->footer(
       "Examples:\n"
       "  pipemat generate --checkpoint runs/gpt-fortunes/checkpoints/step-000650 --prompt \"Q: "

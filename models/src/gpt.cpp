@@ -1,13 +1,13 @@
 #include "pipemat/models/gpt.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>
 
 #include <cmath>
 #include <mutex>
 
+#include "autocast_off.h"
 #include "pipemat/core/error.h"
 #include "pipemat/models/zoo_stages.h"
 
@@ -41,27 +41,6 @@ at::Tensor GptEmbedImpl::forward(const at::Tensor& ids) {
                 " tokens is longer than model.seq_len ", pos->weight.size(0));
   return drop(tok(ids) + pos(at::arange(t, at::kLong)).unsqueeze(0));
 }
-
-namespace {
-
-// Autocast off for one device type over a scope, the thread's state back at its end (also when
-// a remat replay that stopped early unwinds through it).
-class AutocastOff {
- public:
-  explicit AutocastOff(c10::DeviceType type)
-      : type_(type), was_(at::autocast::is_autocast_enabled(type)) {
-    at::autocast::set_autocast_enabled(type_, false);
-  }
-  ~AutocastOff() { at::autocast::set_autocast_enabled(type_, was_); }
-  AutocastOff(const AutocastOff&) = delete;
-  AutocastOff& operator=(const AutocastOff&) = delete;
-
- private:
-  c10::DeviceType type_;
-  bool was_;
-};
-
-}  // namespace
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptShape& shape) : heads(shape.heads) {
   qkv = register_module("qkv", CountedLinear(shape.hidden, 3 * shape.hidden));

@@ -13,6 +13,7 @@ namespace {
 
 const Spelled<ModelKind>& model_kinds() {
   static const Spelled<ModelKind> kTable = {{ModelKind::kGpt, "gpt"},
+                                            {ModelKind::kLlama, "llama"},
                                             {ModelKind::kMlp, "mlp"},
                                             {ModelKind::kRmsNormGemm, "rmsnorm-gemm"},
                                             {ModelKind::kTransformer, "transformer"},

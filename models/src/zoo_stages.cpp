@@ -95,7 +95,7 @@ remat::RematPolicy stage_policy(const ModelOptions& model, const RematConfig& co
     p.checkpoint_options.early_stop = config.early_stop;
     return p;
   }
-  // gpt stages hold their blocks as "blocks.*" (gpt.h), the zoo's as "layers.*".
+  // gpt stages hold their blocks as "blocks.*" (gpt.h), llama's and the zoo's as "layers.*".
   const std::string units = model.kind == ModelKind::kGpt ? "blocks" : "layers";
   p.checkpoint = {units + ".*"};
   if (config.policy == RematPolicyKind::kFull) return p;
@@ -104,6 +104,13 @@ remat::RematPolicy stage_policy(const ModelOptions& model, const RematConfig& co
                 "' is not allowed; allowed: none, full, selective, custom");
   if (model.kind == ModelKind::kGpt) {
     p.exclude = {{"blocks.*.attn.qkv", true}, {"blocks.*.mlp.up", true}};
+  } else if (model.kind == ModelKind::kLlama) {
+    // The five GEMMs that read a normalized input: the norms' outputs are rederived, not kept.
+    p.exclude = {{"layers.*.self_attn.q_proj", true},
+                 {"layers.*.self_attn.k_proj", true},
+                 {"layers.*.self_attn.v_proj", true},
+                 {"layers.*.mlp.gate_proj", true},
+                 {"layers.*.mlp.up_proj", true}};
   } else if (model.kind == ModelKind::kRmsNormGemm) {
     p.exclude = {{"layers.*.gemm", true}};
   } else if (model.kind == ModelKind::kMlp) {

@@ -50,6 +50,11 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.model.seq_len, b.model.seq_len);
   EXPECT_EQ(a.model.batch, b.model.batch);
   EXPECT_EQ(a.model.dropout, b.model.dropout);
+  EXPECT_EQ(a.model.kv_heads, b.model.kv_heads);
+  EXPECT_EQ(a.model.rope_theta, b.model.rope_theta);
+  EXPECT_EQ(a.model.norm_eps, b.model.norm_eps);
+  EXPECT_EQ(a.model.tie_embeddings, b.model.tie_embeddings);
+  EXPECT_EQ(a.model.from, b.model.from);
   EXPECT_EQ(a.data.path, b.data.path);
   EXPECT_EQ(a.data.validation, b.data.validation);
   EXPECT_EQ(a.partition.layers_per_stage, b.partition.layers_per_stage);
@@ -111,7 +116,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
 
 // Every key set to a value other than its default.
 const char* const kFullConfig = R"(# every key
-model: {kind: gpt, layers: 6, hidden: 48, tokens: 16, heads: 3, ffn: 96, experts: 8, top_k: 3, seq_len: 64, batch: 3, dropout: 0.25}
+model: {kind: gpt, layers: 6, hidden: 48, tokens: 16, heads: 3, ffn: 96, experts: 8, top_k: 3, seq_len: 64, batch: 3, dropout: 0.25, kv_heads: 1, rope_theta: 500000, norm_eps: 1e-06, tie_embeddings: true}
 data: {path: "text.txt", validation: 0.1}
 partition: {layers_per_stage: [1, 2, 3]}
 schedule: {kind: zb-h2, ranks: 3, micro_batches: 6, virtual_stages: 2, recompute: lazy, csv: "s.csv"}
@@ -185,6 +190,10 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.model.seq_len, 64);
   EXPECT_EQ(config.model.batch, 3);
   EXPECT_EQ(config.model.dropout, 0.25);
+  EXPECT_EQ(config.model.kv_heads, 1);
+  EXPECT_EQ(config.model.rope_theta, 500000.0);
+  EXPECT_EQ(config.model.norm_eps, 1e-6);
+  EXPECT_TRUE(config.model.tie_embeddings);
   EXPECT_EQ(config.data.path, "text.txt");
   EXPECT_EQ(config.data.validation, 0.1);
   EXPECT_EQ(config.partition.layers_per_stage, (std::vector<int64_t>{1, 2, 3}));
@@ -284,7 +293,7 @@ void expect_spellings(const std::vector<Enum>& values, Parse parse,
 
 TEST(ConfigParse, WordChoicesAndTheirSpellings) {
   expect_spellings(models::model_kind_values(), models::parse_model_kind,
-                   {"gpt", "mlp", "rmsnorm-gemm", "transformer", "moe", "save-chain"});
+                   {"gpt", "llama", "mlp", "rmsnorm-gemm", "transformer", "moe", "save-chain"});
   expect_spellings(models::remat_policy_values(), models::parse_remat_policy,
                    {"none", "full", "selective", "custom"});
   expect_spellings(optimizer_values(), parse_optimizer, {"sgd", "adamw"});
@@ -344,7 +353,8 @@ TEST(ConfigErrors, DocumentShape) {
             "document (remove the '---')");
   EXPECT_EQ(error_of("training: {steps: 2}\nmodel: 3\n"),
             "x.yaml:2: model: '3' is not a mapping; expected a mapping with keys kind, layers, "
-            "hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout");
+            "hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout, kv_heads, "
+            "rope_theta, norm_eps, tie_embeddings, from");
   EXPECT_EQ(error_of("schedule: [1f1b]\n"),
             "x.yaml:1: schedule: a list is not a mapping; expected a mapping with keys kind, "
             "ranks, micro_batches, virtual_stages, recompute, csv");
@@ -418,11 +428,12 @@ TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
             "schedule, parallel, remat, transport, training, checkpoint, sample, output");
   EXPECT_EQ(error_of("model:\n  kind: mlp\n  layer: 4\n"),
             "x.yaml:3: model.layer: unknown key; did you mean 'model.layers'? allowed in model: "
-            "kind, layers, hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout");
+            "kind, layers, hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout, "
+            "kv_heads, rope_theta, norm_eps, tie_embeddings, from");
   EXPECT_EQ(error_of("model: {steps: 4}\n"),
             "x.yaml:1: model.steps: unknown key; did you mean 'training.steps'? allowed in "
             "model: kind, layers, hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, "
-            "dropout");
+            "dropout, kv_heads, rope_theta, norm_eps, tie_embeddings, from");
   EXPECT_EQ(error_of("schedule:\n  kind: 1f1b\n  micro_batch: 4\n"),
             "x.yaml:3: schedule.micro_batch: unknown key; did you mean 'schedule.micro_batches'? "
             "allowed in schedule: kind, ranks, micro_batches, virtual_stages, recompute, csv");
@@ -586,14 +597,14 @@ TEST(ConfigErrors, UnknownEnumValuesListTheAllowedOnes) {
             "x.yaml:1: schedule.recompute: 'eager' is not allowed; allowed: none, lazy, "
             "pretrigger");
   EXPECT_EQ(error_of("model: {kind: gpt2}\n"),
-            "x.yaml:1: model.kind: 'gpt2' is not allowed; allowed: gpt, mlp, rmsnorm-gemm, "
+            "x.yaml:1: model.kind: 'gpt2' is not allowed; allowed: gpt, llama, mlp, rmsnorm-gemm, "
             "transformer, moe, save-chain");
   EXPECT_EQ(error_of("model: {kind: gpt}\n"),
             "x.yaml:1: model.kind: gpt trains on text and needs data.path, a text file or a "
             "directory of text files (e.g. /usr/share/games/fortunes)");
   EXPECT_EQ(error_of("sample: {tokens: 20}\n"),
-            "x.yaml:1: sample.tokens: only for model.kind gpt (the zoo's synthetic data has no "
-            "text to sample or validate on)");
+            "x.yaml:1: sample.tokens: only for model.kind gpt or llama (the zoo's synthetic data "
+            "has no text to sample or validate on)");
   EXPECT_EQ(error_of("model: {kind: gpt}\ndata: {path: t.txt}\nsample: {tokens: 20}\n"),
             "x.yaml:3: sample.tokens: the sample is drawn from the final checkpoint and needs "
             "checkpoint.dir");
@@ -770,7 +781,8 @@ TEST(ConfigOverrides, Errors) {
             "list, e.g. --set remat.exclude=[{path: layers.*.gemm}]");
   const std::string all_keys =
       "model.kind, model.layers, model.hidden, model.tokens, model.heads, model.ffn, "
-      "model.experts, model.top_k, model.seq_len, model.batch, model.dropout, data.path, "
+      "model.experts, model.top_k, model.seq_len, model.batch, model.dropout, model.kv_heads, "
+      "model.rope_theta, model.norm_eps, model.tie_embeddings, model.from, data.path, "
       "data.validation, partition.layers_per_stage, schedule.kind, schedule.ranks, "
       "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, schedule.csv, "
       "parallel.data, parallel.bucket_bytes, parallel.weight_tail, "
@@ -812,7 +824,8 @@ TEST(ConfigOverrides, Errors) {
   // A section that is not a mapping is reported at its line, not hidden by the override.
   EXPECT_EQ(error_of("model: 3\n", {"model.layers=4"}),
             "x.yaml:1: model: '3' is not a mapping; expected a mapping with keys kind, layers, "
-            "hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout");
+            "hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout, kv_heads, "
+            "rope_theta, norm_eps, tie_embeddings, from");
 }
 
 // ---- deprecated keys (Note [Deprecated keys]) -------------------------------------------
@@ -890,6 +903,11 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  seq_len: 128\n"
             "  batch: 8\n"
             "  dropout: 0\n"
+            "  kv_heads: 0\n"
+            "  rope_theta: 10000\n"
+            "  norm_eps: 1e-05\n"
+            "  tie_embeddings: false\n"
+            "  from: \"\"\n"
             "data:\n"
             "  path: \"\"\n"
             "  validation: 0.05\n"
@@ -997,10 +1015,10 @@ TEST(ConfigFiles, EveryShippedConfigParsesAndStartsWithAComment) {
     std::getline(in, first_line);
     EXPECT_EQ(first_line.rfind("# ", 0), 0u) << entry.path() << ": " << first_line;
   }
-  EXPECT_EQ(names, (std::set<std::string>{"default.yaml", "zoo.yaml", "gpipe.yaml", "1f1b.yaml",
-                                          "interleaved.yaml", "zb-h1.yaml", "zb-h2.yaml",
-                                          "zb-v.yaml", "zb-v-4rank.yaml", "bench.yaml",
-                                          "plan-transformer.yaml", "plan-gpt.yaml", "dp-pp.yaml"}));
+  EXPECT_EQ(names, (std::set<std::string>{
+                       "default.yaml", "zoo.yaml", "gpipe.yaml", "1f1b.yaml", "interleaved.yaml",
+                       "zb-h1.yaml", "zb-h2.yaml", "zb-v.yaml", "zb-v-4rank.yaml", "bench.yaml",
+                       "plan-transformer.yaml", "plan-gpt.yaml", "dp-pp.yaml", "llama.yaml"}));
 }
 
 TEST(ConfigFiles, EveryShippedScheduleBuilds) {
@@ -1139,6 +1157,11 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "model.seq_len",
                                                      "model.batch",
                                                      "model.dropout",
+                                                     "model.kv_heads",
+                                                     "model.rope_theta",
+                                                     "model.norm_eps",
+                                                     "model.tie_embeddings",
+                                                     "model.from",
                                                      "data.path",
                                                      "data.validation",
                                                      "partition.layers_per_stage",
@@ -1261,7 +1284,8 @@ TEST(ConfigKeys, RowsOfTheFieldTable) {
   const std::vector<ConfigKeyDoc> docs = config_key_docs();
   ASSERT_FALSE(docs.empty());
   EXPECT_EQ(docs[1].row(),
-            "| `model.layers` | integer | `8` | >= 1 | number of layers (gpt: decoder blocks) |");
+            "| `model.layers` | integer | `8` | >= 1 | number of layers (gpt, llama: decoder "
+            "blocks) |");
   for (const ConfigKeyDoc& doc : docs) {
     EXPECT_FALSE(doc.type.empty()) << doc.key;
     EXPECT_FALSE(doc.default_value.empty()) << doc.key;

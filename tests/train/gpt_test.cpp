@@ -593,7 +593,7 @@ TEST(Generate, ACheckpointOfAnotherModelIsAClearError) {
   EXPECT_EQ(error_of([&] { generate_text(ck, SampleOptions{}); }),
             "generate: " + ck +
                 " is a checkpoint of model.kind rmsnorm-gemm; pipemat generate "
-                "samples text from gpt checkpoints only");
+                "samples text from gpt and llama checkpoints only");
   const std::string none = (dir.path() / "ck").string();
   EXPECT_EQ(error_of([&] { generate_text(none, SampleOptions{}); }),
             "load_checkpoint: " + none +

@@ -23,6 +23,29 @@ constexpr int64_t kThreadsPerHardwareThread = 4;
 // its compute threads.
 constexpr int64_t kMaxLocalRanks = 64;
 
+// The keys of a llama that depend on one another (llama.h): grouped-query heads, the rotary
+// embedding's pairs, no dropout. (A tied head needs one stage: partition_llama, at the runtime.)
+void check_llama_keys(const TrainConfig& config, const ConfigReader& reader) {
+  const models::ModelOptions& model = config.model;
+  const int64_t kv_heads = model.kv_heads > 0 ? model.kv_heads : model.heads;
+  if (model.heads % kv_heads != 0) {
+    reader.fail_at(reader.blame({"model.kv_heads", "model.heads"}),
+                   "heads " + std::to_string(model.heads) + " is not a multiple of kv_heads " +
+                       std::to_string(kv_heads) +
+                       "; expected model.heads % model.kv_heads == 0 (every key/value head "
+                       "serves an equal group of query heads)");
+  }
+  if (model.hidden % model.heads == 0 && (model.hidden / model.heads) % 2 != 0) {
+    reader.fail_at(
+        reader.blame({"model.heads", "model.hidden"}),
+        "the head size model.hidden / model.heads = " + std::to_string(model.hidden / model.heads) +
+            " is odd; the rotary embedding rotates pairs of a head's features");
+  }
+  if (model.dropout != 0.0) {
+    reader.fail_at("model.dropout", "llama has no dropout; expected 0");
+  }
+}
+
 // Keys that need or exclude one another; each failure names the key to change.
 void check_key_pairs(const TrainConfig& config, const ConfigReader& reader) {
   const models::ModelOptions& model = config.model;
@@ -38,34 +61,34 @@ void check_key_pairs(const TrainConfig& config, const ConfigReader& reader) {
         checkpoint.every > 0 ? "checkpoint.every" : "checkpoint.resume",
         "needs checkpoint.dir, the directory the checkpoints are written to / read from");
   }
-  if (model.kind == models::ModelKind::kGpt && config.data.path.empty()) {
-    reader.fail_at("model.kind",
-                   "gpt trains on text and needs data.path, a text file or a directory "
-                   "of text files (e.g. /usr/share/games/fortunes)");
+  const bool text = models::is_text_model(model.kind);
+  if (text && config.data.path.empty()) {
+    reader.fail_at("model.kind", std::string(to_string(model.kind)) +
+                                     " trains on text and needs data.path, a text file or a "
+                                     "directory of text files (e.g. /usr/share/games/fortunes)");
   }
-  if (model.kind == models::ModelKind::kGpt && config.sample.tokens > 0 &&
-      config.checkpoint.dir.empty()) {
+  if (text && config.sample.tokens > 0 && config.checkpoint.dir.empty()) {
     reader.fail_at("sample.tokens",
                    "the sample is drawn from the final checkpoint and needs "
                    "checkpoint.dir");
   }
-  if (model.kind != models::ModelKind::kGpt &&
-      (config.sample.tokens > 0 || config.training.eval_every > 0)) {
-    reader.fail_at(config.sample.tokens > 0 ? "sample.tokens" : "training.eval_every",
-                   "only for model.kind gpt (the zoo's synthetic data has no text to sample or "
-                   "validate on)");
+  if (!text && (config.sample.tokens > 0 || config.training.eval_every > 0)) {
+    reader.fail_at(
+        config.sample.tokens > 0 ? "sample.tokens" : "training.eval_every",
+        "only for model.kind gpt or llama (the zoo's synthetic data has no text to sample or "
+        "validate on)");
   }
   if (config.training.min_lr > config.training.lr) {
     reader.fail_at("training.min_lr", "min_lr " + format_number(config.training.min_lr) +
                                           " is larger than training.lr " +
                                           format_number(config.training.lr));
   }
-  if ((model.kind == models::ModelKind::kTransformer || model.kind == models::ModelKind::kGpt) &&
-      model.hidden % model.heads != 0) {
+  if ((model.kind == models::ModelKind::kTransformer || text) && model.hidden % model.heads != 0) {
     reader.fail_at(reader.blame({"model.heads", "model.hidden"}),
                    "hidden " + std::to_string(model.hidden) + " is not divisible by heads " +
                        std::to_string(model.heads) + "; expected model.hidden % model.heads == 0");
   }
+  if (model.kind == models::ModelKind::kLlama) check_llama_keys(config, reader);
 }
 
 // Weights (float32) of the whole model and one layer's widest activation per micro-batch.
@@ -76,6 +99,7 @@ void check_model_size(const models::ModelOptions& model, const ConfigReader& rea
   if (model.kind == models::ModelKind::kMlp) per_layer = 2 * h * f + h;
   if (model.kind == models::ModelKind::kTransformer || model.kind == models::ModelKind::kGpt)
     per_layer = 4 * h * h + 2 * h * f + 2 * h;
+  if (model.kind == models::ModelKind::kLlama) per_layer = 4 * h * h + 3 * h * f + 2 * h;
   if (model.kind == models::ModelKind::kMoe)
     per_layer = static_cast<double>(model.experts) * (h * h + h) + 2 * h;
   const double weights = 4.0 * per_layer * static_cast<double>(model.layers);
@@ -94,12 +118,12 @@ void check_model_size(const models::ModelOptions& model, const ConfigReader& rea
                  ? f
                  : h) *
       (model.kind == models::ModelKind::kMoe ? static_cast<double>(model.top_k) : 1.0);
-  const double tokens = model.kind == models::ModelKind::kGpt
+  const double tokens = models::is_text_model(model.kind)
                             ? static_cast<double>(model.batch * model.seq_len)
                             : static_cast<double>(model.tokens);
   const double activation = 4.0 * tokens * width;
   if (activation > kMaxActivationBytes) {
-    const char* key = model.kind == models::ModelKind::kGpt ? "model.batch" : "model.tokens";
+    const char* key = models::is_text_model(model.kind) ? "model.batch" : "model.tokens";
     reader.fail_at(reader.blame({key, "model.hidden", "model.ffn"}),
                    "one activation of " + format_number(tokens) + " tokens x " +
                        format_number(width) + " is about " +

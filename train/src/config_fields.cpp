@@ -53,30 +53,46 @@ std::vector<comm::LaneKind> lane_kinds() { return {comm::LaneKind::kNone, comm::
 std::vector<ConfigField> model_fields() {
   return {
       {"model", "kind", choice(PIPEMAT_MEMBER(model.kind), models::model_kind_values()),
-       "`gpt`, `mlp`, `rmsnorm-gemm`, `transformer`, `moe`, `save-chain`",
-       "model (gpt) or zoo layer kind"},
+       "`gpt`, `llama`, `mlp`, `rmsnorm-gemm`, `transformer`, `moe`, `save-chain`",
+       "model (gpt, llama: byte-level language models on `data`) or zoo layer kind"},
       {"model", "layers", integer(PIPEMAT_MEMBER(model.layers), 1, kMaxLayers), ">= 1",
-       "number of layers (gpt: decoder blocks)"},
+       "number of layers (gpt, llama: decoder blocks)"},
       {"model", "hidden", integer(PIPEMAT_MEMBER(model.hidden), 1, kMaxWidth),
-       ">= 1; a multiple of `heads` for `transformer` and `gpt`", "hidden size"},
+       ">= 1; a multiple of `heads` for `transformer`, `gpt` and `llama`", "hidden size"},
       {"model", "tokens", integer(PIPEMAT_MEMBER(model.tokens), 1, kMaxTokens), ">= 1",
        "tokens (rows) per micro-batch"},
       {"model", "heads", integer(PIPEMAT_MEMBER(model.heads), 1, kMaxWidth), ">= 1",
-       "attention heads (`transformer`, `gpt`)"},
+       "attention heads (`transformer`, `gpt`, `llama`: query heads; for `llama` hidden / heads "
+       "is even)"},
       {"model", "ffn", integer(PIPEMAT_MEMBER(model.ffn), 0, kMaxWidth), ">= 0",
-       "inner size of `mlp` / `transformer` / `gpt` MLPs; `0` means 4 * hidden"},
+       "inner size of `mlp` / `transformer` / `gpt` / `llama` MLPs; `0` means 4 * hidden"},
       {"model", "experts", integer(PIPEMAT_MEMBER(model.experts), 1, kMaxExperts), ">= 1",
        "experts per layer (`moe`)"},
       {"model", "top_k", integer(PIPEMAT_MEMBER(model.top_k), 1, kMaxExperts),
        ">= 1; <= `experts` for `moe`", "experts per token (`moe`)"},
       {"model", "seq_len", integer(PIPEMAT_MEMBER(model.seq_len), 1, kMaxTokens), ">= 1",
-       "bytes per sequence (`gpt`; the position table's size and the sampling context)"},
+       "bytes per sequence (`gpt`, `llama`; the position table's size and the sampling context)"},
       {"model", "batch", integer(PIPEMAT_MEMBER(model.batch), 1, kMaxTokens), ">= 1",
-       "sequences per micro-batch (`gpt`)"},
+       "sequences per micro-batch (`gpt`, `llama`)"},
       {"model", "dropout", number(PIPEMAT_MEMBER(model.dropout), 0, false, 0.9), "0 .. 0.9",
        "dropout after the embedding and on both residual branches of every block (`gpt`); with "
        "dropout every rank draws per (step, micro-batch, stage) streams, so the pipeline equals a "
-       "single-process run bitwise"},
+       "single-process run bitwise; `llama` has none (0 only)"},
+      {"model", "kv_heads", integer(PIPEMAT_MEMBER(model.kv_heads), 0, kMaxWidth),
+       ">= 0; `heads` a multiple of it",
+       "key/value heads of `llama`'s grouped-query attention; `0` means `heads`"},
+      {"model", "rope_theta", number(PIPEMAT_MEMBER(model.rope_theta), 0, true, 1e12),
+       "> 0 .. 1e12", "base of `llama`'s rotary embedding: inv_freq = 1 / theta^(2i / head size)"},
+      {"model", "norm_eps", number(PIPEMAT_MEMBER(model.norm_eps), 0, true, 1), "> 0 .. 1",
+       "epsilon of `llama`'s RMSNorms (computed in float32, as Hugging Face's LlamaRMSNorm)"},
+      {"model", "tie_embeddings", boolean(PIPEMAT_MEMBER(model.tie_embeddings)), "",
+       "`llama`: the head multiplies by the embedding's weight (no head of its own); needs the "
+       "embedding and the head in one stage, so a run of one stage"},
+      {"model", "from", text(PIPEMAT_MEMBER(model.from), "a directory with a config.json"),
+       "a directory; `llama` only",
+       "read the `llama` shape from a Hugging Face `config.json` there (docs/training.md): it "
+       "sets layers, hidden, heads, kv_heads, ffn, rope_theta, norm_eps, tie_embeddings and caps "
+       "seq_len at max_position_embeddings; those keys must not be given too; empty: none"},
   };
 }
 
@@ -86,7 +102,8 @@ std::vector<ConfigField> data_fields() {
       {"data", "path",
        text(PIPEMAT_MEMBER(data.path),
             "a text file or a directory of text files, e.g. /usr/share/games/fortunes"),
-       "a regular text file or a directory of them, at most 1 GiB in all; required for `gpt`",
+       "a regular text file or a directory of them, at most 1 GiB in all; required for `gpt` and "
+       "`llama`",
        "the text, e.g. `/usr/share/games/fortunes` (Debian's `fortunes` package)"},
       {"data", "validation", number(PIPEMAT_MEMBER(data.validation), 0, true, 0.5), "> 0 .. 0.5",
        "fraction of the text held out for the validation loss"},
@@ -161,8 +178,9 @@ std::vector<ConfigField> remat_fields() {
        "`none`, `full`, `selective`, `custom`",
        "`none`: no checkpoint; `full`: every layer a checkpoint unit; `selective`: every layer a "
        "unit with the model kind's GEMM-like member saved (rmsnorm-gemm: `gemm`; moe: `experts`; "
-       "transformer: `attn.qkv`, `mlp.up`; mlp: `up`; save-chain: the chain); `custom`: the lists "
-       "below"},
+       "transformer: `attn.qkv`, `mlp.up`; gpt: `attn.qkv`, `mlp.up`; llama: "
+       "`self_attn.{q,k,v}_proj`, `mlp.{gate,up}_proj`, so the norms feeding them are rederived; "
+       "mlp: `up`; save-chain: the chain); `custom`: the lists below"},
       {"remat", "early_stop", boolean(PIPEMAT_MEMBER(remat.early_stop)), "",
        "stop a replay once every tensor the backward needs exists again"},
       {"remat", "checkpoint", pattern_list(),
@@ -244,7 +262,7 @@ std::vector<ConfigField> training_fields() {
       {"training", "min_lr", number(PIPEMAT_MEMBER(training.min_lr), 0, false, kMaxRate),
        "0 .. `lr`", "the cosine's end"},
       {"training", "eval_every", integer(PIPEMAT_MEMBER(training.eval_every), 0),
-       ">= 0; `gpt` only",
+       ">= 0; `gpt` and `llama` only",
        "validation loss (forward only, eval mode) after every this many steps and after the last; "
        "`0`: none"},
       {"training", "eval_batches", integer(PIPEMAT_MEMBER(training.eval_batches), 1, 1 << 20),
@@ -301,7 +319,8 @@ std::vector<ConfigField> checkpoint_fields() {
 std::vector<ConfigField> sample_fields() {
   return {
       {"sample", "tokens", integer(PIPEMAT_MEMBER(sample.tokens), 0, kMaxTokens),
-       "0 .. 1048576; > 0 needs `checkpoint.dir` and `gpt`", "bytes to generate; `0`: no sample"},
+       "0 .. 1048576; > 0 needs `checkpoint.dir` and `gpt` or `llama`",
+       "bytes to generate; `0`: no sample"},
       {"sample", "prompt", text(PIPEMAT_MEMBER(sample.prompt), "the text the sample continues"), "",
        "the text the sample continues"},
       {"sample", "temperature", number(PIPEMAT_MEMBER(sample.temperature), 0, true, 100),

@@ -100,6 +100,7 @@ TrainConfig ConfigReader::read(const YAML::Node& root) {
                  });
   // remat.early_stop also holds for the checkpoint units of a custom policy.
   config.remat.custom.checkpoint_options.early_stop = config.remat.early_stop;
+  apply_model_from(config, *this);
   check_consistency(config, *this);
   config.warnings = warnings_;
   return config;

@@ -106,4 +106,10 @@ class ConfigReader {
 // The checks between keys of one config (config_check.cpp), failing through `reader`.
 void check_consistency(const TrainConfig& config, const ConfigReader& reader);
 
+// model.from (config_from.cpp): the llama keys read from <model.from>/config.json, a Hugging
+// Face LlamaConfig; then model.from is cleared, so the config a run writes (a checkpoint's
+// manifest, `pipemat config`) holds the keys themselves. Fails through `reader` naming model.from
+// and the JSON field, or the key that was given in the YAML too.
+void apply_model_from(TrainConfig& config, const ConfigReader& reader);
+
 }  // namespace pipemat::train::config_detail

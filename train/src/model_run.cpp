@@ -9,6 +9,7 @@
 #include "pipemat/core/format.h"
 #include "pipemat/core/parse.h"
 #include "pipemat/models/gpt.h"
+#include "pipemat/models/llama.h"
 #include "pipemat/models/zoo_stages.h"
 #include "pipemat/remat/policy.h"
 #include "pipemat/train/text_data.h"
@@ -61,15 +62,52 @@ ModelRun zoo_run(const TrainConfig& config, int stages) {
   return run;
 }
 
+// The text of a gpt or llama run: train windows of every (step, micro-batch), validation
+// windows that do not depend on the step (every evaluation sees the same bytes), the loss over
+// the next byte, and the summary's text part.
+std::string text_run(const TrainConfig& config, ModelRun& run) {
+  const int64_t batch = config.model.batch, seq_len = config.model.seq_len;
+  auto corpus = std::make_shared<TextCorpus>(
+      load_text(config.data.path, config.data.validation, seq_len + 1));
+  run.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
+    return models::gpt_loss(out.at(0), target.at(0));
+  };
+  const uint64_t seed = config.training.seed;
+  run.train_data = [corpus, batch, seq_len, seed](int64_t step, int64_t mb) {
+    auto [ids, next] = text_windows(corpus->train, batch, seq_len, seed, step, mb);
+    return pp::MicroBatch{{ids}, {next}};
+  };
+  run.eval_data = [corpus, batch, seq_len, seed](int64_t, int64_t mb) {
+    auto [ids, next] = text_windows(corpus->validation, batch, seq_len, seed, -1, mb);
+    return pp::MicroBatch{{ids}, {next}};
+  };
+  run.tokens_per_micro_batch = tokens_per_micro_batch(config.model);
+  std::string text = "text: " + format_bytes(static_cast<int64_t>(corpus->train.size())) +
+                     " train / " + format_bytes(static_cast<int64_t>(corpus->validation.size())) +
+                     " validation from " + std::to_string(corpus->files.size()) + " files of " +
+                     config.data.path;
+  if (corpus->skipped_binary > 0) {
+    text += " (" + std::to_string(corpus->skipped_binary) + " binary files skipped)";
+  }
+  return text;
+}
+
+int64_t parameter_count(const std::vector<const torch::nn::Module*>& modules) {
+  int64_t params = 0;
+  for (const torch::nn::Module* m : modules) {
+    if (m == nullptr) continue;
+    for (const auto& p : m->parameters()) params += p.numel();
+  }
+  return params;
+}
+
 ModelRun gpt_run(const TrainConfig& config, int stages) {
   const models::GptShape shape = models::gpt_shape(config.model);
-  const int64_t batch = config.model.batch;
-  auto corpus = std::make_shared<TextCorpus>(
-      load_text(config.data.path, config.data.validation, shape.seq_len + 1));
+  ModelRun run;
+  const std::string text = text_run(config, run);
   auto parts = std::make_shared<models::GptParts>(models::build_gpt(shape, config.training.seed));
   const auto bounds = std::make_shared<std::vector<int64_t>>(
       models::partition_gpt(*parts, config.partition, stages));
-  ModelRun run;
   run.stages = stages;
   run.stage = [parts, bounds, stages](int s) {
     PIPEMAT_INTERNAL_ASSERT(!parts->blocks.empty(), "stage ", s, " asked after release_unused");
@@ -77,40 +115,46 @@ ModelRun gpt_run(const TrainConfig& config, int stages) {
         s, models::GptStage(*parts, (*bounds)[s], (*bounds)[s + 1], s == 0, s == stages - 1));
   };
   run.release_unused = [parts] { *parts = models::GptParts{}; };
-  run.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
-    return models::gpt_loss(out.at(0), target.at(0));
-  };
-  const uint64_t seed = config.training.seed;
-  run.train_data = [corpus, batch, shape, seed](int64_t step, int64_t mb) {
-    auto [ids, next] = text_windows(corpus->train, batch, shape.seq_len, seed, step, mb);
-    return pp::MicroBatch{{ids}, {next}};
-  };
-  // Validation windows do not depend on the step: every evaluation sees the same bytes.
-  run.eval_data = [corpus, batch, shape, seed](int64_t, int64_t mb) {
-    auto [ids, next] = text_windows(corpus->validation, batch, shape.seq_len, seed, -1, mb);
-    return pp::MicroBatch{{ids}, {next}};
-  };
   run.policy = models::stage_policy(config.model, config.remat);
   run.global_name = [bounds](int s, const std::string& name) {
     return renumber(name, "blocks", (*bounds)[s]);
   };
-  run.tokens_per_micro_batch = tokens_per_micro_batch(config.model);
   run.random = shape.dropout > 0;
-  int64_t params = 0;
-  for (const auto& p : parts->embed->parameters()) params += p.numel();
-  for (const auto& b : parts->blocks) {
-    for (const auto& p : b->parameters()) params += p.numel();
-  }
-  for (const auto& p : parts->head->parameters()) params += p.numel();
-  run.summary =
-      "gpt: " + std::to_string(shape.layers) + " blocks, hidden " + std::to_string(shape.hidden) +
-      ", " + std::to_string(shape.heads) + " heads, " + format_count(params) +
-      " parameters; text: " + format_bytes(static_cast<int64_t>(corpus->train.size())) +
-      " train / " + format_bytes(static_cast<int64_t>(corpus->validation.size())) +
-      " validation from " + std::to_string(corpus->files.size()) + " files of " + config.data.path;
-  if (corpus->skipped_binary > 0) {
-    run.summary += " (" + std::to_string(corpus->skipped_binary) + " binary files skipped)";
-  }
+  std::vector<const torch::nn::Module*> modules{parts->embed.get(), parts->head.get()};
+  for (const auto& b : parts->blocks) modules.push_back(b.get());
+  run.summary = "gpt: " + std::to_string(shape.layers) + " blocks, hidden " +
+                std::to_string(shape.hidden) + ", " + std::to_string(shape.heads) + " heads, " +
+                format_count(parameter_count(modules)) + " parameters; " + text;
+  return run;
+}
+
+ModelRun llama_run(const TrainConfig& config, int stages) {
+  const models::LlamaShape shape = models::llama_shape(config.model);
+  ModelRun run;
+  const std::string text = text_run(config, run);
+  auto parts =
+      std::make_shared<models::LlamaParts>(models::build_llama(shape, config.training.seed));
+  const auto bounds = std::make_shared<std::vector<int64_t>>(
+      models::partition_llama(*parts, config.partition, stages));
+  run.stages = stages;
+  run.stage = [parts, bounds, stages](int s) {
+    PIPEMAT_INTERNAL_ASSERT(!parts->layers.empty(), "stage ", s, " asked after release_unused");
+    return pp::make_stage(
+        s, models::LlamaStage(*parts, (*bounds)[s], (*bounds)[s + 1], s == 0, s == stages - 1));
+  };
+  run.release_unused = [parts] { *parts = models::LlamaParts{}; };
+  run.policy = models::stage_policy(config.model, config.remat);
+  run.global_name = [bounds](int s, const std::string& name) {
+    return renumber(name, "layers", (*bounds)[s]);
+  };
+  std::vector<const torch::nn::Module*> modules{parts->embed_tokens.get(), parts->norm.get()};
+  if (parts->lm_head) modules.push_back(parts->lm_head.get());  // null when tied
+  for (const auto& b : parts->layers) modules.push_back(b.get());
+  run.summary = "llama: " + std::to_string(shape.layers) + " blocks, hidden " +
+                std::to_string(shape.hidden) + ", " + std::to_string(shape.heads) + " heads (" +
+                std::to_string(shape.kv_heads) + " key/value), ffn " + std::to_string(shape.ffn) +
+                (shape.tie_embeddings ? ", tied embeddings, " : ", ") +
+                format_count(parameter_count(modules)) + " parameters; " + text;
   return run;
 }
 
@@ -174,8 +218,9 @@ ModelRun make_model_run(const TrainConfig& config, int stages) {
       "remat.stages: ", per_stage.size(), " entries for ", stages,
       " model stages (schedule.ranks x chunks per rank); give one policy per stage, e.g. [",
       join(std::vector<std::string>(static_cast<size_t>(stages), "selective"), ", "), "]");
-  ModelRun run = config.model.kind == models::ModelKind::kGpt ? gpt_run(config, stages)
-                                                              : zoo_run(config, stages);
+  ModelRun run = config.model.kind == models::ModelKind::kGpt     ? gpt_run(config, stages)
+                 : config.model.kind == models::ModelKind::kLlama ? llama_run(config, stages)
+                                                                  : zoo_run(config, stages);
   for (int s = 0; s < static_cast<int>(per_stage.size()); ++s) {
     const models::StageRemat& entry = per_stage[static_cast<size_t>(s)];
     models::RematConfig one = config.remat;
@@ -188,7 +233,7 @@ ModelRun make_model_run(const TrainConfig& config, int stages) {
 }
 
 int64_t tokens_per_micro_batch(const models::ModelOptions& model) {
-  return model.kind == models::ModelKind::kGpt ? model.batch * model.seq_len : model.tokens;
+  return models::is_text_model(model.kind) ? model.batch * model.seq_len : model.tokens;
 }
 
 double lr_at(const TrainingOptions& t, int64_t step) {

@@ -15,6 +15,7 @@
 #include "pipemat/core/error.h"
 #include "pipemat/core/format.h"
 #include "pipemat/models/gpt.h"
+#include "pipemat/models/llama.h"
 #include "pipemat/models/zoo_stages.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/pp/device.h"
@@ -50,6 +51,15 @@ LayerKind layer_kind(const TrainConfig& config, int stages) {
                                         config.partition, stages);
     kind.prefix = "blocks";
     kind.make = [shape] { return torch::nn::AnyModule(models::GptBlock(shape)); };
+    kind.input = at::randn({m.batch, shape.seq_len, shape.hidden});
+    return kind;
+  }
+  if (m.kind == models::ModelKind::kLlama) {
+    models::LlamaShape shape = models::llama_shape(m);
+    kind.bounds = models::partition_llama(models::build_llama(shape, config.training.seed),
+                                          config.partition, stages);
+    kind.prefix = "layers";
+    kind.make = [shape] { return torch::nn::AnyModule(models::LlamaBlock(shape)); };
     kind.input = at::randn({m.batch, shape.seq_len, shape.hidden});
     return kind;
   }

@@ -516,7 +516,7 @@ TrainResult out_of_memory_names_the_keys(const TrainConfig& config,
   }
   const models::ModelOptions& m = config.model;
   const std::string size =
-      m.kind == models::ModelKind::kGpt
+      models::is_text_model(m.kind)
           ? ::pipemat::detail::concat("model.batch ", m.batch, " x model.seq_len ", m.seq_len)
           : ::pipemat::detail::concat("model.tokens ", m.tokens);
   PIPEMAT_THROW(PipelineError, "out of memory: the run (", size, " per micro-batch, model.hidden ",

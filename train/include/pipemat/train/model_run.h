@@ -41,11 +41,11 @@ struct ModelRun {
 };
 
 // Builds the model of `config` split into `stages` stages (pp::stage_count of the schedule).
-// ConfigError for a model or partition that does not fit; for gpt also the data errors of
+// ConfigError for a model or partition that does not fit; for gpt and llama also the data errors of
 // load_text.
 ModelRun make_model_run(const TrainConfig& config, int stages);
 
-// Tokens of one micro-batch: gpt batch x seq_len, the zoo's model.tokens.
+// Tokens of one micro-batch: gpt and llama batch x seq_len, the zoo's model.tokens.
 int64_t tokens_per_micro_batch(const models::ModelOptions& model);
 
 // Learning rate of step `step` (TrainingOptions: warmup, then none or cosine decay).

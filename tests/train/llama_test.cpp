@@ -1,0 +1,420 @@
+// Training the Llama (model.kind llama): through the pipeline against the same model trained in
+// one process (every schedule kind, none / full / selective remat, fp32 and bf16, two data
+// replicas), a tied head, its config keys' errors, and model.from reading a Hugging Face
+// config.json.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pipemat/core/error.h"
+#include "pipemat/train/config.h"
+#include "pipemat/train/generate.h"
+#include "pipemat/train/model_run.h"
+#include "pipemat/train/plan.h"
+#include "pipemat/train/text_data.h"
+#include "pipemat/train/train.h"
+
+namespace pipemat::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under the temp dir, removed at the end of the test.
+class LlamaDir {
+ public:
+  LlamaDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name =
+        "pipemat_llama_" + std::string(info->name()) + "_" + std::to_string(::getpid());
+    std::replace(name.begin(), name.end(), '/', '_');
+    path_ = fs::temp_directory_path() / name;
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~LlamaDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name, const std::string& text) const {
+    std::ofstream(path_ / name, std::ios::binary) << text;
+    return (path_ / name).string();
+  }
+  std::string path() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+// Lines of counted words: text with a structure a few steps can start to learn.
+std::string counting_text(size_t bytes) {
+  const char* words[] = {"one", "two", "three", "four", "five", "six", "seven", "eight"};
+  std::string text;
+  for (uint32_t i = 0; text.size() < bytes; ++i) {
+    text += words[i % 8];
+    text += (i % 5 == 4) ? ".\n" : " ";
+  }
+  text.resize(bytes);
+  return text;
+}
+
+TrainConfig llama_config(const std::string& text_path, const std::string& kind,
+                         const std::string& policy) {
+  TrainConfig c;
+  c.model.kind = models::ModelKind::kLlama;
+  c.model.layers = 4;
+  c.model.hidden = 16;
+  c.model.heads = 4;
+  c.model.kv_heads = 2;
+  c.model.ffn = 24;
+  c.model.seq_len = 16;
+  c.model.batch = 2;
+  c.model.rope_theta = 1000.0;
+  c.data.path = text_path;
+  c.data.validation = 0.25;
+  c.schedule.kind = schedule::parse_schedule_kind(kind);
+  c.schedule.ranks = 2;
+  c.schedule.micro_batches = 4;
+  c.schedule.virtual_stages = kind == "interleaved" ? 2 : 1;
+  c.schedule.recompute =
+      policy == "none" ? schedule::RecomputeMode::kNone : schedule::RecomputeMode::kPretrigger;
+  c.remat.policy = models::parse_remat_policy(policy).value();
+  c.training.steps = 3;
+  c.training.optimizer = OptimizerKind::kAdamW;
+  c.training.lr = 0.01;
+  c.training.weight_decay = 0.01;
+  c.training.clip_grad_norm = 0.5;
+  c.training.warmup = 1;
+  c.training.lr_decay = LrDecay::kCosine;
+  c.training.min_lr = 0.001;
+  c.training.eval_every = 2;
+  c.training.eval_batches = 2;
+  c.output.progress = false;
+  return c;
+}
+
+// The pipeline's 3 steps equal the single process's bitwise: losses, gradient norms, both
+// validations and every parameter. Returns the single process's run.
+TrainResult expect_llama_equals_reference(const TrainConfig& c) {
+  const TrainResult pipe = train_in_process(c, nullptr);
+  TrainResult ref = train_reference(c, nullptr);
+  EXPECT_EQ(pipe.steps.size(), 3u);
+  EXPECT_EQ(ref.steps.size(), 3u);
+  for (size_t s = 0; s < 3 && s < pipe.steps.size() && s < ref.steps.size(); ++s) {
+    EXPECT_EQ(pipe.steps[s].loss, ref.steps[s].loss) << "loss of step " << s;
+    EXPECT_EQ(pipe.steps[s].grad_norm, ref.steps[s].grad_norm) << "gradient norm of step " << s;
+  }
+  EXPECT_EQ(pipe.validation.size(), 2u);
+  EXPECT_EQ(ref.validation.size(), 2u);
+  for (size_t i = 0; i < 2 && i < pipe.validation.size() && i < ref.validation.size(); ++i) {
+    EXPECT_EQ(pipe.validation[i], ref.validation[i]) << "validation " << i;
+  }
+  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
+  EXPECT_EQ(pipe.params.size(), want.size());
+  for (const auto& [name, value] : pipe.params) {
+    EXPECT_TRUE(want.count(name)) << name;
+    if (want.count(name)) {
+      EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
+    }
+  }
+  return ref;
+}
+
+struct LlamaCase {
+  std::string kind;
+  std::string policy;
+  bool bf16 = false;
+};
+
+class LlamaGrid : public ::testing::TestWithParam<LlamaCase> {};
+
+TEST_P(LlamaGrid, PipelineEqualsTheSingleProcessTrainingBitwise) {
+  LlamaDir dir;
+  const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
+  TrainConfig c = llama_config(text, GetParam().kind, GetParam().policy);
+  if (GetParam().bf16) c.training.precision = pp::Precision::kBFloat16;
+  const TrainResult ref = expect_llama_equals_reference(c);
+  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
+  // Global block numbering and the Hugging Face module names.
+  EXPECT_TRUE(want.count("layers.3.self_attn.k_proj.weight"));
+  EXPECT_EQ(want.count("embed_tokens.weight"), 1u);
+  EXPECT_EQ(want.count("lm_head.weight"), 1u);
+  EXPECT_EQ(want.count("norm.weight"), 1u);
+  EXPECT_EQ(want.size(), 3u + 4u * 9u);
+  // k_proj of 2 key/value heads of size 4: [8, 16].
+  EXPECT_EQ(want["layers.0.self_attn.k_proj.weight"].sizes(), (std::vector<int64_t>{8, 16}));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, LlamaGrid,
+    ::testing::Values(LlamaCase{"1f1b", "none"}, LlamaCase{"1f1b", "full"},
+                      LlamaCase{"1f1b", "selective"}, LlamaCase{"zb-v", "none"},
+                      LlamaCase{"zb-v", "full"}, LlamaCase{"zb-v", "selective"},
+                      LlamaCase{"gpipe", "selective"}, LlamaCase{"interleaved", "selective"},
+                      LlamaCase{"zb-h1", "selective"}, LlamaCase{"zb-h2", "full"},
+                      LlamaCase{"1f1b", "none", true}, LlamaCase{"1f1b", "full", true},
+                      LlamaCase{"1f1b", "selective", true}, LlamaCase{"zb-v", "none", true},
+                      LlamaCase{"zb-v", "full", true}, LlamaCase{"zb-v", "selective", true}),
+    [](const ::testing::TestParamInfo<LlamaCase>& test) {
+      std::string n = test.param.kind + "_" + test.param.policy + (test.param.bf16 ? "_bf16" : "");
+      std::replace(n.begin(), n.end(), '-', '_');
+      return n;
+    });
+
+// Note [Data x pipeline]: 2 replicas of the 2-rank llama pipeline equal the single process that
+// combines their gradients, bitwise (zb-v: every backward split).
+TEST(LlamaData, TwoReplicasEqualTheSingleProcessBitwise) {
+  LlamaDir dir;
+  const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
+  TrainConfig c = llama_config(text, "zb-v", "selective");
+  c.parallel.data = 2;
+  expect_llama_equals_reference(c);
+}
+
+// Selective remat: 4 blocks x 4 micro-batches are units, each replayed once; each replay skips
+// the five SAVE regions (q, k, v, gate, up).
+TEST(Llama, SelectiveRematSavesTheFiveGemmsAndReplaysTheRest) {
+  LlamaDir dir;
+  const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
+  TrainConfig c = llama_config(text, "1f1b", "selective");
+  c.training.steps = 1;
+  const TrainResult r = train_in_process(c, nullptr);
+  const remat::RematCounters& k = r.last.remat;
+  EXPECT_EQ(k.unit_calls, 16);
+  EXPECT_EQ(k.replays, 16);
+  EXPECT_EQ(k.save_calls, 80);
+  EXPECT_EQ(k.save_skips, 80);
+}
+
+// A tied head (one stage: embedding and head share the weight): no lm_head parameter, the first
+// loss about ln 256, and the loss falls.
+TEST(Llama, TiedEmbeddingsTrainInOneStage) {
+  LlamaDir dir;
+  const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
+  TrainConfig c = llama_config(text, "1f1b", "selective");
+  c.schedule.ranks = 1;
+  c.model.tie_embeddings = true;
+  c.training.steps = 4;
+  c.training.lr_decay = LrDecay::kNone;
+  c.training.eval_every = 0;
+  const TrainResult r = train_in_process(c, nullptr);
+  std::map<std::string, at::Tensor> params(r.params.begin(), r.params.end());
+  EXPECT_EQ(params.count("lm_head.weight"), 0u);
+  EXPECT_EQ(params.size(), 2u + 4u * 9u);
+  ASSERT_EQ(r.steps.size(), 4u);
+  EXPECT_NEAR(r.steps[0].loss, std::log(256.0), 0.1);
+  EXPECT_LT(r.steps[3].loss, r.steps[0].loss);
+  // More than one stage: the key is named before any rank starts.
+  c.schedule.ranks = 2;
+  try {
+    make_model_run(c, 2);
+    ADD_FAILURE() << "a tied model of 2 stages";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.tie_embeddings: true needs the embedding and the "
+                                         "head in one stage, but the schedule has 2 stages"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// `pipemat plan` on the llama: a block's SAVE leaves are the five GEMMs of the selective policy
+// (o_proj and down_proj are plain members), so with 5 leaves tried the profile holds none, full
+// and the 31 sets, and the uniform selective row is one of them.
+TEST(Llama, PlanProfilesTheFiveSaveLeavesOfABlock) {
+  LlamaDir dir;
+  const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
+  TrainConfig c = llama_config(text, "1f1b", "selective");
+  c.training.eval_every = 0;
+  c.training.threads = 1;
+  PlanOptions options;
+  options.budget_bytes = {int64_t{1} << 40};
+  options.repeats = 1;
+  options.warmup = 0;
+  options.max_save_leaves = 5;
+  const PlanReport r = run_plan(c, options);
+  ASSERT_EQ(r.problem.layers.size(), 6u);  // per stage: "stage s" and its 2 blocks
+  EXPECT_EQ(r.problem.layers[1].layer, "layers.0");
+  EXPECT_EQ(r.problem.layers[1].candidates.size(), 33u);
+  std::vector<std::string> policies;
+  for (const UniformPrediction& u : r.uniform) policies.push_back(u.policy);
+  EXPECT_EQ(policies, (std::vector<std::string>{"none", "full", "selective"}));
+  EXPECT_TRUE(r.result.best.fits());
+}
+
+// The sample after training and `pipemat generate` from a llama checkpoint of a zb-v run (the
+// embedding and the head on rank 0, in two stages).
+TEST(Llama, SamplesFromItsCheckpoint) {
+  LlamaDir dir;
+  const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
+  TrainConfig c = llama_config(text, "zb-v", "selective");
+  c.checkpoint.dir = dir.path() + "/ck";
+  c.sample.tokens = 37;
+  c.sample.prompt = "one two";
+  const TrainResult r = train_in_process(c, nullptr);
+  EXPECT_EQ(r.sample.size(), 37u);
+  SampleOptions o;
+  o.tokens = 37;
+  o.prompt = "one two";
+  const GenerateResult g = generate_text(dir.path() + "/ck/step-000003", o);
+  EXPECT_EQ(g.text, r.sample);  // the same checkpoint, prompt and seed: the same bytes
+  EXPECT_EQ(g.model, "llama, 4 blocks, hidden 16, 4 heads (2 key/value), seq_len 16");
+  o.tokens = 40;  // longer than seq_len: the context slides
+  EXPECT_EQ(generate_text(dir.path() + "/ck/step-000003", o).text.size(), 40u);
+}
+
+// ---- config keys -------------------------------------------------------------------------
+
+std::string config_error(const std::string& yaml) {
+  try {
+    parse_config(yaml, "x.yaml");
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+TEST(LlamaConfig, ChecksNameTheKey) {
+  const std::string base = "data: {path: t.txt}\nmodel:\n  kind: llama\n";
+  EXPECT_EQ(config_error(base + "  hidden: 64\n  heads: 8\n  kv_heads: 3\n"),
+            "x.yaml:6: model.kv_heads: heads 8 is not a multiple of kv_heads 3; expected "
+            "model.heads % model.kv_heads == 0 (every key/value head serves an equal group of "
+            "query heads)");
+  EXPECT_EQ(config_error(base + "  hidden: 24\n  heads: 8\n"),
+            "x.yaml:5: model.heads: the head size model.hidden / model.heads = 3 is odd; the "
+            "rotary embedding rotates pairs of a head's features");
+  EXPECT_EQ(config_error(base + "  dropout: 0.1\n"),
+            "x.yaml:4: model.dropout: llama has no dropout; expected 0");
+  EXPECT_EQ(
+      config_error(base + "  rope_theta: 0\n"),
+      "x.yaml:4: model.rope_theta: '0' is out of range; expected a number in (0, 1000000000000]");
+  EXPECT_EQ(config_error(base + "  norm_eps: -1\n"),
+            "x.yaml:4: model.norm_eps: '-1' is out of range; expected a number in (0, 1]");
+  EXPECT_EQ(config_error("model: {kind: llama}\n"),
+            "x.yaml:1: model.kind: llama trains on text and needs data.path, a text file or a "
+            "directory of text files (e.g. /usr/share/games/fortunes)");
+  EXPECT_EQ(config_error(base + "sample: {tokens: 5}\n"),
+            "x.yaml:4: sample.tokens: the sample is drawn from the final checkpoint and needs "
+            "checkpoint.dir");
+  const TrainConfig ok = parse_config(base + "  heads: 4\n  kv_heads: 1\n", "x.yaml");
+  EXPECT_EQ(ok.model.kv_heads, 1);
+  EXPECT_EQ(ok.model.rope_theta, 10000.0);
+  EXPECT_EQ(ok.model.norm_eps, 1e-5);
+  EXPECT_FALSE(ok.model.tie_embeddings);
+}
+
+// ---- model.from --------------------------------------------------------------------------
+
+const char* const kHfConfig = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "model_type": "llama",
+  "hidden_size": 48,
+  "intermediate_size": 128,
+  "num_hidden_layers": 3,
+  "num_attention_heads": 6,
+  "num_key_value_heads": 2,
+  "rope_theta": 500000.0,
+  "rms_norm_eps": 1e-05,
+  "vocab_size": 256,
+  "tie_word_embeddings": true,
+  "max_position_embeddings": 64,
+  "hidden_act": "silu",
+  "attention_bias": false,
+  "mlp_bias": false,
+  "rope_scaling": null,
+  "torch_dtype": "bfloat16"
+})";
+
+std::string with_field(const std::string& json, const std::string& field,
+                       const std::string& value) {
+  const auto at = json.find("\"" + field + "\"");
+  const auto end = json.find_first_of(",\n}", json.find(':', at));
+  return json.substr(0, json.find(':', at) + 2) + value + json.substr(end);
+}
+
+TEST(LlamaFrom, ReadsAHuggingFaceConfigJson) {
+  LlamaDir dir;
+  dir.file("config.json", kHfConfig);
+  const std::string yaml =
+      "data: {path: t.txt}\nmodel: {kind: llama, seq_len: 256, from: \"" + dir.path() + "\"}\n";
+  // seq_len given above max_position_embeddings is an error naming it; the default is capped.
+  EXPECT_EQ(config_error(yaml),
+            "x.yaml:2: model.seq_len: 256 is longer than max_position_embeddings 64 of " +
+                dir.path() + "/config.json");
+  const TrainConfig c = parse_config(
+      "data: {path: t.txt}\nmodel: {kind: llama, from: \"" + dir.path() + "\"}\n", "x.yaml");
+  EXPECT_EQ(c.model.layers, 3);
+  EXPECT_EQ(c.model.hidden, 48);
+  EXPECT_EQ(c.model.ffn, 128);
+  EXPECT_EQ(c.model.heads, 6);
+  EXPECT_EQ(c.model.kv_heads, 2);
+  EXPECT_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_EQ(c.model.norm_eps, 1e-5);
+  EXPECT_TRUE(c.model.tie_embeddings);
+  EXPECT_EQ(c.model.seq_len, 64);
+  EXPECT_EQ(c.model.from, "");  // resolved: the run's config holds the keys themselves
+  // Without the optional fields: LlamaConfig's defaults (kv_heads = heads, eps 1e-6, untied).
+  dir.file("config.json", R"({"hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4})");
+  const TrainConfig d = parse_config(
+      "data: {path: t.txt}\nmodel: {kind: llama, from: \"" + dir.path() + "\"}\n", "x.yaml");
+  EXPECT_EQ(d.model.kv_heads, 4);
+  EXPECT_EQ(d.model.norm_eps, 1e-6);
+  EXPECT_EQ(d.model.rope_theta, 10000.0);
+  EXPECT_FALSE(d.model.tie_embeddings);
+  EXPECT_EQ(d.model.seq_len, 128);
+}
+
+TEST(LlamaFrom, UnsupportedFieldsAndConflictsAreErrorsNamingThem) {
+  LlamaDir dir;
+  const std::string from = dir.path();
+  const std::string file = from + "/config.json";
+  const std::string yaml = "data: {path: t.txt}\nmodel: {kind: llama, from: \"" + from + "\"}\n";
+  const auto error_with = [&](const std::string& json) {
+    dir.file("config.json", json);
+    return config_error(yaml);
+  };
+  const std::string at = "x.yaml:2: model.from: " + file + ": field ";
+  EXPECT_EQ(error_with(with_field(kHfConfig, "rope_scaling", R"({"type": "linear"})")),
+            at + "'rope_scaling' is set; only null (plain RoPE) is supported");
+  EXPECT_EQ(error_with(with_field(kHfConfig, "attention_bias", "true")),
+            at + "'attention_bias' is true; the llama's projections have no biases (expected "
+                 "false)");
+  EXPECT_EQ(error_with(with_field(kHfConfig, "mlp_bias", "true")),
+            at + "'mlp_bias' is true; the llama's projections have no biases (expected false)");
+  EXPECT_EQ(error_with(with_field(kHfConfig, "hidden_act", "\"gelu\"")),
+            at + "'hidden_act' is 'gelu'; only silu (SwiGLU) is supported");
+  EXPECT_EQ(error_with(with_field(kHfConfig, "vocab_size", "32000")),
+            at + "'vocab_size' is 32000; the llama trains on bytes of text (data.path), "
+                 "expected 256");
+  EXPECT_EQ(error_with(with_field(kHfConfig, "model_type", "\"mistral\"")),
+            at + "'model_type' is 'mistral'; expected llama");
+  EXPECT_EQ(error_with(with_field(kHfConfig, "hidden_size", "\"48\"")),
+            at + "'hidden_size' is \"48\"; expected an integer >= 1");
+  EXPECT_EQ(error_with(R"({"hidden_size": 32})"),
+            at + "'num_hidden_layers' is missing; a llama config.json gives it");
+  EXPECT_EQ(error_with("[1, 2"),
+            "x.yaml:2: model.from: " + file + " is not a JSON object (a Hugging Face config.json)");
+  // The keys model.from sets must not be given too; it needs kind llama; a missing file.
+  dir.file("config.json", kHfConfig);
+  EXPECT_EQ(config_error("data: {path: t.txt}\nmodel:\n  kind: llama\n  hidden: 64\n  from: \"" +
+                         from + "\"\n"),
+            "x.yaml:4: model.hidden: is set by model.from (" + from +
+                "/config.json); give it in one place: remove it here or drop model.from");
+  EXPECT_EQ(config_error("model: {kind: mlp, from: \"" + from + "\"}\n"),
+            "x.yaml:1: model.from: reads a Hugging Face Llama config.json; it needs model.kind "
+            "llama, not mlp");
+  fs::remove(file);
+  const std::string missing = config_error(yaml);
+  EXPECT_NE(missing.find("model.from"), std::string::npos) << missing;
+  EXPECT_NE(missing.find(file), std::string::npos) << missing;
+}
+
+}  // namespace
+}  // namespace pipemat::train
