@@ -78,10 +78,10 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t heads) {
   return x.unsqueeze(2).expand({b, kv, heads / kv, t, d}).reshape({b, heads, t, d});
 }
 
-// x [B, T, hidden] as [B * T, hidden], the input of the SAVE regions (q, k, v, gate, up). A GEMM
-// of a 3-d input saves a reshaped view of its input's bf16 cast under autocast, a tensor remat
-// cannot tell from any other and keeps; of a 2-d input, the cast itself, which remat rederives
-// from the replayed norm (Note [Rederived casts] in remat/src/save_regions.cpp).
+// x [B, T, hidden] as [B * T, hidden], the input of the SAVE regions (q, k, v, gate, up): under
+// autocast each GEMM saves its bf16 cast of these rows, which remat rederives from the replayed
+// norm (Note [Rederived casts] in remat/src/save_regions.cpp; a 3-d input's saved view of the
+// cast is rederived as well).
 at::Tensor flat_rows(const at::Tensor& x) { return x.reshape({-1, x.size(-1)}); }
 
 }  // namespace
