@@ -452,6 +452,10 @@ void prune(const std::string& root, const std::string& written, const Checkpoint
 std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& root,
                             const CheckpointRun& run, int keep_last, const std::string& metadata) {
   PIPEMAT_CHECK(!root.empty(), ConfigError, "save_checkpoint: the checkpoint directory is empty");
+  PIPEMAT_CHECK(!pipeline.shards_optimizer(), ConfigError, "save_checkpoint: rank ",
+                pipeline.rank(),
+                " shards its optimizer state (PipelineOptions::shard_optimizer); checkpoints of "
+                "a sharded optimizer are not supported yet");
   PIPEMAT_CHECK(!run.id.empty(), ConfigError,
                 "save_checkpoint: the run has no id: make one with pp::new_checkpoint_run() when "
                 "a run starts, or continue a checkpoint's with pp::resumed_run(dir)");
@@ -556,6 +560,9 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
   // Check everything on every rank, then agree: nothing is changed anywhere unless every rank
   // can load its part (Note [Checkpoint agreement]).
   const int rank = pipeline.rank();
+  PIPEMAT_CHECK(!pipeline.shards_optimizer(), ConfigError, "load_checkpoint: rank ", rank,
+                " shards its optimizer state (PipelineOptions::shard_optimizer); checkpoints of "
+                "a sharded optimizer are not supported yet");
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // destination, value
   torch::serialize::InputArchive optimizer;
   at::Tensor rng, step;

@@ -157,6 +157,12 @@ void add_run_options(pp::PipelineOptions& options, const TrainConfig& config, co
   options.data_group = layout.data.get();
   options.gradient_bucket_bytes = config.parallel.bucket_bytes;
   options.weight_tail = config.parallel.weight_tail;
+  options.shard_optimizer = config.parallel.shard_optimizer;
+  PIPEMAT_CHECK(!(config.parallel.shard_optimizer && config.parallel.data > 1 &&
+                  !config.checkpoint.dir.empty()),
+                ConfigError,
+                "parallel.shard_optimizer: checkpoints of a sharded optimizer are not supported "
+                "yet; unset checkpoint.dir or parallel.shard_optimizer");
 }
 
 // The rank's index among the ranks of its host, which `training.device: cuda` maps to a GPU:
