@@ -412,7 +412,8 @@ class Pipeline {
   // This rank's stages, ascending.
   std::vector<int> stages() const;
   const PipelineStage& stage(int index) const;
-  // This rank's parameters (as the optimizer got them).
+  // This rank's parameters (as the optimizer got them; with Note [Sharded optimizer] it got the
+  // ones this replica owns).
   const std::vector<at::Tensor>& parameters() const;
   // With Note [Sharded optimizer] it holds this replica's parameters only.
   torch::optim::Optimizer& optimizer();
