@@ -7,9 +7,15 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
+#include <memory>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "pipeline_impl.h"
@@ -26,6 +32,7 @@ constexpr int kLossTag = 2;
 constexpr int kEvalTag = 3;
 constexpr int kGatherTag = 4;  // Note [Sharded optimizer]
 constexpr int kNormsTag = 5;
+constexpr int kStateTag = 6;
 
 // What replica `from` sent has the count, dtypes and shapes of this replica's `mine`: the replicas
 // run the same stages.
@@ -301,6 +308,83 @@ std::map<int, at::Tensor> Pipeline::Impl::sharded_norms(int64_t step) {
     by_stage[s] = picked.empty() ? at::empty({0}, on_device) : at::stack(picked);
   }
   return by_stage;
+}
+
+void Pipeline::Impl::move_owned_state(torch::optim::Optimizer& from, torch::optim::Optimizer& to,
+                                      int owner) {
+  for (const auto& [s, ps] : stage_params) {
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (owner_of(s, i) != owner) continue;
+      void* key = ps[i].unsafeGetTensorImpl();
+      auto it = from.state().find(key);
+      if (it != from.state().end()) to.state()[key] = std::move(it->second);
+    }
+  }
+}
+
+namespace {
+
+// `to`'s param groups take `from`'s options (the LR the schedule set, ...), where both have as
+// many groups.
+void copy_group_options(const torch::optim::Optimizer& from, torch::optim::Optimizer& to) {
+  if (from.param_groups().size() != to.param_groups().size()) return;
+  for (size_t g = 0; g < from.param_groups().size(); ++g)
+    to.param_groups()[g].set_options(from.param_groups()[g].options().clone());
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> Pipeline::Impl::gather_optimizer_state() {
+  if (!sharded()) return nullptr;
+  comm::Transport& group = *options.data_group;
+  const int replicas = group.world_size(), me = group.rank();
+  std::unique_ptr<torch::optim::Optimizer> full = options.optimizer(params);
+  PIPEMAT_CHECK(full != nullptr, ConfigError,
+                "PipelineOptions::optimizer returned no optimizer on rank ", rank);
+  copy_group_options(*optimizer, *full);
+  if (me != 0) {
+    // This replica's state as an optimizer over all of the rank's parameters, serialized.
+    std::unique_ptr<torch::optim::Optimizer> mine = options.optimizer(params);
+    for (const auto& [key, state] : optimizer->state()) mine->state()[key] = state->clone();
+    torch::serialize::OutputArchive archive;
+    mine->save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    const std::string bytes = out.str();
+    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    comm::send_tensors(group, 0, kStateTag, {t}).wait();
+    return nullptr;
+  }
+  for (const auto& [key, state] : optimizer->state()) full->state()[key] = state->clone();
+  for (int d = 1; d < replicas; ++d) {
+    const Tensors got = comm::recv_tensors(group, d, kStateTag).wait();
+    PIPEMAT_CHECK(got.size() == 1 && got[0].defined() && got[0].scalar_type() == at::kByte,
+                  CommError, "save_checkpoint: replica ", d, " sent no optimizer state to replica ",
+                  me, " on pipeline rank ", rank);
+    const at::Tensor bytes = got[0].contiguous();
+    torch::serialize::InputArchive archive;
+    archive.load_from(static_cast<const char*>(bytes.data_ptr()),
+                      static_cast<size_t>(bytes.numel()));
+    std::unique_ptr<torch::optim::Optimizer> theirs = options.optimizer(params);
+    theirs->load(archive);
+    move_owned_state(*theirs, *full, d);
+  }
+  return full;
+}
+
+void Pipeline::Impl::load_optimizer_state(torch::serialize::InputArchive& archive) {
+  if (!sharded()) {
+    optimizer->load(archive);
+    return;
+  }
+  std::unique_ptr<torch::optim::Optimizer> full = options.optimizer(params);
+  PIPEMAT_CHECK(full != nullptr, ConfigError,
+                "PipelineOptions::optimizer returned no optimizer on rank ", rank);
+  full->load(archive);
+  optimizer->state().clear();
+  move_owned_state(*full, *optimizer, options.data_group->rank());
+  copy_group_options(*full, *optimizer);
 }
 
 std::vector<int> shard_owners(const std::vector<int64_t>& numels, int replicas) {

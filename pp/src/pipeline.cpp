@@ -279,6 +279,12 @@ const PipelineStage& Pipeline::stage(int index) const {
 const std::vector<at::Tensor>& Pipeline::parameters() const { return impl_->params; }
 torch::optim::Optimizer& Pipeline::optimizer() { return *impl_->optimizer; }
 bool Pipeline::shards_optimizer() const { return impl_->sharded(); }
+std::unique_ptr<torch::optim::Optimizer> Pipeline::gather_optimizer_state() {
+  return impl_->gather_optimizer_state();
+}
+void Pipeline::load_optimizer_state(torch::serialize::InputArchive& archive) {
+  impl_->load_optimizer_state(archive);
+}
 at::Generator Pipeline::generator() const { return impl_->generator; }
 
 }  // namespace pipemat::pp

@@ -178,6 +178,11 @@ struct Pipeline::Impl {
   // Note [Sharded optimizer]: with sharded(), every parameter's gradient norm from its owner:
   // stage -> the stacked norms of its parameters that have a gradient, in parameter order.
   std::map<int, at::Tensor> sharded_norms(int64_t step);
+  // Note [Sharded optimizer], checkpoints: what Pipeline's functions of the same names do.
+  std::unique_ptr<torch::optim::Optimizer> gather_optimizer_state();
+  void load_optimizer_state(torch::serialize::InputArchive& archive);
+  // Moves the state of the parameters `owner` owns from `from` into `to` (keyed by parameter).
+  void move_owned_state(torch::optim::Optimizer& from, torch::optim::Optimizer& to, int owner);
   // An evaluation's per-micro-batch losses, each from the replica that evaluated it (replica d:
   // d*E/D .. (d+1)*E/D - 1 of the E in its `share`).
   at::Tensor gather_shares(const at::Tensor& share, int64_t micro_batches);

@@ -277,6 +277,14 @@ struct PipelineOptions {
 // replica leaves the step with every parameter, bitwise those of the unsharded run (AdamW and SGD
 // update a parameter from its own gradient and state only). StepMetrics::gather_ms is the time
 // spent there. StepMetrics::optimizer_state_bytes gives the state this rank holds.
+//
+// Checkpoints hold the unsharded state: to save, every replica calls save_checkpoint; the
+// replicas other than 0 send their state (an optimizer over all of the rank's parameters holding
+// the owned part, serialized) to replica 0, which merges them into one optimizer over all of them
+// (Pipeline::gather_optimizer_state) and writes it as an unsharded run would; the others write
+// nothing. To load, each replica loads that state into an optimizer over all of its rank's
+// parameters and keeps the owned part (Pipeline::load_optimizer_state). So a checkpoint resumes
+// sharded or unsharded, with any D, and replica 0 holds the whole state while it saves.
 
 // The replica (0 .. replicas-1) that owns each parameter under Note [Sharded optimizer], given
 // the parameters' element counts in order.
@@ -419,6 +427,14 @@ class Pipeline {
   torch::optim::Optimizer& optimizer();
   // Note [Sharded optimizer] is in effect (shard_optimizer with a data group of D > 1).
   bool shards_optimizer() const;
+  // Note [Sharded optimizer], checkpoints: the optimizer state as one optimizer over all of this
+  // rank's parameters (parameters()) holds it, built by PipelineOptions::optimizer. Sharded:
+  // collective over the data group; replica 0 gets an optimizer holding every owner's state, the
+  // others send theirs and get null. Unsharded: null (optimizer() is that optimizer).
+  std::unique_ptr<torch::optim::Optimizer> gather_optimizer_state();
+  // Loads state saved from an optimizer over all of this rank's parameters (as unsharded, or
+  // gather_optimizer_state's); sharded, this replica keeps the state of the parameters it owns.
+  void load_optimizer_state(torch::serialize::InputArchive& archive);
   // This rank's generator (PipelineOptions::seed); undefined without a seed.
   at::Generator generator() const;
 
