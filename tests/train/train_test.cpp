@@ -229,6 +229,25 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ShardedGrid,
                            return n;
                          });
 
+// Note [Sharded optimizer] with the other features of the exchange: under bf16 (Note [Mixed
+// precision]) and with one message per parameter (64-byte buckets, the weight tail posting them
+// one by one), 2 sharded replicas still equal the single process bitwise.
+TEST(PipelineTrain, ShardedReplicasUnderBf16AndOneParameterBucketsEqualTheReference) {
+  auto c = small_config("zb-h1", 2, "rmsnorm-gemm", "selective");
+  c.parallel.data = 2;
+  c.parallel.shard_optimizer = true;
+  c.training.clip_grad_norm = 0.5;
+  c.training.optimizer = OptimizerKind::kAdamW;
+  c.training.lr = 0.01;
+  auto bf16 = c;
+  bf16.training.precision = pp::Precision::kBFloat16;
+  expect_matches_reference(bf16);
+  auto buckets = c;
+  buckets.schedule.kind = schedule::ScheduleKind::kZeroBubbleH2;
+  buckets.parallel.bucket_bytes = 64;
+  expect_matches_reference(buckets);
+}
+
 // Note [Sharded optimizer]: the last stage's rank reports the optimizer state of every rank of
 // its pipeline: with 2 replicas exactly the AdamW moments (8 bytes an element) of the parameters
 // replica 0 owns, and without sharding of all of them.
