@@ -25,7 +25,7 @@ BenchPipelineRow summarize(const std::vector<pp::StepMetrics>& steps, int64_t wa
   BenchPipelineRow row;
   std::vector<double> step_ms, bubble, schedule_bubble, sim, sim_comm, delay, wait;
   double allreduce = 0, allreduce_wait = 0;  // sums, for the hidden share
-  std::vector<double> allreduce_ms;
+  std::vector<double> allreduce_ms, gather_ms;
   std::vector<double> f, b, i_cost, w, r;
   for (const pp::StepMetrics& m : steps) {
     const auto i = static_cast<size_t>(m.step);
@@ -43,6 +43,7 @@ BenchPipelineRow summarize(const std::vector<pp::StepMetrics>& steps, int64_t wa
     delay.push_back(m.message_delay_ms);
     wait.push_back(m.recv_wait_ms);
     allreduce_ms.push_back(m.allreduce_ms);
+    gather_ms.push_back(m.gather_ms);
     allreduce += m.allreduce_ms;
     allreduce_wait += m.allreduce_wait_ms;
     f.push_back(m.measured_costs.forward);
@@ -57,6 +58,9 @@ BenchPipelineRow summarize(const std::vector<pp::StepMetrics>& steps, int64_t wa
     row.resident_peak_bytes = last.rank_resident_peak_bytes.empty()
                                   ? std::vector<int64_t>{last.resident_peak_bytes}
                                   : last.rank_resident_peak_bytes;
+    row.optimizer_state_bytes = last.optimizer_state_bytes;
+    for (int64_t bytes : last.rank_optimizer_state_bytes)
+      row.optimizer_state_bytes = std::max(row.optimizer_state_bytes, bytes);
   }
   row.step_ms = median(step_ms);
   row.bubble = median(bubble);
@@ -67,6 +71,7 @@ BenchPipelineRow summarize(const std::vector<pp::StepMetrics>& steps, int64_t wa
   row.recv_wait_ms = median(wait);
   row.allreduce_ms = median(allreduce_ms);
   row.allreduce_hidden = allreduce > 0 ? 1.0 - allreduce_wait / allreduce : 0.0;
+  row.gather_ms = median(gather_ms);
   if (layers_per_stage > 0) {
     // What the schedule measured: I and W with split backward, else B.
     const auto num = [](double v) {
@@ -141,15 +146,17 @@ bool splits_backward(pipemat::schedule::ScheduleKind kind) {
   return kind == Kind::kZeroBubbleH1 || kind == Kind::kZeroBubbleH2 || kind == Kind::kZeroBubbleV;
 }
 
-// The steps of `config` (schedule `schedule`) over `transport` with weight_tail `tail`: in this
-// process for local, else launched as `job` (its overrides the common ones) with the schedule's.
+// The steps of `config` (schedule `schedule`) over `transport` with weight_tail `tail` and
+// shard_optimizer `shard`: in this process for local, else launched as `job` (its overrides the
+// common ones) with the schedule's.
 std::vector<pp::StepMetrics> run_variant(const train::TrainConfig& config,
                                          const std::string& schedule, const std::string& transport,
-                                         bool tail, train::LaunchedRun job, int64_t steps,
-                                         int rank_threads) {
+                                         bool tail, bool shard, train::LaunchedRun job,
+                                         int64_t steps, int rank_threads) {
   if (transport == "local") {
     train::TrainConfig local = config;
     local.parallel.weight_tail = tail;
+    local.parallel.shard_optimizer = shard;
     local.transport.kind = comm::TransportKind::kLocal;
     local.output = train::OutputOptions{};
     local.output.progress = false;
@@ -159,6 +166,7 @@ std::vector<pp::StepMetrics> run_variant(const train::TrainConfig& config,
   job.transport = transport;
   job.overrides.push_back("schedule.kind=" + schedule);
   job.overrides.push_back(std::string("parallel.weight_tail=") + (tail ? "true" : "false"));
+  job.overrides.push_back(std::string("parallel.shard_optimizer=") + (shard ? "true" : "false"));
   return train::run_launched(job, steps,
                              "bench pipeline: the " + schedule + " run over " + transport);
 }
@@ -187,6 +195,10 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
   const int ranks = static_cast<int>(base.schedule.ranks * base.parallel.data);
   const std::vector<bool> tails =
       base.parallel.data > 1 ? o.weight_tails : std::vector<bool>{o.weight_tails[0]};
+  PIPEMAT_CHECK(!o.shard_optimizers.empty(), ConfigError,
+                "bench pipeline: give at least one --shard-optimizer value");
+  const std::vector<bool> shards =
+      base.parallel.data > 1 ? o.shard_optimizers : std::vector<bool>{o.shard_optimizers[0]};
   std::vector<BenchPipelineRow> rows;
   const auto add = [&](BenchPipelineRow row) {
     if (on_row) on_row(row);
@@ -226,17 +238,20 @@ std::vector<BenchPipelineRow> run_bench_pipeline(
     }
     for (const auto& transport : o.transports) {
       for (const bool tail : tails) {
-        const std::vector<pp::StepMetrics> steps =
-            run_variant(config, schedule, transport, tail, job, o.steps, rank_threads);
-        BenchPipelineRow row = summarize(steps, o.warmup, oracle.at(stages),
-                                         static_cast<double>(config.model.layers) / stages,
-                                         splits_backward(config.schedule.kind));
-        row.schedule = schedule;
-        row.transport = transport;
-        row.weight_tail = tail;
-        row.threads = rank_threads;
-        row.speedup = refs.best_step_ms / row.step_ms;
-        add(row);
+        for (const bool shard : shards) {
+          const std::vector<pp::StepMetrics> steps =
+              run_variant(config, schedule, transport, tail, shard, job, o.steps, rank_threads);
+          BenchPipelineRow row = summarize(steps, o.warmup, oracle.at(stages),
+                                           static_cast<double>(config.model.layers) / stages,
+                                           splits_backward(config.schedule.kind));
+          row.schedule = schedule;
+          row.transport = transport;
+          row.weight_tail = tail;
+          row.shard_optimizer = shard;
+          row.threads = rank_threads;
+          row.speedup = refs.best_step_ms / row.step_ms;
+          add(row);
+        }
       }
     }
   }

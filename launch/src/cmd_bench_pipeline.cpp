@@ -24,7 +24,10 @@ void print_pipeline_header(int64_t data) {
   std::printf("%-6s %-9s %3s %9s %8s %7s %7s %8s %9s %9s %9s %11s  %-12s", "sched", "transport",
               "thr", "step ms", "speedup", "bubble", "sched.b", "sim", "sim+comm", "delay ms",
               "wait ms", "peak", "losses equal");
-  if (data > 1) std::printf(" %9s %6s  %s", "allred ms", "hidden", "W tail");
+  if (data > 1) {
+    std::printf(" %9s %6s  %-8s %-7s %11s %9s", "allred ms", "hidden", "W tail", "sharded",
+                "opt state", "gather ms");
+  }
   std::printf("\n");
 }
 
@@ -37,8 +40,9 @@ void print_pipeline_row(const bench::BenchPipelineRow& r, int64_t data) {
               : r.losses_equal   ? "yes"
                                  : "NO");
   if (data > 1 && r.transport != "reference") {
-    std::printf(" %9.2f %6.2f  %s", r.allreduce_ms, r.allreduce_hidden,
-                r.weight_tail ? "buckets" : "in order");
+    std::printf(" %9.2f %6.2f  %-8s %-7s %11s %9.2f", r.allreduce_ms, r.allreduce_hidden,
+                r.weight_tail ? "buckets" : "in order", r.shard_optimizer ? "yes" : "no",
+                format_bytes(r.optimizer_state_bytes).c_str(), r.gather_ms);
   }
   std::printf("\n");
   std::fflush(stdout);
@@ -57,6 +61,9 @@ nlohmann::json pipeline_row_json(const bench::BenchPipelineRow& r) {
           {"message_delay_ms", r.message_delay_ms},
           {"recv_wait_ms", r.recv_wait_ms},
           {"weight_tail", r.weight_tail},
+          {"shard_optimizer", r.shard_optimizer},
+          {"optimizer_state_bytes", r.optimizer_state_bytes},
+          {"gather_ms", r.gather_ms},
           {"allreduce_ms", r.allreduce_ms},
           {"allreduce_hidden", r.allreduce_hidden},
           {"peak_bytes", r.peak_bytes},
@@ -102,10 +109,13 @@ void add_bench_pipeline_command(CLI::App& bench) {
       "measured message delay, the time blocked in receives, the peak bytes, and whether every\n"
       "loss equals the reference bitwise. With parallel.data above 1 also the gradient\n"
       "all-reduce (ms from its first post to its last sum, and the share hidden behind the\n"
-      "rank's actions) per --weight-tail. Examples:\n"
+      "rank's actions) per --weight-tail, and the optimizer state of the largest rank and the\n"
+      "gather of the updated parameters per --shard-optimizer. Examples:\n"
       "  pipemat bench pipeline --config configs/bench.yaml --schedules 1f1b,zb-v\n"
       "  pipemat bench pipeline --config configs/bench.yaml --set parallel.data=2 \\\n"
-      "      --schedules zb-h1 --transports mpi --weight-tail true,false");
+      "      --schedules zb-h1 --transports mpi --weight-tail true,false\n"
+      "  pipemat bench pipeline --config configs/dp-pp.yaml --schedules zb-v \\\n"
+      "      --transports mpi --shard-optimizer false,true");
   cmd->add_option("--config", f->bench.config, "YAML config (docs/config.md)")->required();
   cmd->add_option("--set", f->bench.overrides, "Override a config key for every variant")
       ->take_all();
@@ -117,6 +127,11 @@ void add_bench_pipeline_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--weight-tail", f->bench.weight_tails,
                   "With parallel.data above 1: parallel.weight_tail of each variant (true, false)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--shard-optimizer", f->bench.shard_optimizers,
+                  "With parallel.data above 1: parallel.shard_optimizer of each variant (false, "
+                  "true)")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--steps", f->bench.steps, "Steps per variant, warm-up included")

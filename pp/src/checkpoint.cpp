@@ -279,7 +279,8 @@ bool prepare_step_dir(const std::string& dir, const CheckpointRun& run) {
 
 // This rank's file of the checkpoint in `dir` for `run`, written to a temporary name and
 // published; returns its digest, computed from the bytes as they were written.
-FileDigest write_rank_file(Pipeline& pipeline, const std::string& dir, const CheckpointRun& run) {
+FileDigest write_rank_file(Pipeline& pipeline, torch::optim::Optimizer& state,
+                           const std::string& dir, const CheckpointRun& run) {
   const int rank = pipeline.rank();
   std::error_code ec;
   fs::create_directories(dir, ec);  // the ranks of other hosts
@@ -301,7 +302,7 @@ FileDigest write_rank_file(Pipeline& pipeline, const std::string& dir, const Che
     }
   }
   torch::serialize::OutputArchive optimizer;
-  pipeline.optimizer().save(optimizer);
+  state.save(optimizer);
   archive.write("optimizer", optimizer);
   if (pipeline.generator().defined()) {
     archive.write("rng", pipeline.generator().get_state());
@@ -457,6 +458,13 @@ std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, cons
                 "a run starts, or continue a checkpoint's with pp::resumed_run(dir)");
   PIPEMAT_CHECK(keep_last >= 0, ConfigError, "save_checkpoint: keep_last is ", keep_last,
                 "; expected 0 (keep all) or more");
+  // Note [Sharded optimizer]: replica 0 writes every owner's state; the others only send it.
+  std::unique_ptr<torch::optim::Optimizer> gathered;
+  if (pipeline.shards_optimizer()) {
+    gathered = pipeline.gather_optimizer_state();
+    if (gathered == nullptr) return "";
+  }
+  torch::optim::Optimizer& optimizer = gathered ? *gathered : pipeline.optimizer();
   const std::string dir = (fs::path(root) / step_dir_name(pipeline.step())).string();
   const int rank = pipeline.rank();
   bool created = false;
@@ -472,7 +480,8 @@ std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, cons
   try {
     FileDigest mine;
     agree_on(
-        transport, "save_checkpoint", [&] { mine = write_rank_file(pipeline, dir, run); },
+        transport, "save_checkpoint",
+        [&] { mine = write_rank_file(pipeline, optimizer, dir, run); },
         [&](int r) {
           return "could not write its part of " + dir + " (" + rank_file(dir, r) +
                  "; its error says why); the save was abandoned";
@@ -572,7 +581,7 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
     for (auto& [to, value] : copies) to.copy_(value);
   }
   try {
-    pipeline.optimizer().load(optimizer);
+    pipeline.load_optimizer_state(optimizer);  // Note [Sharded optimizer]: the owned part
   } catch (const std::exception& e) {
     PIPEMAT_THROW(PipelineError, "load_checkpoint: ", rank_file(dir, rank),
                   ": the optimizer state does not fit this optimizer: ",

@@ -151,9 +151,16 @@ StepMetrics Pipeline::Impl::StepRun::finish() {
   for (auto& w : sends_) w.wait();
   const PipelineOptions& options = pipe_.options;
   if (options.data_group != nullptr) end_allreduce();
-  if (options.clip_grad_norm > 0) m_.grad_norm = pipe_.clip_global_norm(options.clip_grad_norm);
+  if (options.clip_grad_norm > 0)
+    m_.grad_norm = pipe_.clip_global_norm(options.clip_grad_norm, step_);
   if (options.lr_schedule) options.lr_schedule(*pipe_.optimizer, step_);
   pipe_.optimizer->step();
+  m_.optimizer_state_bytes = optimizer_state_bytes(*pipe_.optimizer);
+  if (pipe_.sharded()) {  // Note [Sharded optimizer]
+    const double g0 = now_us();
+    pipe_.gather_parameters(step_);
+    m_.gather_ms = (now_us() - g0) / 1000.0;
+  }
   m_.step_ms = now_us() / 1000.0;
   m_.busy_ms = busy_us_ / 1000.0;
   m_.start_bytes = bytes0_;

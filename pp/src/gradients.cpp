@@ -24,19 +24,29 @@ at::Tensor Pipeline::Impl::scaled_loss(const Tensors& out, const Tensors& target
 }
 
 // torch::nn::utils::clip_grad_norm_ over all ranks' parameters in stage order: the same
-// per-parameter norms, stacked in the same order and reduced by the same ops on every rank.
-double Pipeline::Impl::clip_global_norm(double max_norm) {
+// per-parameter norms, stacked in the same order and reduced by the same ops on every rank. With
+// Note [Sharded optimizer] every replica holds the same norms too, each from its owner; the
+// coefficient then scales the gradients this replica owns.
+double Pipeline::Impl::clip_global_norm(double max_norm, int64_t step) {
   // This rank's norms, per stage: [stage ids (int64), norms of stage a, norms of stage b, ...]
   Tensors mine;
   std::vector<int64_t> ids;
   std::map<int, at::Tensor> by_stage;
+  // Note [Sharded optimizer]: each parameter's norm from the replica that owns its gradient.
+  std::map<int, at::Tensor> owned;
+  if (sharded()) owned = sharded_norms(step);
   for (const auto& [s, ps] : stage_params) {
-    std::vector<at::Tensor> norms;
-    for (const auto& p : ps) {
-      if (p.grad().defined()) norms.push_back(p.grad().data().norm(2.0));
+    at::Tensor t;
+    if (sharded()) {
+      t = owned.at(s);
+    } else {
+      std::vector<at::Tensor> norms;
+      for (const auto& p : ps) {
+        if (p.grad().defined()) norms.push_back(p.grad().data().norm(2.0));
+      }
+      t = norms.empty() ? at::empty({0}, at::TensorOptions().device(options.device))
+                        : at::stack(norms);
     }
-    at::Tensor t = norms.empty() ? at::empty({0}, at::TensorOptions().device(options.device))
-                                 : at::stack(norms);
     ids.push_back(s);
     mine.push_back(t);
     by_stage[s] = t;

@@ -163,11 +163,28 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
     }
     stages.emplace(s, std::move(stage));
   }
+  std::vector<at::Tensor> optimized = params;
   if (options.data_group != nullptr) {
     plan_buckets();
     equalize_parameters();
   }
-  optimizer = options.optimizer(params);
+  if (sharded()) {
+    std::vector<int64_t> numels;
+    for (const auto& [s, ps] : stage_params) {
+      for (const auto& p : ps) numels.push_back(p.numel());
+    }
+    const std::vector<int> all = shard_owners(numels, options.data_group->world_size());
+    size_t j = 0;
+    optimized.clear();
+    for (const auto& [s, ps] : stage_params) {
+      for (const auto& p : ps) {
+        owners[s].push_back(all[j]);
+        if (all[j] == options.data_group->rank()) optimized.push_back(p);
+        ++j;
+      }
+    }
+  }
+  optimizer = options.optimizer(optimized);
   PIPEMAT_CHECK(optimizer != nullptr, ConfigError,
                 "PipelineOptions::optimizer returned no optimizer on rank ", rank);
 }
@@ -261,6 +278,13 @@ const PipelineStage& Pipeline::stage(int index) const {
 }
 const std::vector<at::Tensor>& Pipeline::parameters() const { return impl_->params; }
 torch::optim::Optimizer& Pipeline::optimizer() { return *impl_->optimizer; }
+bool Pipeline::shards_optimizer() const { return impl_->sharded(); }
+std::unique_ptr<torch::optim::Optimizer> Pipeline::gather_optimizer_state() {
+  return impl_->gather_optimizer_state();
+}
+void Pipeline::load_optimizer_state(torch::serialize::InputArchive& archive) {
+  impl_->load_optimizer_state(archive);
+}
 at::Generator Pipeline::generator() const { return impl_->generator; }
 
 }  // namespace pipemat::pp

@@ -12,7 +12,8 @@
 //   step_run.h          StepRun, one step in progress: its state and a method per action.
 //   step_actions.cpp    the actions: F, B, I, W, R, SEND / RECV.
 //   gradients.cpp       loss scaling, clipping by the global gradient norm.
-//   data_parallel.cpp   Note [Data x pipeline]: equal replicas, the mean gradient and loss.
+//   data_parallel.cpp   Note [Data x pipeline]: equal replicas, the mean gradient and loss;
+//                       Note [Sharded optimizer]: owners, reduce-scatter, norms, the gather.
 //   metrics.cpp         the loss on every rank; step metrics and timelines on the last rank.
 //   evaluate.cpp        evaluate: forward only, in eval mode.
 //   split_backward.h/.cpp  B, and I / W (Note [Split backward]) on the autograd engine: pp's
@@ -99,6 +100,14 @@ struct Pipeline::Impl {
   // this rank's list; only the stages whose tail runs bucket by bucket (a data group,
   // PipelineOptions::weight_tail, more than one bucket), whose buckets the tail posts.
   std::map<int, std::vector<size_t>> weight_tails;
+  // Note [Sharded optimizer]: stage -> the replica that owns each of its parameters (set with the
+  // stages when sharded()).
+  std::map<int, std::vector<int>> owners;
+  bool sharded() const {
+    return options.shard_optimizer && options.data_group != nullptr &&
+           options.data_group->world_size() > 1;
+  }
+  int owner_of(int stage, size_t i) const { return owners.at(stage)[i]; }
   // Note [Data x pipeline]: the global index of this replica's first micro-batch of a step.
   int64_t micro_batch_offset() const {
     return options.data_group ? options.data_group->rank() * plan.micro_batches : 0;
@@ -132,7 +141,7 @@ struct Pipeline::Impl {
   // gradients.cpp: loss scaling and global gradient clipping.
   at::Tensor scaled_loss(const Tensors& out, const Tensors& targets, int64_t micro_batches,
                          int64_t step, int64_t micro_batch);
-  double clip_global_norm(double max_norm);
+  double clip_global_norm(double max_norm, int64_t step);
   // Note [Data x pipeline]: replica 0's parameters to every replica (construction), the mean
   // gradient and the mean loss over the data group.
   void equalize_parameters();
@@ -164,6 +173,16 @@ struct Pipeline::Impl {
   GradientExchange post_gradients(int stage);
   void finish_gradients(GradientExchange& exchange, int64_t step);
   double average_loss(double loss, int64_t step);
+  // Note [Sharded optimizer]: every owner's updated parameters into every replica.
+  void gather_parameters(int64_t step);
+  // Note [Sharded optimizer]: with sharded(), every parameter's gradient norm from its owner:
+  // stage -> the stacked norms of its parameters that have a gradient, in parameter order.
+  std::map<int, at::Tensor> sharded_norms(int64_t step);
+  // Note [Sharded optimizer], checkpoints: what Pipeline's functions of the same names do.
+  std::unique_ptr<torch::optim::Optimizer> gather_optimizer_state();
+  void load_optimizer_state(torch::serialize::InputArchive& archive);
+  // Moves the state of the parameters `owner` owns from `from` into `to` (keyed by parameter).
+  void move_owned_state(torch::optim::Optimizer& from, torch::optim::Optimizer& to, int owner);
   // An evaluation's per-micro-batch losses, each from the replica that evaluated it (replica d:
   // d*E/D .. (d+1)*E/D - 1 of the E in its `share`).
   at::Tensor gather_shares(const at::Tensor& share, int64_t micro_batches);

@@ -80,6 +80,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.parallel.data, b.parallel.data);
   EXPECT_EQ(a.parallel.bucket_bytes, b.parallel.bucket_bytes);
   EXPECT_EQ(a.parallel.weight_tail, b.parallel.weight_tail);
+  EXPECT_EQ(a.parallel.shard_optimizer, b.parallel.shard_optimizer);
   EXPECT_EQ(a.training.steps, b.training.steps);
   EXPECT_EQ(a.training.optimizer, b.training.optimizer);
   EXPECT_EQ(a.training.lr, b.training.lr);
@@ -120,7 +121,7 @@ model: {kind: gpt, layers: 6, hidden: 48, tokens: 16, heads: 3, ffn: 96, experts
 data: {path: "text.txt", validation: 0.1}
 partition: {layers_per_stage: [1, 2, 3]}
 schedule: {kind: zb-h2, ranks: 3, micro_batches: 6, virtual_stages: 2, recompute: lazy, csv: "s.csv"}
-parallel: {data: 3, bucket_bytes: 4096}
+parallel: {data: 3, bucket_bytes: 4096, weight_tail: false, shard_optimizer: true}
 remat:
   policy: custom
   early_stop: false
@@ -218,6 +219,8 @@ TEST(ConfigParse, EveryKeyIsRead) {
   EXPECT_EQ(config.transport.connect_retries, 7);
   EXPECT_EQ(config.parallel.data, 3);
   EXPECT_EQ(config.parallel.bucket_bytes, 4096);
+  EXPECT_FALSE(config.parallel.weight_tail);
+  EXPECT_TRUE(config.parallel.shard_optimizer);
   EXPECT_EQ(config.training.steps, 11);
   EXPECT_EQ(config.training.optimizer, OptimizerKind::kAdamW);
   EXPECT_EQ(config.training.lr, 0.003);
@@ -434,6 +437,10 @@ TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
             "x.yaml:1: model.steps: unknown key; did you mean 'training.steps'? allowed in "
             "model: kind, layers, hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, "
             "dropout, kv_heads, rope_theta, norm_eps, tie_embeddings, from");
+  EXPECT_EQ(error_of("parallel: {data: 2, shard_optimiser: true}\n"),
+            "x.yaml:1: parallel.shard_optimiser: unknown key; did you mean "
+            "'parallel.shard_optimizer'? allowed in parallel: data, bucket_bytes, weight_tail, "
+            "shard_optimizer");
   EXPECT_EQ(error_of("schedule:\n  kind: 1f1b\n  micro_batch: 4\n"),
             "x.yaml:3: schedule.micro_batch: unknown key; did you mean 'schedule.micro_batches'? "
             "allowed in schedule: kind, ranks, micro_batches, virtual_stages, recompute, csv");
@@ -785,7 +792,7 @@ TEST(ConfigOverrides, Errors) {
       "model.rope_theta, model.norm_eps, model.tie_embeddings, model.from, data.path, "
       "data.validation, partition.layers_per_stage, schedule.kind, schedule.ranks, "
       "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, schedule.csv, "
-      "parallel.data, parallel.bucket_bytes, parallel.weight_tail, "
+      "parallel.data, parallel.bucket_bytes, parallel.weight_tail, parallel.shard_optimizer, "
       "remat.policy, "
       "remat.early_stop, remat.checkpoint, remat.exclude, remat.stages, transport.kind, "
       "transport.lane, transport.timeout, "
@@ -924,6 +931,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  data: 1\n"
             "  bucket_bytes: 26214400\n"
             "  weight_tail: true\n"
+            "  shard_optimizer: false\n"
             "remat:\n"
             "  policy: selective\n"
             "  early_stop: true\n"
@@ -1174,6 +1182,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "parallel.data",
                                                      "parallel.bucket_bytes",
                                                      "parallel.weight_tail",
+                                                     "parallel.shard_optimizer",
                                                      "remat.policy",
                                                      "remat.early_stop",
                                                      "remat.checkpoint",

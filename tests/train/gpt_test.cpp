@@ -417,6 +417,66 @@ TEST(GptData, ReplicasCheckpointAndResumeBitwise) {
   EXPECT_NE(single.steps[0].loss, second.steps[0].loss);  // half the global batch
 }
 
+// Note [Sharded optimizer]: a sharded checkpoint holds the unsharded state, so 2 sharded
+// replicas stopped after step 2 and resumed sharded, or resumed unsharded, train bitwise as the
+// uninterrupted unsharded run, and so do sharded replicas resumed from an unsharded checkpoint;
+// 3 replicas (other owners) resume the same checkpoint sharded as they do unsharded.
+TEST(GptData, ShardedCheckpointsResumeShardedOrNotBitwise) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "zb-v", "selective");
+  c.parallel.data = 2;
+  c.training.steps = 4;
+  const TrainResult whole = train_in_process(c, nullptr);
+  ASSERT_EQ(whole.steps.size(), 4u);
+  std::map<std::string, at::Tensor> want(whole.params.begin(), whole.params.end());
+  // The second half of a run resumed from `from`, with or without sharding, equals `whole`'s.
+  auto expect_resumes = [&](const std::string& from, bool shard, const std::string& out) {
+    TrainConfig r = c;
+    r.parallel.shard_optimizer = shard;
+    r.checkpoint.resume = from;
+    r.checkpoint.dir = (dir.path() / out).string();
+    const TrainResult second = train_in_process(r, nullptr);
+    ASSERT_EQ(second.steps.size(), 2u);
+    for (size_t k = 0; k < 2; ++k)
+      EXPECT_EQ(second.steps[k].loss, whole.steps[k + 2].loss) << out << ": step " << k + 2;
+    ASSERT_EQ(second.params.size(), want.size());
+    for (const auto& [name, value] : second.params)
+      EXPECT_TRUE(at::equal(value, want[name])) << out << ": parameter " << name;
+  };
+  auto first_half = [&](bool shard, const std::string& out) {
+    TrainConfig r = c;
+    r.parallel.shard_optimizer = shard;
+    r.checkpoint.dir = (dir.path() / out).string();
+    r.training.stop_after = 2;
+    const TrainResult first = train_in_process(r, nullptr);
+    EXPECT_EQ(first.steps.size(), 2u);
+    EXPECT_EQ(first.final_checkpoint, r.checkpoint.dir + "/step-000002");
+    return first.final_checkpoint;
+  };
+  const std::string sharded = first_half(true, "sharded");
+  expect_resumes(sharded, true, "sharded-sharded");
+  expect_resumes(sharded, false, "sharded-plain");
+  expect_resumes(first_half(false, "plain"), true, "plain-sharded");
+
+  // 3 replicas: another global batch, so compared with 3 unsharded replicas from the same state.
+  auto three = [&](bool shard, const std::string& out) {
+    TrainConfig r = c;
+    r.parallel.data = 3;
+    r.parallel.shard_optimizer = shard;
+    r.checkpoint.resume = sharded;
+    r.checkpoint.dir = (dir.path() / out).string();
+    return train_in_process(r, nullptr);
+  };
+  const TrainResult a = three(true, "three-sharded"), b = three(false, "three-plain");
+  ASSERT_EQ(a.steps.size(), 2u);
+  ASSERT_EQ(b.steps.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) EXPECT_EQ(a.steps[k].loss, b.steps[k].loss) << "step " << k + 2;
+  std::map<std::string, at::Tensor> b_params(b.params.begin(), b.params.end());
+  for (const auto& [name, value] : a.params)
+    EXPECT_TRUE(at::equal(value, b_params[name])) << "3 replicas: parameter " << name;
+}
+
 // Note [Mixed precision]: a bf16 run stopped after step 2 and resumed trains bitwise as the
 // uninterrupted one (the state is float32; the autocast regions open per forward).
 TEST(GptBf16, StopAndResumeBitwise) {

@@ -168,6 +168,11 @@ std::vector<ConfigField> parallel_fields() {
        "that end a rank's step run bucket by bucket over their micro-batches (the gradients of "
        "every micro-batch still added in schedule order), so a stage's first buckets leave while "
        "the rest computes; `false`: one W after the other, every bucket at the end"},
+      {"parallel", "shard_optimizer", boolean(PIPEMAT_MEMBER(parallel.shard_optimizer)), "",
+       "with `parallel.data` above 1: each replica owns about 1/D of every stage's parameters "
+       "(whole parameters) and keeps the optimizer state of those only; the gradients are "
+       "reduce-scattered to their owners and the updated parameters gathered after the step "
+       "(bitwise the unsharded run); the run summary gives each rank's optimizer-state bytes"},
   };
 }
 

@@ -157,6 +157,7 @@ void add_run_options(pp::PipelineOptions& options, const TrainConfig& config, co
   options.data_group = layout.data.get();
   options.gradient_bucket_bytes = config.parallel.bucket_bytes;
   options.weight_tail = config.parallel.weight_tail;
+  options.shard_optimizer = config.parallel.shard_optimizer;
 }
 
 // The rank's index among the ranks of its host, which `training.device: cuda` maps to a GPU:
@@ -218,13 +219,19 @@ void resume_run(const RankRun& r, const RunCheckpoints& checkpoints) {
   }
 }
 
-// Replica 0 writes the checkpoints: the replicas hold the same weights and optimizer state.
+// Replica 0 writes the checkpoints: the replicas hold the same weights and optimizer state (Note
+// [Sharded optimizer]: the other replicas send it theirs, in save_checkpoint).
 void save_after_step(const RankRun& r, const RunCheckpoints& checkpoints, int64_t step, int64_t end,
                      const std::string& metadata) {
   const CheckpointOptions& ck = r.config.checkpoint;
-  if (ck.dir.empty() || r.replica != 0 ||
+  if (ck.dir.empty() || (r.replica != 0 && !r.pipeline.shards_optimizer()) ||
       !((ck.every > 0 && (step + 1) % ck.every == 0) || step + 1 == end))
     return;
+  if (r.replica != 0) {
+    pp::save_checkpoint(r.pipeline, r.transport, ck.dir, checkpoints.run,
+                        static_cast<int>(ck.keep_last), metadata);
+    return;
+  }
   // Note [End of a run]: the last step's save failing ends the run, not the training.
   const bool final_save = step + 1 == end;
   try {

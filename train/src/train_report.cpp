@@ -59,6 +59,9 @@ void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& 
 
 void RunTotals::add(const StepMetrics& m) {
   step_ms.push_back(m.step_ms);
+  rank_optimizer_state_bytes = m.rank_optimizer_state_bytes.empty()
+                                   ? std::vector<int64_t>{m.optimizer_state_bytes}
+                                   : m.rank_optimizer_state_bytes;
   std::vector<int64_t> held;
   if (m.rank_peak_bytes.size() == m.rank_start_bytes.size() && !m.rank_peak_bytes.empty()) {
     for (size_t r = 0; r < m.rank_peak_bytes.size(); ++r) {
@@ -91,6 +94,17 @@ std::string device_memory(const RunTotals& totals) {
   std::vector<std::string> peaks;
   for (int64_t b : totals.rank_device_peak_bytes) peaks.push_back(format_bytes(b));
   return "; device memory per rank " + join(peaks, ", ") + " (CUDA caching allocator)";
+}
+
+// "; optimizer state per rank A, B" (Note [Sharded optimizer]: each rank's, of the last step),
+// or "" when no step reported any.
+std::string optimizer_state(const RunTotals& totals) {
+  const auto& bytes = totals.rank_optimizer_state_bytes;
+  if (std::all_of(bytes.begin(), bytes.end(), [](int64_t b) { return b == 0; })) return "";
+  std::vector<std::string> each;
+  for (int64_t b : bytes) each.push_back(format_bytes(b));
+  return (bytes.size() == 1 ? "; optimizer state " : "; optimizer state per rank ") +
+         join(each, ", ");
 }
 
 }  // namespace
@@ -130,7 +144,7 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
                                       "the memory is replica 0's)")
           : ::pipemat::detail::concat(c.schedule.ranks, c.schedule.ranks == 1 ? " rank" : " ranks"),
       "; ", memory, " (tensors: weights, gradients, optimizer state, activations)",
-      device_memory(totals), "\n");
+      device_memory(totals), optimizer_state(totals), "\n");
   if (reference) {
     const ReferenceFigures& r = *reference;
     const double ref_tokens_per_s = static_cast<double>(tokens_per_step) * 1000.0 / r.step_ms;
@@ -219,6 +233,10 @@ std::string metrics_json(const StepMetrics& m, std::optional<double> validation_
     j["rank_start_bytes"] = m.rank_start_bytes;
     j["rank_resident_peak_bytes"] = m.rank_resident_peak_bytes;
   }
+  j["optimizer_state_bytes"] = m.optimizer_state_bytes;
+  if (!m.rank_optimizer_state_bytes.empty())
+    j["rank_optimizer_state_bytes"] = m.rank_optimizer_state_bytes;
+  if (m.gather_ms > 0) j["gather_ms"] = m.gather_ms;
   const bool on_device =
       m.device_peak_bytes > 0 ||
       std::any_of(m.rank_device_peak_bytes.begin(), m.rank_device_peak_bytes.end(),

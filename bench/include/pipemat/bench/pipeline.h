@@ -8,7 +8,9 @@
 // parallel.data above 1 a variant runs D x schedule.ranks ranks, the reference combines the
 // replicas' gradients the same way, and a row adds the gradient all-reduce: its time from the
 // first bucket's post to the last sum and the share of it hidden behind the rank's actions
-// (Note [Overlapped gradient all-reduce]), per parallel.weight_tail asked for.
+// (Note [Overlapped gradient all-reduce]), per parallel.weight_tail asked for, and per
+// parallel.shard_optimizer asked for the optimizer state each rank held and the gather's time
+// (Note [Sharded optimizer]).
 // The local variant runs in this process (ranks as threads); mpi and tcp start `pipemat-run`
 // (next to the running binary, or `launcher`) and read the metrics file of the run.
 
@@ -27,6 +29,9 @@ struct BenchPipelineOptions {
   // parallel.weight_tail of each variant (Note [Weight tail]); only the first without data
   // parallelism.
   std::vector<bool> weight_tails = {true};
+  // parallel.shard_optimizer of each variant (Note [Sharded optimizer]); only the first without
+  // data parallelism.
+  std::vector<bool> shard_optimizers = {false};
   int64_t steps = 20;    // per variant, warm-up included
   int64_t warmup = 5;    // steps left out of the medians
   std::string launcher;  // pipemat-run; empty: next to /proc/self/exe
@@ -34,12 +39,17 @@ struct BenchPipelineOptions {
 };
 
 struct BenchPipelineRow {
-  std::string schedule;     // "-" for the reference rows
-  std::string transport;    // "reference" for the single-process rows
-  bool weight_tail = true;  // parallel.weight_tail of the variant
-  int threads = 0;          // compute threads per rank
-  double step_ms = 0;       // median after warm-up
-  double speedup = 0;       // faster reference step / step_ms
+  std::string schedule;          // "-" for the reference rows
+  std::string transport;         // "reference" for the single-process rows
+  bool weight_tail = true;       // parallel.weight_tail of the variant
+  bool shard_optimizer = false;  // parallel.shard_optimizer of the variant
+  // The reporting rank's pipeline (replica 0): the most optimizer-state bytes of one rank after
+  // the last step, and the median time of its rank's gather of the updated parameters.
+  int64_t optimizer_state_bytes = 0;
+  double gather_ms = 0;
+  int threads = 0;     // compute threads per rank
+  double step_ms = 0;  // median after warm-up
+  double speedup = 0;  // faster reference step / step_ms
   // Medians. bubble: 1 - busy / (ranks x step time), the optimizer step and the runtime's
   // work between actions included; schedule_bubble: the same over the measured timeline (first
   // to last action), which is what the simulator predicts.

@@ -85,6 +85,9 @@ void remove_checkpoint(const std::string& dir);
 // of another run (it is never overwritten) or `run.id` is empty. A complete checkpoint of the
 // same run at the same step (a resumed run passing it again) is replaced: its manifest goes
 // first.
+// With a sharded optimizer (Note [Sharded optimizer]) every replica calls it, collective over
+// the data group as well: replica 0 writes the whole unsharded state, the others send theirs to
+// it and return "" without writing.
 std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& root,
                             const CheckpointRun& run, int keep_last = 0,
                             const std::string& metadata = "");

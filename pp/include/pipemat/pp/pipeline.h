@@ -57,7 +57,8 @@
 // Gradient clipping. clip_grad_norm > 0 clips by the global L2 norm over the parameters of all
 // stages on all ranks, identical to torch::nn::utils::clip_grad_norm_ over the parameters of the
 // whole model in stage order (every rank gathers every parameter's gradient norm, in stage
-// order, and reduces them the same way clip_grad_norm_ does).
+// order, and reduces them the same way clip_grad_norm_ does). With a sharded optimizer each
+// norm comes from the parameter's owner, the same bits (Note [Sharded optimizer]).
 //
 // Collectives and threading. train_step and evaluate are collective: every rank of the pipeline
 // calls them, in the same order, with the same step. One thread drives one Pipeline; several
@@ -169,6 +170,11 @@ struct PipelineOptions {
   // Note [Weight tail]: the W actions that end a rank's step run bucket by bucket (false: one W
   // after the other). The same gradients either way.
   bool weight_tail = true;
+  // Note [Sharded optimizer]: with a data group of D > 1, each replica owns about 1/D of this
+  // rank's parameters and `optimizer` is called with those only; the gradients are
+  // reduce-scattered to their owners and the updated parameters gathered after the step. The same
+  // bits as unsharded. No effect without a data group.
+  bool shard_optimizer = false;
   // Where this rank's stage modules, micro-batch inputs and targets, received tensors and
   // optimizer state live (pipemat/pp/device.h names devices: resolve_device). On a CUDA device
   // the device is current while the rank runs a step or an evaluation, a set seed seeds its
@@ -241,6 +247,56 @@ struct PipelineOptions {
 // micro-batches into a gradient of its own and combines them the same way
 // (train::run_reference with parallel.data) gives the same bits.
 
+// Note [Sharded optimizer]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// PipelineOptions::shard_optimizer (parallel.shard_optimizer) with D replicas: the optimizer
+// state (AdamW's two moments, SGD's momentum) of a rank's parameters is split over the D ranks of
+// its data group instead of being held by each. Ownership is by whole parameter:
+// shard_owners(numels, D) cuts the rank's parameters, in stage then parameter order, into D
+// contiguous runs of about equal elements (parameter i goes to the replica whose share of the
+// elements holds its middle element); a replica may own none. The optimizer factory is called
+// with the owned parameters only (the module's own tensors, so per-parameter groups still work),
+// its state is created for those alone, and the LR schedule is unchanged.
+//
+// Reduce-scatter. Each bucket of Note [Overlapped gradient all-reduce] leaves at the same place
+// (after the stage's last B or W, the weight tail bucket by bucket), but a replica sends to
+// replica d only the gradients of the bucket's parameters that d owns (nothing when d owns none
+// there), and the owner sums them in replica order (g_0 + ... + g_{D-1}, an unproduced gradient
+// counting as zeros) and divides by D: the very ops of the unsharded exchange on the same tensors,
+// so the owner's gradient has the unsharded bits. A replica drops the gradients it does not own.
+//
+// Clipping. The global norm keeps its definition (clip_grad_norm_'s: the per-parameter norms
+// stacked in stage order, then their norm): a parameter's norm is computed by its owner, on the
+// whole reduced gradient as unsharded, and the replicas exchange them (one float per parameter)
+// so every rank stacks the same values in the same order. Whole-parameter ownership is what
+// keeps this exact without redefining the norm; its cost is balance: a parameter is never split,
+// so a replica's share is 1/D up to one parameter.
+//
+// Gather. After the optimizer step each replica sends its updated parameters, bucket by bucket, to
+// the other replicas, which copy them into their modules before train_step returns: every
+// replica leaves the step with every parameter, bitwise those of the unsharded run (AdamW and SGD
+// update a parameter from its own gradient and state only). StepMetrics::gather_ms is the time
+// spent there. It runs at the step's tail, not before each stage's first forward of the next
+// step, because train_step's caller may read the parameters between steps (evaluate, a
+// checkpoint, the modules themselves); measured on configs/dp-pp.yaml it is 2-3 ms of a 500 ms
+// step (docs/training.md). StepMetrics::optimizer_state_bytes gives the state this rank holds.
+//
+// Checkpoints hold the unsharded state: to save, every replica calls save_checkpoint; the
+// replicas other than 0 send their state (an optimizer over all of the rank's parameters holding
+// the owned part, serialized) to replica 0, which merges them into one optimizer over all of them
+// (Pipeline::gather_optimizer_state) and writes it as an unsharded run would; the others write
+// nothing. To load, each replica loads that state into an optimizer over all of its rank's
+// parameters and keeps the owned part (Pipeline::load_optimizer_state). So a checkpoint resumes
+// sharded or unsharded, with any D, and replica 0 holds the whole state while it saves.
+
+// The replica (0 .. replicas-1) that owns each parameter under Note [Sharded optimizer], given
+// the parameters' element counts in order.
+std::vector<int> shard_owners(const std::vector<int64_t>& numels, int replicas);
+
+// The bytes of the tensors in `optimizer`'s per-parameter state (their storages' sizes) for
+// torch's AdamW, Adam, SGD, Adagrad and RMSprop states; other state types count 0.
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+
 // Start and end of one executed action, microseconds from the start of the step.
 struct ActionTiming {
   schedule::Action action;
@@ -308,6 +364,12 @@ struct StepMetrics {
   // On the last stage's rank (with collect_timelines and a data group): every rank's
   // allreduce_start_ms and allreduce_end_ms, by rank. Empty elsewhere.
   std::vector<std::pair<double, double>> rank_allreduce_ms;
+  // Note [Sharded optimizer]: the bytes of this rank's optimizer state after the step
+  // (optimizer_state_bytes), and on the last stage's rank (with collect_timelines) every rank's of
+  // its pipeline, by rank. gather_ms: this rank's wait for the updated parameters (0 unsharded).
+  int64_t optimizer_state_bytes = 0;
+  std::vector<int64_t> rank_optimizer_state_bytes;
+  double gather_ms = 0;
 };
 
 struct EvalOptions {
@@ -361,9 +423,21 @@ class Pipeline {
   // This rank's stages, ascending.
   std::vector<int> stages() const;
   const PipelineStage& stage(int index) const;
-  // This rank's parameters (as the optimizer got them).
+  // This rank's parameters (as the optimizer got them; with Note [Sharded optimizer] it got the
+  // ones this replica owns).
   const std::vector<at::Tensor>& parameters() const;
+  // With Note [Sharded optimizer] it holds this replica's parameters only.
   torch::optim::Optimizer& optimizer();
+  // Note [Sharded optimizer] is in effect (shard_optimizer with a data group of D > 1).
+  bool shards_optimizer() const;
+  // Note [Sharded optimizer], checkpoints: the optimizer state as one optimizer over all of this
+  // rank's parameters (parameters()) holds it, built by PipelineOptions::optimizer. Sharded:
+  // collective over the data group; replica 0 gets an optimizer holding every owner's state, the
+  // others send theirs and get null. Unsharded: null (optimizer() is that optimizer).
+  std::unique_ptr<torch::optim::Optimizer> gather_optimizer_state();
+  // Loads state saved from an optimizer over all of this rank's parameters (as unsharded, or
+  // gather_optimizer_state's); sharded, this replica keeps the state of the parameters it owns.
+  void load_optimizer_state(torch::serialize::InputArchive& archive);
   // This rank's generator (PipelineOptions::seed); undefined without a seed.
   at::Generator generator() const;
 

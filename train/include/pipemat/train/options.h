@@ -93,6 +93,9 @@ struct ParallelOptions {
   int64_t bucket_bytes = int64_t{25} << 20;
   // Note [Weight tail] (pp/pipeline.h): a rank's trailing W actions run bucket by bucket.
   bool weight_tail = true;
+  // Note [Sharded optimizer] (pp/pipeline.h): each replica keeps the optimizer state of its
+  // share of the parameters.
+  bool shard_optimizer = false;
 };
 
 struct OutputOptions {

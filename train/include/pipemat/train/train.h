@@ -93,6 +93,8 @@ struct RunTotals {
   // Per rank on a CUDA device: the most bytes its device's caching allocator held during any
   // step (StepMetrics::rank_device_peak_bytes); empty while every step's are 0 (CPU runs).
   std::vector<int64_t> rank_device_peak_bytes;
+  // Per rank: the bytes of its optimizer state after the latest step (Note [Sharded optimizer]).
+  std::vector<int64_t> rank_optimizer_state_bytes;
   void add(const StepMetrics& m);
 };
 

@@ -1,0 +1,212 @@
+// Note [Sharded optimizer]: D replicas of a P-rank pipeline (D x P ranks as threads) with
+// PipelineOptions::shard_optimizer equal the same replicas unsharded bitwise on every rank of
+// every replica: losses, gradient norms (clipping active) and every parameter after every step;
+// and each rank's optimizer state is exactly that of the parameters it owns.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipemat/comm/transport.h"
+#include "pipemat/pp/pipeline.h"
+#include "user_pipeline.h"
+
+namespace pipemat::pp {
+namespace {
+
+using schedule::ScheduleKind;
+
+// What job rank w saw: per step the loss, norm, its parameters and its optimizer state's bytes.
+struct ShardRun {
+  std::vector<double> losses, norms;
+  std::vector<std::vector<at::Tensor>> params;  // per step, in stage then parameter order
+  std::vector<int64_t> numels;                  // of those parameters
+  std::vector<int64_t> state_bytes;             // per step: StepMetrics::optimizer_state_bytes
+  std::vector<int64_t> owned_by_optimizer;      // elements the optimizer got
+};
+
+enum class Opt { kAdamW, kSgd };
+
+constexpr double kGridClip = 0.2;  // below every step's norm at D = 2 and 3: clipping is active
+
+std::unique_ptr<torch::optim::Optimizer> make(Opt opt, const std::vector<at::Tensor>& p) {
+  if (opt == Opt::kSgd) {
+    return std::make_unique<torch::optim::SGD>(
+        p, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.01));
+  }
+  return user_model::make_adamw(p);
+}
+
+// Rank w of the job is pipeline rank w / D of replica w % D (Note [Data x pipeline]).
+std::vector<ShardRun> run_grid(ScheduleKind kind, int replicas, int ranks, bool shard, Opt opt,
+                               int64_t bucket_bytes = int64_t{25} << 20) {
+  const int world = replicas * ranks;
+  std::vector<ShardRun> runs(static_cast<size_t>(world));
+  const auto errors = user_model::run_ranks(world, [&](comm::Transport& job) {
+    const int w = job.rank(), replica = w % replicas, prank = w / replicas;
+    std::vector<int> data_ranks, pipe_ranks;
+    for (int d = 0; d < replicas; ++d) data_ranks.push_back(prank * replicas + d);
+    for (int r = 0; r < ranks; ++r) pipe_ranks.push_back(r * replicas + replica);
+    auto data = comm::make_group(job, data_ranks);
+    auto pipeline = comm::make_group(job, pipe_ranks);
+    user_model::PipelineCase c;
+    c.kind = kind;
+    c.ranks = ranks;
+    torch::nn::Sequential model = user_model::make_model(c.blocks, 7);
+    PipelineOptions o = user_model::pipeline_options(c);
+    o.data_group = data.get();
+    o.shard_optimizer = shard;
+    o.gradient_bucket_bytes = bucket_bytes;
+    o.clip_grad_norm = kGridClip;
+    ShardRun& run = runs[static_cast<size_t>(w)];
+    o.optimizer = [opt, &run](const std::vector<at::Tensor>& p) {
+      for (const auto& t : p) run.owned_by_optimizer.push_back(t.numel());
+      return make(opt, p);
+    };
+    if (opt == Opt::kSgd) o.lr_schedule = nullptr;
+    const auto bounds = balance_by_parameters(model, stage_count(o));
+    Pipeline pipe(*pipeline, o, split_sequential(model, bounds));
+    for (const auto& p : pipe.parameters()) run.numels.push_back(p.numel());
+    for (int64_t step = 0; step < c.steps; ++step) {
+      const StepMetrics m = pipe.train_step([](int64_t s, int64_t i) {
+        auto [ids, targets] = user_model::data(s, i);
+        return MicroBatch{{ids}, {targets}};
+      });
+      run.losses.push_back(m.loss);
+      run.norms.push_back(m.grad_norm);
+      run.state_bytes.push_back(m.optimizer_state_bytes);
+      std::vector<at::Tensor> ps;
+      for (const auto& p : pipe.parameters()) ps.push_back(p.detach().clone());
+      run.params.push_back(std::move(ps));
+    }
+  });
+  for (int w = 0; w < world; ++w) EXPECT_EQ(errors[static_cast<size_t>(w)], "") << "rank " << w;
+  return runs;
+}
+
+// Bytes of state per element: AdamW's two moments, SGD's momentum buffer (float32).
+int64_t state_bytes_per_element(Opt opt) { return opt == Opt::kAdamW ? 8 : 4; }
+
+void expect_sharded_equals_unsharded(ScheduleKind kind, int replicas, int ranks, Opt opt,
+                                     int64_t bucket_bytes = int64_t{25} << 20) {
+  const auto plain = run_grid(kind, replicas, ranks, false, opt, bucket_bytes);
+  const auto sharded = run_grid(kind, replicas, ranks, true, opt, bucket_bytes);
+  ASSERT_EQ(plain.size(), sharded.size());
+  for (size_t w = 0; w < plain.size(); ++w) {
+    const ShardRun &a = plain[w], &b = sharded[w];
+    ASSERT_EQ(a.params.size(), b.params.size()) << "rank " << w;
+    for (size_t s = 0; s < a.params.size(); ++s) {
+      EXPECT_EQ(a.losses[s], b.losses[s]) << "rank " << w << " step " << s;
+      EXPECT_EQ(a.norms[s], b.norms[s]) << "rank " << w << " step " << s;
+      EXPECT_GT(b.norms[s], kGridClip) << "clipping is active";
+      ASSERT_EQ(a.params[s].size(), b.params[s].size());
+      for (size_t i = 0; i < a.params[s].size(); ++i) {
+        EXPECT_TRUE(at::equal(a.params[s][i], b.params[s][i]))
+            << "rank " << w << " step " << s << " parameter " << i;
+      }
+    }
+    // Unsharded: the state of every parameter; sharded: of the owned ones, exactly.
+    int64_t all = 0, owned = 0;
+    const std::vector<int> owners = shard_owners(b.numels, replicas);
+    for (size_t i = 0; i < b.numels.size(); ++i) {
+      all += b.numels[i];
+      if (owners[i] == static_cast<int>(w) % replicas) owned += b.numels[i];
+    }
+    const int64_t per = state_bytes_per_element(opt);
+    EXPECT_EQ(a.state_bytes.back(), per * all) << "rank " << w;
+    EXPECT_EQ(b.state_bytes.back(), per * owned) << "rank " << w;
+    int64_t got = 0;
+    for (int64_t n : b.owned_by_optimizer) got += n;
+    EXPECT_EQ(got, owned) << "the factory gets the owned parameters of rank " << w;
+  }
+  // The replicas of one pipeline rank hold its whole state between them, each about 1/D.
+  for (int r = 0; r < ranks; ++r) {
+    int64_t sum = 0;
+    for (int d = 0; d < replicas; ++d)
+      sum += sharded[static_cast<size_t>(r * replicas + d)].state_bytes.back();
+    EXPECT_EQ(sum, plain[static_cast<size_t>(r * replicas)].state_bytes.back())
+        << "pipeline rank " << r;
+  }
+}
+
+TEST(ShardedOptimizer, OwnersAreContiguousRunsOfAboutEqualElements) {
+  EXPECT_EQ(shard_owners({10, 10, 10, 10}, 2), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(shard_owners({10, 10, 10}, 3), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(shard_owners({100, 1, 1}, 2), (std::vector<int>{0, 1, 1}));
+  // Fewer parameters than replicas: replicas 0 and 2 own none.
+  EXPECT_EQ(shard_owners({9}, 3), (std::vector<int>{1}));
+  EXPECT_EQ(shard_owners({}, 2), (std::vector<int>{}));
+  EXPECT_EQ(shard_owners({5, 5}, 1), (std::vector<int>{0, 0}));
+}
+
+TEST(ShardedOptimizer, TwoByTwoEqualsUnshardedBitwiseUnderEveryScheduleKind) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+        ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleH2, ScheduleKind::kZeroBubbleV}) {
+    SCOPED_TRACE(schedule::to_string(kind));
+    expect_sharded_equals_unsharded(kind, 2, 2, Opt::kAdamW);
+  }
+}
+
+TEST(ShardedOptimizer, ThreeByTwoWithSgdAndOneParameterBucketsEqualsUnshardedBitwise) {
+  expect_sharded_equals_unsharded(ScheduleKind::kOneFOneB, 3, 2, Opt::kSgd);
+  // 64-byte buckets: one message per parameter, most buckets owned by one replica only; under
+  // ZB-H1 the weight tail posts them one by one.
+  expect_sharded_equals_unsharded(ScheduleKind::kZeroBubbleH1, 3, 2, Opt::kAdamW, 64);
+}
+
+// A replica that owns no parameter gets an optimizer over none and still leaves every step with
+// the updated parameters of the one that owns it.
+TEST(ShardedOptimizer, ReplicasOwningNothingGetTheParametersFromTheOwner) {
+  auto run = [](bool shard) {
+    std::vector<std::vector<at::Tensor>> params(3);
+    std::vector<int64_t> bytes(3);
+    const auto errors = user_model::run_ranks(3, [&](comm::Transport& job) {
+      const int r = job.rank();
+      auto data = comm::make_group(job, {0, 1, 2});
+      auto pipeline = comm::make_group(job, {r});
+      PipelineOptions o;
+      o.schedule.ranks = 1;
+      o.schedule.micro_batches = 2;
+      o.loss = [](const Tensors& out, const Tensors&) { return out.at(0).pow(2).mean(); };
+      o.optimizer = [](const std::vector<at::Tensor>& p) { return make(Opt::kAdamW, p); };
+      o.clip_grad_norm = 0.01;
+      o.data_group = data.get();
+      o.shard_optimizer = shard;
+      at::manual_seed(3);
+      auto linear = torch::nn::Linear(torch::nn::LinearOptions(3, 3).bias(false));
+      Pipeline p(*pipeline, o, [&](int s) {
+        return make_stage(s, linear.ptr(), [linear](const Tensors& in) mutable {
+          return Tensors{linear->forward(in[0])};
+        });
+      });
+      for (int64_t step = 0; step < 2; ++step) {
+        const StepMetrics m = p.train_step([](int64_t s, int64_t i) {
+          return MicroBatch{{at::full({2, 3}, static_cast<double>(1 + s + i))}, {}};
+        });
+        bytes[static_cast<size_t>(r)] = m.optimizer_state_bytes;
+      }
+      params[static_cast<size_t>(r)] = {linear->weight.detach().clone()};
+    });
+    for (const auto& e : errors) EXPECT_EQ(e, "");
+    return std::make_pair(params, bytes);
+  };
+  const auto [plain, plain_bytes] = run(false);
+  const auto [sharded, sharded_bytes] = run(true);
+  EXPECT_EQ(sharded_bytes, (std::vector<int64_t>{0, 72, 0}));  // 9 elements x 2 moments x 4
+  EXPECT_EQ(plain_bytes, (std::vector<int64_t>{72, 72, 72}));
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_TRUE(at::equal(sharded[r][0], plain[r][0])) << "replica " << r;
+  }
+}
+
+}  // namespace
+}  // namespace pipemat::pp
