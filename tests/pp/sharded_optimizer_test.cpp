@@ -12,6 +12,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -181,8 +182,14 @@ TEST(ShardedOptimizer, ReplicasOwningNothingGetTheParametersFromTheOwner) {
       o.clip_grad_norm = 0.01;
       o.data_group = data.get();
       o.shard_optimizer = shard;
-      at::manual_seed(3);
-      auto linear = torch::nn::Linear(torch::nn::LinearOptions(3, 3).bias(false));
+      // The same weights on every replica thread and in both runs: the seed and the draws of
+      // one thread at a time (the default generator is the process's).
+      auto linear = [] {
+        static std::mutex init;
+        std::lock_guard<std::mutex> lock(init);
+        at::manual_seed(3);
+        return torch::nn::Linear(torch::nn::LinearOptions(3, 3).bias(false));
+      }();
       Pipeline p(*pipeline, o, [&](int s) {
         return make_stage(s, linear.ptr(), [linear](const Tensors& in) mutable {
           return Tensors{linear->forward(in[0])};
