@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <limits>
@@ -12,18 +13,44 @@
 #include "pipemat/models/gpt.h"
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/train/config.h"
+#include "pipemat/train/weights.h"
 
 namespace pipemat::train {
 
+namespace {
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+bool is_checkpoint_dir(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+         (exists(path + "/manifest.json") || (!exists(path + "/model.safetensors") &&
+                                              !exists(path + "/model.safetensors.index.json")));
+}
+
 GenerateResult generate_text(const std::string& dir, const SampleOptions& options) {
-  const pp::CheckpointManifest manifest = pp::read_checkpoint_manifest(dir);
-  PIPEMAT_CHECK(!manifest.metadata.empty(), ConfigError, "generate: ", dir,
-                " holds no run config in its manifest; sample from a checkpoint that "
-                "`pipemat train` wrote for a gpt model");
-  const TrainConfig config = parse_config(manifest.metadata, dir + "/manifest.json (metadata)");
+  const bool checkpoint = is_checkpoint_dir(dir);
+  pp::CheckpointManifest manifest;
+  TrainConfig config;
+  if (checkpoint) {
+    manifest = pp::read_checkpoint_manifest(dir);
+    PIPEMAT_CHECK(!manifest.metadata.empty(), ConfigError, "generate: ", dir,
+                  " holds no run config in its manifest; sample from a checkpoint that "
+                  "`pipemat train` wrote for a gpt model");
+    config = parse_config(manifest.metadata, dir + "/manifest.json (metadata)");
+  } else {
+    config = config_of_weights(dir);  // one whole model: one stage
+    manifest.stages = 1;
+    manifest.step = -1;
+  }
   PIPEMAT_CHECK(config.model.kind == models::ModelKind::kGpt, ConfigError, "generate: ", dir,
-                " is a checkpoint of model.kind ", to_string(config.model.kind),
-                "; pipemat generate samples text from gpt checkpoints only");
+                " holds a model of model.kind ", to_string(config.model.kind),
+                "; pipemat generate samples text from gpt models only");
   const models::GptShape shape = models::gpt_shape(config.model);
   const models::GptParts parts = models::build_gpt(shape, config.training.seed);
   const std::vector<int64_t> bounds =
@@ -35,7 +62,18 @@ GenerateResult generate_text(const std::string& dir, const SampleOptions& option
     stages.back()->eval();
     modules.push_back(stages.back().ptr().get());
   }
-  pp::load_stage_weights(dir, modules);
+  if (checkpoint) {
+    pp::load_stage_weights(dir, modules);
+  } else {
+    // One stage of every block: its names are the single-process model's.
+    const WeightNameMap map = weight_name_map(config.model.kind);
+    WeightShapes shapes;
+    for (const auto& item : modules[0]->named_parameters()) {
+      shapes[map(item.key())] = item.value().sizes().vec();
+    }
+    load_weights(dir, "generate", shapes, [](int, const std::string& name) { return name; },
+                 config.model.kind, {{0, modules[0]}});
+  }
 
   c10::AutoGradMode no_grad(false);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);

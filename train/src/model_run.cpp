@@ -61,11 +61,10 @@ ModelRun zoo_run(const TrainConfig& config, int stages) {
   return run;
 }
 
-ModelRun gpt_run(const TrainConfig& config, int stages) {
+// The gpt's stages and names; with `with_data`, its text data, loss and policy too.
+ModelRun gpt_run(const TrainConfig& config, int stages, bool with_data) {
   const models::GptShape shape = models::gpt_shape(config.model);
   const int64_t batch = config.model.batch;
-  auto corpus = std::make_shared<TextCorpus>(
-      load_text(config.data.path, config.data.validation, shape.seq_len + 1));
   auto parts = std::make_shared<models::GptParts>(models::build_gpt(shape, config.training.seed));
   const auto bounds = std::make_shared<std::vector<int64_t>>(
       models::partition_gpt(*parts, config.partition, stages));
@@ -77,6 +76,16 @@ ModelRun gpt_run(const TrainConfig& config, int stages) {
         s, models::GptStage(*parts, (*bounds)[s], (*bounds)[s + 1], s == 0, s == stages - 1));
   };
   run.release_unused = [parts] { *parts = models::GptParts{}; };
+  run.global_name = [bounds](int s, const std::string& name) {
+    return renumber(name, "blocks", (*bounds)[s]);
+  };
+  if (!with_data) {
+    run.summary =
+        "gpt: " + std::to_string(shape.layers) + " blocks, hidden " + std::to_string(shape.hidden);
+    return run;
+  }
+  auto corpus = std::make_shared<TextCorpus>(
+      load_text(config.data.path, config.data.validation, shape.seq_len + 1));
   run.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
     return models::gpt_loss(out.at(0), target.at(0));
   };
@@ -91,9 +100,6 @@ ModelRun gpt_run(const TrainConfig& config, int stages) {
     return pp::MicroBatch{{ids}, {next}};
   };
   run.policy = models::stage_policy(config.model, config.remat);
-  run.global_name = [bounds](int s, const std::string& name) {
-    return renumber(name, "blocks", (*bounds)[s]);
-  };
   run.tokens_per_micro_batch = tokens_per_micro_batch(config.model);
   run.random = shape.dropout > 0;
   int64_t params = 0;
@@ -174,7 +180,7 @@ ModelRun make_model_run(const TrainConfig& config, int stages) {
       "remat.stages: ", per_stage.size(), " entries for ", stages,
       " model stages (schedule.ranks x chunks per rank); give one policy per stage, e.g. [",
       join(std::vector<std::string>(static_cast<size_t>(stages), "selective"), ", "), "]");
-  ModelRun run = config.model.kind == models::ModelKind::kGpt ? gpt_run(config, stages)
+  ModelRun run = config.model.kind == models::ModelKind::kGpt ? gpt_run(config, stages, true)
                                                               : zoo_run(config, stages);
   for (int s = 0; s < static_cast<int>(per_stage.size()); ++s) {
     const models::StageRemat& entry = per_stage[static_cast<size_t>(s)];
@@ -185,6 +191,11 @@ ModelRun make_model_run(const TrainConfig& config, int stages) {
   }
   check_remat_patterns(run, config.remat);
   return run;
+}
+
+ModelRun make_model_weights(const TrainConfig& config, int stages) {
+  return config.model.kind == models::ModelKind::kGpt ? gpt_run(config, stages, false)
+                                                      : zoo_run(config, stages);
 }
 
 int64_t tokens_per_micro_batch(const models::ModelOptions& model) {
