@@ -49,8 +49,9 @@ GenerateResult generate_text(const std::string& dir, const SampleOptions& option
     manifest.step = -1;
   }
   PIPEMAT_CHECK(config.model.kind == models::ModelKind::kGpt, ConfigError, "generate: ", dir,
-                " holds a model of model.kind ", to_string(config.model.kind),
-                "; pipemat generate samples text from gpt models only");
+                checkpoint ? " is a checkpoint" : " holds the weights", " of model.kind ",
+                to_string(config.model.kind), "; pipemat generate samples text from gpt ",
+                checkpoint ? "checkpoints" : "models", " only");
   const models::GptShape shape = models::gpt_shape(config.model);
   const models::GptParts parts = models::build_gpt(shape, config.training.seed);
   const std::vector<int64_t> bounds =
