@@ -4,7 +4,7 @@
 # `pipemat export` writes it as one file; generate samples the same bytes from the file as from
 # the checkpoint; a 2-rank run with training.init_from of that file and a step that moves
 # nothing (SGD, lr 1e-300) exports the same bytes again; a file that lacks a tensor is one clear
-# error on every rank, never a crash.
+# error, reported once (every rank finds it), never a crash.
 set -euo pipefail
 pipemat="$1" run="$2" config="$3"
 shift 3
@@ -57,6 +57,8 @@ fi
 echo "$out" | grep "error" | head -3
 grep -q "training.init_from: $work/bad.safetensors does not hold the parameters of this model (.*; 1 missing: " <<<"$out" ||
   { echo "$out" | tail -5; echo "FAIL: the error does not list the missing tensor"; exit 1; }
+[ "$(grep -c "pipemat: error" <<<"$out")" -eq 1 ] ||
+  { echo "$out" | tail -5; echo "FAIL: not one error line (the fault is every rank's)"; exit 1; }
 if grep -q "Segmentation\|Aborted\|terminate called" <<<"$out"; then
   echo "FAIL: a crash"; exit 1
 fi

@@ -159,7 +159,15 @@ ExportSummary export_weights(const std::string& dir, const std::string& out) {
 LoadSummary load_weights(const std::string& path, const std::string& key, const WeightShapes& model,
                          const GlobalName& global_name, models::ModelKind kind,
                          const std::vector<std::pair<int, torch::nn::Module*>>& stages) {
-  const weights::WeightSource source(path);
+  // The file is the config's: every rank finds the same fault in it, a ConfigError (Note [One
+  // error line per failure] in launch/src/main.cpp: reported once).
+  const weights::WeightSource source = [&] {
+    try {
+      return weights::WeightSource(path);
+    } catch (const WeightsError& e) {
+      throw ConfigError(key + ": " + e.what());
+    }
+  }();
   std::vector<std::string> missing;
   std::vector<std::string> extra;
   std::vector<std::string> misshaped;
@@ -184,7 +192,7 @@ LoadSummary load_weights(const std::string& path, const std::string& key, const 
     part(missing, "missing");
     part(extra, "not in the model");
     part(misshaped, "of another shape");
-    PIPEMAT_THROW(WeightsError, key, ": ", path, " does not hold the parameters of this model (",
+    PIPEMAT_THROW(ConfigError, key, ": ", path, " does not hold the parameters of this model (",
                   model.size(), " tensors)", what,
                   ". The file's names must be the model's (pipemat export writes them)");
   }

@@ -80,8 +80,9 @@ WeightShapes model_weight_shapes(const ModelRun& run, models::ModelKind kind);
 // Loads the parameters of `stages` (stage index -> that stage's module, named as run.stage
 // names them) from the safetensors file or directory `path` (weights::WeightSource). The file
 // must hold exactly the whole model's parameters, `model` (model_weight_shapes), else one
-// WeightsError, `key` first (e.g. "training.init_from"), names the file and lists every
-// missing, extra and mis-shaped tensor; then only the tensors of `stages` are read, converted
+// ConfigError, `key` first (e.g. "training.init_from"), names the file and lists every
+// missing, extra and mis-shaped tensor (a file that is no valid safetensors file: a ConfigError
+// with the reader's message after `key`); then only the tensors of `stages` are read, converted
 // to each parameter's dtype and copied into it (on its device). Nothing is copied before every
 // check passed. `global_name` is ModelRun::global_name (valid after release_unused).
 using GlobalName = std::function<std::string(int stage, const std::string& name)>;
