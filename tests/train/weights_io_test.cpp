@@ -172,6 +172,9 @@ TEST_P(WeightFiles, OtherDtypesAreConvertedAndResumeWins) {
   const weights::SafetensorsFile read(file);
   std::vector<at::Tensor> keep;
   std::vector<weights::TensorBytes> wide;
+  std::vector<weights::TensorBytes> narrow;  // bfloat16: the parameters get its values
+  TrainResult rounded;
+  keep.reserve(2 * read.tensors().size());
   for (const weights::TensorInfo& t : read.tensors()) {
     at::Tensor f = at::empty(t.shape, at::kFloat);
     read.read(t.name, f.data_ptr());
@@ -179,6 +182,11 @@ TEST_P(WeightFiles, OtherDtypesAreConvertedAndResumeWins) {
     wide.push_back(
         {t.name, weights::Dtype::kF64, t.shape,
          std::string_view(static_cast<const char*>(keep.back().data_ptr()), keep.back().nbytes())});
+    keep.push_back(f.to(at::kBFloat16).contiguous());
+    narrow.push_back(
+        {t.name, weights::Dtype::kBF16, t.shape,
+         std::string_view(static_cast<const char*>(keep.back().data_ptr()), keep.back().nbytes())});
+    rounded.params.emplace_back(t.name, keep.back().to(at::kFloat));
   }
   const std::string f64 = (dir_ / "f64.safetensors").string();
   weights::write_safetensors_file(f64, wide, read.metadata());
@@ -186,6 +194,11 @@ TEST_P(WeightFiles, OtherDtypesAreConvertedAndResumeWins) {
   no_change(from);
   from.training.init_from = f64;
   expect_params_equal(train_in_process(from, nullptr), trained);
+  const std::string bf16 = (dir_ / "bf16.safetensors").string();
+  weights::write_safetensors_file(bf16, narrow);
+  from.training.init_from = bf16;
+  from.checkpoint.dir = (dir_ / "ck3").string();
+  expect_params_equal(train_in_process(from, nullptr), rounded);
 
   // A run that resumes loads its checkpoint, not init_from's file (here: the seed's weights).
   TrainConfig seed = config(GetParam(), (dir_ / "seed").string());

@@ -206,8 +206,12 @@ LoadSummary load_weights(const std::string& path, const std::string& key, const 
       PIPEMAT_CHECK(t != nullptr && t->shape == item.value().sizes().vec(), WeightsError, key, ": ",
                     path, ": stage ", s, "'s parameter '", item.key(), "' (", name,
                     ") is not in the model's list of weights; a stage of another config?");
-      at::Tensor value = at::empty(t->shape, at::TensorOptions().dtype(scalar_type_of(t->dtype)));
+      // BOOL is read as bytes: a byte other than 0 or 1 is true, never an invalid bool.
+      const bool as_bytes = t->dtype == weights::Dtype::kBool;
+      at::Tensor value = at::empty(
+          t->shape, at::TensorOptions().dtype(as_bytes ? at::kByte : scalar_type_of(t->dtype)));
       if (t->bytes() > 0) source.read(name, value.data_ptr());
+      if (as_bytes) value = value.ne(0);
       summary.bytes += t->bytes();
       copies.emplace_back(item.value(), std::move(value));
     }
