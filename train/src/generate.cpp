@@ -28,7 +28,12 @@ bool exists(const std::string& path) {
 
 bool is_checkpoint_dir(const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+  if (::stat(path.c_str(), &st) != 0) {  // said missing by the reader it was meant for
+    const std::string suffix = ".safetensors";
+    return path.size() < suffix.size() ||
+           path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0;
+  }
+  return S_ISDIR(st.st_mode) &&
          (exists(path + "/manifest.json") || (!exists(path + "/model.safetensors") &&
                                               !exists(path + "/model.safetensors.index.json")));
 }

@@ -27,7 +27,8 @@ struct GenerateResult {
 GenerateResult generate_text(const std::string& dir, const SampleOptions& options);
 
 // True when `path` is a directory to read as a checkpoint: it has a manifest.json, or neither
-// a model.safetensors nor a model.safetensors.index.json.
+// a model.safetensors nor a model.safetensors.index.json; or it does not exist and does not end
+// in ".safetensors" (so the error says what was looked for).
 bool is_checkpoint_dir(const std::string& path);
 
 }  // namespace pipemat::train
