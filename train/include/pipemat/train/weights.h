@@ -40,9 +40,9 @@ std::vector<std::pair<std::string, at::Tensor>> named_model_weights(const ModelR
                                                                     models::ModelKind kind);
 
 // Metadata keys of an exported file (besides "format": "pt", which Hugging Face's loaders
-// expect): the model kind, the `model:` section of the run's config as YAML (what generate and
-// init_from need to rebuild the model; not the data, the schedule or the step, so a run
-// initialized from a file exports the same bytes again) and the pipemat version.
+// expect): the model kind, the `model:` section of the run's config as YAML (what generate
+// needs to rebuild the model; not the data, the schedule or the step, so a run initialized from
+// a file exports the same bytes again) and the pipemat version.
 inline constexpr const char* kKindKey = "pipemat.kind";
 inline constexpr const char* kModelKey = "pipemat.model";
 inline constexpr const char* kVersionKey = "pipemat.version";
