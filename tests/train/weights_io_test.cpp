@@ -58,7 +58,7 @@ class WeightFiles : public ::testing::TestWithParam<std::string> {
     c.model.tokens = 8;
     c.model.seq_len = 16;
     c.model.batch = 2;
-    if (kind == "gpt") c.data.path = (dir_ / "text.txt").string();
+    if (kind == "gpt" || kind == "llama") c.data.path = (dir_ / "text.txt").string();
     c.data.validation = 0.25;
     c.schedule.kind = schedule::ScheduleKind::kOneFOneB;
     c.schedule.ranks = 2;
@@ -117,12 +117,30 @@ TEST_P(WeightFiles, ExportHoldsTheCheckpointAndInitFromStartsFromItBitwise) {
   // Every parameter under its single-process name, float32, its bytes.
   const weights::SafetensorsFile read(file);
   ASSERT_EQ(read.tensors().size(), trained.params.size());
+  const WeightNameMap map = weight_name_map(c.model.kind);  // the llama's: Hugging Face's
   for (const auto& [name, t] : trained.params) {
-    const weights::TensorInfo* info = read.find(name);
+    const weights::TensorInfo* info = read.find(map(name));
     ASSERT_NE(info, nullptr) << name;
     EXPECT_EQ(info->dtype, weights::Dtype::kF32) << name;
     EXPECT_EQ(info->shape, t.sizes().vec()) << name;
-    EXPECT_EQ(read.read(name), bytes_of(t)) << name;
+    EXPECT_EQ(read.read(map(name)), bytes_of(t)) << name;
+  }
+  if (GetParam() == "llama") {
+    EXPECT_NE(read.find("model.layers.3.self_attn.q_proj.weight"), nullptr);
+    EXPECT_NE(read.find("model.embed_tokens.weight"), nullptr);
+    EXPECT_NE(read.find("lm_head.weight"), nullptr);
+    // The Hugging Face LlamaConfig next to it.
+    EXPECT_EQ(summary.config_json, (dir_ / "config.json").string());
+    const std::string json = slurp(dir_ / "config.json");
+    for (const char* field :
+         {"\"architectures\": [\n    \"LlamaForCausalLM\"\n  ]", "\"hidden_size\": 16",
+          "\"intermediate_size\": 32", "\"num_hidden_layers\": 4", "\"num_attention_heads\": 2",
+          "\"max_position_embeddings\": 16", "\"tie_word_embeddings\": false",
+          "\"vocab_size\": 256", "\"torch_dtype\": \"float32\""}) {
+      EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
+    }
+  } else {
+    EXPECT_TRUE(summary.config_json.empty());
   }
   EXPECT_EQ(read.metadata().at(kKindKey), GetParam());
   EXPECT_EQ(read.metadata().at("format"), "pt");
@@ -263,10 +281,25 @@ TEST_P(WeightFiles, AFileThatDoesNotFitTheModelIsOneErrorListingEveryTensor) {
   EXPECT_NE(error.find(expected), std::string::npos) << error;
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, WeightFiles, ::testing::Values("gpt", "transformer"),
+INSTANTIATE_TEST_SUITE_P(Kinds, WeightFiles, ::testing::Values("gpt", "transformer", "llama"),
                          [](const ::testing::TestParamInfo<std::string>& kind) {
                            return kind.param;
                          });
+
+TEST(WeightNames, TheLlamasAreHuggingFacesAndOnlyItsInvFreqBufferIsIgnored) {
+  const WeightNameMap llama = weight_name_map(models::ModelKind::kLlama);
+  EXPECT_EQ(llama("embed_tokens.weight"), "model.embed_tokens.weight");
+  EXPECT_EQ(llama("layers.1.self_attn.q_proj.weight"), "model.layers.1.self_attn.q_proj.weight");
+  EXPECT_EQ(llama("norm.weight"), "model.norm.weight");
+  EXPECT_EQ(llama("lm_head.weight"), "lm_head.weight");
+  EXPECT_EQ(weight_name_map(models::ModelKind::kGpt)("blocks.0.ln1.weight"), "blocks.0.ln1.weight");
+  EXPECT_TRUE(ignored_weight_name(models::ModelKind::kLlama, "model.rotary_emb.inv_freq"));
+  EXPECT_TRUE(ignored_weight_name(models::ModelKind::kLlama,
+                                  "model.layers.3.self_attn.rotary_emb.inv_freq"));
+  EXPECT_FALSE(ignored_weight_name(models::ModelKind::kLlama, "model.layers.0.mlp.inv_freq"));
+  EXPECT_FALSE(ignored_weight_name(models::ModelKind::kLlama, "rotary_emb.inv_freq"));
+  EXPECT_FALSE(ignored_weight_name(models::ModelKind::kGpt, "model.rotary_emb.inv_freq"));
+}
 
 TEST(WeightFilesGenerate, TheExportedFileSamplesTheCheckpointsBytes) {
   const fs::path dir =
@@ -277,36 +310,40 @@ TEST(WeightFilesGenerate, TheExportedFileSamplesTheCheckpointsBytes) {
     std::ofstream text(dir / "text.txt", std::ios::binary);
     for (int i = 0; i < 2000; ++i) text << "the cat sat on the mat " << i % 7 << "\n";
   }
-  TrainConfig c;
-  c.model.kind = models::ModelKind::kGpt;
-  c.model.layers = 4;
-  c.model.hidden = 16;
-  c.model.heads = 2;
-  c.model.ffn = 32;
-  c.model.seq_len = 16;
-  c.model.batch = 2;
-  c.data.path = (dir / "text.txt").string();
-  c.data.validation = 0.25;
-  c.schedule.kind = schedule::ScheduleKind::kOneFOneB;
-  c.schedule.ranks = 2;
-  c.schedule.micro_batches = 2;
-  c.training.steps = 2;
-  c.checkpoint.dir = (dir / "ck").string();
-  c.output.progress = false;
-  train_in_process(c, nullptr);
-  const std::string ck = (dir / "ck" / "step-000002").string();
-  const std::string file = (dir / "gpt.safetensors").string();
-  export_weights(ck, file);
-  SampleOptions o;
-  o.tokens = 64;
-  o.prompt = "the cat";
-  o.seed = 4;
-  const GenerateResult from_ck = generate_text(ck, o);
-  const GenerateResult from_file = generate_text(file, o);
-  EXPECT_EQ(from_file.text, from_ck.text);
-  EXPECT_EQ(from_file.text.size(), 64u);
-  EXPECT_EQ(from_file.step, -1);
-  EXPECT_EQ(from_file.model, from_ck.model);
+  for (const models::ModelKind kind : {models::ModelKind::kGpt, models::ModelKind::kLlama}) {
+    SCOPED_TRACE(to_string(kind));
+    TrainConfig c;
+    c.model.kind = kind;
+    c.model.layers = 4;
+    c.model.hidden = 16;
+    c.model.heads = 2;
+    c.model.ffn = 32;
+    c.model.seq_len = 16;
+    c.model.batch = 2;
+    c.data.path = (dir / "text.txt").string();
+    c.data.validation = 0.25;
+    c.schedule.kind = schedule::ScheduleKind::kOneFOneB;
+    c.schedule.ranks = 2;
+    c.schedule.micro_batches = 2;
+    c.training.steps = 2;
+    c.checkpoint.dir = (dir / "ck").string();
+    c.output.progress = false;
+    train_in_process(c, nullptr);
+    const std::string ck = (dir / "ck" / "step-000002").string();
+    const std::string file = (dir / (std::string(to_string(kind)) + ".safetensors")).string();
+    export_weights(ck, file);
+    SampleOptions o;
+    o.tokens = 64;
+    o.prompt = "the cat";
+    o.seed = 4;
+    const GenerateResult from_ck = generate_text(ck, o);
+    const GenerateResult from_file = generate_text(file, o);
+    EXPECT_EQ(from_file.text, from_ck.text);
+    EXPECT_EQ(from_file.text.size(), 64u);
+    EXPECT_EQ(from_file.step, -1);
+    EXPECT_EQ(from_file.model, from_ck.model);
+    fs::remove_all(dir / "ck");
+  }
   fs::remove_all(dir);
 }
 

@@ -8,10 +8,15 @@
 #include <torch/nn/module.h>
 #include <yaml-cpp/yaml.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "pipemat/core/error.h"
+#include "pipemat/models/llama.h"
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/train/config.h"
 #include "pipemat/weights/safetensors.h"
@@ -81,14 +86,64 @@ std::string listed(const std::vector<std::string>& items, size_t limit = 20) {
   return s;
 }
 
+// A Hugging Face LlamaConfig of the llama of `config` (the config.json transformers loads the
+// exported file with).
+std::string llama_config_json(const TrainConfig& config) {
+  const models::LlamaShape shape = models::llama_shape(config.model);
+  nlohmann::ordered_json j;
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["hidden_size"] = shape.hidden;
+  j["intermediate_size"] = shape.ffn;
+  j["num_hidden_layers"] = shape.layers;
+  j["num_attention_heads"] = shape.heads;
+  j["num_key_value_heads"] = shape.kv_heads;
+  j["head_dim"] = shape.head_dim();
+  j["rope_theta"] = shape.rope_theta;  // older transformers read it here, 5.x in rope_parameters
+  j["rope_parameters"] = {{"rope_theta", shape.rope_theta}, {"rope_type", "default"}};
+  j["rms_norm_eps"] = shape.norm_eps;
+  j["vocab_size"] = models::kByteVocab;
+  j["max_position_embeddings"] = shape.seq_len;
+  j["tie_word_embeddings"] = shape.tie_embeddings;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["torch_dtype"] = "float32";
+  return j.dump(2) + "\n";
+}
+
+// `text` into the file `path` (atomically: a .tmp then a rename); WeightsError naming it.
+void write_text_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    PIPEMAT_CHECK(out.good(), WeightsError, "export: cannot write ", tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  PIPEMAT_CHECK(!ec, WeightsError, "export: cannot rename ", tmp, " to ", path, ": ", ec.message());
+}
+
 }  // namespace
 
 WeightNameMap weight_name_map(models::ModelKind kind) {
-  switch (kind) {
-    // A kind with names of its own returns its map here (Note [Weight names]).
-    default:
-      return [](const std::string& name) { return name; };
+  // A kind with names of its own returns its map here (Note [Weight names]).
+  if (kind == models::ModelKind::kLlama) {
+    // Hugging Face's LlamaForCausalLM names: "model.layers.<i>.self_attn.q_proj.weight", ...
+    return [](const std::string& name) { return models::llama_hf_name(name); };
   }
+  return [](const std::string& name) { return name; };
+}
+
+bool ignored_weight_name(models::ModelKind kind, const std::string& name) {
+  // Older transformers saved the rotary embedding's inverse frequencies, a buffer computed from
+  // rope_theta, as "model.rotary_emb.inv_freq" or "model.layers.<i>.self_attn.rotary_emb.inv_freq".
+  const std::string buffer = ".rotary_emb.inv_freq";
+  return kind == models::ModelKind::kLlama && name.size() > buffer.size() &&
+         name.compare(0, 6, "model.") == 0 &&
+         name.compare(name.size() - buffer.size(), buffer.size(), buffer) == 0;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> named_model_weights(const ModelRun& run,
@@ -146,6 +201,13 @@ ExportSummary export_weights(const std::string& dir, const std::string& out) {
                                                        {kModelKey, model_yaml(config)},
                                                        {kVersionKey, PIPEMAT_VERSION}};
   weights::write_safetensors_file(out, std::move(tensors), metadata);
+  if (config.model.kind == models::ModelKind::kLlama) {
+    // Hugging Face's LlamaConfig next to the file: the directory loads in transformers.
+    const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+    summary.config_json =
+        (parent.empty() ? std::filesystem::path("config.json") : parent / "config.json").string();
+    write_text_file(summary.config_json, llama_config_json(config));
+  }
   struct stat st {};
   summary.bytes = ::stat(out.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
   summary.path = out;
@@ -181,7 +243,7 @@ LoadSummary load_weights(const std::string& path, const std::string& key, const 
     }
   }
   for (const std::string& name : source.names()) {
-    if (model.count(name) == 0) extra.push_back(name);
+    if (model.count(name) == 0 && !ignored_weight_name(kind, name)) extra.push_back(name);
   }
   if (!missing.empty() || !extra.empty() || !misshaped.empty()) {
     std::string what;

@@ -26,13 +26,24 @@ namespace pipemat::train {
 // Note [Weight names]
 // A weight file names each parameter as the single-process model does: a stage's own name with
 // its layer index made global (ModelRun::global_name: "blocks.<i>..." of gpt, "layers.<i>..." of
-// the zoo), then passed through the model kind's name map, weight_name_map(kind). The map is the
-// identity for every kind but those that give one: a kind whose files follow another
-// convention (e.g. Hugging Face's names of a Llama) adds a `case` to weight_name_map
-// (train/src/weights.cpp) returning its function; export and init_from then both use it, so a
-// file written by export is read by init_from whatever the map. The map must be one-to-one.
+// the zoo and the llama), then passed through the model kind's name map, weight_name_map(kind).
+// The map is the identity for every kind but those that give one: the llama's files follow
+// Hugging Face's names (models::llama_hf_name), so a directory that transformers'
+// save_pretrained wrote is read by init_from and one that export wrote is read by
+// transformers. A kind whose files follow another convention adds its map to weight_name_map
+// (train/src/weights.cpp); export and init_from then both use it, so a file written by export
+// is read by init_from whatever the map. The map must be one-to-one.
+// kLlama maps onto Hugging Face's names (models::llama_hf_name: "model.embed_tokens.weight",
+// "model.layers.<i>.self_attn.q_proj.weight", ..., "model.norm.weight", "lm_head.weight"; a
+// tied llama has no lm_head.weight, as Hugging Face's files of tied models have none).
 using WeightNameMap = std::function<std::string(const std::string& global_name)>;
 WeightNameMap weight_name_map(models::ModelKind kind);
+
+// True for a tensor a file of model `kind` may hold that is no parameter and is ignored by
+// load_weights: for kLlama, the rotary embedding's inv_freq buffer that older transformers
+// versions saved ("model.rotary_emb.inv_freq", "model.layers.<i>.self_attn.rotary_emb.inv_freq";
+// pipemat computes it from rope_theta). Only these known names: any other extra is an error.
+bool ignored_weight_name(models::ModelKind kind, const std::string& name);
 
 // The parameters of the whole model `run` (every stage s of run.stage), in stage order, by
 // their file names (Note [Weight names]), as the stages hold them (not copied).
@@ -53,17 +64,21 @@ struct ExportSummary {
   int64_t step = 0;  // the checkpoint's
   int stages = 0;    // the checkpoint's stages, over `ranks` rank files
   int ranks = 0;
-  int64_t tensors = 0;   // parameters written
-  int64_t elements = 0;  // their numbers
-  int64_t bytes = 0;     // the file's size
+  int64_t tensors = 0;      // parameters written
+  int64_t elements = 0;     // their numbers
+  int64_t bytes = 0;        // the file's size
+  std::string config_json;  // llama: the Hugging Face config.json written next to the file
 };
 
 // Not collective. Reads the run's config from the checkpoint `dir`'s manifest, builds its model
 // (make_model_weights: the data need not exist), loads every rank file into it (checked as
 // pp::load_stage_weights checks: digests, names, shapes) and writes every parameter as float32
 // to the safetensors file `out` (atomically: a .tmp then a rename) under its file name, with the
-// metadata above. ConfigError when the manifest holds no config; PipelineError when the
-// checkpoint is incomplete or damaged; WeightsError when `out` cannot be written.
+// metadata above. For a llama, also a Hugging Face LlamaConfig as config.json in the directory
+// of `out` (replaced when it exists): name `out` <dir>/model.safetensors and transformers'
+// LlamaForCausalLM.from_pretrained(<dir>) loads it. ConfigError when the manifest holds no config;
+// PipelineError when the checkpoint is incomplete or damaged; WeightsError when `out` cannot be
+// written.
 ExportSummary export_weights(const std::string& dir, const std::string& out);
 
 // What load_weights read.
