@@ -26,7 +26,7 @@ import tempfile
 try:
     import torch
     import torch.nn.functional as F
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file, save_file
     from transformers import LlamaConfig, LlamaForCausalLM
 except ImportError as e:
     print(f"llama_oracle: {e}; scripts/install-deps.sh installs transformers and safetensors")
@@ -35,6 +35,15 @@ except ImportError as e:
 SEQ_LEN, BATCH, MICRO_BATCHES, STEPS = 16, 2, 2, 3
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.1
 TOL = 1e-5
+
+
+def fails(cmd, expected):
+    print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(done.stdout, end="", flush=True)
+    assert done.returncode != 0, f"{cmd[0]} succeeded; expected an error"
+    for text in expected:
+        assert text in done.stdout, f"the error does not say {text!r}"
 
 
 def run(cmd):
@@ -116,6 +125,12 @@ def check(tied, args, work, results):
             if "norm" in n:
                 p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(hf_dir)
+    if tied:
+        # As older transformers saved it: the rotary embedding's inv_freq buffer too (ignored).
+        f = os.path.join(hf_dir, "model.safetensors")
+        tensors = load_file(f)
+        tensors["model.rotary_emb.inv_freq"] = 1.0 / (10000.0 ** (torch.arange(0, 16, 2) / 16))
+        save_file(tensors, f, metadata={"format": "pt"})
     text = os.path.join(d, "text.bin")
     write_text(text)
     ranks, transport = (1, "local") if tied else (2, "mpi" if args.mpiexec else "local")
@@ -131,6 +146,8 @@ def check(tied, args, work, results):
     with torch.no_grad():
         logits = model(got["ids.0.0"]).logits
         loss = F.cross_entropy(logits.reshape(-1, 256), got["next.0.0"].reshape(-1))
+    # Logits that vary, so that equal ones say something.
+    assert logits.std().item() > 1e-2, f"{name}: logits std {logits.std().item()}"
     dl = (got["logits"] - logits).abs().max().item()
     dloss = abs(got["loss"].item() - loss.item())
     results[name + " logits max abs diff"] = dl
@@ -138,6 +155,23 @@ def check(tied, args, work, results):
     print(f"{name}: logits max |diff| {dl:.3g}, loss {got['loss'].item():.7f} vs {loss.item():.7f}")
     assert dl <= TOL, f"{name}: logits differ by {dl}"
     assert dloss <= TOL, f"{name}: loss differs by {dloss}"
+
+    if not tied:
+        # A config.json of another shape than the weights: one error listing the mis-shaped.
+        bad = os.path.join(d, "bad")
+        os.makedirs(bad)
+        os.symlink(os.path.join(hf_dir, "model.safetensors"), os.path.join(bad, "model.safetensors"))
+        with open(os.path.join(hf_dir, "config.json")) as f:
+            j = json.load(f)
+        j["intermediate_size"] = 96
+        with open(os.path.join(bad, "config.json"), "w") as f:
+            json.dump(j, f)
+        bad_yaml = os.path.join(d, "bad.yaml")
+        config_yaml(bad_yaml, bad, text, ck, 1, "local")
+        fails([args.check, bad_yaml, os.path.join(d, "bad.safetensors"), "1"],
+              ["training.init_from: " + bad, "6 of another shape",
+               "model.layers.0.mlp.gate_proj.weight ([128, 64] in the file, the model's [96, 64])",
+               "model.layers.1.mlp.down_proj.weight ([64, 128] in the file, the model's [64, 96])"])
 
     # 3 AdamW steps in pipemat (2 ranks under mpiexec for the untied model), then export.
     train = [args.pipemat, "train", "--config", cfg_path]
@@ -152,6 +186,7 @@ def check(tied, args, work, results):
          os.path.join(out_dir, "model.safetensors")])
 
     # The same 3 steps in plain PyTorch: mean loss over the micro-batches of each step.
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS,
                             weight_decay=WEIGHT_DECAY)
@@ -172,6 +207,8 @@ def check(tied, args, work, results):
     results[name + " weights after 3 steps max rel diff"] = worst
     print(f"{name}: weights after {STEPS} AdamW steps: max relative diff {worst:.3g}")
     assert worst <= TOL, f"{name}: weights differ by {worst} relative"
+    moved = min(max_rel(exported[k], initial[k]) for k in expected)
+    assert moved > 100 * TOL, f"{name}: training moved a tensor by only {moved} relative"
 
     # The exported directory loads in transformers.
     loaded = LlamaForCausalLM.from_pretrained(out_dir)

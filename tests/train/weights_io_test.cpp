@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pipemat/core/error.h"
+#include "pipemat/models/llama.h"
 #include "pipemat/train/generate.h"
 #include "pipemat/train/train.h"
 #include "pipemat/train/weights.h"
@@ -204,7 +205,9 @@ TEST_P(WeightFiles, OtherDtypesAreConvertedAndResumeWins) {
     narrow.push_back(
         {t.name, weights::Dtype::kBF16, t.shape,
          std::string_view(static_cast<const char*>(keep.back().data_ptr()), keep.back().nbytes())});
-    rounded.params.emplace_back(t.name, keep.back().to(at::kFloat));
+    // TrainResult names the parameters as the model does (the llama's file: Hugging Face's).
+    rounded.params.emplace_back(GetParam() == "llama" ? models::llama_own_name(t.name) : t.name,
+                                keep.back().to(at::kFloat));
   }
   const std::string f64 = (dir_ / "f64.safetensors").string();
   weights::write_safetensors_file(f64, wide, read.metadata());
