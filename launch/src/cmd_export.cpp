@@ -26,12 +26,17 @@ void add_export_command(CLI::App& app) {
       "Examples:\n"
       "  pipemat export --checkpoint runs/gpt-fortunes/checkpoints/step-000650 --out "
       "gpt.safetensors\n"
+      "  pipemat export --checkpoint runs/llama-fortunes/checkpoints/step-000650 --out "
+      "hf-llama/model.safetensors\n"
       "The file's metadata holds the model's config, so `pipemat generate --checkpoint FILE` and\n"
-      "training.init_from read it back. See docs/training.md.");
+      "training.init_from read it back. A llama's file carries Hugging Face's names, and a\n"
+      "config.json is written next to it: transformers loads the directory. See docs/training.md.");
   cmd->add_option("--checkpoint", f->checkpoint,
                   "A step-NNNNNN directory that `pipemat train` wrote")
       ->required();
-  cmd->add_option("--out", f->out, "The safetensors file to write (replaced when it exists)")
+  cmd->add_option(
+         "--out", f->out,
+         "The safetensors file to write (replaced when it exists; its directory is created)")
       ->required();
   cmd->callback([f] {
     pp::set_compute_threads(pp::default_compute_threads(1));
@@ -39,7 +44,7 @@ void add_export_command(CLI::App& app) {
     std::cout << "exported " << f->checkpoint << " (" << s.kind << ", step " << s.step << ", "
               << s.stages << " stages over " << s.ranks << " ranks): " << s.tensors << " tensors, "
               << format_count(s.elements) << " parameters, " << format_bytes(s.bytes) << " -> "
-              << s.path << "\n"
+              << s.path << (s.config_json.empty() ? "" : " and " + s.config_json) << "\n"
               << std::flush;
   });
 }

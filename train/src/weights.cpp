@@ -200,10 +200,16 @@ ExportSummary export_weights(const std::string& dir, const std::string& out) {
                                                        {kKindKey, to_string(config.model.kind)},
                                                        {kModelKey, model_yaml(config)},
                                                        {kVersionKey, PIPEMAT_VERSION}};
+  const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    PIPEMAT_CHECK(!ec, WeightsError, "export: cannot create the directory ", parent.string(),
+                  " of ", out, ": ", ec.message());
+  }
   weights::write_safetensors_file(out, std::move(tensors), metadata);
   if (config.model.kind == models::ModelKind::kLlama) {
     // Hugging Face's LlamaConfig next to the file: the directory loads in transformers.
-    const std::filesystem::path parent = std::filesystem::path(out).parent_path();
     summary.config_json =
         (parent.empty() ? std::filesystem::path("config.json") : parent / "config.json").string();
     write_text_file(summary.config_json, llama_config_json(config));

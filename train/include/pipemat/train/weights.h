@@ -73,7 +73,8 @@ struct ExportSummary {
 // Not collective. Reads the run's config from the checkpoint `dir`'s manifest, builds its model
 // (make_model_weights: the data need not exist), loads every rank file into it (checked as
 // pp::load_stage_weights checks: digests, names, shapes) and writes every parameter as float32
-// to the safetensors file `out` (atomically: a .tmp then a rename) under its file name, with the
+// to the safetensors file `out` (atomically: a .tmp then a rename; its directory created when
+// missing) under its file name, with the
 // metadata above. For a llama, also a Hugging Face LlamaConfig as config.json in the directory
 // of `out` (replaced when it exists): name `out` <dir>/model.safetensors and transformers'
 // LlamaForCausalLM.from_pretrained(<dir>) loads it. ConfigError when the manifest holds no config;
