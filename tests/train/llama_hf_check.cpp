@@ -1,4 +1,4 @@
-// The pipemat side of tests/hf/llama_oracle.py: loads the llama of a config (its
+// The pipemat side of tests/train/llama_oracle.py: loads the llama of a config (its
 // training.init_from, e.g. a Hugging Face directory) as one stage, and writes to a safetensors
 // file the token windows the config's training reads (ids.<step>.<micro-batch> and
 // next.<step>.<micro-batch> of steps [0, STEPS)), the logits of the first micro-batch's ids

@@ -224,10 +224,10 @@ def check(tied, args, work, results):
     config_yaml(again_yaml, out_dir, text, ck2, 1, "local", optimizer="sgd", lr=1e-300,
                 weight_decay=0, steps=1)
     run([args.pipemat, "train", "--config", again_yaml])
-    again = os.path.join(d, "again")
-    os.makedirs(again)
-    run([args.pipemat, "export", "--checkpoint", sorted(glob.glob(os.path.join(ck2, "step-*")))[-1],
+    again = os.path.join(d, "again")  # export creates it
+    said = run([args.pipemat, "export", "--checkpoint", sorted(glob.glob(os.path.join(ck2, "step-*")))[-1],
          "--out", os.path.join(again, "model.safetensors")])
+    assert " and " + os.path.join(again, "config.json") in said, "export does not name config.json"
     for f in ("model.safetensors", "config.json"):
         with open(os.path.join(out_dir, f), "rb") as a, open(os.path.join(again, f), "rb") as b:
             assert a.read() == b.read(), f"{name}: {f} differs after export -> init_from -> export"
