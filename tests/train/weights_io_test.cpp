@@ -301,6 +301,9 @@ TEST(WeightNames, TheLlamasAreHuggingFacesAndOnlyItsInvFreqBufferIsIgnored) {
                                   "model.layers.3.self_attn.rotary_emb.inv_freq"));
   EXPECT_FALSE(ignored_weight_name(models::ModelKind::kLlama, "model.layers.0.mlp.inv_freq"));
   EXPECT_FALSE(ignored_weight_name(models::ModelKind::kLlama, "rotary_emb.inv_freq"));
+  EXPECT_FALSE(ignored_weight_name(models::ModelKind::kLlama, "model.foo.rotary_emb.inv_freq"));
+  EXPECT_FALSE(ignored_weight_name(models::ModelKind::kLlama,
+                                   "model.layers.x.self_attn.rotary_emb.inv_freq"));
   EXPECT_FALSE(ignored_weight_name(models::ModelKind::kGpt, "model.rotary_emb.inv_freq"));
 }
 

@@ -140,10 +140,15 @@ WeightNameMap weight_name_map(models::ModelKind kind) {
 bool ignored_weight_name(models::ModelKind kind, const std::string& name) {
   // Older transformers saved the rotary embedding's inverse frequencies, a buffer computed from
   // rope_theta, as "model.rotary_emb.inv_freq" or "model.layers.<i>.self_attn.rotary_emb.inv_freq".
-  const std::string buffer = ".rotary_emb.inv_freq";
-  return kind == models::ModelKind::kLlama && name.size() > buffer.size() &&
-         name.compare(0, 6, "model.") == 0 &&
-         name.compare(name.size() - buffer.size(), buffer.size(), buffer) == 0;
+  if (kind != models::ModelKind::kLlama) return false;
+  if (name == "model.rotary_emb.inv_freq") return true;
+  const std::string prefix = "model.layers.", suffix = ".self_attn.rotary_emb.inv_freq";
+  if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return false;
+  }
+  const std::string index = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  return std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 std::vector<std::pair<std::string, at::Tensor>> named_model_weights(const ModelRun& run,
