@@ -7,7 +7,8 @@ that directory (model.from for the shape, training.init_from for the weights) an
     the loss of that micro-batch too (llama_hf_check writes the windows, logits and loss);
   - 3 AdamW steps (2 ranks under mpiexec for the untied model, one process for the tied one,
     whose embedding and head share a stage) give, after `pipemat export`, the weights of 3 steps
-    of torch.optim.AdamW on the same micro-batches within 1e-5 relative, and the exported
+    of torch.optim.AdamW on the same micro-batches within 1e-5 relative (the loss of each step,
+    output.metrics, within 1e-5 too), and the exported
     directory loads in transformers (its config.json) with those weights;
   - export -> init_from -> export is byte-identical.
 Exit 77: transformers or safetensors is not installed (ctest skips the test).
@@ -64,7 +65,7 @@ def write_text(path):
 
 
 def config_yaml(path, hf_dir, text, ck, ranks, transport, optimizer="adamw", lr=LR,
-                weight_decay=WEIGHT_DECAY, steps=STEPS):
+                weight_decay=WEIGHT_DECAY, steps=STEPS, metrics=""):
     with open(path, "w") as f:
         f.write(f"""model:
   kind: llama
@@ -97,7 +98,7 @@ checkpoint:
 sample:
   tokens: 0
 output:
-  metrics: ""
+  metrics: "{metrics}"
   loss_svg: ""
   progress: false
   reference_steps: 0
@@ -138,7 +139,8 @@ def check(tied, args, work, results):
     # Logits and loss of one micro-batch, and the windows of every step.
     cfg_path = os.path.join(d, "train.yaml")
     ck = os.path.join(d, "ck")
-    config_yaml(cfg_path, hf_dir, text, ck, ranks, transport)
+    metrics = os.path.join(d, "metrics.jsonl")
+    config_yaml(cfg_path, hf_dir, text, ck, ranks, transport, metrics=metrics)
     out = os.path.join(d, "pipemat.safetensors")
     run([args.check, cfg_path, out, str(STEPS)])
     got = load_file(out)
@@ -190,13 +192,24 @@ def check(tied, args, work, results):
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS,
                             weight_decay=WEIGHT_DECAY)
+    losses = []
     for step in range(STEPS):
         opt.zero_grad()
+        losses.append(0.0)
         for mb in range(MICRO_BATCHES):
             lg = model(got[f"ids.{step}.{mb}"]).logits
             l = F.cross_entropy(lg.reshape(-1, 256), got[f"next.{step}.{mb}"].reshape(-1))
             (l / MICRO_BATCHES).backward()
+            losses[-1] += l.item() / MICRO_BATCHES
         opt.step()
+    # The pipeline's loss of each step (output.metrics) against the same micro-batches here.
+    with open(metrics) as f:
+        steps = [json.loads(line) for line in f if line.strip()]
+    assert len(steps) == STEPS, f"{name}: {len(steps)} steps in {metrics}"
+    dsteps = max(abs(m["loss"] - l) for m, l in zip(steps, losses))
+    results[name + " training loss (3 steps) max abs diff"] = dsteps
+    print(f"{name}: training losses {[m['loss'] for m in steps]} vs {losses}")
+    assert dsteps <= TOL, f"{name}: the training loss differs by {dsteps}"
     expected = {k: v.detach() for k, v in model.state_dict().items()}
     if tied:
         expected.pop("lm_head.weight", None)
