@@ -38,6 +38,7 @@ ROLES = {
     "comm_tensor": "tensors over a transport",
     "remat": "saved-tensor hooks, replay",
     "pp": "the pipeline API, executor",
+    "weights": "safetensors read / write",
     "models": "the zoo: GPT, MLP, MoE, ...",
     "train": "config, drivers, planner glue",
     "bench": "benchmarks, the demo",

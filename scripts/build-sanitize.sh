@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the sanitizer suites that the ctest tests Sanitize.* of the main build run:
-#   ./build-asan (PIPEMAT_SANITIZE_BUILD_DIR): the core, schedule and comm unit suites with
+#   ./build-asan (PIPEMAT_SANITIZE_BUILD_DIR): the core, schedule, comm and weights unit suites with
 #     AddressSanitizer + UndefinedBehaviorSanitizer;
 #   ./build-tsan (PIPEMAT_TSAN_BUILD_DIR): the comm unit suite (the tcp transport's I/O thread
 #     and the local transport's rank threads among it) with ThreadSanitizer.
@@ -28,5 +28,5 @@ build() {
 }
 
 build "${PIPEMAT_SANITIZE_BUILD_DIR:-$root/build-asan}" address,undefined \
-      core_test schedule_test comm_test
+      core_test schedule_test comm_test weights_test
 build "${PIPEMAT_TSAN_BUILD_DIR:-$root/build-tsan}" thread comm_test

@@ -6,6 +6,8 @@
 # (Note [Finding LibTorch] in cmake/PipematTorch.cmake). The wheel is a CUDA build of about 5 GB
 # with its nvidia-* runtime wheels; it is skipped when the environment, or python3, already has
 # that version. PIPEMAT_TORCH_VERSION installs another version (scripts/check-torch.sh does).
+# Then the Python packages the tests use, at the versions cmake/python-requirements.txt pins
+# (safetensors, transformers), into the same Python.
 # Idempotent: quiet and fast when everything is already present. Needs root (or sudo) on Debian 12.
 set -euo pipefail
 
@@ -50,10 +52,44 @@ fi
 installed_torch() {  # the torch version python "$1" has, or nothing
   "$1" -c "import importlib.metadata as m; print(m.version('torch'))" 2>/dev/null || true
 }
+# The Python packages the tests use besides torch, pinned in one place.
+requirements="$root/cmake/python-requirements.txt"
+missing_requirements() {  # the lines of $requirements that python "$1" lacks at their version
+  "$1" - "$requirements" <<'PY'
+import importlib.metadata as m
+import sys
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, version = line.split("==")
+    try:
+        if m.version(name) == version:
+            continue
+    except m.PackageNotFoundError:
+        pass
+    print(line)
+PY
+}
+install_requirements() {  # into python "$1": quiet and fast when every pin is there
+  local missing
+  missing=$(missing_requirements "$1")
+  [ -z "$missing" ] && return 0
+  echo "pipemat: installing $(echo $missing) from PyPI for $1"
+  local start
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  "$1" -m pip install --quiet --no-input --progress-bar off --disable-pip-version-check $missing
+  echo "pipemat: Python packages installed in $(( $(date +%s) - start )) s"
+}
 if [ -x "$venv/bin/python" ] && [ "$(installed_torch "$venv/bin/python")" = "$torch_version" ]; then
+  install_requirements "$venv/bin/python"
   exit 0
 fi
 if [ -z "${PIPEMAT_VENV:-}" ] && [ "$(installed_torch python3)" = "$torch_version" ]; then
+  # The machine's Python: its packages may be managed by the system (PEP 668); the weight
+  # format's oracle tests then skip, saying what is missing.
+  install_requirements python3 || echo "pipemat: warning: could not install $requirements for python3"
   exit 0
 fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
@@ -62,3 +98,4 @@ start=$(date +%s)
 "$venv/bin/python" -m pip install --quiet --no-input --progress-bar off --disable-pip-version-check \
   "torch==$torch_version"
 echo "pipemat: torch $torch_version installed in $(( $(date +%s) - start )) s"
+install_requirements "$venv/bin/python"

@@ -6,7 +6,7 @@ set -uo pipefail
 kind="$1"
 dir="$2"
 case "$kind" in
-  address_undefined) suites=(core/core_test schedule/schedule_test comm/comm_test) ;;
+  address_undefined) suites=(core/core_test schedule/schedule_test comm/comm_test weights/weights_test) ;;
   thread) suites=(comm/comm_test) ;;
   *) echo "sanitize: unknown kind '$kind'; expected address_undefined or thread"; exit 2 ;;
 esac

@@ -32,7 +32,8 @@ void add_generate_command(CLI::App& app) {
       "--temperature (e.g. 0.5) gives safer, more repetitive text; --top-k 0 samples from all 256\n"
       "bytes. See docs/training.md.");
   cmd->add_option("--checkpoint", f->checkpoint,
-                  "A step-NNNNNN directory that `pipemat train` wrote for a gpt model")
+                  "A step-NNNNNN directory that `pipemat train` wrote for a gpt model, or a\n"
+                  "safetensors file (or directory) that `pipemat export` wrote from one")
       ->required();
   cmd->add_option("--prompt", f->sample.prompt, "The text to continue (default: a newline)");
   cmd->add_option("--tokens", f->sample.tokens, "Bytes to generate (default 200)")
@@ -48,7 +49,9 @@ void add_generate_command(CLI::App& app) {
     pp::set_compute_threads(pp::default_compute_threads(1));
     const train::GenerateResult r = train::generate_text(f->checkpoint, f->sample);
     if (!f->quiet) {
-      std::cout << "# " << f->checkpoint << ": " << r.model << ", after " << r.step << " steps\n"
+      std::cout << "# " << f->checkpoint << ": " << r.model
+                << (r.step >= 0 ? ", after " + std::to_string(r.step) + " steps" : std::string())
+                << "\n"
                 << f->sample.prompt;
     }
     std::cout << r.text << (f->quiet ? "" : "\n") << std::flush;

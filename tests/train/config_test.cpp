@@ -99,6 +99,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.training.allow_non_finite, b.training.allow_non_finite);
   EXPECT_EQ(a.training.precision, b.training.precision);
   EXPECT_EQ(a.training.device, b.training.device);
+  EXPECT_EQ(a.training.init_from, b.training.init_from);
   EXPECT_EQ(a.sample.tokens, b.sample.tokens);
   EXPECT_EQ(a.sample.prompt, b.sample.prompt);
   EXPECT_EQ(a.sample.temperature, b.sample.temperature);
@@ -449,7 +450,7 @@ TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
       "x.yaml:1: training.batch_size: unknown key; allowed in training: steps, optimizer, "
       "lr, momentum, weight_decay, clip_grad_norm, seed, threads, thread_probe, warmup, lr_decay, "
       "min_lr, "
-      "eval_every, eval_batches, stop_after, precision, allow_non_finite, device");
+      "eval_every, eval_batches, stop_after, precision, allow_non_finite, device, init_from");
   EXPECT_EQ(error_of("remat:\n  policy: custom\n  checkpoint: [a]\n  exclude:\n"
                      "    - {path: a.b}\n    - {path: a.c, save_ouput: false}\n"),
             "x.yaml:6: remat.exclude[1].save_ouput: unknown key; did you mean "
@@ -802,7 +803,7 @@ TEST(ConfigOverrides, Errors) {
       "training.min_lr, "
       "training.eval_every, training.eval_batches, training.stop_after, training.precision, "
       "training.allow_non_finite, "
-      "training.device, "
+      "training.device, training.init_from, "
       "checkpoint.dir, "
       "checkpoint.every, "
       "checkpoint.keep_last, checkpoint.resume, checkpoint.overwrite, sample.tokens, "
@@ -963,6 +964,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  precision: fp32\n"
             "  allow_non_finite: false\n"
             "  device: \"cpu\"\n"
+            "  init_from: \"\"\n"
             "checkpoint:\n"
             "  dir: \"\"\n"
             "  every: 0\n"
@@ -1215,6 +1217,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "training.precision",
                                                      "training.allow_non_finite",
                                                      "training.device",
+                                                     "training.init_from",
                                                      "checkpoint.dir",
                                                      "checkpoint.every",
                                                      "checkpoint.keep_last",

@@ -292,6 +292,14 @@ std::vector<ConfigField> training_fields() {
        "where each rank computes: its stages, inputs, targets, received tensors and optimizer "
        "state. `cuda`: the rank's own GPU (its index among its host's ranks, modulo the GPUs "
        "it sees); needs a pipemat built with CUDA (docs/gpu.md)"},
+      {"training", "init_from",
+       text(PIPEMAT_MEMBER(training.init_from), "a .safetensors file or a directory (empty: none)"),
+       "a file or directory",
+       "start from these weights instead of the seed's: a safetensors file (`pipemat export` "
+       "writes one) or a directory with `model.safetensors.index.json`. It must hold exactly the "
+       "model's parameters by their single-process names (one error lists every missing, extra "
+       "or mis-shaped tensor); any dtype is converted; each rank reads only its stages' tensors. "
+       "A run that resumes (`--resume`) loads its checkpoint instead; empty: none"},
   };
 }
 

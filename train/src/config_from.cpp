@@ -48,6 +48,11 @@ class HfConfig {
     if (!v.is_boolean()) fail(field, "is " + v.dump() + "; expected true or false");
     return v.get<bool>();
   }
+  const nlohmann::json& object(const std::string& field) const {
+    const nlohmann::json& v = json_.at(field);
+    if (!v.is_object()) fail(field, "is " + v.dump() + "; expected an object");
+    return v;
+  }
   std::string text(const std::string& field) const {
     const nlohmann::json& v = json_.at(field);
     if (!v.is_string()) fail(field, "is " + v.dump() + "; expected a string");
@@ -115,6 +120,15 @@ void apply_model_from(TrainConfig& config, const ConfigReader& reader) {
                             "; only hidden_size / num_attention_heads is supported");
   }
   m.rope_theta = hf.has("rope_theta") ? hf.number("rope_theta") : 10000.0;
+  // transformers 5 writes the RoPE's parameters as an object: {"rope_theta", "rope_type"}.
+  if (hf.has("rope_parameters")) {
+    const HfConfig rope(hf.object("rope_parameters"), file + " rope_parameters", reader);
+    if (rope.has("rope_type") && rope.text("rope_type") != "default") {
+      rope.fail("rope_type",
+                "is '" + rope.text("rope_type") + "'; only default (plain RoPE) is supported");
+    }
+    if (rope.has("rope_theta")) m.rope_theta = rope.number("rope_theta");
+  }
   m.norm_eps = hf.has("rms_norm_eps") ? hf.number("rms_norm_eps") : 1e-6;  // LlamaConfig's
   m.tie_embeddings = hf.has("tie_word_embeddings") && hf.boolean("tie_word_embeddings");
   if (hf.has("max_position_embeddings")) {

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <functional>
@@ -16,18 +17,50 @@
 #include "pipemat/models/llama.h"
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/train/config.h"
+#include "pipemat/train/weights.h"
 
 namespace pipemat::train {
 
+namespace {
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+bool is_checkpoint_dir(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {  // said missing by the reader it was meant for
+    const std::string suffix = ".safetensors";
+    return path.size() < suffix.size() ||
+           path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0;
+  }
+  return S_ISDIR(st.st_mode) &&
+         (exists(path + "/manifest.json") || (!exists(path + "/model.safetensors") &&
+                                              !exists(path + "/model.safetensors.index.json")));
+}
+
 GenerateResult generate_text(const std::string& dir, const SampleOptions& options) {
-  const pp::CheckpointManifest manifest = pp::read_checkpoint_manifest(dir);
-  PIPEMAT_CHECK(!manifest.metadata.empty(), ConfigError, "generate: ", dir,
-                " holds no run config in its manifest; sample from a checkpoint that "
-                "`pipemat train` wrote for a gpt or llama model");
-  const TrainConfig config = parse_config(manifest.metadata, dir + "/manifest.json (metadata)");
+  const bool checkpoint = is_checkpoint_dir(dir);
+  pp::CheckpointManifest manifest;
+  TrainConfig config;
+  if (checkpoint) {
+    manifest = pp::read_checkpoint_manifest(dir);
+    PIPEMAT_CHECK(!manifest.metadata.empty(), ConfigError, "generate: ", dir,
+                  " holds no run config in its manifest; sample from a checkpoint that "
+                  "`pipemat train` wrote for a gpt or llama model");
+    config = parse_config(manifest.metadata, dir + "/manifest.json (metadata)");
+  } else {
+    config = config_of_weights(dir);  // one whole model: one stage
+    manifest.stages = 1;
+    manifest.step = -1;
+  }
   PIPEMAT_CHECK(models::is_text_model(config.model.kind), ConfigError, "generate: ", dir,
-                " is a checkpoint of model.kind ", to_string(config.model.kind),
-                "; pipemat generate samples text from gpt and llama checkpoints only");
+                checkpoint ? " is a checkpoint" : " holds the weights", " of model.kind ",
+                to_string(config.model.kind), "; pipemat generate samples text from gpt and llama ",
+                checkpoint ? "checkpoints" : "models", " only");
   // Every stage of the run in this process, each a module and its forward.
   std::vector<std::shared_ptr<torch::nn::Module>> stages;
   std::vector<std::function<at::Tensor(const at::Tensor&)>> forwards;
@@ -64,7 +97,18 @@ GenerateResult generate_text(const std::string& dir, const SampleOptions& option
     stage->eval();
     modules.push_back(stage.get());
   }
-  pp::load_stage_weights(dir, modules);
+  if (checkpoint) {
+    pp::load_stage_weights(dir, modules);
+  } else {
+    // One stage of every block: its names are the single-process model's.
+    const WeightNameMap map = weight_name_map(config.model.kind);
+    WeightShapes shapes;
+    for (const auto& item : modules[0]->named_parameters()) {
+      shapes[map(item.key())] = item.value().sizes().vec();
+    }
+    load_weights(dir, "generate", shapes, [](int, const std::string& name) { return name; },
+                 config.model.kind, {{0, modules[0]}});
+  }
 
   c10::AutoGradMode no_grad(false);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(options.seed);

@@ -101,10 +101,11 @@ int64_t parameter_count(const std::vector<const torch::nn::Module*>& modules) {
   return params;
 }
 
-ModelRun gpt_run(const TrainConfig& config, int stages) {
+// The gpt's stages and names; with `with_data`, its text data and loss too.
+ModelRun gpt_run(const TrainConfig& config, int stages, bool with_data) {
   const models::GptShape shape = models::gpt_shape(config.model);
   ModelRun run;
-  const std::string text = text_run(config, run);
+  const std::string text = with_data ? "; " + text_run(config, run) : std::string();
   auto parts = std::make_shared<models::GptParts>(models::build_gpt(shape, config.training.seed));
   const auto bounds = std::make_shared<std::vector<int64_t>>(
       models::partition_gpt(*parts, config.partition, stages));
@@ -124,14 +125,15 @@ ModelRun gpt_run(const TrainConfig& config, int stages) {
   for (const auto& b : parts->blocks) modules.push_back(b.get());
   run.summary = "gpt: " + std::to_string(shape.layers) + " blocks, hidden " +
                 std::to_string(shape.hidden) + ", " + std::to_string(shape.heads) + " heads, " +
-                format_count(parameter_count(modules)) + " parameters; " + text;
+                format_count(parameter_count(modules)) + " parameters" + text;
   return run;
 }
 
-ModelRun llama_run(const TrainConfig& config, int stages) {
+// The llama's stages and names; with `with_data`, its text data and loss too.
+ModelRun llama_run(const TrainConfig& config, int stages, bool with_data) {
   const models::LlamaShape shape = models::llama_shape(config.model);
   ModelRun run;
-  const std::string text = text_run(config, run);
+  const std::string text = with_data ? "; " + text_run(config, run) : std::string();
   auto parts =
       std::make_shared<models::LlamaParts>(models::build_llama(shape, config.training.seed));
   const auto bounds = std::make_shared<std::vector<int64_t>>(
@@ -154,7 +156,7 @@ ModelRun llama_run(const TrainConfig& config, int stages) {
                 std::to_string(shape.hidden) + ", " + std::to_string(shape.heads) + " heads (" +
                 std::to_string(shape.kv_heads) + " key/value), ffn " + std::to_string(shape.ffn) +
                 (shape.tie_embeddings ? ", tied embeddings, " : ", ") +
-                format_count(parameter_count(modules)) + " parameters; " + text;
+                format_count(parameter_count(modules)) + " parameters" + text;
   return run;
 }
 
@@ -218,8 +220,8 @@ ModelRun make_model_run(const TrainConfig& config, int stages) {
       "remat.stages: ", per_stage.size(), " entries for ", stages,
       " model stages (schedule.ranks x chunks per rank); give one policy per stage, e.g. [",
       join(std::vector<std::string>(static_cast<size_t>(stages), "selective"), ", "), "]");
-  ModelRun run = config.model.kind == models::ModelKind::kGpt     ? gpt_run(config, stages)
-                 : config.model.kind == models::ModelKind::kLlama ? llama_run(config, stages)
+  ModelRun run = config.model.kind == models::ModelKind::kGpt     ? gpt_run(config, stages, true)
+                 : config.model.kind == models::ModelKind::kLlama ? llama_run(config, stages, true)
                                                                   : zoo_run(config, stages);
   for (int s = 0; s < static_cast<int>(per_stage.size()); ++s) {
     const models::StageRemat& entry = per_stage[static_cast<size_t>(s)];
@@ -230,6 +232,12 @@ ModelRun make_model_run(const TrainConfig& config, int stages) {
   }
   check_remat_patterns(run, config.remat);
   return run;
+}
+
+ModelRun make_model_weights(const TrainConfig& config, int stages) {
+  if (config.model.kind == models::ModelKind::kGpt) return gpt_run(config, stages, false);
+  if (config.model.kind == models::ModelKind::kLlama) return llama_run(config, stages, false);
+  return zoo_run(config, stages);
 }
 
 int64_t tokens_per_micro_batch(const models::ModelOptions& model) {

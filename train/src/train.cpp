@@ -31,6 +31,7 @@
 #include "pipemat/train/generate.h"
 #include "pipemat/train/loss_curve.h"
 #include "pipemat/train/model_run.h"
+#include "pipemat/train/weights.h"
 #include "train_checkpoints.h"
 #include "train_optimizer.h"
 #include "train_report.h"
@@ -358,6 +359,11 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   add_run_options(options, config, run, layout);
   options.device = device;
   options.precision = config.training.precision;
+  // training.init_from: the whole model's names and shapes, to check the file against, before
+  // this rank drops the stages it does not hold. A resumed run loads its checkpoint instead.
+  const bool init_from = !config.training.init_from.empty() && checkpoints.resume_dir.empty();
+  const WeightShapes init_shapes =
+      init_from ? model_weight_shapes(run, config.model.kind) : WeightShapes{};
   pp::Pipeline pipeline(transport, options, run.stage);
   run.release_unused();  // the other ranks' stages' weights
   TrainResult result;
@@ -369,6 +375,19 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
       layout.replica, result.last_stage_rank && config.output.progress ? progress : nullptr,
       result};
   resume_run(r, checkpoints);
+  if (init_from) {
+    std::vector<std::pair<int, torch::nn::Module*>> own;
+    for (int s : pipeline.stages()) own.emplace_back(s, pipeline.stage(s).module.get());
+    const LoadSummary loaded = load_weights(config.training.init_from, "training.init_from",
+                                            init_shapes, run.global_name, config.model.kind, own);
+    if (r.talk) {
+      *r.talk << "init_from " << config.training.init_from << ": " << init_shapes.size()
+              << " tensors checked, " << loaded.tensors << " of this rank's read\n";
+    }
+  } else if (!config.training.init_from.empty() && r.talk) {
+    *r.talk << "init_from " << config.training.init_from
+            << ": not read, the run resumes from its checkpoint\n";
+  }
   MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "",
                       !config.checkpoint.resume.empty());
   if (r.talk) {

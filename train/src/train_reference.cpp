@@ -16,6 +16,7 @@
 #include "pipemat/remat/rng.h"
 #include "pipemat/train/launched_run.h"
 #include "pipemat/train/model_run.h"
+#include "pipemat/train/weights.h"
 #include "train_optimizer.h"
 #include "train_report.h"
 
@@ -45,10 +46,19 @@ struct Chain {
     shape.schedule = config.schedule;
     const int count = pp::stage_count(shape);
     run = make_model_run(config, count);
+    std::vector<std::pair<int, torch::nn::Module*>> all;
     for (int s = 0; s < count; ++s) {
       stages.push_back(run.stage(s));
-      if (!device.is_cpu()) stages.back().module->to(device);
-      for (const auto& p : stages.back().module->parameters()) params.push_back(p);
+      all.emplace_back(s, stages.back().module.get());
+    }
+    if (!config.training.init_from.empty()) {  // the reference does not resume
+      load_weights(config.training.init_from, "training.init_from",
+                   model_weight_shapes(run, config.model.kind), run.global_name, config.model.kind,
+                   all);
+    }
+    for (auto& stage : stages) {
+      if (!device.is_cpu()) stage.module->to(device);
+      for (const auto& p : stage.module->parameters()) params.push_back(p);
     }
   }
 

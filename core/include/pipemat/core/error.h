@@ -66,6 +66,13 @@ class PeerFailedError : public PipelineError {
   using PipelineError::PipelineError;
 };
 
+// A weight file or directory (safetensors, pipemat/weights) that is not what it claims: the
+// message names the file, the tensor and what is wrong.
+class WeightsError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A pipemat invariant did not hold: a bug in pipemat, not in the caller.
 class InternalError : public Error {
  public:

@@ -11,7 +11,7 @@ namespace pipemat::train {
 
 struct GenerateResult {
   std::string text;   // the prompt's continuation: exactly `tokens` bytes
-  int64_t step = 0;   // training steps of the checkpoint
+  int64_t step = 0;   // training steps of the checkpoint; -1 for a weight file
   std::string model;  // one line: the model's sizes
 };
 
@@ -21,7 +21,14 @@ struct GenerateResult {
 // temperature, restricted to the top_k most likely bytes (0: all), drawn from a generator
 // seeded with options.seed. ConfigError when `dir` is not a checkpoint of a gpt or llama run
 // (another model kind, or no config in its manifest); PipelineError when it is incomplete or
-// damaged.
+// damaged. `dir` may also be a safetensors file or directory that `pipemat export` wrote (not a
+// checkpoint: is_checkpoint_dir): the model's config is its metadata's (pipemat/train/weights.h),
+// the whole model one stage; WeightsError when it does not hold the model's parameters.
 GenerateResult generate_text(const std::string& dir, const SampleOptions& options);
+
+// True when `path` is a directory to read as a checkpoint: it has a manifest.json, or neither
+// a model.safetensors nor a model.safetensors.index.json; or it does not exist and does not end
+// in ".safetensors" (so the error says what was looked for).
+bool is_checkpoint_dir(const std::string& path);
 
 }  // namespace pipemat::train

@@ -45,6 +45,11 @@ struct ModelRun {
 // load_text.
 ModelRun make_model_run(const TrainConfig& config, int stages);
 
+// The stages and global names of the model of `config` only (stage, release_unused,
+// global_name, policy, summary): no data is read (a gpt's or llama's data.path need not exist),
+// so the weights of a checkpoint or a weight file can be loaded where the training data is not.
+ModelRun make_model_weights(const TrainConfig& config, int stages);
+
 // Tokens of one micro-batch: gpt and llama batch x seq_len, the zoo's model.tokens.
 int64_t tokens_per_micro_batch(const models::ModelOptions& model);
 

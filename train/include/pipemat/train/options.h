@@ -71,6 +71,9 @@ struct TrainingOptions {
   // false: a non-finite loss or clipped gradient norm stops the run (DivergedError in train.h);
   // true: the run trains on.
   bool allow_non_finite = false;
+  // A safetensors file or directory to start from instead of the seed's weights
+  // (pipemat/train/weights.h); a resumed run loads its checkpoint instead. Empty: none.
+  std::string init_from;
 };
 
 // A text sample after training (gpt): the trained stages are loaded into one process from the

@@ -1,0 +1,309 @@
+// A model's weights as safetensors files: pipemat/train/weights.h.
+
+#include "pipemat/train/weights.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <sys/stat.h>
+#include <torch/nn/module.h>
+#include <yaml-cpp/yaml.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "pipemat/core/error.h"
+#include "pipemat/models/llama.h"
+#include "pipemat/pp/checkpoint.h"
+#include "pipemat/train/config.h"
+#include "pipemat/weights/safetensors.h"
+
+#ifndef PIPEMAT_VERSION
+#define PIPEMAT_VERSION "unknown"
+#endif
+
+namespace pipemat::train {
+namespace {
+
+at::ScalarType scalar_type_of(weights::Dtype dtype) {
+  switch (dtype) {
+    case weights::Dtype::kF64:
+      return at::kDouble;
+    case weights::Dtype::kF32:
+      return at::kFloat;
+    case weights::Dtype::kF16:
+      return at::kHalf;
+    case weights::Dtype::kBF16:
+      return at::kBFloat16;
+    case weights::Dtype::kI64:
+      return at::kLong;
+    case weights::Dtype::kI32:
+      return at::kInt;
+    case weights::Dtype::kI16:
+      return at::kShort;
+    case weights::Dtype::kI8:
+      return at::kChar;
+    case weights::Dtype::kU8:
+      return at::kByte;
+    case weights::Dtype::kBool:
+      return at::kBool;
+  }
+  return at::kFloat;
+}
+
+// The `model:` section of `config` as YAML.
+std::string model_yaml(const TrainConfig& config) {
+  const YAML::Node root = YAML::Load(config_to_yaml(config));
+  YAML::Emitter out;
+  out << YAML::BeginMap << YAML::Key << "model" << YAML::Value << root["model"] << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+// `text` as a YAML double-quoted scalar (JSON's string syntax is one).
+std::string yaml_quoted(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// At most `limit` of `items`, then how many more.
+std::string listed(const std::vector<std::string>& items, size_t limit = 20) {
+  std::string s;
+  for (size_t i = 0; i < items.size() && i < limit; ++i) s += (i ? ", " : "") + items[i];
+  if (items.size() > limit) s += ", and " + std::to_string(items.size() - limit) + " more";
+  return s;
+}
+
+// A Hugging Face LlamaConfig of the llama of `config` (the config.json transformers loads the
+// exported file with).
+std::string llama_config_json(const TrainConfig& config) {
+  const models::LlamaShape shape = models::llama_shape(config.model);
+  nlohmann::ordered_json j;
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["hidden_size"] = shape.hidden;
+  j["intermediate_size"] = shape.ffn;
+  j["num_hidden_layers"] = shape.layers;
+  j["num_attention_heads"] = shape.heads;
+  j["num_key_value_heads"] = shape.kv_heads;
+  j["head_dim"] = shape.head_dim();
+  j["rope_theta"] = shape.rope_theta;  // older transformers read it here, 5.x in rope_parameters
+  j["rope_parameters"] = {{"rope_theta", shape.rope_theta}, {"rope_type", "default"}};
+  j["rms_norm_eps"] = shape.norm_eps;
+  j["vocab_size"] = models::kByteVocab;
+  j["max_position_embeddings"] = shape.seq_len;
+  j["tie_word_embeddings"] = shape.tie_embeddings;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["torch_dtype"] = "float32";
+  return j.dump(2) + "\n";
+}
+
+// `text` into the file `path` (atomically: a .tmp then a rename); WeightsError naming it.
+void write_text_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    PIPEMAT_CHECK(out.good(), WeightsError, "export: cannot write ", tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  PIPEMAT_CHECK(!ec, WeightsError, "export: cannot rename ", tmp, " to ", path, ": ", ec.message());
+}
+
+}  // namespace
+
+WeightNameMap weight_name_map(models::ModelKind kind) {
+  // A kind with names of its own returns its map here (Note [Weight names]).
+  if (kind == models::ModelKind::kLlama) {
+    // Hugging Face's LlamaForCausalLM names: "model.layers.<i>.self_attn.q_proj.weight", ...
+    return [](const std::string& name) { return models::llama_hf_name(name); };
+  }
+  return [](const std::string& name) { return name; };
+}
+
+bool ignored_weight_name(models::ModelKind kind, const std::string& name) {
+  // Older transformers saved the rotary embedding's inverse frequencies, a buffer computed from
+  // rope_theta, as "model.rotary_emb.inv_freq" or "model.layers.<i>.self_attn.rotary_emb.inv_freq".
+  if (kind != models::ModelKind::kLlama) return false;
+  if (name == "model.rotary_emb.inv_freq") return true;
+  const std::string prefix = "model.layers.", suffix = ".self_attn.rotary_emb.inv_freq";
+  if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    return false;
+  }
+  const std::string index = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  return std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+std::vector<std::pair<std::string, at::Tensor>> named_model_weights(const ModelRun& run,
+                                                                    models::ModelKind kind) {
+  const WeightNameMap map = weight_name_map(kind);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (int s = 0; s < run.stages; ++s) {
+    for (const auto& item : run.stage(s).module->named_parameters()) {
+      out.emplace_back(map(run.global_name(s, item.key())), item.value());
+    }
+  }
+  return out;
+}
+
+WeightShapes model_weight_shapes(const ModelRun& run, models::ModelKind kind) {
+  WeightShapes shapes;
+  for (const auto& [name, tensor] : named_model_weights(run, kind)) {
+    PIPEMAT_INTERNAL_ASSERT(shapes.emplace(name, tensor.sizes().vec()).second,
+                            "two parameters of the model are named '", name, "'");
+  }
+  return shapes;
+}
+
+ExportSummary export_weights(const std::string& dir, const std::string& out) {
+  const pp::CheckpointManifest manifest = pp::read_checkpoint_manifest(dir);
+  PIPEMAT_CHECK(!manifest.metadata.empty(), ConfigError, "export: ", dir,
+                " holds no run config in its manifest; export a checkpoint that `pipemat train` "
+                "wrote");
+  const TrainConfig config = parse_config(manifest.metadata, dir + "/manifest.json (metadata)");
+  const ModelRun run = make_model_weights(config, manifest.stages);
+  std::vector<pp::PipelineStage> stages;
+  std::vector<torch::nn::Module*> modules;
+  for (int s = 0; s < manifest.stages; ++s) {
+    stages.push_back(run.stage(s));
+    modules.push_back(stages.back().module.get());
+  }
+  pp::load_stage_weights(dir, modules);
+
+  const WeightNameMap map = weight_name_map(config.model.kind);
+  std::vector<at::Tensor> keep;  // the float32 CPU copies the views below point into
+  std::vector<weights::TensorBytes> tensors;
+  ExportSummary summary;
+  for (int s = 0; s < manifest.stages; ++s) {
+    for (const auto& item : stages[static_cast<size_t>(s)].module->named_parameters()) {
+      keep.push_back(item.value().detach().to(at::kCPU, at::kFloat).contiguous());
+      const at::Tensor& t = keep.back();
+      tensors.push_back({map(run.global_name(s, item.key())), weights::Dtype::kF32, t.sizes().vec(),
+                         std::string_view(static_cast<const char*>(t.data_ptr()), t.nbytes())});
+      summary.elements += t.numel();
+    }
+  }
+  summary.tensors = static_cast<int64_t>(tensors.size());
+  const std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                       {kKindKey, to_string(config.model.kind)},
+                                                       {kModelKey, model_yaml(config)},
+                                                       {kVersionKey, PIPEMAT_VERSION}};
+  const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    PIPEMAT_CHECK(!ec, WeightsError, "export: cannot create the directory ", parent.string(),
+                  " of ", out, ": ", ec.message());
+  }
+  weights::write_safetensors_file(out, std::move(tensors), metadata);
+  if (config.model.kind == models::ModelKind::kLlama) {
+    // Hugging Face's LlamaConfig next to the file: the directory loads in transformers.
+    summary.config_json =
+        (parent.empty() ? std::filesystem::path("config.json") : parent / "config.json").string();
+    write_text_file(summary.config_json, llama_config_json(config));
+  }
+  struct stat st {};
+  summary.bytes = ::stat(out.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
+  summary.path = out;
+  summary.kind = to_string(config.model.kind);
+  summary.step = manifest.step;
+  summary.stages = manifest.stages;
+  summary.ranks = manifest.world_size;
+  return summary;
+}
+
+LoadSummary load_weights(const std::string& path, const std::string& key, const WeightShapes& model,
+                         const GlobalName& global_name, models::ModelKind kind,
+                         const std::vector<std::pair<int, torch::nn::Module*>>& stages) {
+  // The file is the config's: every rank finds the same fault in it, a ConfigError (Note [One
+  // error line per failure] in launch/src/main.cpp: reported once).
+  const weights::WeightSource source = [&] {
+    try {
+      return weights::WeightSource(path);
+    } catch (const WeightsError& e) {
+      throw ConfigError(key + ": " + e.what());
+    }
+  }();
+  std::vector<std::string> missing;
+  std::vector<std::string> extra;
+  std::vector<std::string> misshaped;
+  for (const auto& [name, shape] : model) {
+    const weights::TensorInfo* t = source.find(name);
+    if (t == nullptr) {
+      missing.push_back(name + " " + shape_text(shape));
+    } else if (t->shape != shape) {
+      misshaped.push_back(name + " (" + shape_text(t->shape) + " in the file, the model's " +
+                          shape_text(shape) + ")");
+    }
+  }
+  for (const std::string& name : source.names()) {
+    if (model.count(name) == 0 && !ignored_weight_name(kind, name)) extra.push_back(name);
+  }
+  if (!missing.empty() || !extra.empty() || !misshaped.empty()) {
+    std::string what;
+    const auto part = [&](const std::vector<std::string>& items, const std::string& label) {
+      if (items.empty()) return;
+      what += "; " + std::to_string(items.size()) + " " + label + ": " + listed(items);
+    };
+    part(missing, "missing");
+    part(extra, "not in the model");
+    part(misshaped, "of another shape");
+    PIPEMAT_THROW(ConfigError, key, ": ", path, " does not hold the parameters of this model (",
+                  model.size(), " tensors)", what,
+                  ". The file's names must be the model's (pipemat export writes them)");
+  }
+  const WeightNameMap map = weight_name_map(kind);
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  LoadSummary summary;
+  for (const auto& [s, module] : stages) {
+    for (const auto& item : module->named_parameters()) {
+      const std::string name = map(global_name(s, item.key()));
+      const weights::TensorInfo* t = source.find(name);
+      PIPEMAT_CHECK(t != nullptr && t->shape == item.value().sizes().vec(), WeightsError, key, ": ",
+                    path, ": stage ", s, "'s parameter '", item.key(), "' (", name,
+                    ") is not in the model's list of weights; a stage of another config?");
+      // BOOL is read as bytes: a byte other than 0 or 1 is true, never an invalid bool.
+      const bool as_bytes = t->dtype == weights::Dtype::kBool;
+      at::Tensor value = at::empty(
+          t->shape, at::TensorOptions().dtype(as_bytes ? at::kByte : scalar_type_of(t->dtype)));
+      if (t->bytes() > 0) source.read(name, value.data_ptr());
+      if (as_bytes) value = value.ne(0);
+      summary.bytes += t->bytes();
+      copies.emplace_back(item.value(), std::move(value));
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [to, value] : copies) to.copy_(value.to(to.scalar_type()));
+  summary.tensors = static_cast<int64_t>(copies.size());
+  return summary;
+}
+
+TrainConfig config_of_weights(const std::string& path) {
+  const weights::WeightSource source(path);
+  const auto model = source.metadata().find(kModelKey);
+  PIPEMAT_CHECK(model != source.metadata().end(), ConfigError, path,
+                " holds no model config (metadata '", kModelKey,
+                "'); it was not written by pipemat export");
+  // Only the model is built from it; a gpt's config needs a data.path, which is never read here.
+  return parse_config(model->second, path + " (metadata " + kModelKey + ")",
+                      {"data.path=" + yaml_quoted(path)});
+}
+
+}  // namespace pipemat::train

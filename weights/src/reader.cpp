@@ -1,0 +1,244 @@
+// Reading a safetensors file: Note [Safetensors checks] in pipemat/weights/safetensors.h.
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "pipemat/core/format.h"
+#include "pipemat/weights/safetensors.h"
+
+namespace pipemat::weights {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; pipemat reads it on little-endian hosts only");
+
+using Json = nlohmann::json;
+
+// The first key that appears twice in one object of `text`, with its object's key path, or
+// nothing. nlohmann's parser keeps the last of two equal keys in silence.
+struct Duplicate {
+  std::string key;
+  std::string inside;  // "" for the top-level object, else the key of the entry
+};
+
+Json parse_header(const std::string& text, const std::string& path, std::optional<Duplicate>& dup) {
+  std::vector<std::set<std::string>> keys;  // one per open object
+  std::vector<std::string> last_key_at;     // the key that opened each nested value
+  std::string pending_key;
+  const auto callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+        keys.emplace_back();
+        last_key_at.push_back(pending_key);
+        break;
+      case Json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        if (!last_key_at.empty()) last_key_at.pop_back();
+        break;
+      case Json::parse_event_t::key:
+        if (parsed.is_string()) {
+          pending_key = parsed.get<std::string>();
+          if (!keys.empty() && !keys.back().insert(pending_key).second && !dup) {
+            dup = Duplicate{pending_key, last_key_at.empty() ? "" : last_key_at.back()};
+          }
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    return Json::parse(text, callback);
+  } catch (const Json::exception& e) {
+    PIPEMAT_THROW(WeightsError, "weights: ", path, ": the header is not valid JSON (", e.what(),
+                  ")");
+  }
+  return Json();
+}
+
+// A non-negative integer of the header that fits int64, else a WeightsError saying `what`.
+int64_t header_int(const Json& v, const std::string& where, const char* what) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<uint64_t>();
+    PIPEMAT_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), WeightsError,
+                  where, ": ", what, " ", u, " is too large");
+    return static_cast<int64_t>(u);
+  }
+  PIPEMAT_CHECK(v.is_number_integer(), WeightsError, where, ": ", what, " ", v.dump(),
+                " is not an integer");
+  const auto i = v.get<int64_t>();
+  PIPEMAT_CHECK(i >= 0, WeightsError, where, ": ", what, " ", i, " is negative");
+  return i;
+}
+
+TensorInfo tensor_entry(const std::string& name, const Json& entry, const std::string& path) {
+  const std::string where = "weights: " + path + ": tensor '" + name + "'";
+  PIPEMAT_CHECK(entry.is_object(), WeightsError, where, ": expected an object with dtype, shape ",
+                "and data_offsets, found ", entry.type_name());
+  for (const auto& item : entry.items()) {
+    PIPEMAT_CHECK(item.key() == "dtype" || item.key() == "shape" || item.key() == "data_offsets",
+                  WeightsError, where, ": unknown field '", item.key(),
+                  "'; a tensor has dtype, shape and data_offsets");
+  }
+  for (const char* field : {"dtype", "shape", "data_offsets"}) {
+    PIPEMAT_CHECK(entry.contains(field), WeightsError, where, ": no '", field, "'");
+  }
+  TensorInfo t;
+  t.name = name;
+  const Json& dtype = entry.at("dtype");
+  PIPEMAT_CHECK(dtype.is_string(), WeightsError, where, ": dtype ", dtype.dump(),
+                " is not a string");
+  const auto known = dtype_from_string(dtype.get<std::string>());
+  PIPEMAT_CHECK(known.has_value(), WeightsError, where, ": unknown dtype '",
+                dtype.get<std::string>(),
+                "'; pipemat reads F64, F32, F16, BF16, I64, I32, I16, I8, U8 and BOOL");
+  t.dtype = *known;
+  const Json& shape = entry.at("shape");
+  PIPEMAT_CHECK(shape.is_array(), WeightsError, where, ": shape ", shape.dump(),
+                " is not an array");
+  int64_t bytes = element_size(t.dtype);
+  for (const Json& d : shape) {
+    const int64_t dim = header_int(d, where, "shape dimension");
+    t.shape.push_back(dim);
+    PIPEMAT_CHECK(!__builtin_mul_overflow(bytes, dim, &bytes), WeightsError, where, ": shape ",
+                  shape.dump(), " of ", to_string(t.dtype), " holds more bytes than fit 64 bits");
+  }
+  const Json& offsets = entry.at("data_offsets");
+  PIPEMAT_CHECK(offsets.is_array() && offsets.size() == 2, WeightsError, where, ": data_offsets ",
+                offsets.dump(), " is not [begin, end]");
+  t.begin = header_int(offsets[0], where, "data_offsets begin");
+  t.end = header_int(offsets[1], where, "data_offsets end");
+  PIPEMAT_CHECK(t.begin <= t.end, WeightsError, where, ": data_offsets [", t.begin, ", ", t.end,
+                "] end before they begin");
+  PIPEMAT_CHECK(t.end - t.begin == bytes, WeightsError, where, ": data_offsets [", t.begin, ", ",
+                t.end, "] span ", t.end - t.begin, " bytes but shape ", shape.dump(), " of ",
+                to_string(t.dtype), " needs ", bytes);
+  return t;
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  struct stat st {};
+  PIPEMAT_CHECK(::stat(path.c_str(), &st) == 0, WeightsError, "weights: cannot open '", path, "' (",
+                std::strerror(errno), ")");
+  PIPEMAT_CHECK(S_ISREG(st.st_mode), WeightsError, "weights: '", path,
+                "' is not a regular file; expected a .safetensors file");
+  const auto file_bytes = static_cast<int64_t>(st.st_size);
+  std::ifstream in(path, std::ios::binary);
+  PIPEMAT_CHECK(in.is_open(), WeightsError, "weights: cannot open '", path, "' (",
+                std::strerror(errno), ")");
+  PIPEMAT_CHECK(file_bytes >= 8, WeightsError, "weights: ", path, ": ", file_bytes,
+                " bytes, too short for the 8-byte header length of a safetensors file");
+  unsigned char length_bytes[8] = {};
+  in.read(reinterpret_cast<char*>(length_bytes), 8);
+  PIPEMAT_CHECK(in.gcount() == 8, WeightsError, "weights: ", path,
+                ": cannot read the header length");
+  uint64_t header_length = 0;
+  for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | length_bytes[i];
+  PIPEMAT_CHECK(header_length <= static_cast<uint64_t>(kMaxHeaderBytes), WeightsError,
+                "weights: ", path, ": the header length is ", header_length,
+                " bytes, above the cap of ", format_bytes(kMaxHeaderBytes),
+                "; this is not a safetensors file (or a damaged one)");
+  const auto n = static_cast<int64_t>(header_length);
+  PIPEMAT_CHECK(8 + n <= file_bytes, WeightsError, "weights: ", path, ": the header length is ", n,
+                " bytes but the file holds only ", file_bytes - 8,
+                " after it; the file is truncated or not a safetensors file");
+  std::string text(static_cast<size_t>(n), '\0');
+  in.read(text.data(), n);
+  PIPEMAT_CHECK(in.gcount() == n, WeightsError, "weights: ", path, ": cannot read the ", n,
+                "-byte header (", std::strerror(errno), ")");
+  data_start_ = 8 + n;
+  const int64_t buffer = file_bytes - data_start_;
+
+  std::optional<Duplicate> dup;
+  const Json header = parse_header(text, path, dup);
+  PIPEMAT_CHECK(header.is_object(), WeightsError, "weights: ", path, ": the header is a JSON ",
+                header.type_name(), ", expected an object of tensors");
+  if (dup) {
+    if (dup->inside.empty()) {
+      PIPEMAT_THROW(WeightsError, "weights: ", path, ": tensor '", dup->key,
+                    "' appears twice in the header");
+    }
+    PIPEMAT_THROW(WeightsError, "weights: ", path, ": tensor '", dup->inside, "': field '",
+                  dup->key, "' appears twice");
+  }
+  for (const auto& item : header.items()) {
+    if (item.key() == kMetadataKey) {
+      PIPEMAT_CHECK(item.value().is_object(), WeightsError, "weights: ", path, ": ", kMetadataKey,
+                    " is a ", item.value().type_name(), ", expected an object of strings");
+      for (const auto& m : item.value().items()) {
+        PIPEMAT_CHECK(m.value().is_string(), WeightsError, "weights: ", path, ": ", kMetadataKey,
+                      " '", m.key(), "' is ", m.value().dump(), ", expected a string");
+        metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    tensors_.push_back(tensor_entry(item.key(), item.value(), path));
+  }
+  // The tensors tile the buffer: in offset order each begins where the one before ended.
+  std::vector<const TensorInfo*> order;
+  for (const TensorInfo& t : tensors_) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  int64_t at = 0;
+  const TensorInfo* before = nullptr;
+  for (const TensorInfo* t : order) {
+    PIPEMAT_CHECK(t->end <= buffer, WeightsError, "weights: ", path, ": tensor '", t->name,
+                  "': data_offsets [", t->begin, ", ", t->end, "] reach past the data buffer of ",
+                  buffer, " bytes; the file is truncated or its header is wrong");
+    PIPEMAT_CHECK(t->begin >= at, WeightsError, "weights: ", path, ": tensor '", t->name,
+                  "': data_offsets [", t->begin, ", ", t->end, "] overlap tensor '",
+                  before ? before->name : "", "' [", before ? before->begin : 0, ", ", at, "]");
+    PIPEMAT_CHECK(t->begin == at, WeightsError, "weights: ", path, ": tensor '", t->name,
+                  "': data_offsets [", t->begin, ", ", t->end, "] leave a hole of bytes [", at,
+                  ", ", t->begin, ") of the data buffer that no tensor covers");
+    at = t->end;
+    before = t;
+  }
+  PIPEMAT_CHECK(at == buffer, WeightsError, "weights: ", path, ": the data buffer holds ", buffer,
+                " bytes but the tensors cover ", at,
+                before ? " (the last is '" + before->name + "')" : std::string(),
+                "; bytes after them are not part of any tensor");
+  std::sort(tensors_.begin(), tensors_.end(),
+            [](const TensorInfo& a, const TensorInfo& b) { return a.name < b.name; });
+  for (size_t i = 0; i < tensors_.size(); ++i) by_name_[tensors_[i].name] = i;
+}
+
+const TensorInfo* SafetensorsFile::find(const std::string& name) const {
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+void SafetensorsFile::read(const std::string& name, void* out) const {
+  const TensorInfo* t = find(name);
+  PIPEMAT_CHECK(t != nullptr, WeightsError, "weights: ", path_, ": no tensor '", name, "'");
+  std::ifstream in(path_, std::ios::binary);
+  PIPEMAT_CHECK(in.is_open(), WeightsError, "weights: cannot open '", path_, "' (",
+                std::strerror(errno), ") to read tensor '", name, "'");
+  in.seekg(data_start_ + t->begin);
+  in.read(static_cast<char*>(out), t->bytes());
+  PIPEMAT_CHECK(in.gcount() == t->bytes(), WeightsError, "weights: ", path_, ": tensor '", name,
+                "': read ", in.gcount(), " of its ", t->bytes(),
+                " bytes; the file changed since its header was read");
+}
+
+std::string SafetensorsFile::read(const std::string& name) const {
+  const TensorInfo* t = find(name);
+  PIPEMAT_CHECK(t != nullptr, WeightsError, "weights: ", path_, ": no tensor '", name, "'");
+  std::string bytes(static_cast<size_t>(t->bytes()), '\0');
+  read(name, bytes.data());
+  return bytes;
+}
+
+}  // namespace pipemat::weights
