@@ -7,7 +7,7 @@
 #include <cmath>
 #include <mutex>
 
-#include "autocast_off.h"
+#include "causal_attention.h"
 #include "pipemat/core/error.h"
 #include "pipemat/models/zoo_stages.h"
 
@@ -53,23 +53,7 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   // softmax(q k^T / sqrt(d) + causal mask) v in one fused kernel (LibTorch's flash attention on
   // the CPU): no [T, T] score, mask or probability tensor is made, kept for backward or
   // recomputed. Same result as the explicit formula to float rounding (Gpt.AttentionIsCausal).
-  at::Tensor q = parts[0], k = parts[1], v = parts[2];
-  const at::ScalarType dtype = q.scalar_type();
-  at::Tensor context;
-  if (dtype == at::kBFloat16 || dtype == at::kHalf) {
-    // Under autocast the attention runs in float32 and its output goes back to q's dtype: the
-    // softmax keeps float32's range, and on this CPU the fused kernel's bf16 backward took 5x
-    // its float32 time (torch.profiler on a PyTorch 2.15 replica of this GPT's micro-batch, one
-    // thread: 38 of its 82 ms), more than the bf16 GEMMs saved.
-    AutocastOff off(q.device().type());
-    context = at::scaled_dot_product_attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
-                                               /*attn_mask=*/{},
-                                               /*dropout_p=*/0.0, /*is_causal=*/true)
-                  .to(dtype);
-  } else {
-    context = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                               /*is_causal=*/true);
-  }
+  const at::Tensor context = causal_attention(parts[0], parts[1], parts[2]);
   return proj(context.transpose(1, 2).reshape({b, t, h}));  // [B, nh, T, d] -> [B, T, h]
 }
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <mutex>
 
-#include "autocast_off.h"
+#include "causal_attention.h"
 #include "pipemat/core/error.h"
 #include "pipemat/models/zoo_stages.h"
 
@@ -111,18 +111,7 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x) {
   q = apply_rope(q, c, s);
   k = repeat_kv(apply_rope(k, c, s), heads);
   v = repeat_kv(v, heads);
-  at::Tensor context;
-  if (dtype == at::kBFloat16 || dtype == at::kHalf) {
-    // In float32 under autocast, back to q's dtype: as the GPT's attention (gpt.cpp).
-    AutocastOff off(q.device().type());
-    context = at::scaled_dot_product_attention(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
-                                               /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                               /*is_causal=*/true)
-                  .to(dtype);
-  } else {
-    context = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                               /*is_causal=*/true);
-  }
+  const at::Tensor context = causal_attention(q, k, v);
   return o_proj(context.transpose(1, 2).reshape({b, t, heads * d}));
 }
 
