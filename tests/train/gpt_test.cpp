@@ -26,6 +26,7 @@
 #include "pipemat/train/model_run.h"
 #include "pipemat/train/text_data.h"
 #include "pipemat/train/train.h"
+#include "text_config.h"
 
 namespace pipemat::train {
 namespace {
@@ -230,35 +231,13 @@ TEST(TextData, WindowsAreNextByteTargetsAndDeterministic) {
 
 TrainConfig gpt_config(const std::string& text_path, const std::string& kind,
                        const std::string& policy) {
-  TrainConfig c;
+  TrainConfig c = testing::text_config(text_path, kind, policy);
   c.model.kind = models::ModelKind::kGpt;
   c.model.layers = 4;
   c.model.hidden = 16;
   c.model.heads = 2;
   c.model.ffn = 32;
-  c.model.seq_len = 16;
-  c.model.batch = 2;
   c.model.dropout = 0.2;
-  c.data.path = text_path;
-  c.data.validation = 0.25;
-  c.schedule.kind = schedule::parse_schedule_kind(kind);
-  c.schedule.ranks = 2;
-  c.schedule.micro_batches = 4;
-  c.schedule.virtual_stages = kind == "interleaved" ? 2 : 1;
-  c.schedule.recompute =
-      policy == "none" ? schedule::RecomputeMode::kNone : schedule::RecomputeMode::kPretrigger;
-  c.remat.policy = models::parse_remat_policy(policy).value();
-  c.training.steps = 3;
-  c.training.optimizer = OptimizerKind::kAdamW;
-  c.training.lr = 0.01;
-  c.training.weight_decay = 0.01;
-  c.training.clip_grad_norm = 0.5;
-  c.training.warmup = 1;
-  c.training.lr_decay = LrDecay::kCosine;
-  c.training.min_lr = 0.001;
-  c.training.eval_every = 2;
-  c.training.eval_batches = 2;
-  c.output.progress = false;
   return c;
 }
 
