@@ -246,35 +246,6 @@ struct GptCase {
   std::string policy;
 };
 
-// Trains gpt_config's 3 steps in the pipeline and in the single process: every loss and gradient
-// norm, both validations (after step 2, eval_every, and after the last) and every parameter
-// equal, bitwise. Returns the single process's run.
-TrainResult expect_pipeline_equals_reference(const TrainConfig& c) {
-  const TrainResult pipe = train_in_process(c, nullptr);
-  TrainResult ref = train_reference(c, nullptr);
-  EXPECT_EQ(pipe.steps.size(), 3u);
-  EXPECT_EQ(ref.steps.size(), 3u);
-  for (size_t s = 0; s < 3 && s < pipe.steps.size() && s < ref.steps.size(); ++s) {
-    EXPECT_EQ(pipe.steps[s].loss, ref.steps[s].loss) << "loss of step " << s;
-    EXPECT_EQ(pipe.steps[s].grad_norm, ref.steps[s].grad_norm) << "gradient norm of step " << s;
-  }
-  EXPECT_EQ(pipe.validation.size(), 2u);
-  EXPECT_EQ(ref.validation.size(), 2u);
-  for (size_t i = 0; i < 2 && i < pipe.validation.size() && i < ref.validation.size(); ++i) {
-    EXPECT_EQ(pipe.validation[i].first, ref.validation[i].first);
-    EXPECT_EQ(pipe.validation[i].second, ref.validation[i].second) << "validation " << i;
-  }
-  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
-  EXPECT_EQ(pipe.params.size(), want.size());
-  for (const auto& [name, value] : pipe.params) {
-    EXPECT_TRUE(want.count(name)) << name;
-    if (want.count(name)) {
-      EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
-    }
-  }
-  return ref;
-}
-
 class GptGrid : public ::testing::TestWithParam<GptCase> {};
 
 TEST_P(GptGrid, DropoutRunEqualsTheSingleProcessTrainingBitwise) {
@@ -282,7 +253,7 @@ TEST_P(GptGrid, DropoutRunEqualsTheSingleProcessTrainingBitwise) {
   write(dir.path() / "text.txt", words(16 * kSplitBlock));
   const TrainConfig c =
       gpt_config((dir.path() / "text.txt").string(), GetParam().kind, GetParam().policy);
-  const TrainResult ref = expect_pipeline_equals_reference(c);
+  const TrainResult ref = testing::expect_pipeline_equals_reference(c);
   std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
   EXPECT_TRUE(want.count("blocks.3.attn.qkv.weight"));  // global block numbering
   EXPECT_TRUE(want.count("embed.tok.weight"));
@@ -313,7 +284,7 @@ TEST(GptBf16, DropoutRunEqualsTheSingleProcessTrainingBitwise) {
     SCOPED_TRACE(kind);
     TrainConfig c = gpt_config((dir.path() / "text.txt").string(), kind, "selective");
     c.training.precision = pp::Precision::kBFloat16;
-    expect_pipeline_equals_reference(c);
+    testing::expect_pipeline_equals_reference(c);
   }
 }
 
@@ -328,7 +299,7 @@ TEST_P(GptDataGrid, TwoReplicasEqualTheSingleProcessOnTheGlobalBatchBitwise) {
   TrainConfig c =
       gpt_config((dir.path() / "text.txt").string(), GetParam().kind, GetParam().policy);
   c.parallel.data = 2;
-  const TrainResult ref = expect_pipeline_equals_reference(c);
+  const TrainResult ref = testing::expect_pipeline_equals_reference(c);
   ASSERT_FALSE(ref.steps.empty());
   // The global batch is both replicas' micro-batches: one replica alone trains another model.
   c.parallel.data = 1;

@@ -79,33 +79,6 @@ TrainConfig llama_config(const std::string& text_path, const std::string& kind,
   return c;
 }
 
-// The pipeline's 3 steps equal the single process's bitwise: losses, gradient norms, both
-// validations and every parameter. Returns the single process's run.
-TrainResult expect_llama_equals_reference(const TrainConfig& c) {
-  const TrainResult pipe = train_in_process(c, nullptr);
-  TrainResult ref = train_reference(c, nullptr);
-  EXPECT_EQ(pipe.steps.size(), 3u);
-  EXPECT_EQ(ref.steps.size(), 3u);
-  for (size_t s = 0; s < 3 && s < pipe.steps.size() && s < ref.steps.size(); ++s) {
-    EXPECT_EQ(pipe.steps[s].loss, ref.steps[s].loss) << "loss of step " << s;
-    EXPECT_EQ(pipe.steps[s].grad_norm, ref.steps[s].grad_norm) << "gradient norm of step " << s;
-  }
-  EXPECT_EQ(pipe.validation.size(), 2u);
-  EXPECT_EQ(ref.validation.size(), 2u);
-  for (size_t i = 0; i < 2 && i < pipe.validation.size() && i < ref.validation.size(); ++i) {
-    EXPECT_EQ(pipe.validation[i], ref.validation[i]) << "validation " << i;
-  }
-  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
-  EXPECT_EQ(pipe.params.size(), want.size());
-  for (const auto& [name, value] : pipe.params) {
-    EXPECT_TRUE(want.count(name)) << name;
-    if (want.count(name)) {
-      EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
-    }
-  }
-  return ref;
-}
-
 struct LlamaCase {
   std::string kind;
   std::string policy;
@@ -119,7 +92,7 @@ TEST_P(LlamaGrid, PipelineEqualsTheSingleProcessTrainingBitwise) {
   const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
   TrainConfig c = llama_config(text, GetParam().kind, GetParam().policy);
   if (GetParam().bf16) c.training.precision = pp::Precision::kBFloat16;
-  const TrainResult ref = expect_llama_equals_reference(c);
+  const TrainResult ref = testing::expect_pipeline_equals_reference(c);
   std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
   // Global block numbering and the Hugging Face module names.
   EXPECT_TRUE(want.count("layers.3.self_attn.k_proj.weight"));
@@ -154,7 +127,7 @@ TEST(LlamaData, TwoReplicasEqualTheSingleProcessBitwise) {
   const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
   TrainConfig c = llama_config(text, "zb-v", "selective");
   c.parallel.data = 2;
-  expect_llama_equals_reference(c);
+  testing::expect_pipeline_equals_reference(c);
 }
 
 // Selective remat: 4 blocks x 4 micro-batches are units, each replayed once; each replay skips

@@ -1,11 +1,17 @@
 #pragma once
-// The small text-model runs of the gpt and llama tests: what they share besides the model keys.
+// The small text-model runs of the gpt and llama tests: their keys besides the model's, and the
+// check that the pipeline equals the single process.
 
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <map>
 #include <string>
 
 #include "pipemat/models/model.h"
 #include "pipemat/schedule/schedule.h"
 #include "pipemat/train/config.h"
+#include "pipemat/train/train.h"
 
 namespace pipemat::train::testing {
 
@@ -39,6 +45,35 @@ inline TrainConfig text_config(const std::string& text_path, const std::string& 
   c.training.eval_batches = 2;
   c.output.progress = false;
   return c;
+}
+
+// Trains text_config's 3 steps in the pipeline and in the single process: every loss and gradient
+// norm, both validations (after step 2, eval_every, and after the last) and every parameter
+// equal, bitwise. Returns the single process's run.
+inline TrainResult expect_pipeline_equals_reference(const TrainConfig& c) {
+  const TrainResult pipe = train_in_process(c, nullptr);
+  TrainResult ref = train_reference(c, nullptr);
+  EXPECT_EQ(pipe.steps.size(), 3u);
+  EXPECT_EQ(ref.steps.size(), 3u);
+  for (size_t s = 0; s < 3 && s < pipe.steps.size() && s < ref.steps.size(); ++s) {
+    EXPECT_EQ(pipe.steps[s].loss, ref.steps[s].loss) << "loss of step " << s;
+    EXPECT_EQ(pipe.steps[s].grad_norm, ref.steps[s].grad_norm) << "gradient norm of step " << s;
+  }
+  EXPECT_EQ(pipe.validation.size(), 2u);
+  EXPECT_EQ(ref.validation.size(), 2u);
+  for (size_t i = 0; i < 2 && i < pipe.validation.size() && i < ref.validation.size(); ++i) {
+    EXPECT_EQ(pipe.validation[i].first, ref.validation[i].first);
+    EXPECT_EQ(pipe.validation[i].second, ref.validation[i].second) << "validation " << i;
+  }
+  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
+  EXPECT_EQ(pipe.params.size(), want.size());
+  for (const auto& [name, value] : pipe.params) {
+    EXPECT_TRUE(want.count(name)) << name;
+    if (want.count(name)) {
+      EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
+    }
+  }
+  return ref;
 }
 
 }  // namespace pipemat::train::testing
