@@ -99,10 +99,13 @@ struct Chain {
   }
 };
 
+}  // namespace
+
 // Note [Data x pipeline]: the mean of the replicas' gradients, summed in replica order; a
 // gradient a replica did not produce counts as zeros, and none where no replica has one.
 void set_mean_gradients(const std::vector<at::Tensor>& params,
-                        const std::vector<std::vector<at::Tensor>>& replica_grads, int64_t D) {
+                        const std::vector<std::vector<at::Tensor>>& replica_grads) {
+  const auto D = static_cast<int64_t>(replica_grads.size());
   for (size_t k = 0; k < params.size(); ++k) {
     bool any = false;
     for (const auto& g : replica_grads) any = any || g[k].defined();
@@ -120,8 +123,6 @@ void set_mean_gradients(const std::vector<at::Tensor>& params,
     params[k].mutable_grad() = sum;
   }
 }
-
-}  // namespace
 
 ReferenceRun run_reference(const PipelineOptions& options, const StageFactory& factory,
                            const DataSource& data, int64_t steps) {
@@ -150,7 +151,7 @@ ReferenceRun run_reference(const PipelineOptions& options, const StageFactory& f
     }
     if (D > 1) {
       r.loss /= static_cast<double>(D);
-      set_mean_gradients(chain.params, replica_grads, D);
+      set_mean_gradients(chain.params, replica_grads);
     }
     if (options.clip_grad_norm > 0) {
       r.grad_norm = torch::nn::utils::clip_grad_norm_(chain.params, options.clip_grad_norm);

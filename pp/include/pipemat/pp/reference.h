@@ -66,4 +66,10 @@ struct ReferenceRun {
 ReferenceRun run_reference(const PipelineOptions& options, const StageFactory& factory,
                            const DataSource& data, int64_t steps);
 
+// Note [Data x pipeline]: sets the gradient of params[k] to the mean of the replicas' gradients
+// replica_grads[d][k], summed in replica order (g_0 + g_1 + ... then divided by D), a gradient a
+// replica did not produce counting as zeros; none where no replica has one.
+void set_mean_gradients(const std::vector<at::Tensor>& params,
+                        const std::vector<std::vector<at::Tensor>>& replica_grads);
+
 }  // namespace pipemat::pp
