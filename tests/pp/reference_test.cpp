@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "pipemat/comm/transport.h"
 #include "user_pipeline.h"
 
 namespace pipemat::pp {
@@ -116,6 +117,63 @@ TEST(Reference, SeededDropoutOnZeroBubbleVEqualsTheReferenceBitwise) {
   c.dropout = 0.1;
   c.seed = 11;
   expect_pipeline_equals_reference(c);
+}
+
+// Note [Data x pipeline]: 2 replicas of a 2-rank 1F1B pipeline (4 ranks as threads) against the
+// reference given a data group of 2 (it only reads its size).
+TEST(Reference, TwoReplicasOfATwoRankPipelineEqualTheReferenceBitwise) {
+  constexpr int kReplicas = 2;
+  PipelineCase c;
+  auto groups = comm::make_local_transports(kReplicas);
+  ReferenceRun want;
+  {
+    torch::nn::Sequential model = user_model::make_model(c.blocks, 7);
+    PipelineOptions options = user_model::pipeline_options(c);
+    options.data_group = groups[0].get();
+    want = run_reference(
+        options, split_sequential(model, balance_by_parameters(model, stage_count(options))),
+        user_data, c.steps);
+  }
+  std::vector<Seen> ranks(static_cast<size_t>(kReplicas * c.ranks));
+  const auto errors = user_model::run_ranks(kReplicas * c.ranks, [&](comm::Transport& job) {
+    const int w = job.rank(), replica = w % kReplicas, prank = w / kReplicas;
+    std::vector<int> data_ranks, pipe_ranks;
+    for (int d = 0; d < kReplicas; ++d) data_ranks.push_back(prank * kReplicas + d);
+    for (int r = 0; r < c.ranks; ++r) pipe_ranks.push_back(r * kReplicas + replica);
+    auto data = comm::make_group(job, data_ranks);
+    auto pipeline = comm::make_group(job, pipe_ranks);
+    torch::nn::Sequential model = user_model::make_model(c.blocks, 7);
+    PipelineOptions options = user_model::pipeline_options(c);
+    options.data_group = data.get();
+    Pipeline pipe(*pipeline, options,
+                  split_sequential(model, balance_by_parameters(model, stage_count(options))));
+    Seen& seen = ranks[static_cast<size_t>(w)];
+    for (int64_t step = 0; step < c.steps; ++step) {
+      const StepMetrics m = pipe.train_step(user_data);
+      seen.losses.push_back(m.loss);
+      seen.grad_norms.push_back(m.grad_norm);
+    }
+    for (int s : pipe.stages()) {
+      for (const auto& p : pipe.stage(s).module->named_parameters()) {
+        seen.params[key(s, p.key())] = p.value().detach().clone();
+      }
+    }
+  });
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  for (size_t w = 0; w < ranks.size(); ++w) {
+    for (int64_t t = 0; t < c.steps; ++t) {
+      EXPECT_EQ(ranks[w].losses[t], want.steps[t].loss) << "rank " << w << " step " << t;
+      EXPECT_EQ(ranks[w].grad_norms[t], want.steps[t].grad_norm) << "rank " << w << " step " << t;
+    }
+    size_t seen_params = 0;
+    for (const StageTensor& p : want.parameters) {
+      auto it = ranks[w].params.find(key(p.stage, p.name));
+      if (it == ranks[w].params.end()) continue;
+      ++seen_params;
+      EXPECT_TRUE(at::equal(it->second, p.tensor)) << "rank " << w << " " << p.name;
+    }
+    EXPECT_GT(seen_params, 0u) << "rank " << w;
+  }
 }
 
 TEST(Reference, EqualsThePlainLibTorchLoop) {
