@@ -2,8 +2,9 @@
 # package.sh BUILD_DIR SOURCE_DIR MPIEXEC [MPIEXEC_FLAGS...]: installs the build into
 # BUILD_DIR/package-test/prefix, builds examples/pipeline_library against it as a project of its
 # own (find_package(pipemat CONFIG REQUIRED), nothing from the build or source tree), runs it on
-# 2 ranks, and checks that its result line equals the in-tree example's; then trains the default
-# config with the installed pipemat-run over tcp.
+# 2 ranks, and checks that its result line equals the in-tree example's (and that it builds Release
+# when no build type is given); then trains the default config with the installed pipemat-run over
+# tcp.
 set -euo pipefail
 build="$1" src="$2" mpiexec="$3"
 shift 3
@@ -27,6 +28,12 @@ cmake --build "$work/example" > "$work/build.log" || { tail -30 "$work/build.log
 if grep -q -- "$src/[a-z_]*/include" "$work/example/build.ninja" 2>/dev/null; then
   echo "package: FAIL: the example build reads headers from the source tree"; exit 1
 fi
+# Without a build type the example builds Release (CMake's default would compile it at -O0).
+rm -rf "$work/example-default"
+cmake -S "$src/examples/pipeline_library" -B "$work/example-default" \
+      -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/configure-default.log"
+grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$work/example-default/CMakeCache.txt" ||
+  { echo "package: FAIL: the example without CMAKE_BUILD_TYPE does not build Release"; exit 1; }
 result() {
   OMP_NUM_THREADS=1 "$mpiexec" "${flags[@]}" -np 2 "$1" 2>&1 | grep "the training loss fell" || true
 }

@@ -12,6 +12,7 @@
 #include "pipemat/pp/compute.h"
 #include "pipemat/pp/device.h"
 #include "pipemat/pp/precision.h"
+#include "pipemat/pp/reference.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/remat/rng.h"
 #include "pipemat/train/launched_run.h"
@@ -112,28 +113,6 @@ std::vector<double> backward_replicas(const Chain& chain, int64_t step, int64_t 
   return replica_loss;
 }
 
-// The mean of the D replicas' gradients into the parameters, summed in replica order as the
-// data groups do; none where no replica has one.
-void set_mean_gradients(const std::vector<at::Tensor>& all,
-                        const std::vector<std::vector<at::Tensor>>& replica_grads, int64_t D) {
-  for (size_t k = 0; k < all.size(); ++k) {
-    bool any = false;
-    for (const auto& g : replica_grads) any = any || g[k].defined();
-    if (!any) {
-      all[k].mutable_grad().reset();
-      continue;
-    }
-    const auto grad_of = [&](int64_t d) {
-      const at::Tensor& g = replica_grads[static_cast<size_t>(d)][k];
-      return g.defined() ? g : at::zeros_like(all[k]);
-    };
-    at::Tensor sum = grad_of(0).clone();
-    for (int64_t d = 1; d < D; ++d) sum.add_(grad_of(d));
-    sum.div_(static_cast<int>(D));
-    all[k].mutable_grad() = sum;
-  }
-}
-
 // The validation loss after `step`: the mean over the eval micro-batches, forward only, in eval
 // mode.
 double reference_validation_loss(const Chain& chain, const TrainConfig& config, int64_t step) {
@@ -178,7 +157,7 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
     } else {
       for (double l : replica_loss) m.loss += l;
       m.loss /= static_cast<double>(D);
-      set_mean_gradients(all, replica_grads, D);
+      pp::set_mean_gradients(all, replica_grads);  // Note [Data x pipeline]
     }
     if (config.training.clip_grad_norm > 0) {
       m.grad_norm = torch::nn::utils::clip_grad_norm_(all, config.training.clip_grad_norm);

@@ -6,6 +6,8 @@
 //                 modules (Note [Checkpoint layout]).
 //   compute.h     compute threads, the BLAS in use, retain_freed_memory.
 //   profile.h     the remat profiler: a layer's candidate policies, measured (for plan/).
+//   reference.h   run_reference: every stage of a factory trained in one process, the
+//                 pipeline's results bit for bit (Note [Single-process reference]).
 //
 // pp as a library: pipeline-train your own LibTorch model.
 //
@@ -245,7 +247,8 @@ struct PipelineOptions {
 // replicas (replica d: d*E/D .. (d+1)*E/D - 1) and sums their losses in micro-batch order, as
 // one pipeline does. A single process that accumulates each replica's
 // micro-batches into a gradient of its own and combines them the same way
-// (train::run_reference with parallel.data) gives the same bits.
+// (pp::run_reference with a data group, train::run_reference with parallel.data) gives the same
+// bits.
 
 // Note [Sharded optimizer]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
