@@ -297,13 +297,12 @@ std::map<int, at::Tensor> Pipeline::Impl::sharded_norms(int64_t step) {
   }
   const std::vector<Tensors> all = exchange_data(
       kNormsTag, {at::tensor(has, at::kLong), at::stack(norms)}, "gradient norms", step);
-  size_t j = 0;
+  int64_t j = 0;
   for (const auto& [s, ps] : stage_params) {
     std::vector<at::Tensor> picked;
     for (size_t i = 0; i < ps.size(); ++i, ++j) {
       const Tensors& from = all[static_cast<size_t>(owner_of(s, i))];
-      if (from[0][static_cast<int64_t>(j)].item<int64_t>() != 0)
-        picked.push_back(from[1][static_cast<int64_t>(j)].to(options.device));
+      if (from[0].accessor<int64_t, 1>()[j] != 0) picked.push_back(from[1][j].to(options.device));
     }
     by_stage[s] = picked.empty() ? at::empty({0}, on_device) : at::stack(picked);
   }

@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/TensorImpl.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/generated/Functions.h>
 
 #include <algorithm>
 #include <atomic>
@@ -234,16 +235,22 @@ int64_t Invocation::add_slot(SaveEntry& entry, size_t input, const at::Tensor& s
 // the input is contiguous and the view is all of the cast, contiguous from its start, replay
 // casts the replayed input and views it with the saved sizes: the same bits again.
 int64_t Invocation::try_rederive_cast(SaveEntry& entry, const at::Tensor& saved) {
+  // The node types by dynamic_cast, not Node::name(), which demangles a string on every call
+  // (this runs in the pack hook of every saved tensor no storage matched).
+  namespace generated = torch::autograd::generated;
   auto node = saved.grad_fn();
   bool viewed = false;
-  if (node != nullptr && node->num_outputs() == 1 && node->next_edges().size() == 1 &&
-      (node->name() == "ViewBackward0" || node->name() == "UnsafeViewBackward0")) {
+  if (node != nullptr && node->next_edges().size() == 1 &&
+      (dynamic_cast<generated::ViewBackward0*>(node.get()) != nullptr ||
+       dynamic_cast<generated::UnsafeViewBackward0*>(node.get()) != nullptr)) {
     const torch::autograd::Edge& base = node->next_edge(0);
     if (!base.is_valid()) return -1;
     node = base.function;
     viewed = true;
   }
-  if (node == nullptr || node->num_outputs() != 1 || node->name() != "ToCopyBackward0") return -1;
+  if (node == nullptr || dynamic_cast<generated::ToCopyBackward0*>(node.get()) == nullptr) {
+    return -1;
+  }
   const torch::autograd::Edge& edge = node->next_edge(0);
   if (!edge.is_valid()) return -1;
   for (size_t i = 0; i < entry.inputs.size(); ++i) {
