@@ -16,7 +16,10 @@ vocab 256), and prints for each shape:
 with GFLOP/s (median of --repeat timings of --iters calls) and the largest absolute error
 against the float64 product of the same (float32, or bf16-rounded) inputs. A float32 kernel
 is exact float32 when its error is of MKL's order (about 1e-5 here), not bf16's (about 1e-1).
-The oneDNN kernel each bf16 GEMM ran (ONEDNN_VERBOSE) is printed at the end.
+The oneDNN kernel each bf16 GEMM ran (ONEDNN_VERBOSE) is printed at the end, and after the
+GEMMs the main job's fused causal attention (scaled_dot_product_attention on q, k, v of
+[8 sequences, 4 heads, 128 tokens, 32]) forward, and forward and backward, in both dtypes: why
+the GPT keeps its attention in float32 under bf16.
 
 Usage: /opt/pipemat-venv/bin/python scripts/bench-gemm.py [--iters N] [--repeat R]
 """
@@ -94,6 +97,37 @@ def measure(args):
               f"{err:>12.2e}")
 
 
+def median_ms(fn, iters, repeat):
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        times.append((time.perf_counter() - t0) / iters)
+    return statistics.median(times) * 1e3
+
+
+def attention(args):
+    import torch
+    import torch.nn.functional as F
+    print(f"\n{'attention [8, 4, 128, 32], causal':<36}{'forward ms':>12}{'fwd+bwd ms':>12}")
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (torch.randn(8, 4, 128, 32, dtype=dtype, requires_grad=True) for _ in range(3))
+        grad = torch.randn(8, 4, 128, 32, dtype=dtype)
+
+        def forward():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def forward_backward():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+        print(f"{str(dtype).replace('torch.', ''):<36}"
+              f"{median_ms(forward, args.iters, args.repeat):>12.2f}"
+              f"{median_ms(forward_backward, args.iters, args.repeat):>12.2f}")
+
+
 def bf16_kernels():
     """The oneDNN implementation of one bf16 GEMM, from a child run with ONEDNN_VERBOSE=1."""
     code = ("import warnings; warnings.filterwarnings('ignore');"
@@ -117,6 +151,7 @@ def main(argv):
     if args.iters < 1 or args.repeat < 1:
         p.error("--iters and --repeat must be >= 1")
     measure(args)
+    attention(args)
     print(f"\nbf16 GEMMs ran oneDNN's {bf16_kernels()}; load average (1 min) "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     return 0

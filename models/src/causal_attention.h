@@ -10,8 +10,8 @@ namespace pipemat::models {
 // softmax(q k^T / sqrt(d) + causal mask) v by LibTorch's fused kernel, q, k, v [B, heads, T, d]
 // with as many heads each. Of reduced-precision q, k, v (autocast's outputs) the kernel runs in
 // float32 with autocast off and the result goes back to q's dtype: the softmax keeps float32's
-// range, and on these CPUs the fused kernel's bf16 backward is 4-5x its float32 time (21.2
-// against 5.35 ms for [8, 4, 128, 32] on one thread of an AMX Xeon; docs/performance.md, GEMM
+// range, and on these CPUs the fused kernel's bf16 backward is 3-5x its float32 time (11.96
+// against 3.37 ms for [8, 4, 128, 32] on one thread of an AMX Xeon; docs/performance.md, GEMM
 // kernels), more than the bf16 GEMMs save. The thread's autocast state is back afterwards (also
 // when a remat replay that stopped early unwinds through it).
 inline at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
