@@ -216,7 +216,11 @@ TEST(Llama, SamplesFromItsCheckpoint) {
   o.prompt = "one two";
   const GenerateResult g = generate_text(dir.path() + "/ck/step-000003", o);
   EXPECT_EQ(g.text, r.sample);  // the same checkpoint, prompt and seed: the same bytes
-  EXPECT_EQ(g.model, "llama, 4 blocks, hidden 16, 4 heads (2 key/value), seq_len 16");
+  // 16,016 parameters: embedding and head 2 x 256 x 16, final norm 16, and per block q and o
+  // 2 x 16 x 16, k and v 2 x 16 x 8, gate, up and down 3 x 16 x 24, two norms 2 x 16.
+  EXPECT_EQ(
+      g.model,
+      "llama: 4 blocks, hidden 16, 4 heads (2 key/value), ffn 24, 16.0k parameters, seq_len 16");
   o.tokens = 40;  // longer than seq_len: the context slides
   EXPECT_EQ(generate_text(dir.path() + "/ck/step-000003", o).text.size(), 40u);
 }

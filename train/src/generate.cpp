@@ -6,7 +6,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -14,9 +13,9 @@
 
 #include "pipemat/core/error.h"
 #include "pipemat/models/gpt.h"
-#include "pipemat/models/llama.h"
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/train/config.h"
+#include "pipemat/train/model_run.h"
 #include "pipemat/train/weights.h"
 
 namespace pipemat::train {
@@ -61,41 +60,16 @@ GenerateResult generate_text(const std::string& dir, const SampleOptions& option
                 checkpoint ? " is a checkpoint" : " holds the weights", " of model.kind ",
                 to_string(config.model.kind), "; pipemat generate samples text from gpt and llama ",
                 checkpoint ? "checkpoints" : "models", " only");
-  // Every stage of the run in this process, each a module and its forward.
-  std::vector<std::shared_ptr<torch::nn::Module>> stages;
-  std::vector<std::function<at::Tensor(const at::Tensor&)>> forwards;
-  std::string model;
-  if (config.model.kind == models::ModelKind::kGpt) {
-    const models::GptShape shape = models::gpt_shape(config.model);
-    const models::GptParts parts = models::build_gpt(shape, config.training.seed);
-    const std::vector<int64_t> bounds =
-        models::partition_gpt(parts, config.partition, manifest.stages);
-    for (int s = 0; s < manifest.stages; ++s) {
-      models::GptStage stage(parts, bounds[s], bounds[s + 1], s == 0, s == manifest.stages - 1);
-      stages.push_back(stage.ptr());
-      forwards.emplace_back([stage](const at::Tensor& x) mutable { return stage->forward(x); });
-    }
-    model = std::to_string(shape.layers) + " blocks, hidden " + std::to_string(shape.hidden) +
-            ", " + std::to_string(shape.heads) + " heads";
-  } else {
-    const models::LlamaShape shape = models::llama_shape(config.model);
-    const models::LlamaParts parts = models::build_llama(shape, config.training.seed);
-    const std::vector<int64_t> bounds =
-        models::partition_llama(parts, config.partition, manifest.stages);
-    for (int s = 0; s < manifest.stages; ++s) {
-      models::LlamaStage stage(parts, bounds[s], bounds[s + 1], s == 0, s == manifest.stages - 1);
-      stages.push_back(stage.ptr());
-      forwards.emplace_back([stage](const at::Tensor& x) mutable { return stage->forward(x); });
-    }
-    model = "llama, " + std::to_string(shape.layers) + " blocks, hidden " +
-            std::to_string(shape.hidden) + ", " + std::to_string(shape.heads) + " heads (" +
-            std::to_string(shape.kv_heads) + " key/value)";
-  }
+  // Every stage of the run in this process (make_model_weights builds them, reading no data).
+  const ModelRun run = make_model_weights(config, manifest.stages);
+  std::vector<pp::PipelineStage> stages;
+  for (int s = 0; s < manifest.stages; ++s) stages.push_back(run.stage(s));
+  const std::string model = run.summary;
   const int64_t seq_len = config.model.seq_len;
   std::vector<torch::nn::Module*> modules;
   for (const auto& stage : stages) {
-    stage->eval();
-    modules.push_back(stage.get());
+    stage.module->eval();
+    modules.push_back(stage.module.get());
   }
   if (checkpoint) {
     pp::load_stage_weights(dir, modules);
@@ -123,7 +97,7 @@ GenerateResult generate_text(const std::string& dir, const SampleOptions& option
     const int64_t take = std::min(size, seq_len);
     at::Tensor x = at::tensor(std::vector<int64_t>(context.end() - take, context.end()), at::kLong)
                        .unsqueeze(0);
-    for (auto& forward : forwards) x = forward(x);
+    for (const auto& stage : stages) x = stage.forward({x}).at(0);
     at::Tensor logits = x[0][take - 1] / options.temperature;
     if (options.top_k > 0 && options.top_k < models::kByteVocab) {
       const at::Tensor kth = std::get<0>(logits.topk(options.top_k)).min();
