@@ -44,6 +44,7 @@ Pipeline::Impl::StepRun::StepRun(Impl& pipe, const DataSource& data)
   if (pipe_.generator.defined()) rng_.emplace(pipe_.generator);
   m_.step = step_;
   for (auto p : pipe_.params) p.mutable_grad().reset();
+  for (auto p : pipe_.optimized) p.mutable_grad().reset();  // Note [Sharded optimizer]: pieces
   remat::reset_counters();
   if (pipe_.options.collect_timelines) pipe_.transport.barrier();
   remat::reset_peak_bytes();
@@ -160,6 +161,7 @@ StepMetrics Pipeline::Impl::StepRun::finish() {
     const double g0 = now_us();
     pipe_.gather_parameters(step_);
     m_.gather_ms = (now_us() - g0) / 1000.0;
+    for (auto p : pipe_.optimized) p.mutable_grad().reset();  // the slices' gradients are spent
   }
   m_.step_ms = now_us() / 1000.0;
   m_.busy_ms = busy_us_ / 1000.0;

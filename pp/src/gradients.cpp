@@ -25,14 +25,14 @@ at::Tensor Pipeline::Impl::scaled_loss(const Tensors& out, const Tensors& target
 
 // torch::nn::utils::clip_grad_norm_ over all ranks' parameters in stage order: the same
 // per-parameter norms, stacked in the same order and reduced by the same ops on every rank. With
-// Note [Sharded optimizer] every replica holds the same norms too, each from its owner; the
-// coefficient then scales the gradients this replica owns.
+// Note [Sharded optimizer] every replica holds the same norms too, each from the replica holding
+// its parameter's first element; the coefficient then scales this replica's pieces' gradients.
 double Pipeline::Impl::clip_global_norm(double max_norm, int64_t step) {
   // This rank's norms, per stage: [stage ids (int64), norms of stage a, norms of stage b, ...]
   Tensors mine;
   std::vector<int64_t> ids;
   std::map<int, at::Tensor> by_stage;
-  // Note [Sharded optimizer]: each parameter's norm from the replica that owns its gradient.
+  // Note [Sharded optimizer]: each parameter's norm from the replica holding its first element.
   std::map<int, at::Tensor> owned;
   if (sharded()) owned = sharded_norms(step);
   for (const auto& [s, ps] : stage_params) {
@@ -77,7 +77,7 @@ double Pipeline::Impl::clip_global_norm(double max_norm, int64_t step) {
   if (norms.empty()) return 0.0;
   at::Tensor total = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2.0);
   at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
-  for (const auto& p : params) {
+  for (const auto& p : optimized) {  // the parameters, or Note [Sharded optimizer]'s pieces
     if (p.grad().defined()) p.grad().data().mul_(coef);
   }
   return total.item<double>();

@@ -163,30 +163,16 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
     }
     stages.emplace(s, std::move(stage));
   }
-  std::vector<at::Tensor> optimized = params;
+  optimized = params;
   if (options.data_group != nullptr) {
     plan_buckets();
     equalize_parameters();
   }
-  if (sharded()) {
-    std::vector<int64_t> numels;
-    for (const auto& [s, ps] : stage_params) {
-      for (const auto& p : ps) numels.push_back(p.numel());
-    }
-    const std::vector<int> all = shard_owners(numels, options.data_group->world_size());
-    size_t j = 0;
-    optimized.clear();
-    for (const auto& [s, ps] : stage_params) {
-      for (const auto& p : ps) {
-        owners[s].push_back(all[j]);
-        if (all[j] == options.data_group->rank()) optimized.push_back(p);
-        ++j;
-      }
-    }
-  }
+  if (sharded()) make_shards();  // Note [Sharded optimizer]: `optimized` becomes the pieces
   optimizer = options.optimizer(optimized);
   PIPEMAT_CHECK(optimizer != nullptr, ConfigError,
                 "PipelineOptions::optimizer returned no optimizer on rank ", rank);
+  if (sharded()) check_shardable();
 }
 
 // PipelineOptions::remat applies to every stage without a stage_remat entry, on all ranks: a

@@ -12,8 +12,9 @@
 //   step_run.h          StepRun, one step in progress: its state and a method per action.
 //   step_actions.cpp    the actions: F, B, I, W, R, SEND / RECV.
 //   gradients.cpp       loss scaling, clipping by the global gradient norm.
-//   data_parallel.cpp   Note [Data x pipeline]: equal replicas, the mean gradient and loss;
-//                       Note [Sharded optimizer]: owners, reduce-scatter, norms, the gather.
+//   data_parallel.cpp   Note [Data x pipeline]: equal replicas, the mean gradient and loss.
+//   sharded_optimizer.cpp  Note [Sharded optimizer]: slices, reduce-scatter, norms, the gather,
+//                       the optimizer state in and out of checkpoints.
 //   metrics.cpp         the loss on every rank; step metrics and timelines on the last rank.
 //   evaluate.cpp        evaluate: forward only, in eval mode.
 //   split_backward.h/.cpp  B, and I / W (Note [Split backward]) on the autograd engine: pp's
@@ -100,9 +101,37 @@ struct Pipeline::Impl {
   // this rank's list; only the stages whose tail runs bucket by bucket (a data group,
   // PipelineOptions::weight_tail, more than one bucket), whose buckets the tail posts.
   std::map<int, std::vector<size_t>> weight_tails;
-  // Note [Sharded optimizer]: stage -> the replica that owns each of its parameters (set with the
-  // stages when sharded()).
+  // Tags of the data group: only this rank's replicas of its stages talk on it.
+  enum DataTag : int {
+    kParametersTag,
+    kGradientsTag,
+    kLossTag,
+    kEvalTag,
+    kGatherTag,  // Note [Sharded optimizer]: the updated slices
+    kNormsTag,   // ... the gradient norms
+    kStateTag,   // ... the optimizer state, to replica 0
+    kPiecesTag,  // ... pieces of a parameter cut by a slice boundary, to its norm's replica
+  };
+  // What replica `from` sent has the count, dtypes and shapes of this replica's `mine` (`what`
+  // names it in the error; step -1: outside a step).
+  void check_same(const Tensors& got, const Tensors& mine, int from, const char* what,
+                  int64_t step) const;
+  // Note [Sharded optimizer] (set with the stages when sharded()): stage -> per bucket (as
+  // `buckets`) the slices of replicas 0 .. D-1; stage -> per bucket this replica's pieces as
+  // tensors (flat views of the parameters); stage -> per parameter the replica that computes its
+  // gradient norm (the one holding its first element) and the replicas holding its pieces, with
+  // the piece's index in that replica's slice, in element order.
+  std::map<int, std::vector<std::vector<ShardSlice>>> slices;
+  std::map<int, std::vector<std::vector<at::Tensor>>> my_pieces;
   std::map<int, std::vector<int>> owners;
+  struct PieceRef {
+    int replica = 0;
+    size_t bucket = 0, piece = 0;
+  };
+  std::map<int, std::vector<std::vector<PieceRef>>> pieces_of;
+  // What the optimizer steps: `params`, or with sharded() this replica's pieces, stage then bucket
+  // order. Their gradients are the ones clipping scales.
+  std::vector<at::Tensor> optimized;
   bool sharded() const {
     return options.shard_optimizer && options.data_group != nullptr &&
            options.data_group->world_size() > 1;
@@ -153,8 +182,11 @@ struct Pipeline::Impl {
     std::vector<comm::TensorListWork> sends, recvs;  // recvs: per replica (own: empty)
   };
   struct Bucket {
+    size_t index = 0;           // in buckets[stage]
     size_t first = 0, end = 0;  // the stage's parameters [first, end)
-    Posted posted;              // [produced flags (int64 0/1), gradients or zeros]
+    // Unsharded: [produced flags (int64 0/1), gradients or zeros]; sharded: [produced flags per
+    // piece, the slice flat] of this replica's slice.
+    Posted posted;
   };
   // Sends `mine` to every other replica and posts the receives of theirs.
   Posted post_data(int tag, Tensors mine);
@@ -169,11 +201,19 @@ struct Pipeline::Impl {
   };
   // Sets `buckets`, and keeps the `weight_tails` that run bucket by bucket.
   void plan_buckets();
-  Bucket post_bucket(int stage, size_t first, size_t end);
+  Bucket post_bucket(int stage, size_t index);
   GradientExchange post_gradients(int stage);
   void finish_gradients(GradientExchange& exchange, int64_t step);
   double average_loss(double loss, int64_t step);
-  // Note [Sharded optimizer]: every owner's updated parameters into every replica.
+  // sharded_optimizer.cpp, Note [Sharded optimizer]: sets slices, my_pieces, owners, pieces_of
+  // and optimized.
+  void make_shards();
+  // ConfigError unless `optimizer` is elementwise (stepping a piece = stepping its elements).
+  void check_shardable() const;
+  // A bucket's slices to their owners; this replica's slice summed into its pieces' gradients.
+  Bucket post_slices(int stage, size_t index);
+  void finish_slices(int stage, Bucket& bucket, int64_t step);
+  // Every owner's updated slices into every replica's parameters.
   void gather_parameters(int64_t step);
   // Note [Sharded optimizer]: with sharded(), every parameter's gradient norm from its owner:
   // stage -> the stacked norms of its parameters that have a gradient, in parameter order.
@@ -181,8 +221,6 @@ struct Pipeline::Impl {
   // Note [Sharded optimizer], checkpoints: what Pipeline's functions of the same names do.
   std::unique_ptr<torch::optim::Optimizer> gather_optimizer_state();
   void load_optimizer_state(torch::serialize::InputArchive& archive);
-  // Moves the state of the parameters `owner` owns from `from` into `to` (keyed by parameter).
-  void move_owned_state(torch::optim::Optimizer& from, torch::optim::Optimizer& to, int owner);
   // An evaluation's per-micro-batch losses, each from the replica that evaluated it (replica d:
   // d*E/D .. (d+1)*E/D - 1 of the E in its `share`).
   at::Tensor gather_shares(const at::Tensor& share, int64_t micro_batches);

@@ -278,7 +278,7 @@ void Pipeline::Impl::StepRun::run_weight_tail(int stage) {
     for (size_t b = 0; b < ranges.size(); ++b) {
       const bool last = b + 1 == ranges.size();
       for (SplitBackward* w : tail) w->run_weight(ranges[b].first, ranges[b].second, last);
-      x.buckets.push_back(pipe_.post_bucket(stage, ranges[b].first, ranges[b].second));
+      x.buckets.push_back(pipe_.post_bucket(stage, b));
     }
   }
   exchanges_.push_back(std::move(x));

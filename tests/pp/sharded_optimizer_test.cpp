@@ -1,19 +1,21 @@
 // Note [Sharded optimizer]: D replicas of a P-rank pipeline (D x P ranks as threads) with
 // PipelineOptions::shard_optimizer equal the same replicas unsharded bitwise on every rank of
 // every replica: losses, gradient norms (clipping active) and every parameter after every step;
-// and each rank's optimizer state is exactly that of the parameters it owns.
+// and each rank's optimizer state is exactly that of the elements it owns.
 
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/lbfgs.h>
 #include <torch/optim/sgd.h>
 
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "pipemat/comm/transport.h"
@@ -28,10 +30,10 @@ using schedule::ScheduleKind;
 // What job rank w saw: per step the loss, norm, its parameters and its optimizer state's bytes.
 struct ShardRun {
   std::vector<double> losses, norms;
-  std::vector<std::vector<at::Tensor>> params;  // per step, in stage then parameter order
-  std::vector<int64_t> numels;                  // of those parameters
-  std::vector<int64_t> state_bytes;             // per step: StepMetrics::optimizer_state_bytes
-  std::vector<int64_t> owned_by_optimizer;      // elements the optimizer got
+  std::vector<std::vector<at::Tensor>> params;     // per step, in stage then parameter order
+  std::vector<std::vector<int64_t>> stage_numels;  // per stage of the rank, its parameters'
+  std::vector<int64_t> state_bytes;                // per step: StepMetrics::optimizer_state_bytes
+  std::vector<int64_t> owned_by_optimizer;         // elements the optimizer got
 };
 
 enum class Opt { kAdamW, kSgd };
@@ -75,7 +77,10 @@ std::vector<ShardRun> run_grid(ScheduleKind kind, int replicas, int ranks, bool 
     if (opt == Opt::kSgd) o.lr_schedule = nullptr;
     const auto bounds = balance_by_parameters(model, stage_count(o));
     Pipeline pipe(*pipeline, o, split_sequential(model, bounds));
-    for (const auto& p : pipe.parameters()) run.numels.push_back(p.numel());
+    for (int s : pipe.stages()) {
+      std::vector<int64_t>& n = run.stage_numels.emplace_back();
+      for (const auto& p : pipe.stage(s).module->parameters()) n.push_back(p.numel());
+    }
     for (int64_t step = 0; step < c.steps; ++step) {
       const StepMetrics m = pipe.train_step([](int64_t s, int64_t i) {
         auto [ids, targets] = user_model::data(s, i);
@@ -114,19 +119,22 @@ void expect_sharded_equals_unsharded(ScheduleKind kind, int replicas, int ranks,
             << "rank " << w << " step " << s << " parameter " << i;
       }
     }
-    // Unsharded: the state of every parameter; sharded: of the owned ones, exactly.
+    // Unsharded: the state of every element; sharded: of the owned ones, exactly. With one
+    // bucket per stage (the default bucket size) the owned ones are shard_slices' of each stage.
     int64_t all = 0, owned = 0;
-    const std::vector<int> owners = shard_owners(b.numels, replicas);
-    for (size_t i = 0; i < b.numels.size(); ++i) {
-      all += b.numels[i];
-      if (owners[i] == static_cast<int>(w) % replicas) owned += b.numels[i];
+    for (const std::vector<int64_t>& n : b.stage_numels) {
+      for (int64_t k : n) all += k;
+      const ShardSlice slice = shard_slices(n, replicas)[w % static_cast<size_t>(replicas)];
+      owned += slice.end - slice.begin;
     }
     const int64_t per = state_bytes_per_element(opt);
     EXPECT_EQ(a.state_bytes.back(), per * all) << "rank " << w;
-    EXPECT_EQ(b.state_bytes.back(), per * owned) << "rank " << w;
     int64_t got = 0;
     for (int64_t n : b.owned_by_optimizer) got += n;
-    EXPECT_EQ(got, owned) << "the factory gets the owned parameters of rank " << w;
+    EXPECT_EQ(b.state_bytes.back(), per * got) << "rank " << w;
+    if (bucket_bytes >= (int64_t{1} << 20)) {
+      EXPECT_EQ(got, owned) << "the factory gets the owned elements of rank " << w;
+    }
   }
   // The replicas of one pipeline rank hold its whole state between them, each about 1/D.
   for (int r = 0; r < ranks; ++r) {
@@ -138,14 +146,25 @@ void expect_sharded_equals_unsharded(ScheduleKind kind, int replicas, int ranks,
   }
 }
 
-TEST(ShardedOptimizer, OwnersAreContiguousRunsOfAboutEqualElements) {
-  EXPECT_EQ(shard_owners({10, 10, 10, 10}, 2), (std::vector<int>{0, 0, 1, 1}));
-  EXPECT_EQ(shard_owners({10, 10, 10}, 3), (std::vector<int>{0, 1, 2}));
-  EXPECT_EQ(shard_owners({100, 1, 1}, 2), (std::vector<int>{0, 1, 1}));
-  // Fewer parameters than replicas: replicas 0 and 2 own none.
-  EXPECT_EQ(shard_owners({9}, 3), (std::vector<int>{1}));
-  EXPECT_EQ(shard_owners({}, 2), (std::vector<int>{}));
-  EXPECT_EQ(shard_owners({5, 5}, 1), (std::vector<int>{0, 0}));
+TEST(ShardedOptimizer, SlicesAreTheDthOfTheBucketsElementsInPieces) {
+  using S = std::vector<ShardSlice>;
+  // Two parameters each side of the middle.
+  EXPECT_EQ(shard_slices({10, 10, 10, 10}, 2),
+            (S{{0, 20, {{0, 0, 10}, {1, 0, 10}}}, {20, 40, {{2, 0, 10}, {3, 0, 10}}}}));
+  // The middle parameter cut at element 5.
+  EXPECT_EQ(shard_slices({10, 10, 10}, 2),
+            (S{{0, 15, {{0, 0, 10}, {1, 0, 5}}}, {15, 30, {{1, 5, 10}, {2, 0, 10}}}}));
+  // Uneven: 31 elements over 3 replicas are 10, 10 and 11.
+  EXPECT_EQ(shard_slices({31}, 3),
+            (S{{0, 10, {{0, 0, 10}}}, {10, 20, {{0, 10, 20}}}, {20, 31, {{0, 20, 31}}}}));
+  // A bucket smaller than the replicas: replica 0 owns nothing.
+  EXPECT_EQ(shard_slices({2}, 3), (S{{0, 0, {}}, {0, 1, {{0, 0, 1}}}, {1, 2, {{0, 1, 2}}}}));
+  // Parameters without elements go with the slice their position is in.
+  EXPECT_EQ(shard_slices({0, 4, 0}, 2),
+            (S{{0, 2, {{0, 0, 0}, {1, 0, 2}}}, {2, 4, {{1, 2, 4}, {2, 0, 0}}}}));
+  EXPECT_EQ(shard_slices({}, 2), (S{{0, 0, {}}, {0, 0, {}}}));
+  EXPECT_EQ(shard_slices({5, 5}, 1), (S{{0, 10, {{0, 0, 5}, {1, 0, 5}}}}));
+  EXPECT_THROW(shard_slices({5}, 0), ConfigError);
 }
 
 TEST(ShardedOptimizer, TwoByTwoEqualsUnshardedBitwiseUnderEveryScheduleKind) {
@@ -164,12 +183,15 @@ TEST(ShardedOptimizer, ThreeByTwoWithSgdAndOneParameterBucketsEqualsUnshardedBit
   expect_sharded_equals_unsharded(ScheduleKind::kZeroBubbleH1, 3, 2, Opt::kAdamW, 64);
 }
 
-// A replica that owns no parameter gets an optimizer over none and still leaves every step with
-// the updated parameters of the one that owns it.
-TEST(ShardedOptimizer, ReplicasOwningNothingGetTheParametersFromTheOwner) {
+// A bucket of 2 elements over 3 replicas: replica 0 owns none and gets an optimizer over an
+// empty list, replicas 1 and 2 one element each of the one weight, whose gradient norm replica
+// 1 takes from both pieces (clipping is active); every replica leaves every step with the
+// unsharded weight.
+TEST(ShardedOptimizer, ABucketSmallerThanTheReplicasLeavesOneOwningNothing) {
   auto run = [](bool shard) {
     std::vector<std::vector<at::Tensor>> params(3);
     std::vector<int64_t> bytes(3);
+    std::vector<double> norms(3);
     const auto errors = user_model::run_ranks(3, [&](comm::Transport& job) {
       const int r = job.rank();
       auto data = comm::make_group(job, {0, 1, 2});
@@ -188,30 +210,62 @@ TEST(ShardedOptimizer, ReplicasOwningNothingGetTheParametersFromTheOwner) {
         static std::mutex init;
         std::lock_guard<std::mutex> lock(init);
         at::manual_seed(3);
-        return torch::nn::Linear(torch::nn::LinearOptions(3, 3).bias(false));
+        return torch::nn::Linear(torch::nn::LinearOptions(2, 1).bias(false));
       }();
       Pipeline p(*pipeline, o, [&](int s) {
         return make_stage(s, linear.ptr(), [linear](const Tensors& in) mutable {
           return Tensors{linear->forward(in[0])};
         });
       });
-      for (int64_t step = 0; step < 2; ++step) {
-        const StepMetrics m = p.train_step([](int64_t s, int64_t i) {
-          return MicroBatch{{at::full({2, 3}, static_cast<double>(1 + s + i))}, {}};
+      for (int64_t step = 0; step < 3; ++step) {
+        const StepMetrics m = p.train_step([r](int64_t s, int64_t i) {
+          return MicroBatch{{at::full({2, 2}, static_cast<double>(1 + s + i + r))}, {}};
         });
         bytes[static_cast<size_t>(r)] = m.optimizer_state_bytes;
+        norms[static_cast<size_t>(r)] = m.grad_norm;
       }
       params[static_cast<size_t>(r)] = {linear->weight.detach().clone()};
     });
     for (const auto& e : errors) EXPECT_EQ(e, "");
-    return std::make_pair(params, bytes);
+    return std::make_tuple(params, bytes, norms);
   };
-  const auto [plain, plain_bytes] = run(false);
-  const auto [sharded, sharded_bytes] = run(true);
-  EXPECT_EQ(sharded_bytes, (std::vector<int64_t>{0, 72, 0}));  // 9 elements x 2 moments x 4
-  EXPECT_EQ(plain_bytes, (std::vector<int64_t>{72, 72, 72}));
+  const auto [plain, plain_bytes, plain_norms] = run(false);
+  const auto [sharded, sharded_bytes, sharded_norms] = run(true);
+  EXPECT_EQ(sharded_bytes, (std::vector<int64_t>{0, 8, 8}));  // 1 element x 2 moments x 4
+  EXPECT_EQ(plain_bytes, (std::vector<int64_t>{16, 16, 16}));
   for (size_t r = 0; r < 3; ++r) {
     EXPECT_TRUE(at::equal(sharded[r][0], plain[r][0])) << "replica " << r;
+    EXPECT_EQ(sharded_norms[r], plain_norms[r]) << "replica " << r;
+    EXPECT_GT(plain_norms[r], 0.01) << "clipping is active";
+  }
+}
+
+// A sharded optimizer steps slices: one that is not elementwise is refused at construction.
+TEST(ShardedOptimizer, ANonElementwiseOptimizerIsAConfigError) {
+  const auto errors = user_model::run_ranks(2, [&](comm::Transport& job) {
+    auto data = comm::make_group(job, {0, 1});
+    auto pipeline = comm::make_group(job, {job.rank()});
+    PipelineOptions o;
+    o.schedule.ranks = 1;
+    o.schedule.micro_batches = 2;
+    o.loss = [](const Tensors& out, const Tensors&) { return out.at(0).sum(); };
+    o.optimizer = [](const std::vector<at::Tensor>& p) {
+      return std::make_unique<torch::optim::LBFGS>(p);
+    };
+    o.data_group = data.get();
+    o.shard_optimizer = true;
+    torch::nn::Linear linear(2, 2);
+    Pipeline p(*pipeline, o, [&](int s) {
+      return make_stage(s, linear.ptr(), [linear](const Tensors& in) mutable {
+        return Tensors{linear->forward(in[0])};
+      });
+    });
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("shard_optimizer on rank 0: PipelineOptions::optimizer made an optimizer "
+                     "other than torch's SGD, Adam, AdamW, RMSprop or Adagrad"),
+              std::string::npos)
+        << e;
   }
 }
 

@@ -289,6 +289,56 @@ INSTANTIATE_TEST_SUITE_P(Kinds, WeightFiles, ::testing::Values("gpt", "transform
                            return kind.param;
                          });
 
+// A tied llama has no lm_head.weight, but a Hugging Face file may store the head beside the
+// embedding: it is read when it holds the embedding's bytes, one error naming it otherwise.
+class TiedLlamaWeights : public WeightFiles {};
+
+TEST_F(TiedLlamaWeights, AHeadBesideTheEmbeddingIsReadOnlyWhenItIsTheEmbedding) {
+  TrainConfig c = config("llama", (dir_ / "ck").string());
+  c.model.tie_embeddings = true;
+  c.schedule.ranks = 1;  // a tied llama is one stage
+  const TrainResult trained = train_in_process(c, nullptr);
+  const std::string file = (dir_ / "model.safetensors").string();
+  export_weights((dir_ / "ck" / "step-000002").string(), file);
+  const weights::SafetensorsFile read(file);
+  ASSERT_EQ(read.find("lm_head.weight"), nullptr);
+  const weights::TensorInfo* embed = read.find("model.embed_tokens.weight");
+  ASSERT_NE(embed, nullptr);
+  auto with_head = [&](const std::string& name, bool flip) {
+    std::vector<std::string> keep;
+    std::vector<weights::TensorBytes> tensors;
+    keep.reserve(read.tensors().size() + 1);
+    for (const weights::TensorInfo& t : read.tensors()) {
+      keep.push_back(read.read(t.name));
+      tensors.push_back({t.name, t.dtype, t.shape, keep.back()});
+    }
+    keep.push_back(read.read(embed->name));
+    if (flip) keep.back()[5] ^= 1;
+    tensors.push_back({"lm_head.weight", embed->dtype, embed->shape, keep.back()});
+    const std::string out = (dir_ / name).string();
+    weights::write_safetensors_file(out, tensors, read.metadata());
+    return out;
+  };
+  TrainConfig from = config("llama", (dir_ / "ck2").string());
+  from.model.tie_embeddings = true;
+  from.schedule.ranks = 1;
+  no_change(from);
+  from.training.init_from = with_head("same.safetensors", false);
+  expect_params_equal(train_in_process(from, nullptr), trained);
+  export_weights((dir_ / "ck2" / "step-000001").string(), (dir_ / "again.safetensors").string());
+  EXPECT_EQ(slurp(dir_ / "again.safetensors"), slurp(file));
+
+  from.training.init_from = with_head("other.safetensors", true);
+  from.checkpoint.dir = (dir_ / "ck3").string();
+  std::string error;
+  try {
+    train_in_process(from, nullptr);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("; 1 not in the model: lm_head.weight."), std::string::npos) << error;
+}
+
 TEST(WeightNames, TheLlamasAreHuggingFacesAndOnlyItsInvFreqBufferIsIgnored) {
   const WeightNameMap llama = weight_name_map(models::ModelKind::kLlama);
   EXPECT_EQ(llama("embed_tokens.weight"), "model.embed_tokens.weight");

@@ -126,6 +126,25 @@ void write_text_file(const std::string& path, const std::string& text) {
   PIPEMAT_CHECK(!ec, WeightsError, "export: cannot rename ", tmp, " to ", path, ": ", ec.message());
 }
 
+// A tied llama has no lm_head.weight; a file that stores the head anyway (transformers may save
+// both names of the one tensor) is read when the head holds the embedding's very bytes.
+bool tied_copy(const weights::WeightSource& source, models::ModelKind kind,
+               const std::string& name, const WeightShapes& model) {
+  const std::string embedding = "model.embed_tokens.weight";
+  if (kind != models::ModelKind::kLlama || name != "lm_head.weight" || model.count(embedding) == 0)
+    return false;
+  const weights::TensorInfo* head = source.find(name);
+  const weights::TensorInfo* embed = source.find(embedding);
+  if (head == nullptr || embed == nullptr || head->shape != embed->shape ||
+      head->dtype != embed->dtype) {
+    return false;
+  }
+  std::vector<char> a(static_cast<size_t>(head->bytes())), b(a.size());
+  if (!a.empty()) source.read(name, a.data()), source.read(embedding, b.data());
+  return a == b;
+}
+
+
 }  // namespace
 
 WeightNameMap weight_name_map(models::ModelKind kind) {
@@ -254,7 +273,10 @@ LoadSummary load_weights(const std::string& path, const std::string& key, const 
     }
   }
   for (const std::string& name : source.names()) {
-    if (model.count(name) == 0 && !ignored_weight_name(kind, name)) extra.push_back(name);
+    if (model.count(name) == 0 && !ignored_weight_name(kind, name) &&
+        !tied_copy(source, kind, name, model)) {
+      extra.push_back(name);
+    }
   }
   if (!missing.empty() || !extra.empty() || !misshaped.empty()) {
     std::string what;

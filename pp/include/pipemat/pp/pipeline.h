@@ -60,7 +60,8 @@
 // stages on all ranks, identical to torch::nn::utils::clip_grad_norm_ over the parameters of the
 // whole model in stage order (every rank gathers every parameter's gradient norm, in stage
 // order, and reduces them the same way clip_grad_norm_ does). With a sharded optimizer each
-// norm comes from the parameter's owner, the same bits (Note [Sharded optimizer]).
+// norm comes from the replica holding the parameter's first element, the same bits (Note [Sharded
+// optimizer]).
 //
 // Collectives and threading. train_step and evaluate are collective: every rank of the pipeline
 // calls them, in the same order, with the same step. One thread drives one Pipeline; several
@@ -172,10 +173,10 @@ struct PipelineOptions {
   // Note [Weight tail]: the W actions that end a rank's step run bucket by bucket (false: one W
   // after the other). The same gradients either way.
   bool weight_tail = true;
-  // Note [Sharded optimizer]: with a data group of D > 1, each replica owns about 1/D of this
-  // rank's parameters and `optimizer` is called with those only; the gradients are
-  // reduce-scattered to their owners and the updated parameters gathered after the step. The same
-  // bits as unsharded. No effect without a data group.
+  // Note [Sharded optimizer]: with a data group of D > 1, each replica owns 1/D of the elements of
+  // every gradient bucket and `optimizer` is called with those only (flat views of the
+  // parameters); the gradients are reduce-scattered to their owners and the updated parameters
+  // gathered after the step. The same bits as unsharded. No effect without a data group.
   bool shard_optimizer = false;
   // Where this rank's stage modules, micro-batch inputs and targets, received tensors and
   // optimizer state live (pipemat/pp/device.h names devices: resolve_device). On a CUDA device
@@ -254,47 +255,67 @@ struct PipelineOptions {
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // PipelineOptions::shard_optimizer (parallel.shard_optimizer) with D replicas: the optimizer
 // state (AdamW's two moments, SGD's momentum) of a rank's parameters is split over the D ranks of
-// its data group instead of being held by each. Ownership is by whole parameter:
-// shard_owners(numels, D) cuts the rank's parameters, in stage then parameter order, into D
-// contiguous runs of about equal elements (parameter i goes to the replica whose share of the
-// elements holds its middle element); a replica may own none. The optimizer factory is called
-// with the owned parameters only (the module's own tensors, so per-parameter groups still work),
-// its state is created for those alone, and the LR schedule is unchanged.
+// its data group instead of being held by each. Ownership is by element: each bucket of Note
+// [Overlapped gradient all-reduce] is laid out flat (its parameters' elements one after the
+// other) and replica d owns elements [d*N/D, (d+1)*N/D) of its N (shard_slices), so a replica's
+// share is exactly 1/D of every bucket up to one element, a bucket smaller than D elements
+// leaving some replicas nothing. A slice is made of pieces: the contiguous runs of each parameter
+// inside it. The optimizer factory is called with this replica's pieces, each a flat view of its
+// parameter's elements (so an update of a piece writes the parameter): its state is created for
+// those alone, and the LR schedule is unchanged. It must be an elementwise optimizer (torch's
+// SGD, Adam, AdamW, RMSprop or Adagrad, which update each element from its own gradient and state
+// only): stepping a piece then gives the bits stepping the whole parameter gives. Buckets close
+// where the parameters' dtype changes, so a slice has one dtype.
 //
-// Reduce-scatter. Each bucket of Note [Overlapped gradient all-reduce] leaves at the same place
-// (after the stage's last B or W, the weight tail bucket by bucket), but a replica sends to
-// replica d only the gradients of the bucket's parameters that d owns (nothing when d owns none
-// there), and the owner sums them in replica order (g_0 + ... + g_{D-1}, an unproduced gradient
-// counting as zeros) and divides by D: the very ops of the unsharded exchange on the same tensors,
-// so the owner's gradient has the unsharded bits. A replica drops the gradients it does not own.
+// Reduce-scatter. A bucket leaves at the same place as unsharded (after the stage's last B or W,
+// the weight tail bucket by bucket), but a replica sends replica d only d's slice of it (its
+// gradients, zeros where it produced none, flat) with a flag per piece saying which it produced,
+// and the owner sums the D slices in replica order (g_0 + ... + g_{D-1}) and divides by D: the
+// unsharded exchange's elementwise ops on the same elements, so the owner's gradient has the
+// unsharded bits. A piece nobody produced has no gradient, as its parameter would not.
+// Parameters keep no gradient after the exchange: the reduced ones belong to the pieces.
 //
 // Clipping. The global norm keeps its definition (clip_grad_norm_'s: the per-parameter norms
-// stacked in stage order, then their norm): a parameter's norm is computed by its owner, on the
-// whole reduced gradient as unsharded, and the replicas exchange them (one float per parameter)
-// so every rank stacks the same values in the same order. Whole-parameter ownership is what
-// keeps this exact without redefining the norm; its cost is balance: a parameter is never split,
-// so a replica's share is 1/D up to one parameter.
+// stacked in stage order, then their norm). A parameter's norm is computed by the replica that
+// holds its first element, on the whole reduced gradient as unsharded: a parameter cut by a slice
+// boundary has its other pieces sent to that replica first (at most D - 1 pieces per bucket).
+// The replicas then exchange the norms (one float per parameter) so every rank stacks the same
+// values in the same order, and the coefficient scales the pieces' gradients.
 //
-// Gather. After the optimizer step each replica sends its updated parameters, bucket by bucket, to
-// the other replicas, which copy them into their modules before train_step returns: every
-// replica leaves the step with every parameter, bitwise those of the unsharded run (AdamW and SGD
-// update a parameter from its own gradient and state only). StepMetrics::gather_ms is the time
-// spent there. It runs at the step's tail, not before each stage's first forward of the next
-// step, because train_step's caller may read the parameters between steps (evaluate, a
-// checkpoint, the modules themselves); measured on configs/dp-pp.yaml it is 2-3 ms of a 500 ms
-// step (docs/training.md). StepMetrics::optimizer_state_bytes gives the state this rank holds.
+// Gather. After the optimizer step each replica sends its updated slice of every bucket (one flat
+// tensor) to the other replicas, which copy it into their parameters before train_step returns:
+// every replica leaves the step with every parameter, bitwise those of the unsharded run.
+// StepMetrics::gather_ms is the time spent there. It runs at the step's tail, not before each
+// stage's first forward of the next step, because train_step's caller may read the parameters
+// between steps (evaluate, a checkpoint, the modules themselves); measured on configs/dp-pp.yaml
+// it is a few ms of a 500 ms step (docs/training.md). StepMetrics::optimizer_state_bytes gives
+// the state this rank holds.
 //
 // Checkpoints hold the unsharded state: to save, every replica calls save_checkpoint; the
-// replicas other than 0 send their state (an optimizer over all of the rank's parameters holding
-// the owned part, serialized) to replica 0, which merges them into one optimizer over all of them
+// replicas other than 0 send their optimizer (over their pieces, serialized) to replica 0, which
+// joins every parameter's pieces into one optimizer over all of the rank's parameters
 // (Pipeline::gather_optimizer_state) and writes it as an unsharded run would; the others write
 // nothing. To load, each replica loads that state into an optimizer over all of its rank's
-// parameters and keeps the owned part (Pipeline::load_optimizer_state). So a checkpoint resumes
-// sharded or unsharded, with any D, and replica 0 holds the whole state while it saves.
+// parameters and keeps its pieces' elements (Pipeline::load_optimizer_state). So a checkpoint
+// resumes sharded or unsharded, with any D, and replica 0 holds the whole state while it saves.
 
-// The replica (0 .. replicas-1) that owns each parameter under Note [Sharded optimizer], given
-// the parameters' element counts in order.
-std::vector<int> shard_owners(const std::vector<int64_t>& numels, int replicas);
+// Note [Sharded optimizer]: elements [begin, end) of parameter `param` (its index in the bucket)
+// in the parameter's flat view.
+struct ShardPiece {
+  size_t param = 0;
+  int64_t begin = 0, end = 0;
+  bool operator==(const ShardPiece&) const = default;
+};
+// One replica's slice of a bucket: elements [begin, end) of its flat layout, as pieces in order.
+struct ShardSlice {
+  int64_t begin = 0, end = 0;
+  std::vector<ShardPiece> pieces;
+  bool operator==(const ShardSlice&) const = default;
+};
+// The slices of replicas 0 .. replicas-1 of a bucket whose parameters have `numels` elements:
+// replica d's is [d*N/D, (d+1)*N/D). A parameter without elements is an empty piece of the first
+// slice that ends past its position (of the last slice where none does).
+std::vector<ShardSlice> shard_slices(const std::vector<int64_t>& numels, int replicas);
 
 // The bytes of the tensors in `optimizer`'s per-parameter state (their storages' sizes) for
 // torch's AdamW, Adam, SGD, Adagrad and RMSprop states; other state types count 0.
@@ -426,10 +447,10 @@ class Pipeline {
   // This rank's stages, ascending.
   std::vector<int> stages() const;
   const PipelineStage& stage(int index) const;
-  // This rank's parameters (as the optimizer got them; with Note [Sharded optimizer] it got the
-  // ones this replica owns).
+  // This rank's parameters, in stage then module order (with Note [Sharded optimizer] the
+  // optimizer got this replica's pieces of them instead).
   const std::vector<at::Tensor>& parameters() const;
-  // With Note [Sharded optimizer] it holds this replica's parameters only.
+  // With Note [Sharded optimizer] it steps this replica's pieces only.
   torch::optim::Optimizer& optimizer();
   // Note [Sharded optimizer] is in effect (shard_optimizer with a data group of D > 1).
   bool shards_optimizer() const;
@@ -439,7 +460,7 @@ class Pipeline {
   // others send theirs and get null. Unsharded: null (optimizer() is that optimizer).
   std::unique_ptr<torch::optim::Optimizer> gather_optimizer_state();
   // Loads state saved from an optimizer over all of this rank's parameters (as unsharded, or
-  // gather_optimizer_state's); sharded, this replica keeps the state of the parameters it owns.
+  // gather_optimizer_state's); sharded, this replica keeps the state of its pieces' elements.
   void load_optimizer_state(torch::serialize::InputArchive& archive);
   // This rank's generator (PipelineOptions::seed); undefined without a seed.
   at::Generator generator() const;

@@ -1,0 +1,483 @@
+// Note [Sharded optimizer] (pipemat/pp/pipeline.h): each replica owns a slice of every gradient
+// bucket, steps its pieces of the parameters and sends them to the others; checkpoints hold the
+// state joined into one optimizer over the rank's parameters.
+
+#include <ATen/ATen.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "pipeline_impl.h"
+#include "pipemat/comm/tensor.h"
+#include "pipemat/core/error.h"
+
+namespace pipemat::pp {
+namespace {
+
+// The per-element tensors of an elementwise optimizer's state of one parameter, in a fixed order
+// (undefined where unused, as AdamW's max_exp_avg_sq without amsgrad); empty for other types.
+std::vector<at::Tensor> state_tensors(const torch::optim::OptimizerParamState& s) {
+  if (const auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(&s))
+    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
+  if (const auto* b = dynamic_cast<const torch::optim::AdamParamState*>(&s))
+    return {b->exp_avg(), b->exp_avg_sq(), b->max_exp_avg_sq()};
+  if (const auto* g = dynamic_cast<const torch::optim::SGDParamState*>(&s))
+    return {g->momentum_buffer()};
+  if (const auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(&s))
+    return {r->square_avg(), r->momentum_buffer(), r->grad_avg()};
+  if (const auto* h = dynamic_cast<const torch::optim::AdagradParamState*>(&s)) return {h->sum()};
+  return {};
+}
+
+// Sets what state_tensors returns, in its order.
+void set_state_tensors(torch::optim::OptimizerParamState& s, const std::vector<at::Tensor>& t) {
+  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(&s)) {
+    a->exp_avg(t.at(0)), a->exp_avg_sq(t.at(1)), a->max_exp_avg_sq(t.at(2));
+  } else if (auto* b = dynamic_cast<torch::optim::AdamParamState*>(&s)) {
+    b->exp_avg(t.at(0)), b->exp_avg_sq(t.at(1)), b->max_exp_avg_sq(t.at(2));
+  } else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(&s)) {
+    g->momentum_buffer(t.at(0));
+  } else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(&s)) {
+    r->square_avg(t.at(0)), r->momentum_buffer(t.at(1)), r->grad_avg(t.at(2));
+  } else if (auto* h = dynamic_cast<torch::optim::AdagradParamState*>(&s)) {
+    h->sum(t.at(0));
+  }
+}
+
+// A parameter's elements as one flat tensor sharing its storage (make_shards checks that the
+// parameters are contiguous).
+at::Tensor flat(const at::Tensor& t) { return t.detach().view({-1}); }
+
+// `to`'s param groups take `from`'s options (the LR the schedule set, ...), where both have as
+// many groups.
+void copy_group_options(const torch::optim::Optimizer& from, torch::optim::Optimizer& to) {
+  if (from.param_groups().size() != to.param_groups().size()) return;
+  for (size_t g = 0; g < from.param_groups().size(); ++g)
+    to.param_groups()[g].set_options(from.param_groups()[g].options().clone());
+}
+
+}  // namespace
+
+std::vector<ShardSlice> shard_slices(const std::vector<int64_t>& numels, int replicas) {
+  PIPEMAT_CHECK(replicas >= 1, ConfigError, "shard_slices: replicas must be >= 1, got ", replicas);
+  int64_t total = 0;
+  for (int64_t n : numels) {
+    PIPEMAT_CHECK(n >= 0, ConfigError, "shard_slices: a parameter of ", n, " elements");
+    total += n;
+  }
+  std::vector<ShardSlice> out(static_cast<size_t>(replicas));
+  for (int d = 0; d < replicas; ++d) {
+    out[static_cast<size_t>(d)].begin = d * total / replicas;
+    out[static_cast<size_t>(d)].end = (d + 1) * total / replicas;
+  }
+  int64_t at = 0;  // the parameter's first element in the bucket
+  for (size_t i = 0; i < numels.size(); ++i) {
+    const int64_t n = numels[i];
+    if (n == 0) {
+      int d = 0;
+      while (d + 1 < replicas && out[static_cast<size_t>(d)].end <= at) ++d;
+      out[static_cast<size_t>(d)].pieces.push_back({i, 0, 0});
+      continue;
+    }
+    for (ShardSlice& s : out) {
+      const int64_t lo = std::max(at, s.begin), hi = std::min(at + n, s.end);
+      if (lo < hi) s.pieces.push_back({i, lo - at, hi - at});
+    }
+    at += n;
+  }
+  return out;
+}
+
+void Pipeline::Impl::make_shards() {
+  const int replicas = options.data_group->world_size(), me = options.data_group->rank();
+  optimized.clear();
+  for (const auto& [stage, ranges] : buckets) {
+    const std::vector<at::Tensor>& ps = stage_params.at(stage);
+    std::vector<int>& owner = owners[stage];
+    std::vector<std::vector<PieceRef>>& refs = pieces_of[stage];
+    owner.assign(ps.size(), -1);
+    refs.assign(ps.size(), {});
+    for (size_t b = 0; b < ranges.size(); ++b) {
+      const auto [first, end] = ranges[b];
+      std::vector<int64_t> numels;
+      for (size_t i = first; i < end; ++i) {
+        PIPEMAT_CHECK(ps[i].is_contiguous(), ConfigError, "shard_optimizer: parameter ", i,
+                      " of stage ", stage, " on rank ", rank,
+                      " is not contiguous; the optimizer steps flat slices of the parameters");
+        numels.push_back(ps[i].numel());
+      }
+      slices[stage].push_back(shard_slices(numels, replicas));
+      std::vector<at::Tensor>& mine = my_pieces[stage].emplace_back();
+      for (int d = 0; d < replicas; ++d) {
+        const ShardSlice& slice = slices[stage][b][static_cast<size_t>(d)];
+        for (size_t k = 0; k < slice.pieces.size(); ++k) {
+          const ShardPiece& piece = slice.pieces[k];
+          const size_t i = first + piece.param;
+          if (owner[i] < 0) owner[i] = d;
+          refs[i].push_back({d, b, k});
+          if (d != me) continue;
+          mine.push_back(flat(ps[i]).slice(0, piece.begin, piece.end));
+          optimized.push_back(mine.back());
+        }
+      }
+    }
+  }
+}
+
+void Pipeline::Impl::check_shardable() const {
+  const torch::optim::Optimizer* o = optimizer.get();
+  const bool elementwise = dynamic_cast<const torch::optim::AdamW*>(o) != nullptr ||
+                           dynamic_cast<const torch::optim::Adam*>(o) != nullptr ||
+                           dynamic_cast<const torch::optim::SGD*>(o) != nullptr ||
+                           dynamic_cast<const torch::optim::RMSprop*>(o) != nullptr ||
+                           dynamic_cast<const torch::optim::Adagrad*>(o) != nullptr;
+  PIPEMAT_CHECK(elementwise, ConfigError, "shard_optimizer on rank ", rank,
+                ": PipelineOptions::optimizer made an optimizer other than torch's SGD, Adam, "
+                "AdamW, RMSprop or Adagrad; a sharded optimizer steps slices of the parameters, "
+                "which only an elementwise optimizer gives the unsharded bits for");
+}
+
+Pipeline::Impl::Bucket Pipeline::Impl::post_slices(int stage, size_t index) {
+  const auto [first, end] = buckets.at(stage)[index];
+  const std::vector<at::Tensor>& ps = stage_params.at(stage);
+  const std::vector<ShardSlice>& of = slices.at(stage)[index];
+  comm::Transport& group = *options.data_group;
+  const int replicas = group.world_size(), me = group.rank();
+  Posted out;
+  out.recvs.resize(static_cast<size_t>(replicas));
+  for (int d = 0; d < replicas; ++d) {
+    const ShardSlice& slice = of[static_cast<size_t>(d)];
+    if (slice.pieces.empty()) continue;  // d owns none of the bucket
+    // [which pieces this replica produced (int64 0/1), their gradients or zeros, flat]
+    std::vector<int64_t> produced;
+    std::vector<at::Tensor> parts;
+    for (const ShardPiece& piece : slice.pieces) {
+      const at::Tensor& p = ps[first + piece.param];
+      produced.push_back(p.grad().defined() ? 1 : 0);
+      parts.push_back(p.grad().defined()
+                          ? p.grad().detach().reshape({-1}).slice(0, piece.begin, piece.end)
+                          : at::zeros({piece.end - piece.begin}, p.options()));
+    }
+    Tensors list{at::tensor(produced, at::kLong), at::cat(parts)};
+    if (d == me) {
+      out.mine = std::move(list);
+      for (int from = 0; from < replicas; ++from) {
+        if (from != me)
+          out.recvs[static_cast<size_t>(from)] = comm::recv_tensors(group, from, kGradientsTag);
+      }
+    } else {
+      out.sends.push_back(comm::send_tensors(group, d, kGradientsTag, std::move(list)));
+    }
+  }
+  return {index, first, end, std::move(out)};
+}
+
+void Pipeline::Impl::finish_slices(int stage, Bucket& bucket, int64_t step) {
+  const int replicas = options.data_group->world_size(), me = options.data_group->rank();
+  const std::vector<at::Tensor>& ps = stage_params.at(stage);
+  // The parameters keep no gradient: what this replica sums belongs to its pieces (the sent
+  // lists are copies).
+  for (size_t i = bucket.first; i < bucket.end; ++i) ps[i].mutable_grad().reset();
+  const ShardSlice& slice = slices.at(stage)[bucket.index][static_cast<size_t>(me)];
+  if (slice.pieces.empty()) {
+    for (auto& w : bucket.posted.sends) w.wait();
+    return;
+  }
+  const std::vector<Tensors> all = collect_data(bucket.posted, "gradients", step);
+  const c10::Device device = ps[bucket.first].device();
+  at::Tensor sum = all[0][1].to(device).clone();  // received ones are on the host
+  for (int d = 1; d < replicas; ++d) sum.add_(all[static_cast<size_t>(d)][1].to(device));
+  sum.div_(replicas);
+  std::vector<at::Tensor>& pieces = my_pieces.at(stage)[bucket.index];
+  int64_t at = 0;
+  for (size_t k = 0; k < slice.pieces.size(); ++k) {
+    const int64_t n = slice.pieces[k].end - slice.pieces[k].begin;
+    bool any = false;  // no replica produced it: no gradient, as in one pipeline
+    for (const Tensors& r : all) any = any || r[0].accessor<int64_t, 1>()[k] != 0;
+    pieces[k].mutable_grad() = any ? sum.slice(0, at, at + n) : at::Tensor();
+    at += n;
+  }
+}
+
+void Pipeline::Impl::gather_parameters(int64_t step) {
+  comm::Transport& group = *options.data_group;
+  const int replicas = group.world_size(), me = group.rank();
+  struct Pending {
+    std::vector<at::Tensor> into;  // views of the parameters the slice fills, in order
+    comm::TensorListWork recv;
+    int from = 0;
+  };
+  std::vector<Pending> pending;
+  std::vector<comm::TensorListWork> sends;
+  for (const auto& [stage, ranges] : buckets) {
+    const std::vector<at::Tensor>& ps = stage_params.at(stage);
+    for (size_t b = 0; b < ranges.size(); ++b) {
+      for (int d = 0; d < replicas; ++d) {
+        const ShardSlice& slice = slices.at(stage)[b][static_cast<size_t>(d)];
+        if (slice.end == slice.begin) continue;
+        if (d == me) {
+          const at::Tensor mine = at::cat(my_pieces.at(stage)[b]).detach();
+          for (int to = 0; to < replicas; ++to) {
+            if (to != me) sends.push_back(comm::send_tensors(group, to, kGatherTag, {mine}));
+          }
+          continue;
+        }
+        Pending p{{}, comm::recv_tensors(group, d, kGatherTag), d};
+        for (const ShardPiece& piece : slice.pieces) {
+          if (piece.end > piece.begin)
+            p.into.push_back(
+                flat(ps[ranges[b].first + piece.param]).slice(0, piece.begin, piece.end));
+        }
+        pending.push_back(std::move(p));
+      }
+    }
+  }
+  c10::NoGradGuard no_grad;
+  for (Pending& p : pending) {
+    const Tensors got = p.recv.wait();
+    int64_t n = 0;
+    for (const auto& t : p.into) n += t.numel();
+    const at::Tensor expected = at::empty({n}, p.into.front().options());
+    check_same(got, {expected}, p.from, "updated parameters", step);
+    int64_t at = 0;
+    for (at::Tensor& t : p.into) {
+      t.copy_(got[0].slice(0, at, at + t.numel()));
+      at += t.numel();
+    }
+  }
+  for (auto& w : sends) w.wait();
+}
+
+std::map<int, at::Tensor> Pipeline::Impl::sharded_norms(int64_t step) {
+  comm::Transport& group = *options.data_group;
+  const int replicas = group.world_size(), me = group.rank();
+  // A parameter cut by a slice boundary: its later pieces' gradients to the replica holding its
+  // first one, in stage then parameter order per sender.
+  std::vector<Tensors> outgoing(static_cast<size_t>(replicas));
+  std::vector<int> expected(static_cast<size_t>(replicas), 0);
+  for (const auto& [s, refs] : pieces_of) {
+    for (const std::vector<PieceRef>& r : refs) {
+      for (size_t k = 1; k < r.size(); ++k) {
+        if (r[k].replica == r[0].replica) continue;
+        if (r[k].replica == me) {
+          const at::Tensor& piece = my_pieces.at(s)[r[k].bucket][r[k].piece];
+          if (piece.grad().defined())
+            outgoing[static_cast<size_t>(r[0].replica)].push_back(piece.grad().detach());
+        } else if (r[0].replica == me) {
+          const at::Tensor& first = my_pieces.at(s)[r[0].bucket][r[0].piece];
+          if (first.grad().defined()) ++expected[static_cast<size_t>(r[k].replica)];
+        }
+      }
+    }
+  }
+  std::vector<comm::TensorListWork> sends;
+  std::vector<comm::TensorListWork> recvs(static_cast<size_t>(replicas));
+  for (int d = 0; d < replicas; ++d) {
+    if (!outgoing[static_cast<size_t>(d)].empty())
+      sends.push_back(comm::send_tensors(group, d, kPiecesTag, outgoing[static_cast<size_t>(d)]));
+    if (expected[static_cast<size_t>(d)] > 0)
+      recvs[static_cast<size_t>(d)] = comm::recv_tensors(group, d, kPiecesTag);
+  }
+  std::vector<Tensors> incoming(static_cast<size_t>(replicas));
+  for (int d = 0; d < replicas; ++d) {
+    if (expected[static_cast<size_t>(d)] == 0) continue;
+    incoming[static_cast<size_t>(d)] = recvs[static_cast<size_t>(d)].wait();
+    PIPEMAT_CHECK(static_cast<int>(incoming[static_cast<size_t>(d)].size()) ==
+                      expected[static_cast<size_t>(d)],
+                  PipelineError, "data parallelism: replica ", d, " sent ",
+                  incoming[static_cast<size_t>(d)].size(), " gradient pieces for ",
+                  expected[static_cast<size_t>(d)], " to replica ", me, " on pipeline rank ", rank,
+                  " in step ", step, "; every replica must build the same stages");
+  }
+  for (auto& w : sends) w.wait();
+
+  // [has a gradient here (int64 0/1) per parameter of the rank, its norm or 0], stage order
+  std::vector<int64_t> has;
+  std::vector<at::Tensor> norms;
+  std::vector<size_t> taken(static_cast<size_t>(replicas), 0);
+  const at::TensorOptions on_device = at::TensorOptions().device(options.device);
+  for (const auto& [s, ps] : stage_params) {
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const std::vector<PieceRef>& r = pieces_of.at(s)[i];
+      const at::Tensor* first =
+          r[0].replica == me ? &my_pieces.at(s)[r[0].bucket][r[0].piece] : nullptr;
+      const bool mine = first != nullptr && first->grad().defined();
+      has.push_back(mine ? 1 : 0);
+      if (!mine) {
+        norms.push_back(at::zeros({}, on_device.dtype(ps[i].scalar_type())));
+        continue;
+      }
+      // The whole reduced gradient, in the parameter's shape: the norm unsharded takes.
+      std::vector<at::Tensor> parts{first->grad()};
+      for (size_t k = 1; k < r.size(); ++k) {
+        const int d = r[k].replica;
+        parts.push_back(d == me ? my_pieces.at(s)[r[k].bucket][r[k].piece].grad()
+                                : incoming[static_cast<size_t>(d)]
+                                      .at(taken[static_cast<size_t>(d)]++)
+                                      .to(options.device));
+      }
+      const at::Tensor whole = parts.size() == 1 ? parts[0] : at::cat(parts);
+      norms.push_back(whole.view(ps[i].sizes()).norm(2.0));
+    }
+  }
+  std::map<int, at::Tensor> by_stage;
+  if (norms.empty()) {
+    for (const auto& [s, ps] : stage_params) by_stage[s] = at::empty({0}, on_device);
+    return by_stage;
+  }
+  const std::vector<Tensors> all = exchange_data(
+      kNormsTag, {at::tensor(has, at::kLong), at::stack(norms)}, "gradient norms", step);
+  int64_t j = 0;
+  for (const auto& [s, ps] : stage_params) {
+    std::vector<at::Tensor> picked;
+    for (size_t i = 0; i < ps.size(); ++i, ++j) {
+      const Tensors& from = all[static_cast<size_t>(owner_of(s, i))];
+      if (from[0].accessor<int64_t, 1>()[j] != 0) picked.push_back(from[1][j].to(options.device));
+    }
+    by_stage[s] = picked.empty() ? at::empty({0}, on_device) : at::stack(picked);
+  }
+  return by_stage;
+}
+
+std::unique_ptr<torch::optim::Optimizer> Pipeline::Impl::gather_optimizer_state() {
+  if (!sharded()) return nullptr;
+  comm::Transport& group = *options.data_group;
+  const int replicas = group.world_size(), me = group.rank();
+  if (me != 0) {
+    // This replica's optimizer, over its pieces, serialized.
+    torch::serialize::OutputArchive archive;
+    optimizer->save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    const std::string bytes = out.str();
+    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    comm::send_tensors(group, 0, kStateTag, {t}).wait();
+    return nullptr;
+  }
+  std::unique_ptr<torch::optim::Optimizer> full = options.optimizer(params);
+  PIPEMAT_CHECK(full != nullptr, ConfigError,
+                "PipelineOptions::optimizer returned no optimizer on rank ", rank);
+  copy_group_options(*optimizer, *full);
+  // Replica d's optimizer and the tensors its state is keyed by, in the order of d's pieces (the
+  // order make_shards gives them to the optimizer): this replica's own, the others' loaded into
+  // an optimizer over stand-ins of their pieces' sizes.
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> loaded(static_cast<size_t>(replicas));
+  std::vector<std::vector<at::Tensor>> keys(static_cast<size_t>(replicas));
+  keys[0] = optimized;
+  for (int d = 1; d < replicas; ++d) {
+    const Tensors got = comm::recv_tensors(group, d, kStateTag).wait();
+    PIPEMAT_CHECK(got.size() == 1 && got[0].defined() && got[0].scalar_type() == at::kByte,
+                  CommError, "save_checkpoint: replica ", d, " sent no optimizer state to replica ",
+                  me, " on pipeline rank ", rank);
+    for (const auto& [s, per_bucket] : slices) {
+      const std::vector<at::Tensor>& ps = stage_params.at(s);
+      for (size_t b = 0; b < per_bucket.size(); ++b) {
+        for (const ShardPiece& piece : per_bucket[b][static_cast<size_t>(d)].pieces) {
+          const at::Tensor& p = ps[buckets.at(s)[b].first + piece.param];
+          keys[static_cast<size_t>(d)].push_back(at::zeros({piece.end - piece.begin}, p.options()));
+        }
+      }
+    }
+    const at::Tensor bytes = got[0].contiguous();
+    torch::serialize::InputArchive archive;
+    archive.load_from(static_cast<const char*>(bytes.data_ptr()),
+                      static_cast<size_t>(bytes.numel()));
+    loaded[static_cast<size_t>(d)] = options.optimizer(keys[static_cast<size_t>(d)]);
+    loaded[static_cast<size_t>(d)]->load(archive);
+  }
+  // Replica d's state of its k-th piece, or null where it has none.
+  std::vector<size_t> next(static_cast<size_t>(replicas), 0);
+  auto state_of = [&](int d) -> const torch::optim::OptimizerParamState* {
+    const torch::optim::Optimizer& o = d == 0 ? *optimizer : *loaded[static_cast<size_t>(d)];
+    const at::Tensor& key = keys[static_cast<size_t>(d)].at(next[static_cast<size_t>(d)]++);
+    auto it = o.state().find(key.unsafeGetTensorImpl());
+    return it == o.state().end() ? nullptr : it->second.get();
+  };
+  // Every parameter's pieces, joined, in the order each replica's pieces run.
+  for (const auto& [s, per_bucket] : slices) {
+    const std::vector<at::Tensor>& ps = stage_params.at(s);
+    const auto& ranges = buckets.at(s);
+    for (size_t b = 0; b < per_bucket.size(); ++b) {
+      for (size_t i = ranges[b].first; i < ranges[b].second; ++i) {
+        std::vector<const torch::optim::OptimizerParamState*> parts;
+        for (const PieceRef& r : pieces_of.at(s)[i]) parts.push_back(state_of(r.replica));
+        const bool none = std::all_of(parts.begin(), parts.end(), [](auto* x) { return !x; });
+        if (none) continue;  // never stepped
+        const bool all = std::none_of(parts.begin(), parts.end(), [](auto* x) { return !x; });
+        PIPEMAT_CHECK(all, PipelineError, "save_checkpoint: parameter ", i, " of stage ", s,
+                      " on rank ", rank,
+                      " has optimizer state on some of the replicas holding its pieces only");
+        std::unique_ptr<torch::optim::OptimizerParamState> joined = parts[0]->clone();
+        std::vector<at::Tensor> fields = state_tensors(*parts[0]);
+        for (size_t f = 0; f < fields.size(); ++f) {
+          std::vector<at::Tensor> cut;
+          for (const auto* x : parts) cut.push_back(state_tensors(*x).at(f));
+          const bool defined =
+              std::all_of(cut.begin(), cut.end(), [](const at::Tensor& t) { return t.defined(); });
+          fields[f] = defined ? at::cat(cut).view(ps[i].sizes()) : at::Tensor();
+        }
+        set_state_tensors(*joined, fields);
+        full->state()[ps[i].unsafeGetTensorImpl()] = std::move(joined);
+      }
+    }
+  }
+  return full;
+}
+
+void Pipeline::Impl::load_optimizer_state(torch::serialize::InputArchive& archive) {
+  if (!sharded()) {
+    optimizer->load(archive);
+    return;
+  }
+  std::unique_ptr<torch::optim::Optimizer> full = options.optimizer(params);
+  PIPEMAT_CHECK(full != nullptr, ConfigError,
+                "PipelineOptions::optimizer returned no optimizer on rank ", rank);
+  full->load(archive);
+  optimizer->state().clear();
+  const int me = options.data_group->rank();
+  for (const auto& [s, per_bucket] : slices) {
+    const std::vector<at::Tensor>& ps = stage_params.at(s);
+    for (size_t b = 0; b < per_bucket.size(); ++b) {
+      const ShardSlice& slice = per_bucket[b][static_cast<size_t>(me)];
+      for (size_t k = 0; k < slice.pieces.size(); ++k) {
+        const ShardPiece& piece = slice.pieces[k];
+        const at::Tensor& p = ps[buckets.at(s)[b].first + piece.param];
+        auto it = full->state().find(p.unsafeGetTensorImpl());
+        if (it == full->state().end()) continue;
+        std::unique_ptr<torch::optim::OptimizerParamState> mine = it->second->clone();
+        std::vector<at::Tensor> fields = state_tensors(*it->second);
+        for (at::Tensor& f : fields) {
+          if (f.defined()) f = f.reshape({-1}).slice(0, piece.begin, piece.end).clone();
+        }
+        set_state_tensors(*mine, fields);
+        optimizer->state()[my_pieces.at(s)[b][k].unsafeGetTensorImpl()] = std::move(mine);
+      }
+    }
+  }
+  copy_group_options(*full, *optimizer);
+}
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  int64_t bytes = 0;
+  for (const auto& [key, state] : optimizer.state()) {
+    for (const at::Tensor& t : state_tensors(*state)) {
+      if (t.defined()) bytes += static_cast<int64_t>(t.storage().nbytes());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace pipemat::pp
