@@ -128,8 +128,8 @@ void write_text_file(const std::string& path, const std::string& text) {
 
 // A tied llama has no lm_head.weight; a file that stores the head anyway (transformers may save
 // both names of the one tensor) is read when the head holds the embedding's very bytes.
-bool tied_copy(const weights::WeightSource& source, models::ModelKind kind,
-               const std::string& name, const WeightShapes& model) {
+bool tied_copy(const weights::WeightSource& source, models::ModelKind kind, const std::string& name,
+               const WeightShapes& model) {
   const std::string embedding = "model.embed_tokens.weight";
   if (kind != models::ModelKind::kLlama || name != "lm_head.weight" || model.count(embedding) == 0)
     return false;
@@ -143,7 +143,6 @@ bool tied_copy(const weights::WeightSource& source, models::ModelKind kind,
   if (!a.empty()) source.read(name, a.data()), source.read(embedding, b.data());
   return a == b;
 }
-
 
 }  // namespace
 
