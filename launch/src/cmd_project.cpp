@@ -39,6 +39,13 @@ void add_project_command(CLI::App& app) {
       "  pipemat project --layers 32 --costs F=1.32,I=0.64,W=1.37,comm=1.48 --schedules zb-v \\\n"
       "    --micro-batches 32 --data 1,2,4,8 --grad-bytes 264192 --allreduce-bw 1e7 \\\n"
       "    --allreduce-latency 0.05\n"
+      "Sharded optimizer (--shard-optimizer true): each chunk's exchange is a reduce-scatter,\n"
+      "(D - 1) / D x G / bw + latency, and after the rank's compute its parameters are\n"
+      "all-gathered, as long again per chunk, unhidden; --state-bytes S adds a state column:\n"
+      "layers / P x (2 G + S / D) bytes a rank (S, not S / D, unsharded).\n"
+      "  pipemat project --layers 32 --costs F=1.32,I=0.64,W=1.37,comm=1.48 --schedules zb-v \\\n"
+      "    --micro-batches 32 --data 1,2,4,8 --grad-bytes 264192 --allreduce-bw 1e7 \\\n"
+      "    --state-bytes 528384 --shard-optimizer true\n"
       "See docs/performance.md.");
   cmd->add_option("--layers", o.layers, "Layers of the model (default 32)");
   cmd->add_option("--costs", o.costs,
@@ -64,6 +71,13 @@ void add_project_command(CLI::App& app) {
                   "ms); required with --grad-bytes");
   cmd->add_option("--allreduce-latency", o.allreduce_latency,
                   "Time units each all-reduce takes on top of its bytes (default 0)");
+  cmd->add_option("--shard-optimizer", o.shard_optimizer,
+                  "Model parallel.shard_optimizer: a reduce-scatter per chunk in place of the "
+                  "all-reduce, and an all-gather of the parameters after the rank's compute "
+                  "(default false)");
+  cmd->add_option("--state-bytes", o.state_bytes,
+                  "Optimizer state bytes of one layer (AdamW in float32: 2 x --grad-bytes); the "
+                  "state column gives a rank's parameters, gradients and its share of this");
   cmd->add_option("--format", o.format, "text (default) | json | svg");
   cmd->add_option("--output", f->output, "Write to this file instead of stdout");
   cmd->callback([f] {

@@ -152,6 +152,12 @@ StepMetrics Pipeline::Impl::StepRun::finish() {
   for (auto& w : sends_) w.wait();
   const PipelineOptions& options = pipe_.options;
   if (options.data_group != nullptr) end_allreduce();
+  std::vector<at::Tensor> grads;
+  for (const auto* list : {&pipe_.params, &pipe_.optimized}) {
+    for (const auto& p : *list) grads.push_back(p.grad());
+  }
+  m_.gradient_bytes = remat::storage_bytes(grads);
+  m_.parameter_bytes = remat::storage_bytes(pipe_.params);
   if (options.clip_grad_norm > 0)
     m_.grad_norm = pipe_.clip_global_norm(options.clip_grad_norm, step_);
   if (options.lr_schedule) options.lr_schedule(*pipe_.optimizer, step_);

@@ -38,7 +38,7 @@ at::Tensor timeline_tensor(const std::vector<ActionTiming>& timeline) {
 }
 
 // The scalars of exchange_metrics' message.
-constexpr int64_t kMetricScalars = 19;
+constexpr int64_t kMetricScalars = 21;
 
 }  // namespace
 
@@ -151,20 +151,35 @@ void Pipeline::Impl::build_measured(StepMetrics& m,
 
 // Every rank sends (busy_ms, step_ms, all nine remat counters, recv_wait_ms, peak_bytes,
 // start_bytes, resident_peak_bytes, the all-reduce's start and end, device_peak_bytes,
-// optimizer_state_bytes; the byte
+// optimizer_state_bytes, parameter_bytes, gradient_bytes; the byte
 // counts are exact in a double below 2^53) and its timeline to the last stage's rank, which
 // computes the bubble.
 void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
   const int last = last_rank();
   if (rank != last) {
     const auto& c = m.remat;
-    at::Tensor scalars = at::tensor(
-        {m.busy_ms, m.step_ms, double(c.unit_calls), double(c.replays), double(c.early_stops),
-         double(c.save_calls), double(c.save_skips), double(c.packs), double(c.save_kept),
-         double(c.output_leaves), double(c.placeholders), m.recv_wait_ms, double(m.peak_bytes),
-         double(m.start_bytes), double(m.resident_peak_bytes), m.allreduce_start_ms,
-         m.allreduce_end_ms, double(m.device_peak_bytes), double(m.optimizer_state_bytes)},
-        at::kDouble);
+    at::Tensor scalars = at::tensor({m.busy_ms,
+                                     m.step_ms,
+                                     double(c.unit_calls),
+                                     double(c.replays),
+                                     double(c.early_stops),
+                                     double(c.save_calls),
+                                     double(c.save_skips),
+                                     double(c.packs),
+                                     double(c.save_kept),
+                                     double(c.output_leaves),
+                                     double(c.placeholders),
+                                     m.recv_wait_ms,
+                                     double(m.peak_bytes),
+                                     double(m.start_bytes),
+                                     double(m.resident_peak_bytes),
+                                     m.allreduce_start_ms,
+                                     m.allreduce_end_ms,
+                                     double(m.device_peak_bytes),
+                                     double(m.optimizer_state_bytes),
+                                     double(m.parameter_bytes),
+                                     double(m.gradient_bytes)},
+                                    at::kDouble);
     comm::send_tensors(transport, last, metrics_tag(), {scalars, timeline_tensor(m.timeline)})
         .wait();
     return;
@@ -177,6 +192,8 @@ void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
   m.rank_device_peak_bytes.assign(static_cast<size_t>(plan.ranks_count), m.device_peak_bytes);
   m.rank_optimizer_state_bytes.assign(static_cast<size_t>(plan.ranks_count),
                                       m.optimizer_state_bytes);
+  m.rank_parameter_bytes.assign(static_cast<size_t>(plan.ranks_count), m.parameter_bytes);
+  m.rank_gradient_bytes.assign(static_cast<size_t>(plan.ranks_count), m.gradient_bytes);
   if (options.data_group != nullptr) {
     m.rank_allreduce_ms.assign(static_cast<size_t>(plan.ranks_count),
                                {m.allreduce_start_ms, m.allreduce_end_ms});
@@ -208,6 +225,8 @@ void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
     m.rank_resident_peak_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(14));
     m.rank_device_peak_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(17));
     m.rank_optimizer_state_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(18));
+    m.rank_parameter_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(19));
+    m.rank_gradient_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(20));
     if (options.data_group != nullptr) m.rank_allreduce_ms[static_cast<size_t>(r)] = {v(15), v(16)};
     timelines[r] = got[1];
   }

@@ -22,6 +22,7 @@
 #include "pipeline_impl.h"
 #include "pipemat/comm/tensor.h"
 #include "pipemat/core/error.h"
+#include "pipemat/remat/memory.h"
 
 namespace pipemat::pp {
 namespace {
@@ -471,13 +472,11 @@ void Pipeline::Impl::load_optimizer_state(torch::serialize::InputArchive& archiv
 }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
-  int64_t bytes = 0;
+  std::vector<at::Tensor> tensors;
   for (const auto& [key, state] : optimizer.state()) {
-    for (const at::Tensor& t : state_tensors(*state)) {
-      if (t.defined()) bytes += static_cast<int64_t>(t.storage().nbytes());
-    }
+    for (at::Tensor& t : state_tensors(*state)) tensors.push_back(std::move(t));
   }
-  return bytes;
+  return remat::storage_bytes(tensors);
 }
 
 }  // namespace pipemat::pp

@@ -362,7 +362,4 @@ bool is_placeholder(const at::Tensor& t);
 bool trace_enabled();
 void trace_line(const std::string& line);
 
-// Bytes of the unique storages behind `tensors`.
-int64_t unique_storage_bytes(const std::vector<at::Tensor>& tensors);
-
 }  // namespace pipemat::remat::detail

@@ -28,6 +28,7 @@
 
 #include "pipemat/remat/memory.h"
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
@@ -37,6 +38,7 @@
 #include <limits>
 #include <mutex>
 #include <new>
+#include <unordered_set>
 
 namespace pipemat::remat {
 namespace {
@@ -159,6 +161,17 @@ int64_t allocation_sequence(const c10::StorageImpl* storage) {
   const c10::DataPtr& ptr = storage->data_ptr();
   if (ptr.get_deleter() != &release) return -1;
   return record_of(ptr.get())->sequence;
+}
+
+int64_t storage_bytes(const std::vector<at::Tensor>& tensors) {
+  std::unordered_set<const void*> seen;
+  int64_t bytes = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined() || !t.has_storage()) continue;
+    const void* key = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(key).second) bytes += static_cast<int64_t>(t.storage().nbytes());
+  }
+  return bytes;
 }
 
 }  // namespace pipemat::remat

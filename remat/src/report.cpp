@@ -68,17 +68,6 @@ const char* fallback_name(Fallback reason) {
   return fallback_names()[static_cast<size_t>(reason)].c_str();
 }
 
-int64_t unique_storage_bytes(const std::vector<at::Tensor>& tensors) {
-  std::unordered_set<const void*> seen;
-  int64_t bytes = 0;
-  for (const auto& t : tensors) {
-    if (!t.defined() || !t.has_storage()) continue;
-    const void* key = t.storage().unsafeGetStorageImpl();
-    if (seen.insert(key).second) bytes += static_cast<int64_t>(t.storage().nbytes());
-  }
-  return bytes;
-}
-
 RematReport Invocation::report() const {
   RematReport r;
   r.invocations = 1;
@@ -91,10 +80,10 @@ RematReport Invocation::report() const {
                            [&](const std::string&, const at::Tensor& t) { cached.push_back(t); });
     }
   }
-  r.cached_output_bytes = unique_storage_bytes(cached);
+  r.cached_output_bytes = storage_bytes(cached);
   std::vector<at::Tensor> replayed = replayed_values_;
   for (const auto& slot : slots_) replayed.push_back(slot.value);
-  r.replayed_bytes = unique_storage_bytes(replayed);
+  r.replayed_bytes = storage_bytes(replayed);
   // SAVE-resident bytes: storages kept for the regions' own backward that are still alive and
   // were allocated during this forward (parameters a region saves are not activations).
   std::unordered_set<const c10::StorageImpl*> seen;

@@ -157,7 +157,8 @@ double projection_reference_step(const ProjectionOptions& o, int micro_batches) 
 double projection_allreduce_time(const ProjectionOptions& o, int data, int stages_count) {
   if (data <= 1) return 0.0;
   const double bytes = o.grad_bytes * o.layers / stages_count;
-  const double ring = 2.0 * (data - 1) / data * bytes;
+  // A ring all-reduce moves 2 (D - 1) / D of the bytes; a reduce-scatter or an all-gather half.
+  const double ring = (o.shard_optimizer ? 1.0 : 2.0) * (data - 1) / data * bytes;
   return (o.allreduce_bandwidth > 0 ? ring / o.allreduce_bandwidth : 0.0) + o.allreduce_latency;
 }
 
@@ -189,7 +190,8 @@ void check_projection(const ProjectionOptions& o) {
   const std::pair<const char*, double> allreduce_flags[] = {
       {"--grad-bytes", o.grad_bytes},
       {"--allreduce-bw", o.allreduce_bandwidth},
-      {"--allreduce-latency", o.allreduce_latency}};
+      {"--allreduce-latency", o.allreduce_latency},
+      {"--state-bytes", o.optimizer_state_bytes}};
   for (const auto& [flag, value] : allreduce_flags)
     PIPEMAT_CHECK(std::isfinite(value) && value >= 0, ConfigError, "project: ", flag, " ", value,
                   " is not a non-negative number");
@@ -234,14 +236,21 @@ void project_point(const ProjectionOptions& o, ScheduleKind kind, int p, int m,
     point.data = d;
     point.step = sim.makespan;
     point.allreduce = 0;
+    point.gather = 0;
     double total = 0, hidden = 0;
     for (const RankTimeline& rank : sim.ranks) {
       const RankAllReduce r = overlap_allreduce(s, rank, per_chunk);
-      point.step = std::max(point.step, r.end);
+      // The all-gather after the rank's compute and reduce-scatters: one per chunk, unhidden.
+      const double gather =
+          o.shard_optimizer ? per_chunk * static_cast<double>(s.stages_of(rank.rank).size()) : 0;
+      point.step = std::max(point.step, r.end + gather);
       point.allreduce = std::max(point.allreduce, r.total);
+      point.gather = std::max(point.gather, gather);
       total += r.total;
       hidden += r.hidden;
     }
+    point.state_bytes = static_cast<double>(o.layers) / p *
+                        (2 * o.grad_bytes + o.optimizer_state_bytes / (o.shard_optimizer ? d : 1));
     point.hidden = total > 0 ? hidden / total : 1.0;
     point.speedup = projection_reference_step(o, d * m) / point.step;
     point.efficiency = point.speedup / (static_cast<double>(d) * p);
@@ -276,7 +285,19 @@ std::string render_projection_text(const ProjectionOptions& o,
           "per chunk after its last B or W; hidden = its share that ends before the rank's last "
           "compute\n";
   }
-  char line[200];
+  // The training state's memory and, sharded, the all-gather (Note [Projected all-reduce]).
+  const bool state = data && (o.shard_optimizer || o.optimizer_state_bytes > 0);
+  if (state) {
+    os << (o.shard_optimizer ? "sharded optimizer: a reduce-scatter, (D - 1) / D x bytes / "
+                               "bandwidth + latency, in place of each all-reduce; gather = the "
+                               "all-gather of a rank's parameters after its compute, as long, per "
+                               "chunk; "
+                             : "")
+       << "state = the largest rank's parameters, gradients and optimizer state ("
+       << o.optimizer_state_bytes << " bytes a layer" << (o.shard_optimizer ? ", / D" : "")
+       << "), MiB\n";
+  }
+  char line[240];
   if (data) {
     std::snprintf(line, sizeof(line), "%-12s %5s %5s %5s %12s %8s %9s %6s %9s %10s %6s\n",
                   "schedule", "P", "M", "D", "step", "bubble", "speedup", "eff.", "in-flight",
@@ -285,7 +306,17 @@ std::string render_projection_text(const ProjectionOptions& o,
     std::snprintf(line, sizeof(line), "%-12s %5s %5s %12s %8s %8s %6s %9s\n", "schedule", "P", "M",
                   "step", "bubble", "speedup", "eff.", "in-flight");
   }
-  os << line;
+  // Each row of a state projection gains the gather and the state, before its newline.
+  const auto with_state = [&](const char* row, const std::string& gather,
+                              const std::string& bytes) {
+    std::string out = row;
+    if (!state) return out;
+    char more[64];
+    std::snprintf(more, sizeof(more), " %8s %10s\n", gather.c_str(), bytes.c_str());
+    out.pop_back();
+    return out + more;
+  };
+  os << with_state(line, "gather", "state");
   for (const ProjectionPoint& p : points) {
     if (!p.feasible) {
       if (data) {
@@ -305,6 +336,9 @@ std::string render_projection_text(const ProjectionOptions& o,
                     format_fixed(p.step, 2).c_str(), p.bubble, p.speedup, p.efficiency,
                     p.peak_activations, none ? "-" : format_fixed(p.allreduce, 3).c_str(),
                     none ? "-" : format_fixed(p.hidden, 3).c_str());
+      os << with_state(line, p.gather > 0 ? format_fixed(p.gather, 3) : "-",
+                       format_fixed(p.state_bytes / (1 << 20), 2));
+      continue;
     } else {
       std::snprintf(line, sizeof(line), "%-12s %5d %5d %12s %8.3f %7.2fx %6.2f %9d\n",
                     to_string(p.kind), p.ranks, p.micro_batches, format_fixed(p.step, 2).c_str(),
@@ -334,6 +368,8 @@ std::string render_projection_json(const ProjectionOptions& o,
         row["efficiency"] = p.efficiency;
         row["allreduce"] = p.allreduce;
         row["hidden"] = p.hidden;
+        row["gather"] = p.gather;
+        row["state_bytes"] = p.state_bytes;
       }
     } else {
       row["why"] = p.why;
@@ -349,6 +385,8 @@ std::string render_projection_json(const ProjectionOptions& o,
     doc["grad_bytes"] = o.grad_bytes;
     doc["allreduce_bandwidth"] = o.allreduce_bandwidth;
     doc["allreduce_latency"] = o.allreduce_latency;
+    doc["shard_optimizer"] = o.shard_optimizer;
+    doc["optimizer_state_bytes"] = o.optimizer_state_bytes;
   }
   return doc.dump(2) + "\n";
 }
@@ -412,6 +450,8 @@ std::string render_project_command(const ProjectCommandOptions& c) {
   o.grad_bytes = c.grad_bytes;
   o.allreduce_bandwidth = c.allreduce_bw;
   o.allreduce_latency = c.allreduce_latency;
+  o.shard_optimizer = c.shard_optimizer;
+  o.optimizer_state_bytes = c.state_bytes;
   const std::optional<OutputFormat> format = parse_output_format(c.format);
   PIPEMAT_CHECK(format.has_value() && *format != OutputFormat::kCsv, ConfigError, "--format '",
                 c.format, "' is unknown; expected text, json or svg");

@@ -11,6 +11,10 @@
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/sgd.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "pipemat/comm/rank_threads.h"
 #include "pipemat/comm/transport.h"
 #include "pipemat/pp/pipeline.h"
 #include "user_pipeline.h"
@@ -33,6 +38,7 @@ struct ShardRun {
   std::vector<std::vector<at::Tensor>> params;     // per step, in stage then parameter order
   std::vector<std::vector<int64_t>> stage_numels;  // per stage of the rank, its parameters'
   std::vector<int64_t> state_bytes;                // per step: StepMetrics::optimizer_state_bytes
+  std::vector<int64_t> param_bytes, grad_bytes;    // ... parameter_bytes, gradient_bytes
   std::vector<int64_t> owned_by_optimizer;         // elements the optimizer got
 };
 
@@ -89,6 +95,8 @@ std::vector<ShardRun> run_grid(ScheduleKind kind, int replicas, int ranks, bool 
       run.losses.push_back(m.loss);
       run.norms.push_back(m.grad_norm);
       run.state_bytes.push_back(m.optimizer_state_bytes);
+      run.param_bytes.push_back(m.parameter_bytes);
+      run.grad_bytes.push_back(m.gradient_bytes);
       std::vector<at::Tensor> ps;
       for (const auto& p : pipe.parameters()) ps.push_back(p.detach().clone());
       run.params.push_back(std::move(ps));
@@ -132,6 +140,11 @@ void expect_sharded_equals_unsharded(ScheduleKind kind, int replicas, int ranks,
     int64_t got = 0;
     for (int64_t n : b.owned_by_optimizer) got += n;
     EXPECT_EQ(b.state_bytes.back(), per * got) << "rank " << w;
+    // float32 parameters, whole on every replica; gradients whole unsharded, sliced sharded.
+    EXPECT_EQ(a.param_bytes.back(), 4 * all) << "rank " << w;
+    EXPECT_EQ(b.param_bytes.back(), 4 * all) << "rank " << w;
+    EXPECT_EQ(a.grad_bytes.back(), 4 * all) << "rank " << w;
+    EXPECT_EQ(b.grad_bytes.back(), 4 * got) << "rank " << w;
     if (bucket_bytes >= (int64_t{1} << 20)) {
       EXPECT_EQ(got, owned) << "the factory gets the owned elements of rank " << w;
     }
@@ -237,6 +250,98 @@ TEST(ShardedOptimizer, ABucketSmallerThanTheReplicasLeavesOneOwningNothing) {
     EXPECT_TRUE(at::equal(sharded[r][0], plain[r][0])) << "replica " << r;
     EXPECT_EQ(sharded_norms[r], plain_norms[r]) << "replica " << r;
     EXPECT_GT(plain_norms[r], 0.01) << "clipping is active";
+  }
+}
+
+// A job transport that, once armed, stops its rank at its first send with `tag`: throwing (the
+// rank dies: its thread ends and its transport closes) or sleeping past the peers' timeout (the
+// rank stalls), then throwing.
+class Tripwire final : public comm::Transport {
+ public:
+  Tripwire(comm::Transport& inner, int tag, bool stall)
+      : Transport(inner.kind(), inner.rank(), inner.world_size(), inner.timeout(),
+                  inner.job_rank()),
+        inner_(inner),
+        tag_(tag),
+        stall_(stall) {}
+  int job_rank_of(int peer) const override { return inner_.job_rank_of(peer); }
+  std::atomic<bool> armed{false}, fired{false};
+
+ private:
+  comm::WorkPtr post_send(Request request) override {
+    if (armed && request.info.tag == tag_) {
+      fired = true;
+      if (stall_) std::this_thread::sleep_for(3 * timeout());
+      throw std::runtime_error("tripwire: this rank stops here");
+    }
+    return post_send_on(inner_, std::move(request));
+  }
+  comm::WorkPtr post_recv(Request request) override {
+    return post_recv_on(inner_, std::move(request));
+  }
+  comm::Transport& inner_;
+  const int tag_;
+  const bool stall_;
+};
+
+// Replica 1 of 2 dies or stalls exactly where it sends its slice of the gradients (the
+// reduce-scatter) or its updated slice (the gather) in step 1: replica 0, waiting for that slice,
+// ends within the transport timeout with an error naming rank 1.
+TEST(ShardedOptimizer, AReplicaLostInTheReduceScatterOrTheGatherEndsItsPeerNamingIt) {
+  // The data group's message tags (Pipeline::Impl::DataTag in pp/src/pipeline_impl.h): the
+  // tripwire's `fired` says the stop happened at that message.
+  constexpr int kGradientsTag = 1, kGatherTag = 4;
+  for (const int tag : {kGradientsTag, kGatherTag}) {
+    for (const bool stall : {false, true}) {
+      SCOPED_TRACE(std::string(tag == kGradientsTag ? "reduce-scatter" : "gather") +
+                   (stall ? ", stalled" : ", killed"));
+      comm::TransportOptions to;
+      to.timeout = std::chrono::milliseconds(1500);
+      std::vector<std::string> errors(2);
+      std::vector<double> seconds(2);
+      std::atomic<bool> fired{false};
+      comm::run_local_ranks(2, to, [&](comm::Transport& job) {
+        const int r = job.rank();
+        const auto t0 = std::chrono::steady_clock::now();
+        Tripwire wire(job, tag, stall);
+        try {
+          auto data = comm::make_group(r == 1 ? static_cast<comm::Transport&>(wire) : job, {0, 1});
+          auto pipeline = comm::make_group(job, {r});
+          PipelineOptions o;
+          o.schedule.ranks = 1;
+          o.schedule.micro_batches = 2;
+          o.loss = [](const Tensors& out, const Tensors&) { return out.at(0).pow(2).mean(); };
+          o.optimizer = [](const std::vector<at::Tensor>& p) { return make(Opt::kAdamW, p); };
+          o.data_group = data.get();
+          o.shard_optimizer = true;
+          torch::nn::Linear linear(torch::nn::LinearOptions(4, 4).bias(false));
+          Pipeline p(*pipeline, o, [&](int s) {
+            return make_stage(s, linear.ptr(), [linear](const Tensors& in) mutable {
+              return Tensors{linear->forward(in[0])};
+            });
+          });
+          for (int64_t step = 0; step < 3; ++step) {
+            wire.armed = step == 1;
+            p.train_step([](int64_t s, int64_t i) {
+              return MicroBatch{{at::full({2, 4}, static_cast<double>(1 + s + i))}, {}};
+            });
+          }
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+        if (wire.fired) fired = true;
+        seconds[static_cast<size_t>(r)] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      });
+      EXPECT_TRUE(fired) << "replica 1 sent no message with tag " << tag << " in step 1";
+      EXPECT_EQ(errors[1], "tripwire: this rank stops here");
+      EXPECT_NE(errors[0].find("rank 1"), std::string::npos) << errors[0];
+      if (stall) {
+        EXPECT_NE(errors[0].find("timed out after 1500 ms"), std::string::npos) << errors[0];
+      }
+      // Within the timeout (killed: at once), not after the stalled rank's 4.5 s.
+      EXPECT_LT(seconds[0], 4.0) << errors[0];
+    }
   }
 }
 

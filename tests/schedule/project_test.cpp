@@ -191,6 +191,44 @@ TEST(ProjectionDataParallel, RingCost) {
   EXPECT_DOUBLE_EQ(projection_allreduce_time(o, 2, 4), 2.5);
 }
 
+// Sharded (Note [Projected all-reduce]): the 1F1B timeline above with a reduce-scatter of
+// 1/2 x 1000 / 1000 + 0.5 = 1 a stage (rank 1's [7, 8], rank 0's [9, 10]), then each rank's
+// all-gather of its one chunk, 1 more: the step ends at 11. The state: one layer a rank, 1000
+// bytes of parameters and of gradients, 2000 of optimizer state / D.
+TEST(ProjectionDataParallel, ShardedOptimizerReduceScattersThenGathersAfterTheCompute) {
+  ProjectionOptions o = data_parallel(ScheduleKind::kOneFOneB, 2, {1, 2});
+  o.shard_optimizer = true;
+  o.optimizer_state_bytes = 2000;
+  EXPECT_DOUBLE_EQ(projection_allreduce_time(o, 2, 2), 1.0);
+  auto p = project_scaling(o);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_DOUBLE_EQ(p[0].step, 9.0);
+  EXPECT_DOUBLE_EQ(p[0].gather, 0.0);
+  EXPECT_DOUBLE_EQ(p[0].state_bytes, 4000.0);
+  EXPECT_DOUBLE_EQ(p[1].step, 11.0);
+  EXPECT_DOUBLE_EQ(p[1].allreduce, 1.0);
+  EXPECT_DOUBLE_EQ(p[1].gather, 1.0);
+  EXPECT_DOUBLE_EQ(p[1].hidden, 0.0);
+  EXPECT_DOUBLE_EQ(p[1].state_bytes, 3000.0);
+  EXPECT_DOUBLE_EQ(p[1].speedup, 24.0 / 11);
+  // Unsharded the same state is whole on every replica, and the all-reduce takes 1.5.
+  o.shard_optimizer = false;
+  p = project_scaling(o);
+  EXPECT_DOUBLE_EQ(p[1].step, 10.5);
+  EXPECT_DOUBLE_EQ(p[1].gather, 0.0);
+  EXPECT_DOUBLE_EQ(p[1].state_bytes, 4000.0);
+  // The documents: gather and state columns, the JSON's fields.
+  o.shard_optimizer = true;
+  p = project_scaling(o);
+  const std::string text = render_projection_text(o, p);
+  EXPECT_NE(text.find("hidden   gather      state\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("   1.000       0.00\n"), std::string::npos) << text;  // 3000 B in MiB
+  const nlohmann::json j = nlohmann::json::parse(render_projection_json(o, p));
+  EXPECT_DOUBLE_EQ(j["points"][1]["gather"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(j["points"][1]["state_bytes"].get<double>(), 3000.0);
+  EXPECT_TRUE(j["shard_optimizer"].get<bool>());
+}
+
 TEST(ProjectionDataParallel, ZbvHidesTheFirstChunksAllReduceBehindTheSecondsBackward) {
   // One layer per chunk, F = I = W = 1. Rank 0 (stages 0 and 3): 0F0 [0,1] 0F1 [1,2], 3F0 3I0
   // 3W0 3F1 3I1 3W1 from 3 to 9, 0I0 0W0 [9,11], 0I1 0W1 [12,14]: stage 3's last W ends at 9,

@@ -280,6 +280,11 @@ TEST(PipelineTrain, ShardedOptimizerStateIsTheOwnedSliceOnly) {
     EXPECT_EQ(slice.end - slice.begin, total / 2);
     EXPECT_EQ(all[r], 8 * total) << "rank " << r;
     EXPECT_EQ(mine[r], 8 * (total / 2)) << "rank " << r;
+    // Parameters whole on both; gradients whole unsharded, replica 0's slice sharded.
+    EXPECT_EQ(plain.steps.back().rank_parameter_bytes.at(r), 4 * total) << "rank " << r;
+    EXPECT_EQ(sharded.steps.back().rank_parameter_bytes.at(r), 4 * total) << "rank " << r;
+    EXPECT_EQ(plain.steps.back().rank_gradient_bytes.at(r), 4 * total) << "rank " << r;
+    EXPECT_EQ(sharded.steps.back().rank_gradient_bytes.at(r), 4 * (total / 2)) << "rank " << r;
   }
 }
 

@@ -91,8 +91,11 @@ std::vector<ConfigField> model_fields() {
       {"model", "from", text(PIPEMAT_MEMBER(model.from), "a directory with a config.json"),
        "a directory; `llama` only",
        "read the `llama` shape from a Hugging Face `config.json` there (docs/training.md): it "
-       "sets layers, hidden, heads, kv_heads, ffn, rope_theta, norm_eps, tie_embeddings and caps "
-       "seq_len at max_position_embeddings; those keys must not be given too; empty: none"},
+       "sets layers, hidden, heads, kv_heads, ffn, rope_theta (from `rope_theta` or, as "
+       "transformers 5 writes it, `rope_parameters.rope_theta`; a `rope_type` other than "
+       "`default` or a `rope_scaling` is an error), norm_eps, tie_embeddings and caps seq_len at "
+       "max_position_embeddings; those keys must not be given too; a vocab_size other than 256, "
+       "biases, or an activation other than silu are errors naming the field; empty: none"},
   };
 }
 

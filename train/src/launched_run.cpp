@@ -104,6 +104,10 @@ std::vector<pp::StepMetrics> read_metrics(const std::string& path) {
     m.rank_resident_peak_bytes = j.value("rank_resident_peak_bytes", std::vector<int64_t>{});
     m.optimizer_state_bytes = j.value("optimizer_state_bytes", int64_t{0});
     m.rank_optimizer_state_bytes = j.value("rank_optimizer_state_bytes", std::vector<int64_t>{});
+    m.parameter_bytes = j.value("parameter_bytes", int64_t{0});
+    m.gradient_bytes = j.value("gradient_bytes", int64_t{0});
+    m.rank_parameter_bytes = j.value("rank_parameter_bytes", std::vector<int64_t>{});
+    m.rank_gradient_bytes = j.value("rank_gradient_bytes", std::vector<int64_t>{});
     m.gather_ms = j.value("gather_ms", 0.0);
     if (j.contains("costs") && j["costs"].is_object()) {
       const auto& c = j["costs"];

@@ -59,9 +59,12 @@ void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& 
 
 void RunTotals::add(const StepMetrics& m) {
   step_ms.push_back(m.step_ms);
-  rank_optimizer_state_bytes = m.rank_optimizer_state_bytes.empty()
-                                   ? std::vector<int64_t>{m.optimizer_state_bytes}
-                                   : m.rank_optimizer_state_bytes;
+  const auto per_rank = [](const std::vector<int64_t>& ranks, int64_t mine) {
+    return ranks.empty() ? std::vector<int64_t>{mine} : ranks;
+  };
+  rank_parameter_bytes = per_rank(m.rank_parameter_bytes, m.parameter_bytes);
+  rank_gradient_bytes = per_rank(m.rank_gradient_bytes, m.gradient_bytes);
+  rank_optimizer_state_bytes = per_rank(m.rank_optimizer_state_bytes, m.optimizer_state_bytes);
   std::vector<int64_t> held;
   if (m.rank_peak_bytes.size() == m.rank_start_bytes.size() && !m.rank_peak_bytes.empty()) {
     for (size_t r = 0; r < m.rank_peak_bytes.size(); ++r) {
@@ -96,15 +99,19 @@ std::string device_memory(const RunTotals& totals) {
   return "; device memory per rank " + join(peaks, ", ") + " (CUDA caching allocator)";
 }
 
-// "; optimizer state per rank A, B" (Note [Sharded optimizer]: each rank's, of the last step),
-// or "" when no step reported any.
-std::string optimizer_state(const RunTotals& totals) {
-  const auto& bytes = totals.rank_optimizer_state_bytes;
-  if (std::all_of(bytes.begin(), bytes.end(), [](int64_t b) { return b == 0; })) return "";
-  std::vector<std::string> each;
-  for (int64_t b : bytes) each.push_back(format_bytes(b));
-  return (bytes.size() == 1 ? "; optimizer state " : "; optimizer state per rank ") +
-         join(each, ", ");
+// "; per rank parameters A, B, gradients C, D, optimizer state E, F" (the latest step's; Note
+// [Sharded optimizer]), or "" when no step reported any optimizer state.
+std::string training_state(const RunTotals& totals) {
+  const auto& state = totals.rank_optimizer_state_bytes;
+  if (std::all_of(state.begin(), state.end(), [](int64_t b) { return b == 0; })) return "";
+  const auto listed = [](const std::vector<int64_t>& bytes) {
+    std::vector<std::string> each;
+    for (int64_t b : bytes) each.push_back(format_bytes(b));
+    return join(each, ", ");
+  };
+  return std::string(state.size() == 1 ? "; " : "; per rank ") + "parameters " +
+         listed(totals.rank_parameter_bytes) + ", gradients " + listed(totals.rank_gradient_bytes) +
+         ", optimizer state " + listed(state);
 }
 
 }  // namespace
@@ -144,7 +151,7 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
                                       "the memory is replica 0's)")
           : ::pipemat::detail::concat(c.schedule.ranks, c.schedule.ranks == 1 ? " rank" : " ranks"),
       "; ", memory, " (tensors: weights, gradients, optimizer state, activations)",
-      device_memory(totals), optimizer_state(totals), "\n");
+      device_memory(totals), training_state(totals), "\n");
   if (reference) {
     const ReferenceFigures& r = *reference;
     const double ref_tokens_per_s = static_cast<double>(tokens_per_step) * 1000.0 / r.step_ms;
@@ -236,6 +243,12 @@ std::string metrics_json(const StepMetrics& m, std::optional<double> validation_
   j["optimizer_state_bytes"] = m.optimizer_state_bytes;
   if (!m.rank_optimizer_state_bytes.empty())
     j["rank_optimizer_state_bytes"] = m.rank_optimizer_state_bytes;
+  j["parameter_bytes"] = m.parameter_bytes;
+  j["gradient_bytes"] = m.gradient_bytes;
+  if (!m.rank_parameter_bytes.empty()) {
+    j["rank_parameter_bytes"] = m.rank_parameter_bytes;
+    j["rank_gradient_bytes"] = m.rank_gradient_bytes;
+  }
   if (m.gather_ms > 0) j["gather_ms"] = m.gather_ms;
   const bool on_device =
       m.device_peak_bytes > 0 ||

@@ -393,6 +393,11 @@ struct StepMetrics {
   // its pipeline, by rank. gather_ms: this rank's wait for the updated parameters (0 unsharded).
   int64_t optimizer_state_bytes = 0;
   std::vector<int64_t> rank_optimizer_state_bytes;
+  // The bytes of this rank's parameters, and of the gradients it holds when the gradient
+  // exchange has ended (before clipping and the step: whole gradients, or with Note [Sharded
+  // optimizer] its slices), each storage counted once; per rank as above.
+  int64_t parameter_bytes = 0, gradient_bytes = 0;
+  std::vector<int64_t> rank_parameter_bytes, rank_gradient_bytes;
   double gather_ms = 0;
 };
 

@@ -9,9 +9,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace c10 {
 struct StorageImpl;
+}
+namespace at {
+class Tensor;
 }
 
 namespace pipemat::remat {
@@ -44,5 +48,9 @@ void release_tracked(void* data);
 // The sequence number of the allocation behind `storage`, or -1 when the tracking allocator did
 // not allocate it. Lets a report tell activations born in a forward from older tensors (weights).
 int64_t allocation_sequence(const c10::StorageImpl* storage);
+
+// The bytes of the storages behind the defined `tensors`, each storage once and whole (what the
+// allocator gave it), views and tensors sharing one storage counted once.
+int64_t storage_bytes(const std::vector<at::Tensor>& tensors);
 
 }  // namespace pipemat::remat

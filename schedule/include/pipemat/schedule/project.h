@@ -29,6 +29,17 @@
 //               the rank's step;
 //   speedup   = reference for D x M micro-batches / step; efficiency = speedup / (D x P).
 //
+// With shard_optimizer (Note [Sharded optimizer] of pp) a chunk's exchange is a reduce-scatter,
+// (D - 1) / D x G / allreduce_bandwidth + allreduce_latency, placed as above; then, after the
+// rank's last compute and last reduce-scatter, the all-gather of its updated parameters, one
+// (D - 1) / D x G / allreduce_bandwidth + allreduce_latency per chunk (float32 parameters: as
+// many bytes as their gradients), which nothing hides:
+//   gather    = one rank's all-gather time per step (0 unsharded).
+// Memory of the largest rank's training state, with layers / P of the layers on a rank:
+//   state_bytes = layers / P x (2 x grad_bytes + optimizer_state_bytes / (D if sharded, else 1))
+// (its parameters and its gradients, whole at the end of the backward, and its share of the
+// optimizer state).
+//
 // Thread safety: pure functions over values.
 
 #include <string>
@@ -54,6 +65,8 @@ struct ProjectionOptions {
   double grad_bytes = 0;           // gradient bytes of one layer
   double allreduce_bandwidth = 0;  // bytes per time unit of the ring; required with grad_bytes
   double allreduce_latency = 0;    // time units per all-reduce (per chunk of a rank)
+  bool shard_optimizer = false;    // reduce-scatter + all-gather instead of all-reduce
+  double optimizer_state_bytes = 0;  // optimizer state of one layer (AdamW, float32: 2 x grad)
 };
 
 struct ProjectionPoint {
@@ -71,6 +84,8 @@ struct ProjectionPoint {
   double allreduce = 0;   // one rank's all-reduce time per step
   double hidden = 1;      // share of the all-reduce time hidden behind the ranks' own compute
   double efficiency = 0;  // speedup / (D x P)
+  double gather = 0;       // one rank's all-gather time per step (shard_optimizer)
+  double state_bytes = 0;  // the largest rank's parameters, gradients and optimizer state
 };
 
 // One point per (kind, P, M, D) in that order. ConfigError for empty lists, P < 2, M < 1,
@@ -81,7 +96,8 @@ std::vector<ProjectionPoint> project_scaling(const ProjectionOptions& options);
 // point).
 double projection_reference_step(const ProjectionOptions& options, int micro_batches);
 // One all-reduce of a chunk's gradients over `data` ranks when the model is split into
-// `stages_count` model stages (Note [Projected all-reduce]).
+// `stages_count` model stages (Note [Projected all-reduce]); with shard_optimizer its
+// reduce-scatter, which is also the time of the chunk's all-gather.
 double projection_allreduce_time(const ProjectionOptions& options, int data, int stages_count);
 // Whether the options project data parallelism (some D > 1): the documents then gain the D,
 // all-reduce and hidden columns and the chart plots efficiency against D.
@@ -111,6 +127,8 @@ struct ProjectCommandOptions {
   double grad_bytes = 0;           // --grad-bytes, per layer
   double allreduce_bw = 0;         // --allreduce-bw, bytes per time unit
   double allreduce_latency = 0;    // --allreduce-latency, time units
+  bool shard_optimizer = false;    // --shard-optimizer
+  double state_bytes = 0;          // --state-bytes, per layer
 };
 std::string render_project_command(const ProjectCommandOptions& options);
 

@@ -93,8 +93,10 @@ struct RunTotals {
   // Per rank on a CUDA device: the most bytes its device's caching allocator held during any
   // step (StepMetrics::rank_device_peak_bytes); empty while every step's are 0 (CPU runs).
   std::vector<int64_t> rank_device_peak_bytes;
-  // Per rank: the bytes of its optimizer state after the latest step (Note [Sharded optimizer]).
-  std::vector<int64_t> rank_optimizer_state_bytes;
+  // Per rank, of the latest step: the bytes of its parameters, of the gradients it held after the
+  // gradient exchange and of its optimizer state (StepMetrics::rank_parameter_bytes, ...; Note
+  // [Sharded optimizer]).
+  std::vector<int64_t> rank_parameter_bytes, rank_gradient_bytes, rank_optimizer_state_bytes;
   void add(const StepMetrics& m);
 };
 
