@@ -61,11 +61,11 @@ struct ProjectionOptions {
       layer_costs;  // per layer: F, I, W (B = I + W unless set), R; per message: comm, bw, bytes
   RecomputeMode recompute = RecomputeMode::kNone;
   // Note [Projected all-reduce]. D = 1 alone projects the pipeline as before.
-  std::vector<int> data = {1};     // D, replicas of the pipeline
-  double grad_bytes = 0;           // gradient bytes of one layer
-  double allreduce_bandwidth = 0;  // bytes per time unit of the ring; required with grad_bytes
-  double allreduce_latency = 0;    // time units per all-reduce (per chunk of a rank)
-  bool shard_optimizer = false;    // reduce-scatter + all-gather instead of all-reduce
+  std::vector<int> data = {1};       // D, replicas of the pipeline
+  double grad_bytes = 0;             // gradient bytes of one layer
+  double allreduce_bandwidth = 0;    // bytes per time unit of the ring; required with grad_bytes
+  double allreduce_latency = 0;      // time units per all-reduce (per chunk of a rank)
+  bool shard_optimizer = false;      // reduce-scatter + all-gather instead of all-reduce
   double optimizer_state_bytes = 0;  // optimizer state of one layer (AdamW, float32: 2 x grad)
 };
 
@@ -80,10 +80,10 @@ struct ProjectionPoint {
   int peak_activations = 0;  // max over ranks
   // Note [Projected all-reduce]: step and speedup include the all-reduce; bubble is the
   // pipeline's alone.
-  int data = 1;           // D
-  double allreduce = 0;   // one rank's all-reduce time per step
-  double hidden = 1;      // share of the all-reduce time hidden behind the ranks' own compute
-  double efficiency = 0;  // speedup / (D x P)
+  int data = 1;            // D
+  double allreduce = 0;    // one rank's all-reduce time per step
+  double hidden = 1;       // share of the all-reduce time hidden behind the ranks' own compute
+  double efficiency = 0;   // speedup / (D x P)
   double gather = 0;       // one rank's all-gather time per step (shard_optimizer)
   double state_bytes = 0;  // the largest rank's parameters, gradients and optimizer state
 };
