@@ -324,10 +324,22 @@ std::map<int, at::Tensor> Pipeline::Impl::sharded_norms(int64_t step) {
       std::vector<at::Tensor> parts{first->grad()};
       for (size_t k = 1; k < r.size(); ++k) {
         const int d = r[k].replica;
-        parts.push_back(d == me ? my_pieces.at(s)[r[k].bucket][r[k].piece].grad()
-                                : incoming[static_cast<size_t>(d)]
-                                      .at(taken[static_cast<size_t>(d)]++)
-                                      .to(options.device));
+        if (d == me) {
+          parts.push_back(my_pieces.at(s)[r[k].bucket][r[k].piece].grad());
+          continue;
+        }
+        const at::Tensor got =
+            incoming[static_cast<size_t>(d)].at(taken[static_cast<size_t>(d)]++).to(options.device);
+        const ShardPiece& piece =
+            slices.at(s)[r[k].bucket][static_cast<size_t>(d)].pieces[r[k].piece];
+        PIPEMAT_CHECK(got.dim() == 1 && got.numel() == piece.end - piece.begin &&
+                          got.scalar_type() == first->grad().scalar_type(),
+                      PipelineError, "data parallelism: replica ", d, " sent a piece of ",
+                      got.numel(), " elements for elements [", piece.begin, ", ", piece.end,
+                      ") of parameter ", i, " of stage ", s, " to replica ", me,
+                      " on pipeline rank ", rank, " in step ", step,
+                      "; every replica must build the same stages");
+        parts.push_back(got);
       }
       const at::Tensor whole = parts.size() == 1 ? parts[0] : at::cat(parts);
       norms.push_back(whole.view(ps[i].sizes()).norm(2.0));

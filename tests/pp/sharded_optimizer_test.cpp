@@ -54,6 +54,19 @@ std::unique_ptr<torch::optim::Optimizer> make(Opt opt, const std::vector<at::Ten
   return user_model::make_adamw(p);
 }
 
+// The options of the small cases: a one-rank pipeline replicated over `data`, AdamW, the mean
+// square of the output as the loss.
+PipelineOptions replica_options(comm::Transport& data, bool shard) {
+  PipelineOptions o;
+  o.schedule.ranks = 1;
+  o.schedule.micro_batches = 2;
+  o.loss = [](const Tensors& out, const Tensors&) { return out.at(0).pow(2).mean(); };
+  o.optimizer = [](const std::vector<at::Tensor>& p) { return make(Opt::kAdamW, p); };
+  o.data_group = &data;
+  o.shard_optimizer = shard;
+  return o;
+}
+
 // Rank w of the job is pipeline rank w / D of replica w % D (Note [Data x pipeline]).
 std::vector<ShardRun> run_grid(ScheduleKind kind, int replicas, int ranks, bool shard, Opt opt,
                                int64_t bucket_bytes = int64_t{25} << 20) {
@@ -209,14 +222,8 @@ TEST(ShardedOptimizer, ABucketSmallerThanTheReplicasLeavesOneOwningNothing) {
       const int r = job.rank();
       auto data = comm::make_group(job, {0, 1, 2});
       auto pipeline = comm::make_group(job, {r});
-      PipelineOptions o;
-      o.schedule.ranks = 1;
-      o.schedule.micro_batches = 2;
-      o.loss = [](const Tensors& out, const Tensors&) { return out.at(0).pow(2).mean(); };
-      o.optimizer = [](const std::vector<at::Tensor>& p) { return make(Opt::kAdamW, p); };
+      PipelineOptions o = replica_options(*data, shard);
       o.clip_grad_norm = 0.01;
-      o.data_group = data.get();
-      o.shard_optimizer = shard;
       // The same weights on every replica thread and in both runs: the seed and the draws of
       // one thread at a time (the default generator is the process's).
       auto linear = [] {
@@ -307,13 +314,7 @@ TEST(ShardedOptimizer, AReplicaLostInTheReduceScatterOrTheGatherEndsItsPeerNamin
         try {
           auto data = comm::make_group(r == 1 ? static_cast<comm::Transport&>(wire) : job, {0, 1});
           auto pipeline = comm::make_group(job, {r});
-          PipelineOptions o;
-          o.schedule.ranks = 1;
-          o.schedule.micro_batches = 2;
-          o.loss = [](const Tensors& out, const Tensors&) { return out.at(0).pow(2).mean(); };
-          o.optimizer = [](const std::vector<at::Tensor>& p) { return make(Opt::kAdamW, p); };
-          o.data_group = data.get();
-          o.shard_optimizer = true;
+          const PipelineOptions o = replica_options(*data, true);
           torch::nn::Linear linear(torch::nn::LinearOptions(4, 4).bias(false));
           Pipeline p(*pipeline, o, [&](int s) {
             return make_stage(s, linear.ptr(), [linear](const Tensors& in) mutable {
@@ -350,15 +351,10 @@ TEST(ShardedOptimizer, ANonElementwiseOptimizerIsAConfigError) {
   const auto errors = user_model::run_ranks(2, [&](comm::Transport& job) {
     auto data = comm::make_group(job, {0, 1});
     auto pipeline = comm::make_group(job, {job.rank()});
-    PipelineOptions o;
-    o.schedule.ranks = 1;
-    o.schedule.micro_batches = 2;
-    o.loss = [](const Tensors& out, const Tensors&) { return out.at(0).sum(); };
+    PipelineOptions o = replica_options(*data, true);
     o.optimizer = [](const std::vector<at::Tensor>& p) {
       return std::make_unique<torch::optim::LBFGS>(p);
     };
-    o.data_group = data.get();
-    o.shard_optimizer = true;
     torch::nn::Linear linear(2, 2);
     Pipeline p(*pipeline, o, [&](int s) {
       return make_stage(s, linear.ptr(), [linear](const Tensors& in) mutable {
