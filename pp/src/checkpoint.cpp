@@ -22,6 +22,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
@@ -43,10 +44,19 @@ using detail::step_dir_name;
 // The format version manifest.json holds (Note [Checkpoint layout] in pipemat/pp/checkpoint.h):
 // 2 records each rank file's SHA-256 and size and names the run in each rank file; 1 did
 // neither (its checkpoints still load, without those checks).
+// 3: a sharded optimizer's checkpoint (Note [Sharded optimizer]): the rank files hold no
+// optimizer state, each replica's shard file of each rank does, and "replicas" says how many.
 constexpr int kFormat = 2;
+constexpr int kShardedFormat = 3;
 constexpr int kOldestFormat = 1;
 
 std::string rank_file_name(int rank) { return "rank-" + std::to_string(rank) + ".pt"; }
+
+// Replica `replica` of `replicas`' optimizer shard of rank `rank`: "rank-1.shard-0-of-2.pt".
+std::string shard_file_name(int rank, int replica, int replicas) {
+  return "rank-" + std::to_string(rank) + ".shard-" + std::to_string(replica) + "-of-" +
+         std::to_string(replicas) + ".pt";
+}
 
 std::string rank_file(const std::string& dir, int rank) {
   return (fs::path(dir) / rank_file_name(rank)).string();
@@ -103,10 +113,10 @@ int format_of(const nlohmann::json& m, const std::string& manifest) {
                 " has no format version; it is not a pipemat "
                 "manifest");
   const int format = m["format"].get<int>();
-  PIPEMAT_CHECK(format >= kOldestFormat && format <= kFormat, PipelineError,
+  PIPEMAT_CHECK(format >= kOldestFormat && format <= kShardedFormat, PipelineError,
                 "load_checkpoint: ", manifest, " is of format ", format,
-                "; this pipemat reads formats ", kOldestFormat, " to ", kFormat,
-                (format > kFormat ? " (it was written by a newer pipemat)" : ""));
+                "; this pipemat reads formats ", kOldestFormat, " to ", kShardedFormat,
+                (format > kShardedFormat ? " (it was written by a newer pipemat)" : ""));
   return format;
 }
 
@@ -120,10 +130,10 @@ int format_of(const nlohmann::json& m, const std::string& manifest) {
 // its run and step, checked against the manifest, so a rank file of another run cannot be
 // taken for this one's even where the manifest itself was rewritten by hand. Checkpoints of
 // format 1 (before the digests) load without these two checks.
-void verify_rank_file(const nlohmann::json& m, int format, const std::string& dir, int rank) {
+void verify_file(const nlohmann::json& m, int format, const std::string& dir,
+                 const std::string& name, int rank) {
   if (format < 2) return;
-  const std::string file = rank_file(dir, rank);
-  const std::string name = rank_file_name(rank);
+  const std::string file = (fs::path(dir) / name).string();
   const std::string manifest = manifest_path(dir);
   PIPEMAT_CHECK(fs::exists(file), PipelineError, "load_checkpoint: ", file,
                 " is missing: the checkpoint has no state for rank ", rank);
@@ -142,6 +152,10 @@ void verify_rank_file(const nlohmann::json& m, int format, const std::string& di
                 got.sha256.substr(0, 16), "... (", got.bytes, " bytes) but ", manifest,
                 " recorded ", want.substr(0, 16), "... (", want_bytes,
                 " bytes) when it was written; nothing was loaded. Load an older checkpoint");
+}
+
+void verify_rank_file(const nlohmann::json& m, int format, const std::string& dir, int rank) {
+  verify_file(m, format, dir, rank_file_name(rank), rank);
 }
 
 // The run and step a rank file names, against the manifest's (format 2 and later).
@@ -279,13 +293,13 @@ bool prepare_step_dir(const std::string& dir, const CheckpointRun& run) {
 
 // This rank's file of the checkpoint in `dir` for `run`, written to a temporary name and
 // published; returns its digest, computed from the bytes as they were written.
-FileDigest write_rank_file(Pipeline& pipeline, torch::optim::Optimizer& state,
+FileDigest write_archive_file(const Pipeline& pipeline, torch::serialize::OutputArchive& archive,
+                              const std::string& final_path);
+
+// This rank's file of the checkpoint in `dir` for `run`; `state` null: no optimizer state in it
+// (Note [Sharded optimizer]: the shard files hold it).
+FileDigest write_rank_file(Pipeline& pipeline, torch::optim::Optimizer* state,
                            const std::string& dir, const CheckpointRun& run) {
-  const int rank = pipeline.rank();
-  std::error_code ec;
-  fs::create_directories(dir, ec);  // the ranks of other hosts
-  PIPEMAT_CHECK(!ec, PipelineError, "save_checkpoint: rank ", rank, " cannot create ", dir, ": ",
-                ec.message());
   torch::serialize::OutputArchive archive;
   archive.write("step", at::tensor({pipeline.step()}, at::kLong));
   archive.write("run", c10::IValue(run.id));
@@ -301,13 +315,40 @@ FileDigest write_rank_file(Pipeline& pipeline, torch::optim::Optimizer& state,
       archive.write("buffers/" + std::to_string(s) + "/" + key_of(b.key()), b.value(), true);
     }
   }
-  torch::serialize::OutputArchive optimizer;
-  state.save(optimizer);
-  archive.write("optimizer", optimizer);
+  if (state != nullptr) {
+    torch::serialize::OutputArchive optimizer;
+    state->save(optimizer);
+    archive.write("optimizer", optimizer);
+  }
   if (pipeline.generator().defined()) {
     archive.write("rng", pipeline.generator().get_state());
   }
-  const std::string final_path = rank_file(dir, rank);
+  return write_archive_file(pipeline, archive, rank_file(dir, pipeline.rank()));
+}
+
+// This replica's optimizer shard of its rank (Note [Sharded optimizer]): step, run and the shard.
+FileDigest write_shard_file(const Pipeline& pipeline, const std::string& dir,
+                            const CheckpointRun& run) {
+  const comm::Transport& data = *pipeline.data_group();
+  torch::serialize::OutputArchive archive;
+  archive.write("step", at::tensor({pipeline.step()}, at::kLong));
+  archive.write("run", c10::IValue(run.id));
+  torch::serialize::OutputArchive shard;
+  pipeline.save_optimizer_shard(shard);
+  archive.write("shard", shard);
+  const std::string name = shard_file_name(pipeline.rank(), data.rank(), data.world_size());
+  return write_archive_file(pipeline, archive, (fs::path(dir) / name).string());
+}
+
+// `archive` to `final_path`: written to a temporary name and published; returns its digest,
+// computed from the bytes as they were written.
+FileDigest write_archive_file(const Pipeline& pipeline, torch::serialize::OutputArchive& archive,
+                              const std::string& final_path) {
+  const int rank = pipeline.rank();
+  std::error_code ec;
+  fs::create_directories(fs::path(final_path).parent_path(), ec);  // the ranks of other hosts
+  PIPEMAT_CHECK(!ec, PipelineError, "save_checkpoint: rank ", rank, " cannot create ",
+                fs::path(final_path).parent_path().string(), ": ", ec.message());
   const std::string tmp = final_path + ".tmp";
   // LibTorch's archive writer ends with std::terminate when a write fails inside it (its
   // destructor writes the archive's end and throws), so it writes through this function, which
@@ -360,13 +401,34 @@ FileDigest write_rank_file(Pipeline& pipeline, torch::optim::Optimizer& state,
 // What each rank's file holds, as rank 0 learns it for the manifest.
 struct RankPart {
   FileDigest digest;
-  std::string run_id;  // the run the rank saved as (the first 64 characters)
+  std::string run_id;              // the run the rank saved as (the first 64 characters)
+  std::vector<FileDigest> shards;  // Note [Sharded optimizer]: its replicas' shard files
 };
 
+// A file's digest on the wire; `ok` 0: the file could not be written.
+struct DigestWire {
+  char sha256[64];
+  uint64_t bytes;
+  uint8_t ok;
+};
+DigestWire to_wire(const FileDigest& d) {
+  DigestWire w{};
+  PIPEMAT_INTERNAL_ASSERT(d.sha256.size() == sizeof(w.sha256), "a SHA-256 has 64 digits");
+  std::memcpy(w.sha256, d.sha256.data(), sizeof(w.sha256));
+  w.bytes = d.bytes;
+  w.ok = 1;
+  return w;
+}
+FileDigest from_wire(const DigestWire& w) {
+  return {std::string(w.sha256, sizeof(w.sha256)), w.bytes};
+}
+
 // Every rank's part on rank 0 (the others get an empty list): each sends its digest and run
-// after the write agreement, in order per peer and tag, so it cannot meet another message.
+// after the write agreement, then its replicas' shard digests (all ranks have as many), in order
+// per peer and tag, so it cannot meet another message.
 std::vector<RankPart> gather_parts(comm::Transport& transport, const FileDigest& mine,
-                                   const CheckpointRun& run) {
+                                   const CheckpointRun& run,
+                                   const std::vector<FileDigest>& shards) {
   struct Wire {
     char sha256[64];
     uint64_t bytes;
@@ -377,21 +439,37 @@ std::vector<RankPart> gather_parts(comm::Transport& transport, const FileDigest&
   std::memcpy(own.sha256, mine.sha256.data(), sizeof(own.sha256));
   own.bytes = mine.bytes;
   std::memcpy(own.run, run.id.data(), std::min(run.id.size(), sizeof(own.run)));
+  std::vector<DigestWire> own_shards;
+  for (const FileDigest& d : shards) own_shards.push_back(to_wire(d));
+  const size_t shard_bytes = own_shards.size() * sizeof(DigestWire);
   if (transport.rank() != 0) {
     transport.send(0, kAgreementTag, &own, sizeof(own))->wait();
+    if (shard_bytes > 0) transport.send(0, kAgreementTag, own_shards.data(), shard_bytes)->wait();
     return {};
   }
-  std::vector<Wire> wires(static_cast<size_t>(transport.world_size()));
+  const size_t ranks = static_cast<size_t>(transport.world_size());
+  std::vector<Wire> wires(ranks);
+  std::vector<std::vector<DigestWire>> shard_wires(ranks, own_shards);
   wires[0] = own;
   std::vector<comm::WorkPtr> works;
-  for (int r = 1; r < transport.world_size(); ++r) {
-    works.push_back(transport.recv(r, kAgreementTag, &wires[static_cast<size_t>(r)], sizeof(Wire)));
+  for (size_t r = 1; r < ranks; ++r) {
+    works.push_back(transport.recv(static_cast<int>(r), kAgreementTag, &wires[r], sizeof(Wire)));
+    if (shard_bytes > 0) {
+      works.push_back(
+          transport.recv(static_cast<int>(r), kAgreementTag, shard_wires[r].data(), shard_bytes));
+    }
   }
   for (auto& w : works) w->wait();
   std::vector<RankPart> out;
-  for (const Wire& w : wires) {
-    out.push_back({{std::string(w.sha256, sizeof(w.sha256)), w.bytes},
-                   std::string(w.run, strnlen(w.run, sizeof(w.run)))});
+  for (size_t r = 0; r < ranks; ++r) {
+    const Wire& w = wires[r];
+    RankPart part{{std::string(w.sha256, sizeof(w.sha256)), w.bytes},
+                  std::string(w.run, strnlen(w.run, sizeof(w.run))),
+                  {}};
+    part.shards.resize(shard_wires[r].size());
+    for (size_t d = 0; d < shard_wires[r].size(); ++d)
+      part.shards[d] = from_wire(shard_wires[r][d]);
+    out.push_back(std::move(part));
   }
   return out;
 }
@@ -413,11 +491,21 @@ void write_manifest(const Pipeline& pipeline, const std::string& dir, const Chec
     m["metadata"] = metadata;
     m[detail::kRunKey] = {{"id", run.id}, {"config_digest", run.config_digest}};
     nlohmann::json files = nlohmann::json::object();
+    const int replicas = parts.empty() ? 0 : static_cast<int>(parts[0].shards.size());
     for (size_t r = 0; r < parts.size(); ++r) {
       files[rank_file_name(static_cast<int>(r))] = {{"sha256", parts[r].digest.sha256},
                                                     {"bytes", parts[r].digest.bytes}};
+      for (int d = 0; d < replicas; ++d) {
+        const FileDigest& shard = parts[r].shards[static_cast<size_t>(d)];
+        files[shard_file_name(static_cast<int>(r), d, replicas)] = {{"sha256", shard.sha256},
+                                                                    {"bytes", shard.bytes}};
+      }
     }
     m[kFilesKey] = files;
+    if (replicas > 0) {  // Note [Sharded optimizer]: the optimizer state is in the shard files
+      m["format"] = kShardedFormat;
+      m["replicas"] = replicas;
+    }
     out << m.dump(2) << "\n";
     out.flush();
     PIPEMAT_CHECK(out.good(), PipelineError, "save_checkpoint: cannot write ", manifest,
@@ -448,6 +536,64 @@ void prune(const std::string& root, const std::string& written, const Checkpoint
   }
 }
 
+// Note [Sharded optimizer], replica 0 of this rank: writes its own optimizer shard, then gets
+// every other replica's digest; PipelineError naming the first replica that could not write.
+std::vector<FileDigest> collect_shards(const Pipeline& pipeline, comm::Transport& data,
+                                       const std::string& dir, const CheckpointRun& run) {
+  std::vector<DigestWire> wires(static_cast<size_t>(data.world_size()));
+  std::vector<comm::WorkPtr> works;
+  for (int d = 1; d < data.world_size(); ++d)
+    works.push_back(
+        data.recv(d, kAgreementTag, &wires[static_cast<size_t>(d)], sizeof(DigestWire)));
+  std::exception_ptr own;
+  try {
+    const FileDigest written = write_shard_file(pipeline, dir, run);
+    wires[0] = to_wire(written);
+  } catch (const std::exception&) {
+    own = std::current_exception();
+  }
+  for (auto& w : works) w->wait();
+  if (own) std::rethrow_exception(own);
+  std::vector<FileDigest> out;
+  for (int d = 0; d < data.world_size(); ++d) {
+    const DigestWire& w = wires[static_cast<size_t>(d)];
+    PIPEMAT_CHECK(w.ok == 1, PipelineError, "save_checkpoint: replica ", d, " of pipeline rank ",
+                  pipeline.rank(), " could not write its optimizer shard ",
+                  (fs::path(dir) / shard_file_name(pipeline.rank(), d, data.world_size())).string(),
+                  " (its error says why)");
+    out.emplace_back();
+    out.back() = from_wire(w);
+  }
+  return out;
+}
+
+// Note [Sharded optimizer], a replica other than 0: waits for replica 0 of its rank to prepare
+// `dir`, writes its optimizer shard there, sends replica 0 the digest (or that it failed) and
+// waits for how the save ended; the same outcome as replica 0's, or its own error.
+std::string save_shard(const Pipeline& pipeline, comm::Transport& data, const std::string& dir,
+                       const CheckpointRun& run) {
+  const int rank = pipeline.rank();
+  uint8_t go = 0;
+  data.recv(0, kAgreementTag, &go, 1)->wait();
+  PIPEMAT_CHECK(go == 1, PeerFailedError, "save_checkpoint: replica 0 of pipeline rank ", rank,
+                " could not prepare ", dir, " (its error says why); nothing was written");
+  DigestWire wire{};
+  std::exception_ptr own;
+  try {
+    const FileDigest written = write_shard_file(pipeline, dir, run);
+    wire = to_wire(written);
+  } catch (const std::exception&) {
+    own = std::current_exception();
+  }
+  data.send(0, kAgreementTag, &wire, sizeof(wire))->wait();
+  uint8_t done = 0;
+  data.recv(0, kAgreementTag, &done, 1)->wait();
+  if (own) std::rethrow_exception(own);
+  PIPEMAT_CHECK(done == 1, PeerFailedError, "save_checkpoint: replica 0 of pipeline rank ", rank,
+                " could not complete ", dir, " (its error says why); the save was abandoned");
+  return dir;
+}
+
 }  // namespace
 
 std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& root,
@@ -458,59 +604,130 @@ std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, cons
                 "a run starts, or continue a checkpoint's with pp::resumed_run(dir)");
   PIPEMAT_CHECK(keep_last >= 0, ConfigError, "save_checkpoint: keep_last is ", keep_last,
                 "; expected 0 (keep all) or more");
-  // Note [Sharded optimizer]: replica 0 writes every owner's state; the others only send it.
-  std::unique_ptr<torch::optim::Optimizer> gathered;
-  if (pipeline.shards_optimizer()) {
-    gathered = pipeline.gather_optimizer_state();
-    if (gathered == nullptr) return "";
-  }
-  torch::optim::Optimizer& optimizer = gathered ? *gathered : pipeline.optimizer();
   const std::string dir = (fs::path(root) / step_dir_name(pipeline.step())).string();
   const int rank = pipeline.rank();
+  // Note [Sharded optimizer]: every replica writes its optimizer shard; replica 0 the rest.
+  comm::Transport* data = pipeline.shards_optimizer() ? pipeline.data_group() : nullptr;
+  if (data != nullptr && data->rank() != 0) return save_shard(pipeline, *data, dir, run);
+  // Replica 0 tells the other replicas of this rank that they may write (after the directory is
+  // prepared) and how the save ended (whatever it is: they wait for both).
+  const auto tell = [&](uint8_t what) {
+    if (data == nullptr) return;
+    std::vector<comm::WorkPtr> sends;
+    for (int d = 1; d < data->world_size(); ++d)
+      sends.push_back(data->send(d, kAgreementTag, &what, 1));
+    for (auto& w : sends) w->wait();
+  };
   bool created = false;
-  agree_on(
-      transport, "save_checkpoint",
-      [&] {
-        if (rank == 0) created = prepare_step_dir(dir, run);
-      },
-      [&](int) {
-        return "refused to save into " + dir + " (its error says why); nothing was written";
-      });
-  std::vector<RankPart> parts;
   try {
-    FileDigest mine;
     agree_on(
         transport, "save_checkpoint",
-        [&] { mine = write_rank_file(pipeline, optimizer, dir, run); },
-        [&](int r) {
-          return "could not write its part of " + dir + " (" + rank_file(dir, r) +
-                 "; its error says why); the save was abandoned";
+        [&] {
+          if (rank == 0) created = prepare_step_dir(dir, run);
+        },
+        [&](int) {
+          return "refused to save into " + dir + " (its error says why); nothing was written";
         });
-    parts = gather_parts(transport, mine, run);
   } catch (...) {
-    // Every rank is done writing: an incomplete directory this save made goes away.
-    std::error_code ec;
-    if (rank == 0 && created) fs::remove_all(dir, ec);
+    tell(0);
     throw;
   }
-  maybe_crash("manifest", pipeline.step(), rank);
-  agree_on(
-      transport, "save_checkpoint",
-      [&] {
-        if (rank == 0) write_manifest(pipeline, dir, run, metadata, parts);
-      },
-      [&](int) { return "could not write the manifest of " + dir + " (its error says why)"; });
+  tell(1);
+  try {
+    std::vector<RankPart> parts;
+    try {
+      FileDigest mine;
+      std::vector<FileDigest> shards;
+      agree_on(
+          transport, "save_checkpoint",
+          [&] {
+            // The replicas' digests are received even when this rank's file failed.
+            std::exception_ptr first;
+            try {
+              mine = write_rank_file(pipeline, data ? nullptr : &pipeline.optimizer(), dir, run);
+            } catch (const std::exception&) {
+              first = std::current_exception();
+            }
+            try {
+              if (data != nullptr) shards = collect_shards(pipeline, *data, dir, run);
+            } catch (const std::exception&) {
+              if (!first) first = std::current_exception();
+            }
+            if (first) std::rethrow_exception(first);
+          },
+          [&](int r) {
+            return "could not write its part of " + dir + " (" + rank_file(dir, r) +
+                   (data ? " or a replica's optimizer shard" : "") +
+                   "; its error says why); the save was abandoned";
+          });
+      parts = gather_parts(transport, mine, run, shards);
+    } catch (...) {
+      // Every rank is done writing: an incomplete directory this save made goes away.
+      std::error_code ec;
+      if (rank == 0 && created) fs::remove_all(dir, ec);
+      throw;
+    }
+    maybe_crash("manifest", pipeline.step(), rank);
+    agree_on(
+        transport, "save_checkpoint",
+        [&] {
+          if (rank == 0) write_manifest(pipeline, dir, run, metadata, parts);
+        },
+        [&](int) { return "could not write the manifest of " + dir + " (its error says why)"; });
+  } catch (...) {
+    tell(0);
+    throw;
+  }
+  tell(1);
   if (rank == 0 && keep_last > 0) prune(root, dir, run, keep_last);
   return dir;
 }
 
 namespace {
 
+// Note [Sharded optimizer]: the optimizer state of this rank in a sharded checkpoint, every
+// replica's shard file checked (digest, run, step) and the shards joined into one optimizer
+// over the rank's parameters.
+std::unique_ptr<torch::optim::Optimizer> read_shards(const Pipeline& pipeline,
+                                                     const nlohmann::json& m, int format,
+                                                     const std::string& dir, int64_t step) {
+  const int rank = pipeline.rank();
+  int replicas = 0;
+  try {
+    replicas = m.at("replicas").get<int>();
+  } catch (const nlohmann::json::exception&) {
+    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", manifest_path(dir),
+                  " is of format 3 but says no number of replicas; the manifest is damaged");
+  }
+  PIPEMAT_CHECK(replicas >= 1 && replicas <= 65536, PipelineError,
+                "load_checkpoint: ", manifest_path(dir), " says ", replicas,
+                " replicas; the manifest is damaged");
+  std::vector<torch::serialize::InputArchive> shards(static_cast<size_t>(replicas));
+  for (int d = 0; d < replicas; ++d) {
+    const std::string name = shard_file_name(rank, d, replicas);
+    const std::string file = (fs::path(dir) / name).string();
+    verify_file(m, format, dir, name, rank);
+    torch::serialize::InputArchive archive;
+    open_rank_file(archive, file, rank);
+    check_rank_file_run(archive, m, format, file);
+    at::Tensor at_step;
+    PIPEMAT_CHECK(archive.try_read("step", at_step) && at_step.numel() == 1 &&
+                      at_step.item<int64_t>() == step,
+                  PipelineError, "load_checkpoint: ", file, " is not of step ", step);
+    PIPEMAT_CHECK(archive.try_read("shard", shards[static_cast<size_t>(d)]), PipelineError,
+                  "load_checkpoint: ", file, " holds no optimizer shard");
+  }
+  return pipeline.join_optimizer_shards(
+      shards, "load_checkpoint: " + (fs::path(dir) / shard_file_name(rank, 0, replicas)).string() +
+                  " and its " + std::to_string(replicas - 1) + " sibling(s)");
+}
+
 // Reads and checks this rank's part of the checkpoint in `dir` without changing the pipeline.
 void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
                       std::vector<std::pair<at::Tensor, at::Tensor>>& copies,
-                      torch::serialize::InputArchive& optimizer, at::Tensor& rng, bool& has_rng,
-                      at::Tensor& step) {
+                      torch::serialize::InputArchive& optimizer,
+                      std::unique_ptr<torch::optim::Optimizer>& joined, at::Tensor& rng,
+                      bool& has_rng, at::Tensor& step) {
   const int rank = pipeline.rank();
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
   const nlohmann::json m = read_manifest_json(dir);
@@ -551,8 +768,12 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
   PIPEMAT_CHECK(stored == copies.size(), PipelineError, "load_checkpoint: ", file, " holds ",
                 stored, " parameters and buffers for the stages of rank ", rank,
                 " but this model has ", copies.size(), "; it was written by another model");
-  PIPEMAT_CHECK(archive.try_read("optimizer", optimizer), PipelineError, "load_checkpoint: ", file,
-                " has no optimizer state");
+  if (format >= kShardedFormat) {
+    joined = read_shards(pipeline, m, format, dir, step.item<int64_t>());
+  } else {
+    PIPEMAT_CHECK(archive.try_read("optimizer", optimizer), PipelineError,
+                  "load_checkpoint: ", file, " has no optimizer state");
+  }
   has_rng = archive.try_read("rng", rng);
   PIPEMAT_CHECK(has_rng == pipeline.generator().defined(), PipelineError, "load_checkpoint: ", file,
                 has_rng ? " has a generator state but this pipeline has no seed"
@@ -567,11 +788,12 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
   const int rank = pipeline.rank();
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // destination, value
   torch::serialize::InputArchive optimizer;
+  std::unique_ptr<torch::optim::Optimizer> joined;  // Note [Sharded optimizer]: from the shards
   at::Tensor rng, step;
   bool has_rng = false;
   agree_on(
       transport, "load_checkpoint",
-      [&] { check_checkpoint(pipeline, dir, copies, optimizer, rng, has_rng, step); },
+      [&] { check_checkpoint(pipeline, dir, copies, optimizer, joined, rng, has_rng, step); },
       [&](int r) {
         return "could not load its part of " + dir + " (" + rank_file(dir, r) +
                "; its error says why); nothing was loaded on any rank";
@@ -581,7 +803,12 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
     for (auto& [to, value] : copies) to.copy_(value);
   }
   try {
-    pipeline.load_optimizer_state(optimizer);  // Note [Sharded optimizer]: the owned part
+    // Note [Sharded optimizer]: a sharded pipeline keeps its pieces' part.
+    if (joined != nullptr) {
+      pipeline.load_optimizer_state(*joined);
+    } else {
+      pipeline.load_optimizer_state(optimizer);
+    }
   } catch (const std::exception& e) {
     PIPEMAT_THROW(PipelineError, "load_checkpoint: ", rank_file(dir, rank),
                   ": the optimizer state does not fit this optimizer: ",

@@ -265,11 +265,19 @@ const PipelineStage& Pipeline::stage(int index) const {
 const std::vector<at::Tensor>& Pipeline::parameters() const { return impl_->params; }
 torch::optim::Optimizer& Pipeline::optimizer() { return *impl_->optimizer; }
 bool Pipeline::shards_optimizer() const { return impl_->sharded(); }
-std::unique_ptr<torch::optim::Optimizer> Pipeline::gather_optimizer_state() {
-  return impl_->gather_optimizer_state();
+comm::Transport* Pipeline::data_group() const { return impl_->options.data_group; }
+void Pipeline::save_optimizer_shard(torch::serialize::OutputArchive& archive) const {
+  impl_->save_optimizer_shard(archive);
+}
+std::unique_ptr<torch::optim::Optimizer> Pipeline::join_optimizer_shards(
+    std::vector<torch::serialize::InputArchive>& shards, const std::string& where) const {
+  return impl_->join_optimizer_shards(shards, where);
 }
 void Pipeline::load_optimizer_state(torch::serialize::InputArchive& archive) {
   impl_->load_optimizer_state(archive);
+}
+void Pipeline::load_optimizer_state(const torch::optim::Optimizer& full) {
+  impl_->load_optimizer_state(full);
 }
 at::Generator Pipeline::generator() const { return impl_->generator; }
 

@@ -109,7 +109,6 @@ struct Pipeline::Impl {
     kEvalTag,
     kGatherTag,  // Note [Sharded optimizer]: the updated slices
     kNormsTag,   // ... the gradient norms
-    kStateTag,   // ... the optimizer state, to replica 0
     kPiecesTag,  // ... pieces of a parameter cut by a slice boundary, to its norm's replica
   };
   // What replica `from` sent has the count, dtypes and shapes of this replica's `mine` (`what`
@@ -219,8 +218,11 @@ struct Pipeline::Impl {
   // stage -> the stacked norms of its parameters that have a gradient, in parameter order.
   std::map<int, at::Tensor> sharded_norms(int64_t step);
   // Note [Sharded optimizer], checkpoints: what Pipeline's functions of the same names do.
-  std::unique_ptr<torch::optim::Optimizer> gather_optimizer_state();
+  void save_optimizer_shard(torch::serialize::OutputArchive& archive) const;
+  std::unique_ptr<torch::optim::Optimizer> join_optimizer_shards(
+      std::vector<torch::serialize::InputArchive>& shards, const std::string& where) const;
   void load_optimizer_state(torch::serialize::InputArchive& archive);
+  void load_optimizer_state(const torch::optim::Optimizer& full);
   // An evaluation's per-micro-batch losses, each from the replica that evaluated it (replica d:
   // d*E/D .. (d+1)*E/D - 1 of the E in its `share`).
   at::Tensor gather_shares(const at::Tensor& share, int64_t micro_batches);

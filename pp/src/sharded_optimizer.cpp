@@ -12,10 +12,8 @@
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -364,75 +362,120 @@ std::map<int, at::Tensor> Pipeline::Impl::sharded_norms(int64_t step) {
   return by_stage;
 }
 
-std::unique_ptr<torch::optim::Optimizer> Pipeline::Impl::gather_optimizer_state() {
-  if (!sharded()) return nullptr;
-  comm::Transport& group = *options.data_group;
-  const int replicas = group.world_size(), me = group.rank();
-  if (me != 0) {
-    // This replica's optimizer, over its pieces, serialized.
-    torch::serialize::OutputArchive archive;
-    optimizer->save(archive);
-    std::ostringstream out;
-    archive.save_to(out);
-    const std::string bytes = out.str();
-    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-    comm::send_tensors(group, 0, kStateTag, {t}).wait();
-    return nullptr;
+void Pipeline::Impl::save_optimizer_shard(torch::serialize::OutputArchive& archive) const {
+  PIPEMAT_CHECK(sharded(), ConfigError, "save_optimizer_shard: rank ", rank,
+                " does not shard its optimizer");
+  archive.write("replica", at::tensor({int64_t{options.data_group->rank()}}, at::kLong));
+  archive.write("replicas", at::tensor({int64_t{options.data_group->world_size()}}, at::kLong));
+  // The layout: per stage its parameters' element counts and its buckets' parameter counts.
+  for (const auto& [s, ranges] : buckets) {
+    std::vector<int64_t> numels, sizes;
+    for (const at::Tensor& p : stage_params.at(s)) numels.push_back(p.numel());
+    for (const auto& [first, end] : ranges) sizes.push_back(static_cast<int64_t>(end - first));
+    archive.write("numels/" + std::to_string(s), at::tensor(numels, at::kLong));
+    archive.write("buckets/" + std::to_string(s), at::tensor(sizes, at::kLong));
+  }
+  torch::serialize::OutputArchive state;
+  optimizer->save(state);
+  archive.write("optimizer", state);
+}
+
+std::unique_ptr<torch::optim::Optimizer> Pipeline::Impl::join_optimizer_shards(
+    std::vector<torch::serialize::InputArchive>& shards, const std::string& where) const {
+  const int replicas = static_cast<int>(shards.size());
+  PIPEMAT_CHECK(replicas >= 1, PipelineError, where, ": no optimizer shards");
+  auto read_long = [&](torch::serialize::InputArchive& a, const std::string& key, int d) {
+    at::Tensor t;
+    PIPEMAT_CHECK(a.try_read(key, t) && t.scalar_type() == at::kLong && t.dim() == 1, PipelineError,
+                  where, ": optimizer shard ", d, " has no ", key, " entry");
+    return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  };
+  // Every shard's layout: this rank's stages, their parameters' sizes, the same buckets.
+  std::map<int, std::vector<std::pair<size_t, size_t>>> ranges;
+  for (int d = 0; d < replicas; ++d) {
+    torch::serialize::InputArchive& a = shards[static_cast<size_t>(d)];
+    PIPEMAT_CHECK(read_long(a, "replica", d) == std::vector<int64_t>{d} &&
+                      read_long(a, "replicas", d) == std::vector<int64_t>{replicas},
+                  PipelineError, where, ": optimizer shard ", d, " is not replica ", d, " of ",
+                  replicas);
+    for (const auto& [s, ps] : stage_params) {
+      std::vector<int64_t> numels;
+      for (const at::Tensor& p : ps) numels.push_back(p.numel());
+      PIPEMAT_CHECK(read_long(a, "numels/" + std::to_string(s), d) == numels, PipelineError, where,
+                    ": optimizer shard ", d, " holds other parameters of stage ", s, " than rank ",
+                    rank, " has; it was written by another model");
+      std::vector<std::pair<size_t, size_t>> mine;
+      size_t first = 0;
+      for (int64_t n : read_long(a, "buckets/" + std::to_string(s), d)) {
+        PIPEMAT_CHECK(n >= 1 && first + static_cast<size_t>(n) <= ps.size(), PipelineError, where,
+                      ": optimizer shard ", d, " has a bucket layout that does not fit stage ", s);
+        mine.emplace_back(first, first + static_cast<size_t>(n));
+        first += static_cast<size_t>(n);
+      }
+      PIPEMAT_CHECK(first == ps.size(), PipelineError, where, ": optimizer shard ", d,
+                    "'s buckets do not cover stage ", s);
+      if (d == 0) ranges[s] = mine;
+      PIPEMAT_CHECK(ranges[s] == mine, PipelineError, where, ": optimizer shards 0 and ", d,
+                    " lay out stage ", s, "'s buckets differently");
+    }
+  }
+  // The slices of the writing run, and each replica's optimizer over stand-ins of its pieces
+  // (in the order make_shards gave them: stage, bucket, piece), loaded from its shard.
+  std::map<int, std::vector<std::vector<ShardSlice>>> old;
+  std::vector<std::vector<at::Tensor>> keys(static_cast<size_t>(replicas));
+  for (const auto& [s, rs] : ranges) {
+    const std::vector<at::Tensor>& ps = stage_params.at(s);
+    for (const auto& [first, end] : rs) {
+      std::vector<int64_t> numels;
+      for (size_t i = first; i < end; ++i) numels.push_back(ps[i].numel());
+      old[s].push_back(shard_slices(numels, replicas));
+      for (int d = 0; d < replicas; ++d) {
+        for (const ShardPiece& piece : old[s].back()[static_cast<size_t>(d)].pieces) {
+          keys[static_cast<size_t>(d)].push_back(
+              at::zeros({piece.end - piece.begin}, ps[first + piece.param].options()));
+        }
+      }
+    }
+  }
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> loaded;
+  for (int d = 0; d < replicas; ++d) {
+    torch::serialize::InputArchive state;
+    PIPEMAT_CHECK(shards[static_cast<size_t>(d)].try_read("optimizer", state), PipelineError, where,
+                  ": optimizer shard ", d, " has no optimizer state");
+    loaded.push_back(options.optimizer(keys[static_cast<size_t>(d)]));
+    PIPEMAT_CHECK(loaded.back() != nullptr, ConfigError,
+                  "PipelineOptions::optimizer returned no optimizer on rank ", rank);
+    loaded.back()->load(state);
   }
   std::unique_ptr<torch::optim::Optimizer> full = options.optimizer(params);
   PIPEMAT_CHECK(full != nullptr, ConfigError,
                 "PipelineOptions::optimizer returned no optimizer on rank ", rank);
-  copy_group_options(*optimizer, *full);
-  // Replica d's optimizer and the tensors its state is keyed by, in the order of d's pieces (the
-  // order make_shards gives them to the optimizer): this replica's own, the others' loaded into
-  // an optimizer over stand-ins of their pieces' sizes.
-  std::vector<std::unique_ptr<torch::optim::Optimizer>> loaded(static_cast<size_t>(replicas));
-  std::vector<std::vector<at::Tensor>> keys(static_cast<size_t>(replicas));
-  keys[0] = optimized;
-  for (int d = 1; d < replicas; ++d) {
-    const Tensors got = comm::recv_tensors(group, d, kStateTag).wait();
-    PIPEMAT_CHECK(got.size() == 1 && got[0].defined() && got[0].scalar_type() == at::kByte,
-                  CommError, "save_checkpoint: replica ", d, " sent no optimizer state to replica ",
-                  me, " on pipeline rank ", rank);
-    for (const auto& [s, per_bucket] : slices) {
-      const std::vector<at::Tensor>& ps = stage_params.at(s);
-      for (size_t b = 0; b < per_bucket.size(); ++b) {
-        for (const ShardPiece& piece : per_bucket[b][static_cast<size_t>(d)].pieces) {
-          const at::Tensor& p = ps[buckets.at(s)[b].first + piece.param];
-          keys[static_cast<size_t>(d)].push_back(at::zeros({piece.end - piece.begin}, p.options()));
-        }
-      }
-    }
-    const at::Tensor bytes = got[0].contiguous();
-    torch::serialize::InputArchive archive;
-    archive.load_from(static_cast<const char*>(bytes.data_ptr()),
-                      static_cast<size_t>(bytes.numel()));
-    loaded[static_cast<size_t>(d)] = options.optimizer(keys[static_cast<size_t>(d)]);
-    loaded[static_cast<size_t>(d)]->load(archive);
-  }
-  // Replica d's state of its k-th piece, or null where it has none.
+  copy_group_options(*loaded[0], *full);
+  // Replica d's state of its next piece, or null where it has none.
   std::vector<size_t> next(static_cast<size_t>(replicas), 0);
   auto state_of = [&](int d) -> const torch::optim::OptimizerParamState* {
-    const torch::optim::Optimizer& o = d == 0 ? *optimizer : *loaded[static_cast<size_t>(d)];
+    const torch::optim::Optimizer& o = *loaded[static_cast<size_t>(d)];
     const at::Tensor& key = keys[static_cast<size_t>(d)].at(next[static_cast<size_t>(d)]++);
     auto it = o.state().find(key.unsafeGetTensorImpl());
     return it == o.state().end() ? nullptr : it->second.get();
   };
-  // Every parameter's pieces, joined, in the order each replica's pieces run.
-  for (const auto& [s, per_bucket] : slices) {
+  // Every parameter's pieces joined, in the order each replica's pieces run.
+  for (const auto& [s, rs] : ranges) {
     const std::vector<at::Tensor>& ps = stage_params.at(s);
-    const auto& ranges = buckets.at(s);
-    for (size_t b = 0; b < per_bucket.size(); ++b) {
-      for (size_t i = ranges[b].first; i < ranges[b].second; ++i) {
+    for (size_t b = 0; b < rs.size(); ++b) {
+      for (size_t j = 0; j < rs[b].second - rs[b].first; ++j) {
+        const at::Tensor& p = ps[rs[b].first + j];
         std::vector<const torch::optim::OptimizerParamState*> parts;
-        for (const PieceRef& r : pieces_of.at(s)[i]) parts.push_back(state_of(r.replica));
+        for (int d = 0; d < replicas; ++d) {
+          for (const ShardPiece& piece : old[s][b][static_cast<size_t>(d)].pieces) {
+            if (piece.param == j) parts.push_back(state_of(d));
+          }
+        }
         const bool none = std::all_of(parts.begin(), parts.end(), [](auto* x) { return !x; });
         if (none) continue;  // never stepped
         const bool all = std::none_of(parts.begin(), parts.end(), [](auto* x) { return !x; });
-        PIPEMAT_CHECK(all, PipelineError, "save_checkpoint: parameter ", i, " of stage ", s,
-                      " on rank ", rank,
-                      " has optimizer state on some of the replicas holding its pieces only");
+        PIPEMAT_CHECK(all, PipelineError, where, ": parameter ", rs[b].first + j, " of stage ", s,
+                      " has optimizer state in some of the shards holding its pieces only");
         std::unique_ptr<torch::optim::OptimizerParamState> joined = parts[0]->clone();
         std::vector<at::Tensor> fields = state_tensors(*parts[0]);
         for (size_t f = 0; f < fields.size(); ++f) {
@@ -440,10 +483,13 @@ std::unique_ptr<torch::optim::Optimizer> Pipeline::Impl::gather_optimizer_state(
           for (const auto* x : parts) cut.push_back(state_tensors(*x).at(f));
           const bool defined =
               std::all_of(cut.begin(), cut.end(), [](const at::Tensor& t) { return t.defined(); });
-          fields[f] = defined ? at::cat(cut).view(ps[i].sizes()) : at::Tensor();
+          PIPEMAT_CHECK(!defined || at::cat(cut).numel() == p.numel(), PipelineError, where,
+                        ": the optimizer state of parameter ", rs[b].first + j, " of stage ", s,
+                        " does not have its size in the shards");
+          fields[f] = defined ? at::cat(cut).view(p.sizes()) : at::Tensor();
         }
         set_state_tensors(*joined, fields);
-        full->state()[ps[i].unsafeGetTensorImpl()] = std::move(joined);
+        full->state()[p.unsafeGetTensorImpl()] = std::move(joined);
       }
     }
   }
@@ -459,7 +505,16 @@ void Pipeline::Impl::load_optimizer_state(torch::serialize::InputArchive& archiv
   PIPEMAT_CHECK(full != nullptr, ConfigError,
                 "PipelineOptions::optimizer returned no optimizer on rank ", rank);
   full->load(archive);
+  load_optimizer_state(*full);
+}
+
+void Pipeline::Impl::load_optimizer_state(const torch::optim::Optimizer& full) {
   optimizer->state().clear();
+  copy_group_options(full, *optimizer);
+  if (!sharded()) {
+    for (const auto& [key, state] : full.state()) optimizer->state()[key] = state->clone();
+    return;
+  }
   const int me = options.data_group->rank();
   for (const auto& [s, per_bucket] : slices) {
     const std::vector<at::Tensor>& ps = stage_params.at(s);
@@ -468,8 +523,8 @@ void Pipeline::Impl::load_optimizer_state(torch::serialize::InputArchive& archiv
       for (size_t k = 0; k < slice.pieces.size(); ++k) {
         const ShardPiece& piece = slice.pieces[k];
         const at::Tensor& p = ps[buckets.at(s)[b].first + piece.param];
-        auto it = full->state().find(p.unsafeGetTensorImpl());
-        if (it == full->state().end()) continue;
+        auto it = full.state().find(p.unsafeGetTensorImpl());
+        if (it == full.state().end()) continue;
         std::unique_ptr<torch::optim::OptimizerParamState> mine = it->second->clone();
         std::vector<at::Tensor> fields = state_tensors(*it->second);
         for (at::Tensor& f : fields) {
@@ -480,7 +535,6 @@ void Pipeline::Impl::load_optimizer_state(torch::serialize::InputArchive& archiv
       }
     }
   }
-  copy_group_options(*full, *optimizer);
 }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {

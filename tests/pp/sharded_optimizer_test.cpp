@@ -202,6 +202,15 @@ TEST(ShardedOptimizer, TwoByTwoEqualsUnshardedBitwiseUnderEveryScheduleKind) {
   }
 }
 
+TEST(ShardedOptimizer, ThreeByTwoEqualsUnshardedBitwiseUnderEveryScheduleKind) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+        ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleH2, ScheduleKind::kZeroBubbleV}) {
+    SCOPED_TRACE(schedule::to_string(kind));
+    expect_sharded_equals_unsharded(kind, 3, 2, Opt::kAdamW);
+  }
+}
+
 TEST(ShardedOptimizer, ThreeByTwoWithSgdAndOneParameterBucketsEqualsUnshardedBitwise) {
   expect_sharded_equals_unsharded(ScheduleKind::kOneFOneB, 3, 2, Opt::kSgd);
   // 64-byte buckets: one message per parameter, most buckets owned by one replica only; under

@@ -57,6 +57,11 @@ void write(const fs::path& path, const std::string& text) {
   out << text;
 }
 
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 // Deterministic English-like text: words from a small list picked by an LCG, in lines.
 std::string words(size_t bytes, uint32_t seed = 1) {
   const char* list[] = {"the", "cat",  "sat", "on",  "a",   "mat", "and", "dog", "ran", "to",
@@ -367,10 +372,11 @@ TEST(GptData, ReplicasCheckpointAndResumeBitwise) {
   EXPECT_NE(single.steps[0].loss, second.steps[0].loss);  // half the global batch
 }
 
-// Note [Sharded optimizer]: a sharded checkpoint holds the unsharded state, so 2 sharded
+// Note [Sharded optimizer]: a sharded checkpoint holds every replica's shard, so 2 sharded
 // replicas stopped after step 2 and resumed sharded, or resumed unsharded, train bitwise as the
 // uninterrupted unsharded run, and so do sharded replicas resumed from an unsharded checkpoint;
-// 3 replicas (other owners) resume the same checkpoint sharded as they do unsharded.
+// 3 replicas (other slices) resume the same checkpoint sharded as they do unsharded. A damaged
+// or missing shard file is an error naming it.
 TEST(GptData, ShardedCheckpointsResumeShardedOrNotBitwise) {
   TempDir dir;
   write(dir.path() / "text.txt", words(16 * kSplitBlock));
@@ -405,6 +411,16 @@ TEST(GptData, ShardedCheckpointsResumeShardedOrNotBitwise) {
     return first.final_checkpoint;
   };
   const std::string sharded = first_half(true, "sharded");
+  // Format 3: each rank's file holds no optimizer state; each replica wrote its shard.
+  const std::string manifest = slurp(fs::path(sharded) / "manifest.json");
+  EXPECT_NE(manifest.find("\"format\": 3"), std::string::npos) << manifest;
+  EXPECT_NE(manifest.find("\"replicas\": 2"), std::string::npos) << manifest;
+  for (const char* name :
+       {"rank-0.pt", "rank-1.pt", "rank-0.shard-0-of-2.pt", "rank-0.shard-1-of-2.pt",
+        "rank-1.shard-0-of-2.pt", "rank-1.shard-1-of-2.pt"}) {
+    EXPECT_TRUE(fs::exists(fs::path(sharded) / name)) << name;
+    EXPECT_NE(manifest.find(std::string("\"") + name + "\""), std::string::npos) << name;
+  }
   expect_resumes(sharded, true, "sharded-sharded");
   expect_resumes(sharded, false, "sharded-plain");
   expect_resumes(first_half(false, "plain"), true, "plain-sharded");
@@ -425,6 +441,37 @@ TEST(GptData, ShardedCheckpointsResumeShardedOrNotBitwise) {
   std::map<std::string, at::Tensor> b_params(b.params.begin(), b.params.end());
   for (const auto& [name, value] : a.params)
     EXPECT_TRUE(at::equal(value, b_params[name])) << "3 replicas: parameter " << name;
+
+  // A shard file with one byte flipped, or gone: the resume fails naming it.
+  auto resume_error = [&](const std::string& from) {
+    TrainConfig r = c;
+    r.parallel.shard_optimizer = true;
+    r.checkpoint.resume = from;
+    r.checkpoint.dir = (dir.path() / "broken-out").string();
+    try {
+      train_in_process(r, nullptr);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const fs::path broken = dir.path() / "broken";
+  fs::copy(sharded, broken, fs::copy_options::recursive);
+  const fs::path shard = broken / "rank-1.shard-1-of-2.pt";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    char byte = 0;
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 1);
+    f.seekp(100);
+    f.write(&byte, 1);
+  }
+  std::string error = resume_error(broken.string());
+  EXPECT_NE(error.find(shard.string() + " is damaged or was replaced"), std::string::npos) << error;
+  fs::remove(shard);
+  error = resume_error(broken.string());
+  EXPECT_NE(error.find(shard.string() + " is missing"), std::string::npos) << error;
 }
 
 // Note [Mixed precision]: a bf16 run stopped after step 2 and resumed trains bitwise as the

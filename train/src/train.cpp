@@ -221,26 +221,25 @@ void resume_run(const RankRun& r, const RunCheckpoints& checkpoints) {
 }
 
 // Replica 0 writes the checkpoints: the replicas hold the same weights and optimizer state (Note
-// [Sharded optimizer]: the other replicas send it theirs, in save_checkpoint).
+// [Sharded optimizer]: each replica writes its own optimizer shard beside them).
 void save_after_step(const RankRun& r, const RunCheckpoints& checkpoints, int64_t step, int64_t end,
                      const std::string& metadata) {
   const CheckpointOptions& ck = r.config.checkpoint;
   if (ck.dir.empty() || (r.replica != 0 && !r.pipeline.shards_optimizer()) ||
       !((ck.every > 0 && (step + 1) % ck.every == 0) || step + 1 == end))
     return;
-  if (r.replica != 0) {
-    pp::save_checkpoint(r.pipeline, r.transport, ck.dir, checkpoints.run,
-                        static_cast<int>(ck.keep_last), metadata);
-    return;
-  }
-  // Note [End of a run]: the last step's save failing ends the run, not the training.
+  // Note [End of a run]: the last step's save failing ends the run, not the training; every
+  // replica (Note [Sharded optimizer]: each writes its shard) ends the save the same way.
   const bool final_save = step + 1 == end;
   try {
-    r.result.final_checkpoint = pp::save_checkpoint(
-        r.pipeline, r.transport, ck.dir, checkpoints.run, static_cast<int>(ck.keep_last), metadata);
+    const std::string dir = pp::save_checkpoint(r.pipeline, r.transport, ck.dir, checkpoints.run,
+                                                static_cast<int>(ck.keep_last), metadata);
+    if (r.replica != 0) return;
+    r.result.final_checkpoint = dir;
     if (r.talk) *r.talk << "checkpoint " << r.result.final_checkpoint << "\n";
   } catch (const PipelineError& e) {
     if (!final_save) throw;
+    if (r.replica != 0) return;
     r.result.final_checkpoint.clear();
     r.result.end_failures.push_back({EndPart::kCheckpoint, e.what()});
   }

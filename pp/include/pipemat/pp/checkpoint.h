@@ -30,6 +30,12 @@ namespace pipemat::pp {
 // must match on resume (world size, schedule kind, stages, micro-batches and the stage map), the
 // run, and "files": each rank file's SHA-256 and size, checked before anything of it is loaded
 // (Note [Verified checkpoints] in src/checkpoint.cpp).
+// With a sharded optimizer (Note [Sharded optimizer] in pipemat/pp/pipeline.h) the format is 3:
+// the rank files hold no "optimizer"; every replica d of D writes
+// rank-<r>.shard-<d>-of-<D>.pt ("step", "run" and "shard": its optimizer over its slices and the
+// layout that places them), "replicas" is D, and "files" records the shard files too. A load
+// joins the D shards of its rank and keeps what its own layout needs, so any D, sharded or not,
+// resumes it.
 
 // Note [Checkpoint runs]
 // Every checkpoint names the run that wrote it: a random id made when a run starts
@@ -86,8 +92,9 @@ void remove_checkpoint(const std::string& dir);
 // same run at the same step (a resumed run passing it again) is replaced: its manifest goes
 // first.
 // With a sharded optimizer (Note [Sharded optimizer]) every replica calls it, collective over
-// the data group as well: replica 0 writes the whole unsharded state, the others send theirs to
-// it and return "" without writing.
+// the data group as well: each writes its optimizer shard, replica 0 the rank files and the
+// manifest (so parameters once); every replica returns the directory, or throws when the save
+// failed anywhere (its own error, or PeerFailedError naming replica 0 of its rank).
 std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& root,
                             const CheckpointRun& run, int keep_last = 0,
                             const std::string& metadata = "");
@@ -110,7 +117,7 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
 // What a complete checkpoint's manifest says. PipelineError when `dir` is incomplete (no
 // manifest) or the manifest is not one pipemat wrote.
 struct CheckpointManifest {
-  int format = 0;  // 1: no digests of the rank files; 2: with them
+  int format = 0;  // 1: no digests of the rank files; 2: with them; 3: sharded optimizer
   int64_t step = 0;
   int world_size = 0;
   std::string schedule_kind;

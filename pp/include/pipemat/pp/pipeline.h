@@ -291,13 +291,14 @@ struct PipelineOptions {
 // it is a few ms of a 500 ms step (docs/training.md). StepMetrics::optimizer_state_bytes gives
 // the state this rank holds.
 //
-// Checkpoints hold the unsharded state: to save, every replica calls save_checkpoint; the
-// replicas other than 0 send their optimizer (over their pieces, serialized) to replica 0, which
-// joins every parameter's pieces into one optimizer over all of the rank's parameters
-// (Pipeline::gather_optimizer_state) and writes it as an unsharded run would; the others write
-// nothing. To load, each replica loads that state into an optimizer over all of its rank's
-// parameters and keeps its pieces' elements (Pipeline::load_optimizer_state). So a checkpoint
-// resumes sharded or unsharded, with any D, and replica 0 holds the whole state while it saves.
+// Checkpoints hold each replica's slices: to save, every replica calls save_checkpoint, and each
+// writes its own optimizer shard (Pipeline::save_optimizer_shard: its pieces' state and the
+// layout that places them) beside the rank files replica 0 writes (parameters once); the
+// manifest records every file. To load, each replica reads every shard of its rank, joins them
+// into one optimizer over the rank's parameters (Pipeline::join_optimizer_shards) and keeps its
+// pieces' elements (Pipeline::load_optimizer_state). So a checkpoint resumes sharded or
+// unsharded, with any D (Note [Checkpoint layout] in pipemat/pp/checkpoint.h); no replica holds
+// more than its own state while it saves, and a load holds the whole state for its moment.
 
 // Note [Sharded optimizer]: elements [begin, end) of parameter `param` (its index in the bucket)
 // in the parameter's flat view.
@@ -459,14 +460,22 @@ class Pipeline {
   torch::optim::Optimizer& optimizer();
   // Note [Sharded optimizer] is in effect (shard_optimizer with a data group of D > 1).
   bool shards_optimizer() const;
-  // Note [Sharded optimizer], checkpoints: the optimizer state as one optimizer over all of this
-  // rank's parameters (parameters()) holds it, built by PipelineOptions::optimizer. Sharded:
-  // collective over the data group; replica 0 gets an optimizer holding every owner's state, the
-  // others send theirs and get null. Unsharded: null (optimizer() is that optimizer).
-  std::unique_ptr<torch::optim::Optimizer> gather_optimizer_state();
-  // Loads state saved from an optimizer over all of this rank's parameters (as unsharded, or
-  // gather_optimizer_state's); sharded, this replica keeps the state of its pieces' elements.
+  // The data group (PipelineOptions::data_group), or null.
+  comm::Transport* data_group() const;
+  // Note [Sharded optimizer], checkpoints. save_optimizer_shard: this replica's optimizer (over
+  // its pieces) and the layout that places them (its replica index, D, and per stage the
+  // parameters' element counts and the buckets' parameter counts); ConfigError unsharded.
+  // join_optimizer_shards: one optimizer over all of this rank's parameters (parameters(), built
+  // by PipelineOptions::optimizer) holding the state of the shards of every replica of a run
+  // (`shards[d]` replica d's save_optimizer_shard, any D), joined per parameter; PipelineError
+  // naming `where` when they are not one run's shards of this rank's parameters.
+  void save_optimizer_shard(torch::serialize::OutputArchive& archive) const;
+  std::unique_ptr<torch::optim::Optimizer> join_optimizer_shards(
+      std::vector<torch::serialize::InputArchive>& shards, const std::string& where) const;
+  // Loads state saved from, or held by, an optimizer over all of this rank's parameters;
+  // sharded, this replica keeps the state of its pieces' elements.
   void load_optimizer_state(torch::serialize::InputArchive& archive);
+  void load_optimizer_state(const torch::optim::Optimizer& full);
   // This rank's generator (PipelineOptions::seed); undefined without a seed.
   at::Generator generator() const;
 
