@@ -172,10 +172,12 @@ std::vector<ConfigField> parallel_fields() {
        "every micro-batch still added in schedule order), so a stage's first buckets leave while "
        "the rest computes; `false`: one W after the other, every bucket at the end"},
       {"parallel", "shard_optimizer", boolean(PIPEMAT_MEMBER(parallel.shard_optimizer)), "",
-       "with `parallel.data` above 1: each replica owns about 1/D of every stage's parameters "
-       "(whole parameters) and keeps the optimizer state of those only; the gradients are "
-       "reduce-scattered to their owners and the updated parameters gathered after the step "
-       "(bitwise the unsharded run); the run summary gives each rank's optimizer-state bytes"},
+       "with `parallel.data` above 1: each replica owns 1/D of the elements of every gradient "
+       "bucket (up to one element) and keeps the optimizer state of those only; the gradients "
+       "are reduce-scattered to their owners and the updated parameters gathered after the step "
+       "(bitwise the unsharded run); needs an elementwise optimizer (sgd, adamw); each replica "
+       "writes its own optimizer shard into checkpoints; the run summary gives each rank's "
+       "parameter, gradient and optimizer-state bytes"},
   };
 }
 
