@@ -41,7 +41,8 @@ SHAPES = [
 ]
 
 
-def median_gflops(fn, flops, iters, repeat):
+def median_ms(fn, iters, repeat):
+    """The median over `repeat` rounds of one call's time in ms (each round `iters` calls)."""
     fn()
     times = []
     for _ in range(repeat):
@@ -49,7 +50,11 @@ def median_gflops(fn, flops, iters, repeat):
         for _ in range(iters):
             fn()
         times.append((time.perf_counter() - t0) / iters)
-    return flops / statistics.median(times) / 1e9
+    return statistics.median(times) * 1e3
+
+
+def median_gflops(fn, flops, iters, repeat):
+    return flops / (median_ms(fn, iters, repeat) / 1e3) / 1e9
 
 
 def measure(args):
@@ -72,40 +77,22 @@ def measure(args):
         exact_b = (xb.double() @ wb.double().t())
         xm, wm = x.to_mkldnn(), w.to_mkldnn()
         label = f"{name} {rows}x{k}x{n}"
-        results = []
-        torch.backends.mkldnn.matmul.fp32_precision = "ieee"
-        results.append(("fp32 (MKL)", lambda: F.linear(x, w), exact))
-        results.append(("fp32 (oneDNN)", lambda: torch._C._nn.mkldnn_linear(xm, wm, None),
-                        exact))
-        for kernel, fn, ref in results:
+        # (kernel, call, exact result, oneDNN's fp32_precision while it runs)
+        results = [
+            ("fp32 (MKL)", lambda: F.linear(x, w), exact, "ieee"),
+            ("fp32 (oneDNN)", lambda: torch._C._nn.mkldnn_linear(xm, wm, None), exact, "ieee"),
+            ("fp32 (fp32_precision=bf16)", lambda: F.linear(x, w), exact, "bf16"),
+            ("bf16 (oneDNN)", lambda: F.linear(xb, wb), exact_b, "ieee"),
+        ]
+        for kernel, fn, ref, precision in results:
+            torch.backends.mkldnn.matmul.fp32_precision = precision
             out = fn()
             out = out.to_dense() if out.is_mkldnn else out
             err = (out.double() - ref).abs().max().item()
             gflops = median_gflops(fn, flops, args.iters, args.repeat)
             print(f"{label:<28}{kernel:<28}{gflops:>9.0f}{err:>12.2e}")
-        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
-        out = F.linear(x, w)
-        err = (out.double() - exact).abs().max().item()
-        print(f"{label:<28}{'fp32 (fp32_precision=bf16)':<28}"
-              f"{median_gflops(lambda: F.linear(x, w), flops, args.iters, args.repeat):>9.0f}"
-              f"{err:>12.2e}")
         torch.backends.mkldnn.matmul.fp32_precision = "ieee"
-        out = F.linear(xb, wb)
-        err = (out.double() - exact_b).abs().max().item()
-        print(f"{label:<28}{'bf16 (oneDNN)':<28}"
-              f"{median_gflops(lambda: F.linear(xb, wb), flops, args.iters, args.repeat):>9.0f}"
-              f"{err:>12.2e}")
 
-
-def median_ms(fn, iters, repeat):
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times) * 1e3
 
 
 def attention(args):

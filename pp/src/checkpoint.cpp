@@ -430,14 +430,11 @@ std::vector<RankPart> gather_parts(comm::Transport& transport, const FileDigest&
                                    const CheckpointRun& run,
                                    const std::vector<FileDigest>& shards) {
   struct Wire {
-    char sha256[64];
-    uint64_t bytes;
+    DigestWire file;
     char run[64];
   };
   Wire own{};
-  PIPEMAT_INTERNAL_ASSERT(mine.sha256.size() == sizeof(own.sha256), "a SHA-256 has 64 digits");
-  std::memcpy(own.sha256, mine.sha256.data(), sizeof(own.sha256));
-  own.bytes = mine.bytes;
+  own.file = to_wire(mine);
   std::memcpy(own.run, run.id.data(), std::min(run.id.size(), sizeof(own.run)));
   std::vector<DigestWire> own_shards;
   for (const FileDigest& d : shards) own_shards.push_back(to_wire(d));
@@ -463,9 +460,9 @@ std::vector<RankPart> gather_parts(comm::Transport& transport, const FileDigest&
   std::vector<RankPart> out;
   for (size_t r = 0; r < ranks; ++r) {
     const Wire& w = wires[r];
-    RankPart part{{std::string(w.sha256, sizeof(w.sha256)), w.bytes},
-                  std::string(w.run, strnlen(w.run, sizeof(w.run))),
-                  {}};
+    RankPart part;
+    part.digest = from_wire(w.file);
+    part.run_id = std::string(w.run, strnlen(w.run, sizeof(w.run)));
     part.shards.resize(shard_wires[r].size());
     for (size_t d = 0; d < shard_wires[r].size(); ++d)
       part.shards[d] = from_wire(shard_wires[r][d]);

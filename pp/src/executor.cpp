@@ -44,7 +44,9 @@ Pipeline::Impl::StepRun::StepRun(Impl& pipe, const DataSource& data)
   if (pipe_.generator.defined()) rng_.emplace(pipe_.generator);
   m_.step = step_;
   for (auto p : pipe_.params) p.mutable_grad().reset();
-  for (auto p : pipe_.optimized) p.mutable_grad().reset();  // Note [Sharded optimizer]: pieces
+  if (pipe_.sharded()) {  // Note [Sharded optimizer]: the pieces' gradients too
+    for (auto p : pipe_.optimized) p.mutable_grad().reset();
+  }
   remat::reset_counters();
   if (pipe_.options.collect_timelines) pipe_.transport.barrier();
   remat::reset_peak_bytes();
@@ -152,12 +154,11 @@ StepMetrics Pipeline::Impl::StepRun::finish() {
   for (auto& w : sends_) w.wait();
   const PipelineOptions& options = pipe_.options;
   if (options.data_group != nullptr) end_allreduce();
+  // The gradients held now: the parameters' (unsharded) or the pieces' (sharded).
   std::vector<at::Tensor> grads;
-  for (const auto* list : {&pipe_.params, &pipe_.optimized}) {
-    for (const auto& p : *list) grads.push_back(p.grad());
-  }
+  for (const auto& p : pipe_.optimized) grads.push_back(p.grad());
   m_.gradient_bytes = remat::storage_bytes(grads);
-  m_.parameter_bytes = remat::storage_bytes(pipe_.params);
+  m_.parameter_bytes = pipe_.parameter_bytes;
   if (options.clip_grad_norm > 0)
     m_.grad_norm = pipe_.clip_global_norm(options.clip_grad_norm, step_);
   if (options.lr_schedule) options.lr_schedule(*pipe_.optimizer, step_);

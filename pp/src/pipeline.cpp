@@ -164,6 +164,7 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
     stages.emplace(s, std::move(stage));
   }
   optimized = params;
+  parameter_bytes = remat::storage_bytes(params);
   if (options.data_group != nullptr) {
     plan_buckets();
     equalize_parameters();

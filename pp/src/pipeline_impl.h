@@ -50,6 +50,7 @@ struct Pipeline::Impl {
   std::map<int, PipelineStage> stages;
   std::map<int, std::vector<at::Tensor>> stage_params;
   std::vector<at::Tensor> params;
+  int64_t parameter_bytes = 0;  // of `params` (remat::storage_bytes), set with the stages
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   int64_t next_step = 0;
   std::map<int, Signature> boundary;  // boundary s -> s + 1, Note [Stage boundary signature]
@@ -117,12 +118,11 @@ struct Pipeline::Impl {
                   int64_t step) const;
   // Note [Sharded optimizer] (set with the stages when sharded()): stage -> per bucket (as
   // `buckets`) the slices of replicas 0 .. D-1; stage -> per bucket this replica's pieces as
-  // tensors (flat views of the parameters); stage -> per parameter the replica that computes its
-  // gradient norm (the one holding its first element) and the replicas holding its pieces, with
-  // the piece's index in that replica's slice, in element order.
+  // tensors (flat views of the parameters); stage -> per parameter the replicas holding its
+  // pieces, with the piece's index in that replica's slice, in element order (the first computes
+  // its gradient norm: owner_of).
   std::map<int, std::vector<std::vector<ShardSlice>>> slices;
   std::map<int, std::vector<std::vector<at::Tensor>>> my_pieces;
-  std::map<int, std::vector<int>> owners;
   struct PieceRef {
     int replica = 0;
     size_t bucket = 0, piece = 0;
@@ -135,7 +135,7 @@ struct Pipeline::Impl {
     return options.shard_optimizer && options.data_group != nullptr &&
            options.data_group->world_size() > 1;
   }
-  int owner_of(int stage, size_t i) const { return owners.at(stage)[i]; }
+  int owner_of(int stage, size_t i) const { return pieces_of.at(stage)[i].front().replica; }
   // Note [Data x pipeline]: the global index of this replica's first micro-batch of a step.
   int64_t micro_batch_offset() const {
     return options.data_group ? options.data_group->rank() * plan.micro_batches : 0;
@@ -204,8 +204,8 @@ struct Pipeline::Impl {
   GradientExchange post_gradients(int stage);
   void finish_gradients(GradientExchange& exchange, int64_t step);
   double average_loss(double loss, int64_t step);
-  // sharded_optimizer.cpp, Note [Sharded optimizer]: sets slices, my_pieces, owners, pieces_of
-  // and optimized.
+  // sharded_optimizer.cpp, Note [Sharded optimizer]: sets slices, my_pieces, pieces_of and
+  // optimized.
   void make_shards();
   // ConfigError unless `optimizer` is elementwise (stepping a piece = stepping its elements).
   void check_shardable() const;

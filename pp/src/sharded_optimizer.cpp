@@ -104,9 +104,7 @@ void Pipeline::Impl::make_shards() {
   optimized.clear();
   for (const auto& [stage, ranges] : buckets) {
     const std::vector<at::Tensor>& ps = stage_params.at(stage);
-    std::vector<int>& owner = owners[stage];
     std::vector<std::vector<PieceRef>>& refs = pieces_of[stage];
-    owner.assign(ps.size(), -1);
     refs.assign(ps.size(), {});
     for (size_t b = 0; b < ranges.size(); ++b) {
       const auto [first, end] = ranges[b];
@@ -124,7 +122,6 @@ void Pipeline::Impl::make_shards() {
         for (size_t k = 0; k < slice.pieces.size(); ++k) {
           const ShardPiece& piece = slice.pieces[k];
           const size_t i = first + piece.param;
-          if (owner[i] < 0) owner[i] = d;
           refs[i].push_back({d, b, k});
           if (d != me) continue;
           mine.push_back(flat(ps[i]).slice(0, piece.begin, piece.end));
@@ -268,8 +265,7 @@ std::map<int, at::Tensor> Pipeline::Impl::sharded_norms(int64_t step) {
   std::vector<int> expected(static_cast<size_t>(replicas), 0);
   for (const auto& [s, refs] : pieces_of) {
     for (const std::vector<PieceRef>& r : refs) {
-      for (size_t k = 1; k < r.size(); ++k) {
-        if (r[k].replica == r[0].replica) continue;
+      for (size_t k = 1; k < r.size(); ++k) {  // one piece per replica: r[k] is not r[0]'s
         if (r[k].replica == me) {
           const at::Tensor& piece = my_pieces.at(s)[r[k].bucket][r[k].piece];
           if (piece.grad().defined())
@@ -320,12 +316,8 @@ std::map<int, at::Tensor> Pipeline::Impl::sharded_norms(int64_t step) {
       }
       // The whole reduced gradient, in the parameter's shape: the norm unsharded takes.
       std::vector<at::Tensor> parts{first->grad()};
-      for (size_t k = 1; k < r.size(); ++k) {
+      for (size_t k = 1; k < r.size(); ++k) {  // the later pieces are other replicas'
         const int d = r[k].replica;
-        if (d == me) {
-          parts.push_back(my_pieces.at(s)[r[k].bucket][r[k].piece].grad());
-          continue;
-        }
         const at::Tensor got =
             incoming[static_cast<size_t>(d)].at(taken[static_cast<size_t>(d)]++).to(options.device);
         const ShardPiece& piece =
@@ -459,35 +451,41 @@ std::unique_ptr<torch::optim::Optimizer> Pipeline::Impl::join_optimizer_shards(
     auto it = o.state().find(key.unsafeGetTensorImpl());
     return it == o.state().end() ? nullptr : it->second.get();
   };
-  // Every parameter's pieces joined, in the order each replica's pieces run.
+  // Every parameter's pieces joined, in the order each replica's pieces run (a slice's pieces
+  // are in parameter order: one cursor per replica walks them).
   for (const auto& [s, rs] : ranges) {
     const std::vector<at::Tensor>& ps = stage_params.at(s);
     for (size_t b = 0; b < rs.size(); ++b) {
+      std::vector<size_t> cursor(static_cast<size_t>(replicas), 0);
       for (size_t j = 0; j < rs[b].second - rs[b].first; ++j) {
         const at::Tensor& p = ps[rs[b].first + j];
         std::vector<const torch::optim::OptimizerParamState*> parts;
         for (int d = 0; d < replicas; ++d) {
-          for (const ShardPiece& piece : old[s][b][static_cast<size_t>(d)].pieces) {
-            if (piece.param == j) parts.push_back(state_of(d));
-          }
+          const std::vector<ShardPiece>& pieces = old[s][b][static_cast<size_t>(d)].pieces;
+          size_t& c = cursor[static_cast<size_t>(d)];
+          if (c < pieces.size() && pieces[c].param == j) ++c, parts.push_back(state_of(d));
         }
         const bool none = std::all_of(parts.begin(), parts.end(), [](auto* x) { return !x; });
         if (none) continue;  // never stepped
         const bool all = std::none_of(parts.begin(), parts.end(), [](auto* x) { return !x; });
         PIPEMAT_CHECK(all, PipelineError, where, ": parameter ", rs[b].first + j, " of stage ", s,
                       " has optimizer state in some of the shards holding its pieces only");
-        std::unique_ptr<torch::optim::OptimizerParamState> joined = parts[0]->clone();
-        std::vector<at::Tensor> fields = state_tensors(*parts[0]);
+        std::vector<std::vector<at::Tensor>> cut;  // per piece its state tensors
+        for (const auto* x : parts) cut.push_back(state_tensors(*x));
+        std::vector<at::Tensor> fields(cut[0].size());
         for (size_t f = 0; f < fields.size(); ++f) {
-          std::vector<at::Tensor> cut;
-          for (const auto* x : parts) cut.push_back(state_tensors(*x).at(f));
-          const bool defined =
-              std::all_of(cut.begin(), cut.end(), [](const at::Tensor& t) { return t.defined(); });
-          PIPEMAT_CHECK(!defined || at::cat(cut).numel() == p.numel(), PipelineError, where,
+          std::vector<at::Tensor> field;
+          for (const auto& c : cut) field.push_back(c.at(f));
+          if (!std::all_of(field.begin(), field.end(),
+                           [](const at::Tensor& t) { return t.defined(); }))
+            continue;  // unused by this optimizer (AdamW's max_exp_avg_sq without amsgrad)
+          fields[f] = at::cat(field);
+          PIPEMAT_CHECK(fields[f].numel() == p.numel(), PipelineError, where,
                         ": the optimizer state of parameter ", rs[b].first + j, " of stage ", s,
                         " does not have its size in the shards");
-          fields[f] = defined ? at::cat(cut).view(p.sizes()) : at::Tensor();
+          fields[f] = fields[f].view(p.sizes());
         }
+        std::unique_ptr<torch::optim::OptimizerParamState> joined = parts[0]->clone();
         set_state_tensors(*joined, fields);
         full->state()[p.unsafeGetTensorImpl()] = std::move(joined);
       }
