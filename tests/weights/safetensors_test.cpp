@@ -220,6 +220,21 @@ TEST_F(SafetensorsTest, BadFilesAreClearErrors) {
       {"entry_not_object", with_header(R"({"t":12})"), "tensor 't': expected an object"},
       {"metadata_not_strings", with_header(R"({"__metadata__":{"k":1}}    )"),
        "__metadata__ 'k' is 1, expected a string"},
+      // Note [Strict JSON]: what a lenient JSON reader would take.
+      {"duplicate_metadata", with_header(R"({"__metadata__":{"k":"a","k":"b"}})"),
+       "__metadata__ key 'k' appears twice"},
+      {"nan_shape", with_header(R"({"t":{"dtype":"F32","shape":[NaN],"data_offsets":[0,8]}})"),
+       "the header is not valid JSON (parse error at line 1, column 30: syntax error while "
+       "parsing value - invalid literal"},
+      {"overflowing_number",
+       with_header(R"({"t":{"dtype":"F32","shape":[1e999],"data_offsets":[0,8]}})"),
+       "the header is not valid JSON (parse error at line 1, column 34: number overflow parsing "
+       "'1e999')"},
+      {"invalid_utf8", with_header("{\"t\xff\":{}}"),
+       "the header is not valid JSON (parse error at line 1, column 4: syntax error while parsing "
+       "object key - invalid string: ill-formed UTF-8 byte; last read: '\"t\\xff'"},
+      {"deep", with_header("{\"t\":" + std::string(200, '[') + std::string(200, ']') + "}"),
+       "in the header, the value at 't[0][0]"},
   };
   for (const Case& c : cases) {
     const std::string path = write_raw(c.name + ".safetensors", c.bytes);
@@ -227,6 +242,34 @@ TEST_F(SafetensorsTest, BadFilesAreClearErrors) {
     EXPECT_NE(error.find(c.expected), std::string::npos)
         << c.name << ": expected '" << c.expected << "' in '" << error << "'";
     EXPECT_NE(error.find(path), std::string::npos) << c.name << ": " << error;
+    // The bytes in memory are checked as the file is, with the same error.
+    try {
+      parse_safetensors(c.bytes, path);
+      ADD_FAILURE() << c.name << ": parse_safetensors took it";
+    } catch (const WeightsError& e) {
+      EXPECT_EQ(e.what(), error) << c.name;
+    }
+  }
+}
+
+TEST_F(SafetensorsTest, BytesInMemoryReadAsTheFile) {
+  const std::string four(4, '\x02');
+  const std::string path = (dir_ / "m.safetensors").string();
+  write_safetensors_file(path, {{"x", Dtype::kF32, {1}, four}, {"b", Dtype::kU8, {2}, "ab"}},
+                         {{"format", "pt"}});
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const SafetensorsFile file(path);
+  const SafetensorsHeader header = parse_safetensors(bytes, "memory");
+  EXPECT_EQ(header.data_start, file.data_start());
+  EXPECT_EQ(header.metadata, file.metadata());
+  ASSERT_EQ(header.tensors.size(), 2u);
+  EXPECT_EQ(header.tensors[0].name, "b");  // name order
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(header.tensors[i].name, file.tensors()[i].name);
+    EXPECT_EQ(header.tensors[i].begin, file.tensors()[i].begin);
+    EXPECT_EQ(header.tensors[i].end, file.tensors()[i].end);
+    EXPECT_EQ(header.tensors[i].shape, file.tensors()[i].shape);
   }
 }
 
@@ -277,6 +320,11 @@ TEST_F(SafetensorsTest, DirectoryWithAnIndexMapsEachNameToItsFile) {
   EXPECT_NE(error(R"({"weight_map":{"x":"../a.safetensors"}})").find("expected the name of a file"),
             std::string::npos);
   EXPECT_NE(error(R"([1])").find("weight_map"), std::string::npos);
+  EXPECT_NE(error(R"({"weight_map":{"x":"a.safetensors","x":"b.safetensors"}})")
+                .find("model.safetensors.index.json: tensor 'x' appears twice in weight_map"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"weight_map":{"x":"a.safetensors"}} {})").find("not valid JSON (parse error"),
+            std::string::npos);
 
   // A directory with one model.safetensors, and one with neither.
   fs::create_directories(dir_ / "single");

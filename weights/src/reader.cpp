@@ -9,9 +9,10 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
+#include <string_view>
 
 #include "pipemat/core/format.h"
+#include "pipemat/core/json.h"
 #include "pipemat/weights/safetensors.h"
 
 namespace pipemat::weights {
@@ -22,47 +23,30 @@ static_assert(std::endian::native == std::endian::little,
 
 using Json = nlohmann::json;
 
-// The first key that appears twice in one object of `text`, with its object's key path, or
-// nothing. nlohmann's parser keeps the last of two equal keys in silence.
-struct Duplicate {
-  std::string key;
-  std::string inside;  // "" for the top-level object, else the key of the entry
-};
-
-Json parse_header(const std::string& text, const std::string& path, std::optional<Duplicate>& dup) {
-  std::vector<std::set<std::string>> keys;  // one per open object
-  std::vector<std::string> last_key_at;     // the key that opened each nested value
-  std::string pending_key;
-  const auto callback = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-        keys.emplace_back();
-        last_key_at.push_back(pending_key);
-        break;
-      case Json::parse_event_t::object_end:
-        if (!keys.empty()) keys.pop_back();
-        if (!last_key_at.empty()) last_key_at.pop_back();
-        break;
-      case Json::parse_event_t::key:
-        if (parsed.is_string()) {
-          pending_key = parsed.get<std::string>();
-          if (!keys.empty() && !keys.back().insert(pending_key).second && !dup) {
-            dup = Duplicate{pending_key, last_key_at.empty() ? "" : last_key_at.back()};
-          }
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
+// The header's JSON (Note [Strict JSON] in pipemat/core/json.h): a duplicate name or field
+// would otherwise be resolved in silence, keeping the last.
+Json parse_header(std::string_view text, const std::string& path) {
   try {
-    return Json::parse(text, callback);
-  } catch (const Json::exception& e) {
-    PIPEMAT_THROW(WeightsError, "weights: ", path, ": the header is not valid JSON (", e.what(),
-                  ")");
+    return parse_json(text);
+  } catch (const JsonError& e) {
+    if (e.kind() == JsonError::Kind::kSyntax) {
+      PIPEMAT_THROW(WeightsError, "weights: ", path, ": the header is not valid JSON (", e.what(),
+                    ")");
+    }
+    if (e.kind() == JsonError::Kind::kDuplicateKey && e.path().empty()) {
+      PIPEMAT_THROW(WeightsError, "weights: ", path, ": tensor '", e.key(),
+                    "' appears twice in the header");
+    }
+    if (e.kind() == JsonError::Kind::kDuplicateKey && e.path().size() == 1) {
+      if (e.path()[0] == kMetadataKey) {
+        PIPEMAT_THROW(WeightsError, "weights: ", path, ": ", kMetadataKey, " key '", e.key(),
+                      "' appears twice");
+      }
+      PIPEMAT_THROW(WeightsError, "weights: ", path, ": tensor '", e.path()[0], "': field '",
+                    e.key(), "' appears twice");
+    }
+    PIPEMAT_THROW(WeightsError, "weights: ", path, ": in the header, ", e.what());
   }
-  return Json();
 }
 
 // A non-negative integer of the header that fits int64, else a WeightsError saying `what`.
@@ -125,53 +109,35 @@ TensorInfo tensor_entry(const std::string& name, const Json& entry, const std::s
   return t;
 }
 
-}  // namespace
-
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  struct stat st {};
-  PIPEMAT_CHECK(::stat(path.c_str(), &st) == 0, WeightsError, "weights: cannot open '", path, "' (",
-                std::strerror(errno), ")");
-  PIPEMAT_CHECK(S_ISREG(st.st_mode), WeightsError, "weights: '", path,
-                "' is not a regular file; expected a .safetensors file");
-  const auto file_bytes = static_cast<int64_t>(st.st_size);
-  std::ifstream in(path, std::ios::binary);
-  PIPEMAT_CHECK(in.is_open(), WeightsError, "weights: cannot open '", path, "' (",
-                std::strerror(errno), ")");
-  PIPEMAT_CHECK(file_bytes >= 8, WeightsError, "weights: ", path, ": ", file_bytes,
-                " bytes, too short for the 8-byte header length of a safetensors file");
-  unsigned char length_bytes[8] = {};
-  in.read(reinterpret_cast<char*>(length_bytes), 8);
-  PIPEMAT_CHECK(in.gcount() == 8, WeightsError, "weights: ", path,
-                ": cannot read the header length");
-  uint64_t header_length = 0;
-  for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | length_bytes[i];
-  PIPEMAT_CHECK(header_length <= static_cast<uint64_t>(kMaxHeaderBytes), WeightsError,
-                "weights: ", path, ": the header length is ", header_length,
-                " bytes, above the cap of ", format_bytes(kMaxHeaderBytes),
+// The header length N that the first 8 bytes of a safetensors file of `file_bytes` bytes give,
+// checked against the cap (before anything is allocated) and against the file's size.
+int64_t header_length(const unsigned char* length_bytes, int64_t file_bytes,
+                      const std::string& path) {
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];
+  PIPEMAT_CHECK(length <= static_cast<uint64_t>(kMaxHeaderBytes), WeightsError, "weights: ", path,
+                ": the header length is ", length, " bytes, above the cap of ",
+                format_bytes(kMaxHeaderBytes),
                 "; this is not a safetensors file (or a damaged one)");
-  const auto n = static_cast<int64_t>(header_length);
+  const auto n = static_cast<int64_t>(length);
   PIPEMAT_CHECK(8 + n <= file_bytes, WeightsError, "weights: ", path, ": the header length is ", n,
                 " bytes but the file holds only ", file_bytes - 8,
                 " after it; the file is truncated or not a safetensors file");
-  std::string text(static_cast<size_t>(n), '\0');
-  in.read(text.data(), n);
-  PIPEMAT_CHECK(in.gcount() == n, WeightsError, "weights: ", path, ": cannot read the ", n,
-                "-byte header (", std::strerror(errno), ")");
-  data_start_ = 8 + n;
-  const int64_t buffer = file_bytes - data_start_;
+  return n;
+}
 
-  std::optional<Duplicate> dup;
-  const Json header = parse_header(text, path, dup);
+void check_file_length(int64_t file_bytes, const std::string& path) {
+  PIPEMAT_CHECK(file_bytes >= 8, WeightsError, "weights: ", path, ": ", file_bytes,
+                " bytes, too short for the 8-byte header length of a safetensors file");
+}
+
+// The tensors and metadata of the header `text`, which a data buffer of `buffer` bytes follows.
+SafetensorsHeader check_header(std::string_view text, int64_t buffer, const std::string& path) {
+  SafetensorsHeader out;
+  out.data_start = 8 + static_cast<int64_t>(text.size());
+  const Json header = parse_header(text, path);
   PIPEMAT_CHECK(header.is_object(), WeightsError, "weights: ", path, ": the header is a JSON ",
                 header.type_name(), ", expected an object of tensors");
-  if (dup) {
-    if (dup->inside.empty()) {
-      PIPEMAT_THROW(WeightsError, "weights: ", path, ": tensor '", dup->key,
-                    "' appears twice in the header");
-    }
-    PIPEMAT_THROW(WeightsError, "weights: ", path, ": tensor '", dup->inside, "': field '",
-                  dup->key, "' appears twice");
-  }
   for (const auto& item : header.items()) {
     if (item.key() == kMetadataKey) {
       PIPEMAT_CHECK(item.value().is_object(), WeightsError, "weights: ", path, ": ", kMetadataKey,
@@ -179,15 +145,15 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       for (const auto& m : item.value().items()) {
         PIPEMAT_CHECK(m.value().is_string(), WeightsError, "weights: ", path, ": ", kMetadataKey,
                       " '", m.key(), "' is ", m.value().dump(), ", expected a string");
-        metadata_[m.key()] = m.value().get<std::string>();
+        out.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
-    tensors_.push_back(tensor_entry(item.key(), item.value(), path));
+    out.tensors.push_back(tensor_entry(item.key(), item.value(), path));
   }
   // The tensors tile the buffer: in offset order each begins where the one before ended.
   std::vector<const TensorInfo*> order;
-  for (const TensorInfo& t : tensors_) order.push_back(&t);
+  for (const TensorInfo& t : out.tensors) order.push_back(&t);
   std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) {
     return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
   });
@@ -210,14 +176,47 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                 " bytes but the tensors cover ", at,
                 before ? " (the last is '" + before->name + "')" : std::string(),
                 "; bytes after them are not part of any tensor");
-  std::sort(tensors_.begin(), tensors_.end(),
+  std::sort(out.tensors.begin(), out.tensors.end(),
             [](const TensorInfo& a, const TensorInfo& b) { return a.name < b.name; });
-  for (size_t i = 0; i < tensors_.size(); ++i) by_name_[tensors_[i].name] = i;
+  return out;
+}
+
+}  // namespace
+
+SafetensorsHeader parse_safetensors(std::string_view bytes, const std::string& name) {
+  const auto size = static_cast<int64_t>(bytes.size());
+  check_file_length(size, name);
+  const int64_t n = header_length(reinterpret_cast<const unsigned char*>(bytes.data()), size, name);
+  return check_header(bytes.substr(8, static_cast<size_t>(n)), size - 8 - n, name);
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  struct stat st {};
+  PIPEMAT_CHECK(::stat(path.c_str(), &st) == 0, WeightsError, "weights: cannot open '", path, "' (",
+                std::strerror(errno), ")");
+  PIPEMAT_CHECK(S_ISREG(st.st_mode), WeightsError, "weights: '", path,
+                "' is not a regular file; expected a .safetensors file");
+  const auto file_bytes = static_cast<int64_t>(st.st_size);
+  std::ifstream in(path, std::ios::binary);
+  PIPEMAT_CHECK(in.is_open(), WeightsError, "weights: cannot open '", path, "' (",
+                std::strerror(errno), ")");
+  check_file_length(file_bytes, path);
+  unsigned char length_bytes[8] = {};
+  in.read(reinterpret_cast<char*>(length_bytes), 8);
+  PIPEMAT_CHECK(in.gcount() == 8, WeightsError, "weights: ", path,
+                ": cannot read the header length");
+  const int64_t n = header_length(length_bytes, file_bytes, path);
+  std::string text(static_cast<size_t>(n), '\0');
+  in.read(text.data(), n);
+  PIPEMAT_CHECK(in.gcount() == n, WeightsError, "weights: ", path, ": cannot read the ", n,
+                "-byte header (", std::strerror(errno), ")");
+  header_ = check_header(text, file_bytes - 8 - n, path);
+  for (size_t i = 0; i < header_.tensors.size(); ++i) by_name_[header_.tensors[i].name] = i;
 }
 
 const TensorInfo* SafetensorsFile::find(const std::string& name) const {
   const auto it = by_name_.find(name);
-  return it == by_name_.end() ? nullptr : &tensors_[it->second];
+  return it == by_name_.end() ? nullptr : &header_.tensors[it->second];
 }
 
 void SafetensorsFile::read(const std::string& name, void* out) const {
@@ -226,7 +225,7 @@ void SafetensorsFile::read(const std::string& name, void* out) const {
   std::ifstream in(path_, std::ios::binary);
   PIPEMAT_CHECK(in.is_open(), WeightsError, "weights: cannot open '", path_, "' (",
                 std::strerror(errno), ") to read tensor '", name, "'");
-  in.seekg(data_start_ + t->begin);
+  in.seekg(header_.data_start + t->begin);
   in.read(static_cast<char*>(out), t->bytes());
   PIPEMAT_CHECK(in.gcount() == t->bytes(), WeightsError, "weights: ", path_, ": tensor '", name,
                 "': read ", in.gcount(), " of its ", t->bytes(),

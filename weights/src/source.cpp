@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pipemat/core/files.h"
+#include "pipemat/core/json.h"
 #include "pipemat/weights/safetensors.h"
 
 namespace pipemat::weights {
@@ -30,9 +31,17 @@ std::map<std::string, std::vector<std::string>> read_index(const std::string& pa
   }
   nlohmann::json index;
   try {
-    index = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    PIPEMAT_THROW(WeightsError, "weights: ", path, ": not valid JSON (", e.what(), ")");
+    index = parse_json(text);  // Note [Strict JSON]: a tensor mapped twice is an error
+  } catch (const JsonError& e) {
+    if (e.kind() == JsonError::Kind::kSyntax) {
+      PIPEMAT_THROW(WeightsError, "weights: ", path, ": not valid JSON (", e.what(), ")");
+    }
+    if (e.kind() == JsonError::Kind::kDuplicateKey &&
+        e.path() == std::vector<std::string>{"weight_map"}) {
+      PIPEMAT_THROW(WeightsError, "weights: ", path, ": tensor '", e.key(),
+                    "' appears twice in weight_map");
+    }
+    PIPEMAT_THROW(WeightsError, "weights: ", path, ": ", e.what());
   }
   PIPEMAT_CHECK(
       index.is_object() && index.contains("weight_map") && index.at("weight_map").is_object(),

@@ -15,8 +15,10 @@
 // silence by keeping the last; a known dtype; a shape of non-negative integers whose product
 // times the element size does not overflow and equals end - begin; offsets that are
 // non-negative integers within the buffer; and the tensors, in offset order, tile the buffer
-// from 0 to its end. Every error is a WeightsError naming the file and the tensor. Reads of a
-// tensor then seek to it and read exactly its bytes (a rank reads only its stages' tensors).
+// from 0 to its end. The header is read with core's strict JSON parser (Note [Strict JSON] in
+// pipemat/core/json.h): no NaN, no number that overflows, UTF-8 strings, at most 128 levels. Every
+// error is a WeightsError naming the file and the tensor. Reads of a tensor then seek to it and
+// read exactly its bytes (a rank reads only its stages' tensors).
 
 #include <cstdint>
 #include <map>
@@ -60,6 +62,18 @@ struct TensorInfo {
   int64_t bytes() const { return end - begin; }
 };
 
+// What a safetensors header holds, checked (Note [Safetensors checks]).
+struct SafetensorsHeader {
+  int64_t data_start = 0;           // the offset of the data buffer: 8 + the header length
+  std::vector<TensorInfo> tensors;  // in name order
+  std::map<std::string, std::string> metadata;
+};
+
+// The header of the safetensors file whose bytes are `bytes` (the whole file: the data buffer's
+// size is part of the checks), checked as SafetensorsFile checks a file; WeightsError naming
+// `name` where it is not valid. For bytes that are not a file (a buffer, a fuzzer's input).
+SafetensorsHeader parse_safetensors(std::string_view bytes, const std::string& name);
+
 // One safetensors file, its header read and checked (Note [Safetensors checks]). The data is
 // read tensor by tensor, on request.
 class SafetensorsFile {
@@ -70,13 +84,13 @@ class SafetensorsFile {
 
   const std::string& path() const { return path_; }
   // Every tensor, in name order.
-  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const std::vector<TensorInfo>& tensors() const { return header_.tensors; }
   // The tensor `name`, or nullptr.
   const TensorInfo* find(const std::string& name) const;
   // The header's "__metadata__" (empty when it has none).
-  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   // The offset of the data buffer in the file: 8 + the header length.
-  int64_t data_start() const { return data_start_; }
+  int64_t data_start() const { return header_.data_start; }
 
   // Reads tensor `name`'s bytes into `out` (info.bytes() of them). WeightsError naming the file
   // and the tensor when there is no such tensor or the file no longer holds its bytes.
@@ -86,10 +100,8 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  int64_t data_start_ = 0;
-  std::vector<TensorInfo> tensors_;
+  SafetensorsHeader header_;
   std::map<std::string, size_t> by_name_;
-  std::map<std::string, std::string> metadata_;
 };
 
 // A tensor to write: its bytes (little-endian, row-major, contiguous) are `data`, which must
