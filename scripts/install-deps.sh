@@ -13,6 +13,9 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config clang-format
+  # clang and its runtimes (libFuzzer, -fsanitize=fuzzer, is libclang-rt-14-dev: only a
+  # recommendation of clang, which --no-install-recommends below leaves out): scripts/build-fuzz.sh
+  clang libclang-rt-14-dev
   python3-venv python3-pip
   libopenmpi-dev openmpi-bin
   libboost-dev

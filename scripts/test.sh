@@ -11,6 +11,8 @@ bash "$root/scripts/check-format.sh"
 # configuration as scripts/run.sh, so this builds only what run.sh did not.
 bash "$root/scripts/build.sh"
 bash "$root/scripts/build-sanitize.sh"
+# The libFuzzer targets (clang) that ctest's Fuzz.* run (tests/fuzz).
+bash "$root/scripts/build-fuzz.sh"
 build="${PIPEMAT_BUILD_DIR:-$root/build}"
 export OMP_NUM_THREADS=1
 cd "$build"

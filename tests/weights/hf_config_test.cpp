@@ -31,7 +31,7 @@ std::string config_with(const std::string& extra = "") {
 }
 
 // The WeightsError text of parsing `text`; "" when it parses.
-std::string error_of(const std::string& text) {
+std::string config_error_of(const std::string& text) {
   try {
     parse_llama_config(text, kFile);
   } catch (const WeightsError& e) {
@@ -129,52 +129,53 @@ TEST(HfConfig, RopeParametersOfTransformers5WinOverTheTopLevelRopeTheta) {
 TEST(HfConfig, TheFindingsOfIssue53AreErrorsNamingTheirCause) {
   const std::string at = kFile + ": field ";
   // No model_type, or another one.
-  EXPECT_EQ(error_of(R"({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+  EXPECT_EQ(config_error_of(R"({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                          "num_attention_heads": 4})"),
             at + "'model_type' is missing; a Llama config.json says \"model_type\": \"llama\" "
                  "(without it the file does not say which model it describes)");
-  EXPECT_EQ(error_of(R"({"model_type": null})"),
+  EXPECT_EQ(config_error_of(R"({"model_type": null})"),
             at + "'model_type' is missing; a Llama config.json says \"model_type\": \"llama\" "
                  "(without it the file does not say which model it describes)");
-  EXPECT_EQ(error_of(R"({"model_type": "mistral"})"),
+  EXPECT_EQ(config_error_of(R"({"model_type": "mistral"})"),
             at + "'model_type' is 'mistral'; expected llama");
-  EXPECT_EQ(error_of(R"({"model_type": 7})"), at + "'model_type' is 7; expected llama");
+  EXPECT_EQ(config_error_of(R"({"model_type": 7})"), at + "'model_type' is 7; expected llama");
   // A key twice, at any depth.
-  EXPECT_EQ(error_of(config_with(R"("hidden_size": 128)")),
+  EXPECT_EQ(config_error_of(config_with(R"("hidden_size": 128)")),
             kFile + ": key 'hidden_size' appears twice in the top-level object");
-  EXPECT_EQ(error_of(config_with(R"("rope_parameters": {"rope_theta": 1.0, "rope_theta": 2.0})")),
-            kFile + ": key 'rope_theta' appears twice in the object at 'rope_parameters'");
+  EXPECT_EQ(
+      config_error_of(config_with(R"("rope_parameters": {"rope_theta": 1.0, "rope_theta": 2.0})")),
+      kFile + ": key 'rope_theta' appears twice in the object at 'rope_parameters'");
   // Text that is not JSON says where and why.
-  EXPECT_EQ(error_of(config_with(R"("rms_norm_eps": NaN)")),
+  EXPECT_EQ(config_error_of(config_with(R"("rms_norm_eps": NaN)")),
             kFile +
                 ": not valid JSON (parse error at line 2, column 99: syntax error while "
                 "parsing value - invalid literal; last read: '\"rms_norm_eps\": N')");
-  EXPECT_EQ(error_of(config_with(R"("rope_theta": 1e999)")),
+  EXPECT_EQ(config_error_of(config_with(R"("rope_theta": 1e999)")),
             kFile +
                 ": not valid JSON (parse error at line 2, column 101: number overflow parsing "
                 "'1e999')");
-  EXPECT_EQ(error_of("{\"model_type\": \"ll\xe9ma\"}"),
+  EXPECT_EQ(config_error_of("{\"model_type\": \"ll\xe9ma\"}"),
             kFile +
                 ": not valid JSON (parse error at line 1, column 20: syntax error while "
                 "parsing value - invalid string: ill-formed UTF-8 byte; last read: "
                 "'\"ll\\xe9m')");
-  EXPECT_EQ(error_of("[1, 2"),
+  EXPECT_EQ(config_error_of("[1, 2"),
             kFile +
                 ": not valid JSON (parse error at line 1, column 6: syntax error while "
                 "parsing array - unexpected end of input; expected ']')");
-  EXPECT_EQ(error_of("[1, 2]"),
+  EXPECT_EQ(config_error_of("[1, 2]"),
             kFile + " is a JSON array, not an object (a Hugging Face config.json)");
 }
 
 TEST(HfConfig, TheShapeIsRequiredAndEveryFieldChecked) {
   const std::string at = kFile + ": field ";
-  EXPECT_EQ(error_of(R"({"model_type": "llama", "hidden_size": 32})"),
+  EXPECT_EQ(config_error_of(R"({"model_type": "llama", "hidden_size": 32})"),
             at + "'num_hidden_layers' is missing; the model's shape comes from the file "
                  "(transformers' LlamaConfig would take 32, Llama-7B's, for it)");
-  EXPECT_EQ(error_of(R"({"model_type": "llama", "num_hidden_layers": 2})"),
+  EXPECT_EQ(config_error_of(R"({"model_type": "llama", "num_hidden_layers": 2})"),
             at + "'hidden_size' is missing; the model's shape comes from the file "
                  "(transformers' LlamaConfig would take 4096, Llama-7B's, for it)");
-  EXPECT_EQ(error_of(R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 8,
+  EXPECT_EQ(config_error_of(R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 8,
                          "num_attention_heads": 2})"),
             at + "'intermediate_size' is missing; the model's shape comes from the file "
                  "(transformers' LlamaConfig would take 11008, Llama-7B's, for it)");
@@ -255,12 +256,13 @@ TEST(HfConfig, TheShapeIsRequiredAndEveryFieldChecked) {
     j.erase(c.field);
     std::string text = j.dump();
     text.insert(1, "\"" + c.field + "\": " + c.value + ", ");
-    EXPECT_EQ(error_of(text), at + c.message) << text;
+    EXPECT_EQ(config_error_of(text), at + c.message) << text;
   }
   // A long value is cut in the message.
-  EXPECT_EQ(error_of(config_with("\"hidden_act\": \"" + std::string(100, 'x') + "\"")).size(),
-            error_of(config_with("\"hidden_act\": \"x\"")).size() + 99);
-  EXPECT_EQ(error_of(config_with("\"rms_norm_eps\": \"" + std::string(100, 'x') + "\"")),
+  EXPECT_EQ(
+      config_error_of(config_with("\"hidden_act\": \"" + std::string(100, 'x') + "\"")).size(),
+      config_error_of(config_with("\"hidden_act\": \"x\"")).size() + 99);
+  EXPECT_EQ(config_error_of(config_with("\"rms_norm_eps\": \"" + std::string(100, 'x') + "\"")),
             at + "'rms_norm_eps' is \"" + std::string(56, 'x') + "...; expected a number > 0");
 }
 
@@ -315,7 +317,7 @@ TEST(HfConfig, TheWriterReadsBackEqualWithItsExactBytes) {
 
 // ---- transformers as the oracle ---------------------------------------------------------------
 
-std::string slurp(const fs::path& path) {
+std::string file_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
@@ -363,18 +365,18 @@ TEST(HfConfig, TransformersReadsTheSameValuesFromTheSameFiles) {
                               "' 2> '" + (dir / "oracle.err").string() + "'";
   const int status = std::system(command.c_str());
   const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  const std::string out = slurp(log);
+  const std::string out = file_text(log);
   if (rc == 3) {
     fs::remove_all(dir);
     GTEST_SKIP() << "transformers is not installed: " << out;
   }
-  ASSERT_EQ(rc, 0) << out << slurp(dir / "oracle.err");
+  ASSERT_EQ(rc, 0) << out << file_text(dir / "oracle.err");
   const nlohmann::json oracle = nlohmann::json::parse(out.substr(out.rfind("\n{") + 1));
   for (size_t i = 0; i < dirs.size(); ++i) {
-    const std::string text = slurp(fs::path(dirs[i]) / "config.json");
+    const std::string text = file_text(fs::path(dirs[i]) / "config.json");
     const nlohmann::json& hf = oracle.at(dirs[i]);
     if (i >= read.size()) {
-      EXPECT_NE(error_of(text), "") << text;
+      EXPECT_NE(config_error_of(text), "") << text;
       EXPECT_TRUE(hf.contains("error")) << text << "\ntransformers: " << hf.dump();
       continue;
     }
