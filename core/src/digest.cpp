@@ -58,25 +58,28 @@ Digest Sha256::finish() {
   return out;
 }
 
-FileDigest sha256_file(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  PIPEMAT_CHECK(file != nullptr, PipelineError, "cannot open ", path,
-                " to check its digest: ", std::strerror(errno));
+FileDigest sha256_file(const InputFile& file) {
   Sha256 sha;
   FileDigest out;
   std::vector<char> block(size_t{1} << 20);
-  size_t n = 0;
-  while ((n = std::fread(block.data(), 1, block.size(), file)) > 0) {
-    sha.update(block.data(), n);
-    out.bytes += n;
+  for (;;) {
+    const int64_t n = file.read_at(static_cast<int64_t>(out.bytes), block.data(),
+                                   static_cast<int64_t>(block.size()));
+    PIPEMAT_CHECK(n >= 0, PipelineError, "cannot read ", file.path(),
+                  " to check its digest: ", std::strerror(errno));
+    if (n == 0) break;
+    sha.update(block.data(), static_cast<size_t>(n));
+    out.bytes += static_cast<uint64_t>(n);
   }
-  const bool failed = std::ferror(file) != 0;
-  const int error = errno;
-  std::fclose(file);
-  PIPEMAT_CHECK(!failed, PipelineError, "cannot read ", path,
-                " to check its digest: ", std::strerror(error));
   out.sha256 = sha.finish_hex();
   return out;
+}
+
+FileDigest sha256_file(const std::string& path) {
+  std::string problem;
+  const InputFile file = InputFile::open(path, kNoSizeCap, problem);
+  PIPEMAT_CHECK(file.is_open(), PipelineError, "cannot check the digest: ", problem);
+  return sha256_file(file);
 }
 
 struct HmacSha256::Context {

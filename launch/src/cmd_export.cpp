@@ -16,6 +16,7 @@ void add_export_command(CLI::App& app) {
   struct Flags {
     std::string checkpoint;
     std::string out;
+    bool overwrite = false;
   };
   auto f = std::make_shared<Flags>();
   auto* cmd = app.add_subcommand(
@@ -34,13 +35,16 @@ void add_export_command(CLI::App& app) {
   cmd->add_option("--checkpoint", f->checkpoint,
                   "A step-NNNNNN directory that `pipemat train` wrote")
       ->required();
-  cmd->add_option(
-         "--out", f->out,
-         "The safetensors file to write (replaced when it exists; its directory is created)")
+  cmd->add_option("--out", f->out,
+                  "The safetensors file to write (its directory is created). Never inside a "
+                  "checkpoint directory, never through a symlink; an existing file only with "
+                  "--overwrite. Every file is written, or none")
       ->required();
+  cmd->add_flag("--overwrite", f->overwrite,
+                "Replace --out (and a llama's config.json beside it) when it exists");
   cmd->callback([f] {
     pp::set_compute_threads(pp::default_compute_threads(1));
-    const train::ExportSummary s = train::export_weights(f->checkpoint, f->out);
+    const train::ExportSummary s = train::export_weights(f->checkpoint, f->out, f->overwrite);
     std::cout << "exported " << f->checkpoint << " (" << s.kind << ", step " << s.step << ", "
               << s.stages << " stages over " << s.ranks << " ranks): " << s.tensors << " tensors, "
               << format_count(s.elements) << " parameters, " << format_bytes(s.bytes) << " -> "

@@ -73,7 +73,7 @@ void add_train_command(CLI::App& app) {
     // The reference runs in one process with nothing to coordinate: a signal ends it as usual.
     if (!f->reference) install_stop_signals();
     const int rc = train::run_train(config, f->reference, std::cout, std::cerr,
-                                    [] { return stop_signal() != 0; });
+                                    [] { return stop_requested(); });
     if (rc == train::kInterrupted) {
       // Under mpirun a rank that stopped must not wait in MPI_Finalize for a peer that began the
       // next step and waits on it (Note [Stopping on a signal]): it ends the job, after its line.

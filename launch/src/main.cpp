@@ -1,6 +1,8 @@
 // The `pipemat` binary: CLI11 subcommands over the library. Every user-facing failure is a
 // pipemat::Error; it is printed as one `pipemat: error: ...` line and the exit code is 1.
 
+#include <c10/util/Exception.h>
+
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "pipemat/comm/launcher.h"
 #include "pipemat/comm/transport.h"
 #include "pipemat/core/error.h"
 #include "pipemat/pp/compute.h"
@@ -46,7 +49,9 @@ int report_failure(const std::exception& e) {
   // A diverged run is every rank's at the same step, like a ConfigError.
   const bool waited =
       leave_it_to_rank0(diverged || dynamic_cast<const pipemat::ConfigError*>(&e) != nullptr);
-  const char* what = e.what();
+  // LibTorch's errors carry a C++ backtrace in what(): the line keeps the message alone.
+  const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+  const char* what = torch_error != nullptr ? torch_error->what_without_backtrace() : e.what();
   const bool names_a_rank = std::strncmp(what, "rank ", 5) == 0;
   // One write for the whole line: ranks started as local processes share the terminal.
   std::string line = "pipemat: error: ";
@@ -65,6 +70,7 @@ int report_failure(const std::exception& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pipemat::comm::end_with_launcher();  // Note [Ranks end with their launcher]
   pipemat::pp::retain_freed_memory();  // Note [Freed memory stays in the process]
   // A write past the file-size limit (ulimit -f) fails with EFBIG and is reported with the file
   // it was for, instead of killing the process with SIGXFSZ half-way through a checkpoint.

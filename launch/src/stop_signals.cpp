@@ -9,6 +9,10 @@ namespace {
 // Lock-free, so reading and writing it in a signal handler is async-signal-safe.
 std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free);
+// Set once the training loop asks for stop requests: before that (building the model, reading
+// the data, loading a checkpoint or weights) nothing would ask, so a signal ends the process.
+std::atomic<bool> g_loop_asks{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
 
 void set_action(int sig, void (*handler)(int)) {
   struct sigaction action {};
@@ -24,6 +28,9 @@ extern "C" void on_stop_signal(int sig) {
   // The second signal, of either kind, takes the default action: the process ends at once.
   set_action(SIGINT, SIG_DFL);
   set_action(SIGTERM, SIG_DFL);
+  // Before the loop asks (a load may take minutes): this one too, as soon as the handler
+  // returns (the signal is blocked while it runs).
+  if (!g_loop_asks.load()) ::raise(sig);
 }
 
 }  // namespace
@@ -34,6 +41,11 @@ void install_stop_signals() {
 }
 
 int stop_signal() { return g_stop_signal.load(); }
+
+bool stop_requested() {
+  g_loop_asks.store(true);
+  return g_stop_signal.load() != 0;
+}
 
 void restore_default_signals() {
   set_action(SIGINT, SIG_DFL);

@@ -30,40 +30,26 @@
 #include "checkpoint_files.h"
 #include "pipemat/core/digest.h"
 #include "pipemat/core/error.h"
+#include "pipemat/core/files.h"
 #include "pipemat/core/format.h"
+#include "pipemat/pp/finite.h"
 
 namespace pipemat::pp {
 namespace {
 
 namespace fs = std::filesystem;
+using detail::kFilesKey;
+using detail::kFormat;
+using detail::kShardedFormat;
 using detail::manifest_path;
 using detail::publish;
-using detail::read_manifest_json;
+using detail::rank_file_name;
+using detail::shard_file_name;
 using detail::step_dir_name;
-
-// The format version manifest.json holds (Note [Checkpoint layout] in pipemat/pp/checkpoint.h):
-// 2 records each rank file's SHA-256 and size and names the run in each rank file; 1 did
-// neither (its checkpoints still load, without those checks).
-// 3: a sharded optimizer's checkpoint (Note [Sharded optimizer]): the rank files hold no
-// optimizer state, each replica's shard file of each rank does, and "replicas" says how many.
-constexpr int kFormat = 2;
-constexpr int kShardedFormat = 3;
-constexpr int kOldestFormat = 1;
-
-std::string rank_file_name(int rank) { return "rank-" + std::to_string(rank) + ".pt"; }
-
-// Replica `replica` of `replicas`' optimizer shard of rank `rank`: "rank-1.shard-0-of-2.pt".
-std::string shard_file_name(int rank, int replica, int replicas) {
-  return "rank-" + std::to_string(rank) + ".shard-" + std::to_string(replica) + "-of-" +
-         std::to_string(replicas) + ".pt";
-}
 
 std::string rank_file(const std::string& dir, int rank) {
   return (fs::path(dir) / rank_file_name(rank)).string();
 }
-
-// The manifest's record of each rank file: {"rank-0.pt": {"sha256": ..., "bytes": ...}, ...}.
-constexpr const char* kFilesKey = "files";
 
 std::string key_of(const std::string& path) {
   std::string key = path;
@@ -92,32 +78,46 @@ void read_stage(torch::serialize::InputArchive& archive, const std::string& file
   for (const auto& b : module.named_buffers()) read("buffers", b.key(), b.value());
 }
 
-// Opens a rank file; PipelineError naming it when it is missing or damaged.
-void open_rank_file(torch::serialize::InputArchive& archive, const std::string& file, int rank) {
-  PIPEMAT_CHECK(fs::exists(file), PipelineError, "load_checkpoint: ", file,
-                " is missing: the checkpoint has no state for rank ", rank);
+// Note [Non-finite values at load]: every floating-point tensor of `archive` (the file `file`),
+// nested archives (the optimizer's state) included, under the key path `prefix`.
+void check_archive_finite(torch::serialize::InputArchive& archive, const std::string& file,
+                          const std::string& prefix = "") {
+  for (const std::string& key : archive.keys()) {
+    std::string name = prefix + key;
+    std::replace(name.begin(), name.end(), '|', '.');
+    at::Tensor tensor;
+    torch::serialize::InputArchive nested;
+    if (archive.try_read(key, tensor)) {
+      const auto bad = non_finite(tensor);
+      PIPEMAT_CHECK(!bad, PipelineError, "load_checkpoint: ", file, ": tensor '", name, "' ", *bad,
+                    "; ", kNonFiniteAdvice);
+    } else if (archive.try_read(key, nested)) {
+      check_archive_finite(nested, file, name + "/");
+    }
+  }
+}
+
+// Loads the archive of `file` (opened by open_checkpoint_file); PipelineError naming it when it
+// is damaged, or unless `allow_non_finite` when a tensor of it is not finite.
+void load_archive(torch::serialize::InputArchive& archive, const InputFile& file,
+                  bool allow_non_finite) {
+  const auto read = [&file](uint64_t pos, void* buf, size_t nbytes) -> size_t {
+    const int64_t n = file.read_at(static_cast<int64_t>(pos), buf, static_cast<int64_t>(nbytes));
+    PIPEMAT_CHECK(n >= 0, PipelineError, "load_checkpoint: reading ", file.path(),
+                  " failed: ", std::strerror(errno));
+    return static_cast<size_t>(n);
+  };
   try {
-    archive.load_from(file);
+    archive.load_from(read, [&file] { return static_cast<size_t>(file.size()); });
+  } catch (const PipelineError&) {
+    throw;
   } catch (const std::exception& e) {
-    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", file,
+    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", file.path(),
                   " cannot be read (truncated or "
                   "damaged): ",
                   std::string(e.what()).substr(0, 200));
   }
-}
-
-// The manifest's format version, checked to be one this build reads.
-int format_of(const nlohmann::json& m, const std::string& manifest) {
-  PIPEMAT_CHECK(m.contains("format") && m["format"].is_number_integer(), PipelineError,
-                "load_checkpoint: ", manifest,
-                " has no format version; it is not a pipemat "
-                "manifest");
-  const int format = m["format"].get<int>();
-  PIPEMAT_CHECK(format >= kOldestFormat && format <= kShardedFormat, PipelineError,
-                "load_checkpoint: ", manifest, " is of format ", format,
-                "; this pipemat reads formats ", kOldestFormat, " to ", kShardedFormat,
-                (format > kShardedFormat ? " (it was written by a newer pipemat)" : ""));
-  return format;
+  if (!allow_non_finite) check_archive_finite(archive, file.path());
 }
 
 // Note [Verified checkpoints]
@@ -130,13 +130,19 @@ int format_of(const nlohmann::json& m, const std::string& manifest) {
 // its run and step, checked against the manifest, so a rank file of another run cannot be
 // taken for this one's even where the manifest itself was rewritten by hand. Checkpoints of
 // format 1 (before the digests) load without these two checks.
-void verify_file(const nlohmann::json& m, int format, const std::string& dir,
-                 const std::string& name, int rank) {
-  if (format < 2) return;
+// Opens `name` of the checkpoint in `dir` (Note [Opening an input file] in pipemat/core/files.h:
+// a FIFO or a device is refused at once) and, from format 2 on, verifies it against the
+// manifest `m`: its size first (a file of another size is not read), then its SHA-256. The
+// archive is then read from the same open file (load_archive), never from the path again.
+InputFile open_checkpoint_file(const nlohmann::json& m, int format, const std::string& dir,
+                               const std::string& name, int rank) {
   const std::string file = (fs::path(dir) / name).string();
   const std::string manifest = manifest_path(dir);
-  PIPEMAT_CHECK(fs::exists(file), PipelineError, "load_checkpoint: ", file,
+  std::error_code ec;
+  PIPEMAT_CHECK(fs::exists(file, ec), PipelineError, "load_checkpoint: ", file,
                 " is missing: the checkpoint has no state for rank ", rank);
+  InputFile in = open_input_file<PipelineError>(file, "load_checkpoint");
+  if (format < 2) return in;
   std::string want;
   uint64_t want_bytes = 0;
   try {
@@ -146,16 +152,18 @@ void verify_file(const nlohmann::json& m, int format, const std::string& dir,
     PIPEMAT_THROW(PipelineError, "load_checkpoint: ", manifest, " records no digest of ", name,
                   "; the manifest is damaged");
   }
-  const FileDigest got = sha256_file(file);
-  PIPEMAT_CHECK(got.sha256 == want && got.bytes == want_bytes, PipelineError,
-                "load_checkpoint: ", file, " is damaged or was replaced: its SHA-256 is ",
-                got.sha256.substr(0, 16), "... (", got.bytes, " bytes) but ", manifest,
-                " recorded ", want.substr(0, 16), "... (", want_bytes,
-                " bytes) when it was written; nothing was loaded. Load an older checkpoint");
-}
-
-void verify_rank_file(const nlohmann::json& m, int format, const std::string& dir, int rank) {
-  verify_file(m, format, dir, rank_file_name(rank), rank);
+  const std::string damaged = "load_checkpoint: " + file + " is damaged or was replaced: ";
+  const std::string recorded = manifest + " recorded " + want.substr(0, 16) + "... (" +
+                               std::to_string(want_bytes) +
+                               " bytes) when it was written; nothing was loaded. Load an older "
+                               "checkpoint";
+  PIPEMAT_CHECK(static_cast<uint64_t>(in.size()) == want_bytes, PipelineError, damaged, "it holds ",
+                in.size(), " bytes but ", recorded);
+  const FileDigest got = sha256_file(in);
+  PIPEMAT_CHECK(got.sha256 == want && got.bytes == want_bytes, PipelineError, damaged,
+                "its SHA-256 is ", got.sha256.substr(0, 16), "... (", got.bytes, " bytes) but ",
+                recorded);
+  return in;
 }
 
 // The run and step a rank file names, against the manifest's (format 2 and later).
@@ -687,25 +695,16 @@ namespace {
 // over the rank's parameters.
 std::unique_ptr<torch::optim::Optimizer> read_shards(const Pipeline& pipeline,
                                                      const nlohmann::json& m, int format,
-                                                     const std::string& dir, int64_t step) {
+                                                     int replicas, const std::string& dir,
+                                                     int64_t step, bool allow_non_finite) {
   const int rank = pipeline.rank();
-  int replicas = 0;
-  try {
-    replicas = m.at("replicas").get<int>();
-  } catch (const nlohmann::json::exception&) {
-    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", manifest_path(dir),
-                  " is of format 3 but says no number of replicas; the manifest is damaged");
-  }
-  PIPEMAT_CHECK(replicas >= 1 && replicas <= 65536, PipelineError,
-                "load_checkpoint: ", manifest_path(dir), " says ", replicas,
-                " replicas; the manifest is damaged");
   std::vector<torch::serialize::InputArchive> shards(static_cast<size_t>(replicas));
   for (int d = 0; d < replicas; ++d) {
     const std::string name = shard_file_name(rank, d, replicas);
     const std::string file = (fs::path(dir) / name).string();
-    verify_file(m, format, dir, name, rank);
+    const InputFile in = open_checkpoint_file(m, format, dir, name, rank);
     torch::serialize::InputArchive archive;
-    open_rank_file(archive, file, rank);
+    load_archive(archive, in, allow_non_finite);
     check_rank_file_run(archive, m, format, file);
     at::Tensor at_step;
     PIPEMAT_CHECK(archive.try_read("step", at_step) && at_step.numel() == 1 &&
@@ -724,12 +723,13 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
                       std::vector<std::pair<at::Tensor, at::Tensor>>& copies,
                       torch::serialize::InputArchive& optimizer,
                       std::unique_ptr<torch::optim::Optimizer>& joined, at::Tensor& rng,
-                      bool& has_rng, at::Tensor& step) {
+                      bool& has_rng, at::Tensor& step, bool allow_non_finite) {
   const int rank = pipeline.rank();
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
-  const nlohmann::json m = read_manifest_json(dir);
+  nlohmann::json m;
+  const CheckpointManifest manifest = detail::read_manifest(dir, m);
   const nlohmann::json want = manifest_of(pipeline);
-  const int format = format_of(m, manifest_path);
+  const int format = manifest.format;
   for (const char* field :
        {"world_size", "schedule_kind", "stages", "micro_batches", "stage_to_rank"}) {
     PIPEMAT_CHECK(m.contains(field) && m[field] == want[field], ConfigError,
@@ -741,8 +741,8 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
   }
   const std::string file = rank_file(dir, rank);
   torch::serialize::InputArchive archive;
-  verify_rank_file(m, format, dir, rank);
-  open_rank_file(archive, file, rank);
+  load_archive(archive, open_checkpoint_file(m, format, dir, rank_file_name(rank), rank),
+               allow_non_finite);
   check_rank_file_run(archive, m, format, file);
   at::Tensor stages;
   PIPEMAT_CHECK(
@@ -766,7 +766,8 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
                 stored, " parameters and buffers for the stages of rank ", rank,
                 " but this model has ", copies.size(), "; it was written by another model");
   if (format >= kShardedFormat) {
-    joined = read_shards(pipeline, m, format, dir, step.item<int64_t>());
+    joined = read_shards(pipeline, m, format, manifest.replicas, dir, step.item<int64_t>(),
+                         allow_non_finite);
   } else {
     PIPEMAT_CHECK(archive.try_read("optimizer", optimizer), PipelineError,
                   "load_checkpoint: ", file, " has no optimizer state");
@@ -779,7 +780,8 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
 
 }  // namespace
 
-void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& dir) {
+void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& dir,
+                     bool allow_non_finite) {
   // Check everything on every rank, then agree: nothing is changed anywhere unless every rank
   // can load its part (Note [Checkpoint agreement]).
   const int rank = pipeline.rank();
@@ -790,7 +792,10 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
   bool has_rng = false;
   agree_on(
       transport, "load_checkpoint",
-      [&] { check_checkpoint(pipeline, dir, copies, optimizer, joined, rng, has_rng, step); },
+      [&] {
+        check_checkpoint(pipeline, dir, copies, optimizer, joined, rng, has_rng, step,
+                         allow_non_finite);
+      },
       [&](int r) {
         return "could not load its part of " + dir + " (" + rank_file(dir, r) +
                "; its error says why); nothing was loaded on any rank";
@@ -816,43 +821,15 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
   transport.barrier();
 }
 
-namespace {
-
-// The manifest `m` of the checkpoint in `dir`, checked (read_checkpoint_manifest's contract).
-CheckpointManifest manifest_from_json(const nlohmann::json& m, const std::string& dir) {
-  CheckpointManifest out;
-  out.format = format_of(m, manifest_path(dir));
-  try {
-    out.step = m.at("step").get<int64_t>();
-    out.world_size = m.at("world_size").get<int>();
-    out.schedule_kind = m.at("schedule_kind").get<std::string>();
-    out.stages = m.at("stages").get<int>();
-    out.micro_batches = m.at("micro_batches").get<int>();
-    out.stage_to_rank = m.at("stage_to_rank").get<std::vector<int>>();
-    if (m.contains("metadata")) out.metadata = m.at("metadata").get<std::string>();
-    if (m.contains(detail::kRunKey)) {
-      out.run_id = m.at(detail::kRunKey).at("id").get<std::string>();
-      out.config_digest = m.at(detail::kRunKey).at("config_digest").get<std::string>();
-    }
-  } catch (const nlohmann::json::exception& e) {
-    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", (fs::path(dir) / "manifest.json").string(),
-                  " is not a pipemat manifest: ", e.what());
-  }
-  PIPEMAT_CHECK(out.stages >= 1 && out.stage_to_rank.size() == static_cast<size_t>(out.stages),
-                PipelineError, "load_checkpoint: ", (fs::path(dir) / "manifest.json").string(),
-                " has ", out.stages, " stages but a stage map of ", out.stage_to_rank.size());
-  return out;
-}
-
-}  // namespace
-
 CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
-  return manifest_from_json(read_manifest_json(dir), dir);
+  nlohmann::json json;
+  return detail::read_manifest(dir, json);
 }
 
-void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Module*>& stages) {
-  const nlohmann::json m = read_manifest_json(dir);  // read once: its digests are checked below
-  const CheckpointManifest manifest = manifest_from_json(m, dir);
+void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Module*>& stages,
+                        bool allow_non_finite) {
+  nlohmann::json m;  // read once: its digests are checked below
+  const CheckpointManifest manifest = detail::read_manifest(dir, m);
   PIPEMAT_CHECK(stages.size() == static_cast<size_t>(manifest.stages), ConfigError,
                 "load_stage_weights: ", dir, " holds ", manifest.stages, " stages but ",
                 stages.size(), " modules were given");
@@ -862,8 +839,8 @@ void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Mod
   for (const auto& [rank, owned] : by_rank) {
     const std::string file = rank_file(dir, rank);
     torch::serialize::InputArchive archive;
-    verify_rank_file(m, manifest.format, dir, rank);
-    open_rank_file(archive, file, rank);
+    load_archive(archive, open_checkpoint_file(m, manifest.format, dir, rank_file_name(rank), rank),
+                 allow_non_finite);
     check_rank_file_run(archive, m, manifest.format, file);
     for (int s : owned) read_stage(archive, file, s, *stages[static_cast<size_t>(s)], copies);
   }

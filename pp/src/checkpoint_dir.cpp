@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
@@ -36,10 +35,6 @@ long long step_of(const std::string& name) {
   return parse_int_in(name.substr(5), 0, std::numeric_limits<int64_t>::max()).value_or(-1);
 }
 
-std::string manifest_path(const std::string& dir) {
-  return (fs::path(dir) / "manifest.json").string();
-}
-
 void sync_path(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   PIPEMAT_CHECK(fd >= 0, PipelineError, "checkpoint: cannot open ", path,
@@ -58,19 +53,6 @@ void publish(const std::string& tmp, const std::string& final_path) {
   PIPEMAT_CHECK(!ec, PipelineError, "checkpoint: cannot rename ", tmp, " to ", final_path, ": ",
                 ec.message());
   sync_path(fs::path(final_path).parent_path().string());
-}
-
-nlohmann::json read_manifest_json(const std::string& dir) {
-  const std::string path = manifest_path(dir);
-  std::ifstream in(path);
-  PIPEMAT_CHECK(in.good(), PipelineError, "load_checkpoint: ", dir,
-                " is not a complete checkpoint (no manifest.json; a save that was interrupted "
-                "leaves none): give a step-NNNNNN directory that has one (--resume latest and "
-                "pp::latest_checkpoint() pick the newest)");
-  nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
-  PIPEMAT_CHECK(!m.is_discarded() && m.is_object(), PipelineError, "load_checkpoint: ", path,
-                " is not valid JSON");
-  return m;
 }
 
 }  // namespace detail

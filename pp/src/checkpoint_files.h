@@ -1,10 +1,12 @@
 #pragma once
 // File helpers shared by the checkpoint writer / loader (checkpoint.cpp) and the checkpoint
-// directory functions (checkpoint_dir.cpp): names, durable writes, the manifest.
+// directory functions (checkpoint_dir.cpp): names and durable writes; the manifest's in
+// manifest.h.
 
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <string>
+
+#include "manifest.h"
 
 namespace pipemat::pp::detail {
 
@@ -15,19 +17,10 @@ std::string step_dir_name(int64_t step);
 // name: step-1000000 sorts before step-999999 as text.
 long long step_of(const std::string& name);
 
-// "<dir>/manifest.json".
-std::string manifest_path(const std::string& dir);
-
 // fsync of a file or a directory; PipelineError naming it and the OS's reason.
 void sync_path(const std::string& path);
 
 // Makes `tmp` durable and renames it to `final_path`, then syncs the directory.
 void publish(const std::string& tmp, const std::string& final_path);
-
-// The manifest of `dir`; PipelineError when the checkpoint is incomplete or it is not JSON.
-nlohmann::json read_manifest_json(const std::string& dir);
-
-// The manifest's "run" object: {"id": ..., "config_digest": ...}.
-constexpr const char* kRunKey = "run";
 
 }  // namespace pipemat::pp::detail

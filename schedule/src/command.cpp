@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "pipemat/core/error.h"
+#include "pipemat/core/files.h"
 #include "pipemat/schedule/render.h"
 #include "pipemat/schedule/schedule.h"
 #include "pipemat/schedule/simulate.h"
@@ -14,13 +15,8 @@ namespace pipemat::schedule {
 namespace {
 
 Schedule import_file(const ScheduleCommandOptions& o, RecomputeMode recompute) {
-  std::ifstream in(o.import_path, std::ios::binary);
-  PIPEMAT_CHECK(in.good(), ConfigError, "--import ", o.import_path,
-                ": cannot open the file; give the path of a torch.distributed.pipelining CSV "
-                "schedule (one row of actions per rank).");
-  std::ostringstream text;
-  text << in.rdbuf();
-  Schedule s = import_torch_csv(text.str(), o.import_path);
+  // The path of a torch.distributed.pipelining CSV schedule (one row of actions per rank).
+  Schedule s = import_torch_csv(read_regular_file(o.import_path, "--import"), o.import_path);
   PIPEMAT_CHECK(o.ranks == 0 || o.ranks == s.ranks_count, ConfigError, "--ranks ", o.ranks,
                 " does not match --import ", o.import_path, ", which has ", s.ranks_count,
                 " ranks (rows); drop --ranks or fix the file.");

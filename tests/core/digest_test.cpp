@@ -45,7 +45,8 @@ TEST(Digest, Sha256InPiecesAndOfAFile) {
     sha256_file(path);
     FAIL() << "a missing file has no digest";
   } catch (const PipelineError& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot open " + path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cannot open '" + path + "'"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -87,5 +87,47 @@ TEST_F(FilesTest, RefusesAFileAboveTheCapNamingSizeAndCap) {
                 "smaller file (or split it into a directory of files where the key takes one)");
 }
 
+// Note [Opening an input file]: a symlink to a regular file is read; one to a device or a FIFO
+// is refused like the device or the FIFO itself, naming the link's path; read_at reads at any
+// offset and stops at the end of the file.
+TEST_F(FilesTest, InputFileFollowsLinksToFilesAndRefusesLinksToDevicesAndFifos) {
+  const std::string target = write("target.bin", "0123456789");
+  const std::string link = (dir_ / "link.bin").string();
+  fs::create_symlink(target, link);
+  std::string problem;
+  const InputFile file = InputFile::open(link, kNoSizeCap, problem);
+  ASSERT_TRUE(file.is_open()) << problem;
+  EXPECT_EQ(file.size(), 10);
+  char buffer[8] = {};
+  EXPECT_EQ(file.read_at(6, buffer, 8), 4);
+  EXPECT_EQ(std::string(buffer, 4), "6789");
+  EXPECT_EQ(read_whole(file, problem), "0123456789");
+  EXPECT_EQ(problem, "");
+
+  const std::string zero = (dir_ / "zero.bin").string();
+  fs::create_symlink("/dev/zero", zero);
+  EXPECT_FALSE(InputFile::open(zero, kNoSizeCap, problem).is_open());
+  EXPECT_EQ(problem, "'" + zero +
+                         "' is a character device; expected a regular file (copy the data into a "
+                         "file and give its path)");
+  const std::string fifo = (dir_ / "pipe").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string fifo_link = (dir_ / "pipe-link").string();
+  fs::create_symlink(fifo, fifo_link);
+  EXPECT_FALSE(InputFile::open(fifo_link, kNoSizeCap, problem).is_open());
+  EXPECT_EQ(problem, "'" + fifo_link +
+                         "' is a FIFO (named pipe); expected a regular file (copy the data into a "
+                         "file and give its path)");
+  try {
+    read_whole_file<PipelineError>(fifo, "load_checkpoint");
+    ADD_FAILURE() << "read a FIFO";
+  } catch (const PipelineError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "load_checkpoint: '" + fifo +
+                  "' is a FIFO (named pipe); expected a regular file (copy the data into a file "
+                  "and give its path)");
+  }
+}
+
 }  // namespace
 }  // namespace pipemat

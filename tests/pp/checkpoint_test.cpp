@@ -7,14 +7,17 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
 
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "pipemat/comm/transport.h"
@@ -183,7 +186,8 @@ TEST(Checkpoint, IncompleteDamagedAndForeignCheckpointsAreRefusedAndChangeNothin
       load_checkpoint(*p, t, damaged.string());
     } catch (const PipelineError& e) {
       const std::string what = e.what();
-      const std::string want = t.rank() == 1 ? "rank-1.pt is damaged or was replaced: its SHA-256"
+      // The size is checked first: a truncated file is not even digested.
+      const std::string want = t.rank() == 1 ? "rank-1.pt is damaged or was replaced: it holds "
                                              : "rank 1 could not load its part of";
       EXPECT_NE(what.find(want), std::string::npos) << "rank " << t.rank() << ": " << what;
     }
@@ -476,6 +480,183 @@ TEST(Checkpoint, RunsPruneOnlyTheirOwnCheckpointsAndNeverTheNewest) {
     auto p = make_pipeline(t, c, 9);
     EXPECT_THROW(save_checkpoint(*p, t, root.string(), CheckpointRun{}), ConfigError);
   });
+  fs::remove_all(root);
+}
+
+// A checkpoint saved after one step, with its directory.
+std::string saved_checkpoint(const PipelineCase& c, const fs::path& root,
+                             const std::function<void(Pipeline&, int rank)>& before_save = {}) {
+  std::string dir;
+  const CheckpointRun run = new_checkpoint_run();
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make_pipeline(t, c, 7);
+    p->train_step(batch_of);
+    if (before_save) before_save(*p, t.rank());
+    const std::string saved = save_checkpoint(*p, t, root.string(), run);
+    if (t.rank() == 0) dir = saved;
+  });
+  return dir;
+}
+
+// Note [Opening an input file]: a FIFO or a link to /dev/zero in place of a rank file is
+// refused at once (before, the open or the read blocked forever), by load_checkpoint and by
+// load_stage_weights, naming the path; nothing is loaded anywhere.
+TEST(Checkpoint, AFifoOrADeviceInPlaceOfARankFileIsRefusedAtOnce) {
+  const PipelineCase c = dropout_case(ScheduleKind::kOneFOneB);
+  const fs::path root = fresh_dir("fifo");
+  const std::string good = saved_checkpoint(c, root);
+  for (const std::string kind : {"fifo", "zero"}) {
+    SCOPED_TRACE(kind);
+    const fs::path copy = root / kind;
+    fs::copy(good, copy);
+    const fs::path bad = copy / "rank-1.pt";
+    fs::remove(bad);
+    if (kind == "fifo") {
+      ASSERT_EQ(::mkfifo(bad.c_str(), 0600), 0);
+    } else {
+      fs::create_symlink("/dev/zero", bad);
+    }
+    const std::string want = "'" + bad.string() + "' is " +
+                             (kind == "fifo" ? "a FIFO (named pipe)" : "a character device");
+    expect_refused(c, copy.string(), want, 1);
+    torch::nn::Sequential model = user_model::make_model(c.blocks, 1, c.dropout);
+    const StageFactory split = split_sequential(model, balance_by_parameters(model, 2));
+    const PipelineStage first = split(0), second = split(1);
+    try {
+      load_stage_weights(copy.string(), {first.module.get(), second.module.get()});
+      ADD_FAILURE() << "load_stage_weights read " << bad;
+    } catch (const PipelineError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(root);
+}
+
+// Note [Non-finite values at load]: one NaN in a parameter, or one infinity in the optimizer's
+// state, of rank 1's file is refused naming the file, the tensor and the index; with
+// allow_non_finite the checkpoint loads.
+TEST(Checkpoint, ANonFiniteTensorIsRefusedNamingTheFileTheTensorAndTheIndex) {
+  const PipelineCase c = dropout_case(ScheduleKind::kOneFOneB);
+  const fs::path root = fresh_dir("nan");
+  std::string name;
+  int stage = -1;
+  const std::string dir = saved_checkpoint(c, root / "a", [&](Pipeline& p, int rank) {
+    if (rank != 1) return;
+    stage = p.stages().front();
+    for (const auto& item : p.stage(stage).module->named_parameters()) {
+      if (item.value().dim() != 2) continue;
+      name = item.key();
+      at::NoGradGuard no_grad;
+      item.value()[1][2] = std::numeric_limits<float>::quiet_NaN();
+      break;
+    }
+  });
+  ASSERT_FALSE(name.empty());
+  const std::string file = (fs::path(dir) / "rank-1.pt").string();
+  expect_refused(c, dir,
+                 "load_checkpoint: " + file + ": tensor 'params/" + std::to_string(stage) + "/" +
+                     name + "' holds NaN at index [1, 2] (shape [",
+                 1);
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make_pipeline(t, c, 99);
+    load_checkpoint(*p, t, dir, /*allow_non_finite=*/true);
+    EXPECT_EQ(p->step(), 1);
+    if (t.rank() == 1) {
+      EXPECT_TRUE(std::isnan(p->stage(stage).module->named_parameters()[name][1][2].item<float>()));
+    }
+  });
+  // An infinity in the optimizer's state (AdamW's second moment of rank 0's first parameter).
+  const std::string inf_dir = saved_checkpoint(c, root / "b", [&](Pipeline& p, int rank) {
+    if (rank != 0) return;
+    at::NoGradGuard no_grad;
+    for (auto& [impl, state] : p.optimizer().state()) {
+      auto* adam = dynamic_cast<torch::optim::AdamWParamState*>(state.get());
+      ASSERT_NE(adam, nullptr) << "the case trains with AdamW";
+      adam->exp_avg_sq().view({-1})[3] = std::numeric_limits<float>::infinity();
+      return;
+    }
+  });
+  expect_refused(c, inf_dir, "holds +Inf at index [3] (shape [", 0);
+  fs::remove_all(root);
+}
+
+// Manifest fields are checked against the files record and the directory, and a mismatch
+// names the field (before: an edited replica count read as a missing shard file, 2^40 as 0).
+TEST(Checkpoint, ManifestFieldsThatDisagreeWithTheDirectoryAreNamed) {
+  const PipelineCase c = dropout_case(ScheduleKind::kOneFOneB);
+  const fs::path root = fresh_dir("fields");
+  const std::string good = saved_checkpoint(c, root);
+  // Made a sharded checkpoint of 2 replicas by hand: shard files beside the rank files, recorded.
+  const fs::path sharded = root / "sharded";
+  fs::copy(good, sharded);
+  nlohmann::json m = read_json(sharded / "manifest.json");
+  m["format"] = 3;
+  m["replicas"] = 2;
+  for (int r = 0; r < 2; ++r) {
+    for (int d = 0; d < 2; ++d) {
+      const std::string shard =
+          "rank-" + std::to_string(r) + ".shard-" + std::to_string(d) + "-of-2.pt";
+      std::ofstream(sharded / shard) << "shard";
+      m["files"][shard] = m["files"]["rank-0.pt"];
+    }
+  }
+  std::ofstream(sharded / "manifest.json") << m.dump();
+  EXPECT_EQ(read_checkpoint_manifest(sharded.string()).replicas, 2);
+  const auto error_of = [&](const nlohmann::json& edited) {
+    std::ofstream(sharded / "manifest.json") << edited.dump();
+    try {
+      read_checkpoint_manifest(sharded.string());
+    } catch (const PipelineError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const std::string manifest = (sharded / "manifest.json").string();
+  for (const int replicas : {1, 3}) {
+    nlohmann::json edited = m;
+    edited["replicas"] = replicas;
+    EXPECT_EQ(error_of(edited), "load_checkpoint: " + manifest + ": field 'replicas' is " +
+                                    std::to_string(replicas) +
+                                    " but field 'files' records the optimizer shards of 2 "
+                                    "replicas (rank-0.shard-0-of-2.pt); the manifest is damaged");
+  }
+  nlohmann::json huge = m;
+  huge["replicas"] = int64_t{1} << 40;
+  EXPECT_EQ(error_of(huge), "load_checkpoint: " + manifest +
+                                ": field 'replicas' is 1099511627776; expected an integer from 1 "
+                                "to 65536; the manifest is damaged");
+  // The files record edited to 3 replicas too: the directory holds the shards of 2.
+  nlohmann::json both = m;
+  both["replicas"] = 3;
+  for (auto it = m["files"].begin(); it != m["files"].end(); ++it) {
+    if (it.key().find(".shard-") == std::string::npos) continue;
+    both["files"].erase(it.key());
+  }
+  for (int r = 0; r < 2; ++r) {
+    for (int d = 0; d < 3; ++d) {
+      both["files"]["rank-" + std::to_string(r) + ".shard-" + std::to_string(d) + "-of-3.pt"] =
+          m["files"]["rank-0.pt"];
+    }
+  }
+  EXPECT_EQ(error_of(both), "load_checkpoint: " + manifest + ": field 'replicas' is 3 but " +
+                                sharded.string() +
+                                " holds the optimizer shards of 2 replicas "
+                                "(rank-0.shard-0-of-2.pt); the manifest is damaged");
+  nlohmann::json ranks = m;
+  ranks["world_size"] = 3;
+  EXPECT_EQ(error_of(ranks), "load_checkpoint: " + manifest +
+                                 ": field 'world_size' is 3 but field 'files' records the rank "
+                                 "files of 2 ranks; the manifest is damaged");
+  nlohmann::json one = m;
+  one["world_size"] = 1;
+  one["stage_to_rank"] = std::vector<int>(m["stage_to_rank"].size(), 0);
+  one["files"].erase("rank-1.pt");
+  one["files"].erase("rank-1.shard-0-of-2.pt");
+  one["files"].erase("rank-1.shard-1-of-2.pt");
+  EXPECT_EQ(error_of(one), "load_checkpoint: " + manifest + ": field 'world_size' is 1 but " +
+                               sharded.string() +
+                               " holds rank files of 2 ranks (up to rank-1.pt); the manifest is "
+                               "damaged");
   fs::remove_all(root);
 }
 

@@ -1121,17 +1121,17 @@ TEST(ConfigFiles, ErrorsNameThePath) {
     FAIL() << "no error";
   } catch (const ConfigError& error) {
     EXPECT_EQ(std::string(error.what()),
-              missing +
-                  ": cannot open the config file (No such file or directory); expected a "
-                  "readable YAML file, e.g. configs/default.yaml");
+              "config: cannot open '" + missing +
+                  "' (No such file or directory); expected a readable regular file");
   }
   try {
     load_config(configs_dir().string());
     FAIL() << "no error";
   } catch (const ConfigError& error) {
     EXPECT_EQ(std::string(error.what()),
-              configs_dir().string() +
-                  ": is a directory; expected a YAML config file, e.g. configs/default.yaml");
+              "config: '" + configs_dir().string() +
+                  "' is a directory; expected a regular file (copy the data into a file and give "
+                  "its path)");
   }
   const std::filesystem::path bad =
       std::filesystem::temp_directory_path() /

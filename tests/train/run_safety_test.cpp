@@ -186,6 +186,12 @@ TEST(RunSafety, ADivergedRunStopsBeforeItsCheckpoint) {
   EXPECT_GE(step, 2) << "the first step's loss is computed before any update";
   const std::string last = (dir / ("step-00000" + std::to_string(step - 1))).string();
   EXPECT_NE(text.find("The last complete checkpoint is " + last), std::string::npos) << text;
+  EXPECT_NE(
+      text.find(
+          "The weights were finite when the run started (every loaded tensor is "
+          "checked for NaN and infinities), so the training itself diverged. Lower training.lr"),
+      std::string::npos)
+      << text;
   EXPECT_TRUE(fs::exists(fs::path(last) / "manifest.json"));
   EXPECT_FALSE(fs::exists(dir / ("step-00000" + std::to_string(step)))) << "nothing saved after";
 

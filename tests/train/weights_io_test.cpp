@@ -157,7 +157,10 @@ TEST_P(WeightFiles, ExportHoldsTheCheckpointAndInitFromStartsFromItBitwise) {
   expect_params_equal(train_reference(reference, nullptr), trained);
 
   // export -> init_from -> export: the same bytes.
-  export_weights((dir_ / "ck2" / "step-000001").string(), (dir_ / "again.safetensors").string());
+  // A llama's second export writes config.json again, beside the first (Note [Export never
+  // destroys]: only when told to).
+  export_weights((dir_ / "ck2" / "step-000001").string(), (dir_ / "again.safetensors").string(),
+                 /*overwrite=*/true);
   EXPECT_EQ(slurp(dir_ / "again.safetensors"), slurp(file));
   // And from a directory with an index, split in two files.
   fs::create_directories(dir_ / "sharded");
@@ -325,7 +328,10 @@ TEST_F(TiedLlamaWeights, AHeadBesideTheEmbeddingIsReadOnlyWhenItIsTheEmbedding) 
   no_change(from);
   from.training.init_from = with_head("same.safetensors", false);
   expect_params_equal(train_in_process(from, nullptr), trained);
-  export_weights((dir_ / "ck2" / "step-000001").string(), (dir_ / "again.safetensors").string());
+  // A llama's second export writes config.json again, beside the first (Note [Export never
+  // destroys]: only when told to).
+  export_weights((dir_ / "ck2" / "step-000001").string(), (dir_ / "again.safetensors").string(),
+                 /*overwrite=*/true);
   EXPECT_EQ(slurp(dir_ / "again.safetensors"), slurp(file));
 
   from.training.init_from = with_head("other.safetensors", true);

@@ -90,12 +90,15 @@ std::vector<ConfigField> model_fields() {
        "embedding and the head in one stage, so a run of one stage"},
       {"model", "from", text(PIPEMAT_MEMBER(model.from), "a directory with a config.json"),
        "a directory; `llama` only",
-       "read the `llama` shape from a Hugging Face `config.json` there (docs/training.md): it "
-       "sets layers, hidden, heads, kv_heads, ffn, rope_theta (from `rope_theta` or, as "
-       "transformers 5 writes it, `rope_parameters.rope_theta`; a `rope_type` other than "
-       "`default` or a `rope_scaling` is an error), norm_eps, tie_embeddings and caps seq_len at "
-       "max_position_embeddings; those keys must not be given too; a vocab_size other than 256, "
-       "biases, or an activation other than silu are errors naming the field; empty: none"},
+       "read the `llama` shape from a Hugging Face `config.json` there, as transformers' "
+       "LlamaConfig reads it (docs/training.md): it sets layers, hidden, heads, kv_heads, ffn, "
+       "rope_theta (from `rope_theta` or, as transformers 5 writes it, "
+       "`rope_parameters.rope_theta`), norm_eps, tie_embeddings and caps seq_len at "
+       "max_position_embeddings; those keys must not be given too; `model_type: llama` and the "
+       "shape are required, other fields absent take LlamaConfig's defaults (vocab_size 32000: "
+       "give 256); a key twice, NaN, a vocab_size other than 256, a `rope_scaling` or a "
+       "`rope_type` other than `default`, biases, an activation other than silu, attention "
+       "dropout or a pad_token_id are errors naming the field; empty: none"},
   };
 }
 
@@ -289,9 +292,12 @@ std::vector<ConfigField> training_fields() {
        "the data-parallel exchange, clipping, the optimizer and the loss stay float32; remat "
        "replays under the autocast state of its forward. The first progress line names it"},
       {"training", "allow_non_finite", boolean(PIPEMAT_MEMBER(training.allow_non_finite)), "",
-       "`false`: a step whose loss or clipped gradient norm is not finite (nan, inf) stops the run "
-       "at that step with exit code 6, before the step's checkpoint; the last complete checkpoint "
-       "stays. `true`: train on (experiments with divergence)"},
+       "`false`: a NaN or an infinity in a loaded weight (a checkpoint's tensor, "
+       "`training.init_from`, what `generate` and `export` read) is refused naming the file, the "
+       "tensor and the index, and so is one in the weights before the first step; a step whose "
+       "loss or clipped gradient norm is not finite (nan, inf) stops the run at that step with "
+       "exit code 6, before the step's checkpoint; the last complete checkpoint stays. `true`: "
+       "load such weights and train on (experiments with divergence)"},
       {"training", "device", text(PIPEMAT_MEMBER(training.device), "cpu, cuda or cuda:N"),
        "`cpu`, `cuda`, `cuda:N`",
        "where each rank computes: its stages, inputs, targets, received tensors and optimizer "

@@ -6,10 +6,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -21,6 +19,7 @@
 #include "config_fields.h"
 #include "config_reader.h"
 #include "pipemat/core/error.h"
+#include "pipemat/core/files.h"
 #include "pipemat/core/format.h"
 #include "pipemat/train/config.h"
 
@@ -386,17 +385,10 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
 }
 
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::error_code error;
-  PIPEMAT_CHECK(!std::filesystem::is_directory(path, error), ConfigError, path,
-                ": is a directory; expected a YAML config file, e.g. configs/default.yaml");
-  std::ifstream in(path, std::ios::binary);
-  PIPEMAT_CHECK(in.is_open(), ConfigError, path, ": cannot open the config file (",
-                std::strerror(errno),
-                "); expected a readable YAML file, e.g. configs/default.yaml");
-  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  PIPEMAT_CHECK(!in.bad(), ConfigError, path, ": reading the config file failed (",
-                std::strerror(errno), ")");
-  return parse_config(text, path, overrides);
+  // A config is small: a larger file is not one (Note [Opening an input file]).
+  constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
+  return parse_config(read_whole_file<ConfigError>(path, "config", kMaxConfigBytes), path,
+                      overrides);
 }
 
 }  // namespace pipemat::train

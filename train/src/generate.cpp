@@ -72,7 +72,7 @@ GenerateResult generate_text(const std::string& dir, const SampleOptions& option
     modules.push_back(stage.module.get());
   }
   if (checkpoint) {
-    pp::load_stage_weights(dir, modules);
+    pp::load_stage_weights(dir, modules, config.training.allow_non_finite);
   } else {
     // One stage of every block: its names are the single-process model's.
     const WeightNameMap map = weight_name_map(config.model.kind);
@@ -80,8 +80,9 @@ GenerateResult generate_text(const std::string& dir, const SampleOptions& option
     for (const auto& item : modules[0]->named_parameters()) {
       shapes[map(item.key())] = item.value().sizes().vec();
     }
-    load_weights(dir, "generate", shapes, [](int, const std::string& name) { return name; },
-                 config.model.kind, {{0, modules[0]}});
+    load_weights(
+        dir, "generate", shapes, [](int, const std::string& name) { return name; },
+        config.model.kind, {{0, modules[0]}}, config.training.allow_non_finite);
   }
 
   c10::AutoGradMode no_grad(false);
@@ -103,7 +104,13 @@ GenerateResult generate_text(const std::string& dir, const SampleOptions& option
       const at::Tensor kth = std::get<0>(logits.topk(options.top_k)).min();
       logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
     }
-    const int64_t next = at::multinomial(at::softmax(logits, -1), 1, false, gen).item<int64_t>();
+    const at::Tensor probabilities = at::softmax(logits, -1);
+    // Weights loaded with training.allow_non_finite may give NaN: a clear error, not torch's.
+    PIPEMAT_CHECK(at::isfinite(probabilities).all().item<bool>(), ConfigError, "generate: ", dir,
+                  ": the model's next-token probabilities after ", n,
+                  " generated tokens are not finite; its weights hold NaN or infinite values "
+                  "(they were loaded with training.allow_non_finite: true)");
+    const int64_t next = at::multinomial(probabilities, 1, false, gen).item<int64_t>();
     context.push_back(next);
     result.text.push_back(static_cast<char>(next));
   }

@@ -11,8 +11,10 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "pipemat/core/error.h"
+#include "pipemat/core/files.h"
 #include "pipemat/train/config.h"
 
 extern char** environ;
@@ -77,7 +79,7 @@ int run_process(const std::vector<std::string>& args, const std::string& log,
 }
 
 std::vector<pp::StepMetrics> read_metrics(const std::string& path) {
-  std::ifstream in(path);
+  std::istringstream in(read_regular_file(path, "output.metrics"));
   std::vector<pp::StepMetrics> out;
   std::string line;
   while (std::getline(in, line)) {

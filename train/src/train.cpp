@@ -25,6 +25,7 @@
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/pp/device.h"
+#include "pipemat/pp/finite.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/schedule/torch_csv.h"
 #include "pipemat/train/config.h"
@@ -196,7 +197,8 @@ void resume_run(const RankRun& r, const RunCheckpoints& checkpoints) {
   }
   if (!checkpoints.resume_dir.empty()) {
     try {
-      pp::load_checkpoint(r.pipeline, r.transport, checkpoints.resume_dir);
+      pp::load_checkpoint(r.pipeline, r.transport, checkpoints.resume_dir,
+                          r.config.training.allow_non_finite);
       r.result.final_checkpoint = checkpoints.resume_dir;  // the last complete one, so far
     } catch (const PipelineError& e) {
       // Nothing was loaded on any rank: say which checkpoint to name instead (the rank whose
@@ -312,7 +314,9 @@ void stop_if_diverged(const TrainConfig& config, const StepMetrics& m, int64_t s
       result.final_checkpoint.empty()
           ? std::string("No checkpoint of this run was saved")
           : "The last complete checkpoint is " + result.final_checkpoint,
-      ". Lower training.lr (", config.training.lr,
+      ". The weights were finite when the run started (every loaded tensor is checked for "
+      "NaN and infinities), so the training itself diverged. Lower training.lr (",
+      config.training.lr,
       ") or clip the gradients (training.clip_grad_norm), or set "
       "training.allow_non_finite=true to train on"));
 }
@@ -377,8 +381,9 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   if (init_from) {
     std::vector<std::pair<int, torch::nn::Module*>> own;
     for (int s : pipeline.stages()) own.emplace_back(s, pipeline.stage(s).module.get());
-    const LoadSummary loaded = load_weights(config.training.init_from, "training.init_from",
-                                            init_shapes, run.global_name, config.model.kind, own);
+    const LoadSummary loaded =
+        load_weights(config.training.init_from, "training.init_from", init_shapes, run.global_name,
+                     config.model.kind, own, config.training.allow_non_finite);
     if (r.talk) {
       *r.talk << "init_from " << config.training.init_from << ": " << init_shapes.size()
               << " tensors checked, " << loaded.tensors << " of this rank's read\n";

@@ -55,7 +55,7 @@ struct Chain {
     if (!config.training.init_from.empty()) {  // the reference does not resume
       load_weights(config.training.init_from, "training.init_from",
                    model_weight_shapes(run, config.model.kind), run.global_name, config.model.kind,
-                   all);
+                   all, config.training.allow_non_finite);
     }
     for (auto& stage : stages) {
       if (!device.is_cpu()) stage.module->to(device);

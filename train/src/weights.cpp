@@ -6,9 +6,8 @@
 #include <c10/core/GradMode.h>
 #include <sys/stat.h>
 #include <torch/nn/module.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
@@ -18,7 +17,9 @@
 #include "pipemat/core/error.h"
 #include "pipemat/models/llama.h"
 #include "pipemat/pp/checkpoint.h"
+#include "pipemat/pp/finite.h"
 #include "pipemat/train/config.h"
+#include "pipemat/weights/hf_config.h"
 #include "pipemat/weights/safetensors.h"
 
 #ifndef PIPEMAT_VERSION
@@ -87,43 +88,35 @@ std::string listed(const std::vector<std::string>& items, size_t limit = 20) {
 }
 
 // A Hugging Face LlamaConfig of the llama of `config` (the config.json transformers loads the
-// exported file with).
+// exported file with; weights/hf_config.h writes it).
 std::string llama_config_json(const TrainConfig& config) {
   const models::LlamaShape shape = models::llama_shape(config.model);
-  nlohmann::ordered_json j;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
-  j["hidden_size"] = shape.hidden;
-  j["intermediate_size"] = shape.ffn;
-  j["num_hidden_layers"] = shape.layers;
-  j["num_attention_heads"] = shape.heads;
-  j["num_key_value_heads"] = shape.kv_heads;
-  j["head_dim"] = shape.head_dim();
-  j["rope_theta"] = shape.rope_theta;  // older transformers read it here, 5.x in rope_parameters
-  j["rope_parameters"] = {{"rope_theta", shape.rope_theta}, {"rope_type", "default"}};
-  j["rms_norm_eps"] = shape.norm_eps;
-  j["vocab_size"] = models::kByteVocab;
-  j["max_position_embeddings"] = shape.seq_len;
-  j["tie_word_embeddings"] = shape.tie_embeddings;
-  j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
-  j["mlp_bias"] = false;
-  j["torch_dtype"] = "float32";
-  return j.dump(2) + "\n";
+  weights::LlamaConfig c;
+  c.vocab_size = models::kByteVocab;
+  c.hidden_size = shape.hidden;
+  c.intermediate_size = shape.ffn;
+  c.num_hidden_layers = shape.layers;
+  c.num_attention_heads = shape.heads;
+  c.num_key_value_heads = shape.kv_heads;
+  c.max_position_embeddings = shape.seq_len;
+  c.rms_norm_eps = shape.norm_eps;
+  c.rope_theta = shape.rope_theta;
+  c.tie_word_embeddings = shape.tie_embeddings;
+  return weights::write_llama_config(c);
 }
 
-// `text` into the file `path` (atomically: a .tmp then a rename); WeightsError naming it.
+// `text` into the new file `path` (export's temporary: Note [Export never destroys]);
+// WeightsError naming it, with the file removed, when it cannot be written.
 void write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    PIPEMAT_CHECK(out.good(), WeightsError, "export: cannot write ", tmp);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.flush();
+  if (!out.good()) {
+    out.close();
+    std::error_code ignore;
+    std::filesystem::remove(path, ignore);
+    PIPEMAT_THROW(WeightsError, "export: cannot write ", path);
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  PIPEMAT_CHECK(!ec, WeightsError, "export: cannot rename ", tmp, " to ", path, ": ", ec.message());
 }
 
 // A tied llama has no lm_head.weight; a file that stores the head anyway (transformers may save
@@ -190,7 +183,74 @@ WeightShapes model_weight_shapes(const ModelRun& run, models::ModelKind kind) {
   return shapes;
 }
 
-ExportSummary export_weights(const std::string& dir, const std::string& out) {
+// Note [Export never destroys]
+// `pipemat export` writes beside files a user cares about, so before anything is read it
+// refuses: an empty --out; a destination that is a symlink (it would replace the link, or write
+// where the link points); one inside a checkpoint directory (its directory, or an ancestor of
+// it, holds a manifest.json and a rank-0.pt: `--out CK/rank-0.pt` or `--out CK/manifest.json`
+// would destroy the checkpoint it reads); one that is not a regular file; an existing file unless
+// `overwrite`. The same for config.json beside a llama's file. Then every file is written under a
+// temporary name in its destination's directory, and only when all are complete are they renamed
+// into place: a failure before leaves no file and no temporary behind; a rename that fails after an
+// earlier one removes the file that earlier rename made.
+namespace {
+
+// A destination, checked (Note [Export never destroys]); its temporary name.
+struct Destination {
+  std::string path;
+  std::string tmp;
+};
+
+Destination export_destination(const std::string& path, bool overwrite) {
+  namespace fs = std::filesystem;
+  PIPEMAT_CHECK(!path.empty(), ConfigError,
+                "export: --out is empty; give the path of the .safetensors file to write");
+  std::error_code ec;
+  const fs::file_status link = fs::symlink_status(path, ec);
+  PIPEMAT_CHECK(!fs::is_symlink(link), ConfigError, "export: ", path,
+                " is a symbolic link; export never writes through a link (give the path of the "
+                "file itself)");
+  // Every directory from the destination's up to the root: none may be a checkpoint.
+  fs::path dir = fs::weakly_canonical(fs::absolute(fs::path(path), ec).parent_path(), ec);
+  for (; !dir.empty(); dir = dir.parent_path()) {
+    const bool checkpoint =
+        fs::exists(dir / "manifest.json", ec) && fs::exists(dir / "rank-0.pt", ec);
+    PIPEMAT_CHECK(!checkpoint, ConfigError, "export: ", path,
+                  " is inside the checkpoint directory ", dir.string(),
+                  "; export never writes into a checkpoint: give a path outside it");
+    if (dir == dir.parent_path()) break;
+  }
+  if (fs::exists(link)) {
+    PIPEMAT_CHECK(fs::is_regular_file(link), ConfigError, "export: ", path,
+                  " exists and is not a regular file; give the path of a file to write");
+    PIPEMAT_CHECK(overwrite, ConfigError, "export: ", path,
+                  " exists; export never replaces a file unless told to (--overwrite)");
+  }
+  const fs::path p(path);
+  return {path, (p.parent_path() / ("." + p.filename().string() + ".pipemat-export-" +
+                                    std::to_string(::getpid()) + ".tmp"))
+                    .string()};
+}
+
+// Renames every temporary into place, in order; when one fails, removes what the earlier ones
+// made and every remaining temporary.
+void publish_all(const std::vector<Destination>& files) {
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::error_code ec;
+    std::filesystem::rename(files[i].tmp, files[i].path, ec);
+    if (!ec) continue;
+    std::error_code ignore;
+    for (size_t j = 0; j < i; ++j) std::filesystem::remove(files[j].path, ignore);
+    for (size_t j = i; j < files.size(); ++j) std::filesystem::remove(files[j].tmp, ignore);
+    PIPEMAT_THROW(WeightsError, "export: cannot rename ", files[i].tmp, " to ", files[i].path, ": ",
+                  ec.message(), "; no file was exported");
+  }
+}
+
+}  // namespace
+
+ExportSummary export_weights(const std::string& dir, const std::string& out, bool overwrite) {
+  std::vector<Destination> files = {export_destination(out, overwrite)};
   const pp::CheckpointManifest manifest = pp::read_checkpoint_manifest(dir);
   PIPEMAT_CHECK(!manifest.metadata.empty(), ConfigError, "export: ", dir,
                 " holds no run config in its manifest; export a checkpoint that `pipemat train` "
@@ -203,7 +263,7 @@ ExportSummary export_weights(const std::string& dir, const std::string& out) {
     stages.push_back(run.stage(s));
     modules.push_back(stages.back().module.get());
   }
-  pp::load_stage_weights(dir, modules);
+  pp::load_stage_weights(dir, modules, config.training.allow_non_finite);
 
   const WeightNameMap map = weight_name_map(config.model.kind);
   std::vector<at::Tensor> keep;  // the float32 CPU copies the views below point into
@@ -224,19 +284,27 @@ ExportSummary export_weights(const std::string& dir, const std::string& out) {
                                                        {kModelKey, model_yaml(config)},
                                                        {kVersionKey, PIPEMAT_VERSION}};
   const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+  if (config.model.kind == models::ModelKind::kLlama) {
+    // Hugging Face's LlamaConfig next to the file: the directory loads in transformers.
+    summary.config_json =
+        (parent.empty() ? std::filesystem::path("config.json") : parent / "config.json").string();
+    files.push_back(export_destination(summary.config_json, overwrite));
+  }
   if (!parent.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(parent, ec);
     PIPEMAT_CHECK(!ec, WeightsError, "export: cannot create the directory ", parent.string(),
                   " of ", out, ": ", ec.message());
   }
-  weights::write_safetensors_file(out, std::move(tensors), metadata);
-  if (config.model.kind == models::ModelKind::kLlama) {
-    // Hugging Face's LlamaConfig next to the file: the directory loads in transformers.
-    summary.config_json =
-        (parent.empty() ? std::filesystem::path("config.json") : parent / "config.json").string();
-    write_text_file(summary.config_json, llama_config_json(config));
+  try {
+    weights::write_safetensors_file(files[0].tmp, std::move(tensors), metadata);
+    if (files.size() > 1) write_text_file(files[1].tmp, llama_config_json(config));
+  } catch (...) {
+    std::error_code ignore;
+    for (const Destination& d : files) std::filesystem::remove(d.tmp, ignore);
+    throw;
   }
+  publish_all(files);
   struct stat st {};
   summary.bytes = ::stat(out.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
   summary.path = out;
@@ -249,7 +317,8 @@ ExportSummary export_weights(const std::string& dir, const std::string& out) {
 
 LoadSummary load_weights(const std::string& path, const std::string& key, const WeightShapes& model,
                          const GlobalName& global_name, models::ModelKind kind,
-                         const std::vector<std::pair<int, torch::nn::Module*>>& stages) {
+                         const std::vector<std::pair<int, torch::nn::Module*>>& stages,
+                         bool allow_non_finite) {
   // The file is the config's: every rank finds the same fault in it, a ConfigError (Note [One
   // error line per failure] in launch/src/main.cpp: reported once).
   const weights::WeightSource source = [&] {
@@ -306,12 +375,18 @@ LoadSummary load_weights(const std::string& path, const std::string& key, const 
           t->shape, at::TensorOptions().dtype(as_bytes ? at::kByte : scalar_type_of(t->dtype)));
       if (t->bytes() > 0) source.read(name, value.data_ptr());
       if (as_bytes) value = value.ne(0);
+      value = value.to(item.value().scalar_type());  // the model's dtype: what is checked
+      if (!allow_non_finite) {
+        const auto bad = pp::non_finite(value);
+        PIPEMAT_CHECK(!bad, ConfigError, key, ": ", source.file_of(name).path(), ": tensor '", name,
+                      "' ", *bad, "; ", pp::kNonFiniteAdvice);
+      }
       summary.bytes += t->bytes();
       copies.emplace_back(item.value(), std::move(value));
     }
   }
   at::NoGradGuard no_grad;
-  for (auto& [to, value] : copies) to.copy_(value.to(to.scalar_type()));
+  for (auto& [to, value] : copies) to.copy_(value);
   summary.tensors = static_cast<int64_t>(copies.size());
   return summary;
 }

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "pipemat/core/files.h"
+
 namespace pipemat {
 
 // The SHA-256 of `bytes` as 64 lowercase hex digits.
@@ -39,12 +41,15 @@ class Sha256 {
 };
 
 // The SHA-256 of the file at `path` and its size in bytes, read in blocks. PipelineError naming
-// the file and the OS's reason when it cannot be opened or read.
+// the file and the OS's reason when it cannot be opened (Note [Opening an input file] in
+// pipemat/core/files.h: a FIFO or a device is refused, never read) or read.
 struct FileDigest {
   std::string sha256;  // 64 lowercase hex digits
   uint64_t bytes = 0;
 };
 FileDigest sha256_file(const std::string& path);
+// The same of a file already open, read from its start to its end.
+FileDigest sha256_file(const InputFile& file);
 
 // HMAC-SHA256 (RFC 2104) of a message given in pieces: HmacSha256 mac(key); mac.update(...);
 // mac.finish(). An empty key is allowed. InternalError when OpenSSL fails (it does not for this

@@ -18,6 +18,7 @@
 #include <torch/nn/module.h>
 
 #include "pipemat/comm/transport.h"
+#include "pipemat/pp/checkpoint_manifest.h"
 #include "pipemat/pp/pipeline.h"
 
 namespace pipemat::pp {
@@ -112,22 +113,17 @@ std::string latest_checkpoint(const std::string& root, const std::string& run_id
 // digests named), when a rank file names another run or step than the manifest, or when a
 // parameter's name, shape or count differs. Nothing is changed before every check of this rank
 // passed. Resuming on another stage layout (re-partitioning) is not supported.
-void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& dir);
+// A NaN or an infinity in any tensor of a rank or shard file (parameters, buffers, optimizer
+// state) is a PipelineError naming the file, the tensor and the index, unless
+// `allow_non_finite` (Note [Non-finite values at load] in pipemat/pp/finite.h).
+void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& dir,
+                     bool allow_non_finite = false);
 
-// What a complete checkpoint's manifest says. PipelineError when `dir` is incomplete (no
-// manifest) or the manifest is not one pipemat wrote.
-struct CheckpointManifest {
-  int format = 0;  // 1: no digests of the rank files; 2: with them; 3: sharded optimizer
-  int64_t step = 0;
-  int world_size = 0;
-  std::string schedule_kind;
-  int stages = 0;
-  int micro_batches = 0;
-  std::vector<int> stage_to_rank;
-  std::string metadata;       // save_checkpoint's `metadata`
-  std::string run_id;         // "" when written before checkpoints named their run
-  std::string config_digest;  // the run's
-};
+// What a complete checkpoint's manifest says (CheckpointManifest:
+// pipemat/pp/checkpoint_manifest.h), checked against itself and against the files the directory
+// holds. PipelineError when `dir` is incomplete (no manifest), the manifest is not one pipemat
+// wrote, or a field disagrees with the directory (naming the field: "field 'replicas' is 3 but ...
+// holds the optimizer shards of 2 replicas").
 CheckpointManifest read_checkpoint_manifest(const std::string& dir);
 
 // Not collective: loads the parameters and buffers of every stage of the checkpoint in `dir`
@@ -135,8 +131,9 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir);
 // to sample from a trained model in one process. ConfigError when the number of stages
 // differs; PipelineError (naming the file, stage and name) when a rank file is missing or
 // damaged (checked against the manifest's digests) or a parameter's name, shape or dtype
-// differs. Optimizer and generator states are
-// not read.
-void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Module*>& stages);
+// differs, or (unless `allow_non_finite`) a tensor of a rank file is not finite. Optimizer and
+// generator states are not loaded.
+void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Module*>& stages,
+                        bool allow_non_finite = false);
 
 }  // namespace pipemat::pp

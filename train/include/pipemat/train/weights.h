@@ -72,15 +72,18 @@ struct ExportSummary {
 
 // Not collective. Reads the run's config from the checkpoint `dir`'s manifest, builds its model
 // (make_model_weights: the data need not exist), loads every rank file into it (checked as
-// pp::load_stage_weights checks: digests, names, shapes) and writes every parameter as float32
-// to the safetensors file `out` (atomically: a .tmp then a rename; its directory created when
-// missing) under its file name, with the
-// metadata above. For a llama, also a Hugging Face LlamaConfig as config.json in the directory
-// of `out` (replaced when it exists): name `out` <dir>/model.safetensors and transformers'
-// LlamaForCausalLM.from_pretrained(<dir>) loads it. ConfigError when the manifest holds no config;
-// PipelineError when the checkpoint is incomplete or damaged; WeightsError when `out` cannot be
-// written.
-ExportSummary export_weights(const std::string& dir, const std::string& out);
+// pp::load_stage_weights checks: digests, names, shapes, finite values unless the run's
+// training.allow_non_finite) and writes every parameter as float32 to the safetensors file `out`
+// (its directory created when missing) under its file name, with the metadata above. For a
+// llama, also a Hugging Face LlamaConfig as config.json in the directory of `out`: name `out`
+// <dir>/model.safetensors and transformers' LlamaForCausalLM.from_pretrained(<dir>) loads it.
+// Every file or none (Note [Export never destroys] in src/weights.cpp): ConfigError, before
+// anything is read, when `out` is empty, a symlink, inside a checkpoint directory, not a regular
+// file, or exists and `overwrite` is false (the same for config.json). ConfigError when the
+// manifest holds no config; PipelineError when the checkpoint is incomplete or damaged;
+// WeightsError when a file cannot be written.
+ExportSummary export_weights(const std::string& dir, const std::string& out,
+                             bool overwrite = false);
 
 // What load_weights read.
 struct LoadSummary {
@@ -101,10 +104,14 @@ WeightShapes model_weight_shapes(const ModelRun& run, models::ModelKind kind);
 // with the reader's message after `key`); then only the tensors of `stages` are read, converted
 // to each parameter's dtype and copied into it (on its device). Nothing is copied before every
 // check passed. `global_name` is ModelRun::global_name (valid after release_unused).
+// A NaN or an infinity in a tensor read (in the parameter's dtype) is a ConfigError naming the
+// file, the tensor and the index, unless `allow_non_finite` (Note [Non-finite values at load] in
+// pipemat/pp/finite.h).
 using GlobalName = std::function<std::string(int stage, const std::string& name)>;
 LoadSummary load_weights(const std::string& path, const std::string& key, const WeightShapes& model,
                          const GlobalName& global_name, models::ModelKind kind,
-                         const std::vector<std::pair<int, torch::nn::Module*>>& stages);
+                         const std::vector<std::pair<int, torch::nn::Module*>>& stages,
+                         bool allow_non_finite = false);
 
 // The config of the model a weight file was exported with (its kModelKey metadata, parsed as a
 // config holding only `model:`): ConfigError naming the file when it holds none.
