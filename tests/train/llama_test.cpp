@@ -315,9 +315,10 @@ TEST(LlamaFrom, ReadsAHuggingFaceConfigJson) {
   EXPECT_TRUE(c.model.tie_embeddings);
   EXPECT_EQ(c.model.seq_len, 64);
   EXPECT_EQ(c.model.from, "");  // resolved: the run's config holds the keys themselves
-  // Without the optional fields: LlamaConfig's defaults (kv_heads = heads, eps 1e-6, untied).
-  dir.file("config.json", R"({"hidden_size": 32, "intermediate_size": 64,
-    "num_hidden_layers": 2, "num_attention_heads": 4})");
+  // Without the optional fields: LlamaConfig's defaults (kv_heads = heads, eps 1e-6, untied,
+  // max_position_embeddings 2048).
+  dir.file("config.json", R"({"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256})");
   const TrainConfig d = parse_config(
       "data: {path: t.txt}\nmodel: {kind: llama, from: \"" + dir.path() + "\"}\n", "x.yaml");
   EXPECT_EQ(d.model.kv_heads, 4);
@@ -325,6 +326,47 @@ TEST(LlamaFrom, ReadsAHuggingFaceConfigJson) {
   EXPECT_EQ(d.model.rope_theta, 10000.0);
   EXPECT_FALSE(d.model.tie_embeddings);
   EXPECT_EQ(d.model.seq_len, 128);
+  EXPECT_EQ(config_error("data: {path: t.txt}\nmodel: {kind: llama, seq_len: 4096, from: \"" +
+                         dir.path() + "\"}\n"),
+            "x.yaml:2: model.seq_len: 4096 is longer than max_position_embeddings 2048 of " +
+                dir.path() + "/config.json (not given: transformers' default)");
+}
+
+// Issue 53: a config.json is read as transformers reads it, never as another model.
+TEST(LlamaFrom, AFileTransformersWouldReadAsAnotherModelIsAnError) {
+  LlamaDir dir;
+  const std::string file = dir.path() + "/config.json";
+  const std::string yaml =
+      "data: {path: t.txt}\nmodel: {kind: llama, from: \"" + dir.path() + "\"}\n";
+  const auto error_with = [&](const std::string& json) {
+    dir.file("config.json", json);
+    return config_error(yaml);
+  };
+  const std::string at = "x.yaml:2: model.from: " + file;
+  const std::string shape = R"("hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4)";
+  // No vocab_size: transformers' LlamaConfig takes 32000, which this byte-level llama is not.
+  EXPECT_EQ(error_with(R"({"model_type": "llama", )" + shape + "}"),
+            at + ": field 'vocab_size' is not given, so transformers' LlamaConfig default of "
+                 "32000 applies; the llama trains on bytes of text (data.path), expected 256");
+  // No model_type.
+  EXPECT_EQ(error_with(R"({"vocab_size": 256, )" + shape + "}"),
+            at + ": field 'model_type' is missing; a Llama config.json says \"model_type\": "
+                 "\"llama\" (without it the file does not say which model it describes)");
+  // A key twice: transformers (Python's json) would take the last in silence.
+  EXPECT_EQ(
+      error_with(R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, )" + shape + "}"),
+      at + ": key 'hidden_size' appears twice in the top-level object");
+  // Not JSON: where and why.
+  EXPECT_EQ(error_with(R"({"model_type": "llama", "rms_norm_eps": NaN})"),
+            at + ": not valid JSON (parse error at line 1, column 41: syntax error while parsing "
+                 "value - invalid literal; last read: '\"rms_norm_eps\": N')");
+  EXPECT_EQ(error_with(R"({"model_type": "llama", "rope_theta": 1e999})"),
+            at + ": not valid JSON (parse error at line 1, column 43: number overflow parsing "
+                 "'1e999')");
+  EXPECT_EQ(error_with("{\"model_type\": \"llama\xff\"}"),
+            at + ": not valid JSON (parse error at line 1, column 22: syntax error while parsing "
+                 "value - invalid string: ill-formed UTF-8 byte; last read: '\"llama\\xff')");
 }
 
 TEST(LlamaFrom, UnsupportedFieldsAndConflictsAreErrorsNamingThem) {
@@ -353,10 +395,12 @@ TEST(LlamaFrom, UnsupportedFieldsAndConflictsAreErrorsNamingThem) {
             at + "'model_type' is 'mistral'; expected llama");
   EXPECT_EQ(error_with(with_field(kHfConfig, "hidden_size", "\"48\"")),
             at + "'hidden_size' is \"48\"; expected an integer >= 1");
-  EXPECT_EQ(error_with(R"({"hidden_size": 32})"),
-            at + "'num_hidden_layers' is missing; a llama config.json gives it");
-  EXPECT_EQ(error_with("[1, 2"),
-            "x.yaml:2: model.from: " + file + " is not a JSON object (a Hugging Face config.json)");
+  EXPECT_EQ(error_with(R"({"model_type": "llama", "hidden_size": 32})"),
+            at + "'num_hidden_layers' is missing; the model's shape comes from the file "
+                 "(transformers' LlamaConfig would take 32, Llama-7B's, for it)");
+  EXPECT_EQ(error_with("[1, 2]"),
+            "x.yaml:2: model.from: " + file +
+                " is a JSON array, not an object (a Hugging Face config.json)");
   // The keys model.from sets must not be given too; it needs kind llama; a missing file.
   dir.file("config.json", kHfConfig);
   EXPECT_EQ(config_error("data: {path: t.txt}\nmodel:\n  kind: llama\n  hidden: 64\n  from: \"" +
