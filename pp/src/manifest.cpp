@@ -12,6 +12,7 @@
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/files.h"
+#include "pipemat/core/json.h"
 
 namespace pipemat::pp::detail {
 namespace {
@@ -116,9 +117,10 @@ std::string manifest_path(const std::string& dir) {
 Json parse_manifest_json(const std::string& text, const std::string& path) {
   Json m;
   try {
-    m = Json::parse(text);
-  } catch (const Json::exception& e) {
-    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", path, " is not valid JSON: ", e.what());
+    m = parse_json(text);  // Note [Strict JSON]: a field twice is an error, not the last one
+  } catch (const JsonError& e) {
+    PIPEMAT_THROW(PipelineError, "load_checkpoint: ", path, " is not valid JSON: ", e.what(),
+                  "; the manifest is damaged");
   }
   PIPEMAT_CHECK(m.is_object(), PipelineError, "load_checkpoint: ", path, " is a JSON ",
                 m.type_name(), ", not a pipemat manifest (an object)");

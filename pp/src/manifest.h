@@ -37,8 +37,8 @@ std::string shard_file_name(int rank, int replica, int replicas);
 // "<dir>/manifest.json".
 std::string manifest_path(const std::string& dir);
 
-// The manifest's text as JSON: an object, every key once. PipelineError naming `path`, with the
-// parser's line, column and reason, otherwise.
+// The manifest's text as JSON (Note [Strict JSON] in pipemat/core/json.h): an object, every key
+// once. PipelineError naming `path`, with the parser's line, column and reason, otherwise.
 nlohmann::json parse_manifest_json(const std::string& text, const std::string& path);
 
 // What the manifest `m` (of the file `path`) says, every field checked: present, of its type,

@@ -642,6 +642,21 @@ TEST(Checkpoint, ManifestFieldsThatDisagreeWithTheDirectoryAreNamed) {
                                 sharded.string() +
                                 " holds the optimizer shards of 2 replicas "
                                 "(rank-0.shard-0-of-2.pt); the manifest is damaged");
+  // A field twice (Note [Strict JSON]): an error, not the last one.
+  {
+    std::string text = m.dump();
+    text.insert(1, "\"step\": 7, ");
+    std::ofstream(sharded / "manifest.json") << text;
+    try {
+      read_checkpoint_manifest(sharded.string());
+      ADD_FAILURE() << "a manifest with 'step' twice was read";
+    } catch (const PipelineError& e) {
+      EXPECT_NE(std::string(e.what()).find("load_checkpoint: " + manifest +
+                                           " is not valid JSON: key 'step' appears twice"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   nlohmann::json ranks = m;
   ranks["world_size"] = 3;
   EXPECT_EQ(error_of(ranks), "load_checkpoint: " + manifest +

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -276,7 +277,21 @@ TEST_F(SafetensorsTest, BytesInMemoryReadAsTheFile) {
 TEST_F(SafetensorsTest, NotAFileIsAClearError) {
   EXPECT_NE(error_of((dir_ / "missing.safetensors").string()).find("cannot open"),
             std::string::npos);
-  EXPECT_NE(error_of(dir_.string()).find("is not a regular file"), std::string::npos);
+  EXPECT_EQ(error_of(dir_.string()),
+            "weights: '" + dir_.string() +
+                "' is a directory; expected a regular file (copy the data into a file and give "
+                "its path)");
+  // Note [Opening an input file]: a FIFO or a link to /dev/zero is refused at once, not read.
+  const std::string fifo = (dir_ / "pipe.safetensors").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(error_of(fifo), "weights: '" + fifo +
+                                "' is a FIFO (named pipe); expected a regular file (copy the data "
+                                "into a file and give its path)");
+  const std::string zero = (dir_ / "zero.safetensors").string();
+  fs::create_symlink("/dev/zero", zero);
+  EXPECT_EQ(error_of(zero), "weights: '" + zero +
+                                "' is a character device; expected a regular file (copy the data "
+                                "into a file and give its path)");
 }
 
 TEST_F(SafetensorsTest, DirectoryWithAnIndexMapsEachNameToItsFile) {

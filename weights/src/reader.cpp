@@ -1,16 +1,14 @@
 // Reading a safetensors file: Note [Safetensors checks] in pipemat/weights/safetensors.h.
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
+#include "pipemat/core/files.h"
 #include "pipemat/core/format.h"
 #include "pipemat/core/json.h"
 #include "pipemat/weights/safetensors.h"
@@ -190,26 +188,18 @@ SafetensorsHeader parse_safetensors(std::string_view bytes, const std::string& n
   return check_header(bytes.substr(8, static_cast<size_t>(n)), size - 8 - n, name);
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  struct stat st {};
-  PIPEMAT_CHECK(::stat(path.c_str(), &st) == 0, WeightsError, "weights: cannot open '", path, "' (",
-                std::strerror(errno), ")");
-  PIPEMAT_CHECK(S_ISREG(st.st_mode), WeightsError, "weights: '", path,
-                "' is not a regular file; expected a .safetensors file");
-  const auto file_bytes = static_cast<int64_t>(st.st_size);
-  std::ifstream in(path, std::ios::binary);
-  PIPEMAT_CHECK(in.is_open(), WeightsError, "weights: cannot open '", path, "' (",
-                std::strerror(errno), ")");
+SafetensorsFile::SafetensorsFile(const std::string& path)
+    : path_(path),
+      file_(std::make_shared<InputFile>(open_input_file<WeightsError>(path, "weights"))) {
+  const int64_t file_bytes = file_->size();
   check_file_length(file_bytes, path);
   unsigned char length_bytes[8] = {};
-  in.read(reinterpret_cast<char*>(length_bytes), 8);
-  PIPEMAT_CHECK(in.gcount() == 8, WeightsError, "weights: ", path,
+  PIPEMAT_CHECK(file_->read_at(0, length_bytes, 8) == 8, WeightsError, "weights: ", path,
                 ": cannot read the header length");
   const int64_t n = header_length(length_bytes, file_bytes, path);
   std::string text(static_cast<size_t>(n), '\0');
-  in.read(text.data(), n);
-  PIPEMAT_CHECK(in.gcount() == n, WeightsError, "weights: ", path, ": cannot read the ", n,
-                "-byte header (", std::strerror(errno), ")");
+  PIPEMAT_CHECK(file_->read_at(8, text.data(), n) == n, WeightsError, "weights: ", path,
+                ": cannot read the ", n, "-byte header (", std::strerror(errno), ")");
   header_ = check_header(text, file_bytes - 8 - n, path);
   for (size_t i = 0; i < header_.tensors.size(); ++i) by_name_[header_.tensors[i].name] = i;
 }
@@ -222,14 +212,11 @@ const TensorInfo* SafetensorsFile::find(const std::string& name) const {
 void SafetensorsFile::read(const std::string& name, void* out) const {
   const TensorInfo* t = find(name);
   PIPEMAT_CHECK(t != nullptr, WeightsError, "weights: ", path_, ": no tensor '", name, "'");
-  std::ifstream in(path_, std::ios::binary);
-  PIPEMAT_CHECK(in.is_open(), WeightsError, "weights: cannot open '", path_, "' (",
-                std::strerror(errno), ") to read tensor '", name, "'");
-  in.seekg(header_.data_start + t->begin);
-  in.read(static_cast<char*>(out), t->bytes());
-  PIPEMAT_CHECK(in.gcount() == t->bytes(), WeightsError, "weights: ", path_, ": tensor '", name,
-                "': read ", in.gcount(), " of its ", t->bytes(),
-                " bytes; the file changed since its header was read");
+  // The descriptor the header was read from (Note [Opening an input file]): never the path again.
+  const int64_t n = file_->read_at(header_.data_start + t->begin, out, t->bytes());
+  PIPEMAT_CHECK(n == t->bytes(), WeightsError, "weights: ", path_, ": tensor '", name, "': read ",
+                n, " of its ", t->bytes(), " bytes; the file changed since its header was read",
+                n < 0 ? std::string(" (") + std::strerror(errno) + ")" : std::string());
 }
 
 std::string SafetensorsFile::read(const std::string& name) const {

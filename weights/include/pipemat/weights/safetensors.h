@@ -17,11 +17,14 @@
 // non-negative integers within the buffer; and the tensors, in offset order, tile the buffer
 // from 0 to its end. The header is read with core's strict JSON parser (Note [Strict JSON] in
 // pipemat/core/json.h): no NaN, no number that overflows, UTF-8 strings, at most 128 levels. Every
-// error is a WeightsError naming the file and the tensor. Reads of a tensor then seek to it and
-// read exactly its bytes (a rank reads only its stages' tensors).
+// error is a WeightsError naming the file and the tensor. The file is opened once (Note [Opening
+// an input file] in pipemat/core/files.h: a FIFO or a device is refused at once); reads of a
+// tensor then read exactly its bytes from that descriptor (a rank reads only its stages'
+// tensors).
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "pipemat/core/error.h"
+#include "pipemat/core/files.h"
 
 namespace pipemat::weights {
 
@@ -100,6 +104,9 @@ class SafetensorsFile {
 
  private:
   std::string path_;
+  // Open from the header's read to the last tensor's (Note [Opening an input file]); shared by
+  // copies of this object.
+  std::shared_ptr<const InputFile> file_;
   SafetensorsHeader header_;
   std::map<std::string, size_t> by_name_;
 };
