@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Writes the seed corpora of tests/fuzz (Note [Fuzz targets] in tests/fuzz/CMakeLists.txt).
 
-  make_seeds.py [safetensors|hf_config|tcp_wire ...]   (default: every one)
+  make_seeds.py [safetensors|hf_config|tcp_wire|manifest ...]   (default: every one)
 
 Small valid inputs made by the reference implementations (Python's safetensors package,
-transformers' LlamaConfig) and damaged copies of them. Run with the project's Python
+transformers' LlamaConfig) or as pipemat writes them (a rank's handshake and frames, a checkpoint's
+manifest), and damaged copies of them. Run with the project's Python
 (/opt/pipemat-venv/bin/python), which has both. Seeds named crash-* or finding-* are inputs that
 once found something: this script never writes or removes them.
 """
@@ -129,7 +130,93 @@ def hf_config_seeds():
         write("hf_config", f"damaged-{name}.json", data.encode())
 
 
-TARGETS = {"safetensors": safetensors_seeds, "hf_config": hf_config_seeds}
+def tcp_wire_seeds():
+    # comm/src/tcp/wire.h's structs, little-endian; the magics as the C++ constants.
+    frame, beat, hello_v1, hello_v2, challenge_magic, ack_magic = (
+        0x504D4331, 0x504D4231, 0x504D4831, 0x504D4832, 0x504D4E31, 0x504D4131)
+    max_user_tag = (1 << 30) - 1
+
+    def challenge(magic=challenge_magic, version=5, flags=1):
+        return struct.pack("<IIII32s32s", magic, version, flags, 0, bytes(range(32)), bytes(32))
+
+    def hello(rank=1, world=4, host=b"127.0.0.1", magic=hello_v2, version=5, port=29501):
+        return struct.pack("<IIiiII64s32s32s32s", magic, version, rank, world, port, 1, host,
+                           bytes(range(32, 64)), bytes(32), bytes(32))
+
+    def ack(status=0):
+        return struct.pack("<II32s", ack_magic, status, bytes(32))
+
+    def table(entries=((0, b""), (29501, b"127.0.0.1"), (29502, b"::1"), (29503, b"10.0.0.3"))):
+        return b"".join(struct.pack("<I60s", port, host) for port, host in entries)
+
+    def frames(*items):
+        out = b""
+        for magic, tag, size, payload in items:
+            out += struct.pack("<IiQ", magic, tag, size) + payload
+        return out
+
+    good_frames = frames((frame, 3, 5, b"hello"), (beat, 0, 0, b""), (frame, 0, 0, b""),
+                         (frame, max_user_tag + 1, 0, b""), (frame, max_user_tag + 3, 8, bytes(8)))
+    seeds = {
+        "handshake-and-frames": b"\x03" + challenge() + hello() + ack() + table() + good_frames,
+        "ipv6-rank-3": b"\x03" + challenge() + hello(rank=3, host=b"::1") + ack() + table()
+        + frames((frame, 7, 3, b"abc")),
+        "unauthenticated": b"\x00" + challenge() + hello() + ack() + table(),
+        "claimed-rank": b"\x07" + challenge() + hello(rank=2) + ack(4) + table(),
+        "old-hello": b"\x01" + challenge() + hello(magic=hello_v1) + ack(5) + table(),
+        "other-world": b"\x03" + challenge() + hello(world=3) + ack(2) + table(),
+        "bad-rank": b"\x03" + challenge() + hello(rank=0) + ack(3) + table(),
+        "no-address": b"\x03" + challenge() + hello(host=b"example.org") + ack(6) + table(),
+        "old-protocol": b"\x03" + challenge(version=4) + hello(version=4) + ack(1) + table(),
+        "bad-table": b"\x03" + challenge() + hello() + ack() + table(
+            ((70000, b"127.0.0.1"), (0, b"127.0.0.1"), (1, b"x" * 60), (5, b"1.2.3.4"))),
+        "bad-tag": b"\x03" + challenge() + hello() + ack() + table() + frames((frame, -1, 0, b"")),
+        "too-large": b"\x03" + challenge() + hello() + ack() + table()
+        + frames((frame, 1, 2**64 - 1, b"")),
+        "bad-magic": b"\x03" + challenge() + hello() + ack() + table()
+        + frames((beat, 0, 4, b"abcd")),
+    }
+    for name, data in seeds.items():
+        write("tcp_wire", name, data)
+
+
+def manifest_seeds():
+    # As pp/src/checkpoint.cpp writes a manifest (nlohmann's dump(2): keys sorted).
+    sha = "0123456789abcdef" * 4
+    base = {"format": 2, "pipemat": "0.1.0", "step": 40, "world_size": 2,
+            "schedule_kind": "1f1b", "stages": 2, "micro_batches": 4, "stage_to_rank": [0, 1],
+            "metadata": "model: {kind: gpt}", "run": {"id": "run-1", "config_digest": sha},
+            "files": {"rank-0.pt": {"sha256": sha, "bytes": 1234},
+                      "rank-1.pt": {"sha256": sha, "bytes": 1234}}}
+
+    def dump(m):
+        return (json.dumps(m, indent=2, sort_keys=True) + "\n").encode()
+
+    sharded = dict(base, format=3, replicas=2, files=dict(base["files"], **{
+        f"rank-{r}.shard-{d}-of-2.pt": {"sha256": sha, "bytes": 99} for r in (0, 1) for d in (0, 1)}))
+    format1 = {k: v for k, v in base.items() if k not in ("files", "run")}
+    format1["format"] = 1
+    interleaved = dict(base, schedule_kind="interleaved", stages=4, stage_to_rank=[0, 1, 0, 1])
+    seeds = {
+        "format-2.json": dump(base),
+        "format-3-sharded.json": dump(sharded),
+        "format-1.json": dump(format1),
+        "interleaved.json": dump(interleaved),
+        "damaged-duplicate.json": dump(base).replace(b'"step": 40,', b'"step": 40,\n  "step": 41,'),
+        "damaged-world-size.json": dump(dict(base, world_size=3)),
+        "damaged-stage-map.json": dump(dict(base, stage_to_rank=[0, 2])),
+        "damaged-format.json": dump(dict(base, format=4)),
+        "damaged-replicas.json": dump(dict(sharded, replicas=3)),
+        "damaged-sha.json": dump(dict(base, files={"rank-0.pt": {"sha256": "x", "bytes": 1}})),
+        "damaged-huge.json": dump(dict(base, step=2**64 - 1, micro_batches=2**40)),
+        "damaged-nan.json": dump(base).replace(b'"step": 40', b'"step": NaN'),
+    }
+    for name, data in seeds.items():
+        write("manifest", name, data)
+
+
+TARGETS = {"safetensors": safetensors_seeds, "hf_config": hf_config_seeds,
+           "tcp_wire": tcp_wire_seeds, "manifest": manifest_seeds}
 
 if __name__ == "__main__":
     for target in sys.argv[1:] or TARGETS:
