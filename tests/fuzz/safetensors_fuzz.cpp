@@ -61,9 +61,9 @@ void check_accepted(const SafetensorsHeader& h, std::string_view file) {
   std::vector<TensorBytes> tensors;
   for (const TensorInfo& t : h.tensors) {
     if (t.name.empty()) return;
-    tensors.push_back({t.name, t.dtype, t.shape,
-                       file.substr(static_cast<size_t>(h.data_start + t.begin),
-                                   static_cast<size_t>(t.bytes()))});
+    tensors.push_back(
+        {t.name, t.dtype, t.shape,
+         file.substr(static_cast<size_t>(h.data_start + t.begin), static_cast<size_t>(t.bytes()))});
   }
   std::ostringstream out;
   write_safetensors(out, tensors, h.metadata);
@@ -75,11 +75,11 @@ void check_accepted(const SafetensorsHeader& h, std::string_view file) {
     const TensorInfo& a = h.tensors[i];
     const TensorInfo& b = back.tensors[i];
     expect(a.name == b.name && a.dtype == b.dtype && a.shape == b.shape, "a tensor reads back");
-    expect(file.substr(static_cast<size_t>(h.data_start + a.begin),
-                       static_cast<size_t>(a.bytes())) ==
-               std::string_view(written).substr(static_cast<size_t>(back.data_start + b.begin),
-                                                static_cast<size_t>(b.bytes())),
-           "a tensor's bytes read back");
+    expect(
+        file.substr(static_cast<size_t>(h.data_start + a.begin), static_cast<size_t>(a.bytes())) ==
+            std::string_view(written).substr(static_cast<size_t>(back.data_start + b.begin),
+                                             static_cast<size_t>(b.bytes())),
+        "a tensor's bytes read back");
   }
 }
 
