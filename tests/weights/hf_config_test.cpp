@@ -339,6 +339,7 @@ TEST(HfConfig, TransformersReadsTheSameValuesFromTheSameFiles) {
                                                              "rope_theta": 7.0})"),
       config_with(R"("rope_theta": 5.0, "rope_parameters": {"rope_type": "default"})"),
       config_with(R"("rope_parameters": {"rope_theta": 9})"),
+      config_with(R"("rope_theta": 5.0, "rope_parameters": null)"),
       config_with(R"("rope_theta": 123, "num_key_value_heads": 3, "head_dim": 8)"),
       write_llama_config(parse_llama_config(kFull, kFile)),
   };
