@@ -19,6 +19,22 @@ namespace pipemat::comm::detail {
 
 using ::pipemat::detail::concat;
 
+// Note [Tags on the wire]
+// The tags a pipemat rank may send: the user's (0..kMaxUserTag; Transport checks every send and
+// receive) and those comm reserves for itself above them (transport.h), each sent only by its own
+// code through Transport's internal path: the barrier's and the device lanes' three. mpi's
+// heartbeats (kHeartbeatTag) go straight to MPI from its progress thread; tcp's are frames of
+// their own ("PMB1"). A message from the network with any other tag (a negative one, one above
+// the reserved ones, the heartbeat tag in a tcp data frame) was sent by no pipemat rank: the tcp
+// read loop refuses it as a corrupt stream, failing that peer, instead of keeping it as an
+// unexpected message. The local transport's messages come through Transport only, and mpi
+// matches only the tags of posted receives (MPI_Improbe per tag), so neither can take in
+// another tag.
+inline bool is_transport_tag(int tag) {
+  return (tag >= 0 && tag <= kMaxUserTag) || tag == kBarrierTag ||
+         (tag >= kLaneControlTag && tag <= kLaneBootstrapTag);
+}
+
 // "rank 1 sent 4160 bytes with tag 3, but rank 0 posted a recv of 4096 bytes (tcp); ..."
 std::string size_mismatch_message(const WorkInfo& info, size_t sent_bytes);
 

@@ -165,8 +165,10 @@ WorkInfo Transport::make_info(OpKind op, int peer, int tag, size_t bytes, bool a
                 " rank ", peer, "; valid peers are 0..", world_size_ - 1);
   PIPEMAT_CHECK(peer != rank_, ConfigError, describe(), ": cannot ", verb,
                 " itself (peer == rank); pipeline neighbours are distinct ranks");
-  PIPEMAT_CHECK(tag >= 0 && (internal || tag <= kMaxUserTag), ConfigError, describe(), ": tag ",
-                tag, " for ", verb, " rank ", peer, " is outside 0..", kMaxUserTag);
+  // Note [Tags on the wire]: comm's own sends use its reserved tags only.
+  PIPEMAT_CHECK(internal ? detail::is_transport_tag(tag) : tag >= 0 && tag <= kMaxUserTag,
+                ConfigError, describe(), ": tag ", tag, " for ", verb, " rank ", peer,
+                " is outside 0..", kMaxUserTag);
   WorkInfo info;
   info.op = op;
   info.rank = rank_;

@@ -211,9 +211,11 @@ std::vector<uint8_t> read_challenge(RawSocket& socket) {
   return challenge;
 }
 
+// `job`: the hello's job digest; empty: that of TransportOptions' default job.
 std::vector<uint8_t> make_hello(const std::vector<uint8_t>& challenge, const std::string& secret,
                                 int32_t rank, int32_t world_size,
-                                const std::string& listen_host = "127.0.0.1") {
+                                const std::string& listen_host = "127.0.0.1",
+                                std::vector<uint8_t> job = {}) {
   std::vector<uint8_t> hello(kHelloBytes, 0);
   const uint32_t head[6] = {0x504d4832,  // "PMH2"
                             5,           // protocol version
@@ -224,7 +226,7 @@ std::vector<uint8_t> make_hello(const std::vector<uint8_t>& challenge, const std
   std::memcpy(hello.data(), head, sizeof(head));
   std::memcpy(hello.data() + 24, listen_host.data(), listen_host.size());
   for (size_t i = 0; i < 32; ++i) hello[88 + i] = static_cast<uint8_t>(i * 7 + 1);  // nonce
-  const std::vector<uint8_t> job = job_bytes("");  // the job of TransportOptions' default
+  if (job.empty()) job = job_bytes("");
   std::memcpy(hello.data() + 120, job.data(), job.size());
   HmacSha256 mac(secret);
   mac.update("pipemat hello", 13);
@@ -340,24 +342,61 @@ TEST(commTcpHostilePeer, OversizedFrameFailsThePeerNamingSizeAndLimit) {
   }
 }
 
+// The real rank 0 (with `max_message_bytes`) waits in a receive of any size from rank 1 on
+// `recv_tag` while a FakePeer rank 1 writes a frame header of `tag` and `size` and 4096 bytes:
+// that receive and a later one fail with a CommError containing `what`.
+void expect_frame_fails_the_peer(int32_t tag, uint64_t size, size_t max_message_bytes, int recv_tag,
+                                 const std::string& what, const std::string& where) {
+  HostilePair pair;
+  connect_hostile_pair(pair, max_message_bytes);
+  Transport& t = *pair.rank0;
+  WorkPtr pending = t.recv_any(1, recv_tag);
+  pair.rank1->send_frame(tag, size, 4096);
+  expect_peer_error(pending, what, where);
+  expect_peer_error(t.recv_any(1, recv_tag), what, where + ", later recv_any");
+}
+
 // A frame that passes the limit but cannot be allocated: the failure of the handler fails that
 // peer (its pending receive gets the error) instead of being swallowed by the I/O loop.
 TEST(commTcpHostilePeer, FrameThatCannotBeAllocatedFailsThePeer) {
   const uint64_t max = std::numeric_limits<uint64_t>::max();
   for (uint64_t size : {uint64_t{1} << 62, max, max - 63}) {
-    const std::string where = "frame size " + std::to_string(size);
-    HostilePair pair;
-    connect_hostile_pair(pair, std::numeric_limits<size_t>::max());
-    Transport& t = *pair.rank0;
-    WorkPtr pending = t.recv_any(1, 5);
-    pair.rank1->send_frame(5, size, 4096);
-    const std::string what = "rank 0 ran out of memory receiving a frame of " +
-                             std::to_string(size) +
-                             " bytes with tag 5 from rank 1 (std::bad_alloc); rank 0 closed the "
-                             "connection to rank 1";
-    expect_peer_error(pending, what, where);
-    expect_peer_error(t.recv_any(1, 5), what, where + ", later recv_any");
+    expect_frame_fails_the_peer(5, size, std::numeric_limits<size_t>::max(), 5,
+                                "rank 0 ran out of memory receiving a frame of " +
+                                    std::to_string(size) +
+                                    " bytes with tag 5 from rank 1 (std::bad_alloc); rank 0 closed "
+                                    "the connection to rank 1",
+                                "frame size " + std::to_string(size));
   }
+}
+
+// Note [Tags on the wire]: a data frame with a tag that no pipemat rank sends (negative, the
+// heartbeat tag that tcp never puts in a frame, above the reserved ones) is a corrupt stream: it
+// fails the peer, naming it and the tag, instead of being kept as an unexpected message that no
+// receive can ever take.
+TEST(commTcpHostilePeer, FrameWithATagNoRankSendsFailsThePeer) {
+  for (const int32_t tag : {-1, std::numeric_limits<int32_t>::min(), kHeartbeatTag,
+                            kLaneBootstrapTag + 1, std::numeric_limits<int32_t>::max()}) {
+    expect_frame_fails_the_peer(tag, 4, kDefaultMaxMessageBytes, 3,
+                                "corrupt stream from rank 1: a frame of 4 bytes with tag " +
+                                    std::to_string(tag) +
+                                    ", a tag no pipemat rank sends (user tags are "
+                                    "0..1073741823); rank 0 closed the connection to rank 1",
+                                "tag " + std::to_string(tag));
+  }
+  // The tags ranks send pass: the users' first and last, the barrier's, the device lanes'.
+  HostilePair pair;
+  connect_hostile_pair(pair);
+  Transport& t = *pair.rank0;
+  for (const int32_t tag : {kBarrierTag, kLaneDataTag, 0, kMaxUserTag}) {
+    pair.rank1->send_frame(tag, 4, 4);
+  }
+  for (const int32_t tag : {0, kMaxUserTag}) {
+    WorkPtr work = t.recv_any(1, tag);
+    EXPECT_NO_THROW(work->wait(std::chrono::seconds(5))) << tag;
+    EXPECT_EQ(work->received_bytes(), 4u) << tag;
+  }
+  EXPECT_NO_THROW(recv_any_reserved(t, 1, kLaneDataTag)->wait(std::chrono::seconds(5)));
 }
 
 // Note [Frame stream fuzzing]
@@ -868,37 +907,99 @@ TEST(commTcpRendezvous, ARankOfAnotherJobIsRefusedWithOrWithoutASecret) {
   expect_round_trip(*rank0, *rank1);
 }
 
-// A process squatting on the master port without the secret cannot pose as rank 0.
-TEST(commTcpRendezvous, MasterThatCannotProveTheSecretIsRefused) {
+// What the real rank 1 of a world of 2 made of a master played by hand (FakeMaster).
+struct FakeMasterRun {
+  std::string error;       // rank 1's error; empty when it joined
+  size_t hello_bytes = 0;  // how much of its hello arrived
+};
+
+// Plays the master (rank 0) on a raw listener against the real rank 1 (with `secret`): sends a
+// challenge ("PMN1", version 5) carrying job digest `job`, reads the hello and answers with an
+// ack ("PMA1") of `status` and no valid mac. An empty `job` leaves the digest zero.
+FakeMasterRun fake_master(const std::string& secret, const std::vector<uint8_t>& job,
+                          uint8_t status) {
   const testing::LoopbackSocket bound = testing::bind_loopback(4);
-  const int listener = bound.fd, port = bound.port;
-  ASSERT_GE(listener, 0);
-  std::string error;
+  if (bound.fd < 0) throw CommError("fake master: could not listen");
+  FakeMasterRun run;
   std::thread rank1([&] {
     try {
-      make_transport(tcp_rank(1, port, "the secret"));
+      make_transport(tcp_rank(1, bound.port, secret));
     } catch (const Error& e) {
-      error = e.what();
+      run.error = e.what();
     }
   });
-  const int fd = ::accept(listener, nullptr, nullptr);
-  uint8_t challenge[kChallengeBytes] = {0x31, 0x4e, 0x4d, 0x50, 5};  // "PMN1", version 5
+  const int fd = ::accept(bound.fd, nullptr, nullptr);
+  uint8_t challenge[kChallengeBytes] = {0x31, 0x4e, 0x4d, 0x50, 5};
+  if (job.size() == 32) std::memcpy(challenge + 48, job.data(), job.size());
   ::send(fd, challenge, sizeof(challenge), MSG_NOSIGNAL);
   uint8_t hello[kHelloBytes];
-  size_t got = 0;
-  while (got < sizeof(hello)) {
-    const ssize_t n = ::recv(fd, hello + got, sizeof(hello) - got, 0);
+  while (run.hello_bytes < sizeof(hello)) {
+    const ssize_t n = ::recv(fd, hello + run.hello_bytes, sizeof(hello) - run.hello_bytes, 0);
     if (n <= 0) break;
-    got += static_cast<size_t>(n);
+    run.hello_bytes += static_cast<size_t>(n);
   }
-  uint8_t ack[kAckBytes] = {0x31, 0x41, 0x4d, 0x50};  // "PMA1", status 0, no valid mac
+  uint8_t ack[kAckBytes] = {0x31, 0x41, 0x4d, 0x50, status};
   ::send(fd, ack, sizeof(ack), MSG_NOSIGNAL);
   rank1.join();
   ::close(fd);
-  ::close(listener);
-  EXPECT_EQ(got, kHelloBytes);
-  EXPECT_NE(error.find("accepted rank 1 but could not prove the job secret"), std::string::npos)
-      << error;
+  ::close(bound.fd);
+  return run;
+}
+
+// Two job digests that share their first 6 bytes (12 hex digits, all that the refusal used to
+// name of each: "job digest 0fb339324c58, this job's 0fb339324c58") are named far enough to tell
+// them apart, on both sides of the rendezvous: up to the first hex digit where they differ, all
+// 64 where that is the last one.
+TEST(commTcpRendezvous, TheRefusalOfAnotherJobTellsDigestsThatShareAPrefixApart) {
+  const std::vector<uint8_t> ours = job_bytes("");  // TransportOptions' default job
+  const std::string ours_hex = sha256_hex("");
+  for (const size_t differing_byte : {size_t{7}, size_t{31}}) {
+    std::vector<uint8_t> theirs = ours;
+    theirs[differing_byte] ^= 0x01;  // the byte's second hex digit differs
+    Digest theirs_digest{};
+    std::memcpy(theirs_digest.data(), theirs.data(), theirs_digest.size());
+    const std::string theirs_hex = to_hex(theirs_digest);
+    const size_t shown = 2 * differing_byte + 2;
+    const std::string where = "byte " + std::to_string(differing_byte);
+    // A connecting rank of another job, refused by the real rank 0.
+    {
+      const int port = testing::free_port();
+      std::unique_ptr<Transport> rank0, rank1;
+      ::testing::internal::CaptureStderr();
+      std::thread master = background([&] { rank0 = make_transport(tcp_rank(0, port)); });
+      {
+        RawSocket other(port);
+        const std::vector<uint8_t> hello =
+            make_hello(read_challenge(other), "", 1, 2, "127.0.0.1", theirs);
+        other.write(hello.data(), hello.size());
+        std::vector<uint8_t> ack(kAckBytes);
+        other.read(ack.data(), ack.size());
+        EXPECT_EQ(ack[4], 6u) << where;  // kOtherJob
+        rank1 = make_transport(tcp_rank(1, port));
+      }
+      master.join();
+      const std::string log = ::testing::internal::GetCapturedStderr();
+      EXPECT_NE(log.find("it belongs to another job (job digest " + theirs_hex.substr(0, shown) +
+                         ", this job's " + ours_hex.substr(0, shown) + ")"),
+                std::string::npos)
+          << where << ": " << log;
+    }
+    // A master of another job, as the real rank 1 sees it: the challenge carries its digest.
+    const std::string error = fake_master("", theirs, 6).error;  // kOtherJob
+    EXPECT_NE(error.find("refused rank 1: it belongs to another job (job digest " +
+                         theirs_hex.substr(0, shown) + ", this rank's " +
+                         ours_hex.substr(0, shown) + ")"),
+              std::string::npos)
+        << where << ": " << error;
+  }
+}
+
+// A process squatting on the master port without the secret cannot pose as rank 0.
+TEST(commTcpRendezvous, MasterThatCannotProveTheSecretIsRefused) {
+  const FakeMasterRun run = fake_master("the secret", {}, 0);  // status 0, no valid mac
+  EXPECT_EQ(run.hello_bytes, kHelloBytes);
+  EXPECT_NE(run.error.find("accepted rank 1 but could not prove the job secret"), std::string::npos)
+      << run.error;
 }
 
 TEST(commTcpRendezvous, SameSecretOrNoSecretOnEveryRankWorks) {

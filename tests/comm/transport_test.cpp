@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "pipemat/core/error.h"
@@ -343,6 +344,17 @@ TEST_P(TransportTest, RejectsBadPeersAndTags) {
   EXPECT_THROW(t.send(t.world_size(), 1, &value, sizeof(value)), ConfigError);
   EXPECT_THROW(t.recv(1, -1, &value, sizeof(value)), ConfigError);
   EXPECT_THROW(t.recv(1, kMaxUserTag + 1, &value, sizeof(value)), ConfigError);
+  // Note [Tags on the wire]: no user send or receive reaches a tag outside 0..kMaxUserTag, the
+  // reserved ones included; the device lanes' path takes only its own tags.
+  for (const int tag : {-1, std::numeric_limits<int>::min(), kMaxUserTag + 1, kHeartbeatTag,
+                        kLaneControlTag, kLaneBootstrapTag + 1, std::numeric_limits<int>::max()}) {
+    EXPECT_THROW(t.send(1, tag, &value, sizeof(value)), ConfigError) << tag;
+    EXPECT_THROW(t.recv_any(1, tag), ConfigError) << tag;
+  }
+  for (const int tag : {-1, 0, kBarrierTag, kHeartbeatTag, kLaneBootstrapTag + 1}) {
+    EXPECT_THROW(send_reserved(t, 1, tag, {ConstSpan{&value, sizeof(value)}}), ConfigError) << tag;
+    EXPECT_THROW(recv_any_reserved(t, 1, tag), ConfigError) << tag;
+  }
 }
 
 // Note [Groups of ranks]: 4 ranks as 2 pipelines of 2 (ranks {0, 2} and {1, 3}) and 2 data

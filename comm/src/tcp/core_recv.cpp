@@ -103,6 +103,14 @@ void TcpCore::on_header(Peer& peer, const error_code& ec) {
     return;
   }
   const int tag = peer.in_header.tag;
+  if (!is_transport_tag(tag)) {  // Note [Tags on the wire]
+    refuse_peer(peer,
+                concat("corrupt stream from rank ", peer.rank, ": a frame of ", peer.in_header.size,
+                       " bytes with tag ", tag, ", a tag no pipemat rank sends (user tags are 0..",
+                       kMaxUserTag, "); rank ", rank_, " closed the connection to rank ", peer.rank,
+                       ". Is another program connected to this port?"));
+    return;
+  }
   // Checked before anything is allocated or read: the size is whatever the peer wrote.
   if (peer.in_header.size > max_message_bytes_) {
     refuse_peer(peer,

@@ -317,9 +317,8 @@ AckStatus Rendezvous::Acceptance::check_hello(const Incoming& in, std::string& r
     return AckStatus::kWrongSecret;
   }
   if (!equal_digest(h.job, rv_.job_.data(), sizeof(h.job))) {
-    reason = concat("it belongs to another job (job digest ", short_job(h.job), ", this job's ",
-                    short_job(rv_.job_.data()),
-                    "): a job started with another config, or another job on the same master "
+    reason = concat(another_job(h.job, rv_.job_.data(), "this job's"),
+                    ": a job started with another config, or another job on the same master "
                     "port");
     return AckStatus::kOtherJob;
   }
@@ -461,9 +460,8 @@ void Rendezvous::authenticate(tcp::socket& socket, Hello hello, const std::strin
                     options_.world_size,
                     "; start every rank with the same PIPEMAT_WORLD_SIZE / --world-size");
     case AckStatus::kOtherJob:
-      PIPEMAT_THROW(CommError, prefix, "it belongs to another job (job digest ",
-                    short_job(challenge.job), ", this rank's ", short_job(job_.data()),
-                    "): every rank of a job must run the same config; is another job using "
+      PIPEMAT_THROW(CommError, prefix, another_job(challenge.job, job_.data(), "this rank's"),
+                    ": every rank of a job must run the same config; is another job using "
                     "the master port ",
                     options_.master, "? Give each job its own port (and PIPEMAT_JOB_SECRET)");
     case AckStatus::kBadRank:

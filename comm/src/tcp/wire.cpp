@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -40,10 +41,16 @@ Digest job_digest(const std::string& job) {
   return sha.finish();
 }
 
-std::string short_job(const uint8_t* digest) {
-  Digest d{};
-  std::memcpy(d.data(), digest, d.size());
-  return to_hex(d).substr(0, 12);
+std::string another_job(const uint8_t* theirs, const uint8_t* ours, const char* whose) {
+  Digest a{}, b{};
+  std::memcpy(a.data(), theirs, a.size());
+  std::memcpy(b.data(), ours, b.size());
+  const std::string hex_a = to_hex(a), hex_b = to_hex(b);
+  size_t same = 0;
+  while (same < hex_a.size() && hex_a[same] == hex_b[same]) ++same;
+  const size_t shown = std::max<size_t>(12, same + 1);
+  return ::pipemat::detail::concat("it belongs to another job (job digest ", hex_a.substr(0, shown),
+                                   ", ", whose, " ", hex_b.substr(0, shown), ")");
 }
 
 void fill_nonce(uint8_t* out) {

@@ -103,8 +103,11 @@ Digest ack_mac(const std::string& secret, const Challenge& challenge, const Hell
 // The job digest of TransportOptions::job: its SHA-256.
 Digest job_digest(const std::string& job);
 
-// The first 12 hex digits of a job digest, as messages name it.
-std::string short_job(const uint8_t* digest);
+// "it belongs to another job (job digest <theirs>, <whose> <ours>)": the refusal of a rank of
+// another job. Each digest is named by its first 12 hex digits, or by as many as it takes to
+// reach the first digit where the two differ (all 64 where they differ only at the end): two
+// digests never read the same.
+std::string another_job(const uint8_t* theirs, const uint8_t* ours, const char* whose);
 
 // Fills `out` with kNonceBytes random bytes; throws CommError when getrandom() fails.
 void fill_nonce(uint8_t* out);
