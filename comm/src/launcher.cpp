@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include <cstdlib>
 #include <cstring>
@@ -54,6 +57,19 @@ int pick_free_port(const std::string& host) {
   PIPEMAT_CHECK(rc == 0, CommError, "pick_free_port: cannot bind on ", host, ": ",
                 std::strerror(err));
   return ntohs(addr.sin_port);
+}
+
+void end_with_launcher() {
+#ifdef __linux__
+  // Note [Ranks end with their launcher] in pipemat/comm/launcher.h says why.
+  const char* announced = std::getenv("PIPEMAT_LAUNCHER_PID");
+  if (announced == nullptr && std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return;
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (announced == nullptr) return;
+  const long launcher = std::strtol(announced, nullptr, 10);
+  ::unsetenv("PIPEMAT_LAUNCHER_PID");
+  if (launcher > 0 && ::getppid() != static_cast<pid_t>(launcher)) ::raise(SIGKILL);
+#endif
 }
 
 namespace {

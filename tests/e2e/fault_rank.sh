@@ -3,7 +3,9 @@
 # Starts a multi-rank job (COMMAND, e.g. pipemat-run ...), waits until it trains (a "step 2/"
 # progress line), sends SIGNAL (KILL or STOP) to the process of rank RANK, then requires the
 # job to end within BOUND seconds with a non-zero exit code and output matching REGEX (for STOP:
-# the job's first timeout matches it).
+# the job's first timeout matches it), and no process of the job (the launcher's, mpirun's, a
+# rank's: every process below COMMAND once it trains) to run at the moment COMMAND has exited
+# (Note [Ranks end with their launcher] in comm/include/pipemat/comm/launcher.h).
 # Everything the job started is killed at the end, also a stopped rank.
 set -uo pipefail
 # shellcheck source=job_end.sh
@@ -15,7 +17,9 @@ out=$(mktemp)
 setsid "$@" >"$out" 2>&1 &
 job=$!
 sid=$job
+job_procs=()
 finish() {
+  kill_recorded "${job_procs[@]}"
   for p in $(ps -o pid= -s "$sid" 2>/dev/null); do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done
   rm -f "$out"
 }
@@ -26,7 +30,9 @@ fail() { echo "fault_rank: $*"; echo "---- job output ----"; cat "$out"; exit 1;
 target=""
 for _ in $(seq 1 300); do
   if grep -q "step 2/" "$out"; then
-    for p in $(ps -o pid= -s "$sid"); do
+    record_job "$job"
+    for entry in "${job_procs[@]}"; do
+      p=${entry%%:*}
       env=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null) || continue
       if grep -qx "PIPEMAT_RANK=$rank" <<<"$env" || grep -qx "OMPI_COMM_WORLD_RANK=$rank" <<<"$env"; then
         grep -q "train" "/proc/$p/cmdline" 2>/dev/null && target=$p && break
@@ -41,6 +47,8 @@ done
 start=$(date +%s%N)
 kill "-$signal" "$target"
 wait_for_end "$job" "$start" $((bound + 20)) || fail "the job still runs $((bound + 20)) s after SIG$signal to rank $rank"
+left=$(still_running "${job_procs[@]}")
+[ -z "$left" ] || fail "processes of the job still run after the launcher exited (pid state name): $left"
 echo "SIG$signal to rank $rank: the job ended with exit code $rc after $elapsed s (bound $bound s)"
 [ "$rc" -ne 0 ] || fail "exit code 0 after SIG$signal to rank $rank"
 [ "$ms" -le $((bound * 1000)) ] || fail "took $elapsed s, more than $bound s"

@@ -24,7 +24,9 @@ for a in "$@"; do args+=("${a//@TMP@/$tmp}"); done
 # a shell cannot trap what it was started ignoring.
 setsid env --default-signal=INT,TERM "${args[@]}" >"$out" 2>&1 &
 job=$!
+job_procs=()
 finish() {
+  kill_recorded "${job_procs[@]}"
   for p in $(ps -o pid= -s "$job" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
   rm -rf "$tmp"
 }
@@ -32,13 +34,15 @@ trap finish EXIT
 fail() { echo "interrupt: $*"; echo "---- output ----"; cat "$out"; exit 1; }
 
 wait_for_line "$job" "$out" "step 2/"
+record_job "$job"  # the command and every process below it (mpirun runs in a session of its own)
 start=$(date +%s%N)
 if [ "$to" = group ]; then kill "-$signal" -- "-$job"; else kill "-$signal" "$job"; fi
 wait_for_end "$job" "$start" $((bound + 20)) || fail "still running $((bound + 20)) s after SIG$signal"
 echo "SIG$signal to the $to: exit code $rc after $elapsed s (bound $bound s)"
-# (An exited rank its parent has not reaped yet, state Z, runs no more.)
-left=$(ps -o pid=,stat=,args= -s "$job" 2>/dev/null | awk '$2 !~ /^Z/')
-[ -z "$left" ] || fail "processes still running after the command ended: $left"
+# At the moment the command has exited (an exited rank its parent has not reaped yet, state Z,
+# runs no more).
+left=$(still_running "${job_procs[@]}")
+[ -z "$left" ] || fail "processes still running after the command ended (pid state name): $left"
 [ "$rc" -eq "$code" ] || fail "exit code $rc, expected $code"
 [ "$ms" -le $((bound * 1000)) ] || fail "took $elapsed s, more than $bound s"
 

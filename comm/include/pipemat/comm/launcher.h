@@ -39,4 +39,23 @@ SpawnResult spawn_local_ranks(const SpawnOptions& options);
 // A TCP port on `host` that was free when asked (the kernel's choice).
 int pick_free_port(const std::string& host = "127.0.0.1");
 
+// Note [Ranks end with their launcher]
+// A rank that a launcher started must not outlive it: a stopped rank, or one stuck waiting for a
+// dead peer, would run on unseen after the job has ended. mpirun does not wait for a rank it
+// kills (Open MPI 4's mpirun sends SIGCONT and SIGTERM, which `pipemat train` takes as a stop
+// request at the next step boundary, then SIGKILL, and counts the rank as gone at once), and a
+// launcher may itself be killed. So, first thing, a rank asks the kernel for SIGKILL when its
+// parent exits (PR_SET_PDEATHSIG; the parent forks from its one thread: pipemat-run is a shell,
+// mpirun forks from its main thread), and the launchers wait until their ranks are gone
+// (pipemat-run: docs/reliability.md). This applies to a process that
+//   - pipemat-run started: PIPEMAT_LAUNCHER_PID names the launcher, which must be the parent; one
+//     already gone by then (it died between the fork and this call) ends the rank at once. The
+//     variable is removed from the environment, so the rank's own children are not taken for
+//     ranks;
+//   - Open MPI started (OMPI_COMM_WORLD_SIZE): its parent is mpirun, or orted on another host.
+// Any other process (started by hand from a shell, nohup or ssh) is left alone: it may outlive
+// the shell. Call it at the start of main, before any thread starts. Linux only; elsewhere it
+// does nothing.
+void end_with_launcher();
+
 }  // namespace pipemat::comm
