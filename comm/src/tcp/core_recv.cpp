@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "common.h"
+#include "tcp/decode.h"
 
 namespace pipemat::comm::detail::tcp {
 namespace {
@@ -94,34 +95,33 @@ void TcpCore::read_header(Peer& peer) {
 void TcpCore::on_header(Peer& peer, const error_code& ec) {
   if (ec) return on_read_error(peer, ec);
   clocks.heard(peer.rank);
-  if (peer.in_header.magic == kBeatMagic && peer.in_header.size == 0) {
-    return read_header(peer);  // Note [Liveness of a peer]: it only says the peer is there
-  }
-  if (peer.in_header.magic != kFrameMagic) {
-    refuse_peer(peer, concat("corrupt stream from rank ", peer.rank,
-                             " (bad frame header); is another program connected to this port?"));
-    return;
-  }
   const int tag = peer.in_header.tag;
-  if (!is_transport_tag(tag)) {  // Note [Tags on the wire]
-    refuse_peer(peer,
-                concat("corrupt stream from rank ", peer.rank, ": a frame of ", peer.in_header.size,
+  switch (frame_kind(peer.in_header, max_message_bytes_)) {
+    case FrameKind::kBeat:
+      return read_header(peer);  // Note [Liveness of a peer]: it only says the peer is there
+    case FrameKind::kBadMagic:
+      refuse_peer(peer, concat("corrupt stream from rank ", peer.rank,
+                               " (bad frame header); is another program connected to this port?"));
+      return;
+    case FrameKind::kBadTag:  // Note [Tags on the wire]
+      refuse_peer(
+          peer, concat("corrupt stream from rank ", peer.rank, ": a frame of ", peer.in_header.size,
                        " bytes with tag ", tag, ", a tag no pipemat rank sends (user tags are 0..",
                        kMaxUserTag, "); rank ", rank_, " closed the connection to rank ", peer.rank,
                        ". Is another program connected to this port?"));
-    return;
-  }
-  // Checked before anything is allocated or read: the size is whatever the peer wrote.
-  if (peer.in_header.size > max_message_bytes_) {
-    refuse_peer(peer,
-                concat("rank ", peer.rank, " sent a frame of ", peer.in_header.size,
-                       " bytes with tag ", tag, " to rank ", rank_, ", more than the limit of ",
-                       max_message_bytes_, " bytes (TransportOptions::max_message_bytes); rank ",
-                       rank_, " closed the connection to rank ", peer.rank,
-                       ". Either the stream is corrupt or a program other than pipemat is "
-                       "connected; if the message is genuine, raise max_message_bytes on the "
-                       "receiving rank"));
-    return;
+      return;
+    case FrameKind::kTooLarge:
+      refuse_peer(peer,
+                  concat("rank ", peer.rank, " sent a frame of ", peer.in_header.size,
+                         " bytes with tag ", tag, " to rank ", rank_, ", more than the limit of ",
+                         max_message_bytes_, " bytes (TransportOptions::max_message_bytes); rank ",
+                         rank_, " closed the connection to rank ", peer.rank,
+                         ". Either the stream is corrupt or a program other than pipemat is "
+                         "connected; if the message is genuine, raise max_message_bytes on the "
+                         "receiving rank"));
+      return;
+    case FrameKind::kMessage:
+      break;
   }
   const size_t size = static_cast<size_t>(peer.in_header.size);
   std::vector<asio::mutable_buffer> buffers;

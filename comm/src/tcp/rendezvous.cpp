@@ -13,6 +13,7 @@
 
 #include "common.h"
 #include "pipemat/core/error.h"
+#include "tcp/decode.h"
 
 namespace pipemat::comm::detail::tcp {
 namespace {
@@ -291,60 +292,12 @@ void Rendezvous::Acceptance::judge(const IncomingPtr& in) {
 // The status of the ack for a complete hello, with the reason of a refusal; sets fatal_ for an
 // authenticated rank with another world size.
 AckStatus Rendezvous::Acceptance::check_hello(const Incoming& in, std::string& reason) {
-  const Hello& h = in.hello;
-  if (h.magic == kHelloMagicV1) {
-    reason =
-        "it speaks the unauthenticated rendezvous of an older pipemat (hello version 1); "
-        "start every rank from the same pipemat build";
-    return AckStatus::kBadProtocol;
-  }
-  if (h.magic != kHelloMagic) {
-    reason = "not a pipemat hello (bad magic); is another program connecting to this port?";
-    return AckStatus::kBadProtocol;
-  }
-  if (h.version != kProtocolVersion) {
-    reason = concat("rendezvous protocol version ", h.version, ", expected ", kProtocolVersion,
-                    "; start every rank from the same pipemat build");
-    return AckStatus::kBadProtocol;
-  }
-  if (const Digest mac = hello_mac(options_.secret, in.challenge, h);
-      !equal_digest(mac.data(), h.mac, mac.size())) {
-    reason = "wrong job secret";
-    if (((h.flags & kHasSecret) != 0) != has_secret_) {
-      reason += concat(" (it has ", secret_state((h.flags & kHasSecret) != 0), ", rank ",
-                       options_.rank, " has ", secret_state(has_secret_), ")");
-    }
-    return AckStatus::kWrongSecret;
-  }
-  if (!equal_digest(h.job, rv_.job_.data(), sizeof(h.job))) {
-    reason = concat(another_job(h.job, rv_.job_.data(), "this job's"),
-                    ": a job started with another config, or another job on the same master "
-                    "port");
-    return AckStatus::kOtherJob;
-  }
-  if (announced_host(h).empty()) {
-    reason = "its hello announces no valid listener address";
-    return AckStatus::kBadProtocol;
-  }
-  if (h.world_size != options_.world_size) {
-    reason = concat("rank ", h.rank, " was started with world size ", h.world_size);
-    fatal_ = concat("tcp rendezvous: rank ", h.rank, " was started with world size ", h.world_size,
-                    " but rank ", options_.rank, " with world size ", options_.world_size,
-                    "; start every rank with the same PIPEMAT_WORLD_SIZE / --world-size");
-    return AckStatus::kWorldSize;
-  }
-  if (h.rank < lo_ || h.rank > hi_) {
-    reason = concat("it announced rank ", h.rank, ", but rank ", options_.rank,
-                    " accepts only ranks ", lo_, "..", hi_, " here");
-    return AckStatus::kBadRank;
-  }
-  if (claimed_[static_cast<size_t>(h.rank)]) {
-    reason = concat("it claims rank ", h.rank,
-                    ", which another process already holds; give every process a distinct "
-                    "PIPEMAT_RANK / --rank");
-    return AckStatus::kDuplicateRank;
-  }
-  return AckStatus::kOk;
+  const Acceptor acceptor{
+      options_.secret, rv_.job_.data(), options_.rank, options_.world_size, lo_, hi_, claimed_};
+  HelloVerdict verdict = judge_hello(in.hello, in.challenge, acceptor);
+  reason = std::move(verdict.reason);
+  if (!verdict.fatal.empty()) fatal_ = std::move(verdict.fatal);
+  return verdict.status;
 }
 
 // The refusal tells a misconfigured rank why at once; it reveals nothing of the secret.
@@ -431,10 +384,9 @@ void Rendezvous::authenticate(tcp::socket& socket, Hello hello, const std::strin
   const bool has_secret = !options_.secret.empty();
   Challenge challenge;
   read(socket, &challenge, sizeof(challenge), concat("waiting for the challenge of ", whom));
-  PIPEMAT_CHECK(challenge.magic == kChallengeMagic && challenge.version == kProtocolVersion,
-                CommError, "tcp rendezvous: rank ", options_.rank, " connected to ", whom, " at ",
-                address, ", which does not speak the pipemat rendezvous protocol ",
-                kProtocolVersion, "; is another program or an older pipemat listening there?");
+  const Connector connector{options_.secret, job_.data(), options_.rank, options_.world_size,
+                            options_.master, whom,        address};
+  check_challenge(challenge, connector);
   hello.flags = has_secret ? kHasSecret : 0;
   fill_nonce(hello.nonce);
   std::memcpy(hello.job, job_.data(), sizeof(hello.job));
@@ -443,42 +395,7 @@ void Rendezvous::authenticate(tcp::socket& socket, Hello hello, const std::strin
   write(socket, &hello, sizeof(hello), concat("sending a hello to ", whom));
   Ack ack;
   read(socket, &ack, sizeof(ack), concat("waiting for ", whom, " to accept the hello"));
-  const std::string prefix =
-      concat("tcp rendezvous: ", whom, " at ", address, " refused rank ", options_.rank, ": ");
-  PIPEMAT_CHECK(ack.magic == kAckMagic, CommError, prefix,
-                "its answer is not a pipemat ack; is another program listening there?");
-  switch (static_cast<AckStatus>(ack.status)) {
-    case AckStatus::kOk:
-      break;
-    case AckStatus::kWrongSecret:
-      PIPEMAT_THROW(CommError, prefix, "wrong job secret (this rank has ", secret_state(has_secret),
-                    ", there ", secret_state(challenge.flags & 1),
-                    "). Start every rank of a job with the same PIPEMAT_JOB_SECRET "
-                    "(pipemat-run --tcp sets one per job) or all without one.");
-    case AckStatus::kWorldSize:
-      PIPEMAT_THROW(CommError, prefix, "it runs a different world size than this rank's ",
-                    options_.world_size,
-                    "; start every rank with the same PIPEMAT_WORLD_SIZE / --world-size");
-    case AckStatus::kOtherJob:
-      PIPEMAT_THROW(CommError, prefix, another_job(challenge.job, job_.data(), "this rank's"),
-                    ": every rank of a job must run the same config; is another job using "
-                    "the master port ",
-                    options_.master, "? Give each job its own port (and PIPEMAT_JOB_SECRET)");
-    case AckStatus::kBadRank:
-      PIPEMAT_THROW(CommError, prefix, "rank ", options_.rank,
-                    " is not expected to connect there (check PIPEMAT_RANK / --rank)");
-    case AckStatus::kDuplicateRank:
-      PIPEMAT_THROW(CommError, prefix, "another process already joined as rank ", options_.rank,
-                    "; give every process a distinct PIPEMAT_RANK / --rank");
-    default:
-      PIPEMAT_THROW(CommError, prefix, "protocol mismatch (status ", ack.status,
-                    "); start every rank from the same pipemat build");
-  }
-  const Digest proof = ack_mac(options_.secret, challenge, hello, ack.status);
-  PIPEMAT_CHECK(equal_digest(proof.data(), ack.mac, proof.size()), CommError,
-                "tcp rendezvous: ", whom, " at ", address, " accepted rank ", options_.rank,
-                " but could not prove the job secret: it has a different PIPEMAT_JOB_SECRET, or "
-                "another program is listening on that port");
+  check_ack(ack, challenge, hello, connector);
 }
 
 tcp::acceptor listen_on_master(asio::io_context& io, const std::string& host, uint16_t port,

@@ -12,6 +12,7 @@
 #include "pipemat/core/error.h"
 #include "tcp/asio.h"
 #include "tcp/core.h"
+#include "tcp/decode.h"
 #include "tcp/rendezvous.h"
 #include "tcp/wire.h"
 
@@ -97,11 +98,9 @@ class TcpTransport final : public SpanTransport<TcpTransport, TcpWork> {
             "waiting for the rank table from the master (are all ranks started?)");
     peers[0] = std::make_unique<Peer>(0, std::move(master));
     for (int s = 1; s < me; ++s) {
-      const auto& entry = table[static_cast<size_t>(s)];
-      const std::string entry_host(entry.host, strnlen(entry.host, sizeof(entry.host)));
-      tcp::socket socket =
-          rv.connect(entry_host, static_cast<uint16_t>(entry.port), concat("rank ", s));
-      rv.authenticate(socket, hello, concat("rank ", s), concat(entry_host, ":", entry.port));
+      const TableAddress entry = table_address(table[static_cast<size_t>(s)], s);
+      tcp::socket socket = rv.connect(entry.host, entry.port, concat("rank ", s));
+      rv.authenticate(socket, hello, concat("rank ", s), concat(entry.host, ":", entry.port));
       peers[static_cast<size_t>(s)] = std::make_unique<Peer>(s, std::move(socket));
     }
     if (me + 1 < world) {
