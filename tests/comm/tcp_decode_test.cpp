@@ -137,29 +137,23 @@ TEST(TcpDecode, TheConnectorChecksTheChallengeAndTheAck) {
   Ack ack;
   const Digest mac = ack_mac(h.secret, h.challenge, h.hello, 0);
   std::memcpy(ack.mac, mac.data(), mac.size());
-  EXPECT_EQ(what_of([&] { check_ack(ack, h.challenge, h.hello, connector); }), "");
-  Ack forged = ack;
-  forged.mac[0] ^= 1;
-  EXPECT_NE(what_of([&] {
-              check_ack(forged, h.challenge, h.hello, connector);
+  // The error of the ack `ack` changed by `change`.
+  const auto ack_error = [&](const std::function<void(Ack&)>& change) {
+    Ack changed = ack;
+    change(changed);
+    return what_of([&] { check_ack(changed, h.challenge, h.hello, connector); });
+  };
+  EXPECT_EQ(ack_error([](Ack&) {}), "");
+  EXPECT_NE(ack_error([](Ack& a) {
+              a.mac[0] ^= 1;
             }).find("accepted rank 2 but could not prove the job secret"),
             std::string::npos);
-  Ack refused = ack;
-  refused.status = static_cast<uint32_t>(AckStatus::kDuplicateRank);
-  EXPECT_EQ(what_of([&] { check_ack(refused, h.challenge, h.hello, connector); }),
+  EXPECT_EQ(ack_error([](Ack& a) { a.status = static_cast<uint32_t>(AckStatus::kDuplicateRank); }),
             "tcp rendezvous: the master (rank 0) at 10.0.0.1:29500 refused rank 2: another process "
             "already joined as rank 2; give every process a distinct PIPEMAT_RANK / --rank");
-  Ack unknown = ack;
-  unknown.status = 77;
-  EXPECT_NE(what_of([&] {
-              check_ack(unknown, h.challenge, h.hello, connector);
-            }).find("protocol mismatch (status 77)"),
+  EXPECT_NE(ack_error([](Ack& a) { a.status = 77; }).find("protocol mismatch (status 77)"),
             std::string::npos);
-  Ack garbage = ack;
-  garbage.magic = 0;
-  EXPECT_NE(what_of([&] {
-              check_ack(garbage, h.challenge, h.hello, connector);
-            }).find("its answer is not a pipemat ack"),
+  EXPECT_NE(ack_error([](Ack& a) { a.magic = 0; }).find("its answer is not a pipemat ack"),
             std::string::npos);
 }
 

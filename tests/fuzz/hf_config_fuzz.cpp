@@ -8,21 +8,15 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <string_view>
 
+#include "fuzz_expect.h"
 #include "pipemat/weights/hf_config.h"
 
 namespace {
 
-void expect(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "hf_config fuzz: broken promise: %s\n", what);
-    std::abort();
-  }
-}
+void expect(bool ok, const char* what) { pipemat::fuzz::expect(ok, "hf_config", what); }
 
 }  // namespace
 

@@ -83,32 +83,15 @@ def hf_config_seeds():
                         rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
     text = small.to_json_string()
     write("hf_config", "transformers-small.json", text.encode())
-    write("hf_config", "pipemat-export.json", b"""{
-  "architectures": [
-    "LlamaForCausalLM"
-  ],
-  "model_type": "llama",
-  "hidden_size": 16,
-  "intermediate_size": 32,
-  "num_hidden_layers": 4,
-  "num_attention_heads": 2,
-  "num_key_value_heads": 1,
-  "head_dim": 8,
-  "rope_theta": 500000.0,
-  "rope_parameters": {
-    "rope_theta": 500000.0,
-    "rope_type": "default"
-  },
-  "rms_norm_eps": 1e-05,
-  "vocab_size": 256,
-  "max_position_embeddings": 16,
-  "tie_word_embeddings": true,
-  "hidden_act": "silu",
-  "attention_bias": false,
-  "mlp_bias": false,
-  "torch_dtype": "float32"
-}
-""")
+    # As pipemat export writes it (weights::write_llama_config: keys in this order, indent 2).
+    export = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16,
+              "intermediate_size": 32, "num_hidden_layers": 4, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 8, "rope_theta": 500000.0,
+              "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+              "rms_norm_eps": 1e-05, "vocab_size": 256, "max_position_embeddings": 16,
+              "tie_word_embeddings": True, "hidden_act": "silu", "attention_bias": False,
+              "mlp_bias": False, "torch_dtype": "float32"}
+    write("hf_config", "pipemat-export.json", (json.dumps(export, indent=2) + "\n").encode())
     minimal = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
                "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256}
     write("hf_config", "minimal.json", json.dumps(minimal).encode())

@@ -8,21 +8,15 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 
+#include "fuzz_expect.h"
 #include "manifest.h"
 #include "pipemat/core/error.h"
 
 namespace {
 
-void expect(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "manifest fuzz: broken promise: %s\n", what);
-    std::abort();
-  }
-}
+void expect(bool ok, const char* what) { pipemat::fuzz::expect(ok, "manifest", what); }
 
 }  // namespace
 

@@ -12,25 +12,19 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "fuzz_expect.h"
 #include "pipemat/weights/safetensors.h"
 
 namespace {
 
-using namespace pipemat::weights;
+void expect(bool ok, const char* what) { pipemat::fuzz::expect(ok, "safetensors", what); }
 
-void expect(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "safetensors fuzz: broken promise: %s\n", what);
-    std::abort();
-  }
-}
+using namespace pipemat::weights;
 
 std::string le64(uint64_t n) {
   std::string s(8, '\0');

@@ -17,25 +17,19 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "common.h"
+#include "fuzz_expect.h"
 #include "tcp/decode.h"
 
 namespace {
 
-using namespace pipemat::comm::detail::tcp;
+void expect(bool ok, const char* what) { pipemat::fuzz::expect(ok, "tcp wire", what); }
 
-void expect(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "tcp wire fuzz: broken promise: %s\n", what);
-    std::abort();
-  }
-}
+using namespace pipemat::comm::detail::tcp;
 
 // Reads the next sizeof(T) bytes into `out`; false when the input ends first.
 template <typename T>
