@@ -40,28 +40,36 @@ std::string config_error_of(const std::string& text) {
   return "";
 }
 
+// As transformers 5 writes a LlamaConfig (keys sorted, RoPE in rope_parameters, "dtype").
 const char* const kFull = R"({
   "architectures": ["LlamaForCausalLM"],
-  "model_type": "llama",
-  "hidden_size": 48,
-  "intermediate_size": 128,
-  "num_hidden_layers": 3,
-  "num_attention_heads": 6,
-  "num_key_value_heads": 2,
-  "head_dim": 8,
-  "rope_theta": 500000.0,
-  "rms_norm_eps": 1e-05,
-  "vocab_size": 256,
-  "tie_word_embeddings": true,
-  "max_position_embeddings": 64,
-  "hidden_act": "silu",
   "attention_bias": false,
   "attention_dropout": 0.0,
-  "mlp_bias": false,
-  "rope_scaling": null,
-  "pad_token_id": null,
   "bos_token_id": 1,
-  "torch_dtype": "bfloat16"
+  "dtype": "bfloat16",
+  "eos_token_id": 2,
+  "head_dim": 8,
+  "hidden_act": "silu",
+  "hidden_size": 48,
+  "initializer_range": 0.02,
+  "intermediate_size": 128,
+  "max_position_embeddings": 64,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 6,
+  "num_hidden_layers": 3,
+  "num_key_value_heads": 2,
+  "pad_token_id": null,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_parameters": {
+    "rope_theta": 500000.0,
+    "rope_type": "default"
+  },
+  "tie_word_embeddings": true,
+  "transformers_version": "5.25.0",
+  "use_cache": true,
+  "vocab_size": 256
 })";
 
 TEST(HfConfig, ReadsTheFieldsOfALlamaConfig) {
