@@ -29,9 +29,12 @@ int64_t integer(const Json& m, const char* name, int64_t min, int64_t max,
                 const std::string& path) {
   if (!m.contains(name)) damaged(path, std::string("field '") + name + "' is missing");
   const Json& v = m.at(name);
-  const bool fits = v.is_number_integer() &&
-                    (v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(max)
-                                            : v.get<int64_t>() >= min && v.get<int64_t>() <= max);
+  // nlohmann reads every integer >= 0 as unsigned (so "0" too): both bounds hold for it as well.
+  const bool fits =
+      v.is_number_integer() &&
+      (v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(max) &&
+                                    (min <= 0 || v.get<uint64_t>() >= static_cast<uint64_t>(min))
+                              : v.get<int64_t>() >= min && v.get<int64_t>() <= max);
   if (!fits) {
     damaged(path, std::string("field '") + name + "' is " + v.dump() +
                       "; expected an integer from " + std::to_string(min) + " to " +
