@@ -565,18 +565,23 @@ TEST(Checkpoint, ANonFiniteTensorIsRefusedNamingTheFileTheTensorAndTheIndex) {
       EXPECT_TRUE(std::isnan(p->stage(stage).module->named_parameters()[name][1][2].item<float>()));
     }
   });
-  // An infinity in the optimizer's state (AdamW's second moment of rank 0's first parameter).
+  // An infinity in the optimizer's state: AdamW's second moment of rank 0's first parameter, at
+  // its flat element 3.
+  std::string inf_index;
   const std::string inf_dir = saved_checkpoint(c, root / "b", [&](Pipeline& p, int rank) {
     if (rank != 0) return;
     at::NoGradGuard no_grad;
-    for (auto& [impl, state] : p.optimizer().state()) {
-      auto* adam = dynamic_cast<torch::optim::AdamWParamState*>(state.get());
-      ASSERT_NE(adam, nullptr) << "the case trains with AdamW";
-      adam->exp_avg_sq().view({-1})[3] = std::numeric_limits<float>::infinity();
-      return;
-    }
+    const at::Tensor& first = p.optimizer().param_groups().at(0).params().at(0);
+    auto* adam = dynamic_cast<torch::optim::AdamWParamState*>(
+        p.optimizer().state().at(first.unsafeGetTensorImpl()).get());
+    ASSERT_NE(adam, nullptr) << "the case trains with AdamW";
+    adam->exp_avg_sq().view({-1})[3] = std::numeric_limits<float>::infinity();
+    inf_index = "[";
+    for (int64_t d = 0; d + 1 < first.dim(); ++d) inf_index += "0, ";
+    inf_index += "3]";
+    ASSERT_GT(first.size(-1), 3) << "element 3 is in the first row";
   });
-  expect_refused(c, inf_dir, "holds +Inf at index [3] (shape [", 0);
+  expect_refused(c, inf_dir, "holds +Inf at index " + inf_index + " (shape [", 0);
   fs::remove_all(root);
 }
 
