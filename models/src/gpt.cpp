@@ -20,6 +20,7 @@ GptShape gpt_shape(const ModelOptions& m) {
   s.heads = m.heads;
   s.ffn = m.ffn > 0 ? m.ffn : 4 * m.hidden;
   s.seq_len = m.seq_len;
+  s.vocab = m.vocab;
   s.dropout = m.dropout;
   PIPEMAT_CHECK(s.heads > 0 && s.hidden % s.heads == 0, ConfigError, "model.heads: ", s.heads,
                 " does not divide model.hidden ", s.hidden);
@@ -27,7 +28,7 @@ GptShape gpt_shape(const ModelOptions& m) {
 }
 
 GptEmbedImpl::GptEmbedImpl(const GptShape& shape) {
-  tok = register_module("tok", torch::nn::Embedding(kByteVocab, shape.hidden));
+  tok = register_module("tok", torch::nn::Embedding(shape.vocab, shape.hidden));
   pos = register_module("pos", torch::nn::Embedding(shape.seq_len, shape.hidden));
   drop = register_module("drop", CounterDropout(shape.dropout));
 }
@@ -80,7 +81,7 @@ at::Tensor GptBlockImpl::forward(const at::Tensor& x) {
 
 GptHeadImpl::GptHeadImpl(const GptShape& shape) {
   norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({shape.hidden})));
-  out = register_module("out", torch::nn::Linear(shape.hidden, kByteVocab));
+  out = register_module("out", torch::nn::Linear(shape.hidden, shape.vocab));
 }
 
 at::Tensor GptHeadImpl::forward(const at::Tensor& x) { return out(norm(x)); }
@@ -147,7 +148,7 @@ std::vector<int64_t> partition_gpt(const GptParts& parts, const PartitionOptions
 }
 
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, kByteVocab}),
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
                                               targets.reshape({-1}));
 }
 

@@ -20,6 +20,7 @@ LlamaShape llama_shape(const ModelOptions& m) {
   s.kv_heads = m.kv_heads > 0 ? m.kv_heads : m.heads;
   s.ffn = m.ffn > 0 ? m.ffn : 4 * m.hidden;
   s.seq_len = m.seq_len;
+  s.vocab = m.vocab;
   s.rope_theta = m.rope_theta;
   s.norm_eps = m.norm_eps;
   s.tie_embeddings = m.tie_embeddings;
@@ -147,7 +148,7 @@ LlamaParts build_llama(const LlamaShape& shape, uint64_t seed) {
   at::NoGradGuard no_grad;
   const auto normal = [](const at::Tensor& w) { torch::nn::init::normal_(w, 0.0, 0.02); };
   LlamaParts parts;
-  parts.embed_tokens = torch::nn::Embedding(kByteVocab, shape.hidden);
+  parts.embed_tokens = torch::nn::Embedding(shape.vocab, shape.hidden);
   normal(parts.embed_tokens->weight);
   for (int64_t i = 0; i < shape.layers; ++i) {
     LlamaBlock block(shape);
@@ -161,7 +162,7 @@ LlamaParts build_llama(const LlamaShape& shape, uint64_t seed) {
   }
   parts.norm = LlamaRMSNorm(shape.hidden, shape.norm_eps);
   if (!shape.tie_embeddings) {
-    parts.lm_head = torch::nn::Linear(no_bias(shape.hidden, kByteVocab));
+    parts.lm_head = torch::nn::Linear(no_bias(shape.hidden, shape.vocab));
     normal(parts.lm_head->weight);
   }
   return parts;

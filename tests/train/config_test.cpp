@@ -357,7 +357,7 @@ TEST(ConfigErrors, DocumentShape) {
             "document (remove the '---')");
   EXPECT_EQ(error_of("training: {steps: 2}\nmodel: 3\n"),
             "x.yaml:2: model: '3' is not a mapping; expected a mapping with keys kind, layers, "
-            "hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout, kv_heads, "
+            "hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, vocab, dropout, kv_heads, "
             "rope_theta, norm_eps, tie_embeddings, from");
   EXPECT_EQ(error_of("schedule: [1f1b]\n"),
             "x.yaml:1: schedule: a list is not a mapping; expected a mapping with keys kind, "
@@ -430,14 +430,15 @@ TEST(ConfigErrors, UnknownKeysAtEveryLevel) {
   EXPECT_EQ(error_of("extra: 1\n"),
             "x.yaml:1: extra: unknown key; allowed top-level keys: model, data, partition, "
             "schedule, parallel, remat, transport, training, checkpoint, sample, output");
-  EXPECT_EQ(error_of("model:\n  kind: mlp\n  layer: 4\n"),
-            "x.yaml:3: model.layer: unknown key; did you mean 'model.layers'? allowed in model: "
-            "kind, layers, hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout, "
-            "kv_heads, rope_theta, norm_eps, tie_embeddings, from");
+  EXPECT_EQ(
+      error_of("model:\n  kind: mlp\n  layer: 4\n"),
+      "x.yaml:3: model.layer: unknown key; did you mean 'model.layers'? allowed in model: "
+      "kind, layers, hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, vocab, dropout, "
+      "kv_heads, rope_theta, norm_eps, tie_embeddings, from");
   EXPECT_EQ(error_of("model: {steps: 4}\n"),
             "x.yaml:1: model.steps: unknown key; did you mean 'training.steps'? allowed in "
             "model: kind, layers, hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, "
-            "dropout, kv_heads, rope_theta, norm_eps, tie_embeddings, from");
+            "vocab, dropout, kv_heads, rope_theta, norm_eps, tie_embeddings, from");
   EXPECT_EQ(error_of("parallel: {data: 2, shard_optimiser: true}\n"),
             "x.yaml:1: parallel.shard_optimiser: unknown key; did you mean "
             "'parallel.shard_optimizer'? allowed in parallel: data, bucket_bytes, weight_tail, "
@@ -549,6 +550,18 @@ TEST(ConfigErrors, OutOfRangeNumbers) {
             "x.yaml:1: model.layers: the rmsnorm-gemm model of 4096 layers with hidden 4096 holds "
             "about 256.125 GiB of float32 weights, more than the limit of 16 GiB; lower "
             "model.layers, model.hidden or model.ffn");
+  // A text model's embedding and head hold vocab x hidden each; its logits are tokens x vocab.
+  EXPECT_EQ(error_of("model: {vocab: 255}\n"),
+            "x.yaml:1: model.vocab: '255' is out of range; expected an integer in [256, 4194304]");
+  EXPECT_EQ(error_of("data: {path: t.txt}\nmodel: {kind: gpt, hidden: 1024, vocab: 4194304}\n"),
+            "x.yaml:2: model.vocab: the gpt model of 8 layers with hidden 1024 holds about "
+            "32.37506103515625 GiB of float32 weights, more than the limit of 16 GiB; lower "
+            "model.layers, "
+            "model.hidden or model.ffn (or model.vocab)");
+  EXPECT_EQ(error_of("data: {path: t.txt}\nmodel: {kind: gpt, hidden: 64, vocab: 2097152}\n"),
+            "x.yaml:2: model.vocab: one activation of 1024 tokens x 2097152 is about 8 GiB, more "
+            "than the limit of 4 GiB per micro-batch; lower model.batch or the model's width (or "
+            "model.vocab)");
   EXPECT_EQ(error_of("model: {tokens: 1048576, hidden: 2048}\n"),
             "x.yaml:1: model.tokens: one activation of 1048576 tokens x 2048 is about 8 GiB, more "
             "than the limit of 4 GiB per micro-batch; lower model.tokens or the model's width");
@@ -789,7 +802,8 @@ TEST(ConfigOverrides, Errors) {
             "list, e.g. --set remat.exclude=[{path: layers.*.gemm}]");
   const std::string all_keys =
       "model.kind, model.layers, model.hidden, model.tokens, model.heads, model.ffn, "
-      "model.experts, model.top_k, model.seq_len, model.batch, model.dropout, model.kv_heads, "
+      "model.experts, model.top_k, model.seq_len, model.batch, model.vocab, model.dropout, "
+      "model.kv_heads, "
       "model.rope_theta, model.norm_eps, model.tie_embeddings, model.from, data.path, "
       "data.validation, partition.layers_per_stage, schedule.kind, schedule.ranks, "
       "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, schedule.csv, "
@@ -832,7 +846,7 @@ TEST(ConfigOverrides, Errors) {
   // A section that is not a mapping is reported at its line, not hidden by the override.
   EXPECT_EQ(error_of("model: 3\n", {"model.layers=4"}),
             "x.yaml:1: model: '3' is not a mapping; expected a mapping with keys kind, layers, "
-            "hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, dropout, kv_heads, "
+            "hidden, tokens, heads, ffn, experts, top_k, seq_len, batch, vocab, dropout, kv_heads, "
             "rope_theta, norm_eps, tie_embeddings, from");
 }
 
@@ -910,6 +924,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  top_k: 2\n"
             "  seq_len: 128\n"
             "  batch: 8\n"
+            "  vocab: 256\n"
             "  dropout: 0\n"
             "  kv_heads: 0\n"
             "  rope_theta: 10000\n"
@@ -1166,6 +1181,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "model.top_k",
                                                      "model.seq_len",
                                                      "model.batch",
+                                                     "model.vocab",
                                                      "model.dropout",
                                                      "model.kv_heads",
                                                      "model.rope_theta",

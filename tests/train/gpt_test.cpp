@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -278,6 +279,35 @@ INSTANTIATE_TEST_SUITE_P(Schedules, GptGrid,
                            }
                            return n;
                          });
+
+// model.vocab: a vocabulary of 1000 and of 32,000 ids (the text's bytes are the first 256) sizes
+// the embedding and the head, and the pipeline still equals the single process bitwise, in fp32
+// and bf16, on 1f1b and zb-v (2 ranks) and on 2 replicas x 2 stages, sharded.
+TEST(GptVocab, AnyVocabularyEqualsTheSingleProcessBitwise) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  for (const int64_t vocab : {int64_t{1000}, int64_t{32000}}) {
+    for (const char* kind : {"1f1b", "zb-v"}) {
+      for (const bool bf16 : {false, true}) {
+        SCOPED_TRACE(std::to_string(vocab) + " " + kind + (bf16 ? " bf16" : " fp32"));
+        TrainConfig c = gpt_config((dir.path() / "text.txt").string(), kind, "selective");
+        c.model.vocab = vocab;
+        if (bf16) c.training.precision = pp::Precision::kBFloat16;
+        const TrainResult ref = testing::expect_pipeline_equals_reference(c);
+        std::map<std::string, at::Tensor> got(ref.params.begin(), ref.params.end());
+        EXPECT_EQ(got.at("embed.tok.weight").sizes(), (std::vector<int64_t>{vocab, 16}));
+        EXPECT_EQ(got.at("head.out.weight").sizes(), (std::vector<int64_t>{vocab, 16}));
+        // Small initial weights give near-uniform logits: the first loss is about ln(vocab).
+        EXPECT_NEAR(ref.steps.at(0).loss, std::log(static_cast<double>(vocab)), 0.1);
+      }
+    }
+  }
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "zb-v", "selective");
+  c.model.vocab = 1000;
+  c.parallel.data = 2;
+  c.parallel.shard_optimizer = true;
+  testing::expect_pipeline_equals_reference(c);
+}
 
 // Note [Mixed precision]: the GPT with dropout, AdamW, clipping and validation under bf16
 // (fused attention, remat's SAVE regions on the GEMMs, pre-triggered replay) equals the single

@@ -120,6 +120,28 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
+// model.vocab 1000, tied and untied (tied in one stage), fp32 and bf16: the embedding and the head
+// have 1000 rows and the pipeline equals the single process bitwise.
+TEST(LlamaVocab, AVocabularyOf1000EqualsTheSingleProcessBitwise) {
+  LlamaDir dir;
+  const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    TrainConfig c = llama_config(text, "zb-v", "selective");
+    c.model.vocab = 1000;
+    if (bf16) c.training.precision = pp::Precision::kBFloat16;
+    const TrainResult ref = testing::expect_pipeline_equals_reference(c);
+    std::map<std::string, at::Tensor> got(ref.params.begin(), ref.params.end());
+    EXPECT_EQ(got.at("embed_tokens.weight").sizes(), (std::vector<int64_t>{1000, 16}));
+    EXPECT_EQ(got.at("lm_head.weight").sizes(), (std::vector<int64_t>{1000, 16}));
+  }
+  TrainConfig tied = llama_config(text, "1f1b", "none");
+  tied.model.vocab = 1000;
+  tied.model.tie_embeddings = true;
+  tied.schedule.ranks = 1;
+  testing::expect_pipeline_equals_reference(tied);
+}
+
 // Note [Data x pipeline]: 2 replicas of the 2-rank llama pipeline equal the single process that
 // combines their gradients, bitwise (zb-v: every backward split).
 TEST(LlamaData, TwoReplicasEqualTheSingleProcessBitwise) {
@@ -314,6 +336,7 @@ TEST(LlamaFrom, ReadsAHuggingFaceConfigJson) {
   EXPECT_EQ(c.model.norm_eps, 1e-5);
   EXPECT_TRUE(c.model.tie_embeddings);
   EXPECT_EQ(c.model.seq_len, 64);
+  EXPECT_EQ(c.model.vocab, 256);
   EXPECT_EQ(c.model.from, "");  // resolved: the run's config holds the keys themselves
   // Without the optional fields: LlamaConfig's defaults (kv_heads = heads, eps 1e-6, untied,
   // max_position_embeddings 2048).
@@ -326,6 +349,15 @@ TEST(LlamaFrom, ReadsAHuggingFaceConfigJson) {
   EXPECT_EQ(d.model.rope_theta, 10000.0);
   EXPECT_FALSE(d.model.tie_embeddings);
   EXPECT_EQ(d.model.seq_len, 128);
+  // Any vocabulary that holds the bytes: vocab_size sets model.vocab.
+  dir.file("config.json", with_field(kHfConfig, "vocab_size", "32000"));
+  EXPECT_EQ(
+      parse_config("data: {path: t.txt}\nmodel: {kind: llama, from: \"" + dir.path() + "\"}\n",
+                   "x.yaml")
+          .model.vocab,
+      32000);
+  dir.file("config.json", R"({"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256})");
   EXPECT_EQ(config_error("data: {path: t.txt}\nmodel: {kind: llama, seq_len: 4096, from: \"" +
                          dir.path() + "\"}\n"),
             "x.yaml:2: model.seq_len: 4096 is longer than max_position_embeddings 2048 of " +
@@ -345,10 +377,13 @@ TEST(LlamaFrom, AFileTransformersWouldReadAsAnotherModelIsAnError) {
   const std::string at = "x.yaml:2: model.from: " + file;
   const std::string shape = R"("hidden_size": 32, "intermediate_size": 64,
     "num_hidden_layers": 2, "num_attention_heads": 4)";
-  // No vocab_size: transformers' LlamaConfig takes 32000, which this byte-level llama is not.
-  EXPECT_EQ(error_with(R"({"model_type": "llama", )" + shape + "}"),
-            at + ": field 'vocab_size' is not given, so transformers' LlamaConfig default of "
-                 "32000 applies; the llama trains on bytes of text (data.path), expected 256");
+  // No vocab_size: transformers' LlamaConfig takes 32000, and so does model.from; a vocabulary
+  // that cannot hold the text's bytes is refused.
+  dir.file("config.json", R"({"model_type": "llama", )" + shape + "}");
+  EXPECT_EQ(parse_config(yaml, "x.yaml").model.vocab, 32000);
+  EXPECT_EQ(error_with(R"({"model_type": "llama", "vocab_size": 100, )" + shape + "}"),
+            at + ": field 'vocab_size' is 100; the llama trains on bytes of text (data.path), ids "
+                 "0 to 255, so it needs at least 256");
   // No model_type.
   EXPECT_EQ(error_with(R"({"vocab_size": 256, )" + shape + "}"),
             at + ": field 'model_type' is missing; a Llama config.json says \"model_type\": "
@@ -388,9 +423,6 @@ TEST(LlamaFrom, UnsupportedFieldsAndConflictsAreErrorsNamingThem) {
             at + "'mlp_bias' is true; the llama's projections have no biases (expected false)");
   EXPECT_EQ(error_with(with_field(kHfConfig, "hidden_act", "\"gelu\"")),
             at + "'hidden_act' is 'gelu'; only silu (SwiGLU) is supported");
-  EXPECT_EQ(error_with(with_field(kHfConfig, "vocab_size", "32000")),
-            at + "'vocab_size' is 32000; the llama trains on bytes of text (data.path), "
-                 "expected 256");
   EXPECT_EQ(error_with(with_field(kHfConfig, "model_type", "\"mistral\"")),
             at + "'model_type' is 'mistral'; expected llama");
   EXPECT_EQ(error_with(with_field(kHfConfig, "hidden_size", "\"48\"")),

@@ -287,6 +287,46 @@ TEST_P(WeightFiles, AFileThatDoesNotFitTheModelIsOneErrorListingEveryTensor) {
   EXPECT_NE(error.find(expected), std::string::npos) << error;
 }
 
+// model.vocab: a text model of 1000 ids exports embedding and head of 1000 rows (a llama's
+// config.json says vocab_size 1000, and model.from reads it back), and init_from of that file
+// starts the pipeline and the single process from exactly its parameters.
+TEST_P(WeightFiles, AVocabularyOf1000GoesOutAndBackIn) {
+  if (GetParam() == "transformer") {
+    GTEST_SKIP() << "the zoo's transformer has no vocabulary (model.vocab is gpt's and llama's)";
+  }
+  TrainConfig c = config(GetParam(), (dir_ / "ck").string());
+  c.model.vocab = 1000;
+  train_in_process(c, nullptr);
+  const std::string file = (dir_ / "v" / "model.safetensors").string();
+  export_weights((dir_ / "ck" / "step-000002").string(), file);
+  const weights::SafetensorsFile read(file);
+  const bool llama = GetParam() == "llama";
+  for (const char* name : {llama ? "model.embed_tokens.weight" : "embed.tok.weight",
+                           llama ? "lm_head.weight" : "head.out.weight"}) {
+    ASSERT_NE(read.find(name), nullptr) << name;
+    EXPECT_EQ(read.find(name)->shape, (std::vector<int64_t>{1000, 16})) << name;
+  }
+  if (llama) {
+    EXPECT_NE(slurp(dir_ / "v" / "config.json").find("\"vocab_size\": 1000"), std::string::npos);
+    const TrainConfig from_file = parse_config(
+        "data: {path: t.txt}\nmodel: {kind: llama, from: \"" + (dir_ / "v").string() + "\"}\n",
+        "x.yaml");
+    EXPECT_EQ(from_file.model.vocab, 1000);
+  }
+  TrainConfig from = config(GetParam(), (dir_ / "ck2").string());
+  from.model.vocab = 1000;
+  no_change(from);
+  from.training.init_from = file;
+  const TrainResult started = train_in_process(from, nullptr);
+  const weights::WeightSource source(file);
+  const WeightNameMap map = weight_name_map(from.model.kind);
+  for (const auto& [name, t] : started.params)
+    EXPECT_EQ(source.read(map(name)), bytes_of(t)) << name;
+  TrainConfig reference = from;
+  reference.checkpoint.dir.clear();
+  expect_params_equal(train_reference(reference, nullptr), started);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, WeightFiles, ::testing::Values("gpt", "transformer", "llama"),
                          [](const ::testing::TestParamInfo<std::string>& kind) {
                            return kind.param;

@@ -102,15 +102,21 @@ void check_model_size(const models::ModelOptions& model, const ConfigReader& rea
   if (model.kind == models::ModelKind::kLlama) per_layer = 4 * h * h + 3 * h * f + 2 * h;
   if (model.kind == models::ModelKind::kMoe)
     per_layer = static_cast<double>(model.experts) * (h * h + h) + 2 * h;
-  const double weights = 4.0 * per_layer * static_cast<double>(model.layers);
+  const bool text = models::is_text_model(model.kind);
+  // gpt, llama: the embedding and the head, vocab x hidden each.
+  const double vocab_rows = text ? 2.0 * static_cast<double>(model.vocab) * h : 0.0;
+  const double weights = 4.0 * (per_layer * static_cast<double>(model.layers) + vocab_rows);
   if (weights > kMaxWeightBytes) {
     reader.fail_at(
-        reader.blame({"model.layers", "model.hidden", "model.ffn"}),
+        reader.blame(text ? std::vector<std::string>{"model.vocab", "model.layers", "model.hidden",
+                                                     "model.ffn"}
+                          : std::vector<std::string>{"model.layers", "model.hidden", "model.ffn"}),
         "the " + std::string(to_string(model.kind)) + " model of " + std::to_string(model.layers) +
             " layers with hidden " + std::to_string(model.hidden) + " holds about " +
             format_number(weights / (1LL << 30)) + " GiB of float32 weights, more than the " +
             "limit of " + format_number(kMaxWeightBytes / (1LL << 30)) +
-            " GiB; lower model.layers, model.hidden or model.ffn");
+            " GiB; lower model.layers, model.hidden or model.ffn" +
+            (text ? std::string(" (or model.vocab)") : std::string()));
   }
   const double width =
       std::max(
@@ -118,18 +124,22 @@ void check_model_size(const models::ModelOptions& model, const ConfigReader& rea
                  ? f
                  : h) *
       (model.kind == models::ModelKind::kMoe ? static_cast<double>(model.top_k) : 1.0);
+  const double widest = text ? std::max(width, static_cast<double>(model.vocab)) : width;
   const double tokens = models::is_text_model(model.kind)
                             ? static_cast<double>(model.batch * model.seq_len)
                             : static_cast<double>(model.tokens);
-  const double activation = 4.0 * tokens * width;
+  const double activation = 4.0 * tokens * widest;  // text: the logits, tokens x vocab
   if (activation > kMaxActivationBytes) {
     const char* key = models::is_text_model(model.kind) ? "model.batch" : "model.tokens";
-    reader.fail_at(reader.blame({key, "model.hidden", "model.ffn"}),
-                   "one activation of " + format_number(tokens) + " tokens x " +
-                       format_number(width) + " is about " +
-                       format_number(activation / (1LL << 30)) + " GiB, more than the limit of " +
-                       format_number(kMaxActivationBytes / (1LL << 30)) +
-                       " GiB per micro-batch; lower model.tokens or the model's width");
+    reader.fail_at(
+        reader.blame(text
+                         ? std::vector<std::string>{"model.vocab", key, "model.hidden", "model.ffn"}
+                         : std::vector<std::string>{key, "model.hidden", "model.ffn"}),
+        "one activation of " + format_number(tokens) + " tokens x " + format_number(widest) +
+            " is about " + format_number(activation / (1LL << 30)) +
+            " GiB, more than the limit of " + format_number(kMaxActivationBytes / (1LL << 30)) +
+            " GiB per micro-batch; lower " + key + " or the model's width" +
+            (text ? std::string(" (or model.vocab)") : std::string()));
   }
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pipemat/core/parse.h"
+#include "pipemat/models/model.h"
 
 namespace pipemat::train::config_detail {
 namespace {
@@ -23,6 +24,7 @@ namespace {
 constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxWidth = 65536;  // hidden, ffn, heads
 constexpr int64_t kMaxTokens = 1 << 20;
+constexpr int64_t kMaxVocab = int64_t{1} << 22;  // above every released vocabulary (152k)
 constexpr int64_t kMaxExperts = 1024;
 constexpr double kMaxRate = 1e6;  // learning rate (float32 optimizers overflow far above)
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
@@ -74,6 +76,11 @@ std::vector<ConfigField> model_fields() {
        "bytes per sequence (`gpt`, `llama`; the position table's size and the sampling context)"},
       {"model", "batch", integer(PIPEMAT_MEMBER(model.batch), 1, kMaxTokens), ">= 1",
        "sequences per micro-batch (`gpt`, `llama`)"},
+      {"model", "vocab", integer(PIPEMAT_MEMBER(model.vocab), models::kByteVocab, kMaxVocab),
+       "256 .. 4194304",
+       "token ids of the embedding and the head (`gpt`, `llama`; `model.from` sets it from "
+       "`vocab_size`): the text's bytes are its first 256 ids, so at least 256; a larger "
+       "vocabulary's other ids are rows no byte uses (the ids `generate` samples stay bytes)"},
       {"model", "dropout", number(PIPEMAT_MEMBER(model.dropout), 0, false, 0.9), "0 .. 0.9",
        "dropout after the embedding and on both residual branches of every block (`gpt`); with "
        "dropout every rank draws per (step, micro-batch, stage) streams, so the pipeline equals a "
@@ -92,11 +99,11 @@ std::vector<ConfigField> model_fields() {
        "a directory; `llama` only",
        "read the `llama` shape from a Hugging Face `config.json` there, as transformers' "
        "LlamaConfig reads it (docs/training.md): it sets layers, hidden, heads, kv_heads, ffn, "
-       "rope_theta (from `rope_theta` or, as transformers 5 writes it, "
-       "`rope_parameters.rope_theta`), norm_eps, tie_embeddings and caps seq_len at "
+       "vocab (from `vocab_size`), rope_theta (from `rope_theta` or, as transformers 5 writes "
+       "it, `rope_parameters.rope_theta`), norm_eps, tie_embeddings and caps seq_len at "
        "max_position_embeddings; those keys must not be given too; `model_type: llama` and the "
-       "shape are required, other fields absent take LlamaConfig's defaults (vocab_size 32000: "
-       "give 256); a key twice, NaN, a vocab_size other than 256, a `rope_scaling` or a "
+       "shape are required, other fields absent take LlamaConfig's defaults (vocab_size "
+       "32000); a key twice, NaN, a vocab_size below 256, a `rope_scaling` or a "
        "`rope_type` other than `default`, biases, an activation other than silu, attention "
        "dropout or a pad_token_id are errors naming the field; empty: none"},
   };

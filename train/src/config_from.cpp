@@ -1,7 +1,7 @@
 // model.from: a llama's shape from a Hugging Face config.json, read as transformers' LlamaConfig
 // reads it (Note [Llama config.json] in pipemat/weights/hf_config.h); what this file adds is
-// pipemat's own rules: the model kind, keys given in one place, a byte vocabulary, seq_len
-// within max_position_embeddings.
+// pipemat's own rules: the model kind, keys given in one place, a vocabulary that holds the
+// bytes, seq_len within max_position_embeddings.
 
 #include <cstdint>
 #include <string>
@@ -28,7 +28,7 @@ void apply_model_from(TrainConfig& config, const ConfigReader& reader) {
                                      to_string(m.kind));
   }
   for (const char* key :
-       {"model.layers", "model.hidden", "model.heads", "model.kv_heads", "model.ffn",
+       {"model.layers", "model.hidden", "model.heads", "model.kv_heads", "model.ffn", "model.vocab",
         "model.rope_theta", "model.norm_eps", "model.tie_embeddings"}) {
     if (reader.given(key)) {
       reader.fail_at(key, "is set by model.from (" + m.from +
@@ -44,18 +44,17 @@ void apply_model_from(TrainConfig& config, const ConfigReader& reader) {
   } catch (const WeightsError& e) {
     reader.fail_at("model.from", e.what());
   }
-  if (hf.vocab_size != models::kByteVocab) {
-    const std::string expected = "; the llama trains on bytes of text (data.path), expected " +
-                                 std::to_string(models::kByteVocab);
-    if (hf.is_default("vocab_size")) {
-      reader.fail_at("model.from", file +
-                                       ": field 'vocab_size' is not given, so transformers' "
-                                       "LlamaConfig default of " +
-                                       std::to_string(hf.vocab_size) + " applies" + expected);
-    }
-    reader.fail_at("model.from",
-                   file + ": field 'vocab_size' is " + std::to_string(hf.vocab_size) + expected);
+  // The text's bytes are ids 0 .. 255 (no tokenizer is read yet): a smaller vocabulary cannot
+  // hold them. A larger one's other ids are rows no byte uses. (Absent, vocab_size is
+  // transformers' default, 32000, as transformers would read the file.)
+  if (hf.vocab_size < models::kByteVocab) {
+    reader.fail_at("model.from", file + ": field 'vocab_size' is " + std::to_string(hf.vocab_size) +
+                                     "; the llama trains on bytes of text (data.path), ids 0 to " +
+                                     std::to_string(models::kByteVocab - 1) +
+                                     ", so it needs at least " +
+                                     std::to_string(models::kByteVocab));
   }
+  m.vocab = hf.vocab_size;
   m.layers = hf.num_hidden_layers;
   m.hidden = hf.hidden_size;
   m.heads = hf.num_attention_heads;

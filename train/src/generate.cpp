@@ -99,7 +99,9 @@ GenerateResult generate_text(const std::string& dir, const SampleOptions& option
     at::Tensor x = at::tensor(std::vector<int64_t>(context.end() - take, context.end()), at::kLong)
                        .unsqueeze(0);
     for (const auto& stage : stages) x = stage.forward({x}).at(0);
-    at::Tensor logits = x[0][take - 1] / options.temperature;
+    // Without a tokenizer the text is bytes: only the first 256 ids (of a vocabulary of
+    // model.vocab) are sampled.
+    at::Tensor logits = x[0][take - 1].slice(0, 0, models::kByteVocab) / options.temperature;
     if (options.top_k > 0 && options.top_k < models::kByteVocab) {
       const at::Tensor kth = std::get<0>(logits.topk(options.top_k)).min();
       logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());

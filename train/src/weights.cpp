@@ -92,7 +92,7 @@ std::string listed(const std::vector<std::string>& items, size_t limit = 20) {
 std::string llama_config_json(const TrainConfig& config) {
   const models::LlamaShape shape = models::llama_shape(config.model);
   weights::LlamaConfig c;
-  c.vocab_size = models::kByteVocab;
+  c.vocab_size = shape.vocab;
   c.hidden_size = shape.hidden;
   c.intermediate_size = shape.ffn;
   c.num_hidden_layers = shape.layers;

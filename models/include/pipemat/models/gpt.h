@@ -1,10 +1,10 @@
 #pragma once
 // A byte-level GPT for the main job: token + position embedding, pre-norm decoder blocks
 // (causal multi-head self-attention and an MLP, both residual, with dropout: Note
-// [Counter-based dropout] in dropout.h), a final norm and a vocab-256 head; cross-entropy over
-// the next byte. Split into pipeline stages: the first stage embeds int64 ids, the boundaries
-// carry the hidden states [batch, seq_len, hidden], the last stage returns the logits
-// [batch, seq_len, 256].
+// [Counter-based dropout] in dropout.h), a final norm and a head over model.vocab token ids (256
+// by default: the bytes of text); cross-entropy over the next token. Split into pipeline stages:
+// the first stage embeds int64 ids, the boundaries carry the hidden states [batch, seq_len,
+// hidden], the last stage returns the logits [batch, seq_len, vocab].
 //
 // Remat paths (relative to a stage): "blocks.<i>" (a block), "blocks.<i>.attn" (the attention:
 // qkv, the causal softmax core, proj), "blocks.<i>.attn.qkv", "blocks.<i>.mlp",
@@ -30,12 +30,10 @@
 
 namespace pipemat::models {
 
-inline constexpr int64_t kByteVocab = 256;
-
 // The GPT's sizes from a config's model section (kind gpt): layers, hidden, heads, ffn (0: 4 x
-// hidden), seq_len, dropout.
+// hidden), seq_len, vocab, dropout.
 struct GptShape {
-  int64_t layers = 4, hidden = 128, heads = 4, ffn = 512, seq_len = 128;
+  int64_t layers = 4, hidden = 128, heads = 4, ffn = 512, seq_len = 128, vocab = kByteVocab;
   double dropout = 0.0;
 };
 GptShape gpt_shape(const ModelOptions& model);
@@ -92,7 +90,7 @@ struct GptBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(GptBlock);
 
-// Final LayerNorm and the byte head: [B, T, H] -> logits [B, T, 256].
+// Final LayerNorm and the head: [B, T, H] -> logits [B, T, vocab].
 struct GptHeadImpl : torch::nn::Module {
   explicit GptHeadImpl(const GptShape& shape);
   at::Tensor forward(const at::Tensor& x);

@@ -1,11 +1,12 @@
 #pragma once
-// A byte-level Llama-family decoder: token embedding, pre-norm decoder blocks (RMSNorm ->
+// A Llama-family decoder: token embedding, pre-norm decoder blocks (RMSNorm ->
 // grouped-query causal attention with rotary position embeddings -> residual; RMSNorm -> SwiGLU
-// MLP -> residual), a final RMSNorm and a vocab-256 head, no biases, no dropout; cross-entropy
-// over the next byte (gpt_loss). The modules are named as Hugging Face's LlamaForCausalLM names
-// its parameters (llama_hf_name maps one onto the other). Split into pipeline stages like the
-// GPT: the first stage embeds int64 ids, the boundaries carry the hidden states [batch, seq_len,
-// hidden], the last stage returns the logits [batch, seq_len, 256].
+// MLP -> residual), a final RMSNorm and a head over model.vocab token ids (256 by default: the
+// bytes of text), no biases, no dropout; cross-entropy over the next token (gpt_loss). The modules
+// are named as Hugging Face's LlamaForCausalLM names its parameters (llama_hf_name maps one onto
+// the other). Split into pipeline stages like the GPT: the first stage embeds int64 ids, the
+// boundaries carry the hidden states [batch, seq_len, hidden], the last stage returns the logits
+// [batch, seq_len, vocab].
 //
 // Remat paths (relative to a stage): "layers.<i>" (a block), "layers.<i>.self_attn",
 // "layers.<i>.self_attn.{q,k,v}_proj", "layers.<i>.mlp", "layers.<i>.mlp.{gate,up}_proj".
@@ -41,7 +42,8 @@ namespace pipemat::models {
 // heads that do not divide hidden, kv_heads that do not divide heads, an odd head size (the
 // rotary embedding rotates pairs), dropout (llama has none).
 struct LlamaShape {
-  int64_t layers = 4, hidden = 128, heads = 4, kv_heads = 4, ffn = 344, seq_len = 128;
+  int64_t layers = 4, hidden = 128, heads = 4, kv_heads = 4, ffn = 344, seq_len = 128,
+          vocab = kByteVocab;
   double rope_theta = 10000.0, norm_eps = 1e-5;
   bool tie_embeddings = false;
   int64_t head_dim() const { return hidden / heads; }

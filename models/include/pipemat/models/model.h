@@ -37,6 +37,9 @@ const std::vector<RematPolicyKind>& remat_policy_values();
 // kinds: a stack of `layers` identical layers fed with synthetic data (fixed seeds, no
 // downloads); input and target of a micro-batch are [tokens, hidden], the loss is the mean
 // squared error on the last stage.
+// The vocabulary of byte-level text: every byte value is a token id (gpt, llama).
+inline constexpr int64_t kByteVocab = 256;
+
 struct ModelOptions {
   ModelKind kind = ModelKind::kRmsNormGemm;
   int64_t layers = 8;
@@ -48,6 +51,7 @@ struct ModelOptions {
   int64_t top_k = 2;            // moe
   int64_t seq_len = 128;        // gpt: bytes per sequence (the position table's size)
   int64_t batch = 8;            // gpt: sequences per micro-batch
+  int64_t vocab = kByteVocab;   // gpt, llama: token ids [0, vocab); the first 256 are bytes
   double dropout = 0.0;         // gpt: after the embedding and on both residual branches
   int64_t kv_heads = 0;         // llama: key/value heads (grouped-query attention); 0 = heads
   double rope_theta = 10000.0;  // llama: base of the rotary embedding's frequencies
