@@ -53,7 +53,12 @@ InputFile InputFile::open(const std::string& path, int64_t max_bytes, std::strin
     return file;
   }
   // The path may have been replaced between the stat and the open: the descriptor decides.
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
+    problem = cannot_open(path, errno);
+    ::close(fd);
+    return file;
+  }
+  if (!S_ISREG(st.st_mode)) {
     problem = not_regular(path, st.st_mode);
     ::close(fd);
     return file;

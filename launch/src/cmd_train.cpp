@@ -36,7 +36,8 @@ void add_train_command(CLI::App& app) {
       "6 when the run diverged (a loss or clipped gradient norm not finite; it stops before\n"
       "that step's checkpoint unless training.allow_non_finite=true);\n"
       "130 after SIGINT (Ctrl-C), 143 after SIGTERM: the run stops at the next step boundary,\n"
-      "saying the last complete step and checkpoint (a second signal ends it at once; under\n"
+      "saying the last complete step and checkpoint (a signal before the first step, or a\n"
+      "second signal, ends it at once; under\n"
       "mpirun, which sends the ranks SIGTERM, mpirun itself exits 1).");
   cmd->add_option("--config", f->config, "YAML config file (see docs/config.md)")->required();
   cmd->add_option("--set", f->overrides,

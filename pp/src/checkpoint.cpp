@@ -57,11 +57,20 @@ std::string key_of(const std::string& path) {
   return key;
 }
 
+// Note [Non-finite values at load]: PipelineError naming the tensor `name` of `file` unless
+// every element of `value` is finite.
+void check_finite(const at::Tensor& value, const std::string& file, const std::string& name) {
+  const auto bad = non_finite(value);
+  PIPEMAT_CHECK(!bad, PipelineError, "load_checkpoint: ", file, ": tensor '", name, "' ", *bad,
+                "; ", kNonFiniteAdvice);
+}
+
 // Reads the parameters and buffers of stage `s` of `module` from `archive` (the file `file`)
-// into `copies` (destination, value), checking names, shapes and dtypes.
+// into `copies` (destination, value), checking names, shapes and dtypes, and with `finite` the
+// values (where the whole archive was not checked as it was loaded: load_archive).
 void read_stage(torch::serialize::InputArchive& archive, const std::string& file, int s,
                 const torch::nn::Module& module,
-                std::vector<std::pair<at::Tensor, at::Tensor>>& copies) {
+                std::vector<std::pair<at::Tensor, at::Tensor>>& copies, bool finite) {
   const auto read = [&](const std::string& kind, const std::string& name, const at::Tensor& t) {
     at::Tensor value;
     const std::string key = kind + "/" + std::to_string(s) + "/" + key_of(name);
@@ -72,6 +81,7 @@ void read_stage(torch::serialize::InputArchive& archive, const std::string& file
                   PipelineError, "load_checkpoint: ", file, ": stage ", s, " '", name, "' is ",
                   c10::toString(value.scalar_type()), " ", value.sizes(), " in the checkpoint but ",
                   c10::toString(t.scalar_type()), " ", t.sizes(), " in this model");
+    if (finite) check_finite(value, file, kind + "/" + std::to_string(s) + "/" + name);
     copies.emplace_back(t, value);
   };
   for (const auto& p : module.named_parameters()) read("params", p.key(), p.value());
@@ -88,9 +98,7 @@ void check_archive_finite(torch::serialize::InputArchive& archive, const std::st
     at::Tensor tensor;
     torch::serialize::InputArchive nested;
     if (archive.try_read(key, tensor)) {
-      const auto bad = non_finite(tensor);
-      PIPEMAT_CHECK(!bad, PipelineError, "load_checkpoint: ", file, ": tensor '", name, "' ", *bad,
-                    "; ", kNonFiniteAdvice);
+      check_finite(tensor, file, name);
     } else if (archive.try_read(key, nested)) {
       check_archive_finite(nested, file, name + "/");
     }
@@ -757,7 +765,8 @@ void check_checkpoint(const Pipeline& pipeline, const std::string& dir,
   PIPEMAT_CHECK(step.item<int64_t>() == m["step"].get<int64_t>(), PipelineError,
                 "load_checkpoint: ", file, " is of step ", step.item<int64_t>(),
                 " but the manifest of step ", m["step"].dump());
-  for (int s : mine) read_stage(archive, file, s, *pipeline.stage(s).module, copies);
+  // The whole archive was checked for non-finite values as it was loaded.
+  for (int s : mine) read_stage(archive, file, s, *pipeline.stage(s).module, copies, false);
   size_t stored = 0;
   for (const auto& key : archive.keys()) {
     if (key.rfind("params/", 0) == 0 || key.rfind("buffers/", 0) == 0) ++stored;
@@ -839,10 +848,13 @@ void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Mod
   for (const auto& [rank, owned] : by_rank) {
     const std::string file = rank_file(dir, rank);
     torch::serialize::InputArchive archive;
+    // Only what is read is checked for non-finite values: the optimizer state is not loaded.
     load_archive(archive, open_checkpoint_file(m, manifest.format, dir, rank_file_name(rank), rank),
-                 allow_non_finite);
+                 /*allow_non_finite=*/true);
     check_rank_file_run(archive, m, manifest.format, file);
-    for (int s : owned) read_stage(archive, file, s, *stages[static_cast<size_t>(s)], copies);
+    for (int s : owned) {
+      read_stage(archive, file, s, *stages[static_cast<size_t>(s)], copies, !allow_non_finite);
+    }
   }
   at::NoGradGuard no_grad;
   for (auto& [to, value] : copies) to.copy_(value);

@@ -3,16 +3,17 @@
 #include "manifest.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
-#include <set>
+#include <string_view>
 #include <vector>
 
 #include "pipemat/core/error.h"
 #include "pipemat/core/files.h"
 #include "pipemat/core/json.h"
+#include "pipemat/core/parse.h"
 
 namespace pipemat::pp::detail {
 namespace {
@@ -24,18 +25,21 @@ using Json = nlohmann::json;
   PIPEMAT_THROW(PipelineError, "load_checkpoint: ", path, ": ", what, "; the manifest is damaged");
 }
 
+// Whether `v` is an integer within [min, max]. nlohmann reads every integer >= 0 as unsigned (so
+// 0 too, and values above int64's range): both bounds hold for it as well.
+bool integer_in(const Json& v, int64_t min, int64_t max) {
+  if (!v.is_number_integer()) return false;
+  if (!v.is_number_unsigned()) return v.get<int64_t>() >= min && v.get<int64_t>() <= max;
+  const auto u = v.get<uint64_t>();
+  return u <= static_cast<uint64_t>(max) && (min <= 0 || u >= static_cast<uint64_t>(min));
+}
+
 // The integer field `name` of `m`, within [min, max].
 int64_t integer(const Json& m, const char* name, int64_t min, int64_t max,
                 const std::string& path) {
   if (!m.contains(name)) damaged(path, std::string("field '") + name + "' is missing");
   const Json& v = m.at(name);
-  // nlohmann reads every integer >= 0 as unsigned (so "0" too): both bounds hold for it as well.
-  const bool fits =
-      v.is_number_integer() &&
-      (v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(max) &&
-                                    (min <= 0 || v.get<uint64_t>() >= static_cast<uint64_t>(min))
-                              : v.get<int64_t>() >= min && v.get<int64_t>() <= max);
-  if (!fits) {
+  if (!integer_in(v, min, max)) {
     damaged(path, std::string("field '") + name + "' is " + v.dump() +
                       "; expected an integer from " + std::to_string(min) + " to " +
                       std::to_string(max));
@@ -52,28 +56,44 @@ std::string text(const Json& m, const char* name, const std::string& path) {
 }
 
 // What a file name of a checkpoint directory is: a rank file "rank-R.pt" (replicas 0) or an
-// optimizer shard "rank-R.shard-D-of-K.pt"; nothing for any other name.
+// optimizer shard "rank-R.shard-D-of-K.pt", spelt as pipemat writes it; nothing for any other
+// name.
 struct CheckpointFile {
-  long long rank = -1;
-  long long replica = -1;
-  long long replicas = 0;
+  int rank = -1;
+  int replica = -1;
+  int replicas = 0;
 };
 std::optional<CheckpointFile> checkpoint_file(const std::string& name) {
+  constexpr std::string_view kPrefix = "rank-", kSuffix = ".pt", kShard = ".shard-", kOf = "-of-";
+  if (name.size() <= kPrefix.size() + kSuffix.size() || name.rfind(kPrefix, 0) != 0 ||
+      name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) {
+    return std::nullopt;
+  }
+  const std::string body =
+      name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  const auto number = [](const std::string& text) {
+    return parse_int_in(text, 0, std::numeric_limits<int>::max());
+  };
   CheckpointFile f;
-  int used = 0;
-  if (std::sscanf(name.c_str(), "rank-%lld.pt%n", &f.rank, &used) == 1 &&
-      static_cast<size_t>(used) == name.size() && f.rank >= 0 &&
-      name == rank_file_name(static_cast<int>(f.rank))) {
-    return f;
+  const size_t shard = body.find(kShard);
+  const size_t of = body.find(kOf);
+  if (shard == std::string::npos) {
+    const auto rank = number(body);
+    if (!rank) return std::nullopt;
+    f.rank = static_cast<int>(*rank);
+  } else {
+    if (of == std::string::npos || of < shard) return std::nullopt;
+    const auto rank = number(body.substr(0, shard));
+    const auto replica = number(body.substr(shard + kShard.size(), of - shard - kShard.size()));
+    const auto replicas = number(body.substr(of + kOf.size()));
+    if (!rank || !replica || !replicas || *replica >= *replicas) return std::nullopt;
+    f = {static_cast<int>(*rank), static_cast<int>(*replica), static_cast<int>(*replicas)};
   }
-  used = 0;
-  if (std::sscanf(name.c_str(), "rank-%lld.shard-%lld-of-%lld.pt%n", &f.rank, &f.replica,
-                  &f.replicas, &used) == 3 &&
-      static_cast<size_t>(used) == name.size() && f.rank >= 0 && f.replica >= 0 &&
-      f.replicas > f.replica) {
-    return f;
-  }
-  return std::nullopt;
+  // Only the spelling pipemat writes ("rank-01.pt" or "rank-+1.pt" is another file).
+  const std::string canonical =
+      f.replicas == 0 ? rank_file_name(f.rank) : shard_file_name(f.rank, f.replica, f.replicas);
+  if (canonical != name) return std::nullopt;
+  return f;
 }
 
 // "2 ranks", "1 replica".
@@ -85,8 +105,7 @@ std::string count(long long n, const char* what) {
 // directory) imply: one past the highest rank of a rank file, the K of every shard file.
 struct Implied {
   long long ranks = 0;
-  std::set<long long> replica_counts;
-  std::string example_shard;
+  std::map<int, std::string> replica_counts;  // each replica count K: its first shard file
 };
 template <typename Names>
 Implied implied_by(const Names& names) {
@@ -95,10 +114,9 @@ Implied implied_by(const Names& names) {
     const auto f = checkpoint_file(name);
     if (!f) continue;
     if (f->replicas == 0) {
-      out.ranks = std::max(out.ranks, f->rank + 1);
+      out.ranks = std::max(out.ranks, static_cast<long long>(f->rank) + 1);
     } else {
-      out.replica_counts.insert(f->replicas);
-      if (out.example_shard.empty()) out.example_shard = name;
+      out.replica_counts.emplace(f->replicas, name);
     }
   }
   return out;
@@ -154,8 +172,7 @@ CheckpointManifest manifest_from_json(const Json& m, const std::string& path) {
                       "; expected an array of ranks, one per stage");
   }
   for (const Json& r : m["stage_to_rank"]) {
-    if (!r.is_number_integer() || r.get<int64_t>() < 0 || r.get<int64_t>() >= out.world_size ||
-        (r.is_number_unsigned() && r.get<uint64_t>() >= static_cast<uint64_t>(out.world_size))) {
+    if (!integer_in(r, 0, out.world_size - 1)) {
       damaged(path, "field 'stage_to_rank' holds " + r.dump() + "; expected ranks from 0 to " +
                         std::to_string(out.world_size - 1) + " (field 'world_size' is " +
                         std::to_string(out.world_size) + ")");
@@ -199,14 +216,14 @@ CheckpointManifest manifest_from_json(const Json& m, const std::string& path) {
                       " but field 'files' records the rank files of " +
                       count(implied.ranks, "rank"));
   }
-  for (const long long k : implied.replica_counts) {
+  for (const auto& [k, example] : implied.replica_counts) {
     if (k != out.replicas) {
       damaged(path, "field 'replicas' is " +
                         (out.format >= kShardedFormat
                              ? std::to_string(out.replicas)
                              : std::string("missing (format ") + std::to_string(out.format) + ")") +
                         " but field 'files' records the optimizer shards of " +
-                        count(k, "replica") + " (" + implied.example_shard + ")");
+                        count(k, "replica") + " (" + example + ")");
     }
   }
   return out;
@@ -232,9 +249,9 @@ void check_manifest_dir(const CheckpointManifest& manifest, const std::string& d
   }
   if (manifest.format >= kShardedFormat && !held.replica_counts.empty() &&
       held.replica_counts.count(manifest.replicas) == 0) {
+    const auto& [k, example] = *held.replica_counts.begin();
     damaged(path, "field 'replicas' is " + std::to_string(manifest.replicas) + " but " + dir +
-                      " holds the optimizer shards of " +
-                      count(*held.replica_counts.begin(), "replica") + " (" + held.example_shard +
+                      " holds the optimizer shards of " + count(k, "replica") + " (" + example +
                       ")");
   }
 }

@@ -117,8 +117,11 @@ expect_refusal "export to a symlink" "is a symbolic link" \
 [ -L "$work/link.safetensors" ] || fail "export replaced the link"
 expect_refusal "export over a file" "exists; export never replaces a file unless told to \(--overwrite\)" \
   "$pipemat" export --checkpoint "$ck" --out "$work/w/model.safetensors"
+inode=$(stat -c %i "$work/w/model.safetensors")
 "$pipemat" export --checkpoint "$ck" --out "$work/w/model.safetensors" --overwrite >/dev/null ||
   fail "--overwrite did not replace the file"
+# The new file was renamed into place: another inode, never a write into the old one.
+[ "$(stat -c %i "$work/w/model.safetensors")" != "$inode" ] || fail "--overwrite wrote in place"
 expect_refusal "export to ''" "--out is empty" "$pipemat" export --checkpoint "$ck" --out ''
 # A llama writes config.json beside its file: a directory of that name is refused before either
 # file is written.

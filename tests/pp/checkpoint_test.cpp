@@ -582,6 +582,24 @@ TEST(Checkpoint, ANonFiniteTensorIsRefusedNamingTheFileTheTensorAndTheIndex) {
     ASSERT_GT(first.size(-1), 3) << "element 3 is in the first row";
   });
   expect_refused(c, inf_dir, "holds +Inf at index " + inf_index + " (shape [", 0);
+  // load_stage_weights (generate, export) checks the parameters and buffers it reads, not the
+  // optimizer state it does not load.
+  const auto stage_weights_error = [&](const std::string& from) {
+    torch::nn::Sequential model = user_model::make_model(c.blocks, 1, c.dropout);
+    const StageFactory split = split_sequential(model, balance_by_parameters(model, 2));
+    const PipelineStage first = split(0), second = split(1);
+    try {
+      load_stage_weights(from, {first.module.get(), second.module.get()});
+    } catch (const PipelineError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(stage_weights_error(dir).find("load_checkpoint: " + file + ": tensor 'params/" +
+                                          std::to_string(stage) + "/" + name +
+                                          "' holds NaN at index [1, 2] (shape ["),
+            std::string::npos);
+  EXPECT_EQ(stage_weights_error(inf_dir), "(no error)");
   fs::remove_all(root);
 }
 

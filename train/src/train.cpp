@@ -25,7 +25,6 @@
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/pp/device.h"
-#include "pipemat/pp/finite.h"
 #include "pipemat/remat/memory.h"
 #include "pipemat/schedule/torch_csv.h"
 #include "pipemat/train/config.h"

@@ -23,12 +23,7 @@ bool exists(const std::string& path) {
 
 // {file: [names]} of the index `path`, every file a plain name in its directory.
 std::map<std::string, std::vector<std::string>> read_index(const std::string& path) {
-  std::string text;
-  try {
-    text = read_regular_file(path, "weights", kMaxHeaderBytes);
-  } catch (const ConfigError& e) {
-    throw WeightsError(e.what());
-  }
+  const std::string text = read_whole_file<WeightsError>(path, "weights", kMaxHeaderBytes);
   nlohmann::json index;
   try {
     index = parse_json(text);  // Note [Strict JSON]: a tensor mapped twice is an error

@@ -1,6 +1,6 @@
 #pragma once
 // Strict JSON: the one parser of the JSON files pipemat reads from outside (a safetensors
-// header, a Hugging Face config.json).
+// header and index, a Hugging Face config.json, a checkpoint's manifest).
 //
 // Note [Strict JSON]
 // A JSON file comes from anywhere, and a lenient parser resolves some of what it finds in

@@ -131,8 +131,8 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir);
 // to sample from a trained model in one process. ConfigError when the number of stages
 // differs; PipelineError (naming the file, stage and name) when a rank file is missing or
 // damaged (checked against the manifest's digests) or a parameter's name, shape or dtype
-// differs, or (unless `allow_non_finite`) a tensor of a rank file is not finite. Optimizer and
-// generator states are not loaded.
+// differs, or (unless `allow_non_finite`) a parameter or buffer read is not finite. Optimizer
+// and generator states are not loaded, and not checked.
 void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Module*>& stages,
                         bool allow_non_finite = false);
 

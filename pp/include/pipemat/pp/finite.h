@@ -1,8 +1,9 @@
 #pragma once
 // Note [Non-finite values at load]
 // A NaN or an infinity in a weight that is loaded is refused where it is loaded, naming the file,
-// the tensor and the first index: in a checkpoint (every tensor of a rank or shard file: the
-// parameters, the buffers and the optimizer state), in safetensors weights (training.init_from,
+// the tensor and the first index: in a checkpoint a run resumes from (every tensor of a rank or
+// shard file: the parameters, the buffers and the optimizer state) or samples and exports (the
+// parameters and buffers it reads), in safetensors weights (training.init_from,
 // `pipemat generate`, `pipemat export`'s reads), after the conversion to the model's dtype (a
 // finite F64 beyond float32's range is an infinity there). Left alone, one would show up steps
 // later as a diverged loss blamed on the learning rate, or not at all where the rows it sits in

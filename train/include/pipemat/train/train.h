@@ -55,13 +55,15 @@ inline constexpr int kDivergedExitCode = 6;
 
 // Note [Stopping on a signal]
 // `pipemat train` turns SIGINT and SIGTERM into a stop request (launch/src/stop_signals.h); the
-// library only asks a StopRequested between steps and never reads signals itself. Every rank of
-// a job gets the signal (pipemat-run forwards it to each rank, mpirun sends each rank SIGTERM,
-// ranks as threads share one process), so every rank stops at a step boundary: the run finishes
-// nothing new (no step, evaluation, checkpoint, loss curve or sample) and reports the steps that
-// are complete and its newest complete checkpoint. The ranks may see the request at different
-// boundaries: one that has already started the next step when its peer stops is blocked in that
-// step until the peer's exit fails it (a closed connection on tcp, a transport destroyed on
+// library only asks a StopRequested between steps and never reads signals itself. A signal
+// before the first ask (while the run builds its model, reads its data or loads a checkpoint or
+// weights) ends the process at once: no step boundary would come soon, and nothing is lost. Every
+// rank of a job gets the signal (pipemat-run forwards it to each rank, mpirun sends each rank
+// SIGTERM, ranks as threads share one process), so every rank stops at a step boundary: the run
+// finishes nothing new (no step, evaluation, checkpoint, loss curve or sample) and reports the
+// steps that are complete and its newest complete checkpoint. The ranks may see the request at
+// different boundaries: one that has already started the next step when its peer stops is blocked
+// in that step until the peer's exit fails it (a closed connection on tcp, a transport destroyed on
 // local); a CommError in a step while a stop is requested is therefore the stop, not a failure,
 // and that rank reports the same complete steps as its peer (the step it was in cannot complete
 // without the peer). MPI has no such failure (a peer waiting in MPI_Finalize looks alive), so
