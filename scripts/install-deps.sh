@@ -24,6 +24,8 @@ packages=(
   libyaml-cpp-dev
   nlohmann-json3-dev
   libssl-dev
+  libsentencepiece-dev  # SentencePiece tokenizers (data/)
+  libpcre2-dev  # the pre-tokenizer regular expressions of tokenizer.json (data/)
   fortunes
   iproute2 iptables  # the cross-host tests: hosts as network namespaces, a relay between them
 )
