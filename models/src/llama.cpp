@@ -171,9 +171,6 @@ LlamaParts build_llama(const LlamaShape& shape, uint64_t seed) {
 LlamaStageImpl::LlamaStageImpl(const LlamaParts& parts, int64_t first_block, int64_t end_block,
                                bool first, bool last)
     : tied(!parts.lm_head) {
-  PIPEMAT_CHECK(!tied || !last || first, ConfigError,
-                "model.tie_embeddings: the head is the embedding's weight, so the embedding and "
-                "the head must be in one stage; this model has more than one stage");
   if (first) embed_tokens = register_module("embed_tokens", parts.embed_tokens);
   torch::nn::ModuleList list;
   for (int64_t i = first_block; i < end_block; ++i) list->push_back(parts.layers[i]);
@@ -182,6 +179,16 @@ LlamaStageImpl::LlamaStageImpl(const LlamaParts& parts, int64_t first_block, int
     norm = register_module("norm", parts.norm);
     if (!tied) lm_head = register_module("lm_head", parts.lm_head);
   }
+  if (tied && last && !first) {
+    // Note [Tied weights]: the last stage's own copy of the embedding's weight, under the
+    // embedding's name (the checkpoint, export and import see one weight of one name).
+    head_copy = register_module("embed_tokens", std::make_shared<torch::nn::Module>());
+    head_copy->register_parameter("weight", parts.embed_tokens->weight.detach().clone());
+  }
+}
+
+at::Tensor LlamaStageImpl::head_weight() const {
+  return embed_tokens ? embed_tokens->weight : head_copy->named_parameters()["weight"];
 }
 
 at::Tensor LlamaStageImpl::forward(const at::Tensor& input) {
@@ -195,17 +202,16 @@ at::Tensor LlamaStageImpl::forward(const at::Tensor& input) {
   for (auto& block : *layers) x = block->as<LlamaBlock>()->forward(x);
   if (!norm) return x;
   x = norm(x);
-  return tied ? at::linear(x, embed_tokens->weight) : lm_head(x);
+  return tied ? at::linear(x, head_weight()) : lm_head(x);
+}
+
+std::map<std::string, std::string> llama_tied(int stage, int stages, bool tie_embeddings) {
+  if (!tie_embeddings || stages == 1 || (stage != 0 && stage != stages - 1)) return {};
+  return {{"embed_tokens.weight", "embed_tokens.weight"}};
 }
 
 std::vector<int64_t> partition_llama(const LlamaParts& parts, const PartitionOptions& partition,
                                      int stages) {
-  PIPEMAT_CHECK(parts.lm_head || stages == 1, ConfigError,
-                "model.tie_embeddings: true needs the embedding and the head in one stage, but "
-                "the schedule has ",
-                stages,
-                " stages (schedule.ranks x chunks per rank); set model.tie_embeddings: false to "
-                "train a head of its own, or run one stage");
   const auto count = [](const torch::nn::Module& m) {
     double n = 0;
     for (const auto& p : m.parameters()) n += static_cast<double>(p.numel());

@@ -97,7 +97,9 @@ void Pipeline::Impl::plan_buckets() {
   size_t start = mine.size();
   while (start > 0 && mine[start - 1].type == schedule::ActionType::kBackwardWeight) --start;
   for (size_t k = start; k < mine.size(); ++k) {
-    if (buckets[mine[k].stage].size() > 1) weight_tails[mine[k].stage].push_back(k);
+    // Note [Tied weights]: a stage holding a tied copy posts at the step's end.
+    if (buckets[mine[k].stage].size() > 1 && !tied_stages.count(mine[k].stage))
+      weight_tails[mine[k].stage].push_back(k);
   }
 }
 

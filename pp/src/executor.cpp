@@ -24,6 +24,7 @@ using schedule::ActionType;
 StepMetrics Pipeline::Impl::train_step(const DataSource& data) {
   PIPEMAT_CHECK(static_cast<bool>(data), PipelineError, "train_step: the data source is empty");
   check_remat_paths();
+  check_ties();
   StepRun run(*this, data);
   for (size_t k = 0; k < plan.actions[rank].size(); ++k) run.dispatch(k);
   StepMetrics m = run.finish();
@@ -101,7 +102,9 @@ void Pipeline::Impl::StepRun::dispatch(size_t k) {
   if (pipe_.options.data_group != nullptr) {
     const auto f = pipe_.final_backward.find(a.stage);
     // A stage whose weight tail ran posted its buckets there.
-    if (f != pipe_.final_backward.end() && f->second == k && !pipe_.weight_tails.count(a.stage))
+    // Note [Tied weights]: a stage holding a tied copy posts at the end, after the sum.
+    if (f != pipe_.final_backward.end() && f->second == k && !pipe_.weight_tails.count(a.stage) &&
+        !pipe_.tied_stages.count(a.stage))
       post(a.stage);
   }
   record(a, action_start);
@@ -139,7 +142,7 @@ void Pipeline::Impl::StepRun::post(int stage) {
 
 void Pipeline::Impl::StepRun::end_allreduce() {
   for (const auto& [s, ps] : pipe_.stage_params) {  // a stage without a backward here: now
-    if (!pipe_.final_backward.count(s)) post(s);
+    if (!pipe_.final_backward.count(s) || pipe_.tied_stages.count(s)) post(s);
   }
   const double f0 = now_us();
   for (GradientExchange& x : exchanges_) pipe_.finish_gradients(x, step_);
@@ -153,6 +156,7 @@ void Pipeline::Impl::StepRun::end_allreduce() {
 StepMetrics Pipeline::Impl::StepRun::finish() {
   for (auto& w : sends_) w.wait();
   const PipelineOptions& options = pipe_.options;
+  pipe_.sum_tied_gradients(step_);  // Note [Tied weights]: before the data group's reduce
   if (options.data_group != nullptr) end_allreduce();
   // The gradients held now: the parameters' (unsharded) or the pieces' (sharded).
   std::vector<at::Tensor> grads;

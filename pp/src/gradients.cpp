@@ -41,8 +41,9 @@ double Pipeline::Impl::clip_global_norm(double max_norm, int64_t step) {
       t = owned.at(s);
     } else {
       std::vector<at::Tensor> norms;
-      for (const auto& p : ps) {
-        if (p.grad().defined()) norms.push_back(p.grad().data().norm(2.0));
+      for (size_t i = 0; i < ps.size(); ++i) {
+        if (ps[i].grad().defined() && !is_tie_follower(s, i))  // Note [Tied weights]
+          norms.push_back(ps[i].grad().data().norm(2.0));
       }
       t = norms.empty() ? at::empty({0}, at::TensorOptions().device(options.device))
                         : at::stack(norms);

@@ -40,8 +40,24 @@ schedule::Schedule plan_of(const PipelineOptions& options) {
   return plan;
 }
 
-// Every rank's `paths`, in rank order, on every rank: an all-to-all of one small message each.
-std::vector<std::string> paths_of_all_ranks(comm::Transport& transport, int tag,
+// ConfigError for the first pattern of `policy` that matches none of `paths` (those of every
+// stage the policy applies to), naming `what` and the nearest path.
+void check_matched(const remat::RematPolicy& policy, const std::vector<std::string>& paths,
+                   const std::string& what, const std::string& stages) {
+  const auto unmatched = remat::unmatched_patterns(policy, paths);
+  if (unmatched.empty()) return;
+  const remat::UnmatchedPattern& u = unmatched.front();
+  PIPEMAT_THROW(
+      ConfigError, what, ": ", u.list, "[", u.index, "] '", u.pattern, "' matches no module on ",
+      stages, " (paths are relative to each stage's module)",
+      u.nearest.empty() ? std::string() : "; the nearest module path is '" + u.nearest + "'",
+      ". Fix the pattern or remove it; a misspelt pattern would silently change what "
+      "is recomputed");
+}
+
+}  // namespace
+
+std::vector<std::string> lines_of_all_ranks(comm::Transport& transport, int tag,
                                             const std::vector<std::string>& paths) {
   if (transport.world_size() == 1) return paths;
   // A leading newline: never an empty message; split() gives empty fields, skipped below.
@@ -68,23 +84,6 @@ std::vector<std::string> paths_of_all_ranks(comm::Transport& transport, int tag,
   for (const auto& work : sends) work->wait();
   return all;
 }
-
-// ConfigError for the first pattern of `policy` that matches none of `paths` (those of every
-// stage the policy applies to), naming `what` and the nearest path.
-void check_matched(const remat::RematPolicy& policy, const std::vector<std::string>& paths,
-                   const std::string& what, const std::string& stages) {
-  const auto unmatched = remat::unmatched_patterns(policy, paths);
-  if (unmatched.empty()) return;
-  const remat::UnmatchedPattern& u = unmatched.front();
-  PIPEMAT_THROW(
-      ConfigError, what, ": ", u.list, "[", u.index, "] '", u.pattern, "' matches no module on ",
-      stages, " (paths are relative to each stage's module)",
-      u.nearest.empty() ? std::string() : "; the nearest module path is '" + u.nearest + "'",
-      ". Fix the pattern or remove it; a misspelt pattern would silently change what "
-      "is recomputed");
-}
-
-}  // namespace
 
 int stage_count(const PipelineOptions& options) {
   if (options.actions) return options.actions->stages_count;
@@ -157,6 +156,12 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
       remat::apply_policy(*stage.module, policy);
     }
     if (!options.device.is_cpu()) stage.module->to(options.device);
+    for (const auto& [name, key] : stage.tied) {  // Note [Tied weights]
+      PIPEMAT_CHECK(stage.module->named_parameters().contains(name), ConfigError, "stage ", s,
+                    " declares '", name, "' tied (key '", key,
+                    "') but its module has no parameter of that name");
+      tied_stages.insert(s);
+    }
     for (const auto& p : stage.module->parameters()) {
       stage_params[s].push_back(p);
       params.push_back(p);
@@ -187,7 +192,7 @@ void Pipeline::Impl::check_remat_paths() {
   if (shared_stages == 0 || (options.remat.checkpoint.empty() && options.remat.exclude.empty())) {
     return;
   }
-  check_matched(options.remat, paths_of_all_ranks(transport, remat_paths_tag(), remat_paths),
+  check_matched(options.remat, lines_of_all_ranks(transport, remat_paths_tag(), remat_paths),
                 "PipelineOptions::remat",
                 "any of the pipeline's " + std::to_string(shared_stages) + " stages");
   std::vector<std::string>().swap(remat_paths);

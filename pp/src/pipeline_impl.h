@@ -13,6 +13,7 @@
 //   step_actions.cpp    the actions: F, B, I, W, R, SEND / RECV.
 //   gradients.cpp       loss scaling, clipping by the global gradient norm.
 //   data_parallel.cpp   Note [Data x pipeline]: equal replicas, the mean gradient and loss.
+//   tied.cpp            Note [Tied weights]: the copies checked, their gradients summed.
 //   sharded_optimizer.cpp  Note [Sharded optimizer]: slices, reduce-scatter, norms, the gather,
 //                       the optimizer state in and out of checkpoints.
 //   metrics.cpp         the loss on every rank; step metrics and timelines on the last rank.
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,6 +86,10 @@ struct Pipeline::Impl {
   // The module paths of PipelineOptions::remat's stages, exchanged once at the first step
   // (every message is received there, before any action); below checkpoint.cpp's kAgreementTag.
   static int remat_paths_tag() { return comm::kMaxUserTag - 1; }
+  // Note [Tied weights]: the declarations, exchanged once at the first step; the gradients of
+  // the copies, once per step after every action.
+  static int tie_declarations_tag() { return comm::kMaxUserTag - 2; }
+  static int tie_gradients_tag() { return comm::kMaxUserTag - 3; }
   int last_rank() const { return plan.rank_of(last_stage); }
   bool is_first_stage_rank() const { return plan.rank_of(0) == rank; }
   bool is_last_stage_rank() const { return last_rank() == rank; }
@@ -144,6 +150,29 @@ struct Pipeline::Impl {
   // pipeline.cpp: ConfigError at the first step for a PipelineOptions::remat pattern that
   // matches on no stage of any rank; collective (the ranks exchange remat_paths).
   void check_remat_paths();
+  // tied.cpp: Note [Tied weights]. One tie key's copies in stage order, with where they live.
+  struct TieCopy {
+    int stage = 0;
+    int rank = 0;
+    std::string name;  // in the stage's module
+  };
+  struct Tie {
+    std::string key;
+    std::vector<TieCopy> copies;
+  };
+  std::vector<Tie> ties;  // key order; set by check_ties
+  bool ties_checked = false;
+  // (stage, index in stage_params) of every copy but the lowest stage's: left out of the norm.
+  std::set<std::pair<int, size_t>> tie_followers;
+  // This rank's stages that hold a copy (known from the stages alone, set with them): their
+  // data-group buckets leave at the step's end, after the copies' gradients are summed.
+  std::set<int> tied_stages;
+  // Collective at the first step: exchanges the declarations and checks them (PipelineError).
+  void check_ties();
+  // After every action of a step: each copy's gradient becomes the sum of all copies'.
+  void sum_tied_gradients(int64_t step);
+  bool is_tie_follower(int stage, size_t i) const { return tie_followers.count({stage, i}) > 0; }
+
   // pipeline.cpp: Note [Random streams of a step].
   void reseed(int64_t step, int64_t micro_batch, int stream);
 
@@ -235,5 +264,10 @@ struct Pipeline::Impl {
   // evaluate.cpp
   EvalResult evaluate(const DataSource& data, const EvalOptions& eo);
 };
+
+// pipeline.cpp: every rank's `lines`, in rank order, on every rank: an all-to-all of one small
+// message each (collective over `transport`).
+std::vector<std::string> lines_of_all_ranks(comm::Transport& transport, int tag,
+                                            const std::vector<std::string>& lines);
 
 }  // namespace pipemat::pp

@@ -5,7 +5,9 @@
 
 #include <torch/nn/utils/clip_grad.h>
 
+#include <map>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "pipemat/pp/device.h"
@@ -19,6 +21,8 @@ struct Chain {
   const PipelineOptions& options;
   std::vector<PipelineStage> stages;
   std::vector<at::Tensor> params;  // stage order, each in parameters() order
+  TiedCopies tied;                 // Note [Tied weights]
+  std::vector<at::Tensor> normed;  // params but the tied copies after the first
 
   Chain(const PipelineOptions& o, const StageFactory& factory) : options(o) {
     const int count = stage_count(options);
@@ -35,6 +39,8 @@ struct Chain {
       for (const auto& p : stage.module->parameters()) params.push_back(p);
       stages.push_back(std::move(stage));
     }
+    tied = TiedCopies(stages);
+    normed = tied.normed(params);
   }
 
   // Note [Random streams of a step]: a fresh stream per draw site when the options are seeded.
@@ -101,6 +107,68 @@ struct Chain {
 
 }  // namespace
 
+TiedCopies::TiedCopies(const std::vector<PipelineStage>& stages) {
+  for (const PipelineStage& stage : stages) {
+    for (const auto& [name, key] : stage.tied) {
+      PIPEMAT_CHECK(stage.module->named_parameters().contains(name), ConfigError, "stage ",
+                    stage.index, " declares '", name, "' tied (key '", key,
+                    "') but its module has no parameter of that name");
+      copies_[key].push_back(stage.module->named_parameters()[name]);
+    }
+  }
+  for (const auto& [key, copies] : copies_) {
+    PIPEMAT_CHECK(copies.size() >= 2, PipelineError, "tied weight '", key,
+                  "' has one copy; a tie needs a copy on every stage that uses the weight");
+    for (const at::Tensor& c : copies) {
+      PIPEMAT_CHECK(c.sizes() == copies[0].sizes() && c.scalar_type() == copies[0].scalar_type() &&
+                        at::equal(c, copies[0]),
+                    PipelineError, "the copies of tied weight '", key,
+                    "' differ; they must start equal");
+    }
+  }
+}
+
+std::vector<at::Tensor> TiedCopies::normed(const std::vector<at::Tensor>& params) const {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& p : params) {
+    bool follower = false;
+    for (const auto& [key, copies] : copies_) {
+      for (size_t k = 1; k < copies.size(); ++k) follower = follower || copies[k].is_same(p);
+    }
+    if (!follower) out.push_back(p);
+  }
+  return out;
+}
+
+void TiedCopies::sum_gradients() const {
+  for (const auto& [key, copies] : copies_) {
+    at::Tensor sum;
+    for (const at::Tensor& c : copies) {
+      if (!c.grad().defined()) continue;  // adds nothing
+      if (sum.defined()) {
+        sum.add_(c.grad());
+      } else {
+        sum = c.grad().detach().clone();
+      }
+    }
+    if (!sum.defined()) continue;
+    for (size_t k = 0; k < copies.size(); ++k) {
+      at::Tensor c = copies[k];
+      c.mutable_grad() = k == 0 ? sum : sum.clone();
+    }
+  }
+}
+
+void TiedCopies::follow_clipped() const {
+  for (const auto& [key, copies] : copies_) {
+    if (!copies[0].grad().defined()) continue;
+    for (size_t k = 1; k < copies.size(); ++k) {
+      at::Tensor c = copies[k];
+      c.mutable_grad() = copies[0].grad().clone();
+    }
+  }
+}
+
 // Note [Data x pipeline]: the mean of the replicas' gradients, summed in replica order; a
 // gradient a replica did not produce counts as zeros, and none where no replica has one.
 void set_mean_gradients(const std::vector<at::Tensor>& params,
@@ -144,6 +212,7 @@ ReferenceRun run_reference(const PipelineOptions& options, const StageFactory& f
       for (auto& p : chain.params) p.mutable_grad().reset();
       double loss = 0;
       for (int64_t i = d * M; i < (d + 1) * M; ++i) loss += chain.micro_batch(data, step, i, M);
+      chain.tied.sum_gradients();
       r.loss += loss;
       if (D == 1) break;
       replica_grads.emplace_back();
@@ -154,7 +223,8 @@ ReferenceRun run_reference(const PipelineOptions& options, const StageFactory& f
       set_mean_gradients(chain.params, replica_grads);
     }
     if (options.clip_grad_norm > 0) {
-      r.grad_norm = torch::nn::utils::clip_grad_norm_(chain.params, options.clip_grad_norm);
+      r.grad_norm = torch::nn::utils::clip_grad_norm_(chain.normed, options.clip_grad_norm);
+      chain.tied.follow_clipped();
     }
     r.gradients = chain.named(/*gradients=*/true);
     if (options.lr_schedule) options.lr_schedule(*optimizer, step);

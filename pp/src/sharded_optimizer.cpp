@@ -347,6 +347,7 @@ std::map<int, at::Tensor> Pipeline::Impl::sharded_norms(int64_t step) {
     std::vector<at::Tensor> picked;
     for (size_t i = 0; i < ps.size(); ++i, ++j) {
       const Tensors& from = all[static_cast<size_t>(owner_of(s, i))];
+      if (is_tie_follower(s, i)) continue;  // Note [Tied weights]: the weight counts once
       if (from[0].accessor<int64_t, 1>()[j] != 0) picked.push_back(from[1][j].to(options.device));
     }
     by_stage[s] = picked.empty() ? at::empty({0}, on_device) : at::stack(picked);

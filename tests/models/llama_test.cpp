@@ -271,15 +271,19 @@ TEST(LlamaShapeErrors, NameTheKey) {
   EXPECT_EQ(shape.ffn, 128);
   LlamaShape tiny = small_shape(true);
   const LlamaParts parts = build_llama(tiny, 1);
-  try {
-    partition_llama(parts, PartitionOptions{}, 2);
-    ADD_FAILURE() << "a tied model of 2 stages";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "model.tie_embeddings: true needs the embedding and the head in one stage, but the "
-              "schedule has 2 stages (schedule.ranks x chunks per rank); set "
-              "model.tie_embeddings: false to train a head of its own, or run one stage");
-  }
+  // Note [Tied weights]: across two stages the last holds a copy of the embedding, under its name.
+  EXPECT_EQ(partition_llama(parts, PartitionOptions{}, 2), (std::vector<int64_t>{0, 1, 2}));
+  LlamaStage first(parts, 0, 1, true, false), last(parts, 1, 2, false, true);
+  EXPECT_EQ(llama_tied(0, 2, true),
+            (std::map<std::string, std::string>{{"embed_tokens.weight", "embed_tokens.weight"}}));
+  EXPECT_EQ(llama_tied(1, 2, true), llama_tied(0, 2, true));
+  EXPECT_TRUE(llama_tied(1, 3, true).empty());
+  EXPECT_TRUE(llama_tied(0, 1, true).empty());
+  EXPECT_TRUE(llama_tied(0, 2, false).empty());
+  const at::Tensor copy = last->named_parameters()["embed_tokens.weight"];
+  EXPECT_FALSE(copy.is_same(parts.embed_tokens->weight));
+  EXPECT_TRUE(at::equal(copy, parts.embed_tokens->weight));
+  EXPECT_EQ(last->named_parameters().contains("lm_head.weight"), false);
   EXPECT_EQ(partition_llama(parts, PartitionOptions{}, 1), (std::vector<int64_t>{0, 2}));
 }
 

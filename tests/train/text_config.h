@@ -65,9 +65,22 @@ inline TrainResult expect_pipeline_equals_reference(const TrainConfig& c) {
     EXPECT_EQ(pipe.validation[i].first, ref.validation[i].first);
     EXPECT_EQ(pipe.validation[i].second, ref.validation[i].second) << "validation " << i;
   }
-  std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
-  EXPECT_EQ(pipe.params.size(), want.size());
-  for (const auto& [name, value] : pipe.params) {
+  // A name twice: the copies of a tied weight (Note [Tied weights]), equal bit for bit.
+  const auto by_name = [](const std::vector<std::pair<std::string, at::Tensor>>& params) {
+    std::map<std::string, at::Tensor> out;
+    for (const auto& [name, value] : params) {
+      const auto [it, fresh] = out.emplace(name, value);
+      if (!fresh) {
+        EXPECT_TRUE(at::equal(it->second, value)) << "the copies of tied " << name;
+      }
+    }
+    return out;
+  };
+  std::map<std::string, at::Tensor> want = by_name(ref.params);
+  const std::map<std::string, at::Tensor> got = by_name(pipe.params);
+  EXPECT_EQ(got.size(), want.size());
+  EXPECT_EQ(pipe.params.size(), ref.params.size());
+  for (const auto& [name, value] : got) {
     EXPECT_TRUE(want.count(name)) << name;
     if (want.count(name)) {
       EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;

@@ -385,6 +385,61 @@ TEST_F(TiedLlamaWeights, AHeadBesideTheEmbeddingIsReadOnlyWhenItIsTheEmbedding) 
   EXPECT_NE(error.find("; 1 not in the model: lm_head.weight."), std::string::npos) << error;
 }
 
+// Note [Tied weights]: a tied llama on 2 ranks (the last stage holds a copy of the embedding).
+// Export writes the weight once (no lm_head), init_from loads it into both copies (on 2 ranks
+// and on 1), and a run stopped after step 2 resumes bitwise.
+TEST_F(TiedLlamaWeights, AcrossStagesTheWeightIsWrittenOnceAndLoadsIntoBothCopies) {
+  TrainConfig c = config("llama", (dir_ / "ck").string());
+  c.model.tie_embeddings = true;
+  c.training.steps = 4;
+  c.checkpoint.dir.clear();
+  const TrainResult whole = train_in_process(c, nullptr);
+  c.checkpoint.dir = (dir_ / "ck").string();
+  c.training.stop_after = 2;
+  const TrainResult first = train_in_process(c, nullptr);
+  const std::string ck = (dir_ / "ck" / "step-000002").string();
+  const std::string file = (dir_ / "model.safetensors").string();
+  const ExportSummary summary = export_weights(ck, file);
+  EXPECT_EQ(summary.tensors, 2 + 4 * 9);  // embedding, norm, 4 blocks of 9: no head
+  const weights::SafetensorsFile read(file);
+  EXPECT_EQ(read.find("lm_head.weight"), nullptr);
+  ASSERT_NE(read.find("model.embed_tokens.weight"), nullptr);
+  int64_t copies = 0;
+  for (const auto& [name, t] : first.params) {
+    if (name != "embed_tokens.weight") continue;
+    ++copies;
+    EXPECT_EQ(read.read("model.embed_tokens.weight"), bytes_of(t));
+  }
+  EXPECT_EQ(copies, 2);
+  EXPECT_NE(slurp(dir_ / "config.json").find("\"tie_word_embeddings\": true"), std::string::npos);
+
+  // init_from into both copies: 2 ranks, and one stage.
+  for (const int ranks : {2, 1}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    TrainConfig from = config("llama", (dir_ / ("from" + std::to_string(ranks))).string());
+    from.model.tie_embeddings = true;
+    from.schedule.ranks = ranks;
+    no_change(from);
+    from.training.init_from = file;
+    const TrainResult loaded = train_in_process(from, nullptr);
+    std::map<std::string, at::Tensor> want(first.params.begin(), first.params.end());
+    for (const auto& [name, t] : loaded.params) EXPECT_TRUE(at::equal(t, want.at(name))) << name;
+  }
+
+  // Resumed after step 2: steps 3 and 4 as the uninterrupted run's, bitwise.
+  c.training.stop_after = 0;
+  c.checkpoint.resume = "latest";
+  const TrainResult second = train_in_process(c, nullptr);
+  ASSERT_EQ(second.steps.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) EXPECT_EQ(second.steps[k].loss, whole.steps[k + 2].loss);
+  ASSERT_EQ(second.params.size(), whole.params.size());
+  for (size_t k = 0; k < whole.params.size(); ++k) {
+    EXPECT_EQ(second.params[k].first, whole.params[k].first);
+    EXPECT_TRUE(at::equal(second.params[k].second, whole.params[k].second))
+        << whole.params[k].first;
+  }
+}
+
 TEST(WeightNames, TheLlamasAreHuggingFacesAndOnlyItsInvFreqBufferIsIgnored) {
   const WeightNameMap llama = weight_name_map(models::ModelKind::kLlama);
   EXPECT_EQ(llama("embed_tokens.weight"), "model.embed_tokens.weight");

@@ -24,7 +24,7 @@ constexpr int64_t kThreadsPerHardwareThread = 4;
 constexpr int64_t kMaxLocalRanks = 64;
 
 // The keys of a llama that depend on one another (llama.h): grouped-query heads, the rotary
-// embedding's pairs, no dropout. (A tied head needs one stage: partition_llama, at the runtime.)
+// embedding's pairs, no dropout.
 void check_llama_keys(const TrainConfig& config, const ConfigReader& reader) {
   const models::ModelOptions& model = config.model;
   const int64_t kv_heads = model.kv_heads > 0 ? model.kv_heads : model.heads;

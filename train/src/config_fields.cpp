@@ -93,8 +93,9 @@ std::vector<ConfigField> model_fields() {
       {"model", "norm_eps", number(PIPEMAT_MEMBER(model.norm_eps), 0, true, 1), "> 0 .. 1",
        "epsilon of `llama`'s RMSNorms (computed in float32, as Hugging Face's LlamaRMSNorm)"},
       {"model", "tie_embeddings", boolean(PIPEMAT_MEMBER(model.tie_embeddings)), "",
-       "`llama`: the head multiplies by the embedding's weight (no head of its own); needs the "
-       "embedding and the head in one stage, so a run of one stage"},
+       "`llama`: the head multiplies by the embedding's weight (no head of its own); across "
+       "stages the last stage holds a copy whose gradient is summed with the first stage's "
+       "every step, so both stay equal"},
       {"model", "from", text(PIPEMAT_MEMBER(model.from), "a directory with a config.json"),
        "a directory; `llama` only",
        "read the `llama` shape from a Hugging Face `config.json` there, as transformers' "

@@ -139,10 +139,12 @@ ModelRun llama_run(const TrainConfig& config, int stages, bool with_data) {
   const auto bounds = std::make_shared<std::vector<int64_t>>(
       models::partition_llama(*parts, config.partition, stages));
   run.stages = stages;
-  run.stage = [parts, bounds, stages](int s) {
+  run.stage = [parts, bounds, stages, tie = shape.tie_embeddings](int s) {
     PIPEMAT_INTERNAL_ASSERT(!parts->layers.empty(), "stage ", s, " asked after release_unused");
-    return pp::make_stage(
+    pp::PipelineStage stage = pp::make_stage(
         s, models::LlamaStage(*parts, (*bounds)[s], (*bounds)[s + 1], s == 0, s == stages - 1));
+    stage.tied = models::llama_tied(s, stages, tie);  // Note [Tied weights]
+    return stage;
   };
   run.release_unused = [parts] { *parts = models::LlamaParts{}; };
   run.policy = models::stage_policy(config.model, config.remat);

@@ -35,6 +35,8 @@ struct Chain {
   ModelRun run;
   std::vector<pp::PipelineStage> stages;
   std::vector<at::Tensor> params;
+  pp::TiedCopies tied;
+  std::vector<at::Tensor> normed;  // params but each tied weight's later copies
   uint64_t seed = 0;
   c10::Device device;  // training.device, as rank 0's (the reference is one process)
   pp::Precision precision = pp::Precision::kFloat32;
@@ -61,6 +63,8 @@ struct Chain {
       if (!device.is_cpu()) stage.module->to(device);
       for (const auto& p : stage.module->parameters()) params.push_back(p);
     }
+    tied = pp::TiedCopies(stages);  // Note [Tied weights]
+    normed = tied.normed(params);
   }
 
   pp::Tensors forward(pp::Tensors x, int64_t step, int64_t i) const {
@@ -105,6 +109,7 @@ std::vector<double> backward_replicas(const Chain& chain, int64_t step, int64_t 
       loss_sum += loss.item<double>();
       loss.backward();
     }
+    chain.tied.sum_gradients();
     replica_loss.push_back(loss_sum);
     if (D == 1) break;
     replica_grads.emplace_back();
@@ -160,7 +165,8 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
       pp::set_mean_gradients(all, replica_grads);  // Note [Data x pipeline]
     }
     if (config.training.clip_grad_norm > 0) {
-      m.grad_norm = torch::nn::utils::clip_grad_norm_(all, config.training.clip_grad_norm);
+      m.grad_norm = torch::nn::utils::clip_grad_norm_(chain.normed, config.training.clip_grad_norm);
+      chain.tied.follow_clipped();
     }
     if (lr_schedule) lr_schedule(*optimizer, step);
     optimizer->step();

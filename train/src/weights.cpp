@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "pipemat/core/error.h"
@@ -177,7 +178,9 @@ std::vector<std::pair<std::string, at::Tensor>> named_model_weights(const ModelR
 WeightShapes model_weight_shapes(const ModelRun& run, models::ModelKind kind) {
   WeightShapes shapes;
   for (const auto& [name, tensor] : named_model_weights(run, kind)) {
-    PIPEMAT_INTERNAL_ASSERT(shapes.emplace(name, tensor.sizes().vec()).second,
+    // A name twice is a tied weight's copies (Note [Tied weights]): one weight of one shape.
+    const auto [it, fresh] = shapes.emplace(name, tensor.sizes().vec());
+    PIPEMAT_INTERNAL_ASSERT(fresh || it->second == tensor.sizes().vec(),
                             "two parameters of the model are named '", name, "'");
   }
   return shapes;
@@ -269,11 +272,22 @@ ExportSummary export_weights(const std::string& dir, const std::string& out, boo
   std::vector<at::Tensor> keep;  // the float32 CPU copies the views below point into
   std::vector<weights::TensorBytes> tensors;
   ExportSummary summary;
+  std::map<std::string, at::Tensor> written;  // name -> value, for the copies of a tied weight
   for (int s = 0; s < manifest.stages; ++s) {
     for (const auto& item : stages[static_cast<size_t>(s)].module->named_parameters()) {
+      const std::string name = map(run.global_name(s, item.key()));
+      if (const auto copy = written.find(name); copy != written.end()) {
+        // Note [Tied weights]: one weight, written once; its copies must hold the same bits.
+        PIPEMAT_CHECK(at::equal(copy->second, item.value().detach().to(at::kCPU)), WeightsError,
+                      "export: ", dir, ": the copies of the tied weight '", name,
+                      "' differ between the stages that hold it (stage ", s,
+                      "); the checkpoint is damaged");
+        continue;
+      }
+      written.emplace(name, item.value().detach().to(at::kCPU));
       keep.push_back(item.value().detach().to(at::kCPU, at::kFloat).contiguous());
       const at::Tensor& t = keep.back();
-      tensors.push_back({map(run.global_name(s, item.key())), weights::Dtype::kF32, t.sizes().vec(),
+      tensors.push_back({name, weights::Dtype::kF32, t.sizes().vec(),
                          std::string_view(static_cast<const char*>(t.data_ptr()), t.nbytes())});
       summary.elements += t.numel();
     }

@@ -16,10 +16,9 @@
 // the rotary embedding, the attention core, the SwiGLU product and the o / down projections but
 // not the five GEMMs that read a normalized input).
 //
-// Tied embeddings (model.tie_embeddings): the head multiplies by the embedding's weight, which
-// exists once, so the embedding and the head must be in one stage: a model of one stage. A tied
-// model of more stages is a ConfigError naming model.tie_embeddings (untying it across ranks
-// would train another model than the one the key names).
+// Tied embeddings (model.tie_embeddings): the head multiplies by the embedding's weight. In a
+// model of one stage it exists once; across stages the last stage holds a copy (Note [Tied
+// weights]), equal bit for bit at every step.
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -28,6 +27,8 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,22 +116,28 @@ LlamaParts build_llama(const LlamaShape& shape, uint64_t seed);
 
 // A pipeline stage of the Llama: embed_tokens (first stage), blocks [first, end) as "layers.*"
 // (local numbering), norm and lm_head (last stage; with tied embeddings the head is the
-// embedding's weight, and first and last must be the same stage).
+// embedding's weight: on a last stage that is not the first, a copy of it registered as
+// "embed_tokens.weight", which llama_tied declares tied, Note [Tied weights]).
 struct LlamaStageImpl : torch::nn::Module {
   LlamaStageImpl(const LlamaParts& parts, int64_t first_block, int64_t end_block, bool first,
                  bool last);
   at::Tensor forward(const at::Tensor& x);
+  at::Tensor head_weight() const;  // tied: the weight the head multiplies by
   torch::nn::Embedding embed_tokens{nullptr};
   remat::ModuleList layers{nullptr};
   LlamaRMSNorm norm{nullptr};
   torch::nn::Linear lm_head{nullptr};
+  std::shared_ptr<torch::nn::Module> head_copy;  // tied, last stage but not first
   bool tied = false;
 };
 TORCH_MODULE(LlamaStage);
 
+// PipelineStage::tied of stage `stage` of `stages` (Note [Tied weights]): with tied embeddings
+// and more than one stage, the first and the last stage each declare "embed_tokens.weight".
+std::map<std::string, std::string> llama_tied(int stage, int stages, bool tie_embeddings);
+
 // Block boundaries of `stages` stages, as partition_gpt (the embedding counted on the first
-// stage, the norm and head on the last). ConfigError naming model.tie_embeddings for a tied
-// model of more than one stage.
+// stage, the norm and head on the last).
 std::vector<int64_t> partition_llama(const LlamaParts& parts, const PartitionOptions& partition,
                                      int stages);
 

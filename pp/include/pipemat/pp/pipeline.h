@@ -109,7 +109,30 @@ struct PipelineStage {
   int index = -1;                             // stage index in [0, stages)
   std::shared_ptr<torch::nn::Module> module;  // parameters, buffers, mode, remat paths
   StageForward forward;
+  // Note [Tied weights]: parameters of this stage that are one weight with a parameter of
+  // another stage (an embedding and the head that multiplies by it): the parameter's name in
+  // module->named_parameters() -> a tie key, the same on every stage that holds a copy.
+  std::map<std::string, std::string> tied;
 };
+
+// Note [Tied weights]
+// ~~~~~~~~~~~~~~~~~~~
+// One weight used by two stages (tied input and output embeddings: the first stage looks ids up
+// in it, the last multiplies by it) lives as one copy per stage, each an ordinary parameter of
+// its stage, declared in PipelineStage::tied under one key. At its first step the pipeline
+// exchanges every rank's declarations: a key held by fewer than two stages, copies of another
+// shape or dtype, or copies whose bytes differ (SHA-256) are a PipelineError on every rank,
+// naming the key, the stages and their ranks. After each step's backward every holder of a key
+// sends its gradient to the holders on other ranks (copies on one rank, as under ZB-V, are summed
+// in place), and each sets the sum of all copies' gradients in stage order (a copy without a
+// gradient adds nothing), before anything else touches the gradients: the data group's
+// reduce (those stages post their buckets at the step's end, after the sum), clipping and the
+// step. So every copy holds the same gradient bits, the global norm counts the weight once (the
+// copy on the lowest stage; the others are left out of it), and a per-element optimizer gives
+// every copy the same update: the copies stay equal bit for bit. The gradient is the one weight's
+// (the sum of its uses), in the order "each stage's micro-batches, then the stages", which
+// run_reference follows (Note [Single-process reference]). A stage that holds both uses (a
+// one-stage model) shares the weight itself and declares nothing.
 
 // Builds stage `stage`; called once for every stage the schedule puts on this rank.
 using StageFactory = std::function<PipelineStage(int stage)>;

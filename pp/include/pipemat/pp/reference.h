@@ -19,12 +19,14 @@
 // torch::nn::utils::clip_grad_norm_ over all parameters in stage order (the pipeline's global
 // norm), calls lr_schedule and steps one optimizer made by options.optimizer over all
 // parameters in stage order (a per-parameter optimizer such as SGD or AdamW steps each
-// parameter as the ranks' optimizers do). With options.seed the data source, each stage's
-// forward and the loss draw from the streams of Note [Random streams of a step]; with
-// options.precision every stage forward is a PrecisionRegion and the loss takes loss_inputs
-// (Note [Mixed precision]); the modules and data go to options.device. With a data group of D
-// ranks (Note [Data x pipeline]) each step runs the D x M global micro-batches, replica d's
-// d*M .. d*M + M-1 into a gradient of its own, and sets the mean of the D gradients summed in
+// parameter as the ranks' optimizers do). Copies of a tied weight (Note [Tied weights]) take
+// the sum of their gradients in stage order after each replica's micro-batches, the norm leaves
+// out every copy but the first, and the others take the first's clipped gradient. With options.seed
+// the data source, each stage's forward and the loss draw from the streams of Note [Random streams
+// of a step]; with options.precision every stage forward is a PrecisionRegion and the loss takes
+// loss_inputs (Note [Mixed precision]); the modules and data go to options.device. With a data
+// group of D ranks (Note [Data x pipeline]) each step runs the D x M global micro-batches, replica
+// d's d*M .. d*M + M-1 into a gradient of its own, and sets the mean of the D gradients summed in
 // replica order; the loss is the mean of the replicas' losses. No remat: recomputation does not
 // change a pipeline's bits (options.remat and stage_remat are ignored). train::run_reference
 // chains the zoo models of `pipemat train` the same way.
@@ -32,6 +34,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -65,6 +68,26 @@ struct ReferenceRun {
 // returns another stage index, no module or no forward, as Pipeline.
 ReferenceRun run_reference(const PipelineOptions& options, const StageFactory& factory,
                            const DataSource& data, int64_t steps);
+
+// Note [Tied weights] in one process: the copies `stages` declare, by key, in stage order.
+// PipelineError for a key with one copy or copies that differ; ConfigError for a name that is
+// not a parameter of its stage's module.
+class TiedCopies {
+ public:
+  TiedCopies() = default;
+  explicit TiedCopies(const std::vector<PipelineStage>& stages);
+  // Every copy's gradient becomes the sum of the copies' gradients in stage order (a copy
+  // without one adds nothing), as a pipeline sets it after a step's actions.
+  void sum_gradients() const;
+  // `params` without the copies after each key's first: what the global norm counts.
+  std::vector<at::Tensor> normed(const std::vector<at::Tensor>& params) const;
+  // After clipping normed(...): each later copy takes the first copy's gradient.
+  void follow_clipped() const;
+  bool empty() const { return copies_.empty(); }
+
+ private:
+  std::map<std::string, std::vector<at::Tensor>> copies_;
+};
 
 // Note [Data x pipeline]: sets the gradient of params[k] to the mean of the replicas' gradients
 // replica_grads[d][k], summed in replica order (g_0 + g_1 + ... then divided by D), a gradient a
