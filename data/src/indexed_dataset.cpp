@@ -58,6 +58,9 @@ static_assert(std::endian::native == std::endian::little,
 // shrinks while a run reads it (rewritten in place by another job) ends in a DataError naming
 // it, where a mapping would end the process with SIGBUS.
 
+// In a namespace of their own: the unity build compiles this file with the other sources of
+// the library, whose anonymous namespaces are the same.
+namespace mmidx {
 namespace {
 
 constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
@@ -165,6 +168,7 @@ void for_each_chunk(const InputFile& bin, int64_t begin, int64_t count, int64_t 
 }
 
 }  // namespace
+}  // namespace mmidx
 
 const char* to_string(TokenDtype dtype) {
   switch (dtype) {
@@ -185,7 +189,7 @@ const char* to_string(TokenDtype dtype) {
 }
 
 int64_t token_size(TokenDtype dtype) {
-  return with_type(dtype, [](auto t) { return static_cast<int64_t>(sizeof(t)); });
+  return mmidx::with_type(dtype, [](auto t) { return static_cast<int64_t>(sizeof(t)); });
 }
 
 int megatron_dtype_code(TokenDtype dtype) {
@@ -211,8 +215,8 @@ TokenDtype dtype_for_vocab(int64_t vocab_size) {
                 " is below 1");
   PIPEMAT_CHECK(vocab_size <= (int64_t{1} << 31), data::DataError, "indexed dataset: vocab_size ",
                 vocab_size,
-                " is above 2^31: its ids do not fit int32, megatron-core's widest "
-                "dtype for a vocabulary");
+                " is above 2^31: its ids do not fit int32, the widest dtype "
+                "megatron-core picks for a vocabulary");
   return vocab_size < 65500 ? TokenDtype::uint16 : TokenDtype::int32;
 }
 
@@ -220,25 +224,26 @@ IndexedIndex parse_indexed_index(std::string_view idx, int64_t bin_bytes,
                                  const std::string& idx_name, const std::string& bin_name) {
   const auto size = static_cast<int64_t>(idx.size());
   const std::string where = "indexed dataset: " + idx_name + ": ";
-  PIPEMAT_CHECK(size >= 9 && idx.substr(0, 9) == std::string_view(kMagic, 9), data::DataError,
-                where, "does not start with the magic MMIDIDX\\0\\0 of a Megatron .idx (found ",
-                size == 0 ? std::string("an empty file") : hex_of(idx.substr(0, 9)),
+  PIPEMAT_CHECK(size >= 9 && idx.substr(0, 9) == std::string_view(mmidx::kMagic, 9),
+                data::DataError, where,
+                "does not start with the magic MMIDIDX\\0\\0 of a Megatron .idx (found ",
+                size == 0 ? std::string("an empty file") : mmidx::hex_of(idx.substr(0, 9)),
                 "); not a Megatron indexed dataset index");
-  PIPEMAT_CHECK(size >= kHeaderBytes, data::DataError, where, size,
+  PIPEMAT_CHECK(size >= mmidx::kHeaderBytes, data::DataError, where, size,
                 " bytes, too short for the 34-byte header of a Megatron .idx (magic, version, "
                 "dtype code, sequence and document counts); the file is truncated");
   const char* p = idx.data();
-  const auto version = load<uint64_t>(p + 9);
+  const auto version = mmidx::load<uint64_t>(p + 9);
   PIPEMAT_CHECK(version == 1, data::DataError, where, "version ", version,
                 "; pipemat reads version 1, the one megatron-core writes");
   IndexedIndex index;
-  index.dtype = dtype_of_code(static_cast<uint8_t>(p[17]), idx_name);
+  index.dtype = mmidx::dtype_of_code(static_cast<uint8_t>(p[17]), idx_name);
   const int64_t item = token_size(index.dtype);
-  const auto n_raw = load<uint64_t>(p + 18);
-  const auto d_raw = load<uint64_t>(p + 26);
+  const auto n_raw = mmidx::load<uint64_t>(p + 18);
+  const auto d_raw = mmidx::load<uint64_t>(p + 26);
 
   // The counts against the file's size, before anything is allocated.
-  const auto rest = static_cast<uint64_t>(size - kHeaderBytes);
+  const auto rest = static_cast<uint64_t>(size - mmidx::kHeaderBytes);
   PIPEMAT_CHECK(n_raw <= rest / 12, data::DataError, where, "sequence count ", n_raw,
                 " needs 12 bytes each of lengths and pointers but the file holds only ", rest,
                 " bytes after its header; the count is wrong or the file is truncated");
@@ -260,16 +265,16 @@ IndexedIndex parse_indexed_index(std::string_view idx, int64_t bin_bytes,
                 d_raw, " document indices)");
   const auto d = static_cast<int64_t>(d_raw);
 
-  const char* lengths = p + kHeaderBytes;
+  const char* lengths = p + mmidx::kHeaderBytes;
   const char* pointers = lengths + 4 * n;
   const char* documents = pointers + 8 * n;
   index.sequence_offsets.assign(static_cast<size_t>(n) + 1, 0);
   int64_t at = 0;  // in tokens
   for (int64_t i = 0; i < n; ++i) {
-    const auto length = load<int32_t>(lengths + 4 * i);
+    const auto length = mmidx::load<int32_t>(lengths + 4 * i);
     PIPEMAT_CHECK(length >= 0, data::DataError, where, "sequence ", i, " has length ", length,
                   "; lengths are token counts");
-    const auto pointer = load<int64_t>(pointers + 8 * i);
+    const auto pointer = mmidx::load<int64_t>(pointers + 8 * i);
     // at * item cannot overflow: at + length stays below 2^63 / 8 (checked below).
     PIPEMAT_CHECK(pointer == at * item, data::DataError, where, "sequence ", i, " points at byte ",
                   pointer, " but the sequences before it end at byte ", at * item,
@@ -291,7 +296,7 @@ IndexedIndex parse_indexed_index(std::string_view idx, int64_t bin_bytes,
 
   index.document_indices.assign(static_cast<size_t>(d), 0);
   for (int64_t k = 0; k < d; ++k) {
-    const auto v = load<int64_t>(documents + 8 * k);
+    const auto v = mmidx::load<int64_t>(documents + 8 * k);
     if (k == 0) {
       PIPEMAT_CHECK(v == 0, data::DataError, where, "the first document index is ", v,
                     "; documents start at sequence 0");
@@ -320,23 +325,23 @@ std::string encode_indexed_index(const IndexedIndex& index) {
                           "an IndexedIndex that does not hold what it promises");
   const int64_t item = token_size(index.dtype);
   std::string out;
-  out.reserve(static_cast<size_t>(kHeaderBytes + 12 * n + 8 * d));
-  out.append(kMagic, 9);
-  store<uint64_t>(out, 1);
-  store<uint8_t>(out, static_cast<uint8_t>(megatron_dtype_code(index.dtype)));
-  store<uint64_t>(out, static_cast<uint64_t>(n));
-  store<uint64_t>(out, static_cast<uint64_t>(d));
+  out.reserve(static_cast<size_t>(mmidx::kHeaderBytes + 12 * n + 8 * d));
+  out.append(mmidx::kMagic, 9);
+  mmidx::store<uint64_t>(out, 1);
+  mmidx::store<uint8_t>(out, static_cast<uint8_t>(megatron_dtype_code(index.dtype)));
+  mmidx::store<uint64_t>(out, static_cast<uint64_t>(n));
+  mmidx::store<uint64_t>(out, static_cast<uint64_t>(d));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t length = index.sequence_offsets[static_cast<size_t>(i) + 1] -
                            index.sequence_offsets[static_cast<size_t>(i)];
     PIPEMAT_INTERNAL_ASSERT(length >= 0 && length <= std::numeric_limits<int32_t>::max(),
                             "sequence length ", length);
-    store<int32_t>(out, static_cast<int32_t>(length));
+    mmidx::store<int32_t>(out, static_cast<int32_t>(length));
   }
   for (int64_t i = 0; i < n; ++i) {
-    store<int64_t>(out, index.sequence_offsets[static_cast<size_t>(i)] * item);
+    mmidx::store<int64_t>(out, index.sequence_offsets[static_cast<size_t>(i)] * item);
   }
-  for (const int64_t v : index.document_indices) store<int64_t>(out, v);
+  for (const int64_t v : index.document_indices) mmidx::store<int64_t>(out, v);
   return out;
 }
 
@@ -386,19 +391,19 @@ void IndexedDataset::read_tokens(int64_t begin, int64_t count, int64_t* out) con
                 data::DataError, "indexed dataset: ", bin_path_, ": tokens [", begin, ", ",
                 begin + count, ") are not within its ", tokens(), " tokens");
   if (count == 0) return;
-  with_type(index_.dtype, [&](auto t) {
+  mmidx::with_type(index_.dtype, [&](auto t) {
     using T = decltype(t);
     if constexpr (std::is_same_v<T, int64_t>) {
-      read_bin(bin_, begin * 8, out, count * 8);
+      mmidx::read_bin(bin_, begin * 8, out, count * 8);
     } else {
       constexpr int64_t kChunk = 8192;
       std::array<T, kChunk> buffer;
-      for_each_chunk<T>(bin_, begin, count, kChunk, buffer.data(),
-                        [&](std::span<const T> chunk, int64_t at) {
-                          int64_t* to = out + (at - begin);
-                          for (size_t i = 0; i < chunk.size(); ++i) to[i] = chunk[i];
-                          return true;
-                        });
+      mmidx::for_each_chunk<T>(bin_, begin, count, kChunk, buffer.data(),
+                               [&](std::span<const T> chunk, int64_t at) {
+                                 int64_t* to = out + (at - begin);
+                                 for (size_t i = 0; i < chunk.size(); ++i) to[i] = chunk[i];
+                                 return true;
+                               });
     }
   });
 }
@@ -410,6 +415,7 @@ std::vector<int64_t> IndexedDataset::sequence(int64_t sequence) const {
   return out;
 }
 
+namespace mmidx {
 namespace {
 
 constexpr int64_t kScanBytes = int64_t{1} << 20;
@@ -448,20 +454,21 @@ void fold_range(std::span<const T> chunk, T& lo, T& hi) {
 }
 
 }  // namespace
+}  // namespace mmidx
 
 const IndexedDataset::TokenRange& IndexedDataset::token_range() const {
   std::call_once(range_->once, [&] {
     if (tokens() == 0) return;
-    with_type(index_.dtype, [&](auto t) {
+    mmidx::with_type(index_.dtype, [&](auto t) {
       using T = decltype(t);
-      std::vector<T> buffer(static_cast<size_t>(kScanBytes) / sizeof(T));
+      std::vector<T> buffer(static_cast<size_t>(mmidx::kScanBytes) / sizeof(T));
       T lo = std::numeric_limits<T>::max();
       T hi = std::numeric_limits<T>::min();
-      for_each_chunk<T>(bin_, 0, tokens(), static_cast<int64_t>(buffer.size()), buffer.data(),
-                        [&](std::span<const T> chunk, int64_t) {
-                          fold_range(chunk, lo, hi);
-                          return true;
-                        });
+      mmidx::for_each_chunk<T>(bin_, 0, tokens(), static_cast<int64_t>(buffer.size()),
+                               buffer.data(), [&](std::span<const T> chunk, int64_t) {
+                                 mmidx::fold_range(chunk, lo, hi);
+                                 return true;
+                               });
       range_->min = lo;
       range_->max = hi;
     });
@@ -479,25 +486,23 @@ void IndexedDataset::validate_vocab(int64_t vocab_size) const {
   // Some id is outside [0, vocab_size): find the first, to name it.
   int64_t found = -1;
   int64_t id = 0;
-  with_type(index_.dtype, [&](auto t) {
+  mmidx::with_type(index_.dtype, [&](auto t) {
     using T = decltype(t);
-    std::vector<T> buffer(static_cast<size_t>(kScanBytes) / sizeof(T));
-    for_each_chunk<T>(bin_, 0, tokens(), static_cast<int64_t>(buffer.size()), buffer.data(),
-                      [&](std::span<const T> chunk, int64_t at) {
-                        for (size_t i = 0; i < chunk.size(); ++i) {
-                          const auto v = static_cast<int64_t>(chunk[i]);
-                          if (v < 0 || v >= vocab_size) {
-                            found = at + static_cast<int64_t>(i);
-                            id = v;
-                            return false;
-                          }
-                        }
-                        return true;
-                      });
+    std::vector<T> buffer(static_cast<size_t>(mmidx::kScanBytes) / sizeof(T));
+    mmidx::for_each_chunk<T>(bin_, 0, tokens(), static_cast<int64_t>(buffer.size()), buffer.data(),
+                             [&](std::span<const T> chunk, int64_t at) {
+                               for (size_t i = 0; i < chunk.size(); ++i) {
+                                 const auto v = static_cast<int64_t>(chunk[i]);
+                                 if (v < 0 || v >= vocab_size) {
+                                   found = at + static_cast<int64_t>(i);
+                                   id = v;
+                                   return false;
+                                 }
+                               }
+                               return true;
+                             });
   });
-  PIPEMAT_INTERNAL_ASSERT(found >= 0,
-                          "a token outside the vocabulary that a second read did not "
-                          "find");
+  PIPEMAT_INTERNAL_ASSERT(found >= 0, "the second read found no token outside the vocabulary");
   const auto& offsets = index_.sequence_offsets;
   // The sequence holding token `found`: the last offset <= found whose sequence is not empty.
   const auto s = static_cast<int64_t>(std::upper_bound(offsets.begin(), offsets.end(), found) -
@@ -536,6 +541,7 @@ void IndexedDataset::validate_vocab(int64_t vocab_size) const {
 // could miss when the two happened to agree. A writer destroyed before finish() removes its
 // temporaries; a killed process leaves only *.tmp files, which the next writer replaces.
 
+namespace mmidx {
 namespace {
 
 constexpr size_t kWriteBuffer = size_t{1} << 20;
@@ -619,13 +625,14 @@ void append_tokens(std::span<const int32_t> tokens, std::vector<unsigned char>& 
 }
 
 }  // namespace
+}  // namespace mmidx
 
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenDtype dtype, bool overwrite)
     : prefix_(std::move(prefix)), overwrite_(overwrite) {
   index_.dtype = dtype;
-  if (!overwrite_) check_absent(prefix_);
-  bin_fd_ = create_file(prefix_ + ".bin.tmp");
-  buffer_.reserve(kWriteBuffer);
+  if (!overwrite_) mmidx::check_absent(prefix_);
+  bin_fd_ = mmidx::create_file(prefix_ + ".bin.tmp");
+  buffer_.reserve(mmidx::kWriteBuffer);
 }
 
 IndexedDatasetWriter::IndexedDatasetWriter(IndexedDatasetWriter&& other) noexcept
@@ -671,11 +678,12 @@ void IndexedDatasetWriter::add_sequence(std::span<const int32_t> ids) {
   PIPEMAT_CHECK(ids.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
                 data::DataError, "indexed dataset: ", prefix_, ": sequence ", sequences(),
                 " holds ", ids.size(), " tokens; a .idx keeps lengths as int32 (split it)");
-  with_type(index_.dtype,
-            [&](auto t) { append_tokens<decltype(t)>(ids, buffer_, index_.dtype, sequences()); });
+  mmidx::with_type(index_.dtype, [&](auto t) {
+    mmidx::append_tokens<decltype(t)>(ids, buffer_, index_.dtype, sequences());
+  });
   index_.sequence_offsets.push_back(tokens() + static_cast<int64_t>(ids.size()));
-  if (buffer_.size() >= kWriteBuffer) {
-    write_all(bin_fd_, buffer_.data(), buffer_.size(), prefix_ + ".bin.tmp");
+  if (buffer_.size() >= mmidx::kWriteBuffer) {
+    mmidx::write_all(bin_fd_, buffer_.data(), buffer_.size(), prefix_ + ".bin.tmp");
     buffer_.clear();
   }
 }
@@ -695,27 +703,27 @@ void IndexedDatasetWriter::finish() {
                 " were added after the last end_document(); end their document first");
   const std::string bin_tmp = prefix_ + ".bin.tmp";
   const std::string idx_tmp = prefix_ + ".idx.tmp";
-  write_all(bin_fd_, buffer_.data(), buffer_.size(), bin_tmp);
+  mmidx::write_all(bin_fd_, buffer_.data(), buffer_.size(), bin_tmp);
   buffer_.clear();
   const int bin_fd = std::exchange(bin_fd_, -1);
-  sync_and_close(bin_fd, bin_tmp);
+  mmidx::sync_and_close(bin_fd, bin_tmp);
   const std::string idx = encode_indexed_index(index_);
-  const int idx_fd = create_file(idx_tmp);
+  const int idx_fd = mmidx::create_file(idx_tmp);
   try {
-    write_all(idx_fd, idx.data(), idx.size(), idx_tmp);
+    mmidx::write_all(idx_fd, idx.data(), idx.size(), idx_tmp);
   } catch (...) {
     ::close(idx_fd);
     throw;
   }
-  sync_and_close(idx_fd, idx_tmp);
-  if (!overwrite_) check_absent(prefix_);
+  mmidx::sync_and_close(idx_fd, idx_tmp);
+  if (!overwrite_) mmidx::check_absent(prefix_);
   const std::string idx_path = prefix_ + ".idx";
   PIPEMAT_CHECK(::unlink(idx_path.c_str()) == 0 || errno == ENOENT, data::DataError,
                 "indexed dataset: cannot replace ", idx_path, " (", std::strerror(errno), ")");
-  rename_into_place(bin_tmp, prefix_ + ".bin");
-  rename_into_place(idx_tmp, idx_path);
+  mmidx::rename_into_place(bin_tmp, prefix_ + ".bin");
+  mmidx::rename_into_place(idx_tmp, idx_path);
   finished_ = true;
-  sync_directory_of(idx_path);
+  mmidx::sync_directory_of(idx_path);
 }
 
 }  // namespace pipemat::data

@@ -111,7 +111,8 @@ class IndexedDataset {
   // The tokens of sequence `sequence`.
   std::vector<int64_t> sequence(int64_t sequence) const;
 
-  // The largest token id of the dataset, -1 when it holds no token. The first call reads every
+  // The largest token id of the dataset (a signed dtype may hold negative ids, which
+  // validate_vocab refuses), -1 when it holds no token. The first call reads every
   // token once (the same pass as validate_vocab's), later calls return what it found.
   int64_t max_token() const;
   // DataError naming PREFIX.bin, the first token that is negative or not below `vocab_size`, its
