@@ -110,12 +110,11 @@ TokenDtype dtype_of_code(uint8_t code, const std::string& idx_name) {
       return TokenDtype::uint16;
     case 6:
     case 7:
-      PIPEMAT_THROW(data::DataError, "indexed dataset: ", idx_name, ": dtype code ", int{code},
-                    " (", code == 6 ? "float64" : "float32",
-                    ") holds floats; token ids are integers ", "and pipemat reads ", kDtypeList);
+      PIPEMAT_THROW(DataError, "indexed dataset: ", idx_name, ": dtype code ", int{code}, " (",
+                    code == 6 ? "float64" : "float32", ") holds floats; token ids are integers ",
+                    "and pipemat reads ", kDtypeList);
     default:
-      PIPEMAT_THROW(data::DataError, "indexed dataset: ", idx_name, ": unknown dtype code ",
-                    int{code},
+      PIPEMAT_THROW(DataError, "indexed dataset: ", idx_name, ": unknown dtype code ", int{code},
                     "; megatron-core's codes are 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, ",
                     "6 float64, 7 float32, 8 uint16");
   }
@@ -146,9 +145,9 @@ decltype(auto) with_type(TokenDtype dtype, Fn&& fn) {
 void read_bin(const InputFile& bin, int64_t offset, void* out, int64_t bytes) {
   const int64_t n = bin.read_at(offset, out, bytes);
   if (n == bytes) return;
-  PIPEMAT_CHECK(n >= 0, data::DataError, "indexed dataset: ", bin.path(), ": reading ", bytes,
+  PIPEMAT_CHECK(n >= 0, DataError, "indexed dataset: ", bin.path(), ": reading ", bytes,
                 " bytes at byte ", offset, " failed (", std::strerror(errno), ")");
-  PIPEMAT_THROW(data::DataError, "indexed dataset: ", bin.path(), ": read ", n, " of ", bytes,
+  PIPEMAT_THROW(DataError, "indexed dataset: ", bin.path(), ": read ", n, " of ", bytes,
                 " bytes at byte ", offset, "; the file shrank since it was opened (was it ",
                 "rewritten while this run reads it?)");
 }
@@ -211,9 +210,9 @@ int megatron_dtype_code(TokenDtype dtype) {
 }
 
 TokenDtype dtype_for_vocab(int64_t vocab_size) {
-  PIPEMAT_CHECK(vocab_size >= 1, data::DataError, "indexed dataset: vocab_size ", vocab_size,
+  PIPEMAT_CHECK(vocab_size >= 1, DataError, "indexed dataset: vocab_size ", vocab_size,
                 " is below 1");
-  PIPEMAT_CHECK(vocab_size <= (int64_t{1} << 31), data::DataError, "indexed dataset: vocab_size ",
+  PIPEMAT_CHECK(vocab_size <= (int64_t{1} << 31), DataError, "indexed dataset: vocab_size ",
                 vocab_size,
                 " is above 2^31: its ids do not fit int32, the widest dtype "
                 "megatron-core picks for a vocabulary");
@@ -224,17 +223,16 @@ IndexedIndex parse_indexed_index(std::string_view idx, int64_t bin_bytes,
                                  const std::string& idx_name, const std::string& bin_name) {
   const auto size = static_cast<int64_t>(idx.size());
   const std::string where = "indexed dataset: " + idx_name + ": ";
-  PIPEMAT_CHECK(size >= 9 && idx.substr(0, 9) == std::string_view(mmidx::kMagic, 9),
-                data::DataError, where,
-                "does not start with the magic MMIDIDX\\0\\0 of a Megatron .idx (found ",
+  PIPEMAT_CHECK(size >= 9 && idx.substr(0, 9) == std::string_view(mmidx::kMagic, 9), DataError,
+                where, "does not start with the magic MMIDIDX\\0\\0 of a Megatron .idx (found ",
                 size == 0 ? std::string("an empty file") : mmidx::hex_of(idx.substr(0, 9)),
                 "); not a Megatron indexed dataset index");
-  PIPEMAT_CHECK(size >= mmidx::kHeaderBytes, data::DataError, where, size,
+  PIPEMAT_CHECK(size >= mmidx::kHeaderBytes, DataError, where, size,
                 " bytes, too short for the 34-byte header of a Megatron .idx (magic, version, "
                 "dtype code, sequence and document counts); the file is truncated");
   const char* p = idx.data();
   const auto version = mmidx::load<uint64_t>(p + 9);
-  PIPEMAT_CHECK(version == 1, data::DataError, where, "version ", version,
+  PIPEMAT_CHECK(version == 1, DataError, where, "version ", version,
                 "; pipemat reads version 1, the one megatron-core writes");
   IndexedIndex index;
   index.dtype = mmidx::dtype_of_code(static_cast<uint8_t>(p[17]), idx_name);
@@ -244,23 +242,23 @@ IndexedIndex parse_indexed_index(std::string_view idx, int64_t bin_bytes,
 
   // The counts against the file's size, before anything is allocated.
   const auto rest = static_cast<uint64_t>(size - mmidx::kHeaderBytes);
-  PIPEMAT_CHECK(n_raw <= rest / 12, data::DataError, where, "sequence count ", n_raw,
+  PIPEMAT_CHECK(n_raw <= rest / 12, DataError, where, "sequence count ", n_raw,
                 " needs 12 bytes each of lengths and pointers but the file holds only ", rest,
                 " bytes after its header; the count is wrong or the file is truncated");
   const auto n = static_cast<int64_t>(n_raw);
   const uint64_t after_sequences = rest - 12 * n_raw;
-  PIPEMAT_CHECK(d_raw >= 1, data::DataError, where,
+  PIPEMAT_CHECK(d_raw >= 1, DataError, where,
                 "document count 0; a .idx holds documents + 1 document indices (at least the "
                 "leading 0 that megatron-core's builder writes)");
-  PIPEMAT_CHECK(d_raw <= after_sequences / 8, data::DataError, where, "document count ", d_raw,
+  PIPEMAT_CHECK(d_raw <= after_sequences / 8, DataError, where, "document count ", d_raw,
                 " needs 8 bytes each of document indices but the file holds only ", after_sequences,
                 " bytes after the ", n,
                 " sequences' lengths and pointers; the count is wrong or the file is truncated");
   const uint64_t extra = after_sequences - 8 * d_raw;
-  PIPEMAT_CHECK(extra == 0 || extra != n_raw, data::DataError, where, "holds ", extra,
+  PIPEMAT_CHECK(extra == 0 || extra != n_raw, DataError, where, "holds ", extra,
                 " bytes after the document indices, one per sequence: the sequence modes of a "
                 "multimodal dataset, which pipemat does not read (it reads text tokens)");
-  PIPEMAT_CHECK(extra == 0, data::DataError, where, "holds ", extra,
+  PIPEMAT_CHECK(extra == 0, DataError, where, "holds ", extra,
                 " bytes after the document indices, where the file should end (", n, " sequences, ",
                 d_raw, " document indices)");
   const auto d = static_cast<int64_t>(d_raw);
@@ -272,22 +270,22 @@ IndexedIndex parse_indexed_index(std::string_view idx, int64_t bin_bytes,
   int64_t at = 0;  // in tokens
   for (int64_t i = 0; i < n; ++i) {
     const auto length = mmidx::load<int32_t>(lengths + 4 * i);
-    PIPEMAT_CHECK(length >= 0, data::DataError, where, "sequence ", i, " has length ", length,
+    PIPEMAT_CHECK(length >= 0, DataError, where, "sequence ", i, " has length ", length,
                   "; lengths are token counts");
     const auto pointer = mmidx::load<int64_t>(pointers + 8 * i);
     // at * item cannot overflow: at + length stays below 2^63 / 8 (checked below).
-    PIPEMAT_CHECK(pointer == at * item, data::DataError, where, "sequence ", i, " points at byte ",
+    PIPEMAT_CHECK(pointer == at * item, DataError, where, "sequence ", i, " points at byte ",
                   pointer, " but the sequences before it end at byte ", at * item,
                   i == 0 ? std::string(" (the first sequence starts at 0)")
                          : " (pointer " + std::to_string(i - 1) + " + length " +
                                std::to_string(i - 1) + " x " + std::to_string(item) + ")",
                   "; the pointers do not match the lengths");
     at += length;
-    PIPEMAT_CHECK(at <= std::numeric_limits<int64_t>::max() / 8, data::DataError, where,
-                  "the first ", i + 1, " sequences hold ", at, " tokens, more than any file holds");
+    PIPEMAT_CHECK(at <= std::numeric_limits<int64_t>::max() / 8, DataError, where, "the first ",
+                  i + 1, " sequences hold ", at, " tokens, more than any file holds");
     index.sequence_offsets[static_cast<size_t>(i) + 1] = at;
   }
-  PIPEMAT_CHECK(at * item == bin_bytes, data::DataError, "indexed dataset: ", bin_name, ": holds ",
+  PIPEMAT_CHECK(at * item == bin_bytes, DataError, "indexed dataset: ", bin_name, ": holds ",
                 bin_bytes, " bytes but ", idx_name, " gives its ", n, " sequences ", at,
                 " tokens of ", to_string(index.dtype), ", ", at * item, " bytes; ",
                 bin_bytes < at * item ? "the .bin is truncated"
@@ -298,20 +296,20 @@ IndexedIndex parse_indexed_index(std::string_view idx, int64_t bin_bytes,
   for (int64_t k = 0; k < d; ++k) {
     const auto v = mmidx::load<int64_t>(documents + 8 * k);
     if (k == 0) {
-      PIPEMAT_CHECK(v == 0, data::DataError, where, "the first document index is ", v,
+      PIPEMAT_CHECK(v == 0, DataError, where, "the first document index is ", v,
                     "; documents start at sequence 0");
     } else {
       const int64_t before = index.document_indices[static_cast<size_t>(k) - 1];
-      PIPEMAT_CHECK(v >= before, data::DataError, where, "document index ", k, " is ", v,
+      PIPEMAT_CHECK(v >= before, DataError, where, "document index ", k, " is ", v,
                     ", below document index ", k - 1, " (", before,
                     "); document indices are non-decreasing");
-      PIPEMAT_CHECK(v <= n, data::DataError, where, "document index ", k, " is ", v,
+      PIPEMAT_CHECK(v <= n, DataError, where, "document index ", k, " is ", v,
                     ", past the sequence count ", n);
     }
     index.document_indices[static_cast<size_t>(k)] = v;
   }
-  PIPEMAT_CHECK(index.document_indices.back() == n, data::DataError, where,
-                "the last document index is ", index.document_indices.back(), " but there are ", n,
+  PIPEMAT_CHECK(index.document_indices.back() == n, DataError, where, "the last document index is ",
+                index.document_indices.back(), " but there are ", n,
                 " sequences; the sequences after it belong to no document");
   return index;
 }
@@ -373,23 +371,22 @@ IndexedDataset IndexedDataset::open(const std::string& prefix) {
   InputFile bin = open_input_file<DataError>(bin_path, "indexed dataset");
   std::string problem;
   const std::string bytes = read_whole(idx, problem);
-  PIPEMAT_CHECK(problem.empty(), data::DataError, "indexed dataset: ", problem);
+  PIPEMAT_CHECK(problem.empty(), DataError, "indexed dataset: ", problem);
   IndexedIndex index = parse_indexed_index(bytes, bin.size(), idx_path, bin_path);
   return IndexedDataset(std::move(idx_path), std::move(bin_path), std::move(bin), std::move(index));
 }
 
 int64_t IndexedDataset::sequence_length(int64_t sequence) const {
-  PIPEMAT_CHECK(sequence >= 0 && sequence < sequences(), data::DataError,
-                "indexed dataset: ", idx_path_, ": no sequence ", sequence, "; it holds ",
-                sequences());
+  PIPEMAT_CHECK(sequence >= 0 && sequence < sequences(), DataError, "indexed dataset: ", idx_path_,
+                ": no sequence ", sequence, "; it holds ", sequences());
   const auto i = static_cast<size_t>(sequence);
   return index_.sequence_offsets[i + 1] - index_.sequence_offsets[i];
 }
 
 void IndexedDataset::read_tokens(int64_t begin, int64_t count, int64_t* out) const {
   PIPEMAT_CHECK(begin >= 0 && count >= 0 && begin <= tokens() && count <= tokens() - begin,
-                data::DataError, "indexed dataset: ", bin_path_, ": tokens [", begin, ", ",
-                begin + count, ") are not within its ", tokens(), " tokens");
+                DataError, "indexed dataset: ", bin_path_, ": tokens [", begin, ", ", begin + count,
+                ") are not within its ", tokens(), " tokens");
   if (count == 0) return;
   mmidx::with_type(index_.dtype, [&](auto t) {
     using T = decltype(t);
@@ -479,8 +476,8 @@ const IndexedDataset::TokenRange& IndexedDataset::token_range() const {
 int64_t IndexedDataset::max_token() const { return token_range().max; }
 
 void IndexedDataset::validate_vocab(int64_t vocab_size) const {
-  PIPEMAT_CHECK(vocab_size >= 1, data::DataError, "indexed dataset: ", bin_path_,
-                ": vocabulary size ", vocab_size, " is below 1");
+  PIPEMAT_CHECK(vocab_size >= 1, DataError, "indexed dataset: ", bin_path_, ": vocabulary size ",
+                vocab_size, " is below 1");
   const TokenRange& range = token_range();
   if (tokens() == 0 || (range.min >= 0 && range.max < vocab_size)) return;
   // Some id is outside [0, vocab_size): find the first, to name it.
@@ -510,8 +507,8 @@ void IndexedDataset::validate_vocab(int64_t vocab_size) const {
   const auto& docs = index_.document_indices;
   const auto doc =
       static_cast<int64_t>(std::upper_bound(docs.begin(), docs.end(), s) - docs.begin() - 1);
-  PIPEMAT_THROW(data::DataError, "indexed dataset: ", bin_path_, ": token id ", id, " at sequence ",
-                s, " (document ", doc, "), offset ", found - offsets[static_cast<size_t>(s)],
+  PIPEMAT_THROW(DataError, "indexed dataset: ", bin_path_, ": token id ", id, " at sequence ", s,
+                " (document ", doc, "), offset ", found - offsets[static_cast<size_t>(s)],
                 " (token ", found, " of the dataset) ",
                 id < 0 ? std::string("is negative")
                        : "is not below the vocabulary size " + std::to_string(vocab_size),
@@ -554,7 +551,7 @@ bool exists(const std::string& path) {
 void check_absent(const std::string& prefix) {
   for (const char* ext : {".bin", ".idx"}) {
     const std::string path = prefix + ext;
-    PIPEMAT_CHECK(!exists(path), data::DataError, "indexed dataset: ", path,
+    PIPEMAT_CHECK(!exists(path), DataError, "indexed dataset: ", path,
                   " exists; pass overwrite to replace the dataset ", prefix,
                   " (or write it to another prefix)");
   }
@@ -566,7 +563,7 @@ void write_all(int fd, const void* data, size_t bytes, const std::string& path) 
   while (bytes > 0) {
     const ssize_t n = ::write(fd, p, bytes);
     if (n < 0 && errno == EINTR) continue;
-    PIPEMAT_CHECK(n > 0, data::DataError, "indexed dataset: writing ", path, " failed (",
+    PIPEMAT_CHECK(n > 0, DataError, "indexed dataset: writing ", path, " failed (",
                   std::strerror(errno), ")");
     p += n;
     bytes -= static_cast<size_t>(n);
@@ -577,19 +574,19 @@ void sync_and_close(int fd, const std::string& path) {
   const int synced = ::fsync(fd);
   const int error = errno;
   const int closed = ::close(fd);
-  PIPEMAT_CHECK(synced == 0 && closed == 0, data::DataError, "indexed dataset: writing ", path,
+  PIPEMAT_CHECK(synced == 0 && closed == 0, DataError, "indexed dataset: writing ", path,
                 " failed (", std::strerror(synced != 0 ? error : errno), ")");
 }
 
 int create_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  PIPEMAT_CHECK(fd >= 0, data::DataError, "indexed dataset: cannot create ", path, " (",
+  PIPEMAT_CHECK(fd >= 0, DataError, "indexed dataset: cannot create ", path, " (",
                 std::strerror(errno), ")");
   return fd;
 }
 
 void rename_into_place(const std::string& from, const std::string& to) {
-  PIPEMAT_CHECK(std::rename(from.c_str(), to.c_str()) == 0, data::DataError,
+  PIPEMAT_CHECK(std::rename(from.c_str(), to.c_str()) == 0, DataError,
                 "indexed dataset: cannot rename ", from, " to ", to, " (", std::strerror(errno),
                 ")");
 }
@@ -615,8 +612,8 @@ void append_tokens(std::span<const int32_t> tokens, std::vector<unsigned char>& 
     const int64_t v = tokens[i];
     if (v < lo || v > hi) {
       out.resize(start);
-      PIPEMAT_THROW(data::DataError, "indexed dataset: token ", v, " (sequence ", sequence,
-                    ", offset ", i, ") does not fit ", to_string(dtype), " [", lo, ", ", hi,
+      PIPEMAT_THROW(DataError, "indexed dataset: token ", v, " (sequence ", sequence, ", offset ",
+                    i, ") does not fit ", to_string(dtype), " [", lo, ", ", hi,
                     "]; write the dataset with a wider dtype (dtype_for_vocab)");
     }
     const auto narrow = static_cast<T>(v);
@@ -673,11 +670,11 @@ void IndexedDatasetWriter::discard() noexcept {
 }
 
 void IndexedDatasetWriter::add_sequence(std::span<const int32_t> ids) {
-  PIPEMAT_CHECK(!finished_ && bin_fd_ >= 0, data::DataError, "indexed dataset: ", prefix_,
+  PIPEMAT_CHECK(!finished_ && bin_fd_ >= 0, DataError, "indexed dataset: ", prefix_,
                 ": add_sequence after finish()");
-  PIPEMAT_CHECK(ids.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
-                data::DataError, "indexed dataset: ", prefix_, ": sequence ", sequences(),
-                " holds ", ids.size(), " tokens; a .idx keeps lengths as int32 (split it)");
+  PIPEMAT_CHECK(ids.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), DataError,
+                "indexed dataset: ", prefix_, ": sequence ", sequences(), " holds ", ids.size(),
+                " tokens; a .idx keeps lengths as int32 (split it)");
   mmidx::with_type(index_.dtype, [&](auto t) {
     mmidx::append_tokens<decltype(t)>(ids, buffer_, index_.dtype, sequences());
   });
@@ -689,15 +686,15 @@ void IndexedDatasetWriter::add_sequence(std::span<const int32_t> ids) {
 }
 
 void IndexedDatasetWriter::end_document() {
-  PIPEMAT_CHECK(!finished_, data::DataError, "indexed dataset: ", prefix_,
+  PIPEMAT_CHECK(!finished_, DataError, "indexed dataset: ", prefix_,
                 ": end_document after finish()");
   index_.document_indices.push_back(sequences());
 }
 
 void IndexedDatasetWriter::finish() {
-  PIPEMAT_CHECK(!finished_ && bin_fd_ >= 0, data::DataError, "indexed dataset: ", prefix_,
+  PIPEMAT_CHECK(!finished_ && bin_fd_ >= 0, DataError, "indexed dataset: ", prefix_,
                 ": finish() ran before");
-  PIPEMAT_CHECK(index_.document_indices.back() == sequences(), data::DataError,
+  PIPEMAT_CHECK(index_.document_indices.back() == sequences(), DataError,
                 "indexed dataset: ", prefix_, ": sequences ", index_.document_indices.back(),
                 " to ", sequences() - 1,
                 " were added after the last end_document(); end their document first");
@@ -718,7 +715,7 @@ void IndexedDatasetWriter::finish() {
   mmidx::sync_and_close(idx_fd, idx_tmp);
   if (!overwrite_) mmidx::check_absent(prefix_);
   const std::string idx_path = prefix_ + ".idx";
-  PIPEMAT_CHECK(::unlink(idx_path.c_str()) == 0 || errno == ENOENT, data::DataError,
+  PIPEMAT_CHECK(::unlink(idx_path.c_str()) == 0 || errno == ENOENT, DataError,
                 "indexed dataset: cannot replace ", idx_path, " (", std::strerror(errno), ")");
   mmidx::rename_into_place(bin_tmp, prefix_ + ".bin");
   mmidx::rename_into_place(idx_tmp, idx_path);

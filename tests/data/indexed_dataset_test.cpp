@@ -31,7 +31,8 @@
 #include <string>
 #include <vector>
 
-namespace pipemat::data {
+// In a namespace of their own: the unity build compiles this file with tokenizer_test.cpp.
+namespace pipemat::data::indexed_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -812,4 +813,4 @@ TEST(IndexedDataset, ReadSpeed) {
 }
 
 }  // namespace
-}  // namespace pipemat::data
+}  // namespace pipemat::data::indexed_test
