@@ -1,7 +1,8 @@
-"""Hugging Face transformers as the oracle of pipemat's llama (ctest Hf.LlamaOracle).
+"""Hugging Face transformers as the oracle of pipemat's llama.
 
-For an untied and a tied random LlamaForCausalLM (2 layers, hidden 64, 4 heads, 2 key/value
-heads, ffn 128, vocab 256, float32) saved with save_pretrained into a directory, pipemat reads
+vocab256 (the default; ctest Hf.LlamaOracle): for an untied and a tied random
+LlamaForCausalLM (2 layers, hidden 64, 4 heads, 2 key/value heads, ffn 128, vocab 256, float32)
+saved with save_pretrained into a directory, pipemat reads
 that directory (model.from for the shape, training.init_from for the weights) and:
   - its logits on the token windows its training reads equal transformers' within 1e-5, and
     the loss of that micro-batch too (llama_hf_check writes the windows, logits and loss);
@@ -11,13 +12,27 @@ that directory (model.from for the shape, training.init_from for the weights) an
     output.metrics, within 1e-5 too), and the exported
     directory loads in transformers (its config.json) with those weights;
   - export -> init_from -> export is byte-identical.
+
+A tied random LlamaForCausalLM of a real vocabulary (32000; 4 layers, hidden 64, 4 heads, 2
+key/value heads, float32), read the same way and trained on 2 ranks (under mpiexec when given,
+else as threads), its embedding on the first stage and a copy on the last (Note [Tied weights]):
+  tied32000-first-loss (ctest LlamaHf.TiedVocab32000OnTwoRanksFirstLossEqualsTransformers):
+    under 1f1b and zb-v, the first step's loss (output.metrics) equals transformers' loss of
+    the same batch within 1e-5 relative, and is not the ln(32000) of uniform logits;
+  tied32000-export (ctest LlamaHf.TiedVocab32000OnTwoRanksExportLoadsTiedInTransformersWith-
+    EqualLogits): after 3 AdamW steps under 1f1b, `pipemat export` writes the weight once, equal
+    to 3 steps of torch.optim.AdamW within 1e-5 relative (the step losses too); transformers
+    loads the directory with lm_head.weight the storage of model.embed_tokens.weight, and its
+    logits on the first micro-batch equal pipemat's from the exported directory within 1e-5.
 Exit 77: transformers or safetensors is not installed (ctest skips the test).
 
-  llama_oracle.py --pipemat BIN --check LLAMA_HF_CHECK [--mpiexec "mpiexec -n 2 ..."]
+  llama_oracle.py [vocab256|tied32000-first-loss|tied32000-export] --pipemat BIN
+                  --check LLAMA_HF_CHECK [--mpiexec "mpiexec -n 2 ..."]
 """
 import argparse
 import glob
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -65,7 +80,7 @@ def write_text(path):
 
 
 def config_yaml(path, hf_dir, text, ck, ranks, transport, optimizer="adamw", lr=LR,
-                weight_decay=WEIGHT_DECAY, steps=STEPS, metrics=""):
+                weight_decay=WEIGHT_DECAY, steps=STEPS, metrics="", kind="1f1b"):
     with open(path, "w") as f:
         f.write(f"""model:
   kind: llama
@@ -76,7 +91,7 @@ data:
   path: {text}
   validation: 0.34
 schedule:
-  kind: 1f1b
+  kind: {kind}
   ranks: {ranks}
   micro_batches: {MICRO_BATCHES}
 transport:
@@ -94,7 +109,7 @@ training:
   precision: fp32
   init_from: {hf_dir}
 checkpoint:
-  dir: {ck}
+  dir: "{ck}"
 sample:
   tokens: 0
 output:
@@ -246,8 +261,186 @@ def check(tied, args, work, results):
             assert a.read() == b.read(), f"{name}: {f} differs after export -> init_from -> export"
 
 
+VOCAB_32000, LAYERS_32000 = 32000, 4
+
+
+def tied_32000_model(d):
+    """A tied LlamaForCausalLM of a real vocabulary (32000, 4 layers, hidden 64, 4 heads, 2
+    key/value heads, float32) saved with save_pretrained into d/hf, and a byte text d/text.bin."""
+    hf_dir = os.path.join(d, "hf")
+    os.makedirs(hf_dir)
+    torch.manual_seed(2)
+    cfg = LlamaConfig(vocab_size=VOCAB_32000, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=LAYERS_32000, num_attention_heads=4,
+                      num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-5,
+                      max_position_embeddings=64, tie_word_embeddings=True, hidden_act="silu",
+                      attention_bias=False, mlp_bias=False)
+    model = LlamaForCausalLM(cfg).float()
+    assert model.lm_head.weight is model.model.embed_tokens.weight, "transformers did not tie"
+    with torch.no_grad():
+        # Norm weights away from 1, so that a norm read wrongly shows; an embedding 10x the
+        # initializer's (std 0.2), so that the head's logits vary by about 1.5 and the loss is far
+        # from the uniform ln(32000) that a zero or missing head would give.
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.add_(0.1 * torch.randn_like(p))
+        model.model.embed_tokens.weight.mul_(10.0)
+    model.save_pretrained(hf_dir)
+    saved = load_file(os.path.join(hf_dir, "model.safetensors"))
+    assert "lm_head.weight" not in saved, "save_pretrained wrote the tied head"
+    text = os.path.join(d, "text.bin")
+    write_text(text)
+    return model, hf_dir, text
+
+
+def two_ranks(args):
+    # Transport and launcher of a 2-rank pipemat train: processes under mpiexec, else threads.
+    return ("mpi", shlex.split(args.mpiexec)) if args.mpiexec else ("local", [])
+
+
+def windows(args, cfg_path, d, steps):
+    """The token windows the config's training reads (its model tied): ids.<step>.<mb> and
+    next.<step>.<mb>, and pipemat's logits of ids.0.0 (llama_hf_check, the model of the config's
+    init_from)."""
+    out = os.path.join(d, os.path.basename(cfg_path) + ".safetensors")
+    said = run([args.check, cfg_path, out, str(steps)])
+    assert "tied embeddings" in said, f"pipemat did not read {cfg_path}'s model as tied"
+    got = load_file(out)
+    for step in range(steps):
+        for mb in range(MICRO_BATCHES):
+            ids, nxt = got[f"ids.{step}.{mb}"], got[f"next.{step}.{mb}"]
+            assert ids.shape == (BATCH, SEQ_LEN) and nxt.shape == (BATCH, SEQ_LEN)
+            # Windows of the text: the next ids are the ids shifted by one.
+            assert torch.equal(ids[:, 1:], nxt[:, :-1]), f"window {step}.{mb} is not shifted"
+    return got
+
+
+def metrics_losses(path, steps):
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    assert len(lines) == steps, f"{len(lines)} steps in {path}, expected {steps}"
+    return [m["loss"] for m in lines]
+
+
+def tied_32000_first_loss(args, work, results):
+    """The first step's loss of a tied vocab-32000 llama read from transformers' directory and
+    trained on 2 ranks (1f1b, zb-v: the embedding on the first stage, its copy on the last) equals
+    transformers' loss of the same batch (the step's micro-batches, equal in size, concatenated:
+    the mean of their mean losses is the mean over the batch) within 1e-5 relative."""
+    model, hf_dir, text = tied_32000_model(work)
+    model.eval()
+    transport, launcher = two_ranks(args)
+    for kind in ("1f1b", "zb-v"):
+        d = os.path.join(work, kind)
+        os.makedirs(d)
+        cfg_path = os.path.join(d, "train.yaml")
+        metrics = os.path.join(d, "metrics.jsonl")
+        config_yaml(cfg_path, hf_dir, text, "", 2, transport, steps=1, metrics=metrics, kind=kind)
+        got = windows(args, cfg_path, d, 1)
+        run(launcher + [args.pipemat, "train", "--config", cfg_path])
+        loss = metrics_losses(metrics, 1)[0]
+        ids = torch.cat([got[f"ids.0.{mb}"] for mb in range(MICRO_BATCHES)])
+        nxt = torch.cat([got[f"next.0.{mb}"] for mb in range(MICRO_BATCHES)])
+        # transformers' own loss: the window of seq_len + 1 ids as input and labels (it shifts
+        # them); causal attention leaves the first seq_len positions' logits those of `ids`.
+        window = torch.cat([ids, nxt[:, -1:]], dim=1)
+        with torch.no_grad():
+            hf_loss = model(input_ids=window, labels=window).loss.item()
+            plain = F.cross_entropy(model(ids).logits.reshape(-1, VOCAB_32000),
+                                    nxt.reshape(-1)).item()
+        assert abs(plain - hf_loss) <= TOL * hf_loss, f"{kind}: {plain} vs {hf_loss}"
+        # Not the loss of uniform logits (a head of zeros, or one not applied).
+        assert abs(hf_loss - math.log(VOCAB_32000)) > 0.5, f"{kind}: loss {hf_loss} ~ ln(32000)"
+        rel = abs(loss - hf_loss) / hf_loss
+        results[kind + " first loss"] = loss
+        results[kind + " transformers loss"] = hf_loss
+        results[kind + " first loss rel diff"] = rel
+        print(f"{kind}: first loss {loss:.7f} (pipemat, 2 ranks) vs {hf_loss:.7f} (transformers), "
+              f"relative diff {rel:.3g}")
+        assert rel <= TOL, f"{kind}: the first loss differs by {rel} relative"
+
+
+def tied_32000_export(args, work, results):
+    """3 AdamW steps of a tied vocab-32000 llama on 2 ranks (1f1b), then `pipemat export`: the
+    file holds the weight once and equals 3 steps of torch.optim.AdamW on the same micro-batches
+    within 1e-5 relative; transformers loads the directory with lm_head tied to embed_tokens; and
+    its logits on the first micro-batch equal pipemat's (llama_hf_check, the model read from the
+    exported directory) within 1e-5."""
+    model, hf_dir, text = tied_32000_model(work)
+    transport, launcher = two_ranks(args)
+    cfg_path = os.path.join(work, "train.yaml")
+    ck = os.path.join(work, "ck")
+    metrics = os.path.join(work, "metrics.jsonl")
+    config_yaml(cfg_path, hf_dir, text, ck, 2, transport, metrics=metrics)
+    got = windows(args, cfg_path, work, STEPS)
+    run(launcher + [args.pipemat, "train", "--config", cfg_path])
+    step_dirs = sorted(glob.glob(os.path.join(ck, "step-*")))
+    assert step_dirs, f"no checkpoint in {ck}"
+    out_dir = os.path.join(work, "out")
+    run([args.pipemat, "export", "--checkpoint", step_dirs[-1], "--out",
+         os.path.join(out_dir, "model.safetensors")])
+    exported = load_file(os.path.join(out_dir, "model.safetensors"))
+    assert "lm_head.weight" not in exported, "export wrote the tied head"
+    with open(os.path.join(out_dir, "config.json")) as f:
+        j = json.load(f)
+    assert j["tie_word_embeddings"] is True and j["vocab_size"] == VOCAB_32000, j
+
+    # The same 3 steps in plain PyTorch, on one tied weight.
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS,
+                            weight_decay=WEIGHT_DECAY)
+    losses = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        losses.append(0.0)
+        for mb in range(MICRO_BATCHES):
+            lg = model(got[f"ids.{step}.{mb}"]).logits
+            l = F.cross_entropy(lg.reshape(-1, VOCAB_32000), got[f"next.{step}.{mb}"].reshape(-1))
+            (l / MICRO_BATCHES).backward()
+            losses[-1] += l.item() / MICRO_BATCHES
+        opt.step()
+    dsteps = max(abs(a - b) / b for a, b in zip(metrics_losses(metrics, STEPS), losses))
+    results["training loss (3 steps) max rel diff"] = dsteps
+    assert dsteps <= TOL, f"the training loss differs by {dsteps} relative"
+    expected = {k: v.detach() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    assert set(exported) == set(expected), f"exported names {sorted(set(exported) ^ set(expected))}"
+    worst = max(max_rel(exported[k], expected[k]) for k in expected)
+    results["weights after 3 steps max rel diff"] = worst
+    print(f"weights after {STEPS} AdamW steps on 2 ranks: max relative diff {worst:.3g}")
+    assert worst <= TOL, f"weights differ by {worst} relative"
+    moved = max_rel(exported["model.embed_tokens.weight"], initial["model.embed_tokens.weight"])
+    assert moved > 100 * TOL, f"training moved the tied weight by only {moved} relative"
+
+    # transformers loads the directory with one weight for the embedding and the head.
+    loaded = LlamaForCausalLM.from_pretrained(out_dir)
+    loaded.eval()
+    assert loaded.config.tie_word_embeddings is True
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr(), \
+        "transformers loaded lm_head.weight untied from model.embed_tokens.weight"
+    for k, v in loaded.state_dict().items():
+        ref = exported["model.embed_tokens.weight"] if k == "lm_head.weight" else exported.get(k)
+        assert ref is not None and torch.equal(v, ref), f"transformers loaded {k} otherwise"
+
+    # Logits of the exported weights: transformers against pipemat's model read from out_dir.
+    again_yaml = os.path.join(work, "exported.yaml")
+    config_yaml(again_yaml, out_dir, text, "", 1, "local", steps=1)
+    mine = windows(args, again_yaml, work, 1)
+    ids = mine["ids.0.0"]
+    assert torch.equal(ids, got["ids.0.0"]), "the fixed batch moved"
+    with torch.no_grad():
+        logits = loaded(ids).logits
+    assert logits.std().item() > 0.5, f"logits std {logits.std().item()}"
+    dl = (mine["logits"] - logits).abs().max().item()
+    results["exported logits max abs diff"] = dl
+    results["exported logits max abs"] = logits.abs().max().item()
+    print(f"exported: logits max |diff| {dl:.3g} (max |logit| {logits.abs().max().item():.3g})")
+    assert dl <= TOL, f"the exported model's logits differ by {dl}"
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("what", nargs="?", default="vocab256", choices=list(CHECKS))
     ap.add_argument("--pipemat", required=True)
     ap.add_argument("--check", required=True)
     ap.add_argument("--mpiexec", default="")
@@ -255,9 +448,17 @@ def main():
     torch.set_num_threads(1)
     results = {}
     with tempfile.TemporaryDirectory(prefix="pipemat_hf_oracle_") as work:
-        for tied in (False, True):
-            check(tied, args, work, results)
-    print("llama_oracle: " + json.dumps(results))
+        CHECKS[args.what](args, work, results)
+    print(f"llama_oracle {args.what}: " + json.dumps(results))
+
+
+def vocab256(args, work, results):
+    for tied in (False, True):
+        check(tied, args, work, results)
+
+
+CHECKS = {"vocab256": vocab256, "tied32000-first-loss": tied_32000_first_loss,
+          "tied32000-export": tied_32000_export}
 
 
 if __name__ == "__main__":
