@@ -385,8 +385,8 @@ int64_t IndexedDataset::sequence_length(int64_t sequence) const {
 
 void IndexedDataset::read_tokens(int64_t begin, int64_t count, int64_t* out) const {
   PIPEMAT_CHECK(begin >= 0 && count >= 0 && begin <= tokens() && count <= tokens() - begin,
-                DataError, "indexed dataset: ", bin_path_, ": tokens [", begin, ", ", begin + count,
-                ") are not within its ", tokens(), " tokens");
+                DataError, "indexed dataset: ", bin_path_, ": cannot read ", count,
+                " tokens from token ", begin, "; it holds tokens [0, ", tokens(), ")");
   if (count == 0) return;
   mmidx::with_type(index_.dtype, [&](auto t) {
     using T = decltype(t);

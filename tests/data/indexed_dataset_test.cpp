@@ -609,7 +609,8 @@ TEST(IndexedDataset, ReadTokensChecksItsRange) {
     ADD_FAILURE() << "read past the end";
   } catch (const DataError& e) {
     EXPECT_THAT(e.what(),
-                HasSubstr(dir.prefix("d") + ".bin: tokens [8, 10) are not within its 9 tokens"));
+                HasSubstr(dir.prefix("d") + ".bin: cannot read 2 tokens from token 8; it holds "
+                                            "tokens [0, 9)"));
   }
   EXPECT_THROW(ds.read_tokens(-1, 1, out.data()), DataError);
   EXPECT_THROW(ds.read_tokens(0, -1, out.data()), DataError);
