@@ -18,6 +18,7 @@ namespace pipemat::launch {
 void add_config_command(CLI::App& app);    // cmd_config.cpp
 void add_demo_command(CLI::App& app);      // cmd_demo.cpp
 void add_export_command(CLI::App& app);    // cmd_export.cpp
+void add_prepare_command(CLI::App& app);   // cmd_prepare.cpp
 void add_generate_command(CLI::App& app);  // cmd_generate.cpp
 void add_schedule_command(CLI::App& app);  // cmd_schedule.cpp
 void add_project_command(CLI::App& app);   // cmd_project.cpp

@@ -805,7 +805,8 @@ TEST(ConfigOverrides, Errors) {
       "model.experts, model.top_k, model.seq_len, model.batch, model.vocab, model.dropout, "
       "model.kv_heads, "
       "model.rope_theta, model.norm_eps, model.tie_embeddings, model.from, data.path, "
-      "data.validation, partition.layers_per_stage, schedule.kind, schedule.ranks, "
+      "data.validation, data.format, data.tokenizer, partition.layers_per_stage, schedule.kind, "
+      "schedule.ranks, "
       "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, schedule.csv, "
       "parallel.data, parallel.bucket_bytes, parallel.weight_tail, parallel.shard_optimizer, "
       "remat.policy, "
@@ -934,6 +935,8 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "data:\n"
             "  path: \"\"\n"
             "  validation: 0.05\n"
+            "  format: text\n"
+            "  tokenizer: \"\"\n"
             "partition:\n"
             "  layers_per_stage: []\n"
             "schedule:\n"
@@ -1190,6 +1193,8 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "model.from",
                                                      "data.path",
                                                      "data.validation",
+                                                     "data.format",
+                                                     "data.tokenizer",
                                                      "partition.layers_per_stage",
                                                      "schedule.kind",
                                                      "schedule.ranks",

@@ -110,7 +110,7 @@ std::vector<ConfigField> model_fields() {
   };
 }
 
-// data: the text of gpt.
+// data: the text or tokens of gpt and llama.
 std::vector<ConfigField> data_fields() {
   return {
       {"data", "path",
@@ -120,7 +120,19 @@ std::vector<ConfigField> data_fields() {
        "`llama`",
        "the text, e.g. `/usr/share/games/fortunes` (Debian's `fortunes` package)"},
       {"data", "validation", number(PIPEMAT_MEMBER(data.validation), 0, true, 0.5), "> 0 .. 0.5",
-       "fraction of the text held out for the validation loss"},
+       "fraction of the text held out for the validation loss (of the documents, when indexed)"},
+      {"data", "format", choice(PIPEMAT_MEMBER(data.format), data_format_values()),
+       "`text`, `indexed`",
+       "`text`: `data.path` is text, trained on as bytes, or as token ids with `data.tokenizer`; "
+       "`indexed`: `data.path` is the prefix of a Megatron indexed dataset (PREFIX.bin + "
+       "PREFIX.idx, e.g. written by `pipemat prepare`) of token ids below `model.vocab`"},
+      {"data", "tokenizer",
+       text(PIPEMAT_MEMBER(data.tokenizer),
+            "a tokenizer.json, a SentencePiece .model or a directory holding one"),
+       "a path, or empty",
+       "the tokenizer of the text and of `pipemat generate`: a Hugging Face `tokenizer.json` "
+       "(byte-level BPE) or a SentencePiece `.model`; its ids must be below `model.vocab`; empty: "
+       "bytes (with `model.from`, the tokenizer found in that directory)"},
   };
 }
 

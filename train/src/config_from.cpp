@@ -4,6 +4,7 @@
 // bytes, seq_len within max_position_embeddings.
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 
 #include "config_reader.h"
@@ -74,6 +75,16 @@ void apply_model_from(TrainConfig& config, const ConfigReader& reader) {
                                                         : ""));
     }
     m.seq_len = hf.max_position_embeddings;
+  }
+  // The tokenizer of the model, when the directory holds one and data.tokenizer names none.
+  if (config.data.tokenizer.empty()) {
+    for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(m.from + "/" + name, ec)) {
+        config.data.tokenizer = m.from;
+        break;
+      }
+    }
   }
   m.from.clear();
 }

@@ -62,34 +62,28 @@ ModelRun zoo_run(const TrainConfig& config, int stages) {
   return run;
 }
 
-// The text of a gpt or llama run: train windows of every (step, micro-batch), validation
-// windows that do not depend on the step (every evaluation sees the same bytes), the loss over
-// the next byte, and the summary's text part.
+// The data of a gpt or llama run: train windows of every (step, micro-batch), validation
+// windows that do not depend on the step (every evaluation sees the same tokens), the loss over
+// the next token, and the summary's data part.
 std::string text_run(const TrainConfig& config, ModelRun& run) {
   const int64_t batch = config.model.batch, seq_len = config.model.seq_len;
-  auto corpus = std::make_shared<TextCorpus>(
-      load_text(config.data.path, config.data.validation, seq_len + 1));
+  auto data =
+      std::make_shared<TokenData>(load_token_data(config.data, config.model.vocab, seq_len + 1));
   run.loss = [](const pp::Tensors& out, const pp::Tensors& target) {
     return models::gpt_loss(out.at(0), target.at(0));
   };
   const uint64_t seed = config.training.seed;
-  run.train_data = [corpus, batch, seq_len, seed](int64_t step, int64_t mb) {
-    auto [ids, next] = text_windows(corpus->train, batch, seq_len, seed, step, mb);
+  run.train_data = [data, batch, seq_len, seed](int64_t step, int64_t mb) {
+    auto [ids, next] = token_windows(*data->train, batch, seq_len, seed, step, mb);
     return pp::MicroBatch{{ids}, {next}};
   };
-  run.eval_data = [corpus, batch, seq_len, seed](int64_t, int64_t mb) {
-    auto [ids, next] = text_windows(corpus->validation, batch, seq_len, seed, -1, mb);
+  run.eval_data = [data, batch, seq_len, seed](int64_t, int64_t mb) {
+    auto [ids, next] = token_windows(*data->validation, batch, seq_len, seed, -1, mb);
     return pp::MicroBatch{{ids}, {next}};
   };
   run.tokens_per_micro_batch = tokens_per_micro_batch(config.model);
-  std::string text = "text: " + format_bytes(static_cast<int64_t>(corpus->train.size())) +
-                     " train / " + format_bytes(static_cast<int64_t>(corpus->validation.size())) +
-                     " validation from " + std::to_string(corpus->files.size()) + " files of " +
-                     config.data.path;
-  if (corpus->skipped_binary > 0) {
-    text += " (" + std::to_string(corpus->skipped_binary) + " binary files skipped)";
-  }
-  return text;
+  run.validation_tokens_per_byte = data->validation_tokens_per_byte;
+  return data->summary;
 }
 
 int64_t parameter_count(const std::vector<const torch::nn::Module*>& modules) {

@@ -18,7 +18,19 @@ const Spelled<LrDecay>& lr_decays() {
   return kTable;
 }
 
+const Spelled<DataFormat>& data_formats() {
+  static const Spelled<DataFormat> kTable = {{DataFormat::kText, "text"},
+                                             {DataFormat::kIndexed, "indexed"}};
+  return kTable;
+}
+
 }  // namespace
+
+const char* to_string(DataFormat format) { return spelling_of(data_formats(), format); }
+const std::vector<DataFormat>& data_format_values() {
+  static const std::vector<DataFormat> kValues = values_of(data_formats());
+  return kValues;
+}
 
 const char* to_string(OptimizerKind optimizer) { return spelling_of(optimizers(), optimizer); }
 const char* to_string(LrDecay decay) { return spelling_of(lr_decays(), decay); }

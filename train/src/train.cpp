@@ -434,7 +434,8 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
       metrics.write(m, validation);
       if (r.talk) {
         print_progress(*r.talk, config, m, true, pace);
-        if (validation) print_validation(*r.talk, step, *validation);
+        if (validation)
+          print_validation(*r.talk, step, *validation, r.run.validation_tokens_per_byte);
       }
     }
     if (!config.training.allow_non_finite) stop_if_diverged(config, m, step, result);

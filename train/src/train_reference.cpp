@@ -138,9 +138,11 @@ double reference_validation_loss(const Chain& chain, const TrainConfig& config, 
 
 std::vector<StepMetrics> run_reference(const TrainConfig& given,
                                        std::vector<std::pair<std::string, at::Tensor>>* params,
-                                       std::vector<std::pair<int64_t, double>>* validation) {
+                                       std::vector<std::pair<int64_t, double>>* validation,
+                                       double* tokens_per_byte) {
   const TrainConfig config = resolve_schedule(given).config;
   const Chain chain(config);
+  if (tokens_per_byte != nullptr) *tokens_per_byte = chain.run.validation_tokens_per_byte;
   const ModelRun& run = chain.run;
   const std::vector<at::Tensor>& all = chain.params;
   auto optimizer = make_optimizer(config.training, all);
@@ -244,7 +246,8 @@ TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {
   }
   TrainResult result;
   result.last_stage_rank = true;
-  result.steps = run_reference(config, &result.params, &result.validation);
+  double tokens_per_byte = 0;
+  result.steps = run_reference(config, &result.params, &result.validation, &tokens_per_byte);
   MetricsFile metrics(config.output.metrics);
   Pace pace;
   pace.tokens_per_step =
@@ -259,7 +262,7 @@ TrainResult train_reference(const TrainConfig& config, std::ostream* progress) {
     metrics.write(m, validation);
     if (progress && config.output.progress) {
       print_progress(*progress, config, m, false, pace);
-      if (validation) print_validation(*progress, m.step, *validation);
+      if (validation) print_validation(*progress, m.step, *validation, tokens_per_byte);
     }
   }
   return result;

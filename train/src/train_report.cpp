@@ -168,10 +168,24 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
   out << line << std::flush;  // one write: ranks started as local processes share the terminal
 }
 
-void print_validation(std::ostream& out, int64_t step, double loss) {
-  char line[160];
-  std::snprintf(line, sizeof(line), "validation after step %lld: loss %.4f nats/byte (%.3f bits)\n",
-                static_cast<long long>(step + 1), loss, loss / std::log(2.0));
+void print_validation(std::ostream& out, int64_t step, double loss, double tokens_per_byte) {
+  char line[200];
+  const double bits = 1 / std::log(2.0);
+  if (tokens_per_byte == 1) {  // bytes are the tokens
+    std::snprintf(line, sizeof(line),
+                  "validation after step %lld: loss %.4f nats/byte (%.3f bits)\n",
+                  static_cast<long long>(step + 1), loss, loss * bits);
+  } else if (tokens_per_byte > 0) {
+    const double per_byte = loss * tokens_per_byte;
+    std::snprintf(line, sizeof(line),
+                  "validation after step %lld: loss %.4f nats/token (%.3f bits), %.4f nats/byte "
+                  "(%.3f bits)\n",
+                  static_cast<long long>(step + 1), loss, loss * bits, per_byte, per_byte * bits);
+  } else {
+    std::snprintf(line, sizeof(line),
+                  "validation after step %lld: loss %.4f nats/token (%.3f bits)\n",
+                  static_cast<long long>(step + 1), loss, loss * bits);
+  }
   out << line << std::flush;
 }
 

@@ -42,8 +42,10 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
                        int64_t tokens_per_step, const std::optional<ReferenceFigures>& reference,
                        bool one_process);
 
-// "validation after step N: loss L nats/byte (B bits)".
-void print_validation(std::ostream& out, int64_t step, double loss);
+// "validation after step N: loss L nats/byte (B bits)" when the tokens are bytes
+// (`tokens_per_byte` 1); else the loss per token and, when `tokens_per_byte` > 0, per byte of the
+// text ("loss L nats/token (B bits), P nats/byte (Q bits)"), so runs with other tokenizers compare.
+void print_validation(std::ostream& out, int64_t step, double loss, double tokens_per_byte);
 
 // Where the first progress line says the ranks run: "over tcp" (empty for one process without a
 // transport) and the talking rank's device ("cpu", "cuda:1 (training.device: cuda)").

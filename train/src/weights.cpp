@@ -408,6 +408,13 @@ LoadSummary load_weights(const std::string& path, const std::string& key, const 
 TrainConfig config_of_weights(const std::string& path) {
   const weights::WeightSource source(path);
   const auto model = source.metadata().find(kModelKey);
+  // A Hugging Face directory (transformers' save_pretrained): its config.json, as model.from.
+  std::error_code ec;
+  if (model == source.metadata().end() && std::filesystem::is_directory(path, ec) &&
+      std::filesystem::is_regular_file(path + "/config.json", ec)) {
+    return parse_config("model:\n  kind: llama\n  from: " + yaml_quoted(path) + "\n",
+                        path + "/config.json", {"data.path=" + yaml_quoted(path)});
+  }
   PIPEMAT_CHECK(model != source.metadata().end(), ConfigError, path,
                 " holds no model config (metadata '", kModelKey,
                 "'); it was not written by pipemat export");

@@ -36,8 +36,11 @@ struct ModelRun {
   // as they are.
   std::function<std::string(int stage, const std::string& name)> global_name;
   int64_t tokens_per_micro_batch = 0;  // for tokens/s
-  bool random = false;                 // the forward draws random numbers (dropout)
-  std::string summary;                 // one line: the model and its data
+  // Validation tokens per byte of their text (TokenData): the loss per byte is the loss per
+  // token times it; 0: unknown (and for the zoo's synthetic data).
+  double validation_tokens_per_byte = 0;
+  bool random = false;  // the forward draws random numbers (dropout)
+  std::string summary;  // one line: the model and its data
 };
 
 // Builds the model of `config` split into `stages` stages (pp::stage_count of the schedule).

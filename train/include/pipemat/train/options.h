@@ -19,22 +19,33 @@ namespace pipemat::train {
 // lists in the order messages and docs list them.
 enum class OptimizerKind { kSgd, kAdamW };
 enum class LrDecay { kNone, kCosine };
+enum class DataFormat { kText, kIndexed };  // data.format
 
 const char* to_string(OptimizerKind optimizer);  // sgd | adamw
 const char* to_string(LrDecay decay);            // none | cosine
+const char* to_string(DataFormat format);        // text | indexed
 
 std::optional<OptimizerKind> parse_optimizer(const std::string& text);
 std::optional<LrDecay> parse_lr_decay(const std::string& text);
 
 const std::vector<OptimizerKind>& optimizer_values();
 const std::vector<LrDecay>& lr_decay_values();
+const std::vector<DataFormat>& data_format_values();
 const std::vector<pp::Precision>& precision_values();  // fp32 | bf16
 
 // The text of a gpt model (text_data.h): a file or a directory of text files, of which the
 // fraction `validation` (in 4 KiB blocks spread over the text) is held out for evaluation.
+//
+// data.format indexed: `path` is the prefix of a Megatron indexed dataset (PREFIX.bin and
+// PREFIX.idx, pipemat/data/indexed_dataset.h) of token ids, split by documents. data.tokenizer: a
+// tokenizer.json, a SentencePiece .model or a directory holding one (pipemat/data/tokenizer.h);
+// text is then trained on as its token ids, and generate encodes and decodes with it. Without
+// one, text is bytes (ids 0 .. 255).
 struct DataOptions {
   std::string path;
   double validation = 0.05;
+  DataFormat format = DataFormat::kText;
+  std::string tokenizer;
 };
 
 struct TrainingOptions {
@@ -85,6 +96,8 @@ struct SampleOptions {
   double temperature = 0.8;
   int64_t top_k = 40;
   uint64_t seed = 0;
+  bool greedy = false;    // the most likely token each time (temperature and top_k unused)
+  std::string tokenizer;  // generate's own; empty: the run's data.tokenizer
 };
 
 // Note [Data x pipeline] (pp/pipeline.h): `data` replicas of the pipeline, each over its own

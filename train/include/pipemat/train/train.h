@@ -149,10 +149,12 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
 // The oracle: the same stages, data and steps chained in one process, no pipeline and no
 // remat; a random model draws stage s of micro-batch i from pp::forward_seed(seed, step, i, s)
 // as the pipeline does. Returns one StepMetrics per step (loss and step time); `params`
-// receives the final parameters, `validation` the (step, loss) of each evaluation.
+// receives the final parameters, `validation` the (step, loss) of each evaluation,
+// `tokens_per_byte` ModelRun::validation_tokens_per_byte.
 std::vector<StepMetrics> run_reference(
     const TrainConfig& config, std::vector<std::pair<std::string, at::Tensor>>* params,
-    std::vector<std::pair<int64_t, double>>* validation = nullptr);
+    std::vector<std::pair<int64_t, double>>* validation = nullptr,
+    double* tokens_per_byte = nullptr);
 
 // The single-process reference's figures for the run summary (output.reference_steps).
 struct ReferenceFigures {

@@ -114,7 +114,9 @@ LoadSummary load_weights(const std::string& path, const std::string& key, const 
                          bool allow_non_finite = false);
 
 // The config of the model a weight file was exported with (its kModelKey metadata, parsed as a
-// config holding only `model:`): ConfigError naming the file when it holds none.
+// config holding only `model:`), or of a Hugging Face Llama directory without that metadata (its
+// config.json read as model.from reads it, its tokenizer as data.tokenizer): ConfigError naming
+// the file when it holds neither.
 TrainConfig config_of_weights(const std::string& path);
 
 }  // namespace pipemat::train
