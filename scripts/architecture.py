@@ -39,6 +39,7 @@ ROLES = {
     "remat": "saved-tensor hooks, replay",
     "pp": "the pipeline API, executor",
     "weights": "safetensors read / write",
+    "data": "tokenizers, indexed datasets",
     "models": "the zoo: GPT, MLP, MoE, ...",
     "train": "config, drivers, planner glue",
     "bench": "benchmarks, the demo",

@@ -16,6 +16,7 @@ void add_generate_command(CLI::App& app) {
     std::string checkpoint;
     train::SampleOptions sample;
     bool quiet = false;
+    bool ids = false;
   };
   auto f = std::make_shared<Flags>();
   f->sample.tokens = 200;
@@ -57,6 +58,8 @@ void add_generate_command(CLI::App& app) {
                   "the run's data.tokenizer; none: bytes)");
   cmd->add_option("--seed", f->sample.seed, "Seed of the sampling generator (default 0)");
   cmd->add_flag("--quiet", f->quiet, "Print only the generated text");
+  cmd->add_flag("--ids", f->ids,
+                "Also print the generated token ids, one line \"ids: 17 4 ...\" after the text");
   cmd->callback([f] {
     pp::set_compute_threads(pp::default_compute_threads(1));
     const train::GenerateResult r = train::generate_text(f->checkpoint, f->sample);
@@ -66,7 +69,13 @@ void add_generate_command(CLI::App& app) {
                 << "\n"
                 << f->sample.prompt;
     }
-    std::cout << r.text << (f->quiet ? "" : "\n") << std::flush;
+    std::cout << r.text << (f->quiet ? "" : "\n");
+    if (f->ids) {
+      std::cout << (f->quiet ? "\n" : "") << "ids:";
+      for (int64_t id : r.ids) std::cout << " " << id;
+      std::cout << "\n";
+    }
+    std::cout << std::flush;
   });
 }
 

@@ -419,8 +419,20 @@ TrainConfig config_of_weights(const std::string& path) {
                 " holds no model config (metadata '", kModelKey,
                 "'); it was not written by pipemat export");
   // Only the model is built from it; a gpt's config needs a data.path, which is never read here.
-  return parse_config(model->second, path + " (metadata " + kModelKey + ")",
-                      {"data.path=" + yaml_quoted(path)});
+  TrainConfig config = parse_config(model->second, path + " (metadata " + kModelKey + ")",
+                                    {"data.path=" + yaml_quoted(path)});
+  // The tokenizer beside the weights (a Hugging Face directory keeps it there), if any.
+  const std::filesystem::path dir = std::filesystem::is_directory(path, ec)
+                                        ? std::filesystem::path(path)
+                                        : std::filesystem::path(path).parent_path();
+  for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+    const std::filesystem::path file = (dir.empty() ? std::filesystem::path(".") : dir) / name;
+    if (std::filesystem::is_regular_file(file, ec)) {
+      config.data.tokenizer = file.string();
+      break;
+    }
+  }
+  return config;
 }
 
 }  // namespace pipemat::train

@@ -115,8 +115,8 @@ LoadSummary load_weights(const std::string& path, const std::string& key, const 
 
 // The config of the model a weight file was exported with (its kModelKey metadata, parsed as a
 // config holding only `model:`), or of a Hugging Face Llama directory without that metadata (its
-// config.json read as model.from reads it, its tokenizer as data.tokenizer): ConfigError naming
-// the file when it holds neither.
+// config.json read as model.from reads it); in both, a tokenizer.json or tokenizer.model beside
+// the weights is data.tokenizer. ConfigError naming the file when it holds neither.
 TrainConfig config_of_weights(const std::string& path);
 
 }  // namespace pipemat::train
