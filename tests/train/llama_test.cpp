@@ -66,19 +66,6 @@ std::string counting_text(size_t bytes) {
   return text;
 }
 
-TrainConfig llama_config(const std::string& text_path, const std::string& kind,
-                         const std::string& policy) {
-  TrainConfig c = testing::text_config(text_path, kind, policy);
-  c.model.kind = models::ModelKind::kLlama;
-  c.model.layers = 4;
-  c.model.hidden = 16;
-  c.model.heads = 4;
-  c.model.kv_heads = 2;
-  c.model.ffn = 24;
-  c.model.rope_theta = 1000.0;
-  return c;
-}
-
 struct LlamaCase {
   std::string kind;
   std::string policy;
@@ -90,7 +77,7 @@ class LlamaGrid : public ::testing::TestWithParam<LlamaCase> {};
 TEST_P(LlamaGrid, PipelineEqualsTheSingleProcessTrainingBitwise) {
   LlamaDir dir;
   const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
-  TrainConfig c = llama_config(text, GetParam().kind, GetParam().policy);
+  TrainConfig c = testing::llama_config(text, GetParam().kind, GetParam().policy);
   if (GetParam().bf16) c.training.precision = pp::Precision::kBFloat16;
   const TrainResult ref = testing::expect_pipeline_equals_reference(c);
   std::map<std::string, at::Tensor> want(ref.params.begin(), ref.params.end());
@@ -127,7 +114,7 @@ TEST(LlamaVocab, AVocabularyOf1000EqualsTheSingleProcessBitwise) {
   const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
   for (const bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16" : "fp32");
-    TrainConfig c = llama_config(text, "zb-v", "selective");
+    TrainConfig c = testing::llama_config(text, "zb-v", "selective");
     c.model.vocab = 1000;
     if (bf16) c.training.precision = pp::Precision::kBFloat16;
     const TrainResult ref = testing::expect_pipeline_equals_reference(c);
@@ -135,7 +122,7 @@ TEST(LlamaVocab, AVocabularyOf1000EqualsTheSingleProcessBitwise) {
     EXPECT_EQ(got.at("embed_tokens.weight").sizes(), (std::vector<int64_t>{1000, 16}));
     EXPECT_EQ(got.at("lm_head.weight").sizes(), (std::vector<int64_t>{1000, 16}));
   }
-  TrainConfig tied = llama_config(text, "1f1b", "none");
+  TrainConfig tied = testing::llama_config(text, "1f1b", "none");
   tied.model.vocab = 1000;
   tied.model.tie_embeddings = true;
   tied.schedule.ranks = 1;
@@ -161,7 +148,7 @@ TEST_P(LlamaTied, CopiesAcrossStagesEqualTheSingleProcessBitwise) {
   const TiedCase& t = GetParam();
   LlamaDir dir;
   const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
-  TrainConfig c = llama_config(text, t.kind, t.kind == "zb-v" ? "selective" : "none");
+  TrainConfig c = testing::llama_config(text, t.kind, t.kind == "zb-v" ? "selective" : "none");
   c.model.tie_embeddings = true;
   c.model.vocab = t.vocab;
   c.schedule.ranks = t.ranks;
@@ -207,7 +194,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(LlamaData, TwoReplicasEqualTheSingleProcessBitwise) {
   LlamaDir dir;
   const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
-  TrainConfig c = llama_config(text, "zb-v", "selective");
+  TrainConfig c = testing::llama_config(text, "zb-v", "selective");
   c.parallel.data = 2;
   testing::expect_pipeline_equals_reference(c);
 }
@@ -217,7 +204,7 @@ TEST(LlamaData, TwoReplicasEqualTheSingleProcessBitwise) {
 TEST(Llama, SelectiveRematSavesTheFiveGemmsAndReplaysTheRest) {
   LlamaDir dir;
   const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
-  TrainConfig c = llama_config(text, "1f1b", "selective");
+  TrainConfig c = testing::llama_config(text, "1f1b", "selective");
   c.training.steps = 1;
   const TrainResult r = train_in_process(c, nullptr);
   const remat::RematCounters& k = r.last.remat;
@@ -232,7 +219,7 @@ TEST(Llama, SelectiveRematSavesTheFiveGemmsAndReplaysTheRest) {
 TEST(Llama, TiedEmbeddingsTrainInOneStage) {
   LlamaDir dir;
   const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
-  TrainConfig c = llama_config(text, "1f1b", "selective");
+  TrainConfig c = testing::llama_config(text, "1f1b", "selective");
   c.schedule.ranks = 1;
   c.model.tie_embeddings = true;
   c.training.steps = 4;
@@ -253,7 +240,7 @@ TEST(Llama, TiedEmbeddingsTrainInOneStage) {
 TEST(Llama, PlanProfilesTheFiveSaveLeavesOfABlock) {
   LlamaDir dir;
   const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
-  TrainConfig c = llama_config(text, "1f1b", "selective");
+  TrainConfig c = testing::llama_config(text, "1f1b", "selective");
   c.training.eval_every = 0;
   c.training.threads = 1;
   PlanOptions options;
@@ -276,7 +263,7 @@ TEST(Llama, PlanProfilesTheFiveSaveLeavesOfABlock) {
 TEST(Llama, SamplesFromItsCheckpoint) {
   LlamaDir dir;
   const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
-  TrainConfig c = llama_config(text, "zb-v", "selective");
+  TrainConfig c = testing::llama_config(text, "zb-v", "selective");
   c.checkpoint.dir = dir.path() + "/ck";
   c.sample.tokens = 37;
   c.sample.prompt = "one two";

@@ -47,6 +47,20 @@ inline TrainConfig text_config(const std::string& text_path, const std::string& 
   return c;
 }
 
+// text_config with a small llama: 4 blocks, hidden 16, 4 heads over 2 key/value heads, ffn 24.
+inline TrainConfig llama_config(const std::string& text_path, const std::string& kind,
+                                const std::string& policy) {
+  TrainConfig c = text_config(text_path, kind, policy);
+  c.model.kind = models::ModelKind::kLlama;
+  c.model.layers = 4;
+  c.model.hidden = 16;
+  c.model.heads = 4;
+  c.model.kv_heads = 2;
+  c.model.ffn = 24;
+  c.model.rope_theta = 1000.0;
+  return c;
+}
+
 // Trains text_config's 3 steps in the pipeline and in the single process: every loss and gradient
 // norm, both validations (after step 2, eval_every, and after the last) and every parameter
 // equal, bitwise. Returns the single process's run.

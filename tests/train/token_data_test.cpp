@@ -165,13 +165,7 @@ TEST_F(TokenDataTest, ATiedLlamaOnTokensEqualsTheSingleProcessBitwise) {
   const std::string text = text_file(60000);
   for (const DataFormat format : {DataFormat::kText, DataFormat::kIndexed}) {
     SCOPED_TRACE(to_string(format));
-    TrainConfig c = testing::text_config(text, "zb-v", "selective");
-    c.model.kind = models::ModelKind::kLlama;
-    c.model.layers = 4;
-    c.model.hidden = 16;
-    c.model.heads = 4;
-    c.model.kv_heads = 2;
-    c.model.ffn = 24;
+    TrainConfig c = testing::llama_config(text, "zb-v", "selective");
     c.model.vocab = 2048;
     c.model.tie_embeddings = true;
     c.data.tokenizer = kTokenizer;
