@@ -5,8 +5,9 @@
 # megatron-core reads them; an existing output is refused without --overwrite. A tied llama of
 # vocabulary 2048 trains 60 steps on 2 ranks from it (the validation loss per token and per byte);
 # generate continues a prompt greedily from the checkpoint and from its export (a Hugging Face
-# directory with the tokenizer beside it) with the same ids, and transformers' greedy generate
-# on the exported directory gives those ids too.
+# directory with the tokenizer beside it) with the same ids, transformers' greedy generate on the
+# exported directory gives those ids too, and so does generate on the directory transformers'
+# save_pretrained writes from it.
 set -euo pipefail
 pipemat="$1" run="$2" config="$3" tokenizer="$4" python="$5"
 work=$(mktemp -d)
@@ -93,5 +94,18 @@ with torch.no_grad():
         ids = torch.cat([ids, torch.tensor([[nxt]])], 1)
 assert got == want, f"transformers {got} pipemat {want}"
 print("transformers' greedy ids equal pipemat's:", got)
+model.save_pretrained(sys.argv[1] + "-transformers")  # transformers' own files, no pipemat metadata
 PY
+# The directory as transformers wrote it (config.json, model.safetensors without pipemat's
+# metadata) with the tokenizer beside it: generate reads it as model.from does.
+cp "$tokenizer/tokenizer.json" "$work/hf-transformers/"
+"${gen[@]}" --checkpoint "$work/hf-transformers" >"$work/tf.out"
+cmp "$work/ck.out" "$work/tf.out" ||
+  { cat "$work/tf.out"; echo "FAIL: generate from transformers' directory differs"; exit 1; }
+# Sampled (not greedy) text, the same from the three: the same logits, the same draws.
+sample=("$pipemat" generate --tokens 40 --seed 5 --temperature 1 --top-k 0 --prompt "Q: " --quiet)
+for dir in "$work/hf" "$work/hf-transformers"; do
+  cmp <("${sample[@]}" --checkpoint "$ck") <("${sample[@]}" --checkpoint "$dir") ||
+    { echo "FAIL: sampling from $dir differs from sampling from the checkpoint"; exit 1; }
+done
 echo "tokens.sh: OK"
