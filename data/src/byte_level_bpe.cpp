@@ -981,7 +981,7 @@ void ByteLevelBpe::read_pre_step(const Fields& f, bool last) {
     if (f.boolean("use_regex", true)) {
       step.regex = pattern::Regex::oniguruma(
           R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)",
-          name_ + ": the GPT-2 pattern of " + f.name(""));
+          name_ + ": the GPT-2 pattern of field '" + f.name("") + "'");
     }
   } else if (type == "Split") {
     f.only({"type", "pattern", "behavior", "invert"}, "the Split pre-tokenizer");
@@ -992,9 +992,11 @@ void ByteLevelBpe::read_pre_step(const Fields& f, bool last) {
                             "; expected {\"Regex\": \"...\"} or {\"String\": \"...\"}");
     }
     if (p.object().contains("Regex")) {
-      step.regex = pattern::Regex::oniguruma(p.text("Regex"), name_ + ": " + p.name("Regex"));
+      step.regex =
+          pattern::Regex::oniguruma(p.text("Regex"), name_ + ": field '" + p.name("Regex") + "'");
     } else {
-      step.regex = pattern::Regex::literal(p.text("String"), name_ + ": " + p.name("String"));
+      step.regex =
+          pattern::Regex::literal(p.text("String"), name_ + ": field '" + p.name("String") + "'");
     }
     const std::string behavior = f.text("behavior");
     static const std::array<std::pair<std::string_view, Behavior>, 5> kBehaviors = {{
@@ -1016,7 +1018,7 @@ void ByteLevelBpe::read_pre_step(const Fields& f, bool last) {
   } else if (type == "Digits") {
     f.only({"type", "individual_digits"}, "the Digits pre-tokenizer");
     const bool individual = f.boolean("individual_digits", false);
-    step.regex = pattern::Regex::oniguruma("\\p{N}", name_ + ": " + f.name(""));
+    step.regex = pattern::Regex::oniguruma("\\p{N}", name_ + ": field '" + f.name("") + "'");
     step.behavior = individual ? Behavior::kIsolated : Behavior::kContiguous;
   } else {
     f.fail("type", "is " + token_text(type) +
@@ -1056,6 +1058,11 @@ void ByteLevelBpe::read_pre_tokenizer(const Fields& top) {
     }
   } else {
     read_pre_step(p, true);
+    if (!steps_.back().byte_level) {
+      p.fail("", "is a " + p.type() +
+                     " pre-tokenizer alone; a byte-level BPE needs ByteLevel (alone, or last in a "
+                     "Sequence: it writes the text's bytes in the alphabet of the vocab)");
+    }
   }
 }
 

@@ -210,6 +210,52 @@ class UnigramViterbi {
   size_t longest_ = 0;  // the longest piece, in bytes
 };
 
+void append_varint(std::string& out, uint64_t value) {
+  while (value >= 0x80) {
+    out += static_cast<char>((value & 0x7F) | 0x80);
+    value >>= 7;
+  }
+  out += static_cast<char>(value);
+}
+
+void append_message(std::string& out, int field, std::string_view payload) {
+  append_varint(out, (static_cast<uint64_t>(field) << 3) | 2);
+  append_varint(out, payload.size());
+  out.append(payload);
+}
+
+// The serialized model `bytes` with trainer_spec.byte_fallback true and the 256 byte pieces
+// <0x00>..<0xFF> it then needs (appended where the model lacks them: a second trainer_spec is
+// merged into the first, appended pieces come after the others).
+std::string with_byte_fallback(std::string_view bytes) {
+  std::vector<bool> have(256, false);
+  walk_proto(bytes, [&](int number, int type, uint64_t, std::string_view payload) {
+    if (number != 1 || type != 2) return;
+    walk_proto(payload, [&](int n, int t, uint64_t, std::string_view text) {
+      if (n == 1 && t == 2 && text.size() == 6 && text.substr(0, 3) == "<0x" && text[5] == '>') {
+        have[static_cast<size_t>(std::stoi(std::string(text.substr(3, 2)), nullptr, 16))] = true;
+      }
+    });
+  });
+  std::string out(bytes);
+  std::string spec;
+  append_varint(spec, (uint64_t{35} << 3) | 0);  // byte_fallback
+  append_varint(spec, 1);
+  append_message(out, 2, spec);
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  for (int b = 0; b < 256; ++b) {
+    if (have[static_cast<size_t>(b)]) continue;
+    std::string piece;
+    append_message(piece, 1, std::string("<0x") + kHex[b >> 4] + kHex[b & 15] + ">");
+    piece += static_cast<char>((2 << 3) | 5);  // score: 0.0f
+    piece.append(4, '\0');
+    piece += static_cast<char>((3 << 3) | 0);  // type: BYTE
+    piece += static_cast<char>(6);
+    append_message(out, 1, piece);
+  }
+  return out;
+}
+
 class SentencePiece final : public Tokenizer {
  public:
   SentencePiece(std::string bytes, const std::string& path) : path_(path) {
@@ -258,6 +304,13 @@ class SentencePiece final : public Tokenizer {
         }
       }
       viterbi_ = std::make_unique<UnigramViterbi>(std::move(pieces));
+      // The text's normalization comes from a copy of the model with byte fallback on: the
+      // library then writes an unknown character as byte pieces instead of joining a run of them
+      // into one piece, which 0.1.97 does by copying the run for every character (quadratic: a
+      // megabyte of characters the model lacks took 13 s).
+      if (normalizer_.LoadFromSerializedProto(with_byte_fallback(bytes)).ok()) {
+        normalizing_ = &normalizer_;
+      }
     }
     if (const int id = processor_.eos_id(); id >= 0) eos_ = id;
     if (const int id = processor_.bos_id(); id >= 0) bos_ = id;
@@ -326,11 +379,11 @@ class SentencePiece final : public Tokenizer {
   // segments it, then unknown pieces become bytes (byte fallback) or one unknown token per run,
   // as SentencePieceProcessor::PopulateSentencePieceText does.
   std::vector<int32_t> encode_unigram(std::string_view text) const {
-    const auto spt = processor_.EncodeAsImmutableProto(text);
+    const auto spt = normalizing_->EncodeAsImmutableProto(text);
     std::string normalized;
     for (const auto& piece : spt.pieces()) {
       const auto id = static_cast<int>(piece.id());
-      if (processor_.IsByte(id)) {
+      if (normalizing_->IsByte(id)) {
         normalized += static_cast<char>(std::stoi(piece.piece().substr(3, 2), nullptr, 16));
       } else {
         normalized += piece.piece();
@@ -370,7 +423,9 @@ class SentencePiece final : public Tokenizer {
   std::optional<int32_t> eos_;
   std::optional<int32_t> bos_;
   std::string unk_surface_;
-  std::unique_ptr<UnigramViterbi> viterbi_;  // a unigram model
+  std::unique_ptr<UnigramViterbi> viterbi_;           // a unigram model
+  sentencepiece::SentencePieceProcessor normalizer_;  // the model with byte fallback on
+  const sentencepiece::SentencePieceProcessor* normalizing_ = &processor_;
   int32_t unk_id_ = -1;
   std::array<int32_t, 256> byte_ids_{};
 };

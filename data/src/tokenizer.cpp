@@ -60,7 +60,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   const size_t first = bytes.find_first_not_of(" \t\r\n");
   PIPEMAT_CHECK(first != std::string::npos, DataError, file,
                 ": the file is empty; expected a tokenizer.json or a SentencePiece model");
-  if (bytes[first] == '{') return parse_tokenizer_json(bytes, file);
+  if (bytes[first] == '{' || bytes[first] == '[') return parse_tokenizer_json(bytes, file);
   try {
     return make_sentencepiece(std::move(bytes), file);
   } catch (const DataError& e) {

@@ -11,6 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,13 +22,18 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "../../data/src/pattern.h"  // the pattern translation, tested alone
 
 namespace pipemat::data::tokenizer_test {
 namespace {
@@ -201,6 +207,35 @@ void expect_same_ids(const Tokenizer& tok, const std::vector<std::string>& input
   }
 }
 
+void append_utf8(char32_t c, std::string& out) {
+  if (c < 0x80) {
+    out += static_cast<char>(c);
+  } else if (c < 0x800) {
+    out += static_cast<char>(0xC0 | (c >> 6));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    out += static_cast<char>(0xE0 | (c >> 12));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (c >> 18));
+    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (c & 0x3F));
+  }
+}
+
+size_t utf8_length(char32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
+
+// The code point `s` (valid UTF-8) begins with.
+char32_t first_code_point(std::string_view s) {
+  const auto b = [&](size_t i) { return static_cast<char32_t>(static_cast<uint8_t>(s[i])); };
+  if (b(0) < 0x80) return b(0);
+  if (b(0) < 0xE0) return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
+  if (b(0) < 0xF0) return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
+  return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
+}
+
 // Strings a tokenizer must take as the reference takes them.
 std::vector<std::string> hostile_strings() {
   std::vector<std::string> s;
@@ -353,6 +388,406 @@ TEST(TokenizerFixtures, SmolLmStyleDigits) { check_fixture("smollm"); }
 TEST(TokenizerFixtures, EverySplitBehavior) { check_fixture("splits"); }
 TEST(TokenizerFixtures, SentencePieceBpeWithByteFallback) { check_fixture("sp-bpe"); }
 TEST(TokenizerFixtures, SentencePieceUnigram) { check_fixture("sp-unigram"); }
+
+// Every code point that the pre-tokenizer classes match in the tokenizers package (Oniguruma)
+// matches in pipemat's translation for PCRE2, and no other (Note [Oniguruma patterns in PCRE2]).
+TEST(TokenizerPattern, CharacterClassesMatchTheTokenizersPackage) {
+  TempDir dir;
+  oracle(dir, {"classes", dir.file("classes.json")});
+  const Json expected = Json::parse(read_file(dir.file("classes.json")));
+  std::string all;
+  for (char32_t c = 0; c < 0x110000; ++c) {
+    if (c < 0xD800 || c >= 0xE000) append_utf8(c, all);
+  }
+  std::string contractions;  // "'c\n" for every c but \n
+  for (char32_t c = 0; c < 0x110000; ++c) {
+    if (c >= 0xD800 && c < 0xE000) continue;
+    contractions += '\'';
+    append_utf8(c, contractions);
+    contractions += '\n';
+  }
+  std::vector<pattern::Span> matches;
+  for (const auto& [name, ranges] : expected.items()) {
+    const bool contraction = name.starts_with("(?i:");
+    const auto regex = pattern::Regex::oniguruma(name, "test");
+    const std::string& text = contraction ? contractions : all;
+    regex->find_all(text, matches);
+    std::set<char32_t> ours;
+    for (const auto& [begin, end] : matches) {
+      std::string_view m(text.data() + begin, end - begin);
+      if (contraction) {
+        if (m.size() < 2 || m[0] != '\'') continue;
+        m.remove_prefix(1);
+      }
+      const char32_t c = first_code_point(m);
+      if (utf8_length(c) == m.size()) ours.insert(c);
+    }
+    std::set<char32_t> theirs;
+    for (const Json& r : ranges) {
+      for (auto c = r[0].get<char32_t>(); c <= r[1].get<char32_t>(); ++c) theirs.insert(c);
+    }
+    std::vector<char32_t> only_ours;
+    std::vector<char32_t> only_theirs;
+    std::set_difference(ours.begin(), ours.end(), theirs.begin(), theirs.end(),
+                        std::back_inserter(only_ours));
+    std::set_difference(theirs.begin(), theirs.end(), ours.begin(), ours.end(),
+                        std::back_inserter(only_theirs));
+    EXPECT_TRUE(only_ours.empty() && only_theirs.empty())
+        << name << ": " << only_ours.size() << " code points only pipemat matches (first U+"
+        << std::hex << (only_ours.empty() ? 0 : only_ours[0]) << "), " << std::dec
+        << only_theirs.size() << " only the tokenizers package matches (first U+" << std::hex
+        << (only_theirs.empty() ? 0 : only_theirs[0]) << ")";
+  }
+}
+
+TEST(TokenizerPattern, RefusesWhatItDoesNotTranslate) {
+  for (const char* p : {R"(\w+)", R"(\d)", R"(\bx)", R"(\p{Lu})", R"([[:alpha:]])", R"((?<n>a))",
+                        R"((?m)a)", R"(a{1,2}+)", R"(\1)", R"([a&&b])", R"([\P{L}])"}) {
+    try {
+      pattern::Regex::oniguruma(p, "file.json: field 'x'");
+      ADD_FAILURE() << p << " was accepted";
+    } catch (const DataError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("file.json: field 'x': pattern '")) << p;
+      EXPECT_THAT(e.what(), HasSubstr("is not supported")) << p;
+    }
+  }
+  EXPECT_EQ(pattern::translate("a{,3}.^$\\v{x", "t"),
+            "a{0,3}[^\\n](?<![^\\n])(?![^\\n])\\x{b}\\{x");
+}
+
+// The NFC normalizer writes what the tokenizers package's does, on every code point alone, the
+// NFD form of each one that decomposes and pairs of combining marks (Note [NFC as the tokenizers
+// package writes it]): the ids of a Qwen2-style tokenizer (NFC, then its Split) are equal.
+TEST(TokenizerFixtures, Qwen2StyleNfcMatches) {
+  TempDir dir;
+  const std::string path = fixture(dir, "qwen2");
+  oracle(dir, {"nfc-cases", dir.file("nfc.txt")});
+  const std::vector<std::string> inputs = {read_file(dir.file("nfc.txt"))};
+  ASSERT_GT(inputs[0].size(), 4000000u);
+  expect_same_ids(*load_tokenizer(path), inputs, oracle_encode(dir, path, inputs), "nfc");
+}
+
+// A tokenizer.json of the gpt2 fixture with `edit` applied, written as tokenizer.json in a
+// directory of its own; returns the DataError of loading it ("" when it loads).
+std::string load_error(const TempDir& dir, const Json& base, const std::function<void(Json&)>& edit,
+                       std::string* path = nullptr) {
+  static int n = 0;
+  const std::string file = dir.file("damaged-" + std::to_string(n++) + ".json");
+  Json j = base;
+  edit(j);
+  write_file(file, j.dump());
+  if (path != nullptr) *path = file;
+  try {
+    load_tokenizer(file);
+  } catch (const DataError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(file)) << "the error does not name the file";
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TokenizerDamaged, RefusedNamingTheFileAndTheField) {
+  TempDir dir;
+  const std::string path = fixture(dir, "gpt2");
+  const std::string text = read_file(path);
+  const Json base = Json::parse(text);
+
+  // Truncated.
+  write_file(dir.file("truncated.json"), text.substr(0, text.size() / 2));
+  try {
+    load_tokenizer(dir.file("truncated.json"));
+    ADD_FAILURE() << "a truncated tokenizer.json loaded";
+  } catch (const DataError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(dir.file("truncated.json") + ": not valid JSON"));
+  }
+  // A key twice (strict JSON).
+  write_file(dir.file("twice.json"), "{\"model\": {}, \"model\": {}}");
+  EXPECT_THROW(
+      {
+        try {
+          load_tokenizer(dir.file("twice.json"));
+        } catch (const DataError& e) {
+          EXPECT_THAT(e.what(), HasSubstr("'model' appears twice"));
+          throw;
+        }
+      },
+      DataError);
+
+  struct Case {
+    std::function<void(Json&)> edit;
+    std::vector<std::string> says;
+  };
+  const std::string first_merge_left = base["model"]["merges"][5][0].get<std::string>();
+  const std::vector<Case> cases = {
+      {[](Json& j) { j["model"]["merges"][5][1] = "NOT-A-TOKEN"; },
+       {"field 'model.merges[5]'", "\"NOT-A-TOKEN\"", "not a token of the vocab"}},
+      {[](Json& j) { j["model"]["merges"][7] = "a b c"; },
+       {"field 'model.merges[7]'", "two tokens separated by one space"}},
+      {[](Json& j) { j["model"]["merges"][9] = j["model"]["merges"][3]; },
+       {"field 'model.merges[9]'", "again"}},
+      {[](Json& j) { j["model"]["vocab"]["Ġthe"] = 5000; },
+       {"field 'model.vocab'", "\"\\u0120the\"", "5000", "0..999"}},
+      {[](Json& j) { j["model"]["vocab"]["Ġthe"] = j["model"]["vocab"]["Ġa"]; },
+       {"field 'model.vocab'", "gives the id", "one token per id"}},
+      {[](Json& j) { j["model"]["vocab"]["Ġthe"] = -1; }, {"field 'model.vocab'"}},
+      {[](Json& j) { j["model"]["vocab"].erase("Ā"); }, {"field 'model.vocab'"}},
+      {[](Json& j) { j["model"]["type"] = "WordPiece"; },
+       {"field 'model.type'", "\"WordPiece\"", "BPE"}},
+      {[](Json& j) { j["model"]["type"] = "Unigram"; }, {"field 'model.type'", "SentencePiece"}},
+      {[](Json& j) { j["model"]["byte_fallback"] = true; }, {"field 'model.byte_fallback'"}},
+      {[](Json& j) { j["model"]["dropout"] = 0.1; }, {"field 'model.dropout'", "0.1"}},
+      {[](Json& j) { j["model"]["continuing_subword_prefix"] = "##"; },
+       {"field 'model.continuing_subword_prefix'"}},
+      {[](Json& j) { j["model"]["max_input_chars_per_word"] = 100; },
+       {"field 'model.max_input_chars_per_word'", "it reads:"}},
+      {[](Json& j) { j["model"].erase("merges"); }, {"field 'model.merges' is missing"}},
+      {[](Json& j) { j.erase("model"); }, {"field 'model' is missing"}},
+      {[](Json& j) {
+         j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "▁"}};
+       },
+       {"field 'pre_tokenizer.type'", "\"Metaspace\"", "ByteLevel"}},
+      {[](Json& j) { j["pre_tokenizer"] = nullptr; }, {"field 'pre_tokenizer'", "ByteLevel"}},
+      {[](Json& j) {
+         j["pre_tokenizer"] = {{"type", "Sequence"},
+                               {"pretokenizers",
+                                {{{"type", "Split"},
+                                  {"pattern", {{"Regex", "\\w+"}}},
+                                  {"behavior", "Isolated"},
+                                  {"invert", false}},
+                                 {{"type", "ByteLevel"},
+                                  {"add_prefix_space", false},
+                                  {"trim_offsets", true},
+                                  {"use_regex", false}}}}};
+       },
+       {"field 'pre_tokenizer.pretokenizers[0].pattern.Regex'", "'\\w'", "not supported"}},
+      {[](Json& j) {
+         j["pre_tokenizer"] = {{"type", "Sequence"},
+                               {"pretokenizers",
+                                {{{"type", "ByteLevel"},
+                                  {"add_prefix_space", false},
+                                  {"trim_offsets", true},
+                                  {"use_regex", false}},
+                                 {{"type", "Digits"}, {"individual_digits", true}}}}};
+       },
+       {"field 'pre_tokenizer.pretokenizers[0].type'", "last"}},
+      {[](Json& j) {
+         j["pre_tokenizer"] = {{"type", "Split"},
+                               {"pattern", {{"Regex", " "}}},
+                               {"behavior", "Isolated"},
+                               {"invert", false}};
+       },
+       {"field 'pre_tokenizer'", "ByteLevel"}},
+      {[](Json& j) {
+         j["normalizer"] = {{"type", "Lowercase"}};
+       },
+       {"field 'normalizer.type'", "\"Lowercase\"", "NFC"}},
+      {[](Json& j) {
+         j["normalizer"] = {{"type", "NFKC"}};
+       },
+       {"field 'normalizer.type'"}},
+      {[](Json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       {"field 'decoder.type'"}},
+      {[](Json& j) { j["decoder"] = nullptr; }, {"field 'decoder'"}},
+      {[](Json& j) {
+         j["truncation"] = {{"max_length", 512}};
+       },
+       {"field 'truncation'", "null"}},
+      {[](Json& j) {
+         j["padding"] = {{"strategy", "BatchLongest"}};
+       },
+       {"field 'padding'"}},
+      {[](Json& j) { j["version"] = "2.0"; }, {"field 'version'"}},
+      {[](Json& j) { j["extra"] = 1; }, {"field 'extra'", "not a field of a tokenizer.json"}},
+      {[](Json& j) { j["added_tokens"][2]["id"] = 1005; },  // <mask>, the first beyond the vocab
+       {"field 'added_tokens[2].id'", "is 1005 for \"<mask>\"", "the id 1000 (the next id"}},
+      {[](Json& j) { j["added_tokens"][0]["id"] = 7; },
+       {"field 'added_tokens[0].id'", "(its id in the vocab)"}},
+      {[](Json& j) { j["added_tokens"][1]["single_word"] = true; },
+       {"field 'added_tokens[1].single_word'"}},
+      {[](Json& j) { j["added_tokens"][2]["content"] = ""; },
+       {"field 'added_tokens[2].content'", "empty"}},
+      {[](Json& j) { j["added_tokens"].push_back(j["added_tokens"][1]); },
+       {"field 'added_tokens[", "expected each token once"}},
+      {[](Json& j) { j["added_tokens"] = "x"; }, {"field 'added_tokens'", "an array"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string error = load_error(dir, base, cases[i].edit);
+    EXPECT_FALSE(error.empty()) << "case " << i << " loaded";
+    for (const std::string& part : cases[i].says) {
+      EXPECT_THAT(error, HasSubstr(part)) << "case " << i << ": " << error;
+    }
+  }
+  // The undamaged file loads.
+  EXPECT_EQ(load_error(dir, base, [](Json&) {}), "");
+}
+
+TEST(TokenizerLoad, FilesDirectoriesAndWhatTheyAre) {
+  TempDir dir;
+  const std::string json = fixture(dir, "llama3");
+  const std::string model = fixture(dir, "sp-unigram");
+
+  // A directory with tokenizer.json; a directory with tokenizer.model only.
+  const auto bpe = load_tokenizer(dir.file("llama3"));
+  EXPECT_EQ(bpe->path(), json);
+  EXPECT_EQ(bpe->vocab_size(), 1000);  // its special tokens are tokens of the vocab
+  EXPECT_THAT(bpe->describe(), HasSubstr("byte-level BPE, 1,00"));
+  EXPECT_THAT(bpe->describe(), HasSubstr("(" + json + ")"));
+  const Json j = Json::parse(read_file(json));
+  EXPECT_EQ(bpe->eos_id(), j["model"]["vocab"]["<|end_of_text|>"].get<int32_t>());
+  EXPECT_EQ(bpe->bos_id(), j["model"]["vocab"]["<|begin_of_text|>"].get<int32_t>());
+
+  const auto sp = load_tokenizer(dir.file("sp-unigram"));
+  EXPECT_EQ(sp->path(), model);
+  EXPECT_EQ(sp->vocab_size(), 800);
+  EXPECT_EQ(sp->describe(), "SentencePiece unigram, 800 pieces (" + model + ")");
+  EXPECT_EQ(sp->bos_id(), 1);  // SentencePiece's defaults: <unk> 0, <s> 1, </s> 2
+  EXPECT_EQ(sp->eos_id(), 2);
+  EXPECT_THAT(sp->encode("hello"), ::testing::Not(::testing::Contains(1)));  // no BOS added
+
+  const auto gpt2 = load_tokenizer(fixture(dir, "gpt2"));
+  EXPECT_EQ(gpt2->eos_id(), 0);  // <|endoftext|>
+  EXPECT_EQ(gpt2->bos_id(), std::nullopt);
+
+  auto refused = [](const std::string& path) {
+    try {
+      load_tokenizer(path);
+    } catch (const DataError& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  fs::create_directory(dir.file("empty"));
+  EXPECT_THAT(refused(dir.file("empty")), HasSubstr("'" + dir.file("empty") + "' holds neither"));
+  EXPECT_THAT(refused(dir.file("missing.json")),
+              HasSubstr("cannot open '" + dir.file("missing.json")));
+  write_file(dir.file("garbage.model"), "\x01\x02 not a model \xff");
+  EXPECT_THAT(refused(dir.file("garbage.model")),
+              HasSubstr(dir.file("garbage.model") + ": not a SentencePiece model"));
+  write_file(dir.file("blank.json"), " \n");
+  EXPECT_THAT(refused(dir.file("blank.json")), HasSubstr("the file is empty"));
+  write_file(dir.file("array.json"), "[1, 2]");
+  EXPECT_THAT(refused(dir.file("array.json")), HasSubstr("not an object"));
+  ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0600), 0);
+  EXPECT_THAT(refused(dir.file("fifo")), HasSubstr("FIFO"));
+}
+
+TEST(TokenizerDecode, RefusesIdsOutsideTheVocab) {
+  TempDir dir;
+  for (const char* kind : {"gpt2", "sp-bpe"}) {
+    const auto tok = load_tokenizer(fixture(dir, kind));
+    const int32_t past = static_cast<int32_t>(tok->vocab_size());
+    for (const int32_t bad : {past, -1, 1 << 30}) {
+      const Ids ids = {5, bad};
+      try {
+        tok->decode(ids);
+        ADD_FAILURE() << kind << ": decoded the id " << bad;
+      } catch (const DataError& e) {
+        EXPECT_THAT(e.what(),
+                    HasSubstr(tok->path() + ": cannot decode token id " + std::to_string(bad)));
+      }
+      StreamDecoder stream(*tok);
+      EXPECT_THROW(stream.push(bad), DataError);
+    }
+    EXPECT_NO_THROW(tok->decode(Ids{past - 1}));
+  }
+}
+
+// A character split across tokens comes out of the stream whole, once its last byte is there.
+TEST(TokenizerDecode, StreamReturnsWholeCharacters) {
+  TempDir dir;
+  const auto tok = load_tokenizer(fixture(dir, "gpt2"));
+  const std::string text = "a€b😀";  // the fixture has no merges for these bytes
+  const Ids ids = tok->encode(text);
+  ASSERT_EQ(ids.size(), 9u);  // a, 3 bytes, b, 4 bytes
+  StreamDecoder stream(*tok);
+  std::vector<std::string> out;
+  for (const int32_t id : ids) out.push_back(stream.push(id));
+  EXPECT_EQ(out, (std::vector<std::string>{"a", "", "", "€", "b", "", "", "", "😀"}));
+  EXPECT_EQ(stream.finish(), "");
+  // A character cut off: finish writes U+FFFD; an ill-formed byte comes out at once.
+  EXPECT_EQ(stream.push(ids[1]), "");
+  EXPECT_EQ(stream.finish(), "\xEF\xBF\xBD");
+  EXPECT_EQ(stream.push(ids[2]), "\xEF\xBF\xBD");  // a continuation byte alone
+}
+
+// encode from many threads at once gives what one thread gives (the word cache is shared).
+TEST(TokenizerThreads, EncodeFromManyThreadsGivesTheSameIds) {
+  TempDir dir;
+  for (const char* kind : {"llama3", "sp-unigram"}) {
+    const auto tok = load_tokenizer(fixture(dir, kind));
+    const std::vector<std::string> texts = fortune_texts();
+    std::vector<Ids> alone;
+    for (const std::string& t : texts) alone.push_back(tok->encode(t));
+    const auto fresh = load_tokenizer(tok->path());  // a cold cache, filled by 4 threads at once
+    std::vector<Ids> together(texts.size());
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&] {
+        for (size_t i = next++; i < texts.size(); i = next++) together[i] = fresh->encode(texts[i]);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    EXPECT_TRUE(alone == together) << kind;
+  }
+}
+
+// pipemat's encode against the tokenizers package's encode_batch, both on two threads, on the
+// fortunes' documents (the pieces between "%" lines) with the repository's byte-level BPE
+// (configs/tokenizers/fortunes-bpe): at least half its tokens/s. Each run starts from a freshly
+// loaded tokenizer (a cold word cache); the best of three.
+TEST(TokenizerSpeed, EncodeReachesHalfTheTokenizersPackageOnTwoThreads) {
+  TempDir dir;
+  const std::string path = kRepo + "/configs/tokenizers/fortunes-bpe/tokenizer.json";
+  std::string all;
+  for (const std::string& t : fortune_texts()) all += t;
+  write_file(dir.file("fortunes.txt"), all);
+  std::vector<std::string> docs;
+  for (size_t pos = 0; pos <= all.size();) {
+    size_t end = all.find("\n%\n", pos);
+    if (end == std::string::npos) end = all.size();
+    if (end > pos) docs.push_back(all.substr(pos, end - pos));
+    pos = end + 3;
+  }
+  double best = 1e9;
+  size_t tokens = 0;
+  for (int run = 0; run < 3; ++run) {
+    const auto tok = load_tokenizer(path);
+    std::atomic<size_t> next{0};
+    std::atomic<size_t> count{0};
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+      threads.emplace_back([&] {
+        size_t mine = 0;
+        for (size_t i = next++; i < docs.size(); i = next++) mine += tok->encode(docs[i]).size();
+        count += mine;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    best = std::min(
+        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    tokens = count;
+  }
+  std::string command = quote(kPython) + " " + quote(kOracle) + " bench " + quote(path) + " " +
+                        quote(dir.file("fortunes.txt")) + " 2 > " + quote(dir.file("bench.json"));
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  const Json theirs = Json::parse(read_file(dir.file("bench.json")));
+  EXPECT_EQ(theirs["documents"].get<size_t>(), docs.size());
+  EXPECT_EQ(theirs["tokens"].get<size_t>(), tokens);
+  const double ours_rate = static_cast<double>(tokens) / best;
+  const double their_rate = theirs["tokens"].get<double>() / theirs["seconds"].get<double>();
+  std::printf(
+      "encode of %zu documents, %zu tokens on 2 threads: pipemat %.2f M tokens/s (%.3f s), "
+      "tokenizers %.2f M tokens/s (%.3f s)\n",
+      docs.size(), tokens, ours_rate / 1e6, best, their_rate / 1e6,
+      theirs["seconds"].get<double>());
+  RecordProperty("pipemat_tokens_per_s", std::to_string(ours_rate));
+  RecordProperty("tokenizers_tokens_per_s", std::to_string(their_rate));
+  EXPECT_GE(ours_rate, 0.5 * their_rate);
+}
 
 }  // namespace
 }  // namespace pipemat::data::tokenizer_test
