@@ -27,6 +27,9 @@ tokenizers and sentencepiece packages, run by the test through the project's Pyt
                                              documents (split at lines holding "%") on THREADS
                                              threads: prints {"tokens": N, "seconds": S}, the
                                              best of three runs, each with a fresh tokenizer
+  tokenizer_oracle.py fuzz-seeds DIR         the seed corpus of tests/fuzz/tokenizer_json_fuzz.cpp:
+                                             small tokenizer.json files of each supported layout
+                                             (300 tokens) and damaged copies of them
   tokenizer_oracle.py nfc-tables             the C++ tables of data/src/unicode_nfc_tables.h:
                                              Python's Unicode data as the tokenizers package's NFC
                                              has it (its tables are older: marks it does not know
@@ -252,6 +255,72 @@ def cmd_bench(path, text_file, threads):
     print(json.dumps({"tokens": tokens, "seconds": best, "documents": len(docs)}))
 
 
+def cmd_fuzz_seeds(out_dir):
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+    from tokenizers import pre_tokenizers as pt
+    from tokenizers import trainers
+
+    os.makedirs(out_dir, exist_ok=True)
+    text = fortune_slice(20_000)
+    byte_level = pt.ByteLevel(add_prefix_space=False, use_regex=False)
+    layouts = {
+        "gpt2": (models.BPE(), None, pt.ByteLevel(add_prefix_space=False)),
+        "roberta": (models.BPE(), None, pt.ByteLevel(add_prefix_space=True)),
+        "llama3": (models.BPE(ignore_merges=True), None,
+                   pt.Sequence([pt.Split(Regex(LLAMA3_PATTERN), behavior="isolated"), byte_level])),
+        "qwen2": (models.BPE(), normalizers.NFC(),
+                  pt.Sequence([pt.Split(Regex(QWEN2_PATTERN), behavior="isolated"), byte_level])),
+        "smollm": (models.BPE(), None,
+                   pt.Sequence([pt.Digits(individual_digits=True),
+                                pt.ByteLevel(add_prefix_space=False)])),
+        "splits": (models.BPE(), None,
+                   pt.Sequence([pt.Split(Regex(r"\s+"), behavior="merged_with_previous"),
+                                pt.Split("--", behavior="merged_with_next"),
+                                pt.Split(Regex(r"[.!?]"), behavior="contiguous", invert=True),
+                                pt.Split(Regex(r"[,;]"), behavior="removed"),
+                                pt.Digits(individual_digits=False), byte_level])),
+    }
+    seeds = {}
+    for name, (model, normalizer, pre) in layouts.items():
+        tok = Tokenizer(model)
+        if normalizer is not None:
+            tok.normalizer = normalizer
+        tok.pre_tokenizer = pre
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                      initial_alphabet=pt.ByteLevel.alphabet(),
+                                      show_progress=False)
+        tok.train_from_iterator([text], trainer)
+        if name == "gpt2":
+            tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True),
+                                    AddedToken("[RSTRIP]", rstrip=True, special=True)])
+            tok.add_tokens([AddedToken(" spaced ", normalized=True)])
+        seeds[name] = tok.to_str()
+    for name, content in seeds.items():
+        with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+            f.write(content)
+    base = json.loads(seeds["gpt2"])
+
+    def damaged(name, edit):
+        j = json.loads(json.dumps(base))
+        edit(j)
+        with open(os.path.join(out_dir, f"damaged-{name}.json"), "w") as f:
+            f.write(json.dumps(j, ensure_ascii=False))
+
+    damaged("merge-not-in-vocab", lambda j: j["model"]["merges"].__setitem__(0, ["x", "NOPE"]))
+    damaged("added-id", lambda j: j["added_tokens"][1].__setitem__("id", 999))
+    damaged("wordpiece", lambda j: j["model"].__setitem__("type", "WordPiece"))
+    damaged("metaspace", lambda j: j.__setitem__("pre_tokenizer", {"type": "Metaspace"}))
+    damaged("bad-regex", lambda j: j.__setitem__("pre_tokenizer", {
+        "type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "(a|"}, "behavior": "Isolated",
+             "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+             "use_regex": False}]}))
+    with open(os.path.join(out_dir, "damaged-truncated.json"), "w") as f:
+        f.write(seeds["gpt2"][: len(seeds["gpt2"]) // 2])
+
+
 def cmd_nfc_tables():
     from tokenizers import normalizers
     nfc = normalizers.NFC()
@@ -360,6 +429,8 @@ def main(argv):
         cmd_nfc_cases(args[0])
     elif cmd == "bench" and len(args) == 3:
         cmd_bench(args[0], args[1], int(args[2]))
+    elif cmd == "fuzz-seeds" and len(args) == 1:
+        cmd_fuzz_seeds(args[0])
     elif cmd == "nfc-tables" and not args:
         cmd_nfc_tables()
     else:
