@@ -304,13 +304,15 @@ class SentencePiece final : public Tokenizer {
         }
       }
       viterbi_ = std::make_unique<UnigramViterbi>(std::move(pieces));
-      // The text's normalization comes from a copy of the model with byte fallback on: the
-      // library then writes an unknown character as byte pieces instead of joining a run of them
-      // into one piece, which 0.1.97 does by copying the run for every character (quadratic: a
-      // megabyte of characters the model lacks took 13 s).
-      if (normalizer_.LoadFromSerializedProto(with_byte_fallback(bytes)).ok()) {
-        normalizing_ = &normalizer_;
-      }
+    }
+    // A copy of the model with byte fallback on: the library then writes an unknown character as
+    // byte pieces instead of joining a run of them into one unknown piece, which 0.1.97 does by
+    // copying the run for every character (quadratic: a megabyte of characters the model lacks
+    // took 13 s). The unigram path reads its normalization from it; a model without byte
+    // fallback encodes with it and turns each run of byte pieces back into one unknown piece.
+    if ((viterbi_ || !byte_fallback_) && processor_.unk_id() >= 0 &&
+        fallback_.LoadFromSerializedProto(with_byte_fallback(bytes)).ok()) {
+      normalizing_ = &fallback_;
     }
     if (const int id = processor_.eos_id(); id >= 0) eos_ = id;
     if (const int id = processor_.bos_id(); id >= 0) bos_ = id;
@@ -325,10 +327,22 @@ class SentencePiece final : public Tokenizer {
     }
     if (viterbi_) return encode_unigram(text);
     std::vector<int> ids;
-    const auto status = processor_.Encode(text, &ids);
+    const auto status = normalizing_->Encode(text, &ids);
     PIPEMAT_CHECK(status.ok(), DataError, path_, ": SentencePiece could not encode a text of ",
                   text.size(), " bytes (", status.ToString(), ")");
-    return {ids.begin(), ids.end()};
+    if (normalizing_ == &processor_) return {ids.begin(), ids.end()};
+    // The copy with byte fallback: each run of byte pieces is one unknown piece of the model.
+    std::vector<int32_t> out;
+    out.reserve(ids.size());
+    const int32_t unk = processor_.unk_id();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!fallback_.IsByte(ids[i])) {
+        out.push_back(ids[i]);
+      } else if (i == 0 || !fallback_.IsByte(ids[i - 1])) {
+        out.push_back(unk);
+      }
+    }
+    return out;
   }
 
   std::string decode(std::span<const int32_t> ids) const override {
@@ -423,8 +437,10 @@ class SentencePiece final : public Tokenizer {
   std::optional<int32_t> eos_;
   std::optional<int32_t> bos_;
   std::string unk_surface_;
-  std::unique_ptr<UnigramViterbi> viterbi_;           // a unigram model
-  sentencepiece::SentencePieceProcessor normalizer_;  // the model with byte fallback on
+  std::unique_ptr<UnigramViterbi> viterbi_;         // a unigram model
+  sentencepiece::SentencePieceProcessor fallback_;  // the model with byte fallback on
+  // What encodes (a model with byte fallback, or where the copy did not load) or normalizes (a
+  // unigram model): processor_ or fallback_.
   const sentencepiece::SentencePieceProcessor* normalizing_ = &processor_;
   int32_t unk_id_ = -1;
   std::array<int32_t, 256> byte_ids_{};

@@ -6,7 +6,7 @@ tokenizers and sentencepiece packages, run by the test through the project's Pyt
   tokenizer_oracle.py fixture KIND DIR       train a small tokenizer on fortunes text into DIR
                                              (tokenizer.json or tokenizer.model); KIND is one of
                                              gpt2 roberta llama3 qwen2 smollm splits sp-bpe
-                                             sp-unigram
+                                             (byte fallback) sp-bpe-plain sp-unigram
   tokenizer_oracle.py encode TOKENIZER OUT INPUT...
                                              the ids of each INPUT file's bytes, read as
                                              bytes.decode("utf-8", "replace"), into OUT (per
@@ -141,11 +141,11 @@ def train_sp(kind, out_dir):
     text = os.path.join(out_dir, "train.txt")
     with open(text, "w", encoding="utf-8") as f:
         f.write(fortune_slice(300_000))
-    model_type = kind.split("-", 1)[1]
+    model_type = kind.split("-")[1]
     spm.SentencePieceTrainer.train(
         input=text, model_prefix=os.path.join(out_dir, "tokenizer"), vocab_size=800,
         model_type=model_type, num_threads=1, minloglevel=2, character_coverage=0.9995,
-        byte_fallback=(model_type == "bpe"), user_defined_symbols=["<sep>"])
+        byte_fallback=(kind == "sp-bpe"), user_defined_symbols=["<sep>"])
     os.remove(text)
 
 

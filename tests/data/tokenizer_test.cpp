@@ -387,6 +387,7 @@ TEST(TokenizerFixtures, Qwen2StyleWithNfc) { check_fixture("qwen2"); }
 TEST(TokenizerFixtures, SmolLmStyleDigits) { check_fixture("smollm"); }
 TEST(TokenizerFixtures, EverySplitBehavior) { check_fixture("splits"); }
 TEST(TokenizerFixtures, SentencePieceBpeWithByteFallback) { check_fixture("sp-bpe"); }
+TEST(TokenizerFixtures, SentencePieceBpeWithoutByteFallback) { check_fixture("sp-bpe-plain"); }
 TEST(TokenizerFixtures, SentencePieceUnigram) { check_fixture("sp-unigram"); }
 
 // Every code point that the pre-tokenizer classes match in the tokenizers package (Oniguruma)
