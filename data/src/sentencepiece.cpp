@@ -4,18 +4,38 @@
 // A .model file is a serialized ModelProto; its bytes are read through core's opener (Note
 // [Opening an input file]) and handed to SentencePieceProcessor::LoadFromSerializedProto, which
 // checks them (a file that is not a model is the library's error, in a DataError naming the
-// file). encode is the library's Encode to ids on the text made valid UTF-8 (Note [Text to
-// tokens]), decode its Decode: the ids equal the Python sentencepiece package's (0.2) for the
-// BPE and unigram models tests/data/tokenizer_test.cpp trains with it, although the library is
-// Debian's 0.1.97. Encode adds no BOS and no EOS, whatever the model's pieces: Llama's <s> comes
-// from its Hugging Face tokenizer's add_bos_token, not from the model; pipemat's callers write
-// bos_id() themselves where they want it. eos_id and bos_id are the model's </s> and <s> where
-// they are control pieces (-1 in the model: none). The model's type (unigram, BPE, word, char)
-// and byte fallback, for describe(), are read from the proto's trainer_spec with a small walker
-// of the protobuf wire format (the library does not install the generated proto headers).
-// token_bytes (for StreamDecoder) follows the library's Decode: a control piece writes nothing,
-// the unknown piece its surface (" \u2047 "), a byte piece <0xNN> its byte, any other piece its
-// text with U+2581 as a space, less the space that begins the first piece of a text.
+// file). The library is Debian's 0.1.97; the ids must be the Python sentencepiece package's
+// (0.2.3), and the two differ, so:
+//   - BPE (and word and char) models encode with the library: its Encode to ids on the text made
+//     valid UTF-8 (Note [Text to tokens]). The same ids as 0.2.3, on every fortunes file and the
+//     hostile strings of the test, with and without byte fallback.
+//   - Unigram models do not: 0.1.97 compares a candidate path score in double with the stored
+//     one in float, 0.2.3 does both in float, so equal-scoring segmentations ("▁2" "00" "0"
+//     against "▁2" "0" "00") and near-equal ones deep into a long text come out otherwise. The
+//     library normalizes (the pieces it returns, joined, are the normalized text) and
+//     UnigramViterbi segments it as 0.2.3 does: unigram::Model::EncodeOptimized with float
+//     scores, ties to the candidate found first, and the scores rebased to 0 where the best score
+//     at a position falls below -1e5 (0.2.3's choices between paths 0.004 apart repeat with a
+//     period of 100,000 in the score, which float alone would not do; this rule, found by
+//     probing the package, gives its ids on every input tried: the fortunes, texts of up to
+//     50,000 words, the test's hostile strings). Unknown characters are then one unknown piece
+//     per run, or their bytes with byte fallback, as the library's PopulateSentencePieceText
+//     writes them. The pieces, their scores and types are read from the proto with a small
+//     walker of the protobuf wire format (the library does not install the proto headers), which
+//     also gives the model's type and byte fallback for describe().
+//   - 0.1.97 joins a run of unknown characters into one piece by copying the run for every
+//     character: quadratic, 13 s for a megabyte of characters a model lacks. A copy of the model
+//     with byte fallback on (the 256 byte pieces appended where missing) writes each unknown
+//     character as bytes instead; the unigram path normalizes through it, and a model without
+//     byte fallback encodes through it and turns each run of byte pieces back into one unknown
+//     piece (a model with byte fallback never joins runs).
+// decode is the library's Decode. Encode adds no BOS and no EOS, whatever the model's pieces:
+// Llama's <s> comes from its Hugging Face tokenizer's add_bos_token, not from the model;
+// pipemat's callers write bos_id() themselves where they want it. eos_id and bos_id are the
+// model's </s> and <s> where they are control pieces (-1 in the model: none). token_bytes (for
+// StreamDecoder) follows the library's Decode: a control piece writes nothing, the unknown piece
+// its surface (" \u2047 "), a byte piece <0xNN> its byte, any other piece its text with U+2581
+// as a space, less the space that begins the first piece of a text.
 
 #include <sentencepiece_processor.h>
 

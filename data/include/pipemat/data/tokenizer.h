@@ -7,34 +7,36 @@
 // A tokenizer here gives the ids the reference implementation gives, token for token: the
 // Python tokenizers package's Tokenizer.from_file(path).encode(text, add_special_tokens=False)
 // for a tokenizer.json, the sentencepiece package's SentencePieceProcessor(model_file=path)
-// .encode(text) for a .model. What a tokenizer cannot promise that of is refused when it is
-// loaded, with a DataError naming the file and the field (tokenizer.json) or the model.
+// .encode(text) for a .model. A file for which pipemat could not promise that is refused when it
+// is loaded, with a DataError naming the file and the field (Note [tokenizer.json as the
+// tokenizers package reads it], Note [SentencePiece models] in data/src/).
 //
 //   - Text is bytes. Bytes that are not UTF-8 are read as Python's
 //     bytes.decode("utf-8", "replace") reads them: each maximal subpart of an ill-formed
 //     sequence (Unicode 3.9, table 3-8: a lead byte and the continuation bytes that may follow
 //     it, up to the first that may not) becomes one U+FFFD, and the text is then encoded. So
 //     encode(b) equals the reference's ids of b.decode("utf-8", "replace"): nothing is dropped or
-//     refused, a stray 0xFF is the ids of U+FFFD, a truncated character at the end of a document
-//     is one U+FFFD. NUL and every other byte value below 0x80 are text like any other.
+//     refused, a stray 0xFF is the ids of U+FFFD, a character cut at the end of a document is one
+//     U+FFFD. NUL and every other byte below 0x80 is text like any other.
 //   - encode adds no special token: no BOS, no EOS (a post-processor's template, which
 //     tokenizers applies with add_special_tokens=True, is not read; SentencePiece's Encode adds
-//     none either, not even for a model trained with a BOS piece, as Llama's does: a caller that
-//     wants <s> writes bos_id() itself). The special tokens a text holds as characters
-//     (tokenizer.json's added_tokens, "<|endoftext|>" written in the text) are matched as
-//     tokenizers matches them: they become their ids, as the reference does by default.
+//     none either, not even for a model with a BOS piece, as Llama's: a caller that wants <s>
+//     writes bos_id() itself). Special tokens written in the text ("<|endoftext|>") are matched
+//     as the reference matches them and become their ids, as the reference does by default.
 //   - decode is the reference's decode with the special tokens kept (transformers'
 //     skip_special_tokens=False; the tokenizers package skips them by default): the bytes of the
-//     tokens, made valid UTF-8 as above. An id outside [0, vocab_size()) is a DataError.
-//   - Every id encode returns is below vocab_size(), which counts the added tokens; tokens of
-//     a tokenizer.json have the ids 0..vocab_size()-1 without holes.
-//   - eos_id() and bos_id() are the tokens that end and begin a document: a SentencePiece
-//     model's eos and bos pieces (when they are control pieces); for a tokenizer.json (which
-//     names no roles) the first special added token spelled as one of the usual ends
-//     ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>" not: a chat turn is no
-//     document) or beginnings ("<|begin_of_text|>", "<s>", "<bos>"). tokenizer_config.json is
-//     not read.
-//   - Everything is const after loading and thread-safe: encode from any number of threads.
+//     tokens (a tokenizer.json's added tokens read through the byte-level alphabet too, as its
+//     ByteLevel decoder reads them), made valid UTF-8 as above. An id outside [0, vocab_size())
+//     is a DataError.
+//   - Every id encode returns is below vocab_size(), which counts the added tokens; the ids of a
+//     tokenizer.json are 0..vocab_size()-1 without holes.
+//   - eos_id() and bos_id() are the tokens that end and begin a document. A SentencePiece
+//     model's </s> and <s> where they are control pieces. A tokenizer.json names no roles, so
+//     they are the special added tokens spelled as the usual ones, in this order: "<|endoftext|>",
+//     "<|end_of_text|>", "</s>", "<eos>" for the end, "<|begin_of_text|>", "<s>", "<bos>" for the
+//     beginning (a chat model's end of turn, "<|im_end|>" or "<|eot_id|>", ends no document);
+//     tokenizer_config.json is not read.
+//   - A loaded tokenizer is immutable and thread-safe: encode from any number of threads.
 
 #include <cstdint>
 #include <memory>
@@ -76,8 +78,8 @@ class Tokenizer {
 
 // A tokenizer.json (Hugging Face, byte-level BPE), a SentencePiece .model, or a directory holding
 // one of them (tokenizer.json preferred, else tokenizer.model). The file's content decides its
-// kind (a JSON object is a tokenizer.json, anything else is read as a SentencePiece model).
-// DataError naming the path when it is none of them or not what it claims.
+// kind: text that begins with '{' or '[' is read as a tokenizer.json, anything else as a
+// SentencePiece model. DataError naming the path when it is none of them or not what it claims.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
 // The tokenizer.json whose text is `text`; DataError naming `name` (used as path() too) where
