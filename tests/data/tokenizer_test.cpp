@@ -138,7 +138,7 @@ std::vector<Ids> oracle_encode(const TempDir& dir, const std::string& tokenizer,
     pos += 4;
     if (bytes.size() - pos < size_t{count} * 4) throw std::runtime_error("ids.bin is cut short");
     Ids ids(count);
-    std::memcpy(ids.data(), bytes.data() + pos, size_t{count} * 4);
+    if (count > 0) std::memcpy(ids.data(), bytes.data() + pos, size_t{count} * 4);
     pos += size_t{count} * 4;
     out.push_back(std::move(ids));
   }
