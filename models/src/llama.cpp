@@ -221,7 +221,11 @@ std::vector<int64_t> partition_llama(const LlamaParts& parts, const PartitionOpt
   for (const auto& block : parts.layers) sizes.push_back(count(*block));
   PIPEMAT_CHECK(!sizes.empty(), ConfigError, "model.layers: a llama needs at least one block");
   sizes.front() += count(*parts.embed_tokens);
-  sizes.back() += count(*parts.norm) + (parts.lm_head ? count(*parts.lm_head) : 0.0);
+  // The head's weight: its own, or with tied embeddings over several stages the last stage's
+  // copy of the embedding (Note [Tied weights]).
+  const double head = parts.lm_head ? count(*parts.lm_head)
+                                    : (stages > 1 ? count(*parts.embed_tokens) : 0.0);
+  sizes.back() += count(*parts.norm) + head;
   return partition_sizes(sizes, partition, stages);
 }
 

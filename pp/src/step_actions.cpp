@@ -293,7 +293,9 @@ MicroBatch& Pipeline::Impl::StepRun::batch(int micro_batch) {
   auto it = batches_.find(micro_batch);
   if (it == batches_.end()) {
     pipe_.reseed(step_, offset_ + micro_batch, kDataStream);
+    const double d0 = now_us();
     it = batches_.emplace(micro_batch, data_(step_, offset_ + micro_batch)).first;
+    m_.data_ms += (now_us() - d0) / 1000.0;
     if (!reads_inputs_) it->second.inputs.clear();
     if (!reads_targets_) it->second.targets.clear();
     it->second.inputs = pipe_.on_device(std::move(it->second.inputs));

@@ -273,6 +273,15 @@ TEST(LlamaShapeErrors, NameTheKey) {
   const LlamaParts parts = build_llama(tiny, 1);
   // Note [Tied weights]: across two stages the last holds a copy of the embedding, under its name.
   EXPECT_EQ(partition_llama(parts, PartitionOptions{}, 2), (std::vector<int64_t>{0, 1, 2}));
+  // The last stage's copy weighs as an untied head: a large vocabulary splits 4 blocks 2 + 2.
+  LlamaShape wide = small_shape(true);
+  wide.layers = 4;
+  wide.vocab = 4096;
+  EXPECT_EQ(partition_llama(build_llama(wide, 1), PartitionOptions{}, 2),
+            (std::vector<int64_t>{0, 2, 4}));
+  wide.tie_embeddings = false;
+  EXPECT_EQ(partition_llama(build_llama(wide, 1), PartitionOptions{}, 2),
+            (std::vector<int64_t>{0, 2, 4}));
   LlamaStage first(parts, 0, 1, true, false), last(parts, 1, 2, false, true);
   EXPECT_EQ(llama_tied(0, 2, true),
             (std::map<std::string, std::string>{{"embed_tokens.weight", "embed_tokens.weight"}}));

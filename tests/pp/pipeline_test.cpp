@@ -209,6 +209,30 @@ TEST(Pipeline, BatchSplitAlongDimZeroEqualsTheDataSource) {
   }
 }
 
+// StepMetrics::data_ms is the time in the data source: each of a rank's 4 calls sleeps 5 ms.
+TEST(Pipeline, StepMetricsCountTheTimeInTheDataSource) {
+  PipelineCase c;
+  std::vector<StepMetrics> got(2);
+  std::vector<int> calls(2, 0);
+  auto errors = run_ranks(2, [&](comm::Transport& t) {
+    torch::nn::Sequential model = user_model::make_model(c.blocks, 7);
+    Pipeline pipe(t, user_model::pipeline_options(c),
+                  split_sequential(model, balance_by_parameters(model, 2)));
+    got[t.rank()] = pipe.train_step([&](int64_t s, int64_t i) {
+      ++calls[t.rank()];
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      auto [x, y] = user_model::data(s, i);
+      return MicroBatch{{x}, {y}};
+    });
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(calls[r], c.micro_batches) << "rank " << r;
+    EXPECT_GE(got[r].data_ms, 5.0 * c.micro_batches) << "rank " << r;
+    EXPECT_LT(got[r].data_ms, got[r].step_ms) << "rank " << r;
+  }
+}
+
 // The last stage's rank sees every rank's compute actions and sends; the time blocked in
 // receives is every rank's waits summed; the comm-aware simulation is the simulator run with
 // the measured costs and the measured message delay (Note [Measured message delay]).

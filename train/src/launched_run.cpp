@@ -95,6 +95,7 @@ std::vector<pp::StepMetrics> read_metrics(const std::string& path) {
     m.simulated_bubble_comm = j.value("simulated_bubble_comm", 0.0);
     m.message_delay_ms = j.value("message_delay_ms", 0.0);
     m.recv_wait_ms = j.value("recv_wait_ms", 0.0);
+    m.data_ms = j.value("data_ms", 0.0);
     m.allreduce_ms = j.value("allreduce_ms", 0.0);
     m.allreduce_wait_ms = j.value("allreduce_wait_ms", 0.0);
     m.peak_bytes = j.value("peak_bytes", int64_t{0});

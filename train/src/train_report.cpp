@@ -59,6 +59,7 @@ void print_progress(std::ostream& out, const TrainConfig& c, const StepMetrics& 
 
 void RunTotals::add(const StepMetrics& m) {
   step_ms.push_back(m.step_ms);
+  data_ms.push_back(m.data_ms);
   const auto per_rank = [](const std::vector<int64_t>& ranks, int64_t mine) {
     return ranks.empty() ? std::vector<int64_t>{mine} : ranks;
   };
@@ -152,6 +153,12 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
           : ::pipemat::detail::concat(c.schedule.ranks, c.schedule.ranks == 1 ? " rank" : " ranks"),
       "; ", memory, " (tensors: weights, gradients, optimizer state, activations)",
       device_memory(totals), training_state(totals), "\n");
+  if (!totals.data_ms.empty() && median_ms > 0) {  // what reading the micro-batches costs
+    const double data = median(totals.data_ms);
+    line += ::pipemat::detail::concat(
+        "data: ", format_fixed(data, 3), " ms per step in the data source (median), ",
+        format_fixed(100.0 * data / median_ms, 3), " % of the median step\n");
+  }
   if (reference) {
     const ReferenceFigures& r = *reference;
     const double ref_tokens_per_s = static_cast<double>(tokens_per_step) * 1000.0 / r.step_ms;
@@ -241,6 +248,7 @@ std::string metrics_json(const StepMetrics& m, std::optional<double> validation_
   j["simulated_bubble_comm"] = m.simulated_bubble_comm;
   j["message_delay_ms"] = m.message_delay_ms;
   j["recv_wait_ms"] = m.recv_wait_ms;
+  j["data_ms"] = m.data_ms;
   if (m.allreduce_ms > 0) {
     j["allreduce_ms"] = m.allreduce_ms;
     j["allreduce_wait_ms"] = m.allreduce_wait_ms;

@@ -137,7 +137,8 @@ TORCH_MODULE(LlamaStage);
 std::map<std::string, std::string> llama_tied(int stage, int stages, bool tie_embeddings);
 
 // Block boundaries of `stages` stages, as partition_gpt (the embedding counted on the first
-// stage, the norm and head on the last).
+// stage, the norm and head on the last: with tied embeddings over several stages, the last
+// stage's copy of the embedding).
 std::vector<int64_t> partition_llama(const LlamaParts& parts, const PartitionOptions& partition,
                                      int stages);
 

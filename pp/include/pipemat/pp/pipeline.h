@@ -375,6 +375,7 @@ struct StepMetrics {
   double allreduce_wait_ms = 0;
   // The same exchange as ms from the step's start: its first post and its last sum (0, 0: none).
   double allreduce_start_ms = 0, allreduce_end_ms = 0;
+  double data_ms = 0;          // in the data source (its calls for this rank's micro-batches)
   double recv_wait_ms = 0;     // blocked in receives of stage inputs; on the last stage's rank
                                // (with collect_timelines) summed over all ranks
   remat::RematCounters remat;  // this rank's; on the last stage's rank summed over all ranks

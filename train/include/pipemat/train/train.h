@@ -89,6 +89,7 @@ inline constexpr int kInterrupted = 2;
 // The whole run as the last stage's rank measured it, for the summary at its end.
 struct RunTotals {
   std::vector<double> step_ms;  // every step's time
+  std::vector<double> data_ms;  // every step's time in the data source (StepMetrics::data_ms)
   // Per rank: the most tensor bytes it held during any step (StepMetrics::rank_start_bytes +
   // rank_peak_bytes: weights, gradients, optimizer state and activations).
   std::vector<int64_t> rank_peak_bytes;
