@@ -223,8 +223,8 @@ std::vector<int64_t> partition_llama(const LlamaParts& parts, const PartitionOpt
   sizes.front() += count(*parts.embed_tokens);
   // The head's weight: its own, or with tied embeddings over several stages the last stage's
   // copy of the embedding (Note [Tied weights]).
-  const double head = parts.lm_head ? count(*parts.lm_head)
-                                    : (stages > 1 ? count(*parts.embed_tokens) : 0.0);
+  const double head =
+      parts.lm_head ? count(*parts.lm_head) : (stages > 1 ? count(*parts.embed_tokens) : 0.0);
   sizes.back() += count(*parts.norm) + head;
   return partition_sizes(sizes, partition, stages);
 }

@@ -22,11 +22,6 @@ tokenizers and sentencepiece packages, run by the test through the project's Pyt
                                              the tokenizers package (Oniguruma), as ranges
   tokenizer_oracle.py nfc-cases OUT          texts that probe NFC (every code point, its NFD,
                                              pairs of combining marks), one per line of OUT
-  tokenizer_oracle.py bench TOKENIZER TEXT THREADS
-                                             the tokenizers package's encode_batch of TEXT's
-                                             documents (split at lines holding "%") on THREADS
-                                             threads: prints {"tokens": N, "seconds": S}, the
-                                             best of three runs, each with a fresh tokenizer
   tokenizer_oracle.py fuzz-seeds DIR         the seed corpus of tests/fuzz/tokenizer_json_fuzz.cpp:
                                              small tokenizer.json files of each supported layout
                                              (300 tokens) and damaged copies of them
@@ -237,24 +232,6 @@ def cmd_nfc_cases(out):
         f.write("\n".join(nfc_probe_texts()))
 
 
-def cmd_bench(path, text_file, threads):
-    os.environ["RAYON_NUM_THREADS"] = str(threads)
-    os.environ["TOKENIZERS_PARALLELISM"] = "true"
-    from tokenizers import Tokenizer
-    text = open(text_file, "rb").read().decode("utf-8", "replace")
-    docs = [d for d in text.split("\n%\n") if d]
-    best = None
-    tokens = 0
-    for _ in range(3):
-        tok = Tokenizer.from_file(path)
-        start = time.perf_counter()
-        encodings = tok.encode_batch(docs, add_special_tokens=False)
-        seconds = time.perf_counter() - start
-        tokens = sum(len(e.ids) for e in encodings)
-        best = seconds if best is None else min(best, seconds)
-    print(json.dumps({"tokens": tokens, "seconds": best, "documents": len(docs)}))
-
-
 def cmd_fuzz_seeds(out_dir):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
     from tokenizers import pre_tokenizers as pt
@@ -427,8 +404,6 @@ def main(argv):
         cmd_classes(args[0])
     elif cmd == "nfc-cases" and len(args) == 1:
         cmd_nfc_cases(args[0])
-    elif cmd == "bench" and len(args) == 3:
-        cmd_bench(args[0], args[1], int(args[2]))
     elif cmd == "fuzz-seeds" and len(args) == 1:
         cmd_fuzz_seeds(args[0])
     elif cmd == "nfc-tables" and not args:
