@@ -28,27 +28,13 @@ std::string valid_utf8(std::string_view bytes) {
   return out;
 }
 
-namespace {
-
-bool is_directory(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-}  // namespace
-
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   std::string file = path;
   if (is_directory(path)) {
     const std::string dir = path.empty() || path.back() == '/' ? path : path + "/";
-    if (exists(dir + "tokenizer.json")) {
+    if (path_exists(dir + "tokenizer.json")) {
       file = dir + "tokenizer.json";
-    } else if (exists(dir + "tokenizer.model")) {
+    } else if (path_exists(dir + "tokenizer.model")) {
       file = dir + "tokenizer.model";
     } else {
       PIPEMAT_THROW(DataError, "tokenizer: the directory '", path,

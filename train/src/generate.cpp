@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pipemat/core/error.h"
+#include "pipemat/core/files.h"
 #include "pipemat/data/tokenizer.h"
 #include "pipemat/models/gpt.h"
 #include "pipemat/pp/checkpoint.h"
@@ -22,15 +23,6 @@
 
 namespace pipemat::train {
 
-namespace {
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-}  // namespace
-
 bool is_checkpoint_dir(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {  // said missing by the reader it was meant for
@@ -38,9 +30,9 @@ bool is_checkpoint_dir(const std::string& path) {
     return path.size() < suffix.size() ||
            path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0;
   }
-  return S_ISDIR(st.st_mode) &&
-         (exists(path + "/manifest.json") || (!exists(path + "/model.safetensors") &&
-                                              !exists(path + "/model.safetensors.index.json")));
+  return S_ISDIR(st.st_mode) && (path_exists(path + "/manifest.json") ||
+                                 (!path_exists(path + "/model.safetensors") &&
+                                  !path_exists(path + "/model.safetensors.index.json")));
 }
 
 GenerateResult generate_text(const std::string& dir, const SampleOptions& options) {

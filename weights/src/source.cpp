@@ -11,16 +11,6 @@
 namespace pipemat::weights {
 namespace {
 
-bool is_directory(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
 // {file: [names]} of the index `path`, every file a plain name in its directory.
 std::map<std::string, std::vector<std::string>> read_index(const std::string& path) {
   const std::string text = read_whole_file<WeightsError>(path, "weights", kMaxHeaderBytes);
@@ -66,9 +56,9 @@ WeightSource::WeightSource(const std::string& path) : path_(path) {
     return;
   }
   const std::string index = path + "/" + kIndexFile;
-  if (!exists(index)) {
+  if (!path_exists(index)) {
     const std::string single = path + "/model.safetensors";
-    PIPEMAT_CHECK(exists(single), WeightsError, "weights: the directory '", path,
+    PIPEMAT_CHECK(path_exists(single), WeightsError, "weights: the directory '", path,
                   "' holds neither ", kIndexFile, " nor model.safetensors");
     files_.emplace_back(single);
     for (const TensorInfo& t : files_[0].tensors()) file_by_name_[t.name] = 0;

@@ -92,4 +92,9 @@ inline std::string read_regular_file(const std::string& path, const std::string&
   return read_whole_file<ConfigError>(path, key, max_bytes);
 }
 
+// Whether `path` names anything (stat succeeds: a dangling symlink does not), and whether it is a
+// directory (following symlinks). Neither opens it.
+bool path_exists(const std::string& path);
+bool is_directory(const std::string& path);
+
 }  // namespace pipemat
