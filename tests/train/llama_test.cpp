@@ -373,7 +373,22 @@ TEST(LlamaFrom, ReadsAHuggingFaceConfigJson) {
   EXPECT_TRUE(c.model.tie_embeddings);
   EXPECT_EQ(c.model.seq_len, 64);
   EXPECT_EQ(c.model.vocab, 256);
-  EXPECT_EQ(c.model.from, "");  // resolved: the run's config holds the keys themselves
+  EXPECT_EQ(c.model.from, "");      // resolved: the run's config holds the keys themselves
+  EXPECT_EQ(c.data.tokenizer, "");  // no tokenizer in the directory: bytes
+  // A tokenizer beside config.json is the run's, unless data.tokenizer names one.
+  dir.file("tokenizer.json", "{}");
+  EXPECT_EQ(
+      parse_config("data: {path: t.txt}\nmodel: {kind: llama, from: \"" + dir.path() + "\"}\n",
+                   "x.yaml")
+          .data.tokenizer,
+      dir.path());
+  EXPECT_EQ(
+      parse_config("data: {path: t.txt, tokenizer: mine.json}\nmodel: {kind: llama, from: \"" +
+                       dir.path() + "\"}\n",
+                   "x.yaml")
+          .data.tokenizer,
+      "mine.json");
+  std::filesystem::remove(dir.path() + "/tokenizer.json");
   // Without the optional fields: LlamaConfig's defaults (kv_heads = heads, eps 1e-6, untied,
   // max_position_embeddings 2048).
   dir.file("config.json", R"({"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
