@@ -1,8 +1,10 @@
-// The pipemat side of tests/train/llama_oracle.py: loads the llama of a config (its
-// training.init_from, e.g. a Hugging Face directory) as one stage, and writes to a safetensors
-// file the token windows the config's training reads (ids.<step>.<micro-batch> and
-// next.<step>.<micro-batch> of steps [0, STEPS)), the logits of the first micro-batch's ids
-// ("logits", float32) and their loss ("loss", the training's loss of that micro-batch).
+// The pipemat side of tests/train/llama_oracle.py and scripts/bench_smollm.py: loads the llama
+// of a config (its training.init_from, e.g. a Hugging Face directory) as one stage, and writes to
+// a safetensors file the token windows the config's training reads (ids.<step>.<micro-batch> and
+// next.<step>.<micro-batch> of steps [0, STEPS): the text's bytes, or its token ids with
+// data.tokenizer, read by load_token_data as the training reads them), the logits of the first
+// micro-batch's ids ("logits", float32) and their loss ("loss", the training's loss of that
+// micro-batch).
 //
 //   llama_hf_check CONFIG.yaml OUT.safetensors STEPS
 
@@ -43,15 +45,15 @@ int run(const std::string& config_path, const std::string& out, int64_t steps) {
                       train::model_weight_shapes(run, config.model.kind), run.global_name,
                       config.model.kind, {{0, stage.module.get()}});
 
-  const train::TextCorpus corpus =
-      train::load_text(config.data.path, config.data.validation, config.model.seq_len + 1);
+  const train::TokenData data =
+      train::load_token_data(config.data, config.model.vocab, config.model.seq_len + 1);
   std::vector<at::Tensor> keep;
   std::vector<TensorBytes> tensors;
   at::Tensor first_ids, first_next;
   for (int64_t step = 0; step < steps; ++step) {
     for (int64_t mb = 0; mb < config.schedule.micro_batches; ++mb) {
-      auto [ids, next] = train::text_windows(corpus.train, config.model.batch, config.model.seq_len,
-                                             config.training.seed, step, mb);
+      auto [ids, next] = train::token_windows(*data.train, config.model.batch, config.model.seq_len,
+                                              config.training.seed, step, mb);
       if (step == 0 && mb == 0) {
         first_ids = ids;
         first_next = next;
