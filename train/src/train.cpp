@@ -600,15 +600,16 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
   const auto summarize = [&](const TrainResult& result, bool one_process) {
     if (!result.last_stage_rank || !config.output.progress) return;
     std::optional<ReferenceFigures> figures;
-    if (config.output.reference_steps > 0) {
+    if (config.output.reference_steps > 0 && !(stop_requested && stop_requested())) {
       out << "measuring the single process for the summary: " << config.output.reference_steps
           << " steps of pipemat train --reference (output.reference_steps)\n"
           << std::flush;
       // The single process on this machine: all its cores unless threads were set.
-      figures =
-          measure_reference(config, config.output.reference_steps,
-                            config.training.threads > 0 ? static_cast<int>(config.training.threads)
-                                                        : pp::default_compute_threads(1));
+      figures = measure_reference(
+          config, config.output.reference_steps,
+          config.training.threads > 0 ? static_cast<int>(config.training.threads)
+                                      : pp::default_compute_threads(1),
+          stop_requested);  // a stop request ends the measurement: a summary without it
     }
     const int64_t tokens_per_step = tokens_per_micro_batch(config.model) *
                                     resolved.config.schedule.micro_batches * config.parallel.data;

@@ -139,7 +139,8 @@ double reference_validation_loss(const Chain& chain, const TrainConfig& config, 
 std::vector<StepMetrics> run_reference(const TrainConfig& given,
                                        std::vector<std::pair<std::string, at::Tensor>>* params,
                                        std::vector<std::pair<int64_t, double>>* validation,
-                                       double* tokens_per_byte) {
+                                       double* tokens_per_byte,
+                                       const StopRequested& stop_requested) {
   const TrainConfig config = resolve_schedule(given).config;
   const Chain chain(config);
   if (tokens_per_byte != nullptr) *tokens_per_byte = chain.run.validation_tokens_per_byte;
@@ -152,6 +153,7 @@ std::vector<StepMetrics> run_reference(const TrainConfig& given,
   const int64_t D = config.parallel.data;
   const int64_t eval_every = run.eval_data ? config.training.eval_every : 0;
   for (int64_t step = 0; step < config.training.steps; ++step) {
+    if (stop_requested && stop_requested()) break;
     StepMetrics m;
     m.step = step;
     remat::reset_peak_bytes();
@@ -211,7 +213,9 @@ void set_training_threads(const TrainConfig& config, int threads) {
   pp::choose_compute_threads(threads, micro_batch_work(config));
 }
 
-ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps, int threads) {
+std::optional<ReferenceFigures> measure_reference(const TrainConfig& config, int64_t steps,
+                                                  int threads,
+                                                  const StopRequested& stop_requested) {
   remat::install_tracking_allocator();
   set_training_threads(config, threads);
   TrainConfig short_run = config;
@@ -219,7 +223,9 @@ ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps, int
   // What this process holds already (the pipeline's stages when called after training) is not
   // the reference's: its bytes are counted from here.
   const int64_t base = remat::memory_stats().current_bytes;
-  const std::vector<StepMetrics> run = run_reference(short_run, nullptr);
+  const std::vector<StepMetrics> run =
+      run_reference(short_run, nullptr, nullptr, nullptr, stop_requested);
+  if (static_cast<int64_t>(run.size()) < steps) return std::nullopt;  // stopped
   ReferenceFigures f;
   f.steps = steps;
   const pp::ComputeInfo compute = pp::compute_info();

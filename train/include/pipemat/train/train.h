@@ -151,11 +151,12 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
 // remat; a random model draws stage s of micro-batch i from pp::forward_seed(seed, step, i, s)
 // as the pipeline does. Returns one StepMetrics per step (loss and step time); `params`
 // receives the final parameters, `validation` the (step, loss) of each evaluation,
-// `tokens_per_byte` ModelRun::validation_tokens_per_byte.
+// `tokens_per_byte` ModelRun::validation_tokens_per_byte. `stop_requested` (when set) is asked
+// before each step: true ends the run there (Note [Stopping on a signal]).
 std::vector<StepMetrics> run_reference(
     const TrainConfig& config, std::vector<std::pair<std::string, at::Tensor>>* params,
     std::vector<std::pair<int64_t, double>>* validation = nullptr,
-    double* tokens_per_byte = nullptr);
+    double* tokens_per_byte = nullptr, const StopRequested& stop_requested = nullptr);
 
 // The single-process reference's figures for the run summary (output.reference_steps).
 struct ReferenceFigures {
@@ -171,7 +172,10 @@ struct ReferenceFigures {
 // threads (with training.thread_probe, the faster of 1 and `threads` as
 // pp::choose_compute_threads measures them) and returns its figures, the step time measured over
 // the steps after the first third; bytes this process held before are not counted.
-ReferenceFigures measure_reference(const TrainConfig& config, int64_t steps, int threads);
+// None when `stop_requested` said stop before all steps ran.
+std::optional<ReferenceFigures> measure_reference(const TrainConfig& config, int64_t steps,
+                                                  int threads,
+                                                  const StopRequested& stop_requested = nullptr);
 
 // One micro-batch's forward and backward through the reference's chain of the config's stages
 // (built once, here), the work pp::choose_compute_threads times. The gradients it leaves are
