@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,10 @@ struct TiedCase {
   schedule::ScheduleKind kind;
   int ranks;
 };
+
+void PrintTo(const TiedCase& t, std::ostream* os) {
+  *os << schedule::to_string(t.kind) << " on " << t.ranks << " ranks";
+}
 
 class TiedWeights : public ::testing::TestWithParam<TiedCase> {};
 

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -141,6 +142,13 @@ struct TiedCase {
   int data = 1;
   bool sharded = false;
 };
+
+// The case in ctest's and gtest's listings (not its bytes).
+void PrintTo(const TiedCase& t, std::ostream* os) {
+  *os << t.kind << " on " << t.ranks << " ranks, vocab " << t.vocab << (t.bf16 ? ", bf16" : "")
+      << (t.data > 1 ? ", " + std::to_string(t.data) + " replicas" : "")
+      << (t.sharded ? ", sharded" : "");
+}
 
 class LlamaTied : public ::testing::TestWithParam<TiedCase> {};
 
