@@ -155,6 +155,7 @@ struct Pipeline::Impl {
     int stage = 0;
     int rank = 0;
     std::string name;  // in the stage's module
+    at::Tensor param;  // the copy itself, on this rank only (undefined for other ranks' copies)
   };
   struct Tie {
     std::string key;

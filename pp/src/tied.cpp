@@ -105,11 +105,12 @@ void Pipeline::Impl::check_ties() {
                     first.digest.substr(0, 16),
                     "...); the copies must start equal (build them from one tensor, and load "
                     "both from the same weights)");
-      tie.copies.push_back({d.stage, d.rank, d.name});
+      const at::Tensor p =
+          d.rank == rank ? stages.at(d.stage).module->named_parameters()[d.name] : at::Tensor();
+      tie.copies.push_back({d.stage, d.rank, d.name, p});
       if (&d == &first || d.rank != rank) continue;
       // A follower on this rank: its index in the stage's parameters, for the norm.
       const std::vector<at::Tensor>& ps = stage_params.at(d.stage);
-      const at::Tensor p = stages.at(d.stage).module->named_parameters()[d.name];
       for (size_t i = 0; i < ps.size(); ++i) {
         if (ps[i].is_same(p)) tie_followers.insert({d.stage, i});
       }
@@ -120,9 +121,6 @@ void Pipeline::Impl::check_ties() {
 
 void Pipeline::Impl::sum_tied_gradients(int64_t step) {
   if (ties.empty()) return;
-  const auto param_of = [this](const TieCopy& c) {
-    return stages.at(c.stage).module->named_parameters()[c.name];
-  };
   // To each peer: for every tie (key order) with copies on both sides, this rank's copies'
   // [has a gradient (int64 0/1), the gradient or zeros] in stage order.
   std::map<int, Tensors> outgoing;
@@ -141,7 +139,7 @@ void Pipeline::Impl::sum_tied_gradients(int64_t step) {
     for (const auto& [peer, count] : there) {
       expected[peer] += 2 * count;
       for (const TieCopy* c : here) {
-        const at::Tensor p = param_of(*c);
+        const at::Tensor& p = c->param;
         const bool has = p.grad().defined();
         outgoing[peer].push_back(at::tensor({int64_t{has ? 1 : 0}}, at::kLong));
         outgoing[peer].push_back(has ? p.grad().detach() : at::zeros_like(p));
@@ -175,7 +173,7 @@ void Pipeline::Impl::sum_tied_gradients(int64_t step) {
       at::Tensor g;
       bool has = false;
       if (c.rank == rank) {
-        const at::Tensor p = param_of(c);
+        const at::Tensor& p = c.param;
         like = p;
         has = p.grad().defined();
         g = has ? p.grad().detach() : at::Tensor();
@@ -205,7 +203,7 @@ void Pipeline::Impl::sum_tied_gradients(int64_t step) {
     bool first_here = true;
     for (const TieCopy& c : tie.copies) {
       if (c.rank != rank) continue;
-      at::Tensor p = param_of(c);
+      at::Tensor p = c.param;
       p.mutable_grad() = first_here ? sum : sum.clone();
       first_here = false;
     }

@@ -33,8 +33,6 @@ from tokenizers import Tokenizer
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 tok = Tokenizer.from_file(os.path.join(sys.argv[1], "tokenizer.json"))
 docs, seen = [], set()
-for root, _, files in os.walk(sys.argv[2]):
-    pass
 paths = sorted(os.path.join(r, f) for r, _, fs in os.walk(sys.argv[2]) for f in fs)
 for p in paths:
     real = os.path.realpath(p)

@@ -34,6 +34,12 @@ std::string read_file(const fs::path& path, size_t read_before, const std::strin
   return text;
 }
 
+// The split rule of text_data.h: block (or document) i is held out for validation.
+bool held_out(int64_t i, double fraction) {
+  return std::floor(static_cast<double>(i + 1) * fraction) >
+         std::floor(static_cast<double>(i) * fraction);
+}
+
 }  // namespace
 
 std::vector<TextFile> read_text_files(const std::string& path, const std::string& key,
@@ -96,9 +102,8 @@ TextCorpus load_text(const std::string& path, double validation_fraction, int64_
   }
   const int64_t blocks = (static_cast<int64_t>(all.size()) + kSplitBlock - 1) / kSplitBlock;
   for (int64_t i = 0; i < blocks; ++i) {
-    const bool validation = std::floor(static_cast<double>(i + 1) * validation_fraction) >
-                            std::floor(static_cast<double>(i) * validation_fraction);
-    (validation ? corpus.validation : corpus.train) += all.substr(i * kSplitBlock, kSplitBlock);
+    (held_out(i, validation_fraction) ? corpus.validation : corpus.train) +=
+        all.substr(i * kSplitBlock, kSplitBlock);
   }
   const auto too_small = [&](const std::string& part) {
     return static_cast<int64_t>(part.size()) < min_bytes;
@@ -185,11 +190,6 @@ class Documents final : public TokenSplit {
   std::vector<int64_t> starts_;
   int64_t size_ = 0;
 };
-
-bool held_out(int64_t i, double fraction) {
-  return std::floor(static_cast<double>(i + 1) * fraction) >
-         std::floor(static_cast<double>(i) * fraction);
-}
 
 std::string count_text(int64_t tokens) { return format_count(tokens) + " tokens"; }
 
