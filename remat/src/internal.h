@@ -286,6 +286,9 @@ void join_group(InvocationGroup& group, std::shared_ptr<Invocation> invocation);
 RngState cpu_rng_state();
 void set_cpu_rng_state(const RngState& state);
 bool same_rng_state(const RngState& a, const RngState& b);
+// LayerStream scopes this thread has entered so far (Note [Layer streams] in pipemat/remat/rng.h):
+// a unit whose forward entered one drew, though the scope restored the generator it found.
+uint64_t layer_streams_entered();
 
 // Note [Autocast in replay]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -330,7 +333,8 @@ class ReplayRegion {
 // silently wrong. So each unit forward on that generator, and each replay of a unit whose
 // forward drew, is a window registered process-wide with its thread. A unit "drew" when the
 // generator's state at its end differs from its entry state (a draw of another thread in the
-// window counts too: that is the interleaving). When a window that drew closes, every open
+// window counts too: that is the interleaving), or when it entered a LayerStream (Note [Layer
+// streams]), which leaves the state as it found it. When a window that drew closes, every open
 // window of another thread is marked with it; a window that drew and was marked throws
 // RematError at its close, naming both units and ThreadGeneratorScope: of two overlapping
 // windows that drew, the one that closes last reports. A unit that did not draw in forward

@@ -43,8 +43,9 @@ c10::IValue Invocation::run_forward() {
                            }
                          });
   }
-  std::optional<SharedGeneratorWindow> window;  // Note [Shared generator detection]
-  entry_modes_.autocast = current_autocast();   // Note [Autocast in replay]
+  std::optional<SharedGeneratorWindow> window;             // Note [Shared generator detection]
+  entry_modes_.autocast = current_autocast();              // Note [Autocast in replay]
+  const uint64_t layer_streams = layer_streams_entered();  // Note [Layer streams]
   if (options_.preserve_rng_state) {
     window.emplace(*this);
     entry_modes_.rng = cpu_rng_state();
@@ -59,7 +60,8 @@ c10::IValue Invocation::run_forward() {
     UserCode user;
     out = body_(inputs_);
   }
-  if (entry_modes_.rng && same_rng_state(*entry_modes_.rng, cpu_rng_state())) {
+  if (entry_modes_.rng && layer_streams_entered() == layer_streams &&
+      same_rng_state(*entry_modes_.rng, cpu_rng_state())) {
     // Drew nothing: replay leaves the generator alone (Note [Shared generator detection]).
     entry_modes_.rng.reset();
     for (auto& [key, entries] : save_entries_) {

@@ -209,6 +209,46 @@ void SharedGeneratorWindow::close(bool drew) {
                 "PipelineOptions::seed is set)");
 }
 
+namespace {
+thread_local uint64_t tls_layer_streams = 0;
+}  // namespace
+
+uint64_t layer_streams_entered() { return tls_layer_streams; }
+
 }  // namespace detail
+
+uint64_t layer_seed(uint64_t seed, int64_t key) {
+  auto mix = [](uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  };
+  return mix(mix(seed) ^ static_cast<uint64_t>(key));
+}
+
+struct LayerStream::Saved {
+  detail::RngState state;
+};
+
+// Note [Layer streams]: saved with the state a checkpoint unit records (the CPU generator, and
+// the current CUDA device's where the process sees a GPU), so the scope restores what replay
+// restores.
+LayerStream::LayerStream(int64_t key)
+    : saved_(std::make_unique<Saved>(Saved{detail::cpu_rng_state()})) {
+  {
+    at::Generator gen = current_cpu_generator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(layer_seed(gen.current_seed(), key));
+  }
+  if (saved_->state.cuda_device >= 0) {
+    at::Generator gen = detail::cuda_generator(saved_->state.cuda_device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(layer_seed(gen.current_seed(), key));
+  }
+  ++detail::tls_layer_streams;
+}
+
+LayerStream::~LayerStream() { detail::set_cpu_rng_state(saved_->state); }
 
 }  // namespace pipemat::remat

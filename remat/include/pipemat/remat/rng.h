@@ -25,10 +25,30 @@
 // that registers its own fallback on that key cannot use scopes.
 //
 // Threading: scopes are per thread and nest (the innermost wins). Non-copyable.
+//
+// Note [Layer streams]
+// ~~~~~~~~~~~~~~~~~~~~
+// A LayerStream(key) scope gives the random ops of one layer a stream that depends on the
+// generator's seed and the key only, not on what was drawn before it: at entry it saves the
+// state of the thread's current CPU generator (current_cpu_generator()) and reseeds it with
+// layer_seed(current_seed(), key), and at exit it restores the saved state, so the draws after
+// the scope continue as if it had drawn nothing. Draws do not change a generator's seed, so
+// layers that run one after the other from one reseed (a pipeline stage's forward, Note [Random
+// streams of a step] in pipemat/pp/pipeline.h) each draw from (that seed, their key), whichever
+// layers ran before them in the same forward. In a process that sees a GPU the current CUDA
+// device's generator is saved, reseeded from its own seed the same way and restored too.
+//
+// Replay: a checkpoint unit records the generator at its entry and rewinds to it for a replay
+// (Note [Replay RNG alignment]), and a unit whose forward entered a LayerStream counts as one
+// that drew even though the scope left the generator as it found it; so a replay reseeds every
+// layer from the same seed, whether the unit is one layer, part of one or several. Nesting: an
+// inner scope keys from the outer scope's seed. Only the caller's reseed before each forward
+// makes the streams differ from forward to forward: without one every forward draws the same.
 
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
+#include <memory>
 
 namespace pipemat::remat {
 
@@ -53,5 +73,24 @@ class ThreadGeneratorScope {
 // The generator random ops on this thread draw from: the innermost scope's, else LibTorch's
 // default CPU generator.
 at::Generator current_cpu_generator();
+
+// Note [Layer streams]: the seed of layer `key`'s stream under a generator seeded with `seed`
+// (splitmix64 over both: nearby keys give unrelated seeds).
+uint64_t layer_seed(uint64_t seed, int64_t key);
+
+// Note [Layer streams]: the random ops of the scope draw from layer_seed(seed, key) of the
+// current generator(s); the generators are as before the scope when it ends. On the thread that
+// made it; non-copyable.
+class LayerStream {
+ public:
+  explicit LayerStream(int64_t key);
+  ~LayerStream();
+  LayerStream(const LayerStream&) = delete;
+  LayerStream& operator=(const LayerStream&) = delete;
+
+ private:
+  struct Saved;
+  std::unique_ptr<Saved> saved_;
+};
 
 }  // namespace pipemat::remat
