@@ -6,10 +6,12 @@
 
 #include <cmath>
 #include <mutex>
+#include <optional>
 
 #include "causal_attention.h"
 #include "pipemat/core/error.h"
 #include "pipemat/models/zoo_stages.h"
+#include "pipemat/remat/rng.h"
 
 namespace pipemat::models {
 
@@ -40,7 +42,10 @@ at::Tensor GptEmbedImpl::forward(const at::Tensor& ids) {
   const int64_t t = ids.size(1);
   PIPEMAT_CHECK(t <= pos->weight.size(0), PipelineError, "gpt: a sequence of ", t,
                 " tokens is longer than model.seq_len ", pos->weight.size(0));
-  return drop(tok(ids) + pos(at::arange(t, at::kLong)).unsqueeze(0));
+  const at::Tensor x = tok(ids) + pos(at::arange(t, at::kLong)).unsqueeze(0);
+  std::optional<remat::LayerStream> layer;  // Note [Layer streams]
+  if (stream && drop->p > 0 && is_training()) layer.emplace(*stream);
+  return drop(x);
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptShape& shape) : heads(shape.heads) {
@@ -75,6 +80,8 @@ GptBlockImpl::GptBlockImpl(const GptShape& shape) {
 
 at::Tensor GptBlockImpl::forward(const at::Tensor& x) {
   ++calls;
+  std::optional<remat::LayerStream> layer;  // Note [Layer streams]
+  if (stream && drop->p > 0 && is_training()) layer.emplace(*stream);
   const at::Tensor h = x + drop(attn(ln1(x)));
   return h + drop(mlp(ln2(h)));
 }
@@ -102,11 +109,13 @@ GptParts build_gpt(const GptShape& shape, uint64_t seed) {
   at::NoGradGuard no_grad;
   GptParts parts;
   parts.embed = GptEmbed(shape);
+  parts.embed->stream = -1;  // Note [Layer streams]: keyed by the layer, not the stage
   torch::nn::init::normal_(parts.embed->tok->weight, 0.0, 0.02);
   torch::nn::init::normal_(parts.embed->pos->weight, 0.0, 0.02);
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(shape.layers));
   for (int64_t i = 0; i < shape.layers; ++i) {
     GptBlock block(shape);
+    block->stream = i;
     init_linear(*block->attn->qkv, 0.02);
     init_linear(*block->attn->proj, residual_std);
     init_linear(*block->mlp->up, 0.02);

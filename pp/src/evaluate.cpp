@@ -66,7 +66,7 @@ EvalResult Pipeline::Impl::evaluate(const DataSource& data, const EvalOptions& e
       b.targets = on_device(std::move(b.targets));
     }
     for (const auto& [s, stage] : stages) {
-      reseed(eo.step, i, s);
+      reseed(eo.step, i, stage_stream(stage));
       Tensors in;
       if (s == 0) {
         in = b.inputs;

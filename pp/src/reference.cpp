@@ -71,7 +71,7 @@ struct Chain {
     Tensors x = on_device(std::move(b.inputs));
     for (size_t s = 0; s < stages.size(); ++s) {
       std::optional<remat::ThreadGeneratorScope> rng;
-      enter(rng, step, i, static_cast<int>(s));
+      enter(rng, step, i, stage_stream(stages[s]));
       PrecisionRegion region(options.precision, options.device);  // Note [Mixed precision]
       x = stages[s].forward(x);
     }

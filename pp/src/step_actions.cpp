@@ -54,7 +54,7 @@ void Pipeline::Impl::StepRun::forward(const Action& a) {
   Tensors out;
   {
     remat::InvocationScope scope({step_, a.stage, a.micro_batch});
-    pipe_.reseed(step_, offset_ + a.micro_batch, a.stage);
+    pipe_.reseed(step_, offset_ + a.micro_batch, stage_stream(pipe_.stages.at(a.stage)));
     PrecisionRegion precision(pipe_.options.precision, pipe_.options.device);
     out = pipe_.stages.at(a.stage).forward(mb.inputs);
     mb.group = scope.group();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pipemat/comm/transport.h"
+#include "pipemat/remat/rng.h"
 #include "user_pipeline.h"
 
 namespace pipemat::pp {
@@ -188,6 +189,120 @@ TEST(Reference, EqualsThePlainLibTorchLoop) {
   for (const StageTensor& p : got.parameters) {
     EXPECT_TRUE(at::equal(p.tensor, want.params.back().at(p.name))) << p.name;
   }
+}
+
+// Note [Random streams of a step], layout invariance: the user model's blocks (dropout 0.2) each
+// drawn inside a remat::LayerStream keyed by the block, on stages with
+// PipelineStage::layer_streams.
+struct KeyedBlockImpl : torch::nn::Module {
+  KeyedBlockImpl(user_model::Block b, int64_t key_) : key(key_) {
+    block = register_module("block", std::move(b));
+  }
+  Tensors forward(const Tensors& in) {
+    remat::LayerStream stream(key);
+    return block->forward(in);
+  }
+  user_model::Block block{nullptr};
+  int64_t key;
+};
+TORCH_MODULE(KeyedBlock);
+
+// make_model's 6 blocks with dropout, each keyed (`keyed`) or as it is.
+torch::nn::Sequential dropout_model(bool keyed) {
+  torch::nn::Sequential plain = user_model::make_model(6, 7, 0.2);
+  if (!keyed) return plain;
+  torch::nn::Sequential model;
+  model->push_back("embed", user_model::Embed(plain->ptr<user_model::EmbedImpl>(0)));
+  for (size_t b = 0; b < 6; ++b) {
+    model->push_back("block" + std::to_string(b),
+                     KeyedBlock(user_model::Block(plain->ptr<user_model::BlockImpl>(b + 1)),
+                                static_cast<int64_t>(b)));
+  }
+  model->push_back("head", user_model::Head(plain->ptr<user_model::HeadImpl>(7)));
+  return model;
+}
+
+PipelineOptions dropout_options(schedule::ScheduleKind kind, int ranks) {
+  PipelineCase c;
+  c.kind = kind;
+  c.ranks = ranks;
+  c.dropout = 0.2;
+  c.seed = 11;
+  PipelineOptions o = user_model::pipeline_options(c);
+  o.remat.exclude = {{"block*.block.attn_in.1", true}};
+  return o;
+}
+
+StageFactory keyed_split(torch::nn::Sequential model, std::vector<int64_t> bounds, bool keyed) {
+  return [split = split_sequential(std::move(model), std::move(bounds)), keyed](int s) {
+    PipelineStage stage = split(s);
+    stage.layer_streams = keyed;
+    return stage;
+  };
+}
+
+// What a run trained: losses, gradient norms and the final parameters by name.
+struct Trained {
+  std::vector<double> losses, grad_norms;
+  std::map<std::string, at::Tensor> params;
+};
+
+Trained reference_split(std::vector<int64_t> bounds, bool keyed) {
+  const PipelineOptions options =
+      dropout_options(schedule::ScheduleKind::kOneFOneB, static_cast<int>(bounds.size()) - 1);
+  const ReferenceRun run =
+      run_reference(options, keyed_split(dropout_model(keyed), bounds, keyed), user_data, 3);
+  Trained t;
+  for (const ReferenceStep& s : run.steps) {
+    t.losses.push_back(s.loss);
+    t.grad_norms.push_back(s.grad_norm);
+  }
+  for (const StageTensor& p : run.parameters) t.params[p.name] = p.tensor;
+  return t;
+}
+
+void expect_same_training(const Trained& got, const Trained& want) {
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.grad_norms, want.grad_norms);
+  for (double norm : want.grad_norms) EXPECT_GT(norm, user_model::kClip) << "clipping acted";
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (const auto& [name, value] : want.params) {
+    ASSERT_TRUE(got.params.count(name)) << name;
+    EXPECT_TRUE(at::equal(got.params.at(name), value)) << name;
+  }
+}
+
+// The reference on 1, 2 (two splits) and 3 stages and a ZB-V pipeline of 4 stages on 2 ranks
+// (selective remat, pre-triggered replays) train alike, bitwise; without layer streams two
+// splits draw other masks.
+TEST(Reference, LayerStreamsTrainTheUserModelAlikeOnEverySplit) {
+  const Trained one = reference_split({0, 8}, true);
+  for (const std::vector<int64_t>& bounds :
+       std::vector<std::vector<int64_t>>{{0, 2, 8}, {0, 5, 8}, {0, 3, 6, 8}}) {
+    SCOPED_TRACE(::testing::PrintToString(bounds));
+    expect_same_training(reference_split(bounds, true), one);
+  }
+  std::vector<Trained> ranks(2);
+  const auto errors = user_model::run_ranks(2, [&](comm::Transport& t) {
+    Pipeline pipe(t, dropout_options(schedule::ScheduleKind::kZeroBubbleV, 2),
+                  keyed_split(dropout_model(true), {0, 2, 4, 6, 8}, true));
+    Trained& got = ranks[static_cast<size_t>(t.rank())];
+    for (int64_t step = 0; step < 3; ++step) {
+      const StepMetrics m = pipe.train_step(user_data);
+      got.losses.push_back(m.loss);
+      got.grad_norms.push_back(m.grad_norm);
+    }
+    for (int s : pipe.stages()) {
+      for (const auto& p : pipe.stage(s).module->named_parameters()) {
+        got.params[p.key()] = p.value().detach().clone();
+      }
+    }
+  });
+  for (const auto& e : errors) ASSERT_EQ(e, "");
+  ranks[0].params.insert(ranks[1].params.begin(), ranks[1].params.end());
+  expect_same_training(ranks[0], one);
+  EXPECT_NE(reference_split({0, 2, 8}, false).losses, reference_split({0, 5, 8}, false).losses)
+      << "streams keyed by stage: another split, other masks";
 }
 
 TEST(Reference, AFactoryThatReturnsAnotherStageIsAConfigError) {

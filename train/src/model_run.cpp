@@ -106,8 +106,10 @@ ModelRun gpt_run(const TrainConfig& config, int stages, bool with_data) {
   run.stages = stages;
   run.stage = [parts, bounds, stages](int s) {
     PIPEMAT_INTERNAL_ASSERT(!parts->blocks.empty(), "stage ", s, " asked after release_unused");
-    return pp::make_stage(
+    pp::PipelineStage stage = pp::make_stage(
         s, models::GptStage(*parts, (*bounds)[s], (*bounds)[s + 1], s == 0, s == stages - 1));
+    stage.layer_streams = true;  // Note [Random streams of a step]: the blocks key their dropout
+    return stage;
   };
   run.release_unused = [parts] { *parts = models::GptParts{}; };
   run.policy = models::stage_policy(config.model, config.remat);

@@ -29,8 +29,8 @@ double since_ms(std::chrono::steady_clock::time_point t0) {
 }
 
 // The same stages as the pipeline of a (resolved) config, chained in one process: no transport,
-// no remat. Stage s of micro-batch i draws from forward_seed(seed, step, i, s) when the model is
-// random, as the pipeline's ranks do (Note [Random streams of a step]).
+// no remat. Stage s of micro-batch i draws from forward_seed(seed, step, i, stage_stream(stage
+// s)) when the model is random, as the pipeline's ranks do (Note [Random streams of a step]).
 struct Chain {
   ModelRun run;
   std::vector<pp::PipelineStage> stages;
@@ -72,7 +72,7 @@ struct Chain {
     for (size_t s = 0; s < stages.size(); ++s) {
       std::optional<remat::ThreadGeneratorScope> rng;
       if (run.random) {
-        const uint64_t stage_seed = pp::forward_seed(seed, step, i, static_cast<int>(s));
+        const uint64_t stage_seed = pp::forward_seed(seed, step, i, pp::stage_stream(stages[s]));
         rng.emplace(stage_seed);
         pp::seed_device(device, stage_seed);
       }

@@ -21,6 +21,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,9 @@ struct GptEmbedImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& ids);  // [B, T] int64 -> [B, T, H]
   torch::nn::Embedding tok{nullptr}, pos{nullptr};
   CounterDropout drop{nullptr};
+  // Set: its dropout draws inside remat::LayerStream(*stream) (Note [Layer streams]); unset:
+  // from the current stream.
+  std::optional<int64_t> stream;
 };
 TORCH_MODULE(GptEmbed);
 
@@ -86,7 +90,8 @@ struct GptBlockImpl : torch::nn::Module {
   remat::Remat<CausalSelfAttention> attn{nullptr};
   remat::Remat<GptMlp> mlp{nullptr};
   CounterDropout drop{nullptr};
-  int64_t calls = 0;  // forward calls, replays included
+  int64_t calls = 0;              // forward calls, replays included
+  std::optional<int64_t> stream;  // as GptEmbed's
 };
 TORCH_MODULE(GptBlock);
 
@@ -101,7 +106,11 @@ TORCH_MODULE(GptHead);
 
 // The whole model's parts, built from a seed (GPT-2 initialization: normal(0, 0.02), residual
 // projections scaled by 1 / sqrt(2 x layers), zero biases). Deterministic for a seed and
-// serialized process-wide, so ranks that run as threads build equal weights.
+// serialized process-wide, so ranks that run as threads build equal weights. Their dropouts
+// draw from layer streams (Note [Layer streams] in pipemat/remat/rng.h): the embedding's keyed
+// -1, block i's keyed i, whatever stage holds them, so the caller reseeds the generator before
+// every forward (pp::Pipeline with a seed and PipelineStage::layer_streams, the references),
+// or each forward draws the masks of the one before (Note [Random streams of a step]).
 struct GptParts {
   GptEmbed embed{nullptr};
   std::vector<GptBlock> blocks;

@@ -113,6 +113,10 @@ struct PipelineStage {
   // another stage (an embedding and the head that multiplies by it): the parameter's name in
   // module->named_parameters() -> a tie key, the same on every stage that holds a copy.
   std::map<std::string, std::string> tied;
+  // Note [Random streams of a step]: the forward's random ops key their streams by layer
+  // (remat::LayerStream), so the stream its forward starts from is the one of (seed, step,
+  // micro-batch), the same for every stage that sets this (kLayerStream), not the stage's own.
+  bool layer_streams = false;
 };
 
 // Note [Tied weights]
@@ -132,7 +136,9 @@ struct PipelineStage {
 // every copy the same update: the copies stay equal bit for bit. The gradient is the one weight's
 // (the sum of its uses), in the order "each stage's micro-batches, then the stages", which
 // run_reference follows (Note [Single-process reference]). A stage that holds both uses (a
-// one-stage model) shares the weight itself and declares nothing.
+// one-stage model) shares the weight itself and declares nothing; autograd then adds the two uses
+// of each micro-batch before the micro-batches, so its bits differ from those of the same model
+// on two or more stages, which all agree (Layout invariance in Note [Random streams of a step]).
 
 // Builds stage `stage`; called once for every stage the schedule puts on this rank.
 using StageFactory = std::function<PipelineStage(int stage)>;
@@ -215,14 +221,34 @@ struct PipelineOptions {
 // Note [Random streams of a step]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // With PipelineOptions::seed the rank's generator is reseeded before every draw site of a
-// step: the forward of stage s on micro-batch i of step t with forward_seed(seed, t, i, s), the
-// data source's call for (t, i) with forward_seed(seed, t, i, kDataStream), the loss with
-// kLossStream; evaluation the same with its step. So what a forward draws depends on (seed,
-// step, micro-batch, stage) only, not on the order the schedule runs the actions, on which rank
-// holds the stage or on the transport, and a single-process loop that reseeds the same way
-// (see forward_seed) draws the same dropout masks. A checkpoint unit records the generator
-// state at its entry (after the reseed) and its replay rewinds to it, wherever the schedule
-// puts the replay.
+// step: the forward of stage s on micro-batch i of step t with forward_seed(seed, t, i,
+// stage_stream(stage)), the data source's call for (t, i) with forward_seed(seed, t, i,
+// kDataStream), the loss with kLossStream; evaluation the same with its step. So what a forward
+// draws depends on (seed, step, micro-batch, stage) only, not on the order the schedule runs the
+// actions, on which rank holds the stage or on the transport, and a single-process loop that
+// reseeds the same way (see forward_seed) draws the same dropout masks. A checkpoint unit
+// records the generator state at its entry (after the reseed) and its replay rewinds to it,
+// wherever the schedule puts the replay.
+//
+// Layout invariance. stage_stream(stage) is the stage's index s by default: another split of
+// the same layers (pipeline degree, layers_per_stage, schedule kind, virtual stages) gives a
+// layer another stage and so other masks. A stage with PipelineStage::layer_streams starts from
+// kLayerStream instead, the same stream for every such stage, and each of its layers draws inside
+// a remat::LayerStream keyed by its index in the whole model (Note [Layer streams] in
+// pipemat/remat/rng.h): layer L's draws then depend on (seed, step, micro-batch, L) only, and a
+// model whose stages all do this trains to the same bits on every split at a given data degree.
+// pipemat train's GPT does (its embedding's dropout keyed -1, block i's two dropouts keyed i); the
+// Llama and the zoo's models draw nothing in their forward. The step's reductions keep one order
+// on every split: each gradient sums its micro-batches in micro-batch order (and its replicas in
+// replica order), the loss the same, and the clipping norm stacks the per-parameter norms in
+// stage order, the model's order for contiguous stages (a tied weight's at its first copy; with
+// Note [Sharded optimizer] each norm is still its whole parameter's). Still tied to the split: a
+// draw of a layer_streams stage outside every LayerStream (from the shared kLayerStream stream,
+// at its place in that stage's forward); a tied weight on one stage against two or more (Note
+// [Tied weights]: one stage adds each micro-batch's two uses first, several stages sum each
+// copy's micro-batches and then the copies; all splits of two or more stages agree); and a user
+// stage whose forward is not the same function of its layers wherever the split falls (one that
+// casts its output at its end, say). docs/training.md lists what the tests cover.
 
 // Note [Overlapped gradient all-reduce]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -611,13 +637,19 @@ std::vector<int64_t> balance_by_parameters(const torch::nn::Sequential& model, i
 // are not strictly ascending from 0 to model->size().
 StageFactory split_sequential(torch::nn::Sequential model, std::vector<int64_t> bounds);
 
-// The seed of the random stream of stage `stream` (or kDataStream / kLossStream) on
-// micro-batch `micro_batch` of step `step` (Note [Random streams of a step]). A single-process
-// loop that matches a seeded pipeline bitwise runs stage s of micro-batch i under
-// remat::ThreadGeneratorScope(forward_seed(seed, step, i, s)).
+// The seed of the random stream `stream` (a stage's stage_stream, or kDataStream /
+// kLossStream) on micro-batch `micro_batch` of step `step` (Note [Random streams of a step]). A
+// single-process loop that matches a seeded pipeline bitwise runs stage s of micro-batch i under
+// remat::ThreadGeneratorScope(forward_seed(seed, step, i, stage_stream(stage s))).
 inline constexpr int kDataStream = -1;
 inline constexpr int kLossStream = -2;
+inline constexpr int kLayerStream = -3;  // every PipelineStage::layer_streams stage's forward
 uint64_t forward_seed(uint64_t seed, int64_t step, int64_t micro_batch, int stream);
+// The stream a stage's forward starts from: kLayerStream with PipelineStage::layer_streams,
+// else its index.
+inline int stage_stream(const PipelineStage& stage) {
+  return stage.layer_streams ? kLayerStream : stage.index;
+}
 
 // Number of model stages the options give (ranks x virtual stages, or the imported list's).
 int stage_count(const PipelineOptions& options);

@@ -148,9 +148,9 @@ int run_train(const TrainConfig& config, bool reference, std::ostream& out, std:
               const StopRequested& stop_requested = nullptr);
 
 // The oracle: the same stages, data and steps chained in one process, no pipeline and no
-// remat; a random model draws stage s of micro-batch i from pp::forward_seed(seed, step, i, s)
-// as the pipeline does. Returns one StepMetrics per step (loss and step time); `params`
-// receives the final parameters, `validation` the (step, loss) of each evaluation,
+// remat; a random model draws stage s of micro-batch i from pp::forward_seed(seed, step, i,
+// pp::stage_stream(stage s)) as the pipeline does. Returns one StepMetrics per step (loss and step
+// time); `params` receives the final parameters, `validation` the (step, loss) of each evaluation,
 // `tokens_per_byte` ModelRun::validation_tokens_per_byte. `stop_requested` (when set) is asked
 // before each step: true ends the run there (Note [Stopping on a signal]).
 std::vector<StepMetrics> run_reference(
