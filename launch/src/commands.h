@@ -15,15 +15,16 @@ struct PlanOptions;
 
 namespace pipemat::launch {
 
-void add_config_command(CLI::App& app);    // cmd_config.cpp
-void add_demo_command(CLI::App& app);      // cmd_demo.cpp
-void add_export_command(CLI::App& app);    // cmd_export.cpp
-void add_prepare_command(CLI::App& app);   // cmd_prepare.cpp
-void add_generate_command(CLI::App& app);  // cmd_generate.cpp
-void add_schedule_command(CLI::App& app);  // cmd_schedule.cpp
-void add_project_command(CLI::App& app);   // cmd_project.cpp
-void add_plan_command(CLI::App& app);      // cmd_plan.cpp
-void add_train_command(CLI::App& app);     // cmd_train.cpp
+void add_checkpoint_command(CLI::App& app);  // cmd_checkpoint.cpp
+void add_config_command(CLI::App& app);      // cmd_config.cpp
+void add_demo_command(CLI::App& app);        // cmd_demo.cpp
+void add_export_command(CLI::App& app);      // cmd_export.cpp
+void add_prepare_command(CLI::App& app);     // cmd_prepare.cpp
+void add_generate_command(CLI::App& app);    // cmd_generate.cpp
+void add_schedule_command(CLI::App& app);    // cmd_schedule.cpp
+void add_project_command(CLI::App& app);     // cmd_project.cpp
+void add_plan_command(CLI::App& app);        // cmd_plan.cpp
+void add_train_command(CLI::App& app);       // cmd_train.cpp
 
 // `pipemat bench <what>`: benchmarks that print measured numbers.
 void add_bench_remat_command(CLI::App& bench);     // cmd_bench_remat.cpp

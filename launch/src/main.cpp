@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
   pipemat::launch::add_config_command(app);
   pipemat::launch::add_generate_command(app);
   pipemat::launch::add_export_command(app);
+  pipemat::launch::add_checkpoint_command(app);
   pipemat::launch::add_prepare_command(app);
   pipemat::launch::add_schedule_command(app);
   pipemat::launch::add_project_command(app);

@@ -15,9 +15,13 @@
 #include <vector>
 
 #include "checkpoint_files.h"
+#include "pipemat/core/digest.h"
 #include "pipemat/core/error.h"
+#include "pipemat/core/files.h"
+#include "pipemat/core/format.h"
 #include "pipemat/core/parse.h"
 #include "pipemat/pp/checkpoint.h"
+#include "pipemat/weights/safetensors.h"
 
 namespace pipemat::pp {
 namespace detail {
@@ -135,6 +139,60 @@ std::string latest_checkpoint(const std::string& root, const std::string& run_id
                              : "; the newest complete one before it is " + best +
                                    ": load it explicitly if that is meant");
   return best;
+}
+
+std::vector<CheckpointFileCheck> verify_checkpoint(const std::string& dir) {
+  const CheckpointManifest manifest = read_checkpoint_manifest(dir);
+  PIPEMAT_CHECK(manifest.format >= 2, ConfigError, "verify_checkpoint: ", dir,
+                " is of format 1, which records no digests of its files; nothing to verify "
+                "against");
+  std::vector<CheckpointFileCheck> out;
+  for (const CheckpointFileRecord& record : manifest.files) {
+    CheckpointFileCheck check;
+    check.file = (fs::path(dir) / record.name).string();
+    std::error_code ec;
+    if (!fs::exists(check.file, ec)) {
+      check.problem = "missing";
+      out.push_back(std::move(check));
+      continue;
+    }
+    try {
+      const InputFile in = open_input_file<PipelineError>(check.file, "verify_checkpoint");
+      const FileDigest got = sha256_file(in);
+      check.bytes = got.bytes;
+      if (got.bytes != record.bytes || got.sha256 != record.sha256) {
+        check.problem = ::pipemat::detail::concat(
+            "damaged or replaced: it holds ", got.bytes, " bytes with SHA-256 ",
+            got.sha256.substr(0, 16), "... but the manifest recorded ", record.bytes,
+            " bytes with ", record.sha256.substr(0, 16), "...");
+      }
+    } catch (const Error& e) {
+      check.problem = e.what();
+    }
+    if (check.problem.empty() && manifest.format >= detail::kGlobalFormat) {
+      // The index's pieces in this file: present, of their dtype and size.
+      try {
+        const weights::SafetensorsFile file(check.file);
+        for (const CheckpointTensor& t : manifest.tensors) {
+          for (const CheckpointPiece& piece : t.pieces) {
+            if (piece.file != record.name) continue;
+            const weights::TensorInfo* info = file.find(piece.key);
+            if (info == nullptr || weights::to_string(info->dtype) != t.dtype ||
+                info->numel() != piece.end - piece.begin) {
+              check.problem =
+                  "does not hold the tensor '" + piece.key + "' as the index records it";
+              break;
+            }
+          }
+          if (!check.problem.empty()) break;
+        }
+      } catch (const WeightsError& e) {
+        check.problem = e.what();
+      }
+    }
+    out.push_back(std::move(check));
+  }
+  return out;
 }
 
 }  // namespace pipemat::pp

@@ -14,6 +14,7 @@
 #include "pipemat/core/files.h"
 #include "pipemat/core/json.h"
 #include "pipemat/core/parse.h"
+#include "pipemat/weights/safetensors.h"
 
 namespace pipemat::pp::detail {
 namespace {
@@ -35,23 +36,26 @@ bool integer_in(const Json& v, int64_t min, int64_t max) {
 }
 
 // The integer field `name` of `m`, within [min, max].
-int64_t integer(const Json& m, const char* name, int64_t min, int64_t max,
-                const std::string& path) {
-  if (!m.contains(name)) damaged(path, std::string("field '") + name + "' is missing");
+// The integer field `name` of `m`, within [min, max]; `where` (a tensor of the index) prefixes
+// the error when given.
+int64_t integer(const Json& m, const char* name, int64_t min, int64_t max, const std::string& path,
+                const std::string& where = "") {
+  const std::string field = (where.empty() ? "" : where + ": ") + "field '" + name + "'";
+  if (!m.contains(name)) damaged(path, field + " is missing");
   const Json& v = m.at(name);
   if (!integer_in(v, min, max)) {
-    damaged(path, std::string("field '") + name + "' is " + v.dump() +
-                      "; expected an integer from " + std::to_string(min) + " to " +
-                      std::to_string(max));
+    damaged(path, field + " is " + v.dump() + "; expected an integer from " + std::to_string(min) +
+                      " to " + std::to_string(max));
   }
   return v.get<int64_t>();
 }
 
-std::string text(const Json& m, const char* name, const std::string& path) {
-  if (!m.contains(name)) damaged(path, std::string("field '") + name + "' is missing");
+std::string text(const Json& m, const char* name, const std::string& path,
+                 const std::string& where = "") {
+  const std::string field = (where.empty() ? "" : where + ": ") + "field '" + name + "'";
+  if (!m.contains(name)) damaged(path, field + " is missing");
   const Json& v = m.at(name);
-  if (!v.is_string())
-    damaged(path, std::string("field '") + name + "' is " + v.dump() + "; expected a string");
+  if (!v.is_string()) damaged(path, field + " is " + v.dump() + "; expected a string");
   return v.get<std::string>();
 }
 
@@ -63,8 +67,9 @@ struct CheckpointFile {
   int replica = -1;
   int replicas = 0;
 };
-std::optional<CheckpointFile> checkpoint_file(const std::string& name) {
-  constexpr std::string_view kPrefix = "rank-", kSuffix = ".pt", kShard = ".shard-", kOf = "-of-";
+std::optional<CheckpointFile> checkpoint_file(const std::string& name, int format) {
+  constexpr std::string_view kPrefix = "rank-", kShard = ".shard-", kOf = "-of-";
+  const std::string_view kSuffix = format >= kGlobalFormat ? ".safetensors" : ".pt";
   if (name.size() <= kPrefix.size() + kSuffix.size() || name.rfind(kPrefix, 0) != 0 ||
       name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0) {
     return std::nullopt;
@@ -90,8 +95,9 @@ std::optional<CheckpointFile> checkpoint_file(const std::string& name) {
     f = {static_cast<int>(*rank), static_cast<int>(*replica), static_cast<int>(*replicas)};
   }
   // Only the spelling pipemat writes ("rank-01.pt" or "rank-+1.pt" is another file).
-  const std::string canonical =
-      f.replicas == 0 ? rank_file_name(f.rank) : shard_file_name(f.rank, f.replica, f.replicas);
+  const std::string canonical = f.replicas == 0
+                                    ? rank_file_name(f.rank, format)
+                                    : shard_file_name(f.rank, f.replica, f.replicas, format);
   if (canonical != name) return std::nullopt;
   return f;
 }
@@ -108,10 +114,10 @@ struct Implied {
   std::map<int, std::string> replica_counts;  // each replica count K: its first shard file
 };
 template <typename Names>
-Implied implied_by(const Names& names) {
+Implied implied_by(const Names& names, int format) {
   Implied out;
   for (const std::string& name : names) {
-    const auto f = checkpoint_file(name);
+    const auto f = checkpoint_file(name, format);
     if (!f) continue;
     if (f->replicas == 0) {
       out.ranks = std::max(out.ranks, static_cast<long long>(f->rank) + 1);
@@ -122,13 +128,107 @@ Implied implied_by(const Names& names) {
   return out;
 }
 
+// Format 4: the tensor index and the ties of `m`, each entry checked (a known dtype, a shape
+// whose size fits, pieces in a recorded file that cover the tensor's elements once, in order);
+// into `out`.
+void read_index(const Json& m, const std::string& path, CheckpointManifest& out) {
+  if (!m.contains(kTensorsKey) || !m[kTensorsKey].is_object()) {
+    damaged(path, std::string("field 'tensors' is ") +
+                      (m.contains(kTensorsKey) ? m[kTensorsKey].dump().substr(0, 80) : "missing") +
+                      "; expected the index of every tensor");
+  }
+  const Json& files = m[kFilesKey];
+  for (const auto& item : m[kTensorsKey].items()) {
+    const std::string& name = item.key();
+    const Json& t = item.value();
+    const std::string where = "tensor '" + name + "'";
+    if (name.empty() || !t.is_object()) damaged(path, where + " is not an object");
+    CheckpointTensor tensor;
+    tensor.name = name;
+    tensor.dtype = text(t, "dtype", path, where);
+    const auto dtype = weights::dtype_from_string(tensor.dtype);
+    if (!dtype) {
+      damaged(path, where + " has the dtype '" + tensor.dtype +
+                        "', which safetensors does not have (F64, F32, F16, BF16, I64, I32, I16, "
+                        "I8, U8, BOOL)");
+    }
+    if (!t.contains("shape") || !t["shape"].is_array() || t["shape"].size() > 16)
+      damaged(path, where + " has no shape (an array of at most 16 sizes)");
+    int64_t numel = 1;
+    for (const Json& d : t["shape"]) {
+      if (!integer_in(d, 0, kMaxManifestElements) ||
+          (d.get<int64_t>() > 0 && numel > kMaxManifestElements / d.get<int64_t>()))
+        damaged(path, where + " has the shape " + t["shape"].dump() + "; too large or not sizes");
+      tensor.shape.push_back(d.get<int64_t>());
+      numel *= d.get<int64_t>();
+    }
+    tensor.stage = static_cast<int>(integer(t, "stage", -1, out.stages - 1, path, where));
+    if (!t.contains("pieces") || !t["pieces"].is_array() || t["pieces"].empty())
+      damaged(path, where + " has no pieces");
+    int64_t at = 0;
+    for (const Json& p : t["pieces"]) {
+      if (!p.is_object()) damaged(path, where + " has a piece that is not an object");
+      CheckpointPiece piece;
+      piece.file = text(p, "file", path, where);
+      piece.key = text(p, "key", path, where);
+      piece.begin = integer(p, "begin", 0, numel, path, where);
+      piece.end = integer(p, "end", 0, numel, path, where);
+      piece.sha256 = text(p, "sha256", path, where);
+      if (!files.contains(piece.file))
+        damaged(path, where + " lies in " + piece.file + ", which field 'files' does not record");
+      if (piece.sha256.size() != 64 || piece.key.empty())
+        damaged(path, where + " has a piece without a key or a SHA-256");
+      if (piece.begin != at || piece.end < piece.begin || (piece.end == at && numel > 0))
+        damaged(path, where + "'s pieces do not cover its " + std::to_string(numel) +
+                          " elements once, in order (a piece starts at " +
+                          std::to_string(piece.begin) + ", expected " + std::to_string(at) + ")");
+      at = piece.end;
+      tensor.pieces.push_back(std::move(piece));
+    }
+    if (at != numel)
+      damaged(path, where + "'s pieces cover " + std::to_string(at) + " of its " +
+                        std::to_string(numel) + " elements");
+    out.tensors.push_back(std::move(tensor));
+  }
+  if (!m.contains(kTiesKey) || !m[kTiesKey].is_object())
+    damaged(path, "field 'ties' is missing; expected an object (empty without tied weights)");
+  for (const auto& item : m[kTiesKey].items()) {
+    if (!item.value().is_string() || out.find(item.value().get<std::string>()) == nullptr)
+      damaged(path, "field 'ties' maps '" + item.key() + "' to " + item.value().dump() +
+                        ", which is no tensor of the index");
+    out.ties[item.key()] = item.value().get<std::string>();
+  }
+}
+
 }  // namespace
+}  // namespace pipemat::pp::detail
 
-std::string rank_file_name(int rank) { return "rank-" + std::to_string(rank) + ".pt"; }
+namespace pipemat::pp {
 
-std::string shard_file_name(int rank, int replica, int replicas) {
+int64_t CheckpointTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+const CheckpointTensor* CheckpointManifest::find(const std::string& name) const {
+  const auto it =
+      std::lower_bound(tensors.begin(), tensors.end(), name,
+                       [](const CheckpointTensor& t, const std::string& n) { return t.name < n; });
+  return it != tensors.end() && it->name == name ? &*it : nullptr;
+}
+
+}  // namespace pipemat::pp
+
+namespace pipemat::pp::detail {
+
+std::string rank_file_name(int rank, int format) {
+  return "rank-" + std::to_string(rank) + (format >= kGlobalFormat ? ".safetensors" : ".pt");
+}
+
+std::string shard_file_name(int rank, int replica, int replicas, int format) {
   return "rank-" + std::to_string(rank) + ".shard-" + std::to_string(replica) + "-of-" +
-         std::to_string(replicas) + ".pt";
+         std::to_string(replicas) + (format >= kGlobalFormat ? ".safetensors" : ".pt");
 }
 
 std::string manifest_path(const std::string& dir) {
@@ -153,11 +253,11 @@ CheckpointManifest manifest_from_json(const Json& m, const std::string& path) {
   PIPEMAT_CHECK(m.contains("format") && m["format"].is_number_integer(), PipelineError,
                 "load_checkpoint: ", path, " has no format version; it is not a pipemat manifest");
   const Json& format = m["format"];
-  const bool newer = format.is_number_unsigned() ? format.get<uint64_t>() > kShardedFormat
-                                                 : format.get<int64_t>() > kShardedFormat;
+  const bool newer = format.is_number_unsigned() ? format.get<uint64_t>() > kNewestFormat
+                                                 : format.get<int64_t>() > kNewestFormat;
   PIPEMAT_CHECK(!newer && format.get<int64_t>() >= kOldestFormat, PipelineError,
                 "load_checkpoint: ", path, " is of format ", format.dump(),
-                "; this pipemat reads formats ", kOldestFormat, " to ", kShardedFormat,
+                "; this pipemat reads formats ", kOldestFormat, " to ", kNewestFormat,
                 (newer ? " (it was written by a newer pipemat)" : ""));
   out.format = format.get<int>();
   out.step = integer(m, "step", 0, std::numeric_limits<int64_t>::max(), path);
@@ -191,6 +291,16 @@ CheckpointManifest manifest_from_json(const Json& m, const std::string& path) {
   }
   if (out.format >= kShardedFormat) {
     out.replicas = static_cast<int>(integer(m, "replicas", 1, kMaxManifestReplicas, path));
+    out.sharded = out.format == kShardedFormat;  // format 4 says so below
+  }
+  if (out.format >= kGlobalFormat) {
+    if (!m.contains("sharded") || !m["sharded"].is_boolean())
+      damaged(path, "field 'sharded' is " +
+                        (m.contains("sharded") ? m["sharded"].dump() : "missing") +
+                        "; expected true or false");
+    out.sharded = m["sharded"].get<bool>();
+    out.optimizer = text(m, "optimizer", path);
+    out.seed = text(m, "seed", path);
   }
   if (out.format < 2) return out;
   // The files record: the digest of every file, and no file that the fields above do not have.
@@ -209,14 +319,20 @@ CheckpointManifest manifest_from_json(const Json& m, const std::string& path) {
                         "; expected {\"sha256\": 64 hex digits, \"bytes\": a size}");
     }
     names.push_back(item.key());
+    out.files.push_back({item.key(), f["sha256"].get<std::string>(), f["bytes"].get<uint64_t>()});
   }
-  const Implied implied = implied_by(names);
+  const Implied implied = implied_by(names, out.format);
   if (implied.ranks != out.world_size) {
     damaged(path, "field 'world_size' is " + std::to_string(out.world_size) +
                       " but field 'files' records the rank files of " +
                       count(implied.ranks, "rank"));
   }
+  if (out.format >= kGlobalFormat) read_index(m, path, out);
   for (const auto& [k, example] : implied.replica_counts) {
+    if (out.format >= kGlobalFormat && !out.sharded) {
+      damaged(path, "field 'sharded' is false but field 'files' records the optimizer shards of " +
+                        count(k, "replica") + " (" + example + ")");
+    }
     if (k != out.replicas) {
       damaged(path, "field 'replicas' is " +
                         (out.format >= kShardedFormat
@@ -240,12 +356,12 @@ void check_manifest_dir(const CheckpointManifest& manifest, const std::string& d
     names.push_back(item.path().filename().string());
   }
   std::sort(names.begin(), names.end());  // the example a message names: the first by name
-  const Implied held = implied_by(names);
+  const Implied held = implied_by(names, manifest.format);
   const std::string path = manifest_path(dir);
   if (held.ranks > manifest.world_size) {
     damaged(path, "field 'world_size' is " + std::to_string(manifest.world_size) + " but " + dir +
                       " holds rank files of " + count(held.ranks, "rank") + " (up to " +
-                      rank_file_name(static_cast<int>(held.ranks - 1)) + ")");
+                      rank_file_name(static_cast<int>(held.ranks - 1), manifest.format) + ")");
   }
   if (manifest.format >= kShardedFormat && !held.replica_counts.empty() &&
       held.replica_counts.count(manifest.replicas) == 0) {

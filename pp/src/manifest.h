@@ -15,9 +15,14 @@ namespace pipemat::pp::detail {
 // load, without those checks); 2 records each rank file's SHA-256 and size and names the run in
 // each rank file; 3 is a sharded optimizer's (Note [Sharded optimizer]): the rank files hold no
 // optimizer state, each replica's shard file of each rank does, and "replicas" says how many.
+// 4 stores every tensor by its global name in safetensors files and indexes each in the manifest
+// ("tensors"), so it resumes on any layout; save_checkpoint writes it, the older ones still load
+// on the layout that wrote them.
 constexpr int kOldestFormat = 1;
 constexpr int kFormat = 2;
 constexpr int kShardedFormat = 3;
+constexpr int kGlobalFormat = 4;
+constexpr int kNewestFormat = kGlobalFormat;
 
 // The limits a manifest's numbers are checked against: far above any job, far below what would
 // make a loop over them or an allocation sized by them a hang or a crash.
@@ -30,10 +35,17 @@ constexpr const char* kFilesKey = "files";
 // The manifest's "run" object: {"id": ..., "config_digest": ...}.
 constexpr const char* kRunKey = "run";
 
-// "rank-1.pt".
-std::string rank_file_name(int rank);
-// Replica `replica` of `replicas`' optimizer shard of rank `rank`: "rank-1.shard-0-of-2.pt".
-std::string shard_file_name(int rank, int replica, int replicas);
+// "rank-1.pt" (format 4: "rank-1.safetensors").
+std::string rank_file_name(int rank, int format = kFormat);
+// Replica `replica` of `replicas`' optimizer shard of rank `rank`: "rank-1.shard-0-of-2.pt"
+// (format 4: "rank-1.shard-0-of-2.safetensors").
+std::string shard_file_name(int rank, int replica, int replicas, int format = kFormat);
+// The manifest's tensor index (format 4): {"<name>": {"dtype", "shape", "stage", "pieces":
+// [{"file", "key", "begin", "end", "sha256"}]}}, and the ties: {"<tie key>": "<name>"}.
+constexpr const char* kTensorsKey = "tensors";
+constexpr const char* kTiesKey = "ties";
+// The largest tensor a manifest may index (elements), far above any model's.
+constexpr int64_t kMaxManifestElements = int64_t{1} << 48;
 // "<dir>/manifest.json".
 std::string manifest_path(const std::string& dir);
 

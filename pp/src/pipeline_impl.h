@@ -20,8 +20,13 @@
 //   evaluate.cpp        evaluate: forward only, in eval mode.
 //   split_backward.h/.cpp  B, and I / W (Note [Split backward]) on the autograd engine: pp's
 //                       only use of torch/csrc (Note [Autograd internals of pp's backward]).
-//   checkpoint.cpp, checkpoint_dir.cpp, checkpoint_files.h, compute.cpp, profile.cpp  what
-//                       checkpoint.h, compute.h, profile.h declare.
+//   checkpoint_*.cpp    what checkpoint.h declares (Note [Checkpoint layout]): checkpoint_state
+//                       (a rank's state by global name), checkpoint_write (save), checkpoint_load
+//                       (the load planner), manifest (the manifest and its tensor index),
+//                       checkpoint_dir (directories, runs, verify), checkpoint.cpp (the ranks'
+//                       agreement, crash injection, formats 1 to 3); optimizer_state (the
+//                       elementwise optimizers' state by field).
+//   compute.cpp, profile.cpp  what compute.h, profile.h declare.
 
 #include <cstdint>
 #include <map>

@@ -3,11 +3,7 @@
 // state joined into one optimizer over the rank's parameters.
 
 #include <ATen/ATen.h>
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
+#include <torch/optim/optimizer.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
@@ -17,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "optimizer_state.h"
 #include "pipeline_impl.h"
 #include "pipemat/comm/tensor.h"
 #include "pipemat/core/error.h"
@@ -25,35 +22,8 @@
 namespace pipemat::pp {
 namespace {
 
-// The per-element tensors of an elementwise optimizer's state of one parameter, in a fixed order
-// (undefined where unused, as AdamW's max_exp_avg_sq without amsgrad); empty for other types.
-std::vector<at::Tensor> state_tensors(const torch::optim::OptimizerParamState& s) {
-  if (const auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(&s))
-    return {a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()};
-  if (const auto* b = dynamic_cast<const torch::optim::AdamParamState*>(&s))
-    return {b->exp_avg(), b->exp_avg_sq(), b->max_exp_avg_sq()};
-  if (const auto* g = dynamic_cast<const torch::optim::SGDParamState*>(&s))
-    return {g->momentum_buffer()};
-  if (const auto* r = dynamic_cast<const torch::optim::RMSpropParamState*>(&s))
-    return {r->square_avg(), r->momentum_buffer(), r->grad_avg()};
-  if (const auto* h = dynamic_cast<const torch::optim::AdagradParamState*>(&s)) return {h->sum()};
-  return {};
-}
-
-// Sets what state_tensors returns, in its order.
-void set_state_tensors(torch::optim::OptimizerParamState& s, const std::vector<at::Tensor>& t) {
-  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(&s)) {
-    a->exp_avg(t.at(0)), a->exp_avg_sq(t.at(1)), a->max_exp_avg_sq(t.at(2));
-  } else if (auto* b = dynamic_cast<torch::optim::AdamParamState*>(&s)) {
-    b->exp_avg(t.at(0)), b->exp_avg_sq(t.at(1)), b->max_exp_avg_sq(t.at(2));
-  } else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(&s)) {
-    g->momentum_buffer(t.at(0));
-  } else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(&s)) {
-    r->square_avg(t.at(0)), r->momentum_buffer(t.at(1)), r->grad_avg(t.at(2));
-  } else if (auto* h = dynamic_cast<torch::optim::AdagradParamState*>(&s)) {
-    h->sum(t.at(0));
-  }
-}
+using detail::set_state_tensors;
+using detail::state_tensors;
 
 // A parameter's elements as one flat tensor sharing its storage (make_shards checks that the
 // parameters are contiguous).
@@ -133,12 +103,7 @@ void Pipeline::Impl::make_shards() {
 }
 
 void Pipeline::Impl::check_shardable() const {
-  const torch::optim::Optimizer* o = optimizer.get();
-  const bool elementwise = dynamic_cast<const torch::optim::AdamW*>(o) != nullptr ||
-                           dynamic_cast<const torch::optim::Adam*>(o) != nullptr ||
-                           dynamic_cast<const torch::optim::SGD*>(o) != nullptr ||
-                           dynamic_cast<const torch::optim::RMSprop*>(o) != nullptr ||
-                           dynamic_cast<const torch::optim::Adagrad*>(o) != nullptr;
+  const bool elementwise = !detail::optimizer_kind(*optimizer).empty();
   PIPEMAT_CHECK(elementwise, ConfigError, "shard_optimizer on rank ", rank,
                 ": PipelineOptions::optimizer made an optimizer other than torch's SGD, Adam, "
                 "AdamW, RMSprop or Adagrad; a sharded optimizer steps slices of the parameters, "

@@ -124,7 +124,10 @@ StageFactory split_sequential(torch::nn::Sequential model, std::vector<int64_t> 
       }
       return tensors_of(std::move(value), stage);
     };
-    return make_stage(stage, part.ptr(), forward);
+    PipelineStage out = make_stage(stage, part.ptr(), forward);
+    // Note [Global names]: the entries keep their names, so a name is its path in `model`.
+    out.global_name = [](const std::string& name) { return name; };
+    return out;
   };
 }
 

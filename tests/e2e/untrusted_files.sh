@@ -3,9 +3,10 @@
 # (Note [Opening an input file], Note [Non-finite values at load], Note [Export never destroys]).
 # A 2-rank run (ranks as threads) and a sharded 2 x 2 run save checkpoints; then, each under
 # `timeout 5`:
-#   * a rank file or an optimizer shard that is a FIFO, or a symlink to /dev/zero, ends
-#     `pipemat export`, `pipemat generate` and `pipemat train --resume` at once with exit 1 and
-#     one line naming the path (before: a hang that ignored SIGTERM);
+#   * a rank file (rank-1.safetensors) or an optimizer shard (rank-1.shard-1-of-2.safetensors)
+#     that is a FIFO, or a symlink to /dev/zero, ends `pipemat export`, `pipemat generate` and
+#     `pipemat train --resume` at once with exit 1 and one line naming the path (before: a hang
+#     that ignored SIGTERM);
 #   * a NaN in a weight file is refused by training.init_from and generate naming the file, the
 #     tensor and the index, and training.allow_non_finite=true lets it through;
 #   * export refuses a destination in the checkpoint, a symlink, an existing file without
@@ -42,10 +43,10 @@ expect_refusal() {
   --set parallel.shard_optimizer=true >/dev/null
 ck="$work/ck/step-000001"
 sharded="$work/sharded/step-000001"
-[ -f "$sharded/rank-1.shard-1-of-2.pt" ] || fail "the sharded run wrote no shard files"
+[ -f "$sharded/rank-1.shard-1-of-2.safetensors" ] || fail "the sharded run wrote no shard files"
 
 for kind in fifo zero; do
-  for target in "$ck/rank-1.pt" "$sharded/rank-1.shard-1-of-2.pt"; do
+  for target in "$ck/rank-1.safetensors" "$sharded/rank-1.shard-1-of-2.safetensors"; do
     dir=$(dirname "$target")
     copy="$work/$kind-$(basename "$(dirname "$dir")")/step-000001"
     mkdir -p "$(dirname "$copy")"
@@ -57,12 +58,12 @@ for kind in fifo zero; do
     else
       ln -s /dev/zero "$bad"; regex="$bad' is a character device"
     fi
-    if [ "$target" = "$ck/rank-1.pt" ]; then
-      expect_refusal "export, $kind as rank-1.pt" "$regex" \
+    if [ "$target" = "$ck/rank-1.safetensors" ]; then
+      expect_refusal "export, $kind as rank-1.safetensors" "$regex" \
         "$pipemat" export --checkpoint "$copy" --out "$work/never.safetensors"
-      expect_refusal "generate, $kind as rank-1.pt" "$regex" \
+      expect_refusal "generate, $kind as rank-1.safetensors" "$regex" \
         "$pipemat" generate --checkpoint "$copy" --tokens 4
-      expect_refusal "train --resume, $kind as rank-1.pt" "$regex" \
+      expect_refusal "train --resume, $kind as rank-1.safetensors" "$regex" \
         "$pipemat" train --config "$config" "${common[@]}" --set training.steps=2 \
         --set "checkpoint.dir=$(dirname "$copy")" --resume "$copy"
     else
@@ -107,7 +108,10 @@ echo "ok: training.allow_non_finite=true trains on it"
 # Export never destroys.
 before=$(sha256sum "$ck"/* | sha256sum)
 expect_refusal "export into the checkpoint (rank file)" "is inside the checkpoint directory" \
-  "$pipemat" export --checkpoint "$ck" --out "$ck/rank-0.pt"
+  "$pipemat" export --checkpoint "$ck" --out "$ck/rank-0.safetensors"
+expect_refusal "export into the checkpoint (rank file, --overwrite)" \
+  "is inside the checkpoint directory" \
+  "$pipemat" export --checkpoint "$ck" --out "$ck/rank-0.safetensors" --overwrite
 expect_refusal "export into the checkpoint (manifest)" "is inside the checkpoint directory" \
   "$pipemat" export --checkpoint "$ck" --out "$ck/manifest.json"
 [ "$(sha256sum "$ck"/* | sha256sum)" = "$before" ] || fail "a refused export changed the checkpoint"

@@ -8,11 +8,19 @@ transformers' LlamaConfig) or as pipemat writes them (a rank's handshake and fra
 manifest), and damaged copies of them. Run with the project's Python
 (/opt/pipemat-venv/bin/python), which has both. Seeds named crash-* or finding-* are inputs that
 once found something: this script never writes or removes them.
+
+The manifests of format 4 (tests/fuzz/corpus/manifest/format-4*.json) are real: with
+PIPEMAT=build/launch/pipemat in the environment this script writes them anew from tiny runs of
+that binary (configs/zoo.yaml and configs/llama.yaml, ranks as threads); without it, it keeps the
+corpus's copies. Their damaged seeds are made from them either way.
 """
 import json
 import os
+import shutil
 import struct
+import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -188,7 +196,7 @@ def manifest_seeds():
         "damaged-duplicate.json": dump(base).replace(b'"step": 40,', b'"step": 40,\n  "step": 41,'),
         "damaged-world-size.json": dump(dict(base, world_size=3)),
         "damaged-stage-map.json": dump(dict(base, stage_to_rank=[0, 2])),
-        "damaged-format.json": dump(dict(base, format=4)),
+        "damaged-format.json": dump(dict(base, format=5)),
         "damaged-replicas.json": dump(dict(sharded, replicas=3)),
         "damaged-sha.json": dump(dict(base, files={"rank-0.pt": {"sha256": "x", "bytes": 1}})),
         "damaged-huge.json": dump(dict(base, step=2**64 - 1, micro_batches=2**40)),
@@ -196,6 +204,113 @@ def manifest_seeds():
     }
     for name, data in seeds.items():
         write("manifest", name, data)
+    format4_seeds()
+
+
+# Format 4 (pp/src/checkpoint_write.cpp): the manifest of 2 ranks, of 2 ranks x 2 replicas with
+# the optimizer sharded (pieces of a tensor in two shard files), and of a llama with tied
+# embeddings ("ties"); nlohmann's dump(1), keys sorted.
+FORMAT4_RUNS = {
+    "format-4.json": ("zoo.yaml", []),
+    "format-4-sharded.json": ("zoo.yaml", ["parallel.data=2", "parallel.shard_optimizer=true"]),
+    "format-4-tied.json": ("llama.yaml", [
+        "model.layers=2", "model.hidden=8", "model.heads=2", "model.kv_heads=1", "model.ffn=16",
+        "model.seq_len=8", "model.batch=1", "model.tie_embeddings=true", "training.eval_every=0",
+        "training.warmup=0", "output.loss_svg=\"\"", "output.metrics=\"\"", "sample.tokens=0",
+        "output.reference_steps=0"]),
+}
+ZOO_TINY = ["model.layers=2", "model.hidden=4", "model.tokens=4", "training.optimizer=adamw"]
+
+
+def written_manifest(pipemat, config, sets):
+    """The manifest.json of a 1-step run of `pipemat train` on configs/`config` with `sets`."""
+    root = os.path.dirname(os.path.dirname(HERE))
+    extra = ZOO_TINY if config == "zoo.yaml" else []
+    with tempfile.TemporaryDirectory() as work:
+        command = [pipemat, "train", "--config", os.path.join(root, "configs", config),
+                   "--set", "transport.kind=local", "--set", "training.steps=1",
+                   "--set", "output.progress=false", "--set", "checkpoint.dir=ck"]
+        for s in extra + sets:
+            command += ["--set", s]
+        subprocess.run(command, cwd=work, check=True, stdout=subprocess.DEVNULL)
+        with open(os.path.join(work, "ck", "step-000001", "manifest.json"), "rb") as f:
+            return f.read()
+
+
+def format4_seeds():
+    corpus = os.path.join(HERE, "corpus", "manifest")
+    pipemat = os.environ.get("PIPEMAT")
+    real = {}
+    for name, (config, sets) in FORMAT4_RUNS.items():
+        if pipemat:
+            write("manifest", name, written_manifest(pipemat, config, sets))
+        with open(os.path.join(corpus, name), "rb") as f:
+            real[name] = json.loads(f.read())
+
+    def dump(m):
+        return (json.dumps(m, indent=1, sort_keys=True) + "\n").encode()
+
+    def edited(name, edit):
+        m = json.loads(json.dumps(real[name]))
+        edit(m)
+        return dump(m)
+
+    plain, sharded, tied = "format-4.json", "format-4-sharded.json", "format-4-tied.json"
+    first = sorted(real[plain]["tensors"])[0]  # a parameter of stage 0
+    split = next(n for n, t in sorted(real[sharded]["tensors"].items()) if len(t["pieces"]) > 1)
+
+    def set_in(path, value, name=None):
+        def edit(m):
+            at = m["tensors"][name or first]
+            for step in path[:-1]:
+                at = at[step]
+            at[path[-1]] = value
+        return edit
+
+    def remove(key):
+        return lambda m: m.pop(key)
+
+    def twice(m):
+        m["tensors"][first]["pieces"].append(m["tensors"][first]["pieces"][0])
+
+    def short(m):
+        m["tensors"][first]["pieces"][0]["end"] -= 1
+
+    def gap(m):  # the second piece of a split tensor starts one element late
+        m["tensors"][split]["pieces"][1]["begin"] += 1
+
+    def swapped(m):  # a split tensor's pieces out of order
+        m["tensors"][split]["pieces"].reverse()
+
+    seeds = {
+        "no-tensors": (plain, remove("tensors")),
+        "tensors-array": (plain, lambda m: m.update(tensors=[])),
+        "dtype": (plain, set_in(["dtype"], "F8")),
+        "shape-huge": (plain, set_in(["shape"], [2**40, 2**40])),
+        "shape-negative": (plain, set_in(["shape"], [-4])),
+        "stage": (plain, set_in(["stage"], 2)),
+        "no-pieces": (plain, set_in(["pieces"], [])),
+        "piece-twice": (plain, twice),
+        "piece-short": (plain, short),
+        "piece-file": (plain, set_in(["pieces", 0, "file"], "rank-7.safetensors")),
+        "piece-sha": (plain, set_in(["pieces", 0, "sha256"], "x")),
+        "piece-key": (plain, set_in(["pieces", 0, "key"], "")),
+        "piece-end-huge": (plain, set_in(["pieces", 0, "end"], 2**63)),
+        "piece-gap": (sharded, gap),
+        "pieces-swapped": (sharded, swapped),
+        "no-sharded": (sharded, remove("sharded")),
+        "sharded-false": (sharded, lambda m: m.update(sharded=False)),
+        "sharded-string": (sharded, lambda m: m.update(sharded="true")),
+        "replicas": (sharded, lambda m: m.update(replicas=3)),
+        "no-optimizer": (plain, remove("optimizer")),
+        "seed-number": (plain, lambda m: m.update(seed=5)),
+        "no-ties": (tied, remove("ties")),
+        "tie-unknown": (tied, lambda m: m["ties"].update({"embed_tokens.weight": "lm_head.weight"})),
+        "tie-number": (tied, lambda m: m["ties"].update({"embed_tokens.weight": 3})),
+        "world-size": (plain, lambda m: m.update(world_size=3)),
+    }
+    for name, (base, edit) in seeds.items():
+        write("manifest", f"damaged-4-{name}.json", edited(base, edit))
 
 
 TARGETS = {"safetensors": safetensors_seeds, "hf_config": hf_config_seeds,

@@ -63,7 +63,7 @@ struct TiedStage : torch::nn::Module {
 StageFactory tied_factory(int stages) {
   return [stages](int s) {
     auto m = std::make_shared<TiedStage>(s, stages);
-    PipelineStage stage{s, m, [m](const Tensors& in) { return m->forward(in); }, {}};
+    PipelineStage stage = make_stage(s, m, [m](const Tensors& in) { return m->forward(in); });
     if (stages > 1 && (s == 0 || s == stages - 1)) stage.tied = {{"embed.weight", "embedding"}};
     return stage;
   };

@@ -27,6 +27,7 @@
 #include "pipemat/train/model_run.h"
 #include "pipemat/train/text_data.h"
 #include "pipemat/train/train.h"
+#include "pipemat/weights/safetensors.h"
 #include "text_config.h"
 
 namespace pipemat::train {
@@ -357,7 +358,8 @@ INSTANTIATE_TEST_SUITE_P(Schedules, GptDataGrid,
 // Note [Data x pipeline]: replica 0 writes the checkpoints (one file per pipeline rank), every
 // replica resumes from them, and 2 replicas stopped after step 2 and resumed train bitwise as
 // the uninterrupted run (validation shared between the replicas included); the checkpoint also
-// resumes with one replica (the same pipeline).
+// resumes with one replica (the same pipeline) that runs the same micro-batches per step (twice
+// its micro-batches), and is refused naming both counts when the global batch would change.
 TEST(GptData, ReplicasCheckpointAndResumeBitwise) {
   TempDir dir;
   write(dir.path() / "text.txt", words(16 * kSplitBlock));
@@ -375,7 +377,8 @@ TEST(GptData, ReplicasCheckpointAndResumeBitwise) {
   for (const auto& e : fs::directory_iterator(first.final_checkpoint))
     files.push_back(e.path().filename().string());
   std::sort(files.begin(), files.end());
-  EXPECT_EQ(files, (std::vector<std::string>{"manifest.json", "rank-0.pt", "rank-1.pt"}));
+  EXPECT_EQ(files, (std::vector<std::string>{"manifest.json", "rank-0.safetensors",
+                                             "rank-1.safetensors"}));
 
   c.training.stop_after = 0;
   c.checkpoint.resume = "latest";
@@ -392,21 +395,36 @@ TEST(GptData, ReplicasCheckpointAndResumeBitwise) {
   for (const auto& [name, value] : second.params)
     EXPECT_TRUE(at::equal(value, want[name])) << "parameter " << name;
 
-  // One replica resumes the same checkpoint: its steps go on from step 2.
+  // One replica resumes the same checkpoint with the same global batch (8 micro-batches): its
+  // steps go on from step 2. With its 4 micro-batches (half the global batch) it is refused.
   c.parallel.data = 1;
   c.checkpoint.resume = first.final_checkpoint;
   c.checkpoint.dir = (dir.path() / "ck1").string();
+  try {
+    train_in_process(c, nullptr);
+    ADD_FAILURE() << "one replica of 4 micro-batches resumed a checkpoint of 2 x 4";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "load_checkpoint: " + first.final_checkpoint +
+                  " was written with 4 micro-batches x 2 data replicas = 8 micro-batches per "
+                  "step, this pipeline has 4 x 1 = 4; a resume keeps the global batch (the "
+                  "micro-batch count times the data degree)"),
+              std::string::npos)
+        << e.what();
+  }
+  c.schedule.micro_batches = 8;
   const TrainResult single = train_in_process(c, nullptr);
   ASSERT_EQ(single.steps.size(), 2u);
   EXPECT_EQ(single.steps[0].step, 2);
-  EXPECT_NE(single.steps[0].loss, second.steps[0].loss);  // half the global batch
+  EXPECT_EQ(single.steps[1].step, 3);
 }
 
 // Note [Sharded optimizer]: a sharded checkpoint holds every replica's shard, so 2 sharded
 // replicas stopped after step 2 and resumed sharded, or resumed unsharded, train bitwise as the
 // uninterrupted unsharded run, and so do sharded replicas resumed from an unsharded checkpoint;
-// 3 replicas (other slices) resume the same checkpoint sharded as they do unsharded. A damaged
-// or missing shard file is an error naming it.
+// 3 replicas (other slices) resume a sharded checkpoint of 2 replicas sharded as they do
+// unsharded (the same micro-batches per step: 2 x 6 = 3 x 4). A damaged or missing shard file is
+// an error naming it (and the damaged tensor).
 TEST(GptData, ShardedCheckpointsResumeShardedOrNotBitwise) {
   TempDir dir;
   write(dir.path() / "text.txt", words(16 * kSplitBlock));
@@ -430,9 +448,10 @@ TEST(GptData, ShardedCheckpointsResumeShardedOrNotBitwise) {
     for (const auto& [name, value] : second.params)
       EXPECT_TRUE(at::equal(value, want[name])) << out << ": parameter " << name;
   };
-  auto first_half = [&](bool shard, const std::string& out) {
+  auto first_half = [&](bool shard, const std::string& out, int micro_batches = 4) {
     TrainConfig r = c;
     r.parallel.shard_optimizer = shard;
+    r.schedule.micro_batches = micro_batches;
     r.checkpoint.dir = (dir.path() / out).string();
     r.training.stop_after = 2;
     const TrainResult first = train_in_process(r, nullptr);
@@ -441,26 +460,41 @@ TEST(GptData, ShardedCheckpointsResumeShardedOrNotBitwise) {
     return first.final_checkpoint;
   };
   const std::string sharded = first_half(true, "sharded");
-  // Format 3: each rank's file holds no optimizer state; each replica wrote its shard.
+  // Note [Checkpoint layout]: each rank's file holds no optimizer state; each replica wrote its
+  // shard (its pieces of each parameter's state, "<name>:<field>@<begin>"), and the manifest
+  // indexes every piece.
   const std::string manifest = slurp(fs::path(sharded) / "manifest.json");
-  EXPECT_NE(manifest.find("\"format\": 3"), std::string::npos) << manifest;
+  EXPECT_NE(manifest.find("\"format\": 4"), std::string::npos) << manifest;
   EXPECT_NE(manifest.find("\"replicas\": 2"), std::string::npos) << manifest;
-  for (const char* name :
-       {"rank-0.pt", "rank-1.pt", "rank-0.shard-0-of-2.pt", "rank-0.shard-1-of-2.pt",
-        "rank-1.shard-0-of-2.pt", "rank-1.shard-1-of-2.pt"}) {
-    EXPECT_TRUE(fs::exists(fs::path(sharded) / name)) << name;
-    EXPECT_NE(manifest.find(std::string("\"") + name + "\""), std::string::npos) << name;
+  EXPECT_NE(manifest.find("\"sharded\": true"), std::string::npos) << manifest;
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(sharded)) files.push_back(e.path().filename());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{
+                       "manifest.json", "rank-0.safetensors", "rank-0.shard-0-of-2.safetensors",
+                       "rank-0.shard-1-of-2.safetensors", "rank-1.safetensors",
+                       "rank-1.shard-0-of-2.safetensors", "rank-1.shard-1-of-2.safetensors"}));
+  for (const std::string& name : files) {
+    if (name == "manifest.json") continue;
+    EXPECT_NE(manifest.find("\"" + name + "\""), std::string::npos) << name;
+    const weights::SafetensorsFile f((fs::path(sharded) / name).string());
+    bool optimizer = false;
+    for (const weights::TensorInfo& t : f.tensors())
+      optimizer = optimizer || t.name.find(':') != std::string::npos;
+    EXPECT_EQ(optimizer, name.find(".shard-") != std::string::npos) << name;
   }
   expect_resumes(sharded, true, "sharded-sharded");
   expect_resumes(sharded, false, "sharded-plain");
   expect_resumes(first_half(false, "plain"), true, "plain-sharded");
 
-  // 3 replicas: another global batch, so compared with 3 unsharded replicas from the same state.
+  // 3 replicas of 4 micro-batches resume 2 sharded replicas of 6 (another replica count, so
+  // other slices): compared with 3 unsharded replicas from the same state.
+  const std::string sharded6 = first_half(true, "sharded-6", 6);
   auto three = [&](bool shard, const std::string& out) {
     TrainConfig r = c;
     r.parallel.data = 3;
     r.parallel.shard_optimizer = shard;
-    r.checkpoint.resume = sharded;
+    r.checkpoint.resume = sharded6;
     r.checkpoint.dir = (dir.path() / out).string();
     return train_in_process(r, nullptr);
   };
@@ -472,7 +506,8 @@ TEST(GptData, ShardedCheckpointsResumeShardedOrNotBitwise) {
   for (const auto& [name, value] : a.params)
     EXPECT_TRUE(at::equal(value, b_params[name])) << "3 replicas: parameter " << name;
 
-  // A shard file with one byte flipped, or gone: the resume fails naming it.
+  // A shard file with one byte flipped (its last: in a tensor's data), or gone: the resume fails
+  // naming it.
   auto resume_error = [&](const std::string& from) {
     TrainConfig r = c;
     r.parallel.shard_optimizer = true;
@@ -487,21 +522,36 @@ TEST(GptData, ShardedCheckpointsResumeShardedOrNotBitwise) {
   };
   const fs::path broken = dir.path() / "broken";
   fs::copy(sharded, broken, fs::copy_options::recursive);
-  const fs::path shard = broken / "rank-1.shard-1-of-2.pt";
+  const fs::path shard = broken / "rank-1.shard-1-of-2.safetensors";
+  const auto last = static_cast<std::streamoff>(fs::file_size(shard) - 1);
+  std::string key;  // the tensor whose data ends the file
+  {
+    const weights::SafetensorsFile f(shard.string());
+    for (const weights::TensorInfo& t : f.tensors()) {
+      if (f.data_start() + t.end == last + 1) key = t.name;
+    }
+  }
+  ASSERT_NE(key.find(':'), std::string::npos) << "optimizer state: " << key;
   {
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(100);
+    f.seekg(last);
     char byte = 0;
     f.read(&byte, 1);
     byte = static_cast<char>(byte ^ 1);
-    f.seekp(100);
+    f.seekp(last);
     f.write(&byte, 1);
   }
   std::string error = resume_error(broken.string());
-  EXPECT_NE(error.find(shard.string() + " is damaged or was replaced"), std::string::npos) << error;
+  EXPECT_NE(error.find("load_checkpoint: " + shard.string() + ": tensor '" + key +
+                       "' is damaged or was replaced: its SHA-256 is "),
+            std::string::npos)
+      << error;
   fs::remove(shard);
   error = resume_error(broken.string());
-  EXPECT_NE(error.find(shard.string() + " is missing"), std::string::npos) << error;
+  EXPECT_NE(error.find("load_checkpoint: " + shard.string() +
+                       " is missing; the manifest puts tensors there"),
+            std::string::npos)
+      << error;
 }
 
 // Note [Mixed precision]: a bf16 run stopped after step 2 and resumed trains bitwise as the

@@ -18,6 +18,7 @@
 #include "pipemat/core/error.h"
 #include "pipemat/core/file_lock.h"
 #include "pipemat/train/train.h"
+#include "pipemat/weights/safetensors.h"
 
 namespace pipemat::train {
 namespace {
@@ -144,22 +145,35 @@ TEST(RunSafety, ResumeLatestNamesADamagedNewestCheckpointAndSaysWhatItSkipped) {
 }
 
 // A flipped byte in the newest checkpoint's rank file: the resume fails on every rank with the
-// file's name (from the rank that read it, not its peer's echo) and the checkpoint to name.
+// file's name and the tensor whose bytes changed (from the rank that read it, not its peer's
+// echo) and the checkpoint to name.
 TEST(RunSafety, AFlippedByteInTheResumedRankFileIsAnErrorNamingAnOlderCheckpoint) {
   const fs::path dir = fresh_dir("flip");
   TrainConfig c = checkpointed(dir, 2);
   train_in_process(c, nullptr);
-  const fs::path file = dir / "step-000002" / "rank-1.pt";
+  const fs::path file = dir / "step-000002" / "rank-1.safetensors";
+  const auto middle = static_cast<int64_t>(fs::file_size(file) / 2);
+  std::string key;  // the tensor whose data holds the middle byte
+  {
+    const weights::SafetensorsFile f(file.string());
+    for (const weights::TensorInfo& t : f.tensors()) {
+      if (middle >= f.data_start() + t.begin && middle < f.data_start() + t.end) key = t.name;
+    }
+  }
+  ASSERT_FALSE(key.empty()) << "the middle byte is in a tensor's data";
   {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(fs::file_size(file) / 2));
-    f.put('\x7f');
+    f.seekg(middle);
+    const int byte = f.get();
+    f.seekp(middle);
+    f.put(static_cast<char>(byte ^ 0x7f));
   }
   TrainConfig resume = c;
   resume.training.steps = 3;
   resume.checkpoint.resume = "latest";
   const std::string text = error_of<PipelineError>(resume);
-  EXPECT_NE(text.find(file.string() + " is damaged or was replaced: its SHA-256 is"),
+  EXPECT_NE(text.find("load_checkpoint: " + file.string() + ": tensor '" + key +
+                      "' is damaged or was replaced: its SHA-256 is "),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("to resume the newest complete one before it: --resume " +

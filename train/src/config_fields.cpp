@@ -350,9 +350,12 @@ std::vector<ConfigField> checkpoint_fields() {
       {"checkpoint", "resume",
        text(PIPEMAT_MEMBER(checkpoint.resume), "a step-NNNNNN directory or latest (empty: step 0)"),
        "a step directory or `latest`",
-       "continue from there (`--resume`); the manifest must match the config (world size, "
-       "schedule, stages, micro-batches, stage map) and every parameter's name and shape; empty: "
-       "step 0"},
+       "continue from there (`--resume`), on any layout: another `schedule.ranks`, "
+       "`partition.layers_per_stage`, `schedule.kind` or virtual stages, `parallel.data`, "
+       "`parallel.shard_optimizer` or transport (the first line says `resharded from ... to "
+       "...`); the model, the micro-batches per step (`schedule.micro_batches` x `parallel.data`) "
+       "and `training.seed` must be the checkpoint's (checkpoints of pipemat before format 4 "
+       "resume on their own layout only); empty: step 0"},
       {"checkpoint", "overwrite", boolean(PIPEMAT_MEMBER(checkpoint.overwrite)), "",
        "a run that does not resume into a `dir` that holds checkpoints (another run's) is refused "
        "before training; `true`: remove them (step directories only) and start there"},

@@ -66,7 +66,9 @@ GenerateResult generate_text(const std::string& dir, const SampleOptions& option
     modules.push_back(stage.module.get());
   }
   if (checkpoint) {
-    pp::load_stage_weights(dir, modules, config.training.allow_non_finite);
+    std::vector<const pp::PipelineStage*> named;
+    for (const auto& stage : stages) named.push_back(&stage);
+    pp::load_stage_weights(dir, named, config.training.allow_non_finite);
   } else {
     // One stage of every block: its names are the single-process model's.
     const WeightNameMap map = weight_name_map(config.model.kind);

@@ -1,4 +1,5 @@
 #include "pipemat/train/model_run.h"
+#include "pipemat/train/weights.h"
 
 #include <cmath>
 #include <memory>
@@ -209,6 +210,16 @@ void check_remat_patterns(const ModelRun& run, const models::RematConfig& remat)
   }
 }
 
+// Note [Global names] (pipemat/pp/pipeline.h): every stage names its tensors as `pipemat export`
+// does (Note [Weight names] in pipemat/train/weights.h), so its checkpoints resume on any split.
+void name_stages(ModelRun& run, models::ModelKind kind) {
+  run.stage = [build = run.stage, global = run.global_name, map = weight_name_map(kind)](int s) {
+    pp::PipelineStage stage = build(s);
+    stage.global_name = [global, map, s](const std::string& name) { return map(global(s, name)); };
+    return stage;
+  };
+}
+
 }  // namespace
 
 ModelRun make_model_run(const TrainConfig& config, int stages) {
@@ -229,13 +240,16 @@ ModelRun make_model_run(const TrainConfig& config, int stages) {
     run.stage_policies[s] = models::stage_policy(config.model, one);
   }
   check_remat_patterns(run, config.remat);
+  name_stages(run, config.model.kind);
   return run;
 }
 
 ModelRun make_model_weights(const TrainConfig& config, int stages) {
-  if (config.model.kind == models::ModelKind::kGpt) return gpt_run(config, stages, false);
-  if (config.model.kind == models::ModelKind::kLlama) return llama_run(config, stages, false);
-  return zoo_run(config, stages);
+  ModelRun run = config.model.kind == models::ModelKind::kGpt     ? gpt_run(config, stages, false)
+                 : config.model.kind == models::ModelKind::kLlama ? llama_run(config, stages, false)
+                                                                  : zoo_run(config, stages);
+  name_stages(run, config.model.kind);
+  return run;
 }
 
 int64_t tokens_per_micro_batch(const models::ModelOptions& model) {

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -17,11 +18,14 @@
 #include <new>
 #include <optional>
 
+#include <yaml-cpp/yaml.h>
+
 #include "pipemat/comm/device_lane.h"
 #include "pipemat/comm/rank_threads.h"
 #include "pipemat/core/digest.h"
 #include "pipemat/core/error.h"
 #include "pipemat/core/files.h"
+#include "pipemat/core/format.h"
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/pp/compute.h"
 #include "pipemat/pp/device.h"
@@ -187,6 +191,56 @@ struct RankRun {
   TrainResult& result;
 };
 
+// A layout as the resume line names it: pp::describe_layout with the layers of each stage
+// ("2 ranks (1f1b, [2,2], D=1)"), those of the checkpoint's own config for a checkpoint.
+std::string with_layers(std::string layout, const std::vector<int64_t>& layers) {
+  if (layers.empty()) return layout;
+  std::vector<std::string> items;
+  for (int64_t n : layers) items.push_back(std::to_string(n));
+  const size_t comma = layout.find(", ");
+  const std::string text = "[" + join(items, ",") + "]";
+  return comma == std::string::npos ? layout : layout.insert(comma, ", " + text);
+}
+std::string layout_text(const pp::CheckpointManifest& m, const std::vector<int64_t>& fallback) {
+  std::vector<int64_t> layers = fallback;
+  if (!m.metadata.empty()) {
+    try {
+      layers = parse_config(m.metadata, "manifest metadata").partition.layers_per_stage;
+    } catch (const ConfigError&) {
+      // A manifest without a readable config: its layout without the layers.
+      layers.clear();
+    }
+  }
+  return with_layers(pp::describe_layout(m), layers);
+}
+std::string layout_text(const pp::Pipeline& pipeline, const std::vector<int64_t>& layers) {
+  return with_layers(pp::describe_layout(pipeline), layers);
+}
+
+// The model keys whose values differ between the config a checkpoint was written with (its
+// manifest's metadata) and `config`: "model.hidden is 128 in the checkpoint's run but 64 here";
+// empty when they agree or the checkpoint holds no config.
+std::string changed_model_keys(const std::string& dir, const TrainConfig& config) {
+  std::vector<std::string> changed;
+  try {
+    const pp::CheckpointManifest m = pp::read_checkpoint_manifest(dir);
+    if (m.metadata.empty()) return "";
+    const YAML::Node then = YAML::Load(config_to_yaml(parse_config(m.metadata, dir)))["model"];
+    const YAML::Node now = YAML::Load(config_to_yaml(config))["model"];
+    for (const auto& item : now) {
+      const std::string key = item.first.as<std::string>();
+      const std::string a = YAML::Dump(then[key]), b = YAML::Dump(item.second);
+      if (key != "from" && a != b) {
+        changed.push_back("model." + key + " is " + a + " in the checkpoint's run but " + b +
+                          " here");
+      }
+    }
+  } catch (const std::exception&) {
+    return "";  // the load's own error says what is wrong
+  }
+  return changed.empty() ? "" : "; " + join(changed, ", ");
+}
+
 // Loads the checkpoint the run resumes from, if any, and says so and where the run saves.
 void resume_run(const RankRun& r, const RunCheckpoints& checkpoints) {
   if (r.talk) {
@@ -195,25 +249,47 @@ void resume_run(const RankRun& r, const RunCheckpoints& checkpoints) {
     }
   }
   if (!checkpoints.resume_dir.empty()) {
+    pp::CheckpointLoad loaded;
+    double load_ms = 0;
     try {
-      pp::load_checkpoint(r.pipeline, r.transport, checkpoints.resume_dir,
-                          r.config.training.allow_non_finite);
+      const auto t0 = std::chrono::steady_clock::now();
+      loaded = pp::load_checkpoint(r.pipeline, r.transport, checkpoints.resume_dir,
+                                   r.config.training.allow_non_finite);
+      load_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       r.result.final_checkpoint = checkpoints.resume_dir;  // the last complete one, so far
     } catch (const PipelineError& e) {
       // Nothing was loaded on any rank: say which checkpoint to name instead (the rank whose
       // part failed keeps its error's kind, the others their echo's).
       const std::string hint =
-          checkpoints.older.empty()
-              ? std::string("; there is no older complete checkpoint of this run")
-              : "; to resume the newest complete one before it: --resume " + checkpoints.older;
+          changed_model_keys(checkpoints.resume_dir, r.config) +
+          (checkpoints.older.empty()
+               ? std::string("; there is no older complete checkpoint of this run")
+               : "; to resume the newest complete one before it: --resume " + checkpoints.older);
       if (dynamic_cast<const PeerFailedError*>(&e) != nullptr) {
         throw PeerFailedError(e.what() + hint);
       }
       throw PipelineError(e.what() + hint);
     }
     if (r.talk) {
-      *r.talk << "resumed from " << checkpoints.resume_dir << " after step " << r.pipeline.step()
-              << "\n";
+      const std::string from = layout_text(loaded.from, r.config.partition.layers_per_stage);
+      const std::string to = layout_text(r.pipeline, r.config.partition.layers_per_stage);
+      if (from != to) *r.talk << "resharded from " << from << " to " << to << "\n";
+      *r.talk << "resumed from " << checkpoints.resume_dir << " after step " << r.pipeline.step();
+      // Note [Checkpoint load planner]: what each rank read, against the tensors it holds.
+      if (!loaded.rank_bytes_read.empty()) {
+        *r.talk << ": read";
+        for (size_t k = 0; k < loaded.rank_bytes_read.size(); ++k) {
+          *r.talk << (k == 0 ? " " : ", ") << format_bytes(loaded.rank_bytes_read[k])
+                  << (k == 0 ? " on rank 0" : " on " + std::to_string(k));
+        }
+        *r.talk << " for " << format_bytes(loaded.rank_tensor_bytes[0]);
+        for (size_t k = 1; k < loaded.rank_tensor_bytes.size(); ++k) {
+          *r.talk << ", " << format_bytes(loaded.rank_tensor_bytes[k]);
+        }
+        *r.talk << " of their tensors, in " << format_fixed(load_ms / 1000.0, 2) << " s";
+      }
+      *r.talk << "\n";
     }
   }
   if (r.talk && !r.config.checkpoint.dir.empty()) {

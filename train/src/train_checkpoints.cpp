@@ -196,6 +196,30 @@ void share_run(RunCheckpoints& out, const TrainConfig& config, comm::Transport& 
   out.run.id = message.substr(1);
 }
 
+// What a resume keeps whatever the layout (Note [Checkpoint layout] in pipemat/pp/checkpoint.h),
+// against the config the checkpoint's run was started with (its manifest's metadata): the data
+// each step reads (training.seed, model.batch, model.seq_len). The model itself, the
+// micro-batches per step and the optimizer are checked by the load, naming the tensor.
+void check_resume_keeps(const pp::CheckpointManifest& from, const std::string& dir,
+                        const TrainConfig& config) {
+  if (from.metadata.empty()) return;  // not written by pipemat train: the load checks it
+  TrainConfig then;
+  try {
+    then = parse_config(from.metadata, dir + "/manifest.json (metadata)");
+  } catch (const ConfigError&) {
+    return;  // a config of another version: the load checks what it can
+  }
+  const auto keep = [&](const char* key, int64_t was, int64_t is) {
+    PIPEMAT_CHECK(was == is, ConfigError, "checkpoint.resume: ", dir, " was written by a run with ",
+                  key, " ", was, " but this run has ", is, "; a resume keeps ", key,
+                  " (the seed and the batch: what each step trains on), whatever the layout");
+  };
+  keep("training.seed", static_cast<int64_t>(then.training.seed),
+       static_cast<int64_t>(config.training.seed));
+  keep("model.batch", then.model.batch, config.model.batch);
+  keep("model.seq_len", then.model.seq_len, config.model.seq_len);
+}
+
 }  // namespace
 
 RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& transport) {
@@ -211,6 +235,7 @@ RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& tra
     out.resume_dir =
         ck.resume == "latest" ? latest_of_one_run(ck.dir, entries, digest, out.skipped) : ck.resume;
     const pp::CheckpointManifest from = pp::read_checkpoint_manifest(out.resume_dir);
+    check_resume_keeps(from, out.resume_dir, config);
     out.continued = !from.run_id.empty();
     out.run = out.continued ? pp::CheckpointRun{from.run_id, from.config_digest}
                             : pp::new_checkpoint_run(from.config_digest);

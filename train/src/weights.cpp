@@ -19,6 +19,7 @@
 #include "pipemat/models/llama.h"
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/pp/finite.h"
+#include "pipemat/pp/tensor_dtype.h"
 #include "pipemat/train/config.h"
 #include "pipemat/weights/hf_config.h"
 #include "pipemat/weights/safetensors.h"
@@ -30,31 +31,7 @@
 namespace pipemat::train {
 namespace {
 
-at::ScalarType scalar_type_of(weights::Dtype dtype) {
-  switch (dtype) {
-    case weights::Dtype::kF64:
-      return at::kDouble;
-    case weights::Dtype::kF32:
-      return at::kFloat;
-    case weights::Dtype::kF16:
-      return at::kHalf;
-    case weights::Dtype::kBF16:
-      return at::kBFloat16;
-    case weights::Dtype::kI64:
-      return at::kLong;
-    case weights::Dtype::kI32:
-      return at::kInt;
-    case weights::Dtype::kI16:
-      return at::kShort;
-    case weights::Dtype::kI8:
-      return at::kChar;
-    case weights::Dtype::kU8:
-      return at::kByte;
-    case weights::Dtype::kBool:
-      return at::kBool;
-  }
-  return at::kFloat;
-}
+using pp::scalar_type_of;
 
 // The `model:` section of `config` as YAML.
 std::string model_yaml(const TrainConfig& config) {
@@ -190,8 +167,9 @@ WeightShapes model_weight_shapes(const ModelRun& run, models::ModelKind kind) {
 // `pipemat export` writes beside files a user cares about, so before anything is read it
 // refuses: an empty --out; a destination that is a symlink (it would replace the link, or write
 // where the link points); one inside a checkpoint directory (its directory, or an ancestor of
-// it, holds a manifest.json and a rank-0.pt: `--out CK/rank-0.pt` or `--out CK/manifest.json`
-// would destroy the checkpoint it reads); one that is not a regular file; an existing file unless
+// it, holds a manifest.json and a rank-0.safetensors, or before format 4 a rank-0.pt: `--out
+// CK/rank-0.safetensors` or `--out CK/manifest.json` would destroy the checkpoint it reads); one
+// that is not a regular file; an existing file unless
 // `overwrite`. The same for config.json beside a llama's file. Then every file is written under a
 // temporary name in its destination's directory, and only when all are complete are they renamed
 // into place: a failure before leaves no file and no temporary behind; a rename that fails after an
@@ -217,7 +195,8 @@ Destination export_destination(const std::string& path, bool overwrite) {
   fs::path dir = fs::weakly_canonical(fs::absolute(fs::path(path), ec).parent_path(), ec);
   for (; !dir.empty(); dir = dir.parent_path()) {
     const bool checkpoint =
-        fs::exists(dir / "manifest.json", ec) && fs::exists(dir / "rank-0.pt", ec);
+        fs::exists(dir / "manifest.json", ec) &&
+        (fs::exists(dir / "rank-0.safetensors", ec) || fs::exists(dir / "rank-0.pt", ec));
     PIPEMAT_CHECK(!checkpoint, ConfigError, "export: ", path,
                   " is inside the checkpoint directory ", dir.string(),
                   "; export never writes into a checkpoint: give a path outside it");
@@ -261,12 +240,10 @@ ExportSummary export_weights(const std::string& dir, const std::string& out, boo
   const TrainConfig config = parse_config(manifest.metadata, dir + "/manifest.json (metadata)");
   const ModelRun run = make_model_weights(config, manifest.stages);
   std::vector<pp::PipelineStage> stages;
-  std::vector<torch::nn::Module*> modules;
-  for (int s = 0; s < manifest.stages; ++s) {
-    stages.push_back(run.stage(s));
-    modules.push_back(stages.back().module.get());
-  }
-  pp::load_stage_weights(dir, modules, config.training.allow_non_finite);
+  for (int s = 0; s < manifest.stages; ++s) stages.push_back(run.stage(s));
+  std::vector<const pp::PipelineStage*> named;
+  for (const auto& stage : stages) named.push_back(&stage);
+  pp::load_stage_weights(dir, named, config.training.allow_non_finite);
 
   const WeightNameMap map = weight_name_map(config.model.kind);
   std::vector<at::Tensor> keep;  // the float32 CPU copies the views below point into

@@ -1,9 +1,10 @@
 #pragma once
 // Checkpoints of a pipeline run (Note [Checkpoint layout]): every rank writes its stages'
-// parameters and buffers, its optimizer state, the step counter and its generator state; rank 0
-// writes the manifest last. Resuming loads them into a Pipeline built with the same options.
+// parameters, buffers and optimizer state by their names in the whole model (Note [Global names]
+// in pipemat/pp/pipeline.h); rank 0 writes the manifest last, which indexes every tensor. A
+// checkpoint resumes on any layout whose stages hold the same names.
 //
-//   <root>/step-000004/rank-0.pt, rank-1.pt, ..., manifest.json
+//   <root>/step-000004/rank-0.safetensors, rank-1.safetensors, ..., manifest.json
 //
 // Crash safety: each file is written to "<name>.tmp", fsynced and renamed; the manifest only
 // after every rank's file is durable (every rank reports its outcome to every other), so a
@@ -24,19 +25,25 @@
 namespace pipemat::pp {
 
 // Note [Checkpoint layout]
-// rank-<r>.pt is a torch archive with "step" (int64), "run" (the run's id, a string), "stages"
-// (int64: this rank's stages), "params/<stage>/<name>" and "buffers/<stage>/<name>" (dots of
-// module paths become '|'), "optimizer" (the optimizer's own archive) and "rng" (the generator
-// state, with PipelineOptions::seed). manifest.json holds the format version (2), the step, what
-// must match on resume (world size, schedule kind, stages, micro-batches and the stage map), the
-// run, and "files": each rank file's SHA-256 and size, checked before anything of it is loaded
-// (Note [Verified checkpoints] in src/checkpoint.cpp).
-// With a sharded optimizer (Note [Sharded optimizer] in pipemat/pp/pipeline.h) the format is 3:
-// the rank files hold no "optimizer"; every replica d of D writes
-// rank-<r>.shard-<d>-of-<D>.pt ("step", "run" and "shard": its optimizer over its slices and the
-// layout that places them), "replicas" is D, and "files" records the shard files too. A load
-// joins the D shards of its rank and keeps what its own layout needs, so any D, sharded or not,
-// resumes it.
+// Format 4 (what save_checkpoint writes). Each rank of the pipeline (replica 0 of its data group)
+// writes rank-<r>.safetensors: its stages' parameters and buffers under their global names (a
+// tied weight once, from the lowest stage holding a copy), their optimizer state as
+// "<name>:<field>" ("model.norm.weight:exp_avg", ...) and "<name>:step" (an int64), and on rank
+// 0 the generator state ("pipemat.rng"). With a sharded optimizer (Note [Sharded optimizer] in
+// pipemat/pp/pipeline.h) every replica d of D writes its pieces' state to
+// rank-<r>.shard-<d>-of-<D>.safetensors, each piece a flat run [begin, end) of its parameter's
+// elements, stored as "<name>:<field>@<begin>". Every file's metadata names the run and the step.
+// manifest.json holds the format (4), the step, the layout that wrote it (world size, schedule
+// kind, stages, micro-batches, stage map, data replicas, sharded), what must not change on
+// resume (the micro-batches of a step: micro-batches x replicas; the seed; the optimizer's kind),
+// the run, the caller's metadata, "files" (each file's SHA-256 and size), "tensors" (each
+// tensor by name: dtype, shape, the stage that wrote it, and its pieces: file, key, element
+// range and the SHA-256 of its bytes) and "ties" (each tie key -> the name its weight is stored
+// under). Optimizer options (the learning rate, betas) are not stored: the factory makes them and
+// the LR schedule sets them from the step.
+// Formats 1 to 3 (written before format 4; they still load, on the layout that wrote them):
+// rank-<r>.pt torch archives keyed by stage ("params/<stage>/<name>"), with "optimizer" (format 3:
+// per replica rank-<r>.shard-<d>-of-<D>.pt) and "rng"; format 1 records no digests.
 
 // Note [Checkpoint runs]
 // Every checkpoint names the run that wrote it: a random id made when a run starts
@@ -105,19 +112,39 @@ std::string save_checkpoint(Pipeline& pipeline, comm::Transport& transport, cons
 // PipelineError naming the manifest and what is wrong with it.
 std::string latest_checkpoint(const std::string& root, const std::string& run_id = "");
 
+// What load_checkpoint did on this rank: the bytes it read from the checkpoint's files (headers
+// included), the bytes of the tensors it read, and the manifest of what it loaded (its layout:
+// describe_layout).
+struct CheckpointLoad {
+  int64_t bytes_read = 0;    // format 4; 0 for the older formats
+  int64_t tensor_bytes = 0;  // format 4
+  // The same of every rank of the pipeline, by rank (format 4; empty for the older formats).
+  std::vector<int64_t> rank_bytes_read, rank_tensor_bytes;
+  CheckpointManifest from;
+};
+
 // Collective. Loads the checkpoint in `dir` (a step-NNNNNN directory) into this rank's stages,
-// optimizer, generator and step. ConfigError when the manifest was written by another pipeline
-// (world size, schedule kind, stages, micro-batches or stage map differ: the field and both
-// values); PipelineError when it is incomplete (no manifest, a missing rank file), when a rank
-// file's SHA-256 or size differs from the manifest's record (a damaged or replaced file: both
-// digests named), when a rank file names another run or step than the manifest, or when a
-// parameter's name, shape or count differs. Nothing is changed before every check of this rank
-// passed. Resuming on another stage layout (re-partitioning) is not supported.
-// A NaN or an infinity in any tensor of a rank or shard file (parameters, buffers, optimizer
-// state) is a PipelineError naming the file, the tensor and the index, unless
-// `allow_non_finite` (Note [Non-finite values at load] in pipemat/pp/finite.h).
-void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::string& dir,
-                     bool allow_non_finite = false);
+// optimizer, generator and step, on any layout (Note [Checkpoint load planner] in
+// src/checkpoint_load.cpp): each rank reads the tensors its stages hold by their global names,
+// and nothing else. ConfigError when what a resume keeps differs: the micro-batches of a step
+// (micro-batches x data replicas), the seed, the optimizer's kind (naming both values).
+// PipelineError when the checkpoint is incomplete (no manifest, a missing file), when a piece's
+// SHA-256 or a file's size differs from the manifest's record (a damaged or replaced file: the
+// file, the tensor and both digests named), when a file names another run or step than the
+// manifest, when a tensor this pipeline needs is missing or has another shape or dtype (naming
+// it, both shapes and the stage), or when the checkpoint holds a tensor no stage holds (a model
+// with a layer more or other names). Nothing is changed on any rank before every rank's checks
+// passed. A NaN or an infinity in a tensor read is a PipelineError naming it and the index,
+// unless `allow_non_finite` (Note [Non-finite values at load] in pipemat/pp/finite.h).
+// Formats 1 to 3 load only on the layout that wrote them (ConfigError naming the field that
+// differs otherwise).
+CheckpointLoad load_checkpoint(Pipeline& pipeline, comm::Transport& transport,
+                               const std::string& dir, bool allow_non_finite = false);
+
+// "2 ranks (1f1b, D=1)", "4 ranks (zb-v, 8 virtual stages, D=2 sharded)": the layout a
+// checkpoint was written on, or a pipeline's.
+std::string describe_layout(const CheckpointManifest& manifest);
+std::string describe_layout(const Pipeline& pipeline);
 
 // What a complete checkpoint's manifest says (CheckpointManifest:
 // pipemat/pp/checkpoint_manifest.h), checked against itself and against the files the directory
@@ -126,14 +153,30 @@ void load_checkpoint(Pipeline& pipeline, comm::Transport& transport, const std::
 // holds the optimizer shards of 2 replicas").
 CheckpointManifest read_checkpoint_manifest(const std::string& dir);
 
-// Not collective: loads the parameters and buffers of every stage of the checkpoint in `dir`
-// into `stages` (one module per stage, in stage order, built as the pipeline built them), e.g.
-// to sample from a trained model in one process. ConfigError when the number of stages
-// differs; PipelineError (naming the file, stage and name) when a rank file is missing or
-// damaged (checked against the manifest's digests) or a parameter's name, shape or dtype
-// differs, or (unless `allow_non_finite`) a parameter or buffer read is not finite. Optimizer
-// and generator states are not loaded, and not checked.
-void load_stage_weights(const std::string& dir, const std::vector<torch::nn::Module*>& stages,
+// Not collective: loads the parameters and buffers of `stages` (e.g. every stage of a model built
+// in one process, to sample from it or export it) from the checkpoint in `dir`, by their global
+// names (format 4: any number of stages, any split; formats 1 to 3: every stage of the
+// checkpoint, in stage order). PipelineError (naming the file, the stage and the name) when a
+// file is missing or damaged (checked against the manifest's digests) or a tensor is missing or
+// has another shape or dtype, or (unless `allow_non_finite`) a tensor read is not finite;
+// ConfigError for formats 1 to 3 when the number of stages differs. Optimizer and generator
+// states are not loaded, and not checked.
+void load_stage_weights(const std::string& dir, const std::vector<const PipelineStage*>& stages,
                         bool allow_non_finite = false);
+
+// One file of a checkpoint as verify_checkpoint found it.
+struct CheckpointFileCheck {
+  std::string file;     // its path
+  uint64_t bytes = 0;   // read
+  std::string problem;  // empty: byte for byte the file the manifest recorded
+};
+
+// Not collective: reads every file the manifest of the checkpoint in `dir` records, whole, and
+// checks its size and SHA-256 against the record and (format 4) that it holds every piece the
+// index puts in it, of its dtype and size. One entry per file, in name order; a file that is
+// missing, damaged or replaced has its `problem`. PipelineError when `dir` is incomplete or its
+// manifest is damaged (the manifest itself cannot be checked against anything else); format 1
+// records no digests: ConfigError.
+std::vector<CheckpointFileCheck> verify_checkpoint(const std::string& dir);
 
 }  // namespace pipemat::pp

@@ -2,8 +2,9 @@
 // pp's public headers, pp/include/pipemat/pp/:
 //   pipeline.h    this file: Pipeline with its options, metrics and evaluation; stages from
 //                 modules, callables and a split Sequential; forward_seed, stage_count.
-//   checkpoint.h  save, find and resume checkpoints of a run, or load their weights into
-//                 modules (Note [Checkpoint layout]).
+//   checkpoint.h  save, find and resume checkpoints of a run on any layout, verify them, or
+//                 load their weights into modules (Note [Checkpoint layout]).
+//   tensor_dtype.h  LibTorch's scalar types as safetensors dtypes.
 //   compute.h     compute threads, the BLAS in use, retain_freed_memory.
 //   profile.h     the remat profiler: a layer's candidate policies, measured (for plan/).
 //   reference.h   run_reference: every stage of a factory trained in one process, the
@@ -113,11 +114,28 @@ struct PipelineStage {
   // another stage (an embedding and the head that multiplies by it): the parameter's name in
   // module->named_parameters() -> a tie key, the same on every stage that holds a copy.
   std::map<std::string, std::string> tied;
+  // Note [Global names]: the name of a parameter or buffer of this stage (its name in
+  // module->named_parameters() / named_buffers()) in the whole model, by which checkpoints store
+  // it. Unset: "stage<index>." + the name, which binds a checkpoint to this stage split.
+  std::function<std::string(const std::string& name)> global_name;
   // Note [Random streams of a step]: the forward's random ops key their streams by layer
   // (remat::LayerStream), so the stream its forward starts from is the one of (seed, step,
   // micro-batch), the same for every stage that sets this (kLayerStream), not the stage's own.
   bool layer_streams = false;
 };
+
+// Note [Global names]
+// ~~~~~~~~~~~~~~~~~~~
+// A checkpoint (Note [Checkpoint layout] in pipemat/pp/checkpoint.h) stores every parameter,
+// buffer and piece of optimizer state under the name the whole model gives it, not under its
+// rank or stage, so it resumes on any stage split that holds the same names: another pipeline
+// degree, layers_per_stage, schedule kind, virtual stages or data degree. A stage names its
+// tensors with PipelineStage::global_name: split_sequential gives each entry's path in the whole
+// Sequential ("3.weight" wherever entry 3 goes); `pipemat train`'s models give the names `pipemat
+// export` writes ("model.layers.5.mlp.up_proj.weight" of a llama). A stage without one gets
+// "stage<s>.<name>", which another split renames: such a checkpoint resumes where the stages
+// keep their indices and contents. Two stages that give one name must hold copies of one tied
+// weight (Note [Tied weights]); the weight is stored once.
 
 // Note [Tied weights]
 // ~~~~~~~~~~~~~~~~~~~
@@ -464,6 +482,10 @@ struct EvalResult {
   std::vector<Tensors> outputs;  // per micro-batch, on the last stage's rank (keep_outputs)
 };
 
+namespace detail {
+struct PipelineAccess;  // pp/src/checkpoint_state.cpp: a rank's state by global name
+}  // namespace detail
+
 class Pipeline {
  public:
   // Builds the schedule, calls `build` for each stage of this rank, applies the remat policy to
@@ -530,6 +552,7 @@ class Pipeline {
   at::Generator generator() const;
 
  private:
+  friend struct detail::PipelineAccess;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
@@ -631,7 +654,8 @@ std::vector<int64_t> balance_by_size(const std::vector<double>& sizes, int stage
 // balance_by_size over the parameter counts of the Sequential's entries.
 std::vector<int64_t> balance_by_parameters(const torch::nn::Sequential& model, int stages);
 // Stage s is a Sequential of the entries [bounds[s], bounds[s + 1]) of `model` under their names
-// (the modules are shared, not copied). Its first entry gets at::Tensor when the stage receives
+// (the modules are shared, not copied), its global names those of `model` (Note [Global
+// names]). Its first entry gets at::Tensor when the stage receives
 // one tensor and std::vector<at::Tensor> when it receives several; its last entry returns
 // at::Tensor, std::vector<at::Tensor> or a tuple of 2 or 3 tensors. ConfigError for bounds that
 // are not strictly ascending from 0 to model->size().

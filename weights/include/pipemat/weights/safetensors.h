@@ -95,6 +95,8 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   // The offset of the data buffer in the file: 8 + the header length.
   int64_t data_start() const { return header_.data_start; }
+  // The file's size when it was opened.
+  int64_t size() const { return file_->size(); }
 
   // Reads tensor `name`'s bytes into `out` (info.bytes() of them). WeightsError naming the file
   // and the tensor when there is no such tensor or the file no longer holds its bytes.
