@@ -33,6 +33,7 @@
 
 #include "checkpoint_common.h"
 #include "checkpoint_files.h"
+#include "checkpoint_state.h"
 #include "pipemat/core/digest.h"
 #include "pipemat/core/error.h"
 #include "pipemat/core/files.h"
@@ -311,9 +312,10 @@ std::unique_ptr<torch::optim::Optimizer> read_shards(const Pipeline& pipeline,
     PIPEMAT_CHECK(archive.try_read("shard", shards[static_cast<size_t>(d)]), PipelineError,
                   "load_checkpoint: ", file, " holds no optimizer shard");
   }
-  return pipeline.join_optimizer_shards(
-      shards, "load_checkpoint: " + (fs::path(dir) / shard_file_name(rank, 0, replicas)).string() +
-                  " and its " + std::to_string(replicas - 1) + " sibling(s)");
+  return detail::PipelineAccess::join_optimizer_shards(
+      pipeline, shards,
+      "load_checkpoint: " + (fs::path(dir) / shard_file_name(rank, 0, replicas)).string() +
+          " and its " + std::to_string(replicas - 1) + " sibling(s)");
 }
 
 // Reads and checks this rank's part of the checkpoint in `dir` without changing the pipeline.

@@ -25,6 +25,7 @@
 #include "pipemat/core/format.h"
 #include "pipemat/pp/checkpoint.h"
 #include "pipemat/pp/finite.h"
+#include "pipemat/remat/memory.h"
 
 namespace pipemat::pp {
 namespace {
@@ -284,6 +285,9 @@ void check_covered(const CheckpointManifest& manifest, const std::string& dir,
 CheckpointLoad load_global(Pipeline& pipeline, comm::Transport& transport, const std::string& dir,
                            const CheckpointManifest& manifest, const nlohmann::json& json,
                            bool allow_non_finite) {
+  // What the load holds above what the process held before it (its peak: the tensors read, until
+  // they are copied in).
+  const int64_t before = remat::begin_peak_window();
   Loaded loaded;
   detail::agree_on(
       transport, "load_checkpoint",
@@ -297,10 +301,6 @@ CheckpointLoad load_global(Pipeline& pipeline, comm::Transport& transport, const
   const std::vector<std::string> all =
       lines_of_all_ranks(transport, detail::kLoadNamesTag, loaded.names);
   check_covered(manifest, dir, all);
-  // Every rank's bytes, for the report: "<read> <tensors>", one line per rank in rank order.
-  const std::vector<std::string> stats = lines_of_all_ranks(
-      transport, detail::kLoadNamesTag,
-      {std::to_string(loaded.bytes_read) + " " + std::to_string(loaded.tensor_bytes)});
   {
     at::NoGradGuard no_grad;
     for (auto& [to, value] : loaded.copies) to.copy_(value);
@@ -308,16 +308,25 @@ CheckpointLoad load_global(Pipeline& pipeline, comm::Transport& transport, const
   pipeline.load_optimizer_state(*loaded.optimizer);
   if (loaded.rng.defined()) pipeline.generator().set_state(loaded.rng);
   pipeline.set_step(manifest.step);
+  const int64_t peak = std::max<int64_t>(0, remat::window_peak_bytes() - before);
+  // Every rank's bytes, for the report: "<read> <tensors> <peak>", one line per rank in rank
+  // order.
+  const std::vector<std::string> stats =
+      lines_of_all_ranks(transport, detail::kLoadNamesTag,
+                         {std::to_string(loaded.bytes_read) + " " +
+                          std::to_string(loaded.tensor_bytes) + " " + std::to_string(peak)});
   transport.barrier();
   CheckpointLoad out;
   out.bytes_read = loaded.bytes_read;
   out.tensor_bytes = loaded.tensor_bytes;
+  out.peak_bytes = peak;
   for (const std::string& line : stats) {
-    long long read = 0, tensors = 0;
-    PIPEMAT_CHECK(std::sscanf(line.c_str(), "%lld %lld", &read, &tensors) == 2, CommError,
-                  "load_checkpoint: a peer sent a malformed report of its load");
+    long long read = 0, tensors = 0, held = 0;
+    PIPEMAT_CHECK(std::sscanf(line.c_str(), "%lld %lld %lld", &read, &tensors, &held) == 3,
+                  CommError, "load_checkpoint: a peer sent a malformed report of its load");
     out.rank_bytes_read.push_back(read);
     out.rank_tensor_bytes.push_back(tensors);
+    out.rank_peak_bytes.push_back(held);
   }
   out.from = manifest;
   return out;

@@ -198,6 +198,12 @@ std::map<size_t, std::vector<std::pair<int64_t, int64_t>>> PipelineAccess::kept_
   return out;
 }
 
+std::unique_ptr<torch::optim::Optimizer> PipelineAccess::join_optimizer_shards(
+    const Pipeline& p, std::vector<torch::serialize::InputArchive>& shards,
+    const std::string& where) {
+  return p.impl_->join_optimizer_shards(shards, where);
+}
+
 std::unique_ptr<torch::optim::Optimizer> PipelineAccess::optimizer_with(
     const Pipeline& p,
     std::map<size_t, std::unique_ptr<torch::optim::OptimizerParamState>> states) {

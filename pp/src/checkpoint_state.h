@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
 
 #include <cstdint>
 #include <map>
@@ -78,6 +79,10 @@ struct PipelineAccess {
   // parameters()) whose optimizer state this replica keeps; empty when it keeps all of every
   // parameter's (unsharded).
   static std::map<size_t, std::vector<std::pair<int64_t, int64_t>>> kept_ranges(const Pipeline& p);
+  // Format 3 (checkpoint.cpp): Pipeline::Impl::join_optimizer_shards.
+  static std::unique_ptr<torch::optim::Optimizer> join_optimizer_shards(
+      const Pipeline& p, std::vector<torch::serialize::InputArchive>& shards,
+      const std::string& where);
   // PipelineOptions::seed as text, "" without one; the data degree.
   static std::string seed(const Pipeline& p);
   static int replicas(const Pipeline& p);

@@ -272,13 +272,6 @@ const std::vector<at::Tensor>& Pipeline::parameters() const { return impl_->para
 torch::optim::Optimizer& Pipeline::optimizer() { return *impl_->optimizer; }
 bool Pipeline::shards_optimizer() const { return impl_->sharded(); }
 comm::Transport* Pipeline::data_group() const { return impl_->options.data_group; }
-void Pipeline::save_optimizer_shard(torch::serialize::OutputArchive& archive) const {
-  impl_->save_optimizer_shard(archive);
-}
-std::unique_ptr<torch::optim::Optimizer> Pipeline::join_optimizer_shards(
-    std::vector<torch::serialize::InputArchive>& shards, const std::string& where) const {
-  return impl_->join_optimizer_shards(shards, where);
-}
 void Pipeline::load_optimizer_state(torch::serialize::InputArchive& archive) {
   impl_->load_optimizer_state(archive);
 }

@@ -252,8 +252,11 @@ struct Pipeline::Impl {
   // Note [Sharded optimizer]: with sharded(), every parameter's gradient norm from its owner:
   // stage -> the stacked norms of its parameters that have a gradient, in parameter order.
   std::map<int, at::Tensor> sharded_norms(int64_t step);
-  // Note [Sharded optimizer], checkpoints: what Pipeline's functions of the same names do.
-  void save_optimizer_shard(torch::serialize::OutputArchive& archive) const;
+  // Note [Sharded optimizer], checkpoints of format 3 (checkpoint.cpp): one optimizer over all
+  // of this rank's parameters (params, built by PipelineOptions::optimizer) holding the state of
+  // the shards every replica of a run wrote (`shards[d]` replica d's, any D), joined per
+  // parameter; PipelineError naming `where` when they are not one run's shards of this rank's
+  // parameters. Then load_optimizer_state: what Pipeline's function of that name does.
   std::unique_ptr<torch::optim::Optimizer> join_optimizer_shards(
       std::vector<torch::serialize::InputArchive>& shards, const std::string& where) const;
   void load_optimizer_state(torch::serialize::InputArchive& archive);

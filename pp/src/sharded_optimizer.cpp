@@ -1,6 +1,7 @@
 // Note [Sharded optimizer] (pipemat/pp/pipeline.h): each replica owns a slice of every gradient
-// bucket, steps its pieces of the parameters and sends them to the others; checkpoints hold the
-// state joined into one optimizer over the rank's parameters.
+// bucket, steps its pieces of the parameters and sends them to the others; the optimizer state
+// of all of a rank's parameters loaded into this replica's pieces, or joined from the shards of a
+// format-3 checkpoint.
 
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
@@ -318,24 +319,6 @@ std::map<int, at::Tensor> Pipeline::Impl::sharded_norms(int64_t step) {
     by_stage[s] = picked.empty() ? at::empty({0}, on_device) : at::stack(picked);
   }
   return by_stage;
-}
-
-void Pipeline::Impl::save_optimizer_shard(torch::serialize::OutputArchive& archive) const {
-  PIPEMAT_CHECK(sharded(), ConfigError, "save_optimizer_shard: rank ", rank,
-                " does not shard its optimizer");
-  archive.write("replica", at::tensor({int64_t{options.data_group->rank()}}, at::kLong));
-  archive.write("replicas", at::tensor({int64_t{options.data_group->world_size()}}, at::kLong));
-  // The layout: per stage its parameters' element counts and its buckets' parameter counts.
-  for (const auto& [s, ranges] : buckets) {
-    std::vector<int64_t> numels, sizes;
-    for (const at::Tensor& p : stage_params.at(s)) numels.push_back(p.numel());
-    for (const auto& [first, end] : ranges) sizes.push_back(static_cast<int64_t>(end - first));
-    archive.write("numels/" + std::to_string(s), at::tensor(numels, at::kLong));
-    archive.write("buckets/" + std::to_string(s), at::tensor(sizes, at::kLong));
-  }
-  torch::serialize::OutputArchive state;
-  optimizer->save(state);
-  archive.write("optimizer", state);
 }
 
 std::unique_ptr<torch::optim::Optimizer> Pipeline::Impl::join_optimizer_shards(

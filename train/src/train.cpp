@@ -287,7 +287,11 @@ void resume_run(const RankRun& r, const RunCheckpoints& checkpoints) {
         for (size_t k = 1; k < loaded.rank_tensor_bytes.size(); ++k) {
           *r.talk << ", " << format_bytes(loaded.rank_tensor_bytes[k]);
         }
-        *r.talk << " of their tensors, in " << format_fixed(load_ms / 1000.0, 2) << " s";
+        *r.talk << " of their tensors, holding at most "
+                << format_bytes(*std::max_element(loaded.rank_peak_bytes.begin(),
+                                                  loaded.rank_peak_bytes.end()))
+                << " more on a rank while loading, in " << format_fixed(load_ms / 1000.0, 2)
+                << " s";
       }
       *r.talk << "\n";
     }

@@ -118,8 +118,12 @@ std::string latest_checkpoint(const std::string& root, const std::string& run_id
 struct CheckpointLoad {
   int64_t bytes_read = 0;    // format 4; 0 for the older formats
   int64_t tensor_bytes = 0;  // format 4
+  // The most bytes of tensors the load held at once above what the process held before it (the
+  // tracking allocator's, pipemat/remat/memory.h: 0 when it is not installed; ranks as threads
+  // share one process and so one count). Format 4.
+  int64_t peak_bytes = 0;
   // The same of every rank of the pipeline, by rank (format 4; empty for the older formats).
-  std::vector<int64_t> rank_bytes_read, rank_tensor_bytes;
+  std::vector<int64_t> rank_bytes_read, rank_tensor_bytes, rank_peak_bytes;
   CheckpointManifest from;
 };
 

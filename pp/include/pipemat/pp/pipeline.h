@@ -359,13 +359,12 @@ struct PipelineOptions {
 // the state this rank holds.
 //
 // Checkpoints hold each replica's slices: to save, every replica calls save_checkpoint, and each
-// writes its own optimizer shard (Pipeline::save_optimizer_shard: its pieces' state and the
-// layout that places them) beside the rank files replica 0 writes (parameters once); the
-// manifest records every file. To load, each replica reads every shard of its rank, joins them
-// into one optimizer over the rank's parameters (Pipeline::join_optimizer_shards) and keeps its
-// pieces' elements (Pipeline::load_optimizer_state). So a checkpoint resumes sharded or
-// unsharded, with any D (Note [Checkpoint layout] in pipemat/pp/checkpoint.h); no replica holds
-// more than its own state while it saves, and a load holds the whole state for its moment.
+// writes its own optimizer shard (its pieces' state, each an element range of its parameter under
+// the parameter's global name) beside the rank files replica 0 writes (parameters once); the
+// manifest indexes every piece. To load, each replica reads the pieces that hold its own
+// elements and keeps those (Pipeline::load_optimizer_state). So a checkpoint resumes sharded or
+// unsharded, with any D and on any layout (Note [Checkpoint layout] in pipemat/pp/checkpoint.h);
+// no replica holds more than its own state while it saves.
 
 // Note [Sharded optimizer]: elements [begin, end) of parameter `param` (its index in the bucket)
 // in the parameter's flat view.
@@ -534,16 +533,6 @@ class Pipeline {
   bool shards_optimizer() const;
   // The data group (PipelineOptions::data_group), or null.
   comm::Transport* data_group() const;
-  // Note [Sharded optimizer], checkpoints. save_optimizer_shard: this replica's optimizer (over
-  // its pieces) and the layout that places them (its replica index, D, and per stage the
-  // parameters' element counts and the buckets' parameter counts); ConfigError unsharded.
-  // join_optimizer_shards: one optimizer over all of this rank's parameters (parameters(), built
-  // by PipelineOptions::optimizer) holding the state of the shards of every replica of a run
-  // (`shards[d]` replica d's save_optimizer_shard, any D), joined per parameter; PipelineError
-  // naming `where` when they are not one run's shards of this rank's parameters.
-  void save_optimizer_shard(torch::serialize::OutputArchive& archive) const;
-  std::unique_ptr<torch::optim::Optimizer> join_optimizer_shards(
-      std::vector<torch::serialize::InputArchive>& shards, const std::string& where) const;
   // Loads state saved from, or held by, an optimizer over all of this rank's parameters;
   // sharded, this replica keeps the state of its pieces' elements.
   void load_optimizer_state(torch::serialize::InputArchive& archive);
