@@ -23,7 +23,8 @@ else as threads), its embedding on the first stage and a copy on the last (Note 
     EqualLogits): after 3 AdamW steps under 1f1b, `pipemat export` writes the weight once, equal
     to 3 steps of torch.optim.AdamW within 1e-5 relative (the step losses too); transformers
     loads the directory with lm_head.weight the storage of model.embed_tokens.weight, and its
-    logits on the first micro-batch equal pipemat's from the exported directory within 1e-5.
+    logits on the first micro-batch equal pipemat's from the exported directory within 1e-5;
+    greedy `pipemat generate` with a 32000-token BPE gives transformers' greedy ids.
 Exit 77: transformers or safetensors is not installed (ctest skips the test).
 
   llama_oracle.py [vocab256|tied32000-first-loss|tied32000-export] --pipemat BIN
@@ -365,7 +366,9 @@ def tied_32000_export(args, work, results):
     file holds the weight once and equals 3 steps of torch.optim.AdamW on the same micro-batches
     within 1e-5 relative; transformers loads the directory with lm_head tied to embed_tokens; and
     its logits on the first micro-batch equal pipemat's (llama_hf_check, the model read from the
-    exported directory) within 1e-5."""
+    exported directory) within 1e-5; with a 32000-token BPE beside it, `pipemat generate --greedy`
+    continues three prompts with transformers' greedy ids (each the prompt's last token again: the
+    tied embedding dominates the residual stream of this small random model)."""
     model, hf_dir, text = tied_32000_model(work)
     transport, launcher = two_ranks(args)
     cfg_path = os.path.join(work, "train.yaml")
@@ -436,6 +439,41 @@ def tied_32000_export(args, work, results):
     results["exported logits max abs"] = logits.abs().max().item()
     print(f"exported: logits max |diff| {dl:.3g} (max |logit| {logits.abs().max().item():.3g})")
     assert dl <= TOL, f"the exported model's logits differ by {dl}"
+
+    # Greedy generation at this vocabulary: a byte-level BPE of 32000 tokens trained on the
+    # fortunes beside the exported weights, `pipemat generate --greedy` continues a prompt with
+    # the ids transformers' greedy choice over the tokenizer's ids gives.
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train([p for p in sorted(glob.glob("/usr/share/games/fortunes/*")) if os.path.isfile(p)
+               and not p.endswith(".dat")],
+              trainers.BpeTrainer(vocab_size=VOCAB_32000, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False))
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    width = tok.get_vocab_size()
+    assert width == VOCAB_32000, f"the BPE reached {width} tokens"
+    every = []
+    for prompt_text in ("Q: What is the", "Once upon a time", "%\n1234 ]]"):
+        out = run([args.pipemat, "generate", "--checkpoint", out_dir, "--greedy", "--tokens", "6",
+                   "--prompt", prompt_text, "--quiet", "--ids"])
+        want = [int(x) for x in out.split("ids:")[-1].split()]
+        assert len(want) == 6, out
+        ids = torch.tensor([tok.encode(prompt_text).ids])
+        greedy = []
+        with torch.no_grad():
+            for _ in range(len(want)):
+                nxt = int(loaded(ids[:, -SEQ_LEN:]).logits[0, -1, :width].argmax())
+                greedy.append(nxt)
+                ids = torch.cat([ids, torch.tensor([[nxt]])], 1)
+        print(f"greedy at vocab {width} after {prompt_text!r}: transformers {greedy}, "
+              f"pipemat {want}")
+        assert greedy == want, f"transformers {greedy} pipemat {want}"
+        every += want
+    results["greedy ids equal transformers'"] = True
+    assert len(set(every)) >= 3 and max(every) >= 256, f"too few distinct greedy ids: {every}"
 
 
 def main():
