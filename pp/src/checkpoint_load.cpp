@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <torch/serialize/input-archive.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -192,14 +193,18 @@ void check_unchanged(const Pipeline& pipeline, const CheckpointManifest& m,
                 " but this pipeline has ", seed.empty() ? std::string("none") : "seed " + seed,
                 "; a resume keeps the seed (PipelineOptions::seed)");
   const std::string kind = detail::PipelineAccess::optimizer_kind(pipeline);
+  const auto named = [](const std::string& k) { return k.empty() ? std::string("another") : k; };
   PIPEMAT_CHECK(m.optimizer == kind, ConfigError, "load_checkpoint: ", dir, " holds the state of ",
-                m.optimizer, " but this pipeline's optimizer is ", kind.empty() ? "another" : kind);
+                m.optimizer.empty() ? "an optimizer other than the five" : m.optimizer,
+                " but this pipeline's optimizer is ", named(kind));
 }
 
 // What one rank read of a checkpoint of format 4, checked, to apply once every rank has.
 struct Loaded {
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // destination, value
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  // Another optimizer than the five: its own archive of this rank (then `optimizer` is unused).
+  std::unique_ptr<torch::serialize::InputArchive> archive;
   at::Tensor rng;
   std::vector<std::string> names;  // every tensor read
   int64_t bytes_read = 0;
@@ -232,9 +237,35 @@ Loaded read_global(const Pipeline& pipeline, const std::string& dir,
   }
   // The optimizer's state, by its parameters' names; a parameter never stepped has none.
   const std::string kind = manifest.optimizer;
+  if (kind.empty()) {
+    // Another optimizer: its own archive of this rank, on the layout that wrote it only.
+    const schedule::Schedule& plan = pipeline.schedule();
+    PIPEMAT_CHECK(manifest.world_size == plan.ranks_count && manifest.stages == plan.stages_count &&
+                      manifest.stage_to_rank == plan.stage_to_rank &&
+                      manifest.replicas == detail::PipelineAccess::replicas(pipeline),
+                  ConfigError, "load_checkpoint: ", dir,
+                  " holds the state of an optimizer other than torch's SGD, Adam, AdamW, RMSprop "
+                  "or Adagrad, stored per rank: it resumes on the layout that wrote it (",
+                  describe_layout(manifest), "), not on ", describe_layout(pipeline));
+    const std::string name = detail::optimizer_blob_name(pipeline.rank());
+    const CheckpointTensor* blob = manifest.find(name);
+    PIPEMAT_CHECK(blob != nullptr && blob->dtype == "U8" && blob->shape.size() == 1, PipelineError,
+                  "load_checkpoint: ", dir, " holds no optimizer state of rank ", pipeline.rank(),
+                  " ('", name, "'); the checkpoint is damaged");
+    const at::Tensor bytes = take(*blob);
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(static_cast<const char*>(bytes.data_ptr()),
+                        static_cast<size_t>(bytes.numel()));
+      out.archive = std::make_unique<torch::serialize::InputArchive>(std::move(archive));
+    } catch (const c10::Error& e) {
+      PIPEMAT_THROW(PipelineError, "load_checkpoint: ", dir, ": the optimizer state of rank ",
+                    pipeline.rank(), " cannot be read: ", std::string(e.what()).substr(0, 200));
+    }
+  }
   std::map<size_t, std::unique_ptr<torch::optim::OptimizerParamState>> states;
   const auto params = detail::PipelineAccess::named_parameters(pipeline, manifest.ties);
-  for (size_t i = 0; i < params.size(); ++i) {
+  for (size_t i = 0; i < params.size() && !kind.empty(); ++i) {
     const auto& [name, param] = params[i];
     const std::vector<std::string>& fields = detail::state_fields(kind);
     std::vector<at::Tensor> values(fields.size());
@@ -305,7 +336,17 @@ CheckpointLoad load_global(Pipeline& pipeline, comm::Transport& transport, const
     at::NoGradGuard no_grad;
     for (auto& [to, value] : loaded.copies) to.copy_(value);
   }
-  pipeline.load_optimizer_state(*loaded.optimizer);
+  if (loaded.archive != nullptr) {
+    try {
+      pipeline.load_optimizer_state(*loaded.archive);
+    } catch (const c10::Error& e) {
+      PIPEMAT_THROW(PipelineError, "load_checkpoint: ", dir, ": the optimizer state of rank ",
+                    pipeline.rank(),
+                    " does not fit this optimizer: ", std::string(e.what()).substr(0, 200));
+    }
+  } else {
+    pipeline.load_optimizer_state(*loaded.optimizer);
+  }
   if (loaded.rng.defined()) pipeline.generator().set_state(loaded.rng);
   pipeline.set_step(manifest.step);
   const int64_t peak = std::max<int64_t>(0, remat::window_peak_bytes() - before);

@@ -3,8 +3,10 @@
 #include "checkpoint_state.h"
 
 #include <ATen/ATen.h>
+#include <torch/serialize/output-archive.h>
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <utility>
 
@@ -50,6 +52,10 @@ void add_state(std::vector<NamedTensor>& out, const std::string& kind,
 std::string stage_global_name(const PipelineStage& stage, const std::string& name) {
   return stage.global_name ? stage.global_name(name)
                            : "stage" + std::to_string(stage.index) + "." + name;
+}
+
+std::string optimizer_blob_name(int rank) {
+  return "pipemat.optimizer.rank-" + std::to_string(rank);
 }
 
 std::string PipelineAccess::global_name(const Pipeline& p, int stage, const std::string& name) {
@@ -108,10 +114,22 @@ std::vector<NamedTensor> PipelineAccess::saved(Pipeline& p, bool weights, bool o
   }
   if (!optimizer) return out;
   const std::string kind = detail::optimizer_kind(*impl.optimizer);
-  PIPEMAT_CHECK(
-      !kind.empty(), ConfigError, "save_checkpoint: rank ", impl.rank,
-      ": PipelineOptions::optimizer made an optimizer other than torch's SGD, Adam, AdamW, "
-      "RMSprop or Adagrad; a checkpoint stores the state of those by parameter name");
+  if (kind.empty()) {
+    // Another optimizer (never sharded: check_shardable refuses it): its own archive, as this
+    // rank's blob, which only this layout can load.
+    torch::serialize::OutputArchive archive;
+    impl.optimizer->save(archive);
+    std::string bytes;
+    archive.save_to([&bytes](const void* data, size_t n) -> size_t {
+      bytes.append(static_cast<const char*>(data), n);
+      return n;
+    });
+    at::Tensor blob = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    std::memcpy(blob.data_ptr(), bytes.data(), bytes.size());
+    out.push_back({optimizer_blob_name(impl.rank), blob, blob.sizes().vec(), 0, blob.numel(), -1,
+                   "the optimizer's state of rank " + std::to_string(impl.rank)});
+    return out;
+  }
   const auto& state = impl.optimizer->state();
   for (const auto& [s, ps] : impl.stage_params) {
     const auto named = impl.stages.at(s).module->named_parameters();

@@ -29,6 +29,9 @@ std::string stage_global_name(const PipelineStage& stage, const std::string& nam
 
 // The name of the generator state's tensor (written by pipeline rank 0 of replica 0).
 inline constexpr const char* kGeneratorTensor = "pipemat.rng";
+// An optimizer other than the five elementwise ones: rank r's own torch archive of its state, a
+// U8 tensor under this name, which loads only on the layout that wrote it.
+std::string optimizer_blob_name(int rank);
 
 // One tensor (or a piece of one) of a rank's state.
 struct NamedTensor {

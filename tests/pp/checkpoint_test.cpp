@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -130,6 +131,102 @@ INSTANTIATE_TEST_SUITE_P(Schedules, Resume,
                          [](const auto& test) {
                            return test.param == ScheduleKind::kOneFOneB ? "OneFOneB" : "ZbV";
                          });
+
+// An optimizer other than torch's SGD, Adam, AdamW, RMSprop and Adagrad: plain SGD whose step
+// size shrinks with its own step count, kept in its own archive (save / load).
+class CountingSgd : public torch::optim::Optimizer {
+ public:
+  explicit CountingSgd(const std::vector<at::Tensor>& params)
+      : Optimizer({torch::optim::OptimizerParamGroup(params)},
+                  std::make_unique<torch::optim::SGDOptions>(0.05)) {}
+  at::Tensor step(LossClosure) override {
+    at::NoGradGuard no_grad;
+    ++steps_;
+    for (auto& group : param_groups()) {
+      const double lr = group.options().get_lr() / static_cast<double>(steps_);
+      for (auto& p : group.params()) {
+        if (p.grad().defined()) p.add_(p.grad(), -lr);
+      }
+    }
+    return {};
+  }
+  void save(torch::serialize::OutputArchive& archive) const override {
+    archive.write("steps", at::tensor({steps_}, at::kLong));
+  }
+  void load(torch::serialize::InputArchive& archive) override {
+    at::Tensor t;
+    archive.read("steps", t);
+    steps_ = t.item<int64_t>();
+  }
+
+ private:
+  int64_t steps_ = 0;
+};
+
+// Such an optimizer's state is its own archive of each rank (Note [Checkpoint layout]): a
+// checkpoint of it resumes bitwise on the layout that wrote it and is refused, naming both
+// layouts, on another.
+TEST(Checkpoint, AnotherOptimizersStateResumesOnItsOwnLayout) {
+  PipelineCase c;
+  constexpr int64_t kSteps = 4, kStop = 2;
+  const fs::path root = fresh_dir("other-optimizer");
+  const auto make = [&](comm::Transport& t, const PipelineCase& k, uint64_t init) {
+    torch::nn::Sequential model = user_model::make_model(k.blocks, init, k.dropout);
+    auto options = user_model::pipeline_options(k);
+    options.optimizer = [](const std::vector<at::Tensor>& params) {
+      return std::make_unique<CountingSgd>(params);
+    };
+    return std::make_unique<Pipeline>(
+        t, options, split_sequential(model, balance_by_parameters(model, stage_count(options))));
+  };
+  std::vector<double> straight, resumed;
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make(t, c, 7);
+    for (int64_t s = 0; s < kSteps; ++s) {
+      const double loss = p->train_step(batch_of).loss;
+      if (t.rank() == 0) straight.push_back(loss);
+    }
+  });
+  const CheckpointRun run = new_checkpoint_run();
+  std::string dir;
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make(t, c, 7);
+    for (int64_t s = 0; s < kStop; ++s) p->train_step(batch_of);
+    const std::string d = save_checkpoint(*p, t, root.string(), run);
+    if (t.rank() == 0) dir = d;
+  });
+  const CheckpointManifest m = read_checkpoint_manifest(dir);
+  EXPECT_EQ(m.optimizer, "");
+  ASSERT_NE(m.find("pipemat.optimizer.rank-0"), nullptr);
+  ASSERT_NE(m.find("pipemat.optimizer.rank-1"), nullptr);
+  EXPECT_EQ(m.find("pipemat.optimizer.rank-1")->pieces.at(0).file, "rank-1.safetensors");
+  on_ranks(2, [&](comm::Transport& t) {
+    auto p = make(t, c, 1234);
+    load_checkpoint(*p, t, dir);
+    for (int64_t s = kStop; s < kSteps; ++s) {
+      const double loss = p->train_step(batch_of).loss;
+      if (t.rank() == 0) resumed.push_back(loss);
+    }
+  });
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_EQ(resumed[0], straight[2]);
+  EXPECT_EQ(resumed[1], straight[3]);
+  PipelineCase three = c;
+  three.ranks = 3;
+  const auto errors = user_model::run_ranks(3, [&](comm::Transport& t) {
+    auto p = make(t, three, 1234);
+    load_checkpoint(*p, t, dir);
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(errors[r].find("load_checkpoint: " + dir +
+                             " holds the state of an optimizer other than torch's SGD, Adam, "
+                             "AdamW, RMSprop or Adagrad, stored per rank: it resumes on the layout "
+                             "that wrote it (2 ranks (1f1b, D=1)), not on 3 ranks (1f1b, D=1)"),
+              std::string::npos)
+        << "rank " << r << ": " << errors[r];
+  }
+  fs::remove_all(root);
+}
 
 // Expects load_checkpoint to fail with `text` and to leave the parameters alone: on every rank,
 // or (failing >= 0) on rank `failing` with `text` and on the other with the PeerFailedError

@@ -40,7 +40,10 @@ namespace pipemat::pp {
 // tensor by name: dtype, shape, the stage that wrote it, and its pieces: file, key, element
 // range and the SHA-256 of its bytes) and "ties" (each tie key -> the name its weight is stored
 // under). Optimizer options (the learning rate, betas) are not stored: the factory makes them and
-// the LR schedule sets them from the step.
+// the LR schedule sets them from the step. An optimizer other than torch's SGD, Adam, AdamW,
+// RMSprop and Adagrad (whose state pp cannot name per element) is stored as each rank's own
+// archive (optimizer->save), the U8 tensor "pipemat.optimizer.rank-<r>": such a checkpoint
+// resumes on the layout that wrote it only (a ConfigError naming both layouts elsewhere).
 // Formats 1 to 3 (written before format 4; they still load, on the layout that wrote them):
 // rank-<r>.pt torch archives keyed by stage ("params/<stage>/<name>"), with "optimizer" (format 3:
 // per replica rank-<r>.shard-<d>-of-<D>.pt) and "rng"; format 1 records no digests.
