@@ -163,6 +163,37 @@ struct SplitSearch {
     return detail::step_time(plan, schedule, costs());
   }
 
+  // The step with each open stage at the least it can hold (Note [Cost split]): stage k holds
+  // one layer or more of [lo, hi], where lo leaves a layer to each open stage before it and hi
+  // one to each after it (the first open stage holds `first`, the last the model's last layer),
+  // so it costs at least the smallest F, I, W, R and B of that window.
+  double open_bound(int next_stage, size_t first) {
+    const int stages = schedule.stages_count;
+    const size_t layers = problem.layers.size();
+    for (int k = next_stage; k < stages; ++k) {
+      size_t lo = first + static_cast<size_t>(k - next_stage);
+      size_t hi = layers - static_cast<size_t>(stages - k);
+      if (k == stages - 1) lo = layers - 1;
+      if (k == next_stage) lo = hi = first;
+      StageSums least;
+      least.forward = least.backward_input = least.backward_weight = least.recompute =
+          least.backward = kInf;
+      for (size_t l = lo; l <= hi; ++l) {
+        StageSums one;
+        one.add(problem.layers[l].cost);
+        least.forward = std::min(least.forward, one.forward);
+        least.backward_input = std::min(least.backward_input, one.backward_input);
+        least.backward_weight = std::min(least.backward_weight, one.backward_weight);
+        least.recompute = std::min(least.recompute, one.recompute);
+        least.backward = std::min(least.backward, one.backward);
+      }
+      sums[k] = least;
+    }
+    const double bound = step();
+    for (int k = next_stage; k < stages; ++k) sums[k] = StageSums{};
+    return bound;
+  }
+
   double peak(int rank) const { return fixed[rank] + forms[rank].peak(sums); }
 
   // The largest overshoot over the ranks (peak - budget) with the open stages empty.
@@ -250,7 +281,7 @@ struct SplitSearch {
       bool cut = budgeted && !fits_so_far();
       // Cut only above the best: an equal completion may still win the tie.
       if (!cut) cut = busy_bound(stage + 1, next) > best_step;
-      if (!cut) cut = step() > best_step;
+      if (!cut) cut = open_bound(stage + 1, next) > best_step;
       if (!cut) descend_step(stage + 1, next);
       unplace(stage, first, count);
     }
@@ -310,6 +341,31 @@ struct SplitSearch {
     return out;
   }
 
+  // Moves one boundary by one layer while that shortens the best step (a tighter start for the
+  // bound; the search stays exact whatever the start).
+  void improve() {
+    bool better = true;
+    while (better) {
+      better = false;
+      for (size_t b = 0; b + 1 < best.size() && !better; ++b)
+        for (int delta : {-1, 1}) {
+          std::vector<int> next = best;
+          next[b] += delta;
+          next[b + 1] -= delta;
+          if (next[b] < 1 || next[b + 1] < 1) continue;
+          load(next);
+          if (budgeted && !fits_so_far()) continue;
+          const double s = step();
+          if (s < best_step) {
+            best_step = s;
+            best = next;
+            better = true;
+            break;
+          }
+        }
+    }
+  }
+
   // Loads a full split into the sums.
   void load(const std::vector<int>& counts) {
     reset();
@@ -352,6 +408,7 @@ SplitResult choose_split(const SplitProblem& problem) {
     search.best_step = search.step();
     search.found = true;
   }
+  if (search.found) search.improve();
   search.reset();
   search.descend_step(0, 0);
 

@@ -3,6 +3,7 @@
 // gradient all-reduce, clipping, the LR schedule and the optimizer step.
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <chrono>
@@ -60,6 +61,16 @@ Pipeline::Impl::StepRun::StepRun(Impl& pipe, const DataSource& data)
   step_peak_ = bytes0_;
 }
 
+// Note [Profiler scopes]
+// Every action a rank runs, and the step's tail, runs inside a LibTorch profiler scope (a user
+// scope of at::RecordFunction) named as torch.distributed.pipelining names its actions: "PP:F",
+// "PP:B", "PP:I", "PP:W", "PP:R", "PP:SEND_F", "PP:RECV_F", "PP:SEND_B", "PP:RECV_B", with the
+// stage and the micro-batch as its two inputs (shown with record_shapes); then
+// "PP:GRADIENT_EXCHANGE" (the data group's reduce), "PP:CLIP" and "PP:OPTIMIZER". A user who
+// profiles a run (torch::autograd::profiler, or Python's torch.profiler around a pipemat
+// extension) sees them around the kernels; without an active profiler a scope costs one check of
+// a global flag.
+
 void Pipeline::Impl::StepRun::dispatch(size_t k) {
   const Action& a = actions_[k];
   int64_t action_start = 0;
@@ -69,6 +80,10 @@ void Pipeline::Impl::StepRun::dispatch(size_t k) {
   }
   a0_ = now_us();
   waited_us_ = 0;
+  // Note [Profiler scopes]: the action around its kernels in a LibTorch profiler's trace.
+  RECORD_USER_SCOPE_WITH_INPUTS(
+      std::string("PP:") + schedule::action_type_code(a.type),
+      std::vector<c10::IValue>({c10::IValue(int64_t{a.stage}), c10::IValue(a.micro_batch)}));
   switch (a.type) {
     case ActionType::kRecvForward:
       recv_forward(a);
@@ -157,16 +172,24 @@ StepMetrics Pipeline::Impl::StepRun::finish() {
   for (auto& w : sends_) w.wait();
   const PipelineOptions& options = pipe_.options;
   pipe_.sum_tied_gradients(step_);  // Note [Tied weights]: before the data group's reduce
-  if (options.data_group != nullptr) end_allreduce();
+  if (options.data_group != nullptr) {
+    RECORD_USER_SCOPE("PP:GRADIENT_EXCHANGE");
+    end_allreduce();
+  }
   // The gradients held now: the parameters' (unsharded) or the pieces' (sharded).
   std::vector<at::Tensor> grads;
   for (const auto& p : pipe_.optimized) grads.push_back(p.grad());
   m_.gradient_bytes = remat::storage_bytes(grads);
   m_.parameter_bytes = pipe_.parameter_bytes;
-  if (options.clip_grad_norm > 0)
+  if (options.clip_grad_norm > 0) {
+    RECORD_USER_SCOPE("PP:CLIP");
     m_.grad_norm = pipe_.clip_global_norm(options.clip_grad_norm, step_);
-  if (options.lr_schedule) options.lr_schedule(*pipe_.optimizer, step_);
-  pipe_.optimizer->step();
+  }
+  {
+    RECORD_USER_SCOPE("PP:OPTIMIZER");
+    if (options.lr_schedule) options.lr_schedule(*pipe_.optimizer, step_);
+    pipe_.optimizer->step();
+  }
   m_.optimizer_state_bytes = optimizer_state_bytes(*pipe_.optimizer);
   if (pipe_.sharded()) {  // Note [Sharded optimizer]
     const double g0 = now_us();

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <limits>
 #include <random>
 #include <string>
@@ -169,13 +171,14 @@ TEST(PlanSplit, EqualsEnumerationOfEverySplit) {
 }
 
 TEST(PlanSplit, EqualLayersGiveTheEvenSplit) {
+  // (Interleaved is left out: with one rank holding stages 0 and 2, only the ranks' totals are
+  // bound to be even, and 3,5,5,3 starts and ends the pipeline sooner than 4,4,4,4.)
   for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
-                            ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved}) {
+                            ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleH2}) {
     SCOPED_TRACE(schedule::to_string(kind));
     std::vector<LayerCost> layers;
     for (int l = 0; l < 16; ++l) layers.push_back(layer(l, 1, 1, 1));
-    const int ranks = kind == ScheduleKind::kInterleaved ? 2 : 4;
-    const SplitResult got = choose_split(problem_of(kind, ranks, 8, layers));
+    const SplitResult got = choose_split(problem_of(kind, 4, 8, layers));
     EXPECT_EQ(got.layers_per_stage, (std::vector<int>{4, 4, 4, 4}));
   }
 }
@@ -225,7 +228,8 @@ TEST(PlanSplit, BudgetRulesOutTheFastestSplit) {
 
 TEST(PlanSplit, BudgetMatchesTheRematPlannersPeaks) {
   // The same peaks as plan::evaluate with one candidate per layer (pre-triggered recompute).
-  std::mt19937 rng(3);
+  // Seed 5 is the first whose fastest split is not also the one with the smallest worst peak.
+  std::mt19937 rng(5);
   std::uniform_real_distribution<double> bytes(1, 50);
   SplitProblem p = problem_of(ScheduleKind::kZeroBubbleH2, 3, 6, random_layers(&rng, 7, false));
   p.schedule.recompute = RecomputeMode::kPretrigger;
