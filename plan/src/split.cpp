@@ -20,7 +20,6 @@ using detail::StageSums;
 using schedule::ActionType;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-
 std::string split_bytes(double bytes) { return format_bytes(static_cast<int64_t>(bytes)); }
 
 std::string split_text(const std::vector<int>& counts) {
@@ -36,8 +35,8 @@ void check_value(const std::string& layer, const char* field, double value) {
 
 void check_layers(const SplitProblem& problem, const schedule::Schedule& schedule) {
   const int stages = schedule.stages_count;
-  PIPEMAT_CHECK(static_cast<int>(problem.layers.size()) >= stages, ConfigError, "split: ",
-                problem.layers.size(), " layers cannot fill ", stages, " stages (",
+  PIPEMAT_CHECK(static_cast<int>(problem.layers.size()) >= stages, ConfigError,
+                "split: ", problem.layers.size(), " layers cannot fill ", stages, " stages (",
                 schedule.ranks_count, " ranks x ", schedule.virtual_stages,
                 " virtual stages); every stage needs at least one layer.");
   for (const LayerCost& l : problem.layers) {
@@ -73,13 +72,13 @@ void check_split(const SplitProblem& problem, const schedule::Schedule& schedule
                 schedule.stages_count, ".");
   long long total = 0;
   for (size_t s = 0; s < counts.size(); ++s) {
-    PIPEMAT_CHECK(counts[s] >= 1, ConfigError, "split: ", what, " gives stage ", s, " ",
-                  counts[s], " layers; every stage needs at least one.");
+    PIPEMAT_CHECK(counts[s] >= 1, ConfigError, "split: ", what, " gives stage ", s, " ", counts[s],
+                  " layers; every stage needs at least one.");
     total += counts[s];
   }
-  PIPEMAT_CHECK(total == static_cast<long long>(problem.layers.size()), ConfigError, "split: ",
-                what, " covers ", total, " layers but the model has ", problem.layers.size(),
-                ".");
+  PIPEMAT_CHECK(total == static_cast<long long>(problem.layers.size()), ConfigError,
+                "split: ", what, " covers ", total, " layers but the model has ",
+                problem.layers.size(), ".");
 }
 
 // Everything the search keeps: the schedule, its peak forms, what each stage's actions add up to
@@ -121,12 +120,25 @@ struct SplitSearch {
       for (const schedule::Action& a : list) {
         Counts& c = action_counts[a.stage];
         switch (a.type) {
-          case ActionType::kForward: c.f += 1; break;
-          case ActionType::kBackward: c.b += 1; c.r += lazy ? 1 : 0; break;
-          case ActionType::kBackwardInput: c.i += 1; c.r += lazy ? 1 : 0; break;
-          case ActionType::kBackwardWeight: c.w += 1; break;
-          case ActionType::kRecompute: c.r += 1; break;
-          default: break;
+          case ActionType::kForward:
+            c.f += 1;
+            break;
+          case ActionType::kBackward:
+            c.b += 1;
+            c.r += lazy ? 1 : 0;
+            break;
+          case ActionType::kBackwardInput:
+            c.i += 1;
+            c.r += lazy ? 1 : 0;
+            break;
+          case ActionType::kBackwardWeight:
+            c.w += 1;
+            break;
+          case ActionType::kRecompute:
+            c.r += 1;
+            break;
+          default:
+            break;
         }
       }
     for (const LayerCost& l : p.layers) {
@@ -148,8 +160,8 @@ struct SplitSearch {
 
   double work(int stage, const StageSums& s) const {
     const Counts& c = action_counts[stage];
-    return c.f * s.forward + c.i * s.backward_input + c.w * s.backward_weight +
-           c.r * s.recompute + c.b * s.backward;
+    return c.f * s.forward + c.i * s.backward_input + c.w * s.backward_weight + c.r * s.recompute +
+           c.b * s.backward;
   }
 
   std::vector<schedule::CostModel> costs() const {

@@ -19,8 +19,8 @@
 namespace pipemat::plan {
 namespace {
 
-using schedule::ScheduleKind;
 using schedule::RecomputeMode;
+using schedule::ScheduleKind;
 
 LayerCost layer(int index, double f, double i, double w, double r = 0.0, double b = 0.0) {
   LayerCost l;
@@ -143,20 +143,19 @@ TEST(PlanSplit, EqualsEnumerationOfEverySplit) {
   int cases = 0;
   for (const KindCase& k : kinds) {
     for (int ranks = 2; ranks <= 4; ++ranks) {
-      const int v = k.kind == ScheduleKind::kZeroBubbleV || k.kind == ScheduleKind::kInterleaved
-                        ? 2
-                        : 1;
+      const int v =
+          k.kind == ScheduleKind::kZeroBubbleV || k.kind == ScheduleKind::kInterleaved ? 2 : 1;
       const int stages = ranks * v;
       for (int layers = std::max(4, stages); layers <= 12; layers += 3) {
         for (bool integers : {false, true}) {
-          SplitProblem p = problem_of(k.kind, ranks, 2 * ranks, random_layers(&rng, layers,
-                                                                                integers));
+          SplitProblem p =
+              problem_of(k.kind, ranks, 2 * ranks, random_layers(&rng, layers, integers));
           p.schedule.recompute = k.recompute;
           p.message_cost = integers ? 1.0 : 0.25;
           const std::string what = std::string(schedule::to_string(k.kind)) + " " +
-                                   schedule::to_string(k.recompute) + ", " +
-                                   std::to_string(ranks) + " ranks, " + std::to_string(layers) +
-                                   " layers" + (integers ? ", integer costs" : "");
+                                   schedule::to_string(k.recompute) + ", " + std::to_string(ranks) +
+                                   " ranks, " + std::to_string(layers) + " layers" +
+                                   (integers ? ", integer costs" : "");
           SCOPED_TRACE(what);
           const Brute want = brute_force(p);
           const SplitResult got = choose_split(p);
@@ -228,7 +227,7 @@ TEST(PlanSplit, BudgetRulesOutTheFastestSplit) {
 
 TEST(PlanSplit, BudgetMatchesTheRematPlannersPeaks) {
   // The same peaks as plan::evaluate with one candidate per layer (pre-triggered recompute).
-  // Seed 5 is the first whose fastest split is not also the one with the smallest worst peak.
+  // With seed 5 the fastest split is not the one with the smallest worst peak (asserted below).
   std::mt19937 rng(5);
   std::uniform_real_distribution<double> bytes(1, 50);
   SplitProblem p = problem_of(ScheduleKind::kZeroBubbleH2, 3, 6, random_layers(&rng, 7, false));
@@ -284,16 +283,19 @@ TEST(PlanSplit, BudgetMatchesTheRematPlannersPeaks) {
   EXPECT_EQ(got.step, want.step);
 }
 
-TEST(PlanSplit, RealSizeIsSearchedWithFewSimulations) {
-  // 32 layers on 8 ranks (C(31, 7) = 2,629,575 splits), a costlier head and embedding.
+TEST(PlanSplit, RealSizeIsSearchedWithFarFewerSimulationsThanSplits) {
+  // 32 layers on 8 ranks: C(31, 7) = 2,629,575 splits. Transformer blocks within 10 % of each
+  // other, an embedding half a block and a head of two blocks.
   std::mt19937 rng(32);
-  std::vector<LayerCost> layers = random_layers(&rng, 32, false);
-  layers.front() = layer(0, 2, 1, 1);
-  layers.back() = layer(31, 12, 12, 12);
+  std::uniform_real_distribution<double> jitter(0.9, 1.1);
+  std::vector<LayerCost> layers;
+  layers.push_back(layer(0, 0.5, 0.5, 0.5));
+  for (int l = 1; l < 31; ++l) layers.push_back(layer(l, jitter(rng), jitter(rng), jitter(rng)));
+  layers.push_back(layer(31, 2, 2, 2));
   const SplitProblem p = problem_of(ScheduleKind::kOneFOneB, 8, 16, layers);
   const SplitResult got = choose_split(p);
   EXPECT_EQ(got.layers_per_stage.size(), 8u);
-  EXPECT_LT(got.simulations, 200000);
+  EXPECT_LT(got.simulations, 20000);  // 9,187 today
   std::cout << "split " << ::testing::PrintToString(got.layers_per_stage) << " step " << got.step
             << " simulations " << got.simulations << "\n";
 }
