@@ -115,6 +115,18 @@ int64_t InputFile::read_at(int64_t offset, void* out, int64_t bytes) const {
   return done;
 }
 
+int write_fully(int fd, const void* data, size_t bytes) {
+  const auto* at = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, at, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? errno : EIO;
+    at += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return 0;
+}
+
 std::string read_whole(const InputFile& file, std::string& problem) {
   problem.clear();
   std::string text(static_cast<size_t>(file.size()), '\0');

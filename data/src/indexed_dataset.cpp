@@ -18,6 +18,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "pipemat/core/files.h"
+
 namespace pipemat::data {
 
 static_assert(std::endian::native == std::endian::little,
@@ -559,15 +561,9 @@ void check_absent(const std::string& prefix) {
 
 // Writes all of [data, data + bytes) to fd; DataError naming `path` when it cannot.
 void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
-  const auto* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    PIPEMAT_CHECK(n > 0, DataError, "indexed dataset: writing ", path, " failed (",
-                  std::strerror(errno), ")");
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
+  const int error = write_fully(fd, data, bytes);
+  PIPEMAT_CHECK(error == 0, DataError, "indexed dataset: writing ", path, " failed (",
+                std::strerror(error), ")");
 }
 
 void sync_and_close(int fd, const std::string& path) {

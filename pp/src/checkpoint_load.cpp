@@ -50,9 +50,8 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 // digests (the manifest's "files") are for verify_checkpoint, which reads everything.
 class Reader {
  public:
-  Reader(std::string dir, const CheckpointManifest& manifest, const nlohmann::json& json,
-         bool allow_non_finite)
-      : dir_(std::move(dir)), manifest_(manifest), json_(json), finite_(!allow_non_finite) {}
+  Reader(std::string dir, const CheckpointManifest& manifest, bool allow_non_finite)
+      : dir_(std::move(dir)), manifest_(manifest), finite_(!allow_non_finite) {}
 
   int64_t bytes_read() const { return bytes_; }
 
@@ -60,7 +59,7 @@ class Reader {
   // that hold an element of one of those element ranges (the rest zeros).
   at::Tensor read(const CheckpointTensor& t,
                   const std::vector<std::pair<int64_t, int64_t>>* ranges = nullptr) {
-    const at::ScalarType type = detail::scalar_type_of(*weights::dtype_from_string(t.dtype));
+    const at::ScalarType type = scalar_type_of(*weights::dtype_from_string(t.dtype));
     at::Tensor out = ranges == nullptr ? at::empty(t.shape, at::TensorOptions().dtype(type))
                                        : at::zeros(t.shape, at::TensorOptions().dtype(type));
     at::Tensor flat = out.view({-1});
@@ -95,15 +94,14 @@ class Reader {
                     "... but the manifest recorded ", piece.sha256.substr(0, 16),
                     "... when it was written; nothing was loaded. Load an older checkpoint");
     }
-    if (finite_) {
-      const auto bad = non_finite(out);
-      std::vector<std::string> files;
+    if (const auto bad = finite_ ? non_finite(out) : std::nullopt; bad) {
+      std::vector<std::string> files;  // the files of its pieces, each once
       for (const CheckpointPiece& piece : t.pieces) {
         const std::string f = (fs::path(dir_) / piece.file).string();
         if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
       }
-      PIPEMAT_CHECK(!bad, PipelineError, "load_checkpoint: ", join(files, ", "), ": tensor '",
-                    t.name, "' ", *bad, "; ", kNonFiniteAdvice);
+      PIPEMAT_THROW(PipelineError, "load_checkpoint: ", join(files, ", "), ": tensor '", t.name,
+                    "' ", *bad, "; ", kNonFiniteAdvice);
     }
     return out;
   }
@@ -116,7 +114,11 @@ class Reader {
     std::error_code ec;
     PIPEMAT_CHECK(fs::exists(path, ec), PipelineError, "load_checkpoint: ", path,
                   " is missing; the manifest puts tensors there");
-    const auto want = json_.at(detail::kFilesKey).at(name).at("bytes").get<uint64_t>();
+    // The manifest records every file a piece names (manifest_from_json checks it).
+    const auto record = std::find_if(manifest_.files.begin(), manifest_.files.end(),
+                                     [&](const CheckpointFileRecord& r) { return r.name == name; });
+    PIPEMAT_INTERNAL_ASSERT(record != manifest_.files.end(), "a piece in an unrecorded file");
+    const uint64_t want = record->bytes;
     // Note [Opening an input file] (pipemat/core/files.h): a FIFO or a device is refused here,
     // unread; a file of another size than the manifest's record is not parsed.
     const int64_t size = open_input_file<PipelineError>(path, "load_checkpoint").size();
@@ -150,7 +152,6 @@ class Reader {
 
   std::string dir_;
   const CheckpointManifest& manifest_;
-  const nlohmann::json& json_;
   bool finite_ = true;
   std::map<std::string, weights::SafetensorsFile> open_;
   int64_t bytes_ = 0;
@@ -166,7 +167,8 @@ const CheckpointTensor& find_tensor(const CheckpointManifest& manifest, const st
                 "' (", what,
                 "); it was written by another model (a layer fewer, or other names: "
                 "Note [Global names])");
-  const std::string dtype = weights::to_string(detail::safetensors_dtype(like.scalar_type(), what));
+  const std::string dtype =
+      weights::to_string(safetensors_dtype(like.scalar_type(), "load_checkpoint: " + what));
   PIPEMAT_CHECK(t->shape == like.sizes().vec() && t->dtype == dtype, PipelineError,
                 "load_checkpoint: ", dir, ": tensor '", name, "' is ", t->dtype, " ",
                 shape_text(t->shape), " in the checkpoint but ", dtype, " ",
@@ -212,10 +214,9 @@ struct Loaded {
 };
 
 Loaded read_global(const Pipeline& pipeline, const std::string& dir,
-                   const CheckpointManifest& manifest, const nlohmann::json& json,
-                   bool allow_non_finite) {
+                   const CheckpointManifest& manifest, bool allow_non_finite) {
   check_unchanged(pipeline, manifest, dir);
-  Reader reader(dir, manifest, json, allow_non_finite);
+  Reader reader(dir, manifest, allow_non_finite);
   Loaded out;
   // `t` read whole, or (Note [Sharded optimizer]) only where `ranges` says this replica keeps it.
   const auto take = [&](const CheckpointTensor& t,
@@ -314,15 +315,14 @@ void check_covered(const CheckpointManifest& manifest, const std::string& dir,
 }
 
 CheckpointLoad load_global(Pipeline& pipeline, comm::Transport& transport, const std::string& dir,
-                           const CheckpointManifest& manifest, const nlohmann::json& json,
-                           bool allow_non_finite) {
+                           const CheckpointManifest& manifest, bool allow_non_finite) {
   // What the load holds above what the process held before it (its peak: the tensors read, until
   // they are copied in).
   const int64_t before = remat::begin_peak_window();
   Loaded loaded;
   detail::agree_on(
       transport, "load_checkpoint",
-      [&] { loaded = read_global(pipeline, dir, manifest, json, allow_non_finite); },
+      [&] { loaded = read_global(pipeline, dir, manifest, allow_non_finite); },
       [&](int r) {
         return "could not load its part of " + dir +
                " (its error says why); nothing was loaded "
@@ -375,30 +375,37 @@ CheckpointLoad load_global(Pipeline& pipeline, comm::Transport& transport, const
 
 }  // namespace
 
-std::string describe_layout(const CheckpointManifest& m) {
+std::string describe_layout(const CheckpointManifest& m,
+                            const std::vector<int64_t>& layers_per_stage) {
+  std::string layers;
+  if (!layers_per_stage.empty()) {
+    std::vector<std::string> items;
+    for (int64_t n : layers_per_stage) items.push_back(std::to_string(n));
+    layers = ", [" + join(items, ",") + "]";
+  }
   const int per_rank = m.world_size > 0 ? m.stages / m.world_size : 0;
   return ::pipemat::detail::concat(
-      m.world_size, m.world_size == 1 ? " rank (" : " ranks (", m.schedule_kind,
+      m.world_size, m.world_size == 1 ? " rank (" : " ranks (", m.schedule_kind, layers,
       per_rank > 1 ? ::pipemat::detail::concat(", ", m.stages, " virtual stages") : std::string(),
       ", D=", std::max(m.replicas, 1), m.sharded ? " sharded" : "", ")");
 }
 
-std::string describe_layout(const Pipeline& pipeline) {
+std::string describe_layout(const Pipeline& pipeline,
+                            const std::vector<int64_t>& layers_per_stage) {
   CheckpointManifest m;
   m.world_size = pipeline.schedule().ranks_count;
   m.stages = pipeline.schedule().stages_count;
   m.schedule_kind = schedule::to_string(pipeline.schedule().kind);
   m.replicas = detail::PipelineAccess::replicas(pipeline);
   m.sharded = pipeline.shards_optimizer();
-  return describe_layout(m);
+  return describe_layout(m, layers_per_stage);
 }
 
 CheckpointLoad load_checkpoint(Pipeline& pipeline, comm::Transport& transport,
                                const std::string& dir, bool allow_non_finite) {
-  nlohmann::json json;
   CheckpointManifest manifest;
   detail::agree_on(
-      transport, "load_checkpoint", [&] { manifest = detail::read_manifest(dir, json); },
+      transport, "load_checkpoint", [&] { manifest = read_checkpoint_manifest(dir); },
       [&](int) {
         return "could not read " + detail::manifest_path(dir) + " (its error says why)";
       });
@@ -408,7 +415,7 @@ CheckpointLoad load_checkpoint(Pipeline& pipeline, comm::Transport& transport,
     out.from = manifest;
     return out;
   }
-  return load_global(pipeline, transport, dir, manifest, json, allow_non_finite);
+  return load_global(pipeline, transport, dir, manifest, allow_non_finite);
 }
 
 CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
@@ -418,15 +425,14 @@ CheckpointManifest read_checkpoint_manifest(const std::string& dir) {
 
 void load_stage_weights(const std::string& dir, const std::vector<const PipelineStage*>& stages,
                         bool allow_non_finite) {
-  nlohmann::json json;
-  const CheckpointManifest manifest = detail::read_manifest(dir, json);
+  const CheckpointManifest manifest = read_checkpoint_manifest(dir);
   if (manifest.format < kGlobalFormat) {
     std::vector<torch::nn::Module*> modules;
     for (const PipelineStage* s : stages) modules.push_back(s->module.get());
     detail::load_legacy_stage_weights(dir, modules, allow_non_finite);
     return;
   }
-  Reader reader(dir, manifest, json, allow_non_finite);
+  Reader reader(dir, manifest, allow_non_finite);
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;
   for (const PipelineStage* s : stages) {
     const auto name_of = [&](const std::string& local) {

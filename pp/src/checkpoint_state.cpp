@@ -239,58 +239,33 @@ std::unique_ptr<torch::optim::Optimizer> PipelineAccess::optimizer_with(
 
 namespace pipemat::pp {
 
+namespace {
+
+// Every dtype a safetensors file spells, with LibTorch's scalar type of it.
+constexpr std::pair<weights::Dtype, at::ScalarType> kDtypes[] = {
+    {weights::Dtype::kF64, at::kDouble}, {weights::Dtype::kF32, at::kFloat},
+    {weights::Dtype::kF16, at::kHalf},   {weights::Dtype::kBF16, at::kBFloat16},
+    {weights::Dtype::kI64, at::kLong},   {weights::Dtype::kI32, at::kInt},
+    {weights::Dtype::kI16, at::kShort},  {weights::Dtype::kI8, at::kChar},
+    {weights::Dtype::kU8, at::kByte},    {weights::Dtype::kBool, at::kBool},
+};
+
+}  // namespace
+
 weights::Dtype safetensors_dtype(at::ScalarType type, const std::string& what) {
-  switch (type) {
-    case at::kDouble:
-      return weights::Dtype::kF64;
-    case at::kFloat:
-      return weights::Dtype::kF32;
-    case at::kHalf:
-      return weights::Dtype::kF16;
-    case at::kBFloat16:
-      return weights::Dtype::kBF16;
-    case at::kLong:
-      return weights::Dtype::kI64;
-    case at::kInt:
-      return weights::Dtype::kI32;
-    case at::kShort:
-      return weights::Dtype::kI16;
-    case at::kChar:
-      return weights::Dtype::kI8;
-    case at::kByte:
-      return weights::Dtype::kU8;
-    case at::kBool:
-      return weights::Dtype::kBool;
-    default:
-      break;
+  for (const auto& [dtype, scalar] : kDtypes) {
+    if (scalar == type) return dtype;
   }
-  PIPEMAT_THROW(PipelineError, "save_checkpoint: ", what, " is ", c10::toString(type),
-                ", which a checkpoint cannot store (it stores float, integer and bool tensors)");
+  PIPEMAT_THROW(PipelineError, what, " is ", c10::toString(type),
+                ", which a safetensors file cannot hold (it holds float, integer and bool "
+                "tensors)");
 }
 
 at::ScalarType scalar_type_of(weights::Dtype dtype) {
-  switch (dtype) {
-    case weights::Dtype::kF64:
-      return at::kDouble;
-    case weights::Dtype::kF32:
-      return at::kFloat;
-    case weights::Dtype::kF16:
-      return at::kHalf;
-    case weights::Dtype::kBF16:
-      return at::kBFloat16;
-    case weights::Dtype::kI64:
-      return at::kLong;
-    case weights::Dtype::kI32:
-      return at::kInt;
-    case weights::Dtype::kI16:
-      return at::kShort;
-    case weights::Dtype::kI8:
-      return at::kChar;
-    case weights::Dtype::kU8:
-      return at::kByte;
-    case weights::Dtype::kBool:
-      return at::kBool;
+  for (const auto& [d, scalar] : kDtypes) {
+    if (d == dtype) return scalar;
   }
+  PIPEMAT_INTERNAL_ASSERT(false, "a safetensors dtype without a scalar type");
   return at::kFloat;
 }
 

@@ -20,9 +20,6 @@
 
 namespace pipemat::pp::detail {
 
-using ::pipemat::pp::safetensors_dtype;
-using ::pipemat::pp::scalar_type_of;
-
 // The global name of parameter or buffer `name` of `stage` (PipelineStage::global_name;
 // "stage<index>.<name>" without one).
 std::string stage_global_name(const PipelineStage& stage, const std::string& name);

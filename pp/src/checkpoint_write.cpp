@@ -25,6 +25,7 @@
 #include "checkpoint_state.h"
 #include "pipemat/core/digest.h"
 #include "pipemat/core/error.h"
+#include "pipemat/core/files.h"
 #include "pipemat/pp/checkpoint.h"
 
 namespace pipemat::pp {
@@ -88,20 +89,11 @@ class DigestingFile : public std::streambuf {
   }
 
  private:
-  void put(const char* at, size_t left) {
+  void put(const char* at, size_t n) {
     if (error_ != 0) return;
-    sha_.update(at, left);
-    bytes_ += left;
-    while (left > 0) {
-      const ssize_t wrote = ::write(fd_, at, left);
-      if (wrote < 0 && errno == EINTR) continue;
-      if (wrote <= 0) {
-        error_ = wrote < 0 ? errno : EIO;
-        return;
-      }
-      at += wrote;
-      left -= static_cast<size_t>(wrote);
-    }
+    sha_.update(at, n);
+    bytes_ += n;
+    error_ = write_fully(fd_, at, n);
   }
   int fd_;
   int error_ = 0;
@@ -136,7 +128,7 @@ Json write_state_file(const Pipeline& pipeline, const std::string& dir, const st
     const std::string key = piece ? t.name + "@" + std::to_string(t.begin) : t.name;
     const std::string_view data(static_cast<const char*>(h.data_ptr()),
                                 static_cast<size_t>(h.nbytes()));
-    const weights::Dtype dtype = detail::safetensors_dtype(h.scalar_type(), t.what);
+    const weights::Dtype dtype = safetensors_dtype(h.scalar_type(), "save_checkpoint: " + t.what);
     bytes.push_back({key, dtype, h.sizes().vec(), data});
     index.push_back({{"name", t.name},
                      {"dtype", weights::to_string(dtype)},
@@ -236,6 +228,10 @@ void write_manifest(const Pipeline& pipeline, const std::string& dir, const Chec
                     "weight");
       at = p.at("end").get<int64_t>();
     }
+    int64_t numel = 1;
+    for (const Json& d : entry.at("shape")) numel *= d.get<int64_t>();
+    PIPEMAT_CHECK(at == numel, PipelineError, "save_checkpoint: '", name, "' is stored in part (",
+                  at, " of its ", numel, " elements)");
   }
   m[detail::kFilesKey] = files;
   m[detail::kTensorsKey] = tensors;

@@ -72,28 +72,27 @@ std::optional<int64_t> state_step(const optim::OptimizerParamState& s) {
   return std::nullopt;
 }
 
+namespace {
+
+// A state of type S with its step counter set.
+template <typename S>
+std::unique_ptr<optim::OptimizerParamState> stepped(int64_t step) {
+  auto s = std::make_unique<S>();
+  s->step(step);
+  return s;
+}
+
+}  // namespace
+
 std::unique_ptr<optim::OptimizerParamState> make_state(const std::string& kind, int64_t step,
                                                        const std::vector<at::Tensor>& fields) {
-  std::unique_ptr<optim::OptimizerParamState> out;
-  if (kind == "AdamW") {
-    auto s = std::make_unique<optim::AdamWParamState>();
-    s->step(step);
-    out = std::move(s);
-  } else if (kind == "Adam") {
-    auto s = std::make_unique<optim::AdamParamState>();
-    s->step(step);
-    out = std::move(s);
-  } else if (kind == "SGD") {
-    out = std::make_unique<optim::SGDParamState>();
-  } else if (kind == "RMSprop") {
-    auto s = std::make_unique<optim::RMSpropParamState>();
-    s->step(step);
-    out = std::move(s);
-  } else if (kind == "Adagrad") {
-    auto s = std::make_unique<optim::AdagradParamState>();
-    s->step(step);
-    out = std::move(s);
-  }
+  std::unique_ptr<optim::OptimizerParamState> out =
+      kind == "AdamW"     ? stepped<optim::AdamWParamState>(step)
+      : kind == "Adam"    ? stepped<optim::AdamParamState>(step)
+      : kind == "RMSprop" ? stepped<optim::RMSpropParamState>(step)
+      : kind == "Adagrad" ? stepped<optim::AdagradParamState>(step)
+      : kind == "SGD"     ? std::make_unique<optim::SGDParamState>()
+                          : nullptr;
   PIPEMAT_INTERNAL_ASSERT(out != nullptr, "make_state of an unknown optimizer kind");
   set_state_tensors(*out, fields);
   return out;

@@ -59,9 +59,11 @@ same_after "$work/b.jsonl" 4 $steps "4 ranks -> 2 ranks"
 "$run" -n 2 --tcp "$config" -- "${common[@]}" --set schedule.kind=1f1b --set training.steps=$steps \
   --set 'partition.layers_per_stage=[1,7]' --set "checkpoint.dir=$work/c" --set checkpoint.every=4 \
   --stop-after 4 >/dev/null
-"$run" -n 2 --tcp "$config" -- "${common[@]}" --set schedule.kind=1f1b --set training.steps=$steps \
-  --set 'partition.layers_per_stage=[7,1]' --set "checkpoint.dir=$work/c" --resume latest \
-  --metrics "$work/c.jsonl" >/dev/null
+out=$("$run" -n 2 --tcp "$config" -- "${common[@]}" --set output.progress=true \
+  --set schedule.kind=1f1b --set training.steps=$steps --set 'partition.layers_per_stage=[7,1]' \
+  --set "checkpoint.dir=$work/c" --resume latest --metrics "$work/c.jsonl" 2>&1)
+grep -q "^resharded from 2 ranks (1f1b, \[1,7\], D=1) to 2 ranks (1f1b, \[7,1\], D=1)$" <<<"$out" ||
+  { echo "$out" | head -5; fail "[1,7] -> [7,1]: no resharded line naming both splits"; }
 same_after "$work/c.jsonl" 4 $steps "[1,7] -> [7,1] over tcp"
 
 # 4. A lost host: rank 2 of 4 killed after its job saved a checkpoint; 2 ranks go on.

@@ -191,52 +191,20 @@ struct RankRun {
   TrainResult& result;
 };
 
-// A layout as the resume line names it: pp::describe_layout with the layers of each stage
-// ("2 ranks (1f1b, [2,2], D=1)"), those of the checkpoint's own config for a checkpoint.
-std::string with_layers(std::string layout, const std::vector<int64_t>& layers) {
-  if (layers.empty()) return layout;
-  std::vector<std::string> items;
-  for (int64_t n : layers) items.push_back(std::to_string(n));
-  const size_t comma = layout.find(", ");
-  const std::string text = "[" + join(items, ",") + "]";
-  return comma == std::string::npos ? layout : layout.insert(comma, ", " + text);
-}
-std::string layout_text(const pp::CheckpointManifest& m, const std::vector<int64_t>& fallback) {
-  std::vector<int64_t> layers = fallback;
-  if (!m.metadata.empty()) {
-    try {
-      layers = parse_config(m.metadata, "manifest metadata").partition.layers_per_stage;
-    } catch (const ConfigError&) {
-      // A manifest without a readable config: its layout without the layers.
-      layers.clear();
-    }
-  }
-  return with_layers(pp::describe_layout(m), layers);
-}
-std::string layout_text(const pp::Pipeline& pipeline, const std::vector<int64_t>& layers) {
-  return with_layers(pp::describe_layout(pipeline), layers);
-}
-
-// The model keys whose values differ between the config a checkpoint was written with (its
-// manifest's metadata) and `config`: "model.hidden is 128 in the checkpoint's run but 64 here";
-// empty when they agree or the checkpoint holds no config.
-std::string changed_model_keys(const std::string& dir, const TrainConfig& config) {
+// The model keys whose values differ between the config a checkpoint's run was started with
+// (`then`) and `config`: "; model.hidden is 128 in the checkpoint's run but 64 here"; empty
+// when they agree.
+std::string changed_model_keys(const TrainConfig& then, const TrainConfig& config) {
   std::vector<std::string> changed;
-  try {
-    const pp::CheckpointManifest m = pp::read_checkpoint_manifest(dir);
-    if (m.metadata.empty()) return "";
-    const YAML::Node then = YAML::Load(config_to_yaml(parse_config(m.metadata, dir)))["model"];
-    const YAML::Node now = YAML::Load(config_to_yaml(config))["model"];
-    for (const auto& item : now) {
-      const std::string key = item.first.as<std::string>();
-      const std::string a = YAML::Dump(then[key]), b = YAML::Dump(item.second);
-      if (key != "from" && a != b) {
-        changed.push_back("model." + key + " is " + a + " in the checkpoint's run but " + b +
-                          " here");
-      }
+  const YAML::Node was = YAML::Load(config_to_yaml(then))["model"];
+  const YAML::Node now = YAML::Load(config_to_yaml(config))["model"];
+  for (const auto& item : now) {
+    const std::string key = item.first.as<std::string>();
+    const std::string a = YAML::Dump(was[key]), b = YAML::Dump(item.second);
+    if (key != "from" && a != b) {
+      changed.push_back("model." + key + " is " + a + " in the checkpoint's run but " + b +
+                        " here");
     }
-  } catch (const std::exception&) {
-    return "";  // the load's own error says what is wrong
   }
   return changed.empty() ? "" : "; " + join(changed, ", ");
 }
@@ -262,7 +230,8 @@ void resume_run(const RankRun& r, const RunCheckpoints& checkpoints) {
       // Nothing was loaded on any rank: say which checkpoint to name instead (the rank whose
       // part failed keeps its error's kind, the others their echo's).
       const std::string hint =
-          changed_model_keys(checkpoints.resume_dir, r.config) +
+          (checkpoints.resumed_config ? changed_model_keys(*checkpoints.resumed_config, r.config)
+                                      : std::string()) +
           (checkpoints.older.empty()
                ? std::string("; there is no older complete checkpoint of this run")
                : "; to resume the newest complete one before it: --resume " + checkpoints.older);
@@ -272,8 +241,11 @@ void resume_run(const RankRun& r, const RunCheckpoints& checkpoints) {
       throw PipelineError(e.what() + hint);
     }
     if (r.talk) {
-      const std::string from = layout_text(loaded.from, r.config.partition.layers_per_stage);
-      const std::string to = layout_text(r.pipeline, r.config.partition.layers_per_stage);
+      const std::string from = pp::describe_layout(
+          loaded.from, checkpoints.resumed_config
+                           ? checkpoints.resumed_config->partition.layers_per_stage
+                           : std::vector<int64_t>{});
+      const std::string to = pp::describe_layout(r.pipeline, r.config.partition.layers_per_stage);
       if (from != to) *r.talk << "resharded from " << from << " to " << to << "\n";
       *r.talk << "resumed from " << checkpoints.resume_dir << " after step " << r.pipeline.step();
       // Note [Checkpoint load planner]: what each rank read, against the tensors it holds.

@@ -200,15 +200,19 @@ void share_run(RunCheckpoints& out, const TrainConfig& config, comm::Transport& 
 // against the config the checkpoint's run was started with (its manifest's metadata): the data
 // each step reads (training.seed, model.batch, model.seq_len). The model itself, the
 // micro-batches per step and the optimizer are checked by the load, naming the tensor.
-void check_resume_keeps(const pp::CheckpointManifest& from, const std::string& dir,
-                        const TrainConfig& config) {
-  if (from.metadata.empty()) return;  // not written by pipemat train: the load checks it
-  TrainConfig then;
+// The config of `from`'s run, or nothing: a checkpoint not written by pipemat train, or by
+// another version whose config this one does not read (the load then checks what it can).
+std::optional<TrainConfig> config_of(const pp::CheckpointManifest& from, const std::string& dir) {
+  if (from.metadata.empty()) return std::nullopt;
   try {
-    then = parse_config(from.metadata, dir + "/manifest.json (metadata)");
+    return parse_config(from.metadata, dir + "/manifest.json (metadata)");
   } catch (const ConfigError&) {
-    return;  // a config of another version: the load checks what it can
+    return std::nullopt;
   }
+}
+
+void check_resume_keeps(const TrainConfig& then, const std::string& dir,
+                        const TrainConfig& config) {
   const auto keep = [&](const char* key, int64_t was, int64_t is) {
     PIPEMAT_CHECK(was == is, ConfigError, "checkpoint.resume: ", dir, " was written by a run with ",
                   key, " ", was, " but this run has ", is, "; a resume keeps ", key,
@@ -235,7 +239,8 @@ RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& tra
     out.resume_dir =
         ck.resume == "latest" ? latest_of_one_run(ck.dir, entries, digest, out.skipped) : ck.resume;
     const pp::CheckpointManifest from = pp::read_checkpoint_manifest(out.resume_dir);
-    check_resume_keeps(from, out.resume_dir, config);
+    out.resumed_config = config_of(from, out.resume_dir);
+    if (out.resumed_config) check_resume_keeps(*out.resumed_config, out.resume_dir, config);
     out.continued = !from.run_id.empty();
     out.run = out.continued ? pp::CheckpointRun{from.run_id, from.config_digest}
                             : pp::new_checkpoint_run(from.config_digest);

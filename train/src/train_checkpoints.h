@@ -25,6 +25,7 @@
 // rank 0 reports).
 
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -46,6 +47,10 @@ struct RunCheckpoints {
   // The newest complete checkpoint of the run before resume_dir, or "" (what to name when
   // resume_dir is damaged).
   std::string older;
+  // The config resume_dir's run was started with (its manifest's metadata), when it holds one
+  // this pipemat reads: what a resume keeps is checked against it, and the resume line and its
+  // errors name its layers and model keys.
+  std::optional<TrainConfig> resumed_config;
   // Job rank 0: the locks of checkpoint.dir and output.metrics, held for the run (Note [One job
   // per file] in pipemat/core/file_lock.h).
   std::vector<std::shared_ptr<FileLock>> locks;

@@ -97,4 +97,9 @@ inline std::string read_regular_file(const std::string& path, const std::string&
 bool path_exists(const std::string& path);
 bool is_directory(const std::string& path);
 
+// Writes all of [data, data + bytes) to the descriptor `fd`, again after EINTR and short writes;
+// 0 when all of it was written, else the errno of the write that failed (EIO for one that wrote
+// nothing).
+int write_fully(int fd, const void* data, size_t bytes);
+
 }  // namespace pipemat

@@ -149,9 +149,12 @@ CheckpointLoad load_checkpoint(Pipeline& pipeline, comm::Transport& transport,
                                const std::string& dir, bool allow_non_finite = false);
 
 // "2 ranks (1f1b, D=1)", "4 ranks (zb-v, 8 virtual stages, D=2 sharded)": the layout a
-// checkpoint was written on, or a pipeline's.
-std::string describe_layout(const CheckpointManifest& manifest);
-std::string describe_layout(const Pipeline& pipeline);
+// checkpoint was written on, or a pipeline's; with the layers of each stage when given ("2 ranks
+// (1f1b, [2,2], D=1)").
+std::string describe_layout(const CheckpointManifest& manifest,
+                            const std::vector<int64_t>& layers_per_stage = {});
+std::string describe_layout(const Pipeline& pipeline,
+                            const std::vector<int64_t>& layers_per_stage = {});
 
 // What a complete checkpoint's manifest says (CheckpointManifest:
 // pipemat/pp/checkpoint_manifest.h), checked against itself and against the files the directory

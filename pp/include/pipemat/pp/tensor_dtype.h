@@ -11,8 +11,8 @@
 
 namespace pipemat::pp {
 
-// The dtype of a tensor of `type`; PipelineError naming `what` for a type safetensors has no
-// spelling for (complex, the quantized ones).
+// The dtype of a tensor of `type`; PipelineError naming `what` (e.g. "stage 1's parameter 'w'")
+// for a type safetensors has no spelling for (complex, the quantized ones).
 weights::Dtype safetensors_dtype(at::ScalarType type, const std::string& what);
 // The scalar type of a tensor of `dtype`.
 at::ScalarType scalar_type_of(weights::Dtype dtype);
