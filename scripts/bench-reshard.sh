@@ -5,8 +5,8 @@
 # replicas, zb-v) under pipemat-run with a checkpoint, then resumes it for one
 # step on: the same layout; 4 ranks x 1 replica (1f1b, the micro-batches doubled: the same global
 # batch); 2 ranks x 2 replicas unsharded (1f1b). Prints per layout every rank's bytes read against
-# the bytes of the tensors it holds, and the load's time (the best of N rounds, default 3), the
-# same layout's first. The machine and its load come first (compare only within one run).
+# the bytes of the tensors it holds (of the last round), and the load's time (the fastest and the
+# slowest of N rounds, default 3), the same layout's first. The machine and its load come first (compare only within one run).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 config="$root/configs/dp-pp.yaml" rounds=3 extra=()
@@ -38,7 +38,7 @@ layouts=("same layout|4|"
          "2 ranks x 2 replicas unsharded, 1f1b|4|--set schedule.kind=1f1b --set parallel.shard_optimizer=false")
 for entry in "${layouts[@]}"; do
   IFS='|' read -r name n sets <<<"$entry"
-  best="" line=""
+  best="" worst="" line=""
   for _ in $(seq 1 "$rounds"); do
     rm -rf "$work/out"
     # shellcheck disable=SC2086
@@ -50,6 +50,9 @@ for entry in "${layouts[@]}"; do
     if [ -z "$best" ] || python3 -c "import sys; sys.exit(0 if $seconds < $best else 1)"; then
       best=$seconds
     fi
+    if [ -z "$worst" ] || python3 -c "import sys; sys.exit(0 if $seconds > $worst else 1)"; then
+      worst=$seconds
+    fi
   done
-  echo "$name: load ${best} s (best of $rounds); ${line#*: }"
+  echo "$name: load ${best}-${worst} s ($rounds rounds); last round: ${line#*: }"
 done
