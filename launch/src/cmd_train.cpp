@@ -18,6 +18,7 @@ void add_train_command(CLI::App& app) {
     std::string config;
     std::vector<std::string> overrides;
     std::string metrics;
+    std::string trace;
     bool reference = false;
     bool print_config = false;
     std::string resume;
@@ -44,6 +45,9 @@ void add_train_command(CLI::App& app) {
                   "Override a config key: --set schedule.kind=zb-v --set training.steps=3")
       ->take_all();
   cmd->add_option("--metrics", f->metrics, "Write per-step JSON lines here (output.metrics)");
+  cmd->add_option("--trace", f->trace,
+                  "Write every step of every rank as Chrome trace-event JSON here, for Perfetto "
+                  "or chrome://tracing (output.trace)");
   cmd->add_flag("--reference", f->reference,
                 "Run the same model, data and steps in one process with no pipeline and no "
                 "remat: the oracle for correctness");
@@ -60,6 +64,7 @@ void add_train_command(CLI::App& app) {
     train::TrainConfig config = train::load_config(f->config, f->overrides);
     print_config_warnings(config.warnings);
     if (!f->metrics.empty()) config.output.metrics = f->metrics;
+    if (!f->trace.empty()) config.output.trace = f->trace;
     if (f->stop_after > 0) config.training.stop_after = f->stop_after;
     if (!f->resume.empty()) {
       config.checkpoint.resume = f->resume;

@@ -54,6 +54,7 @@ Pipeline::Impl::StepRun::StepRun(Impl& pipe, const DataSource& data)
   remat::reset_peak_bytes();
   bytes0_ = remat::memory_stats().current_bytes;
   t0_ = std::chrono::steady_clock::now();
+  m_.clock_start_us = std::chrono::duration<double, std::micro>(t0_.time_since_epoch()).count();
   const std::vector<int> my_stages = pipe_.plan.stages_of(pipe_.rank);
   reads_inputs_ = std::count(my_stages.begin(), my_stages.end(), 0) > 0;
   reads_targets_ = std::count(my_stages.begin(), my_stages.end(), pipe_.last_stage) > 0;
@@ -78,8 +79,10 @@ void Pipeline::Impl::StepRun::dispatch(size_t k) {
     step_peak_ = std::max(step_peak_, remat::reset_peak_bytes());
     action_start = remat::memory_stats().current_bytes;
   }
-  a0_ = now_us();
+  a0_ = last_end_;  // Note [Step trace]: the rank's events tile its step
   waited_us_ = 0;
+  received_ = false;
+  io_bytes_ = 0;
   // Note [Profiler scopes]: the action around its kernels in a LibTorch profiler's trace.
   RECORD_USER_SCOPE_WITH_INPUTS(
       std::string("PP:") + schedule::action_type_code(a.type),
@@ -137,15 +140,24 @@ void Pipeline::Impl::StepRun::drop_finished_sends() {
                sends_.end());
 }
 
+int64_t Pipeline::Impl::StepRun::message_bytes(const Tensors& tensors) {
+  int64_t bytes = 0;
+  for (const auto& t : tensors) bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+  return bytes;
+}
+
 void Pipeline::Impl::StepRun::record(const Action& a, int64_t action_start) {
+  // A receive's post is not an event: its time counts to the next one (Note [Step trace]).
+  if (a.type == ActionType::kRecvForward || a.type == ActionType::kRecvBackward) return;
+  const double a1 = now_us();
+  last_end_ = a1;
   if (schedule::is_compute(a.type)) {
-    const double a1 = now_us();
     busy_us_ += a1 - a0_;
     recv_wait_us_ += waited_us_;
     m_.timeline.push_back({a, a0_, a1, waited_us_, action_start - bytes0_,
-                           remat::memory_stats().peak_bytes - bytes0_});
-  } else if (a.type == ActionType::kSendForward || a.type == ActionType::kSendBackward) {
-    m_.timeline.push_back({a, a0_, a0_, 0});  // when the send was issued
+                           remat::memory_stats().peak_bytes - bytes0_, received_, io_bytes_});
+  } else {
+    m_.timeline.push_back({a, a0_, a1, 0, 0, 0, false, io_bytes_});
   }
 }
 
@@ -153,6 +165,9 @@ void Pipeline::Impl::StepRun::record(const Action& a, int64_t action_start) {
 void Pipeline::Impl::StepRun::post(int stage) {
   if (first_post_us_ < 0) first_post_us_ = now_us();
   exchanges_.push_back(pipe_.post_gradients(stage));
+  for (const auto& p : pipe_.stage_params.at(stage)) {
+    posted_bytes_ += p.grad().defined() ? static_cast<int64_t>(p.grad().nbytes()) : 0;
+  }
 }
 
 void Pipeline::Impl::StepRun::end_allreduce() {
@@ -162,6 +177,8 @@ void Pipeline::Impl::StepRun::end_allreduce() {
   const double f0 = now_us();
   for (GradientExchange& x : exchanges_) pipe_.finish_gradients(x, step_);
   const double f1 = now_us();
+  m_.spans.push_back({StepPart::kGradientExchange, first_post_us_, f1, -1, -1, posted_bytes_});
+  span(StepPart::kGradientWait);
   m_.allreduce_start_ms = first_post_us_ / 1000.0;
   m_.allreduce_end_ms = f1 / 1000.0;
   m_.allreduce_ms = m_.allreduce_end_ms - m_.allreduce_start_ms;
@@ -170,8 +187,12 @@ void Pipeline::Impl::StepRun::end_allreduce() {
 
 StepMetrics Pipeline::Impl::StepRun::finish() {
   for (auto& w : sends_) w.wait();
+  span(StepPart::kSendWait);
   const PipelineOptions& options = pipe_.options;
-  pipe_.sum_tied_gradients(step_);  // Note [Tied weights]: before the data group's reduce
+  if (!pipe_.ties.empty()) {
+    pipe_.sum_tied_gradients(step_);  // Note [Tied weights]: before the data group's reduce
+    span(StepPart::kTiedSum);
+  }
   if (options.data_group != nullptr) {
     RECORD_USER_SCOPE("PP:GRADIENT_EXCHANGE");
     end_allreduce();
@@ -184,20 +205,23 @@ StepMetrics Pipeline::Impl::StepRun::finish() {
   if (options.clip_grad_norm > 0) {
     RECORD_USER_SCOPE("PP:CLIP");
     m_.grad_norm = pipe_.clip_global_norm(options.clip_grad_norm, step_);
+    span(StepPart::kClip);
   }
   {
     RECORD_USER_SCOPE("PP:OPTIMIZER");
     if (options.lr_schedule) options.lr_schedule(*pipe_.optimizer, step_);
     pipe_.optimizer->step();
+    span(StepPart::kOptimizer);
   }
   m_.optimizer_state_bytes = optimizer_state_bytes(*pipe_.optimizer);
   if (pipe_.sharded()) {  // Note [Sharded optimizer]
     const double g0 = now_us();
     pipe_.gather_parameters(step_);
+    span(StepPart::kGather);
     m_.gather_ms = (now_us() - g0) / 1000.0;
     for (auto p : pipe_.optimized) p.mutable_grad().reset();  // the slices' gradients are spent
   }
-  m_.step_ms = now_us() / 1000.0;
+  m_.step_ms = last_end_ / 1000.0;  // the end of its last part (Note [Step trace])
   m_.busy_ms = busy_us_ / 1000.0;
   m_.start_bytes = bytes0_;
   m_.peak_bytes = std::max(step_peak_, remat::memory_stats().peak_bytes) - bytes0_;

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -21,24 +22,91 @@ using schedule::ActionType;
 
 namespace {
 
-// [n, 6] doubles: stage, type, micro-batch, start ms, end ms, wait ms.
-constexpr int64_t kTimelineColumns = 6;
+// [n, 8] doubles: stage, type, micro-batch, start us, end us, wait us, received (0/1), bytes
+// (exact in a double below 2^53).
+constexpr int64_t kTimelineColumns = 8;
 at::Tensor timeline_tensor(const std::vector<ActionTiming>& timeline) {
   auto t = at::zeros({static_cast<int64_t>(timeline.size()), kTimelineColumns}, at::kDouble);
   auto acc = t.accessor<double, 2>();
   for (size_t i = 0; i < timeline.size(); ++i) {
-    acc[i][0] = timeline[i].action.stage;
-    acc[i][1] = static_cast<double>(timeline[i].action.type);
-    acc[i][2] = timeline[i].action.micro_batch;
-    acc[i][3] = timeline[i].start_us / 1000.0;
-    acc[i][4] = timeline[i].end_us / 1000.0;
-    acc[i][5] = timeline[i].wait_us / 1000.0;
+    const ActionTiming& x = timeline[i];
+    acc[i][0] = x.action.stage;
+    acc[i][1] = static_cast<double>(x.action.type);
+    acc[i][2] = x.action.micro_batch;
+    acc[i][3] = x.start_us;
+    acc[i][4] = x.end_us;
+    acc[i][5] = x.wait_us;
+    acc[i][6] = x.received ? 1.0 : 0.0;
+    acc[i][7] = static_cast<double>(x.bytes);
   }
   return t;
 }
 
+// [n, 6] doubles: part, start us, end us, stage, micro-batch, bytes.
+constexpr int64_t kSpanColumns = 6;
+at::Tensor spans_tensor(const std::vector<StepSpan>& spans) {
+  auto t = at::zeros({static_cast<int64_t>(spans.size()), kSpanColumns}, at::kDouble);
+  auto acc = t.accessor<double, 2>();
+  for (size_t i = 0; i < spans.size(); ++i) {
+    acc[i][0] = static_cast<double>(spans[i].part);
+    acc[i][1] = spans[i].start_us;
+    acc[i][2] = spans[i].end_us;
+    acc[i][3] = spans[i].stage;
+    acc[i][4] = spans[i].micro_batch;
+    acc[i][5] = static_cast<double>(spans[i].bytes);
+  }
+  return t;
+}
+
+// A peer's timeline and spans back from their tensors; CommError naming the rank when a tensor
+// is malformed or names an action type or part that does not exist.
+bool whole(double v, double lo, double hi) { return v >= lo && v <= hi && v == std::floor(v); }
+
+std::vector<ActionTiming> timeline_of(const at::Tensor& t, int rank) {
+  PIPEMAT_CHECK(t.defined() && t.dim() == 2 && t.size(1) == kTimelineColumns &&
+                    t.scalar_type() == at::kDouble,
+                CommError, "rank ", rank, " sent a malformed timeline");
+  auto acc = t.accessor<double, 2>();
+  std::vector<ActionTiming> out(static_cast<size_t>(t.size(0)));
+  for (int64_t i = 0; i < t.size(0); ++i) {
+    PIPEMAT_CHECK(whole(acc[i][0], 0, 1 << 20) &&
+                      whole(acc[i][1], 0, static_cast<double>(ActionType::kRecvBackward)) &&
+                      whole(acc[i][2], 0, 1 << 30),
+                  CommError, "rank ", rank, " sent a malformed timeline (row ", i, ")");
+    ActionTiming& x = out[static_cast<size_t>(i)];
+    x.action = {static_cast<int>(acc[i][0]), static_cast<ActionType>(static_cast<int>(acc[i][1])),
+                static_cast<int>(acc[i][2])};
+    x.start_us = acc[i][3];
+    x.end_us = acc[i][4];
+    x.wait_us = acc[i][5];
+    x.received = acc[i][6] != 0;
+    x.bytes = static_cast<int64_t>(acc[i][7]);
+  }
+  return out;
+}
+
+std::vector<StepSpan> spans_of(const at::Tensor& t, int rank) {
+  PIPEMAT_CHECK(
+      t.defined() && t.dim() == 2 && t.size(1) == kSpanColumns && t.scalar_type() == at::kDouble,
+      CommError, "rank ", rank, " sent malformed step spans");
+  auto acc = t.accessor<double, 2>();
+  std::vector<StepSpan> out(static_cast<size_t>(t.size(0)));
+  for (int64_t i = 0; i < t.size(0); ++i) {
+    PIPEMAT_CHECK(whole(acc[i][0], 0, static_cast<double>(StepPart::kGather)), CommError, "rank ",
+                  rank, " sent malformed step spans (row ", i, ")");
+    StepSpan& x = out[static_cast<size_t>(i)];
+    x.part = static_cast<StepPart>(static_cast<int>(acc[i][0]));
+    x.start_us = acc[i][1];
+    x.end_us = acc[i][2];
+    x.stage = static_cast<int>(acc[i][3]);
+    x.micro_batch = static_cast<int>(acc[i][4]);
+    x.bytes = static_cast<int64_t>(acc[i][5]);
+  }
+  return out;
+}
+
 // The scalars of exchange_metrics' message.
-constexpr int64_t kMetricScalars = 21;
+constexpr int64_t kMetricScalars = 22;
 
 }  // namespace
 
@@ -66,8 +134,7 @@ double Pipeline::Impl::share_loss(double loss) {
 
 // The measured timeline as a SimulationResult, and the simulator's prediction with the
 // measured mean cost per action type.
-void Pipeline::Impl::build_measured(StepMetrics& m,
-                                    const std::vector<at::Tensor>& timelines) const {
+void Pipeline::Impl::build_measured(StepMetrics& m) const {
   std::map<ActionType, std::pair<double, int>> cost;
   struct Waited {
     int rank;
@@ -82,19 +149,13 @@ void Pipeline::Impl::build_measured(StepMetrics& m,
   for (int r = 0; r < plan.ranks_count; ++r) {
     auto& out = m.measured.ranks[r];
     out.rank = r;
-    PIPEMAT_CHECK(timelines[r].dim() == 2 && timelines[r].size(1) == kTimelineColumns &&
-                      timelines[r].scalar_type() == at::kDouble,
-                  CommError, "rank ", r, " sent a malformed timeline");
-    auto acc = timelines[r].accessor<double, 2>();
-    for (int64_t i = 0; i < timelines[r].size(0); ++i) {
+    for (const ActionTiming& x : m.rank_timelines[static_cast<size_t>(r)]) {
       schedule::TimedAction ta;
-      ta.action.stage = static_cast<int>(acc[i][0]);
-      ta.action.type = static_cast<ActionType>(static_cast<int>(acc[i][1]));
-      ta.action.micro_batch = static_cast<int>(acc[i][2]);
+      ta.action = x.action;
       ta.position = static_cast<int>(out.actions.size());
-      ta.start = acc[i][3];
-      ta.end = acc[i][4];
-      waits.push_back({r, ta.action, ta.start, acc[i][5]});
+      ta.start = x.start_us / 1000.0;
+      ta.end = x.end_us / 1000.0;
+      waits.push_back({r, ta.action, ta.start, x.wait_us / 1000.0});
       if (!schedule::is_compute(ta.action.type)) {
         sent[{ta.action.stage, ta.action.type == ActionType::kSendBackward,
               ta.action.micro_batch}] = ta.start;
@@ -151,7 +212,7 @@ void Pipeline::Impl::build_measured(StepMetrics& m,
 
 // Every rank sends (busy_ms, step_ms, all nine remat counters, recv_wait_ms, peak_bytes,
 // start_bytes, resident_peak_bytes, the all-reduce's start and end, device_peak_bytes,
-// optimizer_state_bytes, parameter_bytes, gradient_bytes; the byte
+// optimizer_state_bytes, parameter_bytes, gradient_bytes, clock_start_us; the byte
 // counts are exact in a double below 2^53) and its timeline to the last stage's rank, which
 // computes the bubble.
 void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
@@ -178,14 +239,20 @@ void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
                                      double(m.device_peak_bytes),
                                      double(m.optimizer_state_bytes),
                                      double(m.parameter_bytes),
-                                     double(m.gradient_bytes)},
+                                     double(m.gradient_bytes),
+                                     m.clock_start_us},
                                     at::kDouble);
-    comm::send_tensors(transport, last, metrics_tag(), {scalars, timeline_tensor(m.timeline)})
+    comm::send_tensors(transport, last, metrics_tag(),
+                       {scalars, timeline_tensor(m.timeline), spans_tensor(m.spans)})
         .wait();
     return;
   }
   double busy = m.busy_ms, makespan = m.step_ms;
-  std::vector<at::Tensor> timelines(plan.ranks_count);
+  const auto ranks = static_cast<size_t>(plan.ranks_count);
+  m.rank_timelines.assign(ranks, {});
+  m.rank_spans.assign(ranks, {});
+  m.rank_step_ms.assign(ranks, m.step_ms);
+  m.rank_clock_start_us.assign(ranks, m.clock_start_us);
   m.rank_start_bytes.assign(static_cast<size_t>(plan.ranks_count), m.start_bytes);
   m.rank_peak_bytes.assign(static_cast<size_t>(plan.ranks_count), m.peak_bytes);
   m.rank_resident_peak_bytes.assign(static_cast<size_t>(plan.ranks_count), m.resident_peak_bytes);
@@ -201,12 +268,14 @@ void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
   for (int r = 0; r < plan.ranks_count; ++r) {
     if (r == rank) continue;
     Tensors got = comm::recv_tensors(transport, r, metrics_tag()).wait();
-    PIPEMAT_CHECK(got.size() == 2 && got[0].defined() && got[0].numel() == kMetricScalars &&
+    PIPEMAT_CHECK(got.size() == 3 && got[0].defined() && got[0].numel() == kMetricScalars &&
                       got[0].scalar_type() == at::kDouble && got[1].defined(),
                   CommError, "rank ", r, " sent malformed step metrics to rank ", rank);
     auto v = [&](int i) { return got[0][i].item<double>(); };
     busy += v(0);
     makespan = std::max(makespan, v(1));
+    m.rank_step_ms[static_cast<size_t>(r)] = v(1);
+    m.rank_clock_start_us[static_cast<size_t>(r)] = v(21);
     remat::RematCounters c;
     c.unit_calls = static_cast<int64_t>(v(2));
     c.replays = static_cast<int64_t>(v(3));
@@ -228,10 +297,12 @@ void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
     m.rank_parameter_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(19));
     m.rank_gradient_bytes[static_cast<size_t>(r)] = static_cast<int64_t>(v(20));
     if (options.data_group != nullptr) m.rank_allreduce_ms[static_cast<size_t>(r)] = {v(15), v(16)};
-    timelines[r] = got[1];
+    m.rank_timelines[static_cast<size_t>(r)] = timeline_of(got[1], r);
+    m.rank_spans[static_cast<size_t>(r)] = spans_of(got[2], r);
   }
-  timelines[rank] = timeline_tensor(m.timeline);
-  build_measured(m, timelines);
+  m.rank_timelines[static_cast<size_t>(rank)] = m.timeline;
+  m.rank_spans[static_cast<size_t>(rank)] = m.spans;
+  build_measured(m);
   m.step_ms = makespan;
   m.bubble = makespan > 0 ? 1.0 - busy / (plan.ranks_count * makespan) : 0.0;
 }

@@ -267,7 +267,7 @@ struct Pipeline::Impl {
 
   // metrics.cpp: the step's loss and metrics across ranks.
   double share_loss(double loss);
-  void build_measured(StepMetrics& m, const std::vector<at::Tensor>& timelines) const;
+  void build_measured(StepMetrics& m) const;
   void exchange_metrics(StepMetrics& m);
 
   // evaluate.cpp

@@ -96,15 +96,18 @@ Tensors Pipeline::Impl::StepRun::take_received(std::map<Key, comm::TensorListWor
   auto r = from.find({a.stage, a.micro_batch});
   PIPEMAT_INTERNAL_ASSERT(r != from.end(), missing, schedule::format_action(a), " on rank ",
                           pipe_.rank);
-  const double w0 = now_us();
+  const double w0 = a0_;  // the action's start: Note [Step trace]
   Tensors got = r->second.wait();
   from.erase(r);
   a0_ = now_us();
   waited_us_ = a0_ - w0;
+  received_ = true;
+  io_bytes_ = message_bytes(got);
   return got;
 }
 
 void Pipeline::Impl::StepRun::take_loss(const Action& a, MicroBatchState& mb, const Tensors& out) {
+  const double l0 = now_us();
   MicroBatch& b = batch(a.micro_batch);
   pipe_.reseed(step_, offset_ + a.micro_batch, kLossStream);
   at::Tensor loss =
@@ -116,6 +119,7 @@ void Pipeline::Impl::StepRun::take_loss(const Action& a, MicroBatchState& mb, co
   losses_[a.micro_batch] = loss.item<double>();
   mb.loss = loss;
   b.targets.clear();
+  m_.spans.push_back({StepPart::kLoss, l0, now_us(), a.stage, a.micro_batch});
 }
 
 void Pipeline::Impl::StepRun::keep_outputs(const Action& a, MicroBatchState& mb, Tensors out) {
@@ -156,6 +160,7 @@ void Pipeline::Impl::StepRun::fail_boundary(const Action& a, const Tensors& out,
 
 void Pipeline::Impl::StepRun::send_forward(const Action& a) {
   MicroBatchState& mb = state(a);
+  io_bytes_ = message_bytes(mb.outputs);
   // The graph keeps only the outputs' edges.
   sends_.push_back(comm::send_tensors(pipe_.transport, schedule::peer_rank(pipe_.plan, a),
                                       pipe_.tag_of(a), pipe_.on_host(as_received(mb.outputs))));
@@ -214,6 +219,7 @@ void Pipeline::Impl::StepRun::backward_weight(const Action& a, size_t k) {
 void Pipeline::Impl::StepRun::send_backward(const Action& a) {
   auto it = pending_dx_.find({a.stage, a.micro_batch});
   PIPEMAT_INTERNAL_ASSERT(it != pending_dx_.end(), schedule::format_action(a), " before its I/B");
+  io_bytes_ = message_bytes(it->second);
   sends_.push_back(comm::send_tensors(pipe_.transport, schedule::peer_rank(pipe_.plan, a),
                                       pipe_.tag_of(a), pipe_.on_host(it->second)));
   pending_dx_.erase(it);

@@ -93,6 +93,15 @@ class Pipeline::Impl::StepRun {
   void record(const schedule::Action& a, int64_t action_start);
   void end_allreduce();
 
+  // The bytes of a message's tensors (undefined ones count 0).
+  static int64_t message_bytes(const Tensors& tensors);
+  // Note [Step trace]: a part of the step's tail, from the end of the rank's previous event.
+  void span(StepPart part) {
+    const double end = now_us();
+    m_.spans.push_back({part, last_end_, end});
+    last_end_ = end;
+  }
+
   double now_us() const {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_)
         .count();
@@ -120,12 +129,16 @@ class Pipeline::Impl::StepRun {
   int64_t bytes0_ = 0;
   std::chrono::steady_clock::time_point t0_;
   double busy_us_ = 0;
-  double a0_ = 0;         // start of the current action's compute (after its receive, if any)
-  double waited_us_ = 0;  // how long the current action waited for its input
+  double a0_ = 0;          // start of the current action's compute (after its receive, if any)
+  double last_end_ = 0;    // the end of the rank's last event (Note [Step trace])
+  double waited_us_ = 0;   // how long the current action waited for its input
+  bool received_ = false;  // the current action's input came from another rank
+  int64_t io_bytes_ = 0;   // the bytes the current action received or sent
   double recv_wait_us_ = 0;
   std::vector<GradientExchange> exchanges_;
   double first_post_us_ = -1;
-  int64_t step_peak_ = 0;  // the peaks of the actions so far (each action restarts it)
+  int64_t posted_bytes_ = 0;  // the gradient bytes posted to the data group
+  int64_t step_peak_ = 0;     // the peaks of the actions so far (each action restarts it)
 };
 
 }  // namespace pipemat::pp

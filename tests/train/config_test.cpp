@@ -824,7 +824,7 @@ TEST(ConfigOverrides, Errors) {
       "checkpoint.keep_last, checkpoint.resume, checkpoint.overwrite, sample.tokens, "
       "sample.prompt, "
       "sample.temperature, sample.top_k, sample.seed, output.metrics, "
-      "output.timeline_svg, output.loss_svg, output.progress, output.reference_steps";
+      "output.timeline_svg, output.trace, output.loss_svg, output.progress, output.reference_steps";
   EXPECT_EQ(error_of("", {"model={layers: 4}"}), "--set: model: unknown key; allowed: " + all_keys);
   EXPECT_EQ(error_of("", {"partition.layers_per_stage=[2,6"}),
             "--set: partition.layers_per_stage: '[2,6' is not a YAML value (end of sequence flow "
@@ -998,6 +998,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "output:\n"
             "  metrics: \"\"\n"
             "  timeline_svg: \"\"\n"
+            "  trace: \"\"\n"
             "  loss_svg: \"\"\n"
             "  progress: true\n"
             "  reference_steps: 0\n");
@@ -1252,6 +1253,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "sample.seed",
                                                      "output.metrics",
                                                      "output.timeline_svg",
+                                                     "output.trace",
                                                      "output.loss_svg",
                                                      "output.progress",
                                                      "output.reference_steps"}));

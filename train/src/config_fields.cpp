@@ -390,6 +390,12 @@ std::vector<ConfigField> output_fields() {
        text(PIPEMAT_MEMBER(output.timeline_svg), "a file path (empty: no timeline)"), "a path",
        "measured timeline of the last step (all ranks); next to it `<name>.predicted.svg`, the "
        "simulator's timeline with the measured mean action costs; empty: none"},
+      {"output", "trace", text(PIPEMAT_MEMBER(output.trace), "a file path (empty: no trace)"),
+       "a path",
+       "every step of every rank of the pipeline (replica 0's) as Chrome trace-event JSON, which "
+       "Perfetto and chrome://tracing open: per rank a compute, a communication, a data-parallel "
+       "and a step track, each action with its stage, micro-batch and bytes, and the simulated "
+       "timeline as one more process; empty: none (docs/performance.md)"},
       {"output", "loss_svg",
        text(PIPEMAT_MEMBER(output.loss_svg), "a file path (empty: no loss curve)"), "a path",
        "the loss curve: train loss of every step and validation loss of every evaluation against "

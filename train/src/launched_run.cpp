@@ -22,8 +22,9 @@ extern char** environ;
 namespace pipemat::train {
 
 std::vector<std::string> measured_run_overrides() {
-  return {"checkpoint.dir=",  "sample.tokens=0",      "training.eval_every=0",   "output.metrics=",
-          "output.loss_svg=", "output.timeline_svg=", "output.reference_steps=0"};
+  return {"checkpoint.dir=", "sample.tokens=0",         "training.eval_every=0",
+          "output.metrics=", "output.loss_svg=",        "output.timeline_svg=",
+          "output.trace=",   "output.reference_steps=0"};
 }
 
 std::string default_launcher(const std::string& who) {

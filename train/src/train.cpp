@@ -47,8 +47,10 @@ namespace {
 // bubble ratio) in the bounded history.
 void keep_step(TrainResult& result, StepMetrics m) {
   result.last = m;
-  m.timeline.clear();
-  m.timeline.shrink_to_fit();
+  m.timeline = {};
+  m.spans = {};
+  m.rank_timelines = {};
+  m.rank_spans = {};
   const double schedule_bubble = m.measured.bubble_ratio;
   m.measured = schedule::SimulationResult{};
   m.measured.bubble_ratio = schedule_bubble;
@@ -275,27 +277,29 @@ void resume_run(const RankRun& r, const RunCheckpoints& checkpoints) {
 
 // Replica 0 writes the checkpoints: the replicas hold the same weights and optimizer state (Note
 // [Sharded optimizer]: each replica writes its own optimizer shard beside them).
-void save_after_step(const RankRun& r, const RunCheckpoints& checkpoints, int64_t step, int64_t end,
+// True when a checkpoint was saved (or its final save failed).
+bool save_after_step(const RankRun& r, const RunCheckpoints& checkpoints, int64_t step, int64_t end,
                      const std::string& metadata) {
   const CheckpointOptions& ck = r.config.checkpoint;
   if (ck.dir.empty() || (r.replica != 0 && !r.pipeline.shards_optimizer()) ||
       !((ck.every > 0 && (step + 1) % ck.every == 0) || step + 1 == end))
-    return;
+    return false;
   // Note [End of a run]: the last step's save failing ends the run, not the training; every
   // replica (Note [Sharded optimizer]: each writes its shard) ends the save the same way.
   const bool final_save = step + 1 == end;
   try {
     const std::string dir = pp::save_checkpoint(r.pipeline, r.transport, ck.dir, checkpoints.run,
                                                 static_cast<int>(ck.keep_last), metadata);
-    if (r.replica != 0) return;
+    if (r.replica != 0) return true;
     r.result.final_checkpoint = dir;
     if (r.talk) *r.talk << "checkpoint " << r.result.final_checkpoint << "\n";
   } catch (const PipelineError& e) {
     if (!final_save) throw;
-    if (r.replica != 0) return;
+    if (r.replica != 0) return true;
     r.result.final_checkpoint.clear();
     r.result.end_failures.push_back({EndPart::kCheckpoint, e.what()});
   }
+  return true;
 }
 
 // After the last step: the timeline, the loss curve and the sample, each failure recorded
@@ -445,6 +449,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   }
   MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "",
                       !config.checkpoint.resume.empty());
+  TraceFile trace(result.last_stage_rank ? config.output.trace : "", pipeline.schedule());
   if (r.talk) {
     print_compute(*r.talk, job.world_size(),
                   {comm::transport_name(job),
@@ -491,8 +496,12 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
       }
     }
     if (!config.training.allow_non_finite) stop_if_diverged(config, m, step, result);
+    if (result.last_stage_rank) trace.step(m);
     keep_step(result, std::move(m));
-    save_after_step(r, checkpoints, step, end, metadata);
+    const double saving = pp::steady_clock_us();
+    if (save_after_step(r, checkpoints, step, end, metadata) && result.last_stage_rank) {
+      trace.span("CHECKPOINT", pipeline.rank(), saving, pp::steady_clock_us(), step);
+    }
     if (after_step) after_step(step, transport);
   }
   if (!result.interrupted && !stop_here(r, stop_requested, end)) {

@@ -236,6 +236,33 @@ void MetricsFile::write(const StepMetrics& m, std::optional<double> validation) 
                 "': ", std::strerror(errno));
 }
 
+TraceFile::TraceFile(const std::string& path, const schedule::Schedule& plan)
+    : path_(path), trace_(plan) {
+  if (path.empty()) return;
+  open_output(file_, "output.trace", path, std::ios::trunc);
+  put(trace_.begin());
+}
+
+TraceFile::~TraceFile() {
+  if (!file_.is_open()) return;
+  file_ << pp::ChromeTrace::end();  // a failure here leaves a file that ends at its last step
+}
+
+void TraceFile::put(const std::string& text) {
+  file_ << text << std::flush;
+  PIPEMAT_CHECK(file_.good(), ConfigError, "output.trace: cannot write '", path_,
+                "': ", std::strerror(errno));
+}
+
+void TraceFile::step(const StepMetrics& m) {
+  if (file_.is_open()) put(trace_.step(m));
+}
+
+void TraceFile::span(const std::string& name, int rank, double start_us, double end_us,
+                     int64_t step) {
+  if (file_.is_open()) put(trace_.span(name, rank, start_us, end_us, step));
+}
+
 std::string metrics_json(const StepMetrics& m, std::optional<double> validation_loss) {
   nlohmann::ordered_json j;
   j["step"] = m.step;

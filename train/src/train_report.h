@@ -15,6 +15,7 @@
 #include "pipemat/pp/compute.h"
 #include "pipemat/pp/device.h"
 #include "pipemat/pp/pipeline.h"
+#include "pipemat/pp/trace.h"
 #include "pipemat/schedule/schedule.h"
 #include "pipemat/train/loss_curve.h"
 #include "pipemat/train/options.h"
@@ -79,6 +80,27 @@ class MetricsFile {
  private:
   std::ofstream file_;
   std::string path_;
+};
+
+// output.trace: the job's steps as Chrome trace-event JSON (Note [Step trace] in
+// pipemat/pp/trace.h), written step by step and closed when the object goes. An empty path
+// writes nothing. ConfigError naming output.trace when the file cannot be opened or written.
+class TraceFile {
+ public:
+  TraceFile(const std::string& path, const schedule::Schedule& plan);
+  ~TraceFile();
+  TraceFile(const TraceFile&) = delete;
+  TraceFile& operator=(const TraceFile&) = delete;
+  bool on() const { return file_.is_open(); }
+  void step(const pp::StepMetrics& m);
+  // A span of rank `rank`'s communication track on the steady clock (pp::steady_clock_us).
+  void span(const std::string& name, int rank, double start_us, double end_us, int64_t step);
+
+ private:
+  void put(const std::string& text);
+  std::ofstream file_;
+  std::string path_;
+  pp::ChromeTrace trace_;
 };
 
 // Opens the output file `path` of config key `key` (creating its parent directories);

@@ -388,17 +388,45 @@ std::vector<ShardSlice> shard_slices(const std::vector<int64_t>& numels, int rep
 // torch's AdamW, Adam, SGD, Adagrad and RMSprop states; other state types count 0.
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
-// Start and end of one executed action, microseconds from the start of the step.
+// Start and end of one executed action, microseconds from the start of the step (Note [Step
+// trace]). Compute actions (F, B, I, W, R) and sends; a receive is shown by the compute action
+// that takes its message (`received`).
 struct ActionTiming {
   schedule::Action action;
-  double start_us = 0;  // compute start (after its input arrived)
-  double end_us = 0;
-  double wait_us = 0;  // time blocked in the receive of its input before start_us
+  double start_us = 0;  // compute start (after its input arrived); a send: when it was issued
+  double end_us = 0;    // a send: when the call that issued it returned
+  double wait_us = 0;   // time blocked in the receive of its input before start_us
   // Tracking-allocator bytes above the step's start (StepMetrics::start_bytes) when the action
   // started and at its peak: which action holds a rank's peak and what is alive then (compute
   // actions; this process's bytes, so all ranks' when they run as threads).
   int64_t start_bytes = 0;
   int64_t peak_bytes = 0;
+  // A compute action whose input came from another rank (RECV_F / RECV_B of its stage and
+  // micro-batch): true, with the bytes it received; a send: the bytes it sent.
+  bool received = false;
+  int64_t bytes = 0;
+};
+
+// The parts of a rank's step that are not actions of its schedule (Note [Step trace]).
+enum class StepPart : uint8_t {
+  kLoss,      // the last stage's loss of a micro-batch (inside its F; `stage`, `micro_batch`)
+  kSendWait,  // the wait for the step's unfinished sends after the last action
+  kTiedSum,   // Note [Tied weights]: the sum of a tied weight's gradients
+  kGradientExchange,  // the data group's reduce, from the first bucket's post to the last sum
+  kGradientWait,      // the part of it this rank waited for after its last action
+  kClip,              // the global gradient norm and clipping
+  kOptimizer,         // the LR schedule and the optimizer step
+  kGather,            // Note [Sharded optimizer]: the wait for the updated parameters
+};
+// "LOSS", "SEND_WAIT", "TIED_SUM", "GRADIENT_EXCHANGE", "GRADIENT_WAIT", "CLIP", "OPTIMIZER",
+// "GATHER".
+const char* step_part_name(StepPart part);
+
+struct StepSpan {
+  StepPart part = StepPart::kLoss;
+  double start_us = 0, end_us = 0;   // from the start of the step
+  int stage = -1, micro_batch = -1;  // kLoss only
+  int64_t bytes = 0;                 // kGradientExchange: the gradient bytes the rank posted
 };
 
 struct StepMetrics {
@@ -422,8 +450,18 @@ struct StepMetrics {
   double recv_wait_ms = 0;     // blocked in receives of stage inputs; on the last stage's rank
                                // (with collect_timelines) summed over all ranks
   remat::RematCounters remat;  // this rank's; on the last stage's rank summed over all ranks
-  // This rank's compute actions, and its sends (zero length: when they were issued).
+  // This rank's compute actions and sends, and the other parts of its step (Note [Step trace]).
   std::vector<ActionTiming> timeline;
+  std::vector<StepSpan> spans;
+  // The step's start on this rank's steady clock (us since the clock's epoch; after the barrier
+  // that starts the step when timelines are collected): where a job's steps lie on one clock.
+  double clock_start_us = 0;
+  // On the last stage's rank (with collect_timelines): every rank's timeline, spans and step
+  // time, by rank (this rank's included). Empty elsewhere.
+  std::vector<std::vector<ActionTiming>> rank_timelines;
+  std::vector<std::vector<StepSpan>> rank_spans;
+  std::vector<double> rank_step_ms;
+  std::vector<double> rank_clock_start_us;  // each rank's clock_start_us
   // On the last stage's rank (with collect_timelines): every rank's measured timeline (ms) as a
   // simulation result, and the simulator's prediction for the same schedule with the measured
   // mean cost of each action type (F, B, I, W, R; zero comm latency).

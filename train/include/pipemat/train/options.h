@@ -117,8 +117,11 @@ struct ParallelOptions {
 struct OutputOptions {
   std::string metrics;       // JSON lines path, written by the last stage's rank; empty: none
   std::string timeline_svg;  // measured timeline of the last step; empty: none
-  std::string loss_svg;      // train (and validation) loss against the step; empty: none
-  bool progress = true;      // one human-readable line per step on stdout
+  // Chrome trace-event JSON of every step (Note [Step trace] in pipemat/pp/trace.h), written by
+  // the last stage's rank of replica 0; empty: none.
+  std::string trace;
+  std::string loss_svg;  // train (and validation) loss against the step; empty: none
+  bool progress = true;  // one human-readable line per step on stdout
   // Steps of the single-process reference that the last stage's rank runs after training, for
   // the run summary's comparison (tokens/s, peak memory); 0: none.
   int64_t reference_steps = 0;
