@@ -4,6 +4,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -245,11 +246,31 @@ nlohmann::json plan_json(const PlanFlags& f, const train::PlanReport& report,
   return out;
 }
 
+// Note [Split by cost]: the split the planner proposes (a profile of its own, of the run's
+// uniform remat policy). With partition.layers_per_stage auto it is chosen first and the remat
+// plan is made on it; with no counts (the parameter split) it is a proposal beside the plan;
+// counts given by hand are planned as they are.
+std::optional<train::CostSplit> proposed_split(train::TrainConfig& config,
+                                               const train::PlanOptions& options) {
+  if (!config.partition.by_cost && !config.partition.layers_per_stage.empty()) return std::nullopt;
+  train::TrainConfig uniform = config;
+  if (uniform.remat.policy == models::RematPolicyKind::kCustom || !uniform.remat.stages.empty()) {
+    uniform.remat = {};  // a plan's config: propose for none
+  }
+  train::CostSplit split = train::choose_cost_split(uniform, options);
+  if (config.partition.by_cost) {
+    config.partition.by_cost = false;
+    config.partition.layers_per_stage = split.layers_per_stage;
+  }
+  return split;
+}
+
 void run_plan_command(PlanFlags& f) {
-  const train::TrainConfig config = train::load_config(f.config, f.overrides);
+  train::TrainConfig config = train::load_config(f.config, f.overrides);
   print_config_warnings(config.warnings);
   f.plan.budget_bytes = parse_byte_list(f.budget, "--memory-budget",
                                         "a size such as 48MiB, or one per rank: 64MiB,48MiB");
+  const std::optional<train::CostSplit> split = proposed_split(config, f.plan);
   // Solved once before the calibration run, so that a budget nothing fits fails at once (the
   // bytes do not depend on the times), and again with the calibrated step model.
   train::PlanReport report = train::profile_plan(config, f.plan);
@@ -258,10 +279,25 @@ void run_plan_command(PlanFlags& f) {
   train::solve_plan(report, f.plan.budget_bytes);
   if (!f.out.empty()) write_plan_config(f, report);
   if (f.json) {
-    std::cout << plan_json(f, report, calibrated).dump() << std::endl;
+    nlohmann::json out = plan_json(f, report, calibrated);
+    if (split) {
+      out["split"] = {{"layers_per_stage", split->layers_per_stage},
+                      {"step_ms", split->step_ms},
+                      {"parameter_split", split->parameter_split},
+                      {"parameter_step_ms", split->parameter_step_ms},
+                      {"planned", config.partition.layers_per_stage == split->layers_per_stage}};
+    }
+    std::cout << out.dump() << std::endl;
     return;
   }
   print_text(report, calibrated, std::cout);
+  if (split) {
+    std::cout << "plan: " << train::describe_cost_split(*split)
+              << (config.partition.layers_per_stage == split->layers_per_stage
+                      ? "; the plan above is on this split\n"
+                      : "; the plan above is on the parameter split (partition.layers_per_stage: "
+                        "auto plans on the split by cost)\n");
+  }
   if (!f.out.empty()) {
     std::cout << "plan: wrote " << f.out << "; run it with: pipemat-run -n "
               << config.schedule.ranks << " " << f.out << "\n";
@@ -307,13 +343,17 @@ void add_plan_command(CLI::App& app) {
       "step is shortest while every rank's predicted peak (weights, optimizer state, gradients,\n"
       "in-flight micro-batches, the replay) fits its budget; prints the same prediction for the\n"
       "uniform policies. The step model's message cost and shared speed come from a short\n"
-      "calibration run of the config with remat none (pipemat-run; --calibration-steps 0: none). "
-      "--out writes a config that `pipemat train` runs as is "
-      "(schedule.recompute\n"
-      "pretrigger, remat.stages with each stage's lists). The profiles run on the config's\n"
-      "training.device, so on `cuda` the budgets are GPU bytes (the CUDA caching allocator's).\n"
+      "calibration run of the config with remat none (pipemat-run; --calibration-steps 0:\n"
+      "none). It also proposes the stage split by measured cost (the layers, the embedding, the\n"
+      "head and the loss) and prints its predicted step beside the parameter split's; with\n"
+      "partition.layers_per_stage auto the plan is made on that split. --out writes a config\n"
+      "that `pipemat train` runs as is (schedule.recompute pretrigger, remat.stages with each\n"
+      "stage's lists, the split). The profiles run on the config's training.device, so on `cuda`\n"
+      "the budgets are GPU bytes (the CUDA caching allocator's).\n"
       "Examples:\n"
       "  pipemat plan --config configs/1f1b.yaml --memory-budget 24MiB\n"
+      "  pipemat plan --config configs/llama.yaml --set model.vocab=8000 --set model.layers=8 \\\n"
+      "      --set partition.layers_per_stage=auto --memory-budget 1GiB\n"
       "  pipemat plan --config configs/1f1b.yaml --memory-budget 32MiB,20MiB --out plan.yaml\n"
       "  pipemat-run -n 2 plan.yaml");
   cmd->add_option("--config", f->config, "YAML config (docs/config.md)")->required();

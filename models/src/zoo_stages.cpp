@@ -57,6 +57,9 @@ std::vector<int64_t> partition_sizes(const std::vector<double>& sizes,
                 stages,
                 " stages; every stage needs at least one layer (raise model.layers or "
                 "lower schedule.ranks / schedule.virtual_stages)");
+  PIPEMAT_CHECK(!partition.by_cost || stages == 1, ConfigError,
+                "partition.layers_per_stage auto: the split is chosen by pipemat train and pipemat "
+                "plan (train::choose_cost_split); give the layer counts to build stages here");
   std::vector<int64_t> bounds{0};
   if (!partition.layers_per_stage.empty()) {
     PIPEMAT_CHECK(static_cast<int>(partition.layers_per_stage.size()) == stages, ConfigError,

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 
 #include "device_meter.h"
 #include "pipemat/core/error.h"
@@ -15,6 +16,7 @@
 #include "pipemat/core/stats.h"
 #include "pipemat/remat/invocation.h"
 #include "pipemat/remat/memory.h"
+#include "pipemat/schedule/schedule.h"
 #include "split_backward.h"
 
 namespace pipemat::pp {
@@ -196,16 +198,34 @@ LayerCandidates profile_layer(const std::string& name,
   remat::install_tracking_allocator();
   LayerCandidates out;
   out.profile.layer = name;
-  out.save_leaves = keep_largest(leaves_of(excludable(make_layer)), make_layer,
-                                 static_cast<size_t>(options.max_save_leaves));
   out.policies.push_back({false, {}});
   out.policies.push_back({true, {}});
-  const size_t n = out.save_leaves.size();
-  for (size_t mask = 1; mask < (size_t{1} << n); ++mask) {
-    LayerPolicy p{true, {}};
-    for (size_t i = 0; i < n; ++i)
-      if (mask & (size_t{1} << i)) p.exclude.push_back({out.save_leaves[i], true});
-    out.policies.push_back(std::move(p));
+  if (!options.save_sets.empty()) {
+    const std::vector<std::string> leaves = leaves_of(excludable(make_layer));
+    std::set<std::string> used;
+    for (const auto& set : options.save_sets) {
+      PIPEMAT_CHECK(!set.empty(), ConfigError, "profile: an empty set of SAVE leaves for ", name);
+      LayerPolicy p{true, {}};
+      for (const std::string& leaf : set) {
+        PIPEMAT_CHECK(std::find(leaves.begin(), leaves.end(), leaf) != leaves.end(), ConfigError,
+                      "profile: '", leaf, "' is not a SAVE leaf of ", name,
+                      "; its leaves: ", join(leaves, ", "));
+        p.exclude.push_back({leaf, true});
+        used.insert(leaf);
+      }
+      out.policies.push_back(std::move(p));
+    }
+    out.save_leaves.assign(used.begin(), used.end());
+  } else {
+    out.save_leaves = keep_largest(leaves_of(excludable(make_layer)), make_layer,
+                                   static_cast<size_t>(options.max_save_leaves));
+    const size_t n = out.save_leaves.size();
+    for (size_t mask = 1; mask < (size_t{1} << n); ++mask) {
+      LayerPolicy p{true, {}};
+      for (size_t i = 0; i < n; ++i)
+        if (mask & (size_t{1} << i)) p.exclude.push_back({out.save_leaves[i], true});
+      out.policies.push_back(std::move(p));
+    }
   }
   const at::Tensor dy = at::randn_like(input);  // allocated before any measurement
   for (const LayerPolicy& p : out.policies) {
@@ -401,6 +421,67 @@ StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, co
   out.backward = median(backward);
   out.backward_input = median(input);
   out.backward_weight = median(weight);
+  return out;
+}
+
+// Note [Split by cost] for a user's Sequential.
+CostBalance balance_by_cost(const torch::nn::Sequential& model,
+                            const schedule::ScheduleOptions& schedule, const MicroBatch& sample,
+                            const LossFn& loss, int repeats, int warmup, Precision precision) {
+  const auto n = static_cast<int64_t>(model->size());
+  const int stages = schedule::generate_schedule(schedule).stages_count;
+  PIPEMAT_CHECK(n >= stages, ConfigError, "balance_by_cost: the Sequential has ", n,
+                " entries but the schedule has ", stages,
+                " stages; every stage needs at least one entry");
+  PIPEMAT_CHECK(static_cast<bool>(loss), ConfigError, "balance_by_cost: the loss is empty");
+  std::vector<int64_t> each(static_cast<size_t>(n) + 1);
+  for (int64_t i = 0; i <= n; ++i) each[static_cast<size_t>(i)] = i;
+  const StageFactory entry_stage = split_sequential(model, each);
+  CostBalance out;
+  Tensors inputs = sample.inputs;
+  const bool replays = schedule.recompute != schedule::RecomputeMode::kNone;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool last = i == n - 1;
+    const PipelineStage stage = entry_stage(static_cast<int>(i));
+    StageProfile p;
+    try {
+      p = profile_stage(stage, inputs, last ? loss : LossFn{}, last ? sample.targets : Tensors{},
+                        repeats, warmup, precision);
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const std::exception& e) {
+      PIPEMAT_THROW(ConfigError, "balance_by_cost: profiling entry ", i, " ('",
+                    model->named_children()[static_cast<size_t>(i)].key(), "') failed: ", e.what());
+    }
+    plan::LayerCost cost;
+    cost.layer = model->named_children()[static_cast<size_t>(i)].key();
+    cost.cost.forward = p.forward;
+    cost.cost.backward_input = p.backward_input;
+    cost.cost.backward_weight = p.backward_weight;
+    cost.cost.backward = p.backward;
+    cost.cost.recompute = replays ? p.forward : 0.0;
+    cost.cost.resident_bytes = p.resident_bytes;
+    cost.cost.forward_temporary_bytes = std::max(0.0, p.forward_peak_bytes - p.resident_bytes);
+    cost.cost.backward_temporary_bytes = std::max(0.0, p.backward_peak_bytes);
+    double params = 0;
+    for (const auto& t : stage.module->parameters()) params += static_cast<double>(t.numel());
+    cost.fixed_bytes = 16.0 * params;
+    out.entries.push_back(std::move(cost));
+    inputs = p.outputs;
+  }
+  out.parameter_bounds = balance_by_parameters(model, stages);
+  plan::SplitProblem problem;
+  problem.schedule = schedule;
+  problem.layers = out.entries;
+  for (int s = 0; s < stages; ++s) {
+    problem.reference.push_back(static_cast<int>(out.parameter_bounds[static_cast<size_t>(s) + 1] -
+                                                 out.parameter_bounds[static_cast<size_t>(s)]));
+  }
+  const plan::SplitResult chosen = plan::choose_split(problem);
+  out.bounds = {0};
+  for (int count : chosen.layers_per_stage) out.bounds.push_back(out.bounds.back() + count);
+  out.step_ms = chosen.step;
+  out.parameter_step_ms = chosen.reference_step;
   return out;
 }
 

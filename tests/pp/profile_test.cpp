@@ -6,12 +6,16 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "pipemat/core/error.h"
 #include "pipemat/models/zoo.h"
+#include "pipemat/plan/split.h"
 #include "pipemat/pp/pipeline.h"
 #include "pipemat/pp/profile.h"
+#include "pipemat/schedule/schedule.h"
 
 namespace pipemat::pp {
 namespace {
@@ -83,6 +87,26 @@ TEST(Profile, CandidatesComeFromTheModuleTree) {
 // tensor itself, which is freed; then the bf16 casts of up's [32, 16] and down's [16, 32]
 // weights, up's and silu's outputs [8, 32] in bf16, and the output [8, 16] (float32 x plus bf16
 // down(...): float32). 4384 B against float32's 3616.
+TEST(Profile, GivenSaveSetsAreTheOnlySelectiveCandidates) {
+  at::manual_seed(3);
+  ProfileOptions options;
+  options.save_sets = {{"up"}, {"norm", "down"}};
+  const LayerCandidates c =
+      profile_layer("layers.*", mlp_block, at::randn({kTokens, kHidden}), options);
+  EXPECT_EQ(names(c), (std::vector<std::string>{"none", "full", "save:up", "save:norm+down"}));
+  EXPECT_EQ(c.save_leaves, (std::vector<std::string>{"down", "norm", "up"}));
+  options.save_sets = {{"gate"}};
+  try {
+    profile_layer("layers.*", mlp_block, at::randn({kTokens, kHidden}), options);
+    ADD_FAILURE() << "a leaf the layer does not have";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'gate' is not a SAVE leaf of layers.*; its leaves: "
+                                         "norm, up, down"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Profile, Bf16BytesAreThoseOfTheBf16Run) {
   at::manual_seed(3);
   ProfileOptions bf16;
@@ -142,6 +166,92 @@ TEST(Profile, StageBytesAreItsInputAndWhatItsGraphSaved) {
   EXPECT_GT(p.backward, 0);
   EXPECT_GT(p.backward_input, 0);
   EXPECT_GT(p.backward_weight, 0);
+}
+
+// A parameter-free entry whose compute is heavy: the head of a large vocabulary in miniature
+// (a parameter count calls it free).
+struct HeavyImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = x;
+    for (int k = 0; k < 40; ++k) y = at::tanh(at::matmul(y, y.transpose(0, 1)).matmul(y) * 1e-3);
+    return y + x;
+  }
+};
+TORCH_MODULE(Heavy);
+
+// Note [Split by cost]: balance_by_cost profiles each entry and returns plan::choose_split's
+// split of those costs (every contiguous split of them simulated here gives no shorter step);
+// the parameter split leaves the heavy entry with more entries on its stage.
+TEST(BalanceByCost, TheSplitIsTheShortestOfItsMeasuredCosts) {
+  at::manual_seed(5);
+  torch::nn::Sequential model;
+  for (int i = 0; i < 7; ++i) model->push_back(torch::nn::Linear(64, 64));
+  model->push_back(Heavy());
+  schedule::ScheduleOptions schedule;
+  schedule.kind = schedule::ScheduleKind::kOneFOneB;
+  schedule.ranks = 2;
+  schedule.micro_batches = 4;
+  MicroBatch sample{{at::randn({64, 64})}, {at::randn({64, 64})}};
+  const LossFn loss = [](const Tensors& out, const Tensors& targets) {
+    return (out[0] - targets[0]).pow(2).mean();
+  };
+  const CostBalance b = balance_by_cost(model, schedule, sample, loss, 3, 1);
+  ASSERT_EQ(b.entries.size(), 8u);
+  EXPECT_EQ(b.entries[0].layer, "0");
+  EXPECT_EQ(b.entries[7].layer, "7");
+  EXPECT_EQ(b.entries[7].fixed_bytes, 0.0);
+  EXPECT_EQ(b.entries[0].fixed_bytes, 16.0 * (64 * 64 + 64));
+  // The heavy entry costs more than all the Linear layers together.
+  double linear = 0;
+  for (int i = 0; i < 7; ++i) linear += b.entries[static_cast<size_t>(i)].cost.forward;
+  EXPECT_GT(b.entries[7].cost.forward, linear);
+  // The parameter split: 4 Linear entries on stage 0, 3 and the heavy one on stage 1.
+  EXPECT_EQ(b.parameter_bounds, (std::vector<int64_t>{0, 4, 8}));
+  // By cost the heavy entry's stage holds fewer entries, and no split of these costs is faster.
+  ASSERT_EQ(b.bounds.size(), 3u);
+  EXPECT_GT(b.bounds[1], 4);
+  plan::SplitProblem problem;
+  problem.schedule = schedule;
+  problem.layers = b.entries;
+  double best = std::numeric_limits<double>::infinity();
+  for (int first = 1; first < 8; ++first) {
+    best = std::min(best, plan::evaluate_split(problem, {first, 8 - first}).step);
+  }
+  EXPECT_EQ(b.step_ms, best);
+  EXPECT_EQ(b.step_ms, plan::evaluate_split(problem, {static_cast<int>(b.bounds[1]),
+                                                      static_cast<int>(8 - b.bounds[1])})
+                           .step);
+  EXPECT_EQ(b.parameter_step_ms, plan::evaluate_split(problem, {4, 4}).step);
+  EXPECT_LT(b.step_ms, b.parameter_step_ms);
+}
+
+TEST(BalanceByCost, TooFewEntriesAndAFailingProfileAreConfigErrors) {
+  torch::nn::Sequential two(torch::nn::Linear(4, 4), torch::nn::Linear(4, 4));
+  schedule::ScheduleOptions schedule;
+  schedule.kind = schedule::ScheduleKind::kOneFOneB;
+  schedule.ranks = 4;
+  schedule.micro_batches = 4;
+  MicroBatch sample{{at::randn({2, 4})}, {at::randn({2, 4})}};
+  const LossFn loss = [](const Tensors& out, const Tensors& t) {
+    return (out[0] - t[0]).pow(2).mean();
+  };
+  try {
+    balance_by_cost(two, schedule, sample, loss);
+    ADD_FAILURE() << "2 entries on 4 stages";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("2 entries but the schedule has 4 stages"),
+              std::string::npos)
+        << e.what();
+  }
+  schedule.ranks = 2;
+  MicroBatch wrong{{at::randn({2, 5})}, {at::randn({2, 4})}};  // 5 features into Linear(4, 4)
+  try {
+    balance_by_cost(two, schedule, wrong, loss);
+    ADD_FAILURE() << "a profile on a wrong input";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("profiling entry 0 ('0') failed"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include <fstream>
 #include <map>
 #include <ostream>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -264,6 +266,71 @@ TEST(Llama, PlanProfilesTheFiveSaveLeavesOfABlock) {
   for (const UniformPrediction& u : r.uniform) policies.push_back(u.policy);
   EXPECT_EQ(policies, (std::vector<std::string>{"none", "full", "selective"}));
   EXPECT_TRUE(r.result.best.fits());
+}
+
+// Note [Split by cost]: partition.layers_per_stage auto with a head that costs several blocks
+// (vocab 4000 over hidden 16): every rank trains the split rank 0 chose and printed, with the
+// losses of the same split given by hand, bitwise; the printed parameter split is the default's.
+TEST(LlamaCostSplit, AutoTrainsTheSplitItPrintsAsIfGivenByHand) {
+  LlamaDir dir;
+  const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
+  TrainConfig c = testing::llama_config(text, "1f1b", "selective");
+  c.model.layers = 6;
+  c.model.vocab = 4000;
+  c.training.eval_every = 0;
+  c.training.steps = 2;
+  c.training.threads = 1;
+  c.output.progress = true;
+  c.output.loss_svg.clear();
+  c.partition.by_cost = true;
+  std::ostringstream out;
+  const TrainResult automatic = train_in_process(c, &out);
+  const std::smatch m = [&] {
+    std::smatch found;
+    const std::string text_out = out.str();
+    static const std::regex line(
+        R"(split by cost: \[(\d+), (\d+)\] layers per stage, predicted step [0-9.]+ ms; )"
+        R"(parameter split \[(\d+), (\d+)\]: [0-9.]+ ms \([0-9.]+x\))");
+    EXPECT_TRUE(std::regex_search(text_out, found, line)) << text_out;
+    return found;
+  }();
+  ASSERT_EQ(m.size(), 5u);
+  const std::vector<int64_t> chosen = {std::stoll(m[1]), std::stoll(m[2])};
+  EXPECT_EQ(chosen[0] + chosen[1], 6);
+  // The parameter split of 6 blocks with a 4000 x 16 embedding and head: 3 and 3.
+  EXPECT_EQ(std::stoll(m[3]), 3);
+  EXPECT_EQ(std::stoll(m[4]), 3);
+  TrainConfig by_hand = c;
+  by_hand.partition.by_cost = false;
+  by_hand.partition.layers_per_stage = chosen;
+  by_hand.output.progress = false;
+  const TrainResult given = train_in_process(by_hand, nullptr);
+  ASSERT_EQ(automatic.steps.size(), 2u);
+  ASSERT_EQ(given.steps.size(), 2u);
+  for (size_t s = 0; s < 2; ++s) {
+    EXPECT_EQ(automatic.steps[s].loss, given.steps[s].loss) << "step " << s;
+    EXPECT_EQ(automatic.steps[s].grad_norm, given.steps[s].grad_norm) << "step " << s;
+  }
+}
+
+// Rank 0's failure to choose ends every rank with its message (no rank waits for a split).
+TEST(LlamaCostSplit, RankZerosErrorEndsEveryRank) {
+  LlamaDir dir;
+  const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
+  TrainConfig c = testing::llama_config(text, "1f1b", "selective");
+  c.training.eval_every = 0;
+  c.partition.by_cost = true;
+  c.remat.policy = models::RematPolicyKind::kCustom;  // not through the config's checks
+  c.remat.custom.checkpoint = {"layers.*"};
+  try {
+    train_in_process(c, nullptr);
+    ADD_FAILURE() << "auto with a custom remat policy trained";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("partition.layers_per_stage auto profiles the layers "
+                                         "under remat.policy none, full or selective"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // The sample after training and `pipemat generate` from a llama checkpoint of a zb-v run (the

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pipemat/core/error.h"
+#include "pipemat/plan/split.h"
 #include "pipemat/train/config.h"
 #include "pipemat/train/model_run.h"
 #include "pipemat/train/train.h"
@@ -184,6 +185,100 @@ TEST(Plan, BadInputIsAConfigError) {
   c.schedule_csv = "x.csv";
   EXPECT_EQ(message(c, budget(1 << 20)),
             "plan: schedule.csv is not supported; plan a generated schedule (schedule.kind)");
+}
+
+// Note [Split by cost]: the first stage's entry goes to the first layer (a negative I moved to
+// W), the last stage's to the last layer, the middle stages' entries are left out; the split is
+// the best of every contiguous split of those costs, and the parameter split is the profile's.
+TEST(CostSplit, StageEntriesGoToTheEndLayersAndTheSplitIsTheBestOfAll) {
+  PlanReport report;
+  report.problem.schedule.kind = schedule::ScheduleKind::kOneFOneB;
+  report.problem.schedule.ranks = 3;
+  report.problem.schedule.micro_batches = 4;
+  const auto candidate = [](double f, double i, double w) {
+    plan::Candidate c;
+    c.name = "none";
+    c.forward = f;
+    c.backward_input = i;
+    c.backward_weight = w;
+    return c;
+  };
+  const std::vector<double> entries_f = {0.1, 5.0, 4.0};  // stage 1's: left out
+  for (int s = 0; s < 3; ++s) {
+    const double f = entries_f[static_cast<size_t>(s)];
+    report.problem.layers.push_back(
+        {"stage " + std::to_string(s), {s == 0 ? candidate(f, -1.5, 0.2) : candidate(f, f, f)}});
+    report.problem.stage_of_layer.push_back(s);
+    report.is_layer.push_back(false);
+    for (int l = 0; l < 3; ++l) {
+      report.problem.layers.push_back(
+          {"layers." + std::to_string(3 * s + l), {candidate(1.0, 1.0, 1.0)}});
+      report.problem.stage_of_layer.push_back(s);
+      report.is_layer.push_back(true);
+    }
+  }
+  const CostSplit got =
+      cost_split_of(report, models::RematPolicyKind::kNone, schedule::RecomputeMode::kNone);
+  EXPECT_EQ(got.parameter_split, (std::vector<int64_t>{3, 3, 3}));
+  plan::SplitProblem problem;
+  problem.schedule = report.problem.schedule;
+  for (int l = 0; l < 9; ++l) {
+    plan::LayerCost layer{"layers." + std::to_string(l), candidate(1.0, 1.0, 1.0), 0.0};
+    layer.cost.backward = 2.0;
+    problem.layers.push_back(layer);
+  }
+  // layers.0: F 1.1, I 1 - 1.5 < 0 moved to W: I 0, W 1 + 0.2 - 0.5 = 0.7; B (I + W of each)
+  // 2 + (-1.3) = 0.7.
+  problem.layers[0].cost = candidate(1.1, 0.0, 0.7);
+  problem.layers[0].cost.backward = 0.7;
+  problem.layers[8].cost = candidate(5.0, 5.0, 5.0);
+  problem.layers[8].cost.backward = 10.0;
+  double best = 1e300;
+  std::vector<int> best_split;
+  for (int a = 1; a <= 7; ++a) {
+    for (int b = 1; a + b <= 8; ++b) {
+      const double step = plan::evaluate_split(problem, {a, b, 9 - a - b}).step;
+      if (step < best) best = step, best_split = {a, b, 9 - a - b};
+    }
+  }
+  EXPECT_EQ(got.step_ms, best);
+  EXPECT_EQ(std::vector<int64_t>(best_split.begin(), best_split.end()), got.layers_per_stage);
+  EXPECT_EQ(got.parameter_step_ms, plan::evaluate_split(problem, {3, 3, 3}).step);
+  EXPECT_LT(got.step_ms, got.parameter_step_ms);
+  EXPECT_EQ(got.layers_per_stage.back(), 1) << "the head's stage holds one layer";
+
+  // A report of another split, and a policy the report has no candidate for.
+  PlanReport other = report;
+  other.config.partition.layers_per_stage = {2, 3, 4};
+  EXPECT_THROW(cost_split_of(other, models::RematPolicyKind::kNone, schedule::RecomputeMode::kNone),
+               ConfigError);
+  EXPECT_THROW(
+      cost_split_of(report, models::RematPolicyKind::kSelective, schedule::RecomputeMode::kNone),
+      ConfigError);
+}
+
+TEST(CostSplit, AutoIsAConfigValueWithItsChecks) {
+  const TrainConfig c = parse_config("partition: {layers_per_stage: auto}\n", "x.yaml");
+  EXPECT_TRUE(c.partition.by_cost);
+  EXPECT_TRUE(c.partition.layers_per_stage.empty());
+  EXPECT_NE(config_to_yaml(c).find("layers_per_stage: auto"), std::string::npos);
+  EXPECT_EQ(parse_config(config_to_yaml(c), "again").partition.by_cost, true);
+  const TrainConfig counts = parse_config("partition: {layers_per_stage: auto}\n", "x.yaml",
+                                          {"partition.layers_per_stage=[3, 5]", "model.layers=8"});
+  EXPECT_FALSE(counts.partition.by_cost);
+  EXPECT_EQ(counts.partition.layers_per_stage, (std::vector<int64_t>{3, 5}));
+  try {
+    parse_config(
+        "partition: {layers_per_stage: auto}\nremat: {policy: custom, checkpoint: "
+        "[layers.*]}\n",
+        "x.yaml");
+    ADD_FAILURE() << "auto with a custom policy";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("partition.layers_per_stage: auto profiles the layers"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(parse_config("partition: {layers_per_stage: automatic}\n", "x.yaml"), ConfigError);
 }
 
 }  // namespace

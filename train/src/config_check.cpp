@@ -146,6 +146,19 @@ void check_model_size(const models::ModelOptions& model, const ConfigReader& rea
 void check_layers_per_stage(const TrainConfig& config, const ConfigReader& reader) {
   const models::ModelOptions& model = config.model;
   const std::vector<int64_t>& per_stage = config.partition.layers_per_stage;
+  if (config.partition.by_cost) {  // Note [Split by cost]
+    if (!config.schedule_csv.empty()) {
+      reader.fail_at("partition.layers_per_stage",
+                     "auto splits for a generated schedule (schedule.kind), not schedule.csv; "
+                     "give the layer counts of the imported schedule's stages");
+    }
+    if (config.remat.policy == models::RematPolicyKind::kCustom || !config.remat.stages.empty()) {
+      reader.fail_at("partition.layers_per_stage",
+                     "auto profiles the layers under remat.policy none, full or selective; with "
+                     "remat.policy custom or remat.stages give the layer counts by hand (pipemat "
+                     "plan proposes a split and the remat policy together)");
+    }
+  }
   if (!per_stage.empty()) {
     int64_t sum = 0;
     for (int64_t entry : per_stage) {

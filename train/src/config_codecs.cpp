@@ -216,4 +216,26 @@ Codec master_codec() {
           }};
 }
 
+Codec layer_split_codec() {
+  const Codec counts = integer_list(
+      [](auto& c) -> auto& { return c.partition.layers_per_stage; },
+      "auto, or a list of layer counts, one per stage, e.g. [4, 4]", 1);
+  return {"`auto` or list of integers",
+          [counts](ConfigReader& r, const YAML::Node& v, const std::string& key, TrainConfig& c) {
+            c.partition.by_cost = v.IsScalar() && v.Scalar() == "auto";
+            if (c.partition.by_cost) {
+              c.partition.layers_per_stage.clear();
+              return;
+            }
+            counts.read(r, v, key, c);
+          },
+          [counts](YAML::Emitter& out, const TrainConfig& c) {
+            if (c.partition.by_cost) {
+              out << "auto";
+            } else {
+              counts.write(out, c);
+            }
+          }};
+}
+
 }  // namespace pipemat::train::config_detail

@@ -139,11 +139,12 @@ std::vector<ConfigField> data_fields() {
 // partition: the layers of each stage.
 std::vector<ConfigField> partition_fields() {
   return {
-      {"partition", "layers_per_stage",
-       integer_list(PIPEMAT_MEMBER(partition.layers_per_stage),
-                    "a list of layer counts, one per stage, e.g. [4, 4]", 1),
-       "entries >= 1, summing to `model.layers`",
-       "layers of each model stage in order; empty: contiguous ranges balanced by parameter count"},
+      {"partition", "layers_per_stage", layer_split_codec(),
+       "`auto`, or entries >= 1 summing to `model.layers`",
+       "layers of each model stage in order; empty: contiguous ranges balanced by parameter "
+       "count; `auto`: the contiguous split whose simulated step is shortest, from a profile of "
+       "the layers, the embedding, the head and the loss in the run's precision and remat policy, "
+       "taken before the run starts (Note [Split by cost], docs/performance.md)"},
   };
 }
 

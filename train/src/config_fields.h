@@ -183,5 +183,6 @@ Codec exclude_list();                    // remat.exclude
 Codec stage_list();                      // remat.stages
 Codec timeout_codec();                   // transport.timeout: seconds in YAML
 Codec master_codec();                    // transport.master: host:port, or empty
+Codec layer_split_codec();               // partition.layers_per_stage: auto or counts
 
 }  // namespace pipemat::train::config_detail

@@ -150,6 +150,7 @@ pp::LayerCandidates profile_layer_kind(const LayerKind& kind, const PlanOptions&
   profile_options.repeats = options.repeats;
   profile_options.warmup = options.warmup;
   profile_options.max_save_leaves = options.max_save_leaves;
+  profile_options.save_sets = options.save_sets;
   pp::LayerCandidates layer =
       pp::profile_layer(kind.prefix + ".*", kind.make, kind.input, profile_options);
   const plan::Candidate none = layer.profile.candidates.front();

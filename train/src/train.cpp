@@ -19,6 +19,7 @@
 #include <optional>
 
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include "pipemat/comm/device_lane.h"
 #include "pipemat/comm/rank_threads.h"
@@ -35,6 +36,7 @@
 #include "pipemat/train/generate.h"
 #include "pipemat/train/loss_curve.h"
 #include "pipemat/train/model_run.h"
+#include "pipemat/train/plan.h"
 #include "pipemat/train/weights.h"
 #include "train_checkpoints.h"
 #include "train_optimizer.h"
@@ -395,6 +397,55 @@ void attach_lane(const TrainConfig& config, comm::Transport& job, c10::Device de
   job.attach_device_lane(comm::make_device_lane(job, comm::make_nccl_link(job, device.index())));
 }
 
+// Note [Split by cost]: job rank 0 profiles the config and chooses the split; every rank gets
+// it (or rank 0's error, which every rank throws) before any stage is built, and the config
+// holds it from here on. Nothing else travels on the job's transport yet.
+constexpr int kSplitTag = comm::kMaxUserTag - 1;
+
+std::optional<CostSplit> share_cost_split(TrainConfig& config, comm::Transport& job) {
+  if (!config.partition.by_cost) return std::nullopt;
+  std::string message;
+  if (job.rank() == 0) {
+    try {
+      const CostSplit split = choose_cost_split(config, PlanOptions{});
+      message = "+" + nlohmann::json{{"layers_per_stage", split.layers_per_stage},
+                                     {"step_ms", split.step_ms},
+                                     {"parameter_split", split.parameter_split},
+                                     {"parameter_step_ms", split.parameter_step_ms},
+                                     {"simulations", split.simulations}}
+                          .dump();
+    } catch (const std::exception& e) {
+      message = std::string("-partition.layers_per_stage auto: ") + e.what();
+    }
+    std::vector<comm::WorkPtr> sends;
+    for (int r = 1; r < job.world_size(); ++r) {
+      sends.push_back(job.send(r, kSplitTag, message.data(), message.size()));
+    }
+    for (auto& w : sends) w->wait();
+  } else {
+    comm::WorkPtr work = job.recv_any(0, kSplitTag);
+    work->wait();
+    const auto& bytes = work->buffer();
+    message.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  PIPEMAT_CHECK(!message.empty() && message[0] == '+', ConfigError,
+                message.empty() ? std::string("rank 0 sent no split") : message.substr(1));
+  CostSplit split;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(message.substr(1));
+    split.layers_per_stage = j.at("layers_per_stage").get<std::vector<int64_t>>();
+    split.step_ms = j.at("step_ms").get<double>();
+    split.parameter_split = j.at("parameter_split").get<std::vector<int64_t>>();
+    split.parameter_step_ms = j.at("parameter_step_ms").get<double>();
+    split.simulations = j.at("simulations").get<long long>();
+  } catch (const nlohmann::json::exception& e) {
+    PIPEMAT_THROW(CommError, "rank 0 sent a malformed split: ", e.what());
+  }
+  config.partition.by_cost = false;
+  config.partition.layers_per_stage = split.layers_per_stage;
+  return split;
+}
+
 }  // namespace
 
 TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostream* progress,
@@ -412,6 +463,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   // Before anything is built: a directory this run must not write into is refused at once (by
   // every rank of the job: replica 0 writes, every replica resumes).
   const RunCheckpoints checkpoints = start_checkpoints(config, job);
+  const std::optional<CostSplit> cost_split = share_cost_split(resolved.config, job);
   pp::PipelineOptions options = schedule_options(resolved);
   const ModelRun run = make_model_run(config, pp::stage_count(options));
   add_run_options(options, config, run, layout);
@@ -454,7 +506,9 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
     print_compute(*r.talk, job.world_size(),
                   {comm::transport_name(job),
                    place_of_device(options.device, config.training.device), options.precision});
-    *r.talk << "model: " << run.summary << "\n" << std::flush;
+    *r.talk << "model: " << run.summary << "\n";
+    if (cost_split) *r.talk << describe_cost_split(*cost_split) << "\n";
+    *r.talk << std::flush;
   }
   const std::string metadata = config_to_yaml(given);
   Pace pace;

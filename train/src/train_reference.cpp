@@ -48,7 +48,11 @@ struct Chain {
     pp::PipelineOptions shape;
     shape.schedule = config.schedule;
     const int count = pp::stage_count(shape);
-    run = make_model_run(config, count);
+    // The chain computes the same bits on any split (Note [Layer streams]): partition auto
+    // (Note [Split by cost]) runs the parameter split here, unprofiled.
+    TrainConfig split = config;
+    if (split.partition.by_cost) split.partition = {};
+    run = make_model_run(split, count);
     std::vector<std::pair<int, torch::nn::Module*>> all;
     for (int s = 0; s < count; ++s) {
       stages.push_back(run.stage(s));

@@ -72,6 +72,9 @@ inline bool is_text_model(ModelKind kind) {
 // for zb-v); stage s runs on the rank the schedule's stage_to_rank gives.
 struct PartitionOptions {
   std::vector<int64_t> layers_per_stage;
+  // `layers_per_stage: auto`: train chooses the counts by measured cost (Note [Split by cost] in
+  // pipemat/train/plan.h) before any stage is built; the partition functions refuse it.
+  bool by_cost = false;
 };
 
 // Which modules recompute. `none`: no checkpoint. `full`: every layer a checkpoint unit.

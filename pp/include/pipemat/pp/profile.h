@@ -24,12 +24,14 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
 
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "pipemat/plan/plan.h"
+#include "pipemat/plan/split.h"
 #include "pipemat/pp/pipeline.h"
 #include "pipemat/remat/policy.h"
 
@@ -39,6 +41,9 @@ struct ProfileOptions {
   int repeats = 3;          // measured rounds per candidate (times: their median)
   int warmup = 1;           // unmeasured rounds per candidate before them
   int max_save_leaves = 6;  // 2^6 - 1 selective candidates at most
+  // Non-empty: the selective candidates are exactly these sets of SAVE leaves (paths relative to
+  // the layer, e.g. {"attn.qkv", "mlp.up"}), not every subset of the largest max_save_leaves.
+  std::vector<std::vector<std::string>> save_sets = {};
   // Each forward in the region the pipeline gives it (Note [Mixed precision] in
   // pipemat/pp/precision.h), so bytes and times are those of the run's precision.
   Precision precision = Precision::kFloat32;
@@ -111,5 +116,28 @@ struct StageProfile {
 StageProfile profile_stage(const PipelineStage& stage, const Tensors& inputs, const LossFn& loss,
                            const Tensors& targets, int repeats = 3, int warmup = 1,
                            Precision precision = Precision::kFloat32);
+
+// Note [Split by cost] for a user's Sequential: each entry is profiled as its own stage
+// (profile_stage: on the sample's inputs for the first, on the entry before's outputs for the
+// others, with the loss on the last), its times and bytes taken as one layer's cost, and
+// plan::choose_split chooses the contiguous split with the shortest simulated step for
+// `schedule` (R costs a forward where schedule.recompute pre-triggers). Each entry's fixed bytes
+// are 4 x 4 bytes per parameter (weights, gradients and AdamW's two states; used with budgets).
+// What it leaves out: the first stage's I is nearly empty in a pipeline whatever it holds (its
+// input needs no gradient); entry 0's profile sees that, the later entries' do not.
+struct CostBalance {
+  std::vector<int64_t> bounds;            // as balance_by_parameters returns them
+  double step_ms = 0;                     // the split's simulated step
+  std::vector<int64_t> parameter_bounds;  // balance_by_parameters(model, stages)
+  double parameter_step_ms = 0;           // its simulated step
+  std::vector<plan::LayerCost> entries;   // each entry's measured cost, in model order
+};
+
+// ConfigError for fewer entries than the schedule's stages, a schedule the generator refuses,
+// and a profile that fails (naming the entry).
+CostBalance balance_by_cost(const torch::nn::Sequential& model,
+                            const schedule::ScheduleOptions& schedule, const MicroBatch& sample,
+                            const LossFn& loss, int repeats = 3, int warmup = 1,
+                            Precision precision = Precision::kFloat32);
 
 }  // namespace pipemat::pp

@@ -45,6 +45,8 @@ struct PlanOptions {
   int repeats = 5;          // profiler repeats (times: median)
   int warmup = 2;           // unmeasured profiler rounds before them
   int max_save_leaves = 4;  // SAVE leaves per layer tried (2^n - 1 selective candidates)
+  // Non-empty: profile only these selective candidates (pp::ProfileOptions::save_sets).
+  std::vector<std::vector<std::string>> save_sets = {};
   // What one stage-boundary message takes from its send to being usable on the peer, ms (the
   // `message_delay_ms` of a run's metrics; 0: free).
   double message_ms = 0.0;
@@ -139,6 +141,43 @@ std::vector<int> uniform_choice(const PlanReport& report, models::RematPolicyKin
 // PipelineError naming `who`, the run and its log when the run fails.
 Calibration calibrate_plan(PlanReport& report, const CalibrationOptions& options,
                            const std::string& who);
+
+// Note [Split by cost]
+// ~~~~~~~~~~~~~~~~~~~~
+// `partition.layers_per_stage: auto` and `pipemat plan`'s proposed split. The config is
+// profiled as `pipemat plan` profiles it (profile_plan, Note [Plan inputs]) on the parameter-
+// balanced split (layers_per_stage empty); each layer's cost is its candidate of the run's
+// uniform remat policy (none, full or selective); the first model stage's own entry (the input,
+// the embedding) is added to the first layer and the last stage's (the head and the loss) to the
+// last layer, which a contiguous split always leaves on those stages; the middle stages' entries
+// (their received input) are the same on every split and left out. plan::choose_split then
+// finds the contiguous split with the shortest simulated step for the config's schedule kind,
+// ranks, micro-batches, virtual stages and recompute (Note [Cost split]), the parameter split as
+// its reference. What the prediction leaves out: the step tails (optimizer step, clipping) and
+// the ranks' sharing of cores (each rank computes as if alone), the same for every split.
+// In a job, rank 0 profiles and chooses, and sends every rank the split (or its error), so all
+// ranks build the same stages.
+struct CostSplit {
+  std::vector<int64_t> layers_per_stage;  // the chosen split
+  double step_ms = 0;                     // its predicted step
+  std::vector<int64_t> parameter_split;   // the parameter-balanced split
+  double parameter_step_ms = 0;           // its predicted step
+  long long simulations = 0;              // by the search
+  std::string summary;                    // what was profiled (PlanReport::summary)
+};
+
+// The split of a report profiled on the parameter split (profile_plan of a config whose
+// layers_per_stage is empty) for a uniform remat `policy`. ConfigError for a report of another
+// split, a policy the report has no candidate for, or from plan::choose_split.
+CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind policy,
+                        schedule::RecomputeMode recompute);
+
+// profile_plan on `config`'s parameter split, then cost_split_of its remat.policy. ConfigError
+// for a config the split cannot take (remat.policy custom, remat.stages, schedule.csv).
+CostSplit choose_cost_split(const TrainConfig& config, const PlanOptions& options);
+
+// "split by cost: [3, 5], predicted step 210.5 ms; parameter split [4, 4]: 240.1 ms (1.14x)".
+std::string describe_cost_split(const CostSplit& split);
 
 // The remat.stages of an assignment (candidate per problem layer) of `report`.
 std::vector<models::StageRemat> stages_of_plan(const PlanReport& report,
