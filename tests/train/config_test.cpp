@@ -496,8 +496,8 @@ TEST(ConfigErrors, WrongTypes) {
             "x.yaml:5: remat.exclude[0].save_output: 'maybe' is not a boolean; expected true or "
             "false");
   EXPECT_EQ(error_of("partition: {layers_per_stage: 8}\n"),
-            "x.yaml:1: partition.layers_per_stage: '8' is not a list; expected a list of layer "
-            "counts, one per stage, e.g. [4, 4]");
+            "x.yaml:1: partition.layers_per_stage: '8' is not a list; expected auto, or a list "
+            "of layer counts, one per stage, e.g. [4, 4]");
   EXPECT_EQ(error_of("partition:\n  layers_per_stage:\n    - 4\n    - four\n"),
             "x.yaml:4: partition.layers_per_stage[1]: 'four' is not an integer; expected an "
             "integer >= 1");
