@@ -285,6 +285,7 @@ void run_plan_command(PlanFlags& f) {
                       {"step_ms", split->step_ms},
                       {"parameter_split", split->parameter_split},
                       {"parameter_step_ms", split->parameter_step_ms},
+                      {"kept_parameter_split", split->kept_parameter_split},
                       {"planned", config.partition.layers_per_stage == split->layers_per_stage}};
     }
     std::cout << out.dump() << std::endl;

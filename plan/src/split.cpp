@@ -56,6 +56,10 @@ void check_layers(const SplitProblem& problem, const schedule::Schedule& schedul
   PIPEMAT_CHECK(std::isfinite(problem.message_cost) && problem.message_cost >= 0, ConfigError,
                 "split: message_cost must be a finite number >= 0, got ", problem.message_cost,
                 ".");
+  PIPEMAT_CHECK(
+      problem.parallel_ranks >= 0 && problem.shared_speed > 0 && problem.shared_speed <= 1,
+      ConfigError, "split: parallel_ranks must be >= 0 (got ", problem.parallel_ranks,
+      ") and shared_speed in (0, 1] (got ", problem.shared_speed, ").");
   PIPEMAT_CHECK(problem.budget_bytes.empty() ||
                     problem.budget_bytes.size() == static_cast<size_t>(schedule.ranks_count),
                 ConfigError, "split: ", problem.budget_bytes.size(), " budgets for ",
@@ -86,7 +90,7 @@ void check_split(const SplitProblem& problem, const schedule::Schedule& schedule
 struct SplitSearch {
   const SplitProblem& problem;
   schedule::Schedule schedule;
-  PlanProblem plan;  // for detail::step_time (no tails, a core per rank)
+  PlanProblem plan;  // for detail::step_time (no tails; shared cores as the problem says)
   std::vector<detail::PeakForms> forms;
   // Per stage: how many times its F, I, W, R and B run (lazy recompute adds R to each B and I).
   struct Counts {
@@ -111,6 +115,8 @@ struct SplitSearch {
   explicit SplitSearch(const SplitProblem& p)
       : problem(p), schedule(schedule::build_schedule(p.schedule)) {
     plan.schedule = p.schedule;
+    plan.parallel_ranks = p.parallel_ranks;
+    plan.shared_speed = p.shared_speed;
     check_layers(p, schedule);
     for (int r = 0; r < schedule.ranks_count; ++r)
       forms.push_back(detail::peak_forms(schedule, r, {}));
@@ -156,6 +162,11 @@ struct SplitSearch {
     split.assign(schedule.stages_count, 0);
     sums.assign(schedule.stages_count, StageSums{});
     fixed.assign(schedule.ranks_count, 0.0);
+  }
+
+  // Note [Shared cores]: fewer ranks compute at once than there are.
+  bool shared_cores() const {
+    return problem.parallel_ranks > 0 && problem.parallel_ranks < schedule.ranks_count;
   }
 
   double work(int stage, const StageSums& s) const {
@@ -293,7 +304,7 @@ struct SplitSearch {
       bool cut = budgeted && !fits_so_far();
       // Cut only above the best: an equal completion may still win the tie.
       if (!cut) cut = busy_bound(stage + 1, next) > best_step;
-      if (!cut) cut = open_bound(stage + 1, next) > best_step;
+      if (!cut && !shared_cores()) cut = open_bound(stage + 1, next) > best_step;
       if (!cut) descend_step(stage + 1, next);
       unplace(stage, first, count);
     }

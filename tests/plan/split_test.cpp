@@ -169,6 +169,43 @@ TEST(PlanSplit, EqualsEnumerationOfEverySplit) {
   EXPECT_GT(cases, 100);
 }
 
+// Note [Shared cores]: 4 ranks on 2 cores, at 0.8 speed while others compute; the search without
+// its simulated bound still equals enumerating every split under the same model.
+TEST(PlanSplit, SharedCoresEqualEnumerationOfEverySplit) {
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<double> cost(0.5, 3.0);
+  for (const ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1}) {
+    std::vector<LayerCost> layers;
+    for (int l = 0; l < 9; ++l) {
+      const double f = cost(gen);
+      layers.push_back(layer(l, f, f, f * cost(gen) / 2));
+    }
+    SplitProblem p = problem_of(kind, 4, 8, layers);
+    p.parallel_ranks = 2;
+    p.shared_speed = 0.8;
+    const SplitResult got = choose_split(p);
+    double best = std::numeric_limits<double>::infinity();
+    std::vector<int> best_split;
+    for (int a = 1; a <= 6; ++a)
+      for (int b = 1; a + b <= 7; ++b)
+        for (int c = 1; a + b + c <= 8; ++c) {
+          const std::vector<int> split = {a, b, c, 9 - a - b - c};
+          const double step = evaluate_split(p, split).step;
+          if (step < best) best = step, best_split = split;
+        }
+    EXPECT_EQ(got.step, best) << schedule::to_string(kind);
+    EXPECT_EQ(got.layers_per_stage, best_split) << schedule::to_string(kind);
+    SplitProblem own = p;
+    own.parallel_ranks = 0;
+    EXPECT_GT(got.step, evaluate_split(own, got.layers_per_stage).step)
+        << "sharing 2 cores is slower than 4 ranks alone";
+  }
+  SplitProblem bad =
+      problem_of(ScheduleKind::kOneFOneB, 2, 4, {layer(0, 1, 1, 1), layer(1, 1, 1, 1)});
+  bad.shared_speed = 0;
+  EXPECT_THROW(choose_split(bad), ConfigError);
+}
+
 TEST(PlanSplit, EqualLayersGiveTheEvenSplit) {
   // (Interleaved is left out: with one rank holding stages 0 and 2, only the ranks' totals are
   // bound to be even, and 3,5,5,3 starts and ends the pipeline sooner than 4,4,4,4.)

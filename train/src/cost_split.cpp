@@ -91,6 +91,8 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
   split.schedule = problem.schedule;
   split.schedule.recompute = recompute;
   split.message_cost = problem.message_cost;
+  split.parallel_ranks = problem.parallel_ranks;  // Note [Shared cores]
+  split.shared_speed = problem.shared_speed;
   const plan::Candidate* first_entry = nullptr;
   const plan::Candidate* last_entry = nullptr;
   for (size_t l = 0; l < problem.layers.size(); ++l) {
@@ -113,10 +115,16 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
   add_entry(split.layers.back().cost, *last_entry);
   for (int64_t n : out.parameter_split) split.reference.push_back(static_cast<int>(n));
   const plan::SplitResult chosen = plan::choose_split(split);
-  for (int n : chosen.layers_per_stage) out.layers_per_stage.push_back(n);
-  out.step_ms = chosen.step;
   out.parameter_step_ms = chosen.reference_step;
   out.simulations = chosen.simulations;
+  out.kept_parameter_split = chosen.reference_step <= chosen.step * (1 + kMinGain);
+  if (out.kept_parameter_split) {
+    out.layers_per_stage = out.parameter_split;
+    out.step_ms = chosen.reference_step;
+  } else {
+    for (int n : chosen.layers_per_stage) out.layers_per_stage.push_back(n);
+    out.step_ms = chosen.step;
+  }
   return out;
 }
 
@@ -144,6 +152,9 @@ std::string describe_cost_split(const CostSplit& split) {
                   format_fixed(split.parameter_step_ms, 1) + " ms";
   if (split.step_ms > 0) {
     s += " (" + format_fixed(split.parameter_step_ms / split.step_ms, 2) + "x)";
+  }
+  if (split.kept_parameter_split) {
+    s += "; kept: no split is predicted " + format_fixed(kMinGain * 100, 0) + " % faster";
   }
   return s;
 }

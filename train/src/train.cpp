@@ -412,7 +412,8 @@ std::optional<CostSplit> share_cost_split(TrainConfig& config, comm::Transport& 
                                      {"step_ms", split.step_ms},
                                      {"parameter_split", split.parameter_split},
                                      {"parameter_step_ms", split.parameter_step_ms},
-                                     {"simulations", split.simulations}}
+                                     {"simulations", split.simulations},
+                                     {"kept", split.kept_parameter_split}}
                           .dump();
     } catch (const std::exception& e) {
       message = std::string("-partition.layers_per_stage auto: ") + e.what();
@@ -438,6 +439,7 @@ std::optional<CostSplit> share_cost_split(TrainConfig& config, comm::Transport& 
     split.parameter_split = j.at("parameter_split").get<std::vector<int64_t>>();
     split.parameter_step_ms = j.at("parameter_step_ms").get<double>();
     split.simulations = j.at("simulations").get<long long>();
+    split.kept_parameter_split = j.at("kept").get<bool>();
   } catch (const nlohmann::json::exception& e) {
     PIPEMAT_THROW(CommError, "rank 0 sent a malformed split: ", e.what());
   }

@@ -22,7 +22,8 @@
 //   - a rank's busy time (the sum of its actions' costs) bounds the step; with the open layers'
 //     least work spread over the ranks of the open stages as evenly as it can go (water filling)
 //     on top of the fixed stages' busy time, the largest rank's level is a lower bound too and
-//     costs no simulation, so it is tried first;
+//     costs no simulation, so it is tried first (with ranks sharing cores, SplitProblem::
+//     parallel_ranks, only this bound is used);
 //   - a rank's peak does not fall when a stage's bytes or the rank's layers grow, so a prefix
 //     whose peak with the open stages empty is over a budget is cut.
 // The search is seeded with the split that minimises the largest stage's work (a dynamic
@@ -58,6 +59,12 @@ struct SplitProblem {
   std::vector<LayerCost> layers;       // in model order
   std::vector<double> budget_bytes;    // per rank; empty: no memory limit
   double message_cost = 0.0;           // one stage-boundary message, in the time unit
+  // Note [Shared cores] (schedule/simulate.h): how many ranks compute at once (0: every rank has
+  // its own cores) and a rank's speed while others compute. With fewer than the ranks the search
+  // drops its simulated bound (the step of ranks sharing cores need not grow with every cost)
+  // and keeps the busy-time bound, so it stays exact, visiting more splits.
+  int parallel_ranks = 0;
+  double shared_speed = 1.0;
   // Layers per stage of a split to compare with (e.g. the parameter-balanced one); empty: none.
   std::vector<int> reference;
 };

@@ -153,16 +153,22 @@ Calibration calibrate_plan(PlanReport& report, const CalibrationOptions& options
 // (their received input) are the same on every split and left out. plan::choose_split then
 // finds the contiguous split with the shortest simulated step for the config's schedule kind,
 // ranks, micro-batches, virtual stages and recompute (Note [Cost split]), the parameter split as
-// its reference. What the prediction leaves out: the step tails (optimizer step, clipping) and
-// the ranks' sharing of cores (each rank computes as if alone), the same for every split.
+// its reference, with the profile's shared cores (PlanProblem::parallel_ranks and shared_speed:
+// 4 ranks on 2 cores compute 2 at a time). The parameter split is kept unless the chosen one is
+// predicted at least kMinGain faster: the profile's timer noise is of that order, and where the
+// ranks share cores every split's step is close to the total work over the cores. What the
+// prediction leaves out: the step tails (optimizer step, clipping), the same for every split.
 // In a job, rank 0 profiles and chooses, and sends every rank the split (or its error), so all
 // ranks build the same stages.
+constexpr double kMinGain = 0.03;
+
 struct CostSplit {
   std::vector<int64_t> layers_per_stage;  // the chosen split
   double step_ms = 0;                     // its predicted step
   std::vector<int64_t> parameter_split;   // the parameter-balanced split
   double parameter_step_ms = 0;           // its predicted step
   long long simulations = 0;              // by the search
+  bool kept_parameter_split = false;      // no split was predicted kMinGain faster
   std::string summary;                    // what was profiled (PlanReport::summary)
 };
 
