@@ -398,42 +398,28 @@ void attach_lane(const TrainConfig& config, comm::Transport& job, c10::Device de
 }
 
 // Note [Split by cost]: job rank 0 profiles the config and chooses the split; every rank gets
-// it (or rank 0's error, which every rank throws) before any stage is built, and the config
-// holds it from here on. Nothing else travels on the job's transport yet.
-constexpr int kSplitTag = comm::kMaxUserTag - 1;
-
+// it (or rank 0's error) before any stage is built, and the config holds it from here on.
 std::optional<CostSplit> share_cost_split(TrainConfig& config, comm::Transport& job) {
   if (!config.partition.by_cost) return std::nullopt;
-  std::string message;
-  if (job.rank() == 0) {
+  const std::string message = decide_on_rank_zero(job, kSplitTag, "split", [&] {
     try {
       const CostSplit split = choose_cost_split(config, PlanOptions{});
-      message = "+" + nlohmann::json{{"layers_per_stage", split.layers_per_stage},
-                                     {"step_ms", split.step_ms},
-                                     {"parameter_split", split.parameter_split},
-                                     {"parameter_step_ms", split.parameter_step_ms},
-                                     {"simulations", split.simulations},
-                                     {"kept", split.kept_parameter_split}}
-                          .dump();
-    } catch (const std::exception& e) {
-      message = std::string("-partition.layers_per_stage auto: ") + e.what();
+      return nlohmann::json{{"layers_per_stage", split.layers_per_stage},
+                            {"step_ms", split.step_ms},
+                            {"parameter_split", split.parameter_split},
+                            {"parameter_step_ms", split.parameter_step_ms},
+                            {"simulations", split.simulations},
+                            {"kept", split.kept_parameter_split}}
+          .dump();
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const std::exception& e) {  // the profile's: named for the key that asked for it
+      PIPEMAT_THROW(ConfigError, "partition.layers_per_stage auto: ", e.what());
     }
-    std::vector<comm::WorkPtr> sends;
-    for (int r = 1; r < job.world_size(); ++r) {
-      sends.push_back(job.send(r, kSplitTag, message.data(), message.size()));
-    }
-    for (auto& w : sends) w->wait();
-  } else {
-    comm::WorkPtr work = job.recv_any(0, kSplitTag);
-    work->wait();
-    const auto& bytes = work->buffer();
-    message.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  }
-  PIPEMAT_CHECK(!message.empty() && message[0] == '+', ConfigError,
-                message.empty() ? std::string("rank 0 sent no split") : message.substr(1));
+  });
   CostSplit split;
   try {
-    const nlohmann::json j = nlohmann::json::parse(message.substr(1));
+    const nlohmann::json j = nlohmann::json::parse(message);
     split.layers_per_stage = j.at("layers_per_stage").get<std::vector<int64_t>>();
     split.step_ms = j.at("step_ms").get<double>();
     split.parameter_split = j.at("parameter_split").get<std::vector<int64_t>>();

@@ -149,51 +149,28 @@ std::string config_digest(const TrainConfig& config) {
 
 namespace {
 
-// Before the pipeline exists nothing else travels on the job's transport: the tag of the
-// pipeline's checkpoint agreements is free here.
-constexpr int kStartTag = comm::kMaxUserTag;
-
 // Job rank 0 locks checkpoint.dir and output.metrics (Note [One job per file]) and sends every
-// rank its run id, or the refusal, which every rank then throws (a ConfigError that rank 0
-// reports, Note [One error line per failure]).
+// rank its run id, or the refusal.
 void share_run(RunCheckpoints& out, const TrainConfig& config, comm::Transport& transport) {
-  std::string message;
-  if (transport.rank() == 0) {
-    try {
-      char host[256] = {};
-      ::gethostname(host, sizeof(host) - 1);
-      const std::string note = ::pipemat::detail::concat("pid ", ::getpid(), " on ", host, ", run ",
-                                                         out.run.id.substr(0, 12));
-      if (!config.checkpoint.dir.empty()) {
-        out.locks.push_back(std::make_shared<FileLock>(
-            (std::filesystem::path(config.checkpoint.dir) / ".pipemat-lock").string(),
-            "checkpoint.dir '" + config.checkpoint.dir + "'", note));
-      }
-      if (!config.output.metrics.empty()) {
-        std::filesystem::path parent = std::filesystem::path(config.output.metrics).parent_path();
-        std::error_code ec;
-        if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-        out.locks.push_back(std::make_shared<FileLock>(
-            config.output.metrics, "output.metrics '" + config.output.metrics + "'"));
-      }
-      message = "+" + out.run.id;
-    } catch (const ConfigError& e) {
-      message = std::string("-") + e.what();
+  out.run.id = decide_on_rank_zero(transport, kRunTag, "run", [&] {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    const std::string note = ::pipemat::detail::concat("pid ", ::getpid(), " on ", host, ", run ",
+                                                       out.run.id.substr(0, 12));
+    if (!config.checkpoint.dir.empty()) {
+      out.locks.push_back(std::make_shared<FileLock>(
+          (std::filesystem::path(config.checkpoint.dir) / ".pipemat-lock").string(),
+          "checkpoint.dir '" + config.checkpoint.dir + "'", note));
     }
-    std::vector<comm::WorkPtr> sends;
-    for (int r = 1; r < transport.world_size(); ++r) {
-      sends.push_back(transport.send(r, kStartTag, message.data(), message.size()));
+    if (!config.output.metrics.empty()) {
+      std::filesystem::path parent = std::filesystem::path(config.output.metrics).parent_path();
+      std::error_code ec;
+      if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+      out.locks.push_back(std::make_shared<FileLock>(
+          config.output.metrics, "output.metrics '" + config.output.metrics + "'"));
     }
-    for (auto& w : sends) w->wait();
-  } else {
-    comm::WorkPtr work = transport.recv_any(0, kStartTag);
-    work->wait();
-    const auto& bytes = work->buffer();
-    message.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  }
-  PIPEMAT_CHECK(!message.empty() && message[0] == '+', ConfigError,
-                message.empty() ? std::string("rank 0 sent no run") : message.substr(1));
-  out.run.id = message.substr(1);
+    return out.run.id;
+  });
 }
 
 // What a resume keeps whatever the layout (Note [Checkpoint layout] in pipemat/pp/checkpoint.h),
@@ -225,6 +202,31 @@ void check_resume_keeps(const TrainConfig& then, const std::string& dir,
 }
 
 }  // namespace
+
+std::string decide_on_rank_zero(comm::Transport& transport, int tag, const char* what,
+                                const std::function<std::string()>& decide) {
+  std::string message;
+  if (transport.rank() == 0) {
+    try {
+      message = "+" + decide();
+    } catch (const std::exception& e) {
+      message = std::string("-") + e.what();
+    }
+    std::vector<comm::WorkPtr> sends;
+    for (int r = 1; r < transport.world_size(); ++r) {
+      sends.push_back(transport.send(r, tag, message.data(), message.size()));
+    }
+    for (auto& w : sends) w->wait();
+  } else {
+    comm::WorkPtr work = transport.recv_any(0, tag);
+    work->wait();
+    const auto& bytes = work->buffer();
+    message.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  PIPEMAT_CHECK(!message.empty() && message[0] == '+', ConfigError,
+                message.empty() ? std::string("rank 0 sent no ") + what : message.substr(1));
+  return message.substr(1);
+}
 
 RunCheckpoints start_checkpoints(const TrainConfig& config, comm::Transport& transport) {
   const CheckpointOptions& ck = config.checkpoint;

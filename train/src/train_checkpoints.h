@@ -24,6 +24,7 @@
 // directory itself before any rank changes it, so a refusal is every rank's (a ConfigError that
 // rank 0 reports).
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -60,6 +61,18 @@ struct RunCheckpoints {
 // that only say how this process starts or stops (checkpoint.resume, checkpoint.overwrite,
 // training.stop_after).
 std::string config_digest(const TrainConfig& config);
+
+// What job rank 0 decides before the pipeline exists, for every rank (nothing else travels on
+// the job's transport then): rank 0 calls `decide` and sends its text, or its error, to the
+// others under `tag`; every rank returns the text, or throws the error as a ConfigError (that
+// rank 0 reports, Note [One error line per failure]). `what` names the text in the error of a
+// rank that got none.
+std::string decide_on_rank_zero(comm::Transport& transport, int tag, const char* what,
+                                const std::function<std::string()>& decide);
+// The tags of decide_on_rank_zero's messages: those of the pipeline's checkpoint agreements and
+// the one below, free before the pipeline exists.
+constexpr int kRunTag = comm::kMaxUserTag;
+constexpr int kSplitTag = comm::kMaxUserTag - 1;
 
 // Collective over the job's ranks (rank 0 takes the locks and sends the run to the others).
 // `config.checkpoint.dir` empty: no checkpoints (a fresh run id all the same). ConfigError as
