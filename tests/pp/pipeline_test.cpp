@@ -274,9 +274,12 @@ TEST(Pipeline, StepMetricsCarrySendsWaitsAndTheCommAwareSimulation) {
         ++got_computes;
         EXPECT_GE(t.wait_us, 0);
         EXPECT_LE(t.start_us, t.end_us);
+        // Note [Step trace]: what came from the other rank, with its bytes.
+        EXPECT_EQ(t.bytes > 0, t.received);
       } else {
         ++got_sends;
-        EXPECT_EQ(t.start_us, t.end_us) << "a send is an instant: when it was issued";
+        EXPECT_LE(t.start_us, t.end_us) << "a send: the call that issued it";
+        EXPECT_GT(t.bytes, 0);
       }
       waited += t.wait_us;
     }
@@ -316,6 +319,22 @@ TEST(Pipeline, StepMetricsCarrySendsWaitsAndTheCommAwareSimulation) {
   }
   EXPECT_EQ(m.max_rank_peak_bytes, std::max(m.rank_peak_bytes[0], m.rank_peak_bytes[1]));
   EXPECT_TRUE(last[0].rank_peak_bytes.empty());
+  // Every rank's timeline, spans and step time, by rank (Note [Step trace]).
+  ASSERT_EQ(m.rank_timelines.size(), 2u);
+  ASSERT_EQ(m.rank_step_ms.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const StepMetrics& own = last[static_cast<size_t>(r)];
+    ASSERT_EQ(m.rank_timelines[static_cast<size_t>(r)].size(), own.timeline.size());
+    for (size_t i = 0; i < own.timeline.size(); ++i) {
+      EXPECT_EQ(m.rank_timelines[static_cast<size_t>(r)][i].action, own.timeline[i].action);
+      EXPECT_EQ(m.rank_timelines[static_cast<size_t>(r)][i].bytes, own.timeline[i].bytes);
+    }
+    EXPECT_EQ(m.rank_spans[static_cast<size_t>(r)].size(), own.spans.size());
+  }
+  // Rank 0's own step time; the last rank's step_ms is the slowest rank's.
+  EXPECT_EQ(m.rank_step_ms[0], last[0].step_ms);
+  EXPECT_EQ(m.step_ms, std::max(m.rank_step_ms[0], m.rank_step_ms[1]));
+  EXPECT_TRUE(last[0].rank_timelines.empty());
 }
 
 TEST(Pipeline, EvaluateIsForwardOnlyInEvalModeAndEqualsThePlainForward) {

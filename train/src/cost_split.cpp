@@ -112,7 +112,7 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
   PIPEMAT_CHECK(first_entry != nullptr && last_entry != nullptr && !split.layers.empty(),
                 ConfigError, "partition.layers_per_stage auto: the profile holds no stage entries");
   add_entry(split.layers.front().cost, *first_entry);
-  add_entry(split.layers.back().cost, *last_entry);
+  if (last_entry != first_entry) add_entry(split.layers.back().cost, *last_entry);  // 1 stage
   for (int64_t n : out.parameter_split) split.reference.push_back(static_cast<int>(n));
   const plan::SplitResult chosen = plan::choose_split(split);
   out.parameter_step_ms = chosen.reference_step;
