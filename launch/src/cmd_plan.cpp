@@ -246,23 +246,43 @@ nlohmann::json plan_json(const PlanFlags& f, const train::PlanReport& report,
   return out;
 }
 
-// Note [Split by cost]: the split the planner proposes (a profile of its own, of the run's
-// uniform remat policy). With partition.layers_per_stage auto it is chosen first and the remat
-// plan is made on it; with no counts (the parameter split) it is a proposal beside the plan;
-// counts given by hand are planned as they are.
-std::optional<train::CostSplit> proposed_split(train::TrainConfig& config,
-                                               const train::PlanOptions& options) {
-  if (!config.partition.by_cost && !config.partition.layers_per_stage.empty()) return std::nullopt;
+// Note [Split by cost]: the split the planner proposes, for the run's uniform remat policy (none
+// for a plan's own config). With partition.layers_per_stage auto it is chosen first, from a
+// profile of the parameter split, and the remat plan is made on it; with no counts (the plan's
+// profile is then of the parameter split) it is a proposal beside the plan, from that profile
+// when it holds the policy's candidate; counts given by hand are planned as they are.
+models::RematPolicyKind proposal_policy(const train::TrainConfig& config) {
+  return config.remat.policy == models::RematPolicyKind::kCustom || !config.remat.stages.empty()
+             ? models::RematPolicyKind::kNone
+             : config.remat.policy;
+}
+
+std::optional<train::CostSplit> split_first(train::TrainConfig& config,
+                                            const train::PlanOptions& options) {
+  if (!config.partition.by_cost) return std::nullopt;
   train::TrainConfig uniform = config;
-  if (uniform.remat.policy == models::RematPolicyKind::kCustom || !uniform.remat.stages.empty()) {
-    uniform.remat = {};  // a plan's config: propose for none
-  }
+  uniform.remat.policy = proposal_policy(config);
+  uniform.remat.custom = {};
+  uniform.remat.stages.clear();
   train::CostSplit split = train::choose_cost_split(uniform, options);
-  if (config.partition.by_cost) {
-    config.partition.by_cost = false;
-    config.partition.layers_per_stage = split.layers_per_stage;
-  }
+  config.partition.by_cost = false;
+  config.partition.layers_per_stage = split.layers_per_stage;
   return split;
+}
+
+std::optional<train::CostSplit> proposal_beside(const train::TrainConfig& config,
+                                                const train::PlanReport& report,
+                                                const train::PlanOptions& options) {
+  if (!config.partition.layers_per_stage.empty()) return std::nullopt;
+  const models::RematPolicyKind policy = proposal_policy(config);
+  if (policy != models::RematPolicyKind::kSelective || report.selective >= 0) {
+    return train::cost_split_of(report, policy, config.schedule.recompute);
+  }
+  train::TrainConfig uniform = config;  // the plan profiled other SAVE sets: one more profile
+  uniform.remat.policy = policy;
+  uniform.remat.custom = {};
+  uniform.remat.stages.clear();
+  return train::choose_cost_split(uniform, options);
 }
 
 void run_plan_command(PlanFlags& f) {
@@ -270,14 +290,20 @@ void run_plan_command(PlanFlags& f) {
   print_config_warnings(config.warnings);
   f.plan.budget_bytes = parse_byte_list(f.budget, "--memory-budget",
                                         "a size such as 48MiB, or one per rank: 64MiB,48MiB");
-  const std::optional<train::CostSplit> split = proposed_split(config, f.plan);
+  std::optional<train::CostSplit> split = split_first(config, f.plan);
   // Solved once before the calibration run, so that a budget nothing fits fails at once (the
   // bytes do not depend on the times), and again with the calibrated step model.
   train::PlanReport report = train::profile_plan(config, f.plan);
+  if (!split) split = proposal_beside(config, report, f.plan);
   train::solve_plan(report, f.plan.budget_bytes);
   const train::Calibration calibrated = train::calibrate_plan(report, plan_calibration(f), "plan");
   train::solve_plan(report, f.plan.budget_bytes);
   if (!f.out.empty()) write_plan_config(f, report);
+  // The plan is on the proposed split when the config holds it, or the parameter split is it.
+  const bool planned_on_split =
+      split && (config.partition.layers_per_stage == split->layers_per_stage ||
+                (config.partition.layers_per_stage.empty() &&
+                 split->layers_per_stage == split->parameter_split));
   if (f.json) {
     nlohmann::json out = plan_json(f, report, calibrated);
     if (split) {
@@ -286,7 +312,7 @@ void run_plan_command(PlanFlags& f) {
                       {"parameter_split", split->parameter_split},
                       {"parameter_step_ms", split->parameter_step_ms},
                       {"kept_parameter_split", split->kept_parameter_split},
-                      {"planned", config.partition.layers_per_stage == split->layers_per_stage}};
+                      {"planned", planned_on_split}};
     }
     std::cout << out.dump() << std::endl;
     return;
@@ -294,7 +320,7 @@ void run_plan_command(PlanFlags& f) {
   print_text(report, calibrated, std::cout);
   if (split) {
     std::cout << "plan: " << train::describe_cost_split(*split)
-              << (config.partition.layers_per_stage == split->layers_per_stage
+              << (planned_on_split
                       ? "; the plan above is on this split\n"
                       : "; the plan above is on the parameter split (partition.layers_per_stage: "
                         "auto plans on the split by cost)\n");

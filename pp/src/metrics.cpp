@@ -207,7 +207,8 @@ void Pipeline::Impl::build_measured(StepMetrics& m) const {
   }
   schedule::CostModel with_comm = model;
   with_comm.comm = m.message_delay_ms;
-  m.simulated_bubble_comm = schedule::simulate(plan, with_comm).bubble_ratio;
+  m.simulated = schedule::simulate(plan, with_comm);
+  m.simulated_bubble_comm = m.simulated.bubble_ratio;
 }
 
 // Every rank sends (busy_ms, step_ms, all nine remat counters, recv_wait_ms, peak_bytes,

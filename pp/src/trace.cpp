@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "pipemat/core/error.h"
-#include "pipemat/schedule/simulate.h"
 
 namespace pipemat::pp {
 
@@ -202,10 +201,9 @@ std::string ChromeTrace::step(const StepMetrics& m) {
                m.rank_step_ms[r] * 1000.0,       m.step}
              .text();
   }
-  // The prediction: the simulator on the measured mean costs and message delay (ms).
-  schedule::CostModel costs = m.measured_costs;
-  costs.comm = m.message_delay_ms;
-  const schedule::SimulationResult predicted = schedule::simulate(plan_, costs);
+  // The prediction: the simulator on the measured mean costs and message delay (ms), as the
+  // step's metrics hold it.
+  const schedule::SimulationResult& predicted = m.simulated;
   // At the step's start, or after the previous prediction where that ran longer than its step.
   const double predicted_at = std::max(base, predicted_end_);
   predicted_end_ = predicted_at + predicted.makespan * 1000.0;

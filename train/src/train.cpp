@@ -53,6 +53,7 @@ void keep_step(TrainResult& result, StepMetrics m) {
   m.spans = {};
   m.rank_timelines = {};
   m.rank_spans = {};
+  m.simulated = {};
   const double schedule_bubble = m.measured.bubble_ratio;
   m.measured = schedule::SimulationResult{};
   m.measured.bubble_ratio = schedule_bubble;

@@ -475,6 +475,9 @@ struct StepMetrics {
   // the per-message comm cost.
   double message_delay_ms = 0;
   double simulated_bubble_comm = 0;
+  // That simulation's timeline (measured_costs with message_delay_ms as the comm cost; ms from
+  // the step's start), on the last stage's rank: what the trace draws beside the measurement.
+  schedule::SimulationResult simulated;
   int64_t max_rank_peak_bytes = 0;  // max of peak_bytes over ranks (local: one process)
   // The tracking allocator's bytes when the step started (weights, optimizer state and what else
   // the process holds), this rank's; start_bytes + peak_bytes is its peak during the step.

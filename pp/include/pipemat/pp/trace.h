@@ -23,7 +23,7 @@
 // each other and their events and the gaps between them (bookkeeping between actions) make up
 // the step. Every event carries its step, and the actions their stage and micro-batch. The
 // simulated timeline of the same schedule (schedule::simulate with the step's measured mean
-// cost per action type and its measured message delay, StepMetrics::measured_costs) is one more
+// cost per action type and its measured message delay: StepMetrics::simulated) is one more
 // process, a track per rank, at the same step start: predicted below measured (where the
 // previous step's prediction ran longer than its step, after that prediction's end).
 // Times are microseconds from the first traced step's start on the collecting rank's steady
