@@ -266,6 +266,7 @@ std::optional<train::CostSplit> split_first(train::TrainConfig& config,
   uniform.remat.stages.clear();
   train::CostSplit split = train::choose_cost_split(uniform, options);
   config.partition.by_cost = false;
+  config.partition.memory_budget.clear();  // met by the counts
   config.partition.layers_per_stage = split.layers_per_stage;
   return split;
 }

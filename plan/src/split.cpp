@@ -446,7 +446,7 @@ SplitResult choose_split(const SplitProblem& problem) {
         worst = r;
     PIPEMAT_CHECK(false, ConfigError, "split: no contiguous split of the ", problem.layers.size(),
                   " layers on ", search.schedule.stages_count,
-                  " stages fits budget_bytes; the closest (layers per stage ",
+                  " stages fits the memory budget; the closest (layers per stage ",
                   split_text(search.best), ") peaks at ", split_bytes(search.peak(worst)),
                   " on rank ", worst, ", whose budget is ",
                   split_bytes(problem.budget_bytes[worst]), ".");

@@ -23,9 +23,7 @@ namespace pipemat::pp {
 
 using schedule::ActionType;
 
-namespace {
-
-schedule::Schedule plan_of(const PipelineOptions& options) {
+schedule::Schedule executed_schedule(const PipelineOptions& options) {
   if (!options.actions) return schedule::build_schedule(options.schedule);
   schedule::Schedule plan = *options.actions;
   if (!plan.has_comms()) {
@@ -39,6 +37,8 @@ schedule::Schedule plan_of(const PipelineOptions& options) {
   schedule::validate_schedule(plan);
   return plan;
 }
+
+namespace {
 
 // ConfigError for the first pattern of `policy` that matches none of `paths` (those of every
 // stage the policy applies to), naming `what` and the nearest path.
@@ -107,7 +107,7 @@ Pipeline::Impl::Impl(comm::Transport& t, PipelineOptions o, const StageFactory& 
                 "PipelineOptions::clip_grad_norm must be >= 0 (0: off), got ",
                 options.clip_grad_norm);
   PIPEMAT_CHECK(static_cast<bool>(build), ConfigError, "Pipeline: the stage factory is empty");
-  plan = plan_of(options);
+  plan = executed_schedule(options);
   rank = transport.rank();
   PIPEMAT_CHECK(plan.ranks_count == transport.world_size(), ConfigError, "schedule.ranks is ",
                 plan.ranks_count, " but the job has ", transport.world_size(),

@@ -203,6 +203,29 @@ Schedule insert_recompute(Schedule schedule, RecomputeMode mode) {
   return schedule;
 }
 
+std::vector<int> stages_whose_replay_follows_forward(const Schedule& schedule) {
+  std::vector<int> out;
+  std::vector<bool> has_r(static_cast<size_t>(schedule.stages_count), false);
+  std::vector<bool> broken(static_cast<size_t>(schedule.stages_count), false);
+  for (const auto& list : schedule.actions) {
+    const Action* forward = nullptr;  // the last compute action, when it is an F
+    for (const Action& a : list) {
+      if (!is_compute(a.type)) continue;
+      if (a.type == ActionType::kRecompute) has_r[static_cast<size_t>(a.stage)] = true;
+      if (forward != nullptr && !(a.type == ActionType::kRecompute && a.stage == forward->stage &&
+                                  a.micro_batch == forward->micro_batch)) {
+        broken[static_cast<size_t>(forward->stage)] = true;
+      }
+      forward = a.type == ActionType::kForward ? &a : nullptr;
+    }
+    if (forward != nullptr) broken[static_cast<size_t>(forward->stage)] = true;
+  }
+  for (int s = 0; s < schedule.stages_count; ++s) {
+    if (has_r[static_cast<size_t>(s)] && !broken[static_cast<size_t>(s)]) out.push_back(s);
+  }
+  return out;
+}
+
 namespace {
 
 bool glued_recompute(const std::vector<Action>& list, int r_index) {

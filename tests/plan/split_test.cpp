@@ -367,7 +367,7 @@ TEST(PlanSplit, Errors) {
   tight.budget_bytes = {5, 5};
   // 1,3 overshoots least: 22 on rank 0 (2,2: 44; 3,1: 48).
   EXPECT_EQ(message(tight),
-            "split: no contiguous split of the 4 layers on 2 stages fits budget_bytes; the "
+            "split: no contiguous split of the 4 layers on 2 stages fits the memory budget; the "
             "closest (layers per stage 1,3) peaks at 22 B on rank 0, whose budget is 5 B.");
   tight.budget_bytes = {5};
   EXPECT_EQ(message(tight), "split: 1 budgets for 2 ranks; give one per rank or none.");

@@ -169,5 +169,50 @@ TEST(ScheduleRecomputeTest, ParseCosts) {
   }
 }
 
+// Note [Replays that cannot lower a peak]: the last stage of 1F1B and ZB-H1 (F(i), R(i), B / I(i)
+// one micro-batch at a time); no stage of GPipe (its last stage runs every F first) or of a
+// schedule without R actions.
+TEST(ScheduleRecomputeTest, StagesWhoseReplayFollowsTheirForward) {
+  for (int p : {2, 3, 4}) {
+    for (int m : {4, 8}) {
+      const auto stages = [&](ScheduleKind kind, RecomputeMode mode, int v = 1) {
+        return stages_whose_replay_follows_forward(build_schedule(options(kind, p, m, v, mode)));
+      };
+      const std::vector<int> last = {p - 1};
+      EXPECT_EQ(stages(ScheduleKind::kOneFOneB, RecomputeMode::kPretrigger), last);
+      EXPECT_EQ(stages(ScheduleKind::kZeroBubbleH1, RecomputeMode::kPretrigger), last);
+      EXPECT_EQ(stages(ScheduleKind::kGPipe, RecomputeMode::kPretrigger), std::vector<int>{});
+      EXPECT_EQ(stages(ScheduleKind::kOneFOneB, RecomputeMode::kLazy), std::vector<int>{});
+      EXPECT_EQ(stages(ScheduleKind::kOneFOneB, RecomputeMode::kNone), std::vector<int>{});
+      // Every stage listed holds the property on the compute-only lists, checked here one
+      // action at a time; every stage left out breaks it somewhere.
+      for (ScheduleKind kind :
+           {ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleH2, ScheduleKind::kZeroBubbleV}) {
+        const int v = kind == ScheduleKind::kInterleaved ? 2 : 1;
+        if (kind == ScheduleKind::kInterleaved && m % p != 0) continue;
+        const Schedule s =
+            strip_communication(build_schedule(options(kind, p, m, v, RecomputeMode::kPretrigger)));
+        std::vector<bool> holds(static_cast<size_t>(s.stages_count), true);
+        for (const auto& list : s.actions) {
+          for (size_t k = 0; k < list.size(); ++k) {
+            if (list[k].type != ActionType::kForward) continue;
+            const bool next_is_its_replay = k + 1 < list.size() &&
+                                            list[k + 1].type == ActionType::kRecompute &&
+                                            list[k + 1].stage == list[k].stage &&
+                                            list[k + 1].micro_batch == list[k].micro_batch;
+            if (!next_is_its_replay) holds[static_cast<size_t>(list[k].stage)] = false;
+          }
+        }
+        std::vector<int> want;
+        for (int stage = 0; stage < s.stages_count; ++stage) {
+          if (holds[static_cast<size_t>(stage)]) want.push_back(stage);
+        }
+        EXPECT_EQ(stages_whose_replay_follows_forward(s), want)
+            << to_string(kind) << " P=" << p << " M=" << m;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pipemat::schedule

@@ -58,6 +58,7 @@ void expect_same(const TrainConfig& a, const TrainConfig& b) {
   EXPECT_EQ(a.data.path, b.data.path);
   EXPECT_EQ(a.data.validation, b.data.validation);
   EXPECT_EQ(a.partition.layers_per_stage, b.partition.layers_per_stage);
+  EXPECT_EQ(a.partition.memory_budget, b.partition.memory_budget);
   EXPECT_EQ(a.schedule.kind, b.schedule.kind);
   EXPECT_EQ(a.schedule.ranks, b.schedule.ranks);
   EXPECT_EQ(a.schedule.micro_batches, b.schedule.micro_batches);
@@ -805,7 +806,8 @@ TEST(ConfigOverrides, Errors) {
       "model.experts, model.top_k, model.seq_len, model.batch, model.vocab, model.dropout, "
       "model.kv_heads, "
       "model.rope_theta, model.norm_eps, model.tie_embeddings, model.from, data.path, "
-      "data.validation, data.format, data.tokenizer, partition.layers_per_stage, schedule.kind, "
+      "data.validation, data.format, data.tokenizer, partition.layers_per_stage, "
+      "partition.memory_budget, schedule.kind, "
       "schedule.ranks, "
       "schedule.micro_batches, schedule.virtual_stages, schedule.recompute, schedule.csv, "
       "parallel.data, parallel.bucket_bytes, parallel.weight_tail, parallel.shard_optimizer, "
@@ -939,6 +941,7 @@ TEST(ConfigRoundTrip, DefaultsAsYaml) {
             "  tokenizer: \"\"\n"
             "partition:\n"
             "  layers_per_stage: []\n"
+            "  memory_budget: []\n"
             "schedule:\n"
             "  kind: 1f1b\n"
             "  ranks: 1\n"
@@ -1198,6 +1201,7 @@ TEST(ConfigKeys, EveryKeyInDocumentOrder) {
                                                      "data.format",
                                                      "data.tokenizer",
                                                      "partition.layers_per_stage",
+                                                     "partition.memory_budget",
                                                      "schedule.kind",
                                                      "schedule.ranks",
                                                      "schedule.micro_batches",

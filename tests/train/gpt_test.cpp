@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -600,10 +601,12 @@ TEST(Gpt, SelectiveRematSavesTheProjectionsAndReplaysTheRest) {
   write(dir.path() / "text.txt", words(16 * kSplitBlock));
   TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "1f1b", "selective");
   c.training.steps = 1;
+  c.remat.stages.assign(2, models::StageRemat::named(models::RematPolicyKind::kSelective));
   const TrainResult r = train_in_process(c, nullptr);
   const remat::RematCounters& k = r.last.remat;
-  // 4 blocks x 4 micro-batches are checkpoint units, each replayed once; each replay skips the
-  // two SAVE regions (qkv, mlp.up): 32 calls in the forward, 32 skipped in replays.
+  // Selective on both stages by name: 4 blocks x 4 micro-batches are checkpoint units, each
+  // replayed once; each replay skips the two SAVE regions (qkv, mlp.up): 32 calls in the
+  // forward, 32 skipped in replays.
   EXPECT_EQ(k.unit_calls, 16);
   EXPECT_EQ(k.replays, 16);
   EXPECT_EQ(k.save_calls, 32);
@@ -614,6 +617,49 @@ std::vector<models::StageRemat> named(const std::vector<models::RematPolicyKind>
   std::vector<models::StageRemat> stages;
   for (models::RematPolicyKind kind : kinds) stages.push_back(models::StageRemat::named(kind));
   return stages;
+}
+
+// Note [Replays that cannot lower a peak]: remat.policy selective on 1F1B with pre-triggered
+// recompute runs the last stage without a checkpoint, says so, and trains exactly as
+// remat.stages [selective, none] does (the bytes a checkpoint holds from its replay to the
+// backward: Profile.CandidatesComeFromTheModuleTree). Lazy recompute, which replays unit by unit,
+// keeps every stage's.
+TEST(Gpt, TheLastStageOf1F1BRunsWithoutAReplayThatCannotLowerItsPeak) {
+  TempDir dir;
+  write(dir.path() / "text.txt", words(16 * kSplitBlock));
+  TrainConfig c = gpt_config((dir.path() / "text.txt").string(), "1f1b", "selective");
+  c.training.steps = 2;
+  c.output.progress = true;
+  std::ostringstream talk;
+  const TrainResult dropped = train_in_process(c, &talk);
+  EXPECT_NE(talk.str().find(
+                "\nremat: selective on every stage but 1, which runs without a checkpoint: each "
+                "of its forwards is followed by its own pre-triggered replay, so a replay would "
+                "lower no peak (remat.stages gives every stage its policy by hand)\n"),
+            std::string::npos)
+      << talk.str();
+  c.output.progress = false;
+  TrainConfig by_hand = c;
+  by_hand.remat.stages =
+      named({models::RematPolicyKind::kSelective, models::RematPolicyKind::kNone});
+  const TrainResult first_only = train_in_process(by_hand, nullptr);
+  TrainConfig both = c;
+  both.remat.stages =
+      named({models::RematPolicyKind::kSelective, models::RematPolicyKind::kSelective});
+  const TrainResult checkpointed = train_in_process(both, nullptr);
+  ASSERT_EQ(dropped.steps.size(), 2u);
+  for (size_t s = 0; s < 2; ++s) {
+    EXPECT_EQ(dropped.steps[s].loss, first_only.steps[s].loss) << s;
+    EXPECT_EQ(dropped.steps[s].loss, checkpointed.steps[s].loss) << s;
+  }
+  EXPECT_EQ(dropped.last.remat.unit_calls, first_only.last.remat.unit_calls);
+  EXPECT_EQ(dropped.last.remat.replays, first_only.last.remat.replays);
+  EXPECT_EQ(checkpointed.last.remat.replays, 16);  // 4 blocks x 4 micro-batches
+  EXPECT_LT(dropped.last.remat.replays, 16);
+
+  TrainConfig lazy = c;
+  lazy.schedule.recompute = schedule::RecomputeMode::kLazy;
+  EXPECT_EQ(train_in_process(lazy, nullptr).last.remat.replays, 16);
 }
 
 // remat.stages: a policy per model stage. Selective on the first stage and none on the last:

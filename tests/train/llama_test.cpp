@@ -216,6 +216,8 @@ TEST(Llama, SelectiveRematSavesTheFiveGemmsAndReplaysTheRest) {
   const std::string text = dir.file("text.txt", counting_text(16 * kSplitBlock));
   TrainConfig c = testing::llama_config(text, "1f1b", "selective");
   c.training.steps = 1;
+  // Both stages by name (remat.policy alone leaves the last stage of 1F1B without a checkpoint).
+  c.remat.stages.assign(2, models::StageRemat::named(models::RematPolicyKind::kSelective));
   const TrainResult r = train_in_process(c, nullptr);
   const remat::RematCounters& k = r.last.remat;
   EXPECT_EQ(k.unit_calls, 16);

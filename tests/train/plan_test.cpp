@@ -187,36 +187,48 @@ TEST(Plan, BadInputIsAConfigError) {
             "plan: schedule.csv is not supported; plan a generated schedule (schedule.kind)");
 }
 
-// Note [Split by cost]: the first stage's entry goes to the first layer (a negative I moved to
-// W), the last stage's to the last layer, the middle stages' entries are left out; the split is
-// the best of every contiguous split of those costs, and the parameter split is the profile's.
-TEST(CostSplit, StageEntriesGoToTheEndLayersAndTheSplitIsTheBestOfAll) {
+plan::Candidate split_candidate(double f, double i, double w) {
+  plan::Candidate c;
+  c.name = "none";
+  c.forward = f;
+  c.backward_input = i;
+  c.backward_weight = w;
+  return c;
+}
+
+// A profile of 9 equal layers on 3 stages of 1F1B whose last stage's entry (a head) costs four
+// layers: the stage entries hold `stage_fixed` bytes each, a layer `layer_fixed`.
+PlanReport head_heavy_report(double stage_fixed = 0, double layer_fixed = 0) {
   PlanReport report;
   report.problem.schedule.kind = schedule::ScheduleKind::kOneFOneB;
   report.problem.schedule.ranks = 3;
   report.problem.schedule.micro_batches = 4;
-  const auto candidate = [](double f, double i, double w) {
-    plan::Candidate c;
-    c.name = "none";
-    c.forward = f;
-    c.backward_input = i;
-    c.backward_weight = w;
-    return c;
-  };
   const std::vector<double> entries_f = {0.1, 5.0, 4.0};  // stage 1's: left out
   for (int s = 0; s < 3; ++s) {
     const double f = entries_f[static_cast<size_t>(s)];
     report.problem.layers.push_back(
-        {"stage " + std::to_string(s), {s == 0 ? candidate(f, -1.5, 0.2) : candidate(f, f, f)}});
+        {"stage " + std::to_string(s),
+         {s == 0 ? split_candidate(f, -1.5, 0.2) : split_candidate(f, f, f)}});
     report.problem.stage_of_layer.push_back(s);
     report.is_layer.push_back(false);
+    report.entry_fixed_bytes.push_back(stage_fixed);
     for (int l = 0; l < 3; ++l) {
       report.problem.layers.push_back(
-          {"layers." + std::to_string(3 * s + l), {candidate(1.0, 1.0, 1.0)}});
+          {"layers." + std::to_string(3 * s + l), {split_candidate(1.0, 1.0, 1.0)}});
       report.problem.stage_of_layer.push_back(s);
       report.is_layer.push_back(true);
+      report.entry_fixed_bytes.push_back(layer_fixed);
     }
   }
+  return report;
+}
+
+// Note [Split by cost]: the first stage's entry goes to the first layer (a negative I moved to
+// W), the last stage's to the last layer, the middle stages' entries are left out; the split is
+// the best of every contiguous split of those costs, and the parameter split is the profile's.
+TEST(CostSplit, StageEntriesGoToTheEndLayersAndTheSplitIsTheBestOfAll) {
+  const PlanReport report = head_heavy_report();
+  const auto candidate = split_candidate;
   const CostSplit got =
       cost_split_of(report, models::RematPolicyKind::kNone, schedule::RecomputeMode::kNone);
   EXPECT_EQ(got.parameter_split, (std::vector<int64_t>{3, 3, 3}));
@@ -257,6 +269,81 @@ TEST(CostSplit, StageEntriesGoToTheEndLayersAndTheSplitIsTheBestOfAll) {
       ConfigError);
 }
 
+// partition.memory_budget: the split is the fastest of those whose every rank's peak (its
+// layers' held bytes, the end stages' own on their end layers, no activations here) fits; the
+// parameter split is not kept when it does not fit; no split that fits is an error naming the
+// key and the closest split.
+TEST(CostSplit, ABudgetRulesOutFasterSplitsAndOneNothingFitsIsAnError) {
+  // Stage entries 100 B each (stage 1's left out), layers 10 B each.
+  const PlanReport report = head_heavy_report(100, 10);
+  const CostSplit free =
+      cost_split_of(report, models::RematPolicyKind::kNone, schedule::RecomputeMode::kNone);
+  ASSERT_EQ(free.layers_per_stage.back(), 1);
+  EXPECT_TRUE(free.budget_bytes.empty());
+  // Peaks of a split [a, b, c]: 100 + 10a, 10b, 100 + 10c; the parameter split's 130, 30, 130.
+  EXPECT_EQ(free.parameter_peak_bytes, (std::vector<double>{130, 30, 130}));
+  const std::vector<double> free_peaks = {
+      100.0 + 10 * static_cast<double>(free.layers_per_stage[0]),
+      10.0 * static_cast<double>(free.layers_per_stage[1]), 110.0};
+  EXPECT_EQ(free.peak_bytes, free_peaks);
+  ASSERT_GT(free.layers_per_stage[0], 2) << "the budget below must rule the free choice out";
+
+  const CostSplit fit =
+      cost_split_of(report, models::RematPolicyKind::kNone, schedule::RecomputeMode::kNone, {120});
+  // Every split with a <= 2 and c <= 2 fits 120 B; the fastest of them by enumeration.
+  plan::SplitProblem problem;
+  problem.schedule = report.problem.schedule;
+  for (int l = 0; l < 9; ++l) {
+    plan::LayerCost layer{"layers." + std::to_string(l), split_candidate(1.0, 1.0, 1.0), 0.0};
+    layer.cost.backward = 2.0;
+    problem.layers.push_back(layer);
+  }
+  problem.layers[0].cost = split_candidate(1.1, 0.0, 0.7);
+  problem.layers[0].cost.backward = 0.7;
+  problem.layers[8].cost = split_candidate(5.0, 5.0, 5.0);
+  problem.layers[8].cost.backward = 10.0;
+  double best = 1e300;
+  std::vector<int64_t> best_split;
+  for (int a = 1; a <= 2; ++a) {
+    for (int c = 1; c <= 2; ++c) {
+      const double step = plan::evaluate_split(problem, {a, 9 - a - c, c}).step;
+      if (step < best) best = step, best_split = {a, 9 - a - c, c};
+    }
+  }
+  EXPECT_EQ(fit.layers_per_stage, best_split);
+  EXPECT_EQ(fit.step_ms, best);
+  EXPECT_GT(fit.step_ms, free.step_ms);
+  EXPECT_EQ(fit.budget_bytes, (std::vector<double>{120, 120, 120}));
+  EXPECT_FALSE(fit.parameter_fits);
+  EXPECT_FALSE(fit.kept_parameter_split);
+  for (double peak : fit.peak_bytes) EXPECT_LE(peak, 120);
+  const std::string text = describe_cost_split(fit);
+  EXPECT_NE(text.find("within the budget [120 B, 120 B, 120 B] (the parameter split's [130 B, "
+                      "30 B, 130 B] does not fit)"),
+            std::string::npos)
+      << text;
+
+  // Per rank: rank 1 may hold 3 layers at most.
+  const CostSplit per_rank = cost_split_of(report, models::RematPolicyKind::kNone,
+                                           schedule::RecomputeMode::kNone, {1000, 30, 1000});
+  EXPECT_LE(per_rank.layers_per_stage[1], 3);
+
+  try {
+    cost_split_of(report, models::RematPolicyKind::kNone, schedule::RecomputeMode::kNone, {105});
+    ADD_FAILURE() << "no split fits 105 B";
+  } catch (const ConfigError& e) {
+    // Every split puts 110 B or more on rank 0 and rank 2; the closest is the first of the
+    // splits that overshoot 5 B on both ends.
+    EXPECT_EQ(std::string(e.what()),
+              "partition.memory_budget: split: no contiguous split of the 9 layers on 3 stages "
+              "fits the memory budget; the closest (layers per stage 1,7,1) peaks at 110 B on "
+              "rank 0, whose budget is 105 B.");
+  }
+  EXPECT_THROW(
+      cost_split_of(report, models::RematPolicyKind::kNone, schedule::RecomputeMode::kNone, {1, 2}),
+      ConfigError);
+}
+
 TEST(CostSplit, AutoIsAConfigValueWithItsChecks) {
   const TrainConfig c = parse_config("partition: {layers_per_stage: auto}\n", "x.yaml");
   EXPECT_TRUE(c.partition.by_cost);
@@ -279,6 +366,39 @@ TEST(CostSplit, AutoIsAConfigValueWithItsChecks) {
         << e.what();
   }
   EXPECT_THROW(parse_config("partition: {layers_per_stage: automatic}\n", "x.yaml"), ConfigError);
+
+  // partition.memory_budget: a size or a list of sizes, only with auto.
+  const TrainConfig one =
+      parse_config("partition: {layers_per_stage: auto, memory_budget: 2GiB}\n", "x.yaml");
+  EXPECT_EQ(one.partition.memory_budget, (std::vector<int64_t>{int64_t{2} << 30}));
+  EXPECT_EQ(parse_config(config_to_yaml(one), "again").partition.memory_budget,
+            one.partition.memory_budget);
+  const TrainConfig two = parse_config(
+      "partition: {layers_per_stage: auto, memory_budget: [512MiB, 4096]}\nschedule: {ranks: 2}\n",
+      "x.yaml");
+  EXPECT_EQ(two.partition.memory_budget, (std::vector<int64_t>{int64_t{512} << 20, 4096}));
+  const auto error = [](const std::string& yaml) {
+    try {
+      parse_config(yaml, "x.yaml");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error("partition: {memory_budget: 1GiB}\n"),
+            "x.yaml:1: partition.memory_budget: a budget for the split "
+            "partition.layers_per_stage auto chooses, but layers_per_stage is not auto; set it to "
+            "auto, or remove the budget (pipemat plan --memory-budget fits the remat policy of a "
+            "given split to a budget)");
+  EXPECT_EQ(error("schedule: {ranks: 2}\n"
+                  "partition: {layers_per_stage: auto, memory_budget: [1GiB, 1GiB, 1GiB]}\n"),
+            "x.yaml:2: partition.memory_budget: 3 sizes for 2 ranks (schedule.ranks); give one "
+            "for every rank or one per rank");
+  EXPECT_EQ(error("partition: {layers_per_stage: auto, memory_budget: 2TB}\n"),
+            "x.yaml:1: partition.memory_budget: memory size: unknown size unit 'TB' in '2TB'; use "
+            "B, KiB, MiB or GiB");
+  EXPECT_EQ(error("partition: {layers_per_stage: auto, memory_budget: [0]}\n"),
+            "x.yaml:1: partition.memory_budget[0]: '0' is not above 0 bytes");
 }
 
 }  // namespace

@@ -53,6 +53,18 @@ TrainConfig small_config(const std::string& kind, int ranks, const std::string& 
   return c;
 }
 
+// remat.stages naming c's policy for every model stage: each stage checkpoints, the last stage of
+// 1F1B and ZB-H1 too (Note [Replays that cannot lower a peak] drops those replays under
+// remat.policy alone).
+TrainConfig every_stage_checkpointed(TrainConfig c) {
+  const int chunks = c.schedule.kind == schedule::ScheduleKind::kZeroBubbleV
+                         ? 2
+                         : static_cast<int>(c.schedule.virtual_stages);
+  c.remat.stages.assign(static_cast<size_t>(c.schedule.ranks * chunks),
+                        models::StageRemat::named(c.remat.policy));
+  return c;
+}
+
 void expect_matches_reference(const TrainConfig& c) {
   TrainResult pipe = train_in_process(c, nullptr);
   TrainResult ref = train_reference(c, nullptr);
@@ -400,7 +412,7 @@ TEST(PipelineTrain, LazyRecomputeAndAdamWAlsoMatch) {
 
 TEST(PipelineTrain, ExecutionCountsPerStepWithSplitBackward) {
   // zb-h1 with pre-triggered recompute: I and W per micro-batch, one replay each.
-  auto c = small_config("zb-h1", 2, "rmsnorm-gemm", "selective");
+  auto c = every_stage_checkpointed(small_config("zb-h1", 2, "rmsnorm-gemm", "selective"));
   TrainResult r = train_in_process(c, nullptr);
   const int64_t units = c.model.layers * c.schedule.micro_batches;  // layer x micro-batch
   for (const auto& m : r.steps) {
@@ -416,7 +428,7 @@ TEST(PipelineTrain, EveryRematCounterIsSummedOverRanks) {
   // The save chain without early stop: s1..s3 keep no output (save_output=false), so each unit
   // forward records 3 output leaves and each replay, which runs to the end, hands out 3
   // placeholders; s4 keeps one tensor for its own backward. Both ranks' counts are summed.
-  auto c = small_config("1f1b", 2, "save-chain", "selective");
+  auto c = every_stage_checkpointed(small_config("1f1b", 2, "save-chain", "selective"));
   c.remat.early_stop = false;
   TrainResult r = train_in_process(c, nullptr);
   const int64_t units = c.model.layers * c.schedule.micro_batches;
@@ -432,7 +444,7 @@ TEST(PipelineTrain, EveryRematCounterIsSummedOverRanks) {
 }
 
 TEST(PipelineTrain, TraceShowsNoSlotSharedAcrossMicroBatches) {
-  auto c = small_config("zb-v", 2, "rmsnorm-gemm", "selective");
+  auto c = every_stage_checkpointed(small_config("zb-v", 2, "rmsnorm-gemm", "selective"));
   c.training.steps = 1;
   std::mutex mu;
   std::vector<std::string> lines;

@@ -159,6 +159,19 @@ void check_layers_per_stage(const TrainConfig& config, const ConfigReader& reade
                      "plan proposes a split and the remat policy together)");
     }
   }
+  const std::vector<int64_t>& budget = config.partition.memory_budget;
+  if (!budget.empty() && !config.partition.by_cost) {
+    reader.fail_at("partition.memory_budget",
+                   "a budget for the split partition.layers_per_stage auto chooses, but "
+                   "layers_per_stage is not auto; set it to auto, or remove the budget (pipemat "
+                   "plan --memory-budget fits the remat policy of a given split to a budget)");
+  }
+  if (budget.size() > 1 && budget.size() != static_cast<size_t>(config.schedule.ranks)) {
+    reader.fail_at("partition.memory_budget",
+                   std::to_string(budget.size()) + " sizes for " +
+                       std::to_string(config.schedule.ranks) +
+                       " ranks (schedule.ranks); give one for every rank or one per rank");
+  }
   if (!per_stage.empty()) {
     int64_t sum = 0;
     for (int64_t entry : per_stage) {

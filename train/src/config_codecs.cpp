@@ -238,4 +238,39 @@ Codec layer_split_codec() {
           }};
 }
 
+// partition.memory_budget: a size ("2GiB", "512MiB", 4096) or a list of them.
+Codec memory_budget_codec() {
+  return {"size or list of sizes",
+          [](ConfigReader& r, const YAML::Node& v, const std::string& key, TrainConfig& c) {
+            std::vector<int64_t>& budget = c.partition.memory_budget;
+            budget.clear();
+            const auto read_size = [&](const YAML::Node& item, const std::string& item_key) {
+              const std::string text = r.read_string(item, item_key, "a size such as 2GiB");
+              int64_t bytes = 0;
+              try {
+                bytes = parse_bytes(text, "memory size");
+              } catch (const ConfigError& e) {
+                r.fail(item_key, item.Mark(), e.what());
+              }
+              if (bytes <= 0) {
+                r.fail(item_key, item.Mark(), describe(item) + " is not above 0 bytes");
+              }
+              budget.push_back(bytes);
+            };
+            if (v.IsSequence()) {
+              r.for_each_item(v, key, "sizes, one for every rank or one per rank",
+                              [&](size_t, const std::string& item_key, const YAML::Node& item) {
+                                read_size(item, item_key);
+                              });
+            } else {
+              read_size(v, key);
+            }
+          },
+          [](YAML::Emitter& out, const TrainConfig& c) {
+            out << YAML::Flow << YAML::BeginSeq;
+            for (int64_t bytes : c.partition.memory_budget) out << bytes;
+            out << YAML::EndSeq;
+          }};
+}
+
 }  // namespace pipemat::train::config_detail

@@ -145,6 +145,12 @@ std::vector<ConfigField> partition_fields() {
        "count; `auto`: the contiguous split whose simulated step is shortest, from a profile of "
        "the layers, the embedding, the head and the loss in the run's precision and remat policy, "
        "taken before the run starts (Note [Split by cost], docs/performance.md)"},
+      {"partition", "memory_budget", memory_budget_codec(),
+       "sizes > 0 (e.g. `2GiB`, `512MiB`, bytes), one for every rank or one per rank; only with "
+       "`layers_per_stage: auto`",
+       "the bytes each rank may hold: `auto` takes the fastest split whose predicted peak "
+       "(weights, gradients, optimizer state and the schedule's activations) fits on every rank, "
+       "and an error naming the closest split when none does; empty: no budget"},
   };
 }
 

@@ -184,5 +184,6 @@ Codec stage_list();                      // remat.stages
 Codec timeout_codec();                   // transport.timeout: seconds in YAML
 Codec master_codec();                    // transport.master: host:port, or empty
 Codec layer_split_codec();               // partition.layers_per_stage: auto or counts
+Codec memory_budget_codec();             // partition.memory_budget: sizes
 
 }  // namespace pipemat::train::config_detail

@@ -71,7 +71,8 @@ std::string counts_text(const std::vector<int64_t>& counts) {
 }  // namespace
 
 CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind policy,
-                        schedule::RecomputeMode recompute) {
+                        schedule::RecomputeMode recompute,
+                        const std::vector<int64_t>& budget_bytes) {
   const plan::PlanProblem& problem = profiled.problem;
   PIPEMAT_CHECK(
       !profiled.config.partition.by_cost && profiled.config.partition.layers_per_stage.empty(),
@@ -80,6 +81,7 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
       "(layers_per_stage empty)");
   PIPEMAT_CHECK(problem.layers.size() == profiled.is_layer.size() &&
                     problem.layers.size() == problem.stage_of_layer.size() &&
+                    problem.layers.size() == profiled.entry_fixed_bytes.size() &&
                     !problem.layers.empty(),
                 ConfigError, "partition.layers_per_stage auto: a malformed profile");
   const std::vector<int> choice = uniform_choice(profiled, policy);
@@ -93,37 +95,73 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
   split.message_cost = problem.message_cost;
   split.parallel_ranks = problem.parallel_ranks;  // Note [Shared cores]
   split.shared_speed = problem.shared_speed;
+  const int ranks = problem.schedule.ranks;
+  PIPEMAT_CHECK(budget_bytes.empty() || budget_bytes.size() == 1 ||
+                    budget_bytes.size() == static_cast<size_t>(ranks),
+                ConfigError, "partition.memory_budget: ", budget_bytes.size(), " budgets for ",
+                ranks, " ranks; give one for every rank or one per rank");
+  for (int r = 0; r < ranks && !budget_bytes.empty(); ++r) {
+    split.budget_bytes.push_back(static_cast<double>(
+        budget_bytes.size() == 1 ? budget_bytes[0] : budget_bytes[static_cast<size_t>(r)]));
+  }
   const plan::Candidate* first_entry = nullptr;
   const plan::Candidate* last_entry = nullptr;
+  double first_fixed = 0, last_fixed = 0;
   for (size_t l = 0; l < problem.layers.size(); ++l) {
     const int s = problem.stage_of_layer[l];
     const auto& candidates = problem.layers[l].candidates;
     if (!profiled.is_layer[l]) {
       PIPEMAT_CHECK(!candidates.empty(), ConfigError, "partition.layers_per_stage auto: stage ", s,
                     " has no profile");
-      if (s == 0) first_entry = &candidates.front();
-      if (s == stages - 1) last_entry = &candidates.front();
+      if (s == 0) {
+        first_entry = &candidates.front();
+        first_fixed = profiled.entry_fixed_bytes[l];
+      }
+      if (s == stages - 1) {
+        last_entry = &candidates.front();
+        last_fixed = profiled.entry_fixed_bytes[l];
+      }
       continue;
     }
     ++out.parameter_split[static_cast<size_t>(s)];
-    split.layers.push_back(
-        {problem.layers[l].layer, candidates.at(static_cast<size_t>(choice[l])), 0.0});
+    split.layers.push_back({problem.layers[l].layer, candidates.at(static_cast<size_t>(choice[l])),
+                            profiled.entry_fixed_bytes[l]});
   }
   PIPEMAT_CHECK(first_entry != nullptr && last_entry != nullptr && !split.layers.empty(),
                 ConfigError, "partition.layers_per_stage auto: the profile holds no stage entries");
   add_entry(split.layers.front().cost, *first_entry);
-  if (last_entry != first_entry) add_entry(split.layers.back().cost, *last_entry);  // 1 stage
+  split.layers.front().fixed_bytes += first_fixed;
+  if (last_entry != first_entry) {  // 1 stage: one entry
+    add_entry(split.layers.back().cost, *last_entry);
+    split.layers.back().fixed_bytes += last_fixed;
+  }
   for (int64_t n : out.parameter_split) split.reference.push_back(static_cast<int>(n));
-  const plan::SplitResult chosen = plan::choose_split(split);
+  plan::SplitResult chosen;
+  try {
+    chosen = plan::choose_split(split);
+  } catch (const ConfigError& e) {
+    if (split.budget_bytes.empty()) throw;
+    PIPEMAT_THROW(ConfigError, "partition.memory_budget: ", e.what());
+  }
+  const plan::SplitResult parameter = plan::evaluate_split(split, split.reference);
   out.parameter_step_ms = chosen.reference_step;
   out.simulations = chosen.simulations;
-  out.kept_parameter_split = chosen.reference_step <= chosen.step * (1 + kMinGain);
+  out.parameter_peak_bytes = parameter.peak_bytes;
+  out.parameter_fits = true;
+  for (size_t r = 0; r < split.budget_bytes.size(); ++r) {
+    out.parameter_fits = out.parameter_fits && parameter.peak_bytes[r] <= split.budget_bytes[r];
+  }
+  out.budget_bytes = split.budget_bytes;
+  out.kept_parameter_split =
+      out.parameter_fits && chosen.reference_step <= chosen.step * (1 + kMinGain);
   if (out.kept_parameter_split) {
     out.layers_per_stage = out.parameter_split;
     out.step_ms = chosen.reference_step;
+    out.peak_bytes = parameter.peak_bytes;
   } else {
     for (int n : chosen.layers_per_stage) out.layers_per_stage.push_back(n);
     out.step_ms = chosen.step;
+    out.peak_bytes = chosen.peak_bytes;
   }
   return out;
 }
@@ -142,7 +180,8 @@ CostSplit choose_cost_split(const TrainConfig& config, const PlanOptions& option
   only.save_sets = {selective_save_leaves(config)};
   if (only.save_sets.front().empty()) only.save_sets.clear();
   const PlanReport report = profile_plan(parameter_split, only);
-  return cost_split_of(report, config.remat.policy, config.schedule.recompute);
+  return cost_split_of(report, config.remat.policy, config.schedule.recompute,
+                       config.partition.memory_budget);
 }
 
 std::string describe_cost_split(const CostSplit& split) {
@@ -155,6 +194,18 @@ std::string describe_cost_split(const CostSplit& split) {
   }
   if (split.kept_parameter_split) {
     s += "; kept: no split is predicted " + format_fixed(kMinGain * 100, 0) + " % faster";
+  }
+  if (!split.budget_bytes.empty()) {
+    const auto bytes = [](const std::vector<double>& v) {
+      std::vector<std::string> parts;
+      for (double b : v) parts.push_back(format_bytes(static_cast<int64_t>(b)));
+      return "[" + join(parts, ", ") + "]";
+    };
+    s += "; predicted peak per rank " + bytes(split.peak_bytes) + " within the budget " +
+         bytes(split.budget_bytes);
+    if (!split.parameter_fits) {
+      s += " (the parameter split's " + bytes(split.parameter_peak_bytes) + " does not fit)";
+    }
   }
   return s;
 }

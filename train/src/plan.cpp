@@ -196,18 +196,28 @@ plan::Candidate stage_rest(const pp::StageProfile& whole, const plan::Candidate&
 
 // Appends stage `s` to the problem: its fixed entry `rest`, then each of its layers with the
 // layer kind's candidates.
+// `stage_fixed` and `layer_fixed`: the stage's and one layer's held_bytes_of.
 void add_stage_entries(PlanReport& report, int s, const LayerKind& kind,
-                       const std::vector<plan::Candidate>& candidates, plan::Candidate rest) {
+                       const std::vector<plan::Candidate>& candidates, plan::Candidate rest,
+                       double stage_fixed, double layer_fixed) {
   plan::PlanProblem& problem = report.problem;
+  const int64_t first = kind.bounds[static_cast<size_t>(s)];
+  const int64_t end = kind.bounds[static_cast<size_t>(s) + 1];
   problem.layers.push_back({"stage " + std::to_string(s), {std::move(rest)}});
   problem.stage_of_layer.push_back(s);
   report.is_layer.push_back(false);
-  for (int64_t l = kind.bounds[static_cast<size_t>(s)]; l < kind.bounds[static_cast<size_t>(s) + 1];
-       ++l) {
+  report.entry_fixed_bytes.push_back(stage_fixed - static_cast<double>(end - first) * layer_fixed);
+  for (int64_t l = first; l < end; ++l) {
     problem.layers.push_back({kind.prefix + "." + std::to_string(l), candidates});
     problem.stage_of_layer.push_back(s);
     report.is_layer.push_back(true);
+    report.entry_fixed_bytes.push_back(layer_fixed);
   }
+}
+
+// What `params` parameters hold for the whole step: weights, gradients and optimizer state.
+double held_bytes_of(double params, const TrainingOptions& training) {
+  return params * kFloatBytes * (2 + optimizer_states(training));
 }
 
 // Profiles every stage of `run` (each on the outputs of the one before) into the problem, and
@@ -223,6 +233,11 @@ std::vector<std::vector<at::Tensor>> profile_stages(PlanReport& report, const Mo
   const int ranks = static_cast<int>(config.schedule.ranks);
   const int stages = plan_schedule.stages_count;
   const plan::Candidate& none = layer.profile.candidates.front();
+  double layer_params = 0;
+  for (const auto& p : kind.make().ptr()->parameters()) {
+    layer_params += static_cast<double>(p.numel());
+  }
+  const double layer_fixed = held_bytes_of(layer_params, config.training);
   problem.fixed_bytes.assign(static_cast<size_t>(ranks), 0.0);
   problem.stage_bytes.assign(static_cast<size_t>(stages), {});
   problem.message_cost = options.message_ms;
@@ -250,7 +265,8 @@ std::vector<std::vector<at::Tensor>> profile_stages(PlanReport& report, const Mo
     problem.stage_bytes[static_cast<size_t>(s)] = stage_bytes(whole, gradients);
     const int64_t layers =
         kind.bounds[static_cast<size_t>(s) + 1] - kind.bounds[static_cast<size_t>(s)];
-    add_stage_entries(report, s, kind, layer.profile.candidates, stage_rest(whole, none, layers));
+    add_stage_entries(report, s, kind, layer.profile.candidates, stage_rest(whole, none, layers),
+                      held_bytes_of(params, config.training), layer_fixed);
   }
   return rank_params;
 }
@@ -378,8 +394,12 @@ std::vector<int> uniform_choice(const PlanReport& report, models::RematPolicyKin
 
 TrainConfig uniform_config(const PlanReport& report, models::RematPolicyKind policy) {
   TrainConfig config = report.config;
-  config.remat.stages.clear();
   config.remat.policy = policy;
+  // Every stage by name, so that the run checkpoints every stage as the prediction does (Note
+  // [Replays that cannot lower a peak] would drop the replays of some under remat.policy).
+  const int stages =
+      report.problem.stage_of_layer.empty() ? 0 : report.problem.stage_of_layer.back() + 1;
+  config.remat.stages.assign(static_cast<size_t>(stages), models::StageRemat::named(policy));
   return config;
 }
 

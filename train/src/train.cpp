@@ -31,6 +31,7 @@
 #include "pipemat/pp/compute.h"
 #include "pipemat/pp/device.h"
 #include "pipemat/remat/memory.h"
+#include "pipemat/schedule/schedule.h"
 #include "pipemat/schedule/torch_csv.h"
 #include "pipemat/train/config.h"
 #include "pipemat/train/generate.h"
@@ -168,6 +169,37 @@ void add_run_options(pp::PipelineOptions& options, const TrainConfig& config, co
   options.gradient_bucket_bytes = config.parallel.bucket_bytes;
   options.weight_tail = config.parallel.weight_tail;
   options.shard_optimizer = config.parallel.shard_optimizer;
+}
+
+// Note [Replays that cannot lower a peak] (pipemat/schedule/schedule.h): with remat.policy
+// selective or full for every stage (no remat.stages) and pre-triggered recompute, a stage whose
+// every forward is followed by its own replay runs without a checkpoint; `options.stage_remat`
+// gets an empty policy for it. The stages, ascending.
+std::vector<int> drop_replays_without_gain(pp::PipelineOptions& options,
+                                           const TrainConfig& config) {
+  const models::RematPolicyKind policy = config.remat.policy;
+  if (!config.remat.stages.empty() ||
+      config.schedule.recompute != schedule::RecomputeMode::kPretrigger ||
+      (policy != models::RematPolicyKind::kSelective && policy != models::RematPolicyKind::kFull)) {
+    return {};
+  }
+  std::vector<int> stages =
+      schedule::stages_whose_replay_follows_forward(pp::executed_schedule(options));
+  if (static_cast<int>(stages.size()) == pp::stage_count(options)) return {};  // keep the policy
+  for (int s : stages) options.stage_remat[s] = remat::RematPolicy{};
+  return stages;
+}
+
+// "remat: selective on every stage but 1: ..." for drop_replays_without_gain's stages.
+std::string describe_dropped_replays(const std::vector<int>& stages, const TrainConfig& config) {
+  std::vector<std::string> names;
+  for (int s : stages) names.push_back(std::to_string(s));
+  const bool one = stages.size() == 1;
+  return std::string("remat: ") + to_string(config.remat.policy) + " on every stage but " +
+         join(names, ", ") + (one ? ", which runs" : ", which run") +
+         " without a checkpoint: each of " + (one ? "its" : "their") +
+         " forwards is followed by its own pre-triggered replay, so a replay would lower no "
+         "peak (remat.stages gives every stage its policy by hand)";
 }
 
 // The rank's index among the ranks of its host, which `training.device: cuda` maps to a GPU:
@@ -410,7 +442,11 @@ std::optional<CostSplit> share_cost_split(TrainConfig& config, comm::Transport& 
                             {"parameter_split", split.parameter_split},
                             {"parameter_step_ms", split.parameter_step_ms},
                             {"simulations", split.simulations},
-                            {"kept", split.kept_parameter_split}}
+                            {"kept", split.kept_parameter_split},
+                            {"budget_bytes", split.budget_bytes},
+                            {"peak_bytes", split.peak_bytes},
+                            {"parameter_peak_bytes", split.parameter_peak_bytes},
+                            {"parameter_fits", split.parameter_fits}}
           .dump();
     } catch (const ConfigError&) {
       throw;
@@ -427,10 +463,15 @@ std::optional<CostSplit> share_cost_split(TrainConfig& config, comm::Transport& 
     split.parameter_step_ms = j.at("parameter_step_ms").get<double>();
     split.simulations = j.at("simulations").get<long long>();
     split.kept_parameter_split = j.at("kept").get<bool>();
+    split.budget_bytes = j.at("budget_bytes").get<std::vector<double>>();
+    split.peak_bytes = j.at("peak_bytes").get<std::vector<double>>();
+    split.parameter_peak_bytes = j.at("parameter_peak_bytes").get<std::vector<double>>();
+    split.parameter_fits = j.at("parameter_fits").get<bool>();
   } catch (const nlohmann::json::exception& e) {
     PIPEMAT_THROW(CommError, "rank 0 sent a malformed split: ", e.what());
   }
   config.partition.by_cost = false;
+  config.partition.memory_budget.clear();  // met by the counts
   config.partition.layers_per_stage = split.layers_per_stage;
   return split;
 }
@@ -456,6 +497,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   pp::PipelineOptions options = schedule_options(resolved);
   const ModelRun run = make_model_run(config, pp::stage_count(options));
   add_run_options(options, config, run, layout);
+  const std::vector<int> no_replay = drop_replays_without_gain(options, config);
   options.device = device;
   options.precision = config.training.precision;
   // training.init_from: the whole model's names and shapes, to check the file against, before
@@ -497,6 +539,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
                    place_of_device(options.device, config.training.device), options.precision});
     *r.talk << "model: " << run.summary << "\n";
     if (cost_split) *r.talk << describe_cost_split(*cost_split) << "\n";
+    if (!no_replay.empty()) *r.talk << describe_dropped_replays(no_replay, config) << "\n";
     *r.talk << std::flush;
   }
   const std::string metadata = config_to_yaml(given);

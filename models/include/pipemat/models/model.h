@@ -75,6 +75,9 @@ struct PartitionOptions {
   // `layers_per_stage: auto`: train chooses the counts by measured cost (Note [Split by cost] in
   // pipemat/train/plan.h) before any stage is built; the partition functions refuse it.
   bool by_cost = false;
+  // `partition.memory_budget`, bytes per rank (one for every rank, or one per rank; empty: no
+  // budget): the split `auto` chooses must fit it. Only with by_cost.
+  std::vector<int64_t> memory_budget;
 };
 
 // Which modules recompute. `none`: no checkpoint. `full`: every layer a checkpoint unit.

@@ -708,4 +708,8 @@ inline int stage_stream(const PipelineStage& stage) {
 // Number of model stages the options give (ranks x virtual stages, or the imported list's).
 int stage_count(const PipelineOptions& options);
 
+// The schedule a Pipeline of `options` executes: the generated one, or options.actions with R
+// actions for schedule.recompute, lowered to communication; validated (ScheduleError).
+schedule::Schedule executed_schedule(const PipelineOptions& options);
+
 }  // namespace pipemat::pp

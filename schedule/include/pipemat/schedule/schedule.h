@@ -162,6 +162,25 @@ void validate_schedule(const Schedule& schedule);
 // already holds R actions and `mode` is not kPretrigger.
 Schedule insert_recompute(Schedule schedule, RecomputeMode mode);
 
+// Note [Replays that cannot lower a peak]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A pre-triggered R(s,i) replays the whole checkpointed forward of (s,i) at once, and its B / I
+// runs on the replayed tensors. When every F(s,i) of stage s is followed on its rank by R(s,i)
+// as the next compute action (the last stage of 1F1B and ZB-H1: F(i) R(i) B(i), one micro-batch
+// at a time), nothing else computes on the rank while the stage holds its forward's tensors:
+// without a checkpoint the rank holds them from F to B; with one it holds the saved tensors from
+// F, then the saved and the replayed ones from R to B, which is as much or more (a profiled
+// candidate's resident plus replayed bytes against none's resident bytes, pipemat/pp/profile.h),
+// and B allocates the same on top. Only a forward whose own temporaries rise above the
+// backward's could set a higher peak without the checkpoint; in the transformer blocks here the
+// backward's are the larger. So the checkpoint costs the replay and lowers no peak. (Under
+// `lazy` recompute a stage replays one unit at a time inside its backward, which does lower its
+// peak; such a schedule has no R actions.) A run whose every stage is such (one rank) keeps its
+// policy: there `lazy` recompute is what lowers the peak.
+
+// The stages (ascending) of `schedule` with R actions for which this holds.
+std::vector<int> stages_whose_replay_follows_forward(const Schedule& schedule);
+
 // Adds SEND_*/RECV_* actions for every cross-rank edge of a compute-only schedule: the SEND
 // right after its producer; the RECV at the earlier of "one compute action ahead of its
 // consumer" and "when the sender sends in a unit-cost run", never between a pre-triggered R and

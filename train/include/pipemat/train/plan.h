@@ -100,9 +100,13 @@ struct UniformPrediction {
 };
 
 struct PlanReport {
-  std::string summary;                    // model, schedule, what was profiled
-  plan::PlanProblem problem;              // Note [Plan inputs]; layer names are global
-  std::vector<bool> is_layer;             // per problem layer: false for the "stage s" entries
+  std::string summary;         // model, schedule, what was profiled
+  plan::PlanProblem problem;   // Note [Plan inputs]; layer names are global
+  std::vector<bool> is_layer;  // per problem layer: false for the "stage s" entries
+  // Per problem layer: the bytes it holds for the whole step, its parameters x (2 + optimizer
+  // states) x 4 (weights, gradients, optimizer state; a stage entry: its stage's besides the
+  // layers'). The cost split's budget counts them (Note [Split by cost]).
+  std::vector<double> entry_fixed_bytes;
   std::vector<pp::LayerPolicy> policies;  // per candidate of a layer (same for every layer)
   int selective = -1;  // the candidate remat.policy selective runs (-1: the layer has none)
   plan::PlanResult result;
@@ -158,6 +162,14 @@ Calibration calibrate_plan(PlanReport& report, const CalibrationOptions& options
 // predicted at least kMinGain faster: the profile's timer noise is of that order, and where the
 // ranks share cores every split's step is close to the total work over the cores. What the
 // prediction leaves out: the step tails (optimizer step, clipping), the same for every split.
+// With `partition.memory_budget` (bytes per rank) the split is the fastest whose predicted peak
+// fits on every rank, and the parameter split is kept only when it fits too. A rank's predicted
+// peak is its layers' weights, gradients and optimizer state (held the whole step; the first
+// and last stage's own, the embedding's and the head's, on their end layers) plus the
+// activation peak of Note [Plan memory] over the schedule's action order. It leaves out the
+// stage temporaries and received messages that `pipemat plan` adds (StageBytes): a budget with
+// room to spare is the safe one. A budget no split fits is an error naming the split that
+// comes closest.
 // In a job, rank 0 profiles and chooses, and sends every rank the split (or its error), so all
 // ranks build the same stages.
 constexpr double kMinGain = 0.03;
@@ -169,14 +181,23 @@ struct CostSplit {
   double parameter_step_ms = 0;           // its predicted step
   long long simulations = 0;              // by the search
   bool kept_parameter_split = false;      // no split was predicted kMinGain faster
-  std::string summary;                    // what was profiled (PlanReport::summary)
+  // partition.memory_budget per rank (empty: none), the predicted peak per rank of the chosen
+  // split and of the parameter split, and whether the parameter split fits the budget.
+  std::vector<double> budget_bytes;
+  std::vector<double> peak_bytes;
+  std::vector<double> parameter_peak_bytes;
+  bool parameter_fits = true;
+  std::string summary;  // what was profiled (PlanReport::summary)
 };
 
 // The split of a report profiled on the parameter split (profile_plan of a config whose
-// layers_per_stage is empty) for a uniform remat `policy`. ConfigError for a report of another
-// split, a policy the report has no candidate for, or from plan::choose_split.
+// layers_per_stage is empty) for a uniform remat `policy`, within `budget_bytes` (one for every
+// rank or one per rank; empty: no budget). ConfigError for a report of another split, a policy
+// the report has no candidate for, budgets not one or one per rank, or from plan::choose_split
+// (a budget no split fits, naming the split that comes closest).
 CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind policy,
-                        schedule::RecomputeMode recompute);
+                        schedule::RecomputeMode recompute,
+                        const std::vector<int64_t>& budget_bytes = {});
 
 // profile_plan on `config`'s parameter split, then cost_split_of its remat.policy. ConfigError
 // for a config the split cannot take (remat.policy custom, remat.stages, schedule.csv).
