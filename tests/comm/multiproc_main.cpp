@@ -4,10 +4,12 @@
 //   comm_multiproc <scenario> --transport tcp --spawn N      (starts N local processes)
 //   comm_multiproc expect-failure <seconds> -- <command...> (the command must fail, in time)
 //
-// Scenarios: exchange, mismatch, silent, alive (mpi), peer_exit, bench, progress, driven (mpi),
-// groups (mpi, 4 ranks). Exit code 0 = pass. Every check prints "rank R: ..." on failure.
+// Scenarios: exchange, mismatch, silent, alive (mpi), peer_exit, bench, progress, idle (mpi),
+// driven (mpi), groups (mpi, 4 ranks). Exit code 0 = pass. Every check prints "rank R: ..." on
+// failure.
 
 #include <ATen/ATen.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -269,6 +271,44 @@ void scenario_progress(pc::Transport& t) {
   t.barrier();
 }
 
+// Note [Idle progress rounds]: a receive posted long before its message comes costs its computing
+// rank few wake-ups, and the message still moves at once when it comes. Rank 0 posts a receive
+// and computes (sleeps) for 800 ms; rank 1 sends 4 MiB 400 ms after the barrier. The send
+// completes while rank 0 still computes, and rank 0's process switches context voluntarily
+// fewer than 1,000 times over the 800 ms (2,295 with a round every 100 us, before the idle
+// rounds).
+void scenario_idle(pc::Transport& t) {
+  constexpr size_t kBytes = size_t{4} << 20;
+  std::vector<uint8_t> data(kBytes);
+  t.barrier();
+  if (t.rank() == 0) {
+    pc::WorkPtr recv = t.recv(1, 9, data.data(), data.size());
+    rusage before{}, after{};
+    getrusage(RUSAGE_SELF, &before);
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));  // "computing"
+    getrusage(RUSAGE_SELF, &after);
+    recv->wait();
+    const long switches = after.ru_nvcsw - before.ru_nvcsw;
+    std::cerr << "rank 0: " << switches << " voluntary context switches in 800 ms of computing\n";
+    CHECK_THAT(switches < 1000, switches << " voluntary context switches while one receive "
+                                            "waited: the progress thread did not idle");
+    bool intact = true;
+    for (size_t i = 0; i < kBytes; i += 4093) intact = intact && data[i] == uint8_t(i * 7);
+    CHECK_THAT(intact, "the received bytes differ from the sent ones");
+  } else if (t.rank() == 1) {
+    for (size_t i = 0; i < kBytes; ++i) data[i] = uint8_t(i * 7);
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    const auto start = Clock::now();
+    t.send(0, 9, data.data(), data.size())->wait();
+    const double took = seconds_since(start);
+    std::cerr << "rank 1: a 4 MiB send to a rank computing for 400 ms already completed in "
+              << took * 1000 << " ms\n";
+    CHECK_THAT(took < 0.2,
+               "the send took " << took * 1000 << " ms: the idle receiver did not find it at once");
+  }
+  t.barrier();
+}
+
 // A thread blocked in wait() drives its transfer itself (Note [MPI progress thread]); it does not
 // sleep while only the progress thread moves the message. Run with a progress interval of an
 // hour (main sets it for this scenario): the progress thread does one round when work is posted
@@ -340,7 +380,7 @@ void scenario_driven(pc::Transport& t) {
 
 int usage() {
   std::cerr << "usage: comm_multiproc "
-               "<exchange|mismatch|silent|peer_exit|bench|progress|driven|groups|lanes> "
+               "<exchange|mismatch|silent|peer_exit|bench|progress|idle|driven|groups|lanes> "
                "--transport mpi|tcp [--spawn N]\n"
                "       comm_multiproc expect-failure <seconds> -- <command...>\n";
   return 2;
@@ -510,6 +550,8 @@ int main(int argc, char** argv) {
       scenario_bench(*transport);
     } else if (scenario == "progress") {
       scenario_progress(*transport);
+    } else if (scenario == "idle") {
+      scenario_idle(*transport);
     } else if (scenario == "driven") {
       scenario_driven(*transport);
     } else if (scenario == "groups") {

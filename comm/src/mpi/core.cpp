@@ -78,9 +78,28 @@ void MpiCore::post_recv(const std::shared_ptr<MpiWork>& work) {
   auto lock = acquire();
   if (!check_usable(work)) return;
   const WorkInfo& info = work->info();
+  work->posted = Clock::now();
   unmatched_[{info.peer, info.tag}].push_back(work);
   progress_locked();
   pending_.notify_one();
+}
+
+Clock::duration MpiCore::next_round_locked(Clock::duration interval) const {
+  // Note [Idle progress rounds].
+  constexpr auto kMaxIdleRound = std::chrono::milliseconds(2);
+  constexpr int kIdleFraction = 16;
+  if (!active_.empty() || unmatched_.empty() ||
+      match_waiters_.load(std::memory_order_relaxed) > 0) {
+    return interval;
+  }
+  Clock::time_point oldest = Clock::time_point::max();
+  for (const auto& [key, queue] : unmatched_) {
+    if (!queue.empty()) oldest = std::min(oldest, queue.front()->posted);
+  }
+  if (oldest == Clock::time_point::max()) return interval;
+  const Clock::duration idle = (Clock::now() - oldest) / kIdleFraction;
+  return std::clamp<Clock::duration>(idle, interval,
+                                     std::max<Clock::duration>(interval, kMaxIdleRound));
 }
 
 MpiCore::~MpiCore() { stop_progress_thread(); }
@@ -110,6 +129,7 @@ void MpiCore::start_progress_thread(std::chrono::microseconds interval,
           if (stopping_) return;
           if (pending()) {
             progress_locked();
+            sleep = next_round_locked(interval);
           } else {
             beat_locked();
           }
@@ -119,6 +139,7 @@ void MpiCore::start_progress_thread(std::chrono::microseconds interval,
           pending_.wait(lock, pending);
           if (stopping_) return;
           progress_locked();
+          sleep = next_round_locked(interval);
         }
       }
       // Sleep for the interval (at most until the next heartbeat), and for as long as a waiter
@@ -262,8 +283,12 @@ bool MpiCore::wait(MpiWork& work, Clock::time_point deadline) {
     const auto now = Clock::now();
     if (now >= deadline) return false;
     if (!work.started && now - start >= kMatchSpin) {
+      // Note [Idle progress rounds]: while it sleeps here the progress thread runs its rounds
+      // at the interval; woken, so that a longer idle sleep of the thread ends now.
+      if (match_waiters_.fetch_add(1, std::memory_order_relaxed) == 0) stop_.notify_all();
       matched_.wait_until(lock, std::min(deadline, now + kIdlePoll),
                           [&] { return work.started || work.done(); });
+      match_waiters_.fetch_sub(1, std::memory_order_relaxed);
       continue;
     }
     if (work.started && started_at == Clock::time_point{}) started_at = now;

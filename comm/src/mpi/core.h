@@ -59,6 +59,18 @@
 // over three sets. comm_mpi_driven_np2 holds the change: with a progress interval of an hour,
 // 16 MiB exchanges complete only because their waiters drive them.
 
+// Note [Idle progress rounds]
+// While every pending operation is a receive whose message has not arrived and no thread waits
+// for one, a round only asks MPI_Improbe whether a message came: the rank computes, and each
+// wake-up takes its core from the computing thread (mpirun binds a rank's threads to one core).
+// A rank of a real-size model computes for hundreds of milliseconds per action with its next
+// receive posted, which is thousands of wake-ups a step at a 100 us interval. Then the thread
+// sleeps a sixteenth of the time the oldest such receive has been waiting, between the interval
+// and kMaxIdleRound (2 ms): a message is found at most 1/16 of its wait later, or 2 ms, and a
+// 300 ms wait costs about a hundred rounds instead of three thousand. A started operation (a
+// send, a matched receive: the fragments of a large message need a round each) or a thread
+// asleep on an unmatched receive (MpiCore::wait; it wakes the thread) brings back the interval.
+
 // The C API only; the deprecated C++ bindings would add link dependencies for nothing.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -95,6 +107,7 @@ class MpiWork final : public SpanWork {
   // Under MpiCore's mutex: true once `request` is an MPI request (an MPI_Isend, or a receive
   // matched by MPI_Improbe and started with MPI_Imrecv); false while a receive is unmatched.
   bool started = false;
+  Clock::time_point posted{};  // when post_recv queued it (Note [Idle progress rounds])
 
   using Work::done;
 
@@ -179,15 +192,19 @@ class MpiCore {
                           const MPI_Status& status);
   void complete(MpiWork& work);
 
+  // Note [Idle progress rounds]: the progress thread's sleep after a round, under the mutex.
+  Clock::duration next_round_locked(Clock::duration interval) const;
+
   // Locks mutex_, counted in wanted_ while it waits (a driving waiter lets it in).
   std::unique_lock<std::mutex> acquire();
   void lock_counted(std::unique_lock<std::mutex>& lock);  // the same for a lock of mutex_
 
   std::mutex mutex_;
-  std::atomic<int> wanted_{0};       // threads waiting for mutex_ (acquire(), a waiter)
-  std::atomic<int> drivers_{0};      // waiters driving a started operation (MpiCore::wait)
-  std::condition_variable pending_;  // signalled when an operation is posted or on stop
-  std::condition_variable matched_;  // signalled when unmatched receives started or finished
+  std::atomic<int> wanted_{0};         // threads waiting for mutex_ (acquire(), a waiter)
+  std::atomic<int> drivers_{0};        // waiters driving a started operation (MpiCore::wait)
+  std::atomic<int> match_waiters_{0};  // waiters asleep until their receive is matched
+  std::condition_variable pending_;    // signalled when an operation is posted or on stop
+  std::condition_variable matched_;    // signalled when unmatched receives started or finished
   std::chrono::microseconds interval_{0};
   bool stopping_ = false;
   std::mutex stop_mutex_;  // the progress thread's sleep between rounds
