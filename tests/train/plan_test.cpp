@@ -223,28 +223,33 @@ PlanReport head_heavy_report(double stage_fixed = 0, double layer_fixed = 0) {
   return report;
 }
 
+// The split problem cost_split_of makes of head_heavy_report (without bytes): layers.0 gets
+// stage 0's entry: F 1.1, I 1 - 1.5 < 0 moved to W: I 0, W 1 + 0.2 - 0.5 = 0.7; B (I + W of
+// each) 2 + (-1.3) = 0.7; layers.8 stage 2's, F = I = W = 1 + 4.
+plan::SplitProblem head_heavy_split_problem(const PlanReport& report) {
+  plan::SplitProblem problem;
+  problem.schedule = report.problem.schedule;
+  for (int l = 0; l < 9; ++l) {
+    plan::LayerCost layer{"layers." + std::to_string(l), split_candidate(1.0, 1.0, 1.0), 0.0};
+    layer.cost.backward = 2.0;
+    problem.layers.push_back(layer);
+  }
+  problem.layers[0].cost = split_candidate(1.1, 0.0, 0.7);
+  problem.layers[0].cost.backward = 0.7;
+  problem.layers[8].cost = split_candidate(5.0, 5.0, 5.0);
+  problem.layers[8].cost.backward = 10.0;
+  return problem;
+}
+
 // Note [Split by cost]: the first stage's entry goes to the first layer (a negative I moved to
 // W), the last stage's to the last layer, the middle stages' entries are left out; the split is
 // the best of every contiguous split of those costs, and the parameter split is the profile's.
 TEST(CostSplit, StageEntriesGoToTheEndLayersAndTheSplitIsTheBestOfAll) {
   const PlanReport report = head_heavy_report();
-  const auto candidate = split_candidate;
   const CostSplit got =
       cost_split_of(report, models::RematPolicyKind::kNone, schedule::RecomputeMode::kNone);
   EXPECT_EQ(got.parameter_split, (std::vector<int64_t>{3, 3, 3}));
-  plan::SplitProblem problem;
-  problem.schedule = report.problem.schedule;
-  for (int l = 0; l < 9; ++l) {
-    plan::LayerCost layer{"layers." + std::to_string(l), candidate(1.0, 1.0, 1.0), 0.0};
-    layer.cost.backward = 2.0;
-    problem.layers.push_back(layer);
-  }
-  // layers.0: F 1.1, I 1 - 1.5 < 0 moved to W: I 0, W 1 + 0.2 - 0.5 = 0.7; B (I + W of each)
-  // 2 + (-1.3) = 0.7.
-  problem.layers[0].cost = candidate(1.1, 0.0, 0.7);
-  problem.layers[0].cost.backward = 0.7;
-  problem.layers[8].cost = candidate(5.0, 5.0, 5.0);
-  problem.layers[8].cost.backward = 10.0;
+  const plan::SplitProblem problem = head_heavy_split_problem(report);
   double best = 1e300;
   std::vector<int> best_split;
   for (int a = 1; a <= 7; ++a) {
@@ -291,17 +296,7 @@ TEST(CostSplit, ABudgetRulesOutFasterSplitsAndOneNothingFitsIsAnError) {
   const CostSplit fit =
       cost_split_of(report, models::RematPolicyKind::kNone, schedule::RecomputeMode::kNone, {120});
   // Every split with a <= 2 and c <= 2 fits 120 B; the fastest of them by enumeration.
-  plan::SplitProblem problem;
-  problem.schedule = report.problem.schedule;
-  for (int l = 0; l < 9; ++l) {
-    plan::LayerCost layer{"layers." + std::to_string(l), split_candidate(1.0, 1.0, 1.0), 0.0};
-    layer.cost.backward = 2.0;
-    problem.layers.push_back(layer);
-  }
-  problem.layers[0].cost = split_candidate(1.1, 0.0, 0.7);
-  problem.layers[0].cost.backward = 0.7;
-  problem.layers[8].cost = split_candidate(5.0, 5.0, 5.0);
-  problem.layers[8].cost.backward = 10.0;
+  const plan::SplitProblem problem = head_heavy_split_problem(report);
   double best = 1e300;
   std::vector<int64_t> best_split;
   for (int a = 1; a <= 2; ++a) {
