@@ -257,14 +257,19 @@ models::RematPolicyKind proposal_policy(const train::TrainConfig& config) {
              : config.remat.policy;
 }
 
-std::optional<train::CostSplit> split_first(train::TrainConfig& config,
-                                            const train::PlanOptions& options) {
-  if (!config.partition.by_cost) return std::nullopt;
+// `config` with proposal_policy on every stage.
+train::TrainConfig with_proposal_policy(const train::TrainConfig& config) {
   train::TrainConfig uniform = config;
   uniform.remat.policy = proposal_policy(config);
   uniform.remat.custom = {};
   uniform.remat.stages.clear();
-  train::CostSplit split = train::choose_cost_split(uniform, options);
+  return uniform;
+}
+
+std::optional<train::CostSplit> split_first(train::TrainConfig& config,
+                                            const train::PlanOptions& options) {
+  if (!config.partition.by_cost) return std::nullopt;
+  train::CostSplit split = train::choose_cost_split(with_proposal_policy(config), options);
   config.partition.by_cost = false;
   config.partition.memory_budget.clear();  // met by the counts
   config.partition.layers_per_stage = split.layers_per_stage;
@@ -279,11 +284,8 @@ std::optional<train::CostSplit> proposal_beside(const train::TrainConfig& config
   if (policy != models::RematPolicyKind::kSelective || report.selective >= 0) {
     return train::cost_split_of(report, policy, config.schedule.recompute);
   }
-  train::TrainConfig uniform = config;  // the plan profiled other SAVE sets: one more profile
-  uniform.remat.policy = policy;
-  uniform.remat.custom = {};
-  uniform.remat.stages.clear();
-  return train::choose_cost_split(uniform, options);
+  // The plan profiled other SAVE sets: one more profile.
+  return train::choose_cost_split(with_proposal_policy(config), options);
 }
 
 void run_plan_command(PlanFlags& f) {

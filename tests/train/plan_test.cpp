@@ -334,9 +334,14 @@ TEST(CostSplit, ABudgetRulesOutFasterSplitsAndOneNothingFitsIsAnError) {
               "fits the memory budget; the closest (layers per stage 1,7,1) peaks at 110 B on "
               "rank 0, whose budget is 105 B.");
   }
-  EXPECT_THROW(
-      cost_split_of(report, models::RematPolicyKind::kNone, schedule::RecomputeMode::kNone, {1, 2}),
-      ConfigError);
+  try {
+    cost_split_of(report, models::RematPolicyKind::kNone, schedule::RecomputeMode::kNone, {1, 2});
+    ADD_FAILURE() << "2 budgets for 3 ranks";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "partition.memory_budget: 2 memory budgets for 3 ranks; give one for every rank "
+                 "or one per rank");
+  }
 }
 
 TEST(CostSplit, AutoIsAConfigValueWithItsChecks) {

@@ -95,14 +95,9 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
   split.message_cost = problem.message_cost;
   split.parallel_ranks = problem.parallel_ranks;  // Note [Shared cores]
   split.shared_speed = problem.shared_speed;
-  const int ranks = problem.schedule.ranks;
-  PIPEMAT_CHECK(budget_bytes.empty() || budget_bytes.size() == 1 ||
-                    budget_bytes.size() == static_cast<size_t>(ranks),
-                ConfigError, "partition.memory_budget: ", budget_bytes.size(), " budgets for ",
-                ranks, " ranks; give one for every rank or one per rank");
-  for (int r = 0; r < ranks && !budget_bytes.empty(); ++r) {
-    split.budget_bytes.push_back(static_cast<double>(
-        budget_bytes.size() == 1 ? budget_bytes[0] : budget_bytes[static_cast<size_t>(r)]));
+  if (!budget_bytes.empty()) {
+    split.budget_bytes =
+        budgets_per_rank(budget_bytes, problem.schedule.ranks, "partition.memory_budget");
   }
   const plan::Candidate* first_entry = nullptr;
   const plan::Candidate* last_entry = nullptr;
@@ -144,7 +139,7 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
     PIPEMAT_THROW(ConfigError, "partition.memory_budget: ", e.what());
   }
   const plan::SplitResult parameter = plan::evaluate_split(split, split.reference);
-  out.parameter_step_ms = chosen.reference_step;
+  out.parameter_step_ms = parameter.step;
   out.simulations = chosen.simulations;
   out.parameter_peak_bytes = parameter.peak_bytes;
   out.parameter_fits = true;
@@ -152,11 +147,10 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
     out.parameter_fits = out.parameter_fits && parameter.peak_bytes[r] <= split.budget_bytes[r];
   }
   out.budget_bytes = split.budget_bytes;
-  out.kept_parameter_split =
-      out.parameter_fits && chosen.reference_step <= chosen.step * (1 + kMinGain);
+  out.kept_parameter_split = out.parameter_fits && parameter.step <= chosen.step * (1 + kMinGain);
   if (out.kept_parameter_split) {
     out.layers_per_stage = out.parameter_split;
-    out.step_ms = chosen.reference_step;
+    out.step_ms = parameter.step;
     out.peak_bytes = parameter.peak_bytes;
   } else {
     for (int n : chosen.layers_per_stage) out.layers_per_stage.push_back(n);

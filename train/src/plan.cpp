@@ -132,15 +132,6 @@ double optimizer_ms(const TrainingOptions& training, const std::vector<at::Tenso
   return times[times.size() / 2];
 }
 
-void check_budgets(const std::vector<int64_t>& budget_bytes, int ranks) {
-  PIPEMAT_CHECK(budget_bytes.size() == 1 || budget_bytes.size() == static_cast<size_t>(ranks),
-                ConfigError, "plan: ", budget_bytes.size(), " memory budgets for ", ranks,
-                " ranks; give one for every rank or one per rank");
-  for (int64_t b : budget_bytes) {
-    PIPEMAT_CHECK(b > 0, ConfigError, "plan: a memory budget must be > 0 bytes, got ", b);
-  }
-}
-
 // The candidates of one layer of the kind. Note [Plan inputs]: every candidate gets the times
 // of `none` for F, I, W and B (only what it keeps and replays differs).
 pp::LayerCandidates profile_layer_kind(const LayerKind& kind, const PlanOptions& options,
@@ -296,8 +287,22 @@ std::string plan_summary(const PlanReport& report, const std::string& model_summ
 
 }  // namespace
 
+std::vector<double> budgets_per_rank(const std::vector<int64_t>& budget_bytes, int ranks,
+                                     const std::string& who) {
+  PIPEMAT_CHECK(budget_bytes.size() == 1 || budget_bytes.size() == static_cast<size_t>(ranks),
+                ConfigError, who, ": ", budget_bytes.size(), " memory budgets for ", ranks,
+                " ranks; give one for every rank or one per rank");
+  std::vector<double> out;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t b = budget_bytes[budget_bytes.size() == 1 ? 0 : static_cast<size_t>(r)];
+    PIPEMAT_CHECK(b > 0, ConfigError, who, ": a memory budget must be > 0 bytes, got ", b);
+    out.push_back(static_cast<double>(b));
+  }
+  return out;
+}
+
 PlanReport run_plan(const TrainConfig& config, const PlanOptions& options) {
-  check_budgets(options.budget_bytes, static_cast<int>(config.schedule.ranks));
+  budgets_per_rank(options.budget_bytes, static_cast<int>(config.schedule.ranks), "plan");
   PlanReport report = profile_plan(config, options);
   solve_plan(report, options.budget_bytes);
   return report;
@@ -358,12 +363,7 @@ PlanReport profile_plan(const TrainConfig& given, const PlanOptions& options) {
 void solve_plan(PlanReport& report, const std::vector<int64_t>& budget_bytes) {
   plan::PlanProblem& problem = report.problem;
   const int ranks = static_cast<int>(problem.schedule.ranks);
-  check_budgets(budget_bytes, ranks);
-  problem.budget_bytes.clear();
-  for (int r = 0; r < ranks; ++r) {
-    problem.budget_bytes.push_back(static_cast<double>(
-        budget_bytes.size() == 1 ? budget_bytes[0] : budget_bytes[static_cast<size_t>(r)]));
-  }
+  problem.budget_bytes = budgets_per_rank(budget_bytes, ranks, "plan");
   report.uniform.clear();
   for (models::RematPolicyKind policy : uniform_policies(report)) {
     report.uniform.push_back(

@@ -124,6 +124,11 @@ PlanReport run_plan(const TrainConfig& config, const PlanOptions& options);
 // left empty. One profile serves any number of budgets.
 PlanReport profile_plan(const TrainConfig& config, const PlanOptions& options);
 
+// One budget for every rank or one per rank, each > 0, as one per rank; ConfigError naming
+// `who` otherwise.
+std::vector<double> budgets_per_rank(const std::vector<int64_t>& budget_bytes, int ranks,
+                                     const std::string& who);
+
 // The solving half, on a profiled report: sets the budgets (one for every rank or one per rank),
 // predicts the uniform policies, solves, and writes the plan into report.config.
 void solve_plan(PlanReport& report, const std::vector<int64_t>& budget_bytes);
