@@ -8,8 +8,10 @@
 # over R rounds (default 2); and the measured speedup of the cost split. The cases: the main job
 # (configs/default.yaml) on 2 and 4 ranks (1f1b), and a Llama whose head and loss cost several
 # blocks (configs/llama.yaml: vocab 16000 and 8 blocks on 2 ranks, vocab 8000 and 16 blocks on
-# 4). The machine and its load come first (compare only within one run; 4 ranks on fewer cores
-# share them, which the prediction leaves out).
+# 4), and a Llama of SmolLM-135M's shape (vocab 49,152, 30 blocks, hidden 576, tied embeddings;
+# bf16 on 2 ranks: about 40 s a step here, so it runs only when asked, --only smollm, best with
+# fewer steps).
+# The machine and its load come first (compare only within one run).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 steps=12 warmup=4 rounds=2 only=""
@@ -19,7 +21,7 @@ while [ $# -gt 0 ]; do
     --warmup) warmup="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench-split: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -37,7 +39,8 @@ common=(--set sample.tokens=0 --set 'output.loss_svg=""' --set training.eval_eve
 cases=("main job|2|configs/default.yaml|"
        "main job|4|configs/default.yaml|--set schedule.ranks=4"
        "llama vocab 16000, 8 blocks|2|configs/llama.yaml|--set model.vocab=16000 --set model.layers=8"
-       "llama vocab 8000, 16 blocks|4|configs/llama.yaml|--set model.vocab=8000 --set model.layers=16 --set schedule.ranks=4")
+       "llama vocab 8000, 16 blocks|4|configs/llama.yaml|--set model.vocab=8000 --set model.layers=16 --set schedule.ranks=4"
+       "smollm-135m shape, bf16|2|configs/llama.yaml|--set model.vocab=49152 --set model.layers=30 --set model.hidden=576 --set model.heads=9 --set model.kv_heads=3 --set model.ffn=1536 --set model.seq_len=256 --set model.tie_embeddings=true --set training.precision=bf16")
 median() { python3 -c "import statistics,sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
 # The median step_ms of a metrics file after the warm-up steps.
 measured() {
@@ -50,6 +53,7 @@ EOF
 for entry in "${cases[@]}"; do
   IFS='|' read -r name n config sets <<<"$entry"
   [ -z "$only" ] || [[ "$name" == *"$only"* ]] || continue
+  [ -n "$only" ] || [[ "$name" != smollm* ]] || continue  # only when asked
   param=() cost=() line=""
   for ((round = 0; round < rounds; ++round)); do
     # shellcheck disable=SC2086

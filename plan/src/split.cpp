@@ -28,7 +28,7 @@ std::string split_text(const std::vector<int>& counts) {
   return out;
 }
 
-void check_value(const std::string& layer, const char* field, double value) {
+void check_value(const std::string& layer, const std::string& field, double value) {
   PIPEMAT_CHECK(std::isfinite(value) && value >= 0, ConfigError, "split: layer '", layer, "' ",
                 field, " must be a finite number >= 0, got ", value, ".");
 }
@@ -39,18 +39,28 @@ void check_layers(const SplitProblem& problem, const schedule::Schedule& schedul
                 "split: ", problem.layers.size(), " layers cannot fill ", stages, " stages (",
                 schedule.ranks_count, " ranks x ", schedule.virtual_stages,
                 " virtual stages); every stage needs at least one layer.");
+  for (size_t k = 0; k < problem.stages_without_replay.size(); ++k) {
+    const int s = problem.stages_without_replay[k];
+    PIPEMAT_CHECK(s >= 0 && s < stages && (k == 0 || s > problem.stages_without_replay[k - 1]),
+                  ConfigError, "split: stages_without_replay must be ascending stages below ",
+                  stages, ", got ", s, " at index ", k, ".");
+  }
+  const bool without_replay = !problem.stages_without_replay.empty();
   for (const LayerCost& l : problem.layers) {
-    const Candidate& c = l.cost;
-    check_value(l.layer, "forward", c.forward);
-    check_value(l.layer, "backward_input", c.backward_input);
-    check_value(l.layer, "backward_weight", c.backward_weight);
-    check_value(l.layer, "recompute", c.recompute);
-    check_value(l.layer, "backward", c.backward);
-    check_value(l.layer, "resident_bytes", c.resident_bytes);
-    check_value(l.layer, "replayed_bytes", c.replayed_bytes);
-    check_value(l.layer, "forward_temporary_bytes", c.forward_temporary_bytes);
-    check_value(l.layer, "recompute_temporary_bytes", c.recompute_temporary_bytes);
-    check_value(l.layer, "backward_temporary_bytes", c.backward_temporary_bytes);
+    for (const Candidate* c : {&l.cost, without_replay ? &l.without_replay : nullptr}) {
+      if (c == nullptr) continue;
+      const std::string in = c == &l.cost ? "" : "without_replay.";
+      check_value(l.layer, in + "forward", c->forward);
+      check_value(l.layer, in + "backward_input", c->backward_input);
+      check_value(l.layer, in + "backward_weight", c->backward_weight);
+      check_value(l.layer, in + "recompute", c->recompute);
+      check_value(l.layer, in + "backward", c->backward);
+      check_value(l.layer, in + "resident_bytes", c->resident_bytes);
+      check_value(l.layer, in + "replayed_bytes", c->replayed_bytes);
+      check_value(l.layer, in + "forward_temporary_bytes", c->forward_temporary_bytes);
+      check_value(l.layer, in + "recompute_temporary_bytes", c->recompute_temporary_bytes);
+      check_value(l.layer, in + "backward_temporary_bytes", c->backward_temporary_bytes);
+    }
     check_value(l.layer, "fixed_bytes", l.fixed_bytes);
   }
   PIPEMAT_CHECK(std::isfinite(problem.message_cost) && problem.message_cost >= 0, ConfigError,
@@ -98,6 +108,7 @@ struct SplitSearch {
   };
   std::vector<Counts> action_counts;
   std::vector<double> least_work;  // per layer: its smallest work on any stage
+  std::vector<bool> without_replay;  // per stage: its layers cost LayerCost::without_replay
   bool budgeted = false;
   long long simulations = 0;
 
@@ -147,11 +158,15 @@ struct SplitSearch {
             break;
         }
       }
-    for (const LayerCost& l : p.layers) {
-      StageSums one;
-      one.add(l.cost);
+    without_replay.assign(schedule.stages_count, false);
+    for (int s : p.stages_without_replay) without_replay[s] = true;
+    for (size_t l = 0; l < p.layers.size(); ++l) {
       double least = kInf;
-      for (int s = 0; s < schedule.stages_count; ++s) least = std::min(least, work(s, one));
+      for (int s = 0; s < schedule.stages_count; ++s) {
+        StageSums one;
+        one.add(cost_on(s, l));
+        least = std::min(least, work(s, one));
+      }
       least_work.push_back(least);
     }
     budgeted = !p.budget_bytes.empty();
@@ -162,6 +177,11 @@ struct SplitSearch {
     split.assign(schedule.stages_count, 0);
     sums.assign(schedule.stages_count, StageSums{});
     fixed.assign(schedule.ranks_count, 0.0);
+  }
+
+  // Layer `l`'s cost on `stage`.
+  const Candidate& cost_on(int stage, size_t l) const {
+    return without_replay[stage] ? problem.layers[l].without_replay : problem.layers[l].cost;
   }
 
   // Note [Shared cores]: fewer ranks compute at once than there are.
@@ -203,7 +223,7 @@ struct SplitSearch {
           least.backward = kInf;
       for (size_t l = lo; l <= hi; ++l) {
         StageSums one;
-        one.add(problem.layers[l].cost);
+        one.add(cost_on(k, l));
         least.forward = std::min(least.forward, one.forward);
         least.backward_input = std::min(least.backward_input, one.backward_input);
         least.backward_weight = std::min(least.backward_weight, one.backward_weight);
@@ -266,7 +286,7 @@ struct SplitSearch {
   void place(int stage, size_t first, int count) {
     split[stage] = count;
     for (int k = 0; k < count; ++k) {
-      sums[stage].add(problem.layers[first + k].cost);
+      sums[stage].add(cost_on(stage, first + k));
       fixed[schedule.rank_of(stage)] += problem.layers[first + k].fixed_bytes;
     }
   }
@@ -341,7 +361,7 @@ struct SplitSearch {
     std::vector<std::vector<int>> cut(stages, std::vector<int>(layers + 1, 0));
     auto stage_work = [&](int s, int from, int to) {
       StageSums sum;
-      for (int l = from; l < to; ++l) sum.add(problem.layers[l].cost);
+      for (int l = from; l < to; ++l) sum.add(cost_on(s, static_cast<size_t>(l)));
       return work(s, sum);
     };
     for (int n = 1; n <= layers; ++n) cost[0][n] = stage_work(0, 0, n);

@@ -62,7 +62,8 @@ void compositions(int layers, int stages, std::vector<int>* prefix,
 }
 
 // The step of one split, written out here: each stage's costs summed over its layers in model
-// order, the schedule simulated, the latest rank's last end.
+// order (the layers' without_replay costs on the stages without replay), the schedule
+// simulated, the latest rank's last end.
 double brute_step(const SplitProblem& p, const schedule::Schedule& sched,
                   const std::vector<int>& split) {
   std::vector<schedule::CostModel> costs;
@@ -71,8 +72,11 @@ double brute_step(const SplitProblem& p, const schedule::Schedule& sched,
     schedule::CostModel c;
     c.forward = c.backward_input = c.backward_weight = 0.0;
     double r = 0.0, b = 0.0;
+    const int stage = static_cast<int>(costs.size());
+    const bool plain = std::find(p.stages_without_replay.begin(), p.stages_without_replay.end(),
+                                 stage) != p.stages_without_replay.end();
     for (int k = 0; k < count; ++k) {
-      const Candidate& l = p.layers[first + k].cost;
+      const Candidate& l = plain ? p.layers[first + k].without_replay : p.layers[first + k].cost;
       c.forward += l.forward;
       c.backward_input += l.backward_input;
       c.backward_weight += l.backward_weight;
@@ -167,6 +171,44 @@ TEST(PlanSplit, EqualsEnumerationOfEverySplit) {
     }
   }
   EXPECT_GT(cases, 100);
+}
+
+// Stages a run leaves without a checkpoint (the last of 1F1B and ZB-H1 with pre-triggered
+// recompute) cost their layers' without_replay candidates: the search still equals enumerating
+// every split, and it chooses otherwise than with the replay counted there.
+TEST(PlanSplit, StagesWithoutReplayEqualEnumerationOfEverySplit) {
+  std::mt19937 rng(5656);
+  int cases = 0, shorter = 0, moved = 0;
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1}) {
+    for (int ranks = 2; ranks <= 4; ++ranks) {
+      for (int layers = std::max(4, ranks); layers <= 12; layers += 2) {
+        SplitProblem p = problem_of(kind, ranks, 2 * ranks, random_layers(&rng, layers, false));
+        p.schedule.recompute = RecomputeMode::kPretrigger;
+        p.message_cost = 0.25;
+        for (LayerCost& l : p.layers) {
+          l.without_replay = l.cost;
+          l.without_replay.recompute = 0.0;
+        }
+        const SplitResult replayed = choose_split(p);
+        p.stages_without_replay = {ranks - 1};
+        SCOPED_TRACE(std::string(schedule::to_string(kind)) + ", " + std::to_string(ranks) +
+                     " ranks, " + std::to_string(layers) + " layers");
+        const Brute want = brute_force(p);
+        const SplitResult got = choose_split(p);
+        EXPECT_EQ(got.layers_per_stage, want.split);
+        EXPECT_EQ(got.step, want.step);
+        EXPECT_EQ(evaluate_split(p, got.layers_per_stage).step, want.step);
+        EXPECT_LE(got.step, replayed.step);
+        shorter += got.step < replayed.step;
+        moved += got.layers_per_stage != replayed.layers_per_stage;
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 30);
+  std::cout << "shorter " << shorter << " moved " << moved << "\n";
+  EXPECT_GT(shorter, 25) << "the last stage's replays are gone";
+  EXPECT_GT(moved, 5) << "counting the replays on the last stage changes the split";
 }
 
 // Note [Shared cores]: 4 ranks on 2 cores, at 0.8 speed while others compute; the search without
@@ -362,6 +404,19 @@ TEST(PlanSplit, Errors) {
   nan_bytes[0].fixed_bytes = std::nan("");
   EXPECT_EQ(message(problem_of(ScheduleKind::kOneFOneB, 2, 4, nan_bytes)),
             "split: layer 'layers.0' fixed_bytes must be a finite number >= 0, got nan.");
+
+  SplitProblem beyond = problem_of(ScheduleKind::kOneFOneB, 2, 4, three);
+  beyond.stages_without_replay = {2};
+  EXPECT_EQ(message(beyond),
+            "split: stages_without_replay must be ascending stages below 2, got 2 at index 0.");
+  beyond.stages_without_replay = {1, 1};
+  EXPECT_EQ(message(beyond),
+            "split: stages_without_replay must be ascending stages below 2, got 1 at index 1.");
+  beyond.stages_without_replay = {1};
+  beyond.layers[0].without_replay.recompute = -2;
+  EXPECT_EQ(message(beyond),
+            "split: layer 'layers.0' without_replay.recompute must be a finite number >= 0, got "
+            "-2.");
 
   SplitProblem tight = memory_problem();
   tight.budget_bytes = {5, 5};

@@ -230,7 +230,9 @@ plan::SplitProblem head_heavy_split_problem(const PlanReport& report) {
   plan::SplitProblem problem;
   problem.schedule = report.problem.schedule;
   for (int l = 0; l < 9; ++l) {
-    plan::LayerCost layer{"layers." + std::to_string(l), split_candidate(1.0, 1.0, 1.0), 0.0};
+    plan::LayerCost layer;
+    layer.layer = "layers." + std::to_string(l);
+    layer.cost = split_candidate(1.0, 1.0, 1.0);
     layer.cost.backward = 2.0;
     problem.layers.push_back(layer);
   }
@@ -272,6 +274,50 @@ TEST(CostSplit, StageEntriesGoToTheEndLayersAndTheSplitIsTheBestOfAll) {
   EXPECT_THROW(
       cost_split_of(report, models::RematPolicyKind::kSelective, schedule::RecomputeMode::kNone),
       ConfigError);
+}
+
+// Note [Replays that cannot lower a peak]: with remat.policy full and pre-triggered recompute
+// the run leaves the last stage of 1F1B without a checkpoint, so the cost split counts its
+// layers' none candidates there and the others' full ones (a replay of F 1 each): its choice
+// and step are enumeration's over that problem, and not those of the replays on every stage.
+TEST(CostSplit, TheLastStageOf1F1BIsCountedWithoutItsReplays) {
+  PlanReport report = head_heavy_report();
+  for (size_t l = 0; l < report.problem.layers.size(); ++l) {
+    if (!report.is_layer[l]) continue;
+    plan::Candidate full = split_candidate(1.0, 1.0, 1.0);
+    full.name = "full";
+    full.recompute = 1.0;
+    report.problem.layers[l].candidates.push_back(full);
+  }
+  const CostSplit got =
+      cost_split_of(report, models::RematPolicyKind::kFull, schedule::RecomputeMode::kPretrigger);
+  plan::SplitProblem problem = head_heavy_split_problem(report);
+  problem.schedule.recompute = schedule::RecomputeMode::kPretrigger;
+  for (plan::LayerCost& layer : problem.layers) {
+    layer.without_replay = layer.cost;
+    layer.cost.recompute = 1.0;
+  }
+  plan::SplitProblem replayed = problem;
+  problem.stages_without_replay = {2};
+  double best = 1e300, best_replayed = 1e300;
+  std::vector<int> best_split;
+  for (int a = 1; a <= 7; ++a) {
+    for (int b = 1; a + b <= 8; ++b) {
+      const double step = plan::evaluate_split(problem, {a, b, 9 - a - b}).step;
+      if (step < best) best = step, best_split = {a, b, 9 - a - b};
+      best_replayed =
+          std::min(best_replayed, plan::evaluate_split(replayed, {a, b, 9 - a - b}).step);
+    }
+  }
+  EXPECT_EQ(got.step_ms, best);
+  EXPECT_EQ(std::vector<int64_t>(best_split.begin(), best_split.end()), got.layers_per_stage);
+  EXPECT_EQ(got.parameter_step_ms, plan::evaluate_split(problem, {3, 3, 3}).step);
+  EXPECT_LT(got.step_ms, best_replayed) << "the last stage runs no replay";
+  // Lazy recompute replays inside the backward on every stage: none is left out.
+  const CostSplit lazy =
+      cost_split_of(report, models::RematPolicyKind::kFull, schedule::RecomputeMode::kLazy);
+  replayed.schedule.recompute = schedule::RecomputeMode::kLazy;
+  EXPECT_EQ(lazy.parameter_step_ms, plan::evaluate_split(replayed, {3, 3, 3}).step);
 }
 
 // partition.memory_budget: the split is the fastest of those whose every rank's peak (its

@@ -10,6 +10,7 @@
 #include "pipemat/models/zoo_stages.h"
 #include "pipemat/plan/split.h"
 #include "pipemat/train/plan.h"
+#include "pipemat/train/train.h"
 
 namespace pipemat::train {
 namespace {
@@ -85,6 +86,7 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
                     !problem.layers.empty(),
                 ConfigError, "partition.layers_per_stage auto: a malformed profile");
   const std::vector<int> choice = uniform_choice(profiled, policy);
+  const std::vector<int> plain = uniform_choice(profiled, models::RematPolicyKind::kNone);
   const int stages = problem.stage_of_layer.back() + 1;
   CostSplit out;
   out.summary = profiled.summary;
@@ -95,6 +97,12 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
   split.message_cost = problem.message_cost;
   split.parallel_ranks = problem.parallel_ranks;  // Note [Shared cores]
   split.shared_speed = problem.shared_speed;
+  // The stages the run leaves without a checkpoint, the same on every split (they follow from
+  // the schedule alone).
+  models::RematConfig remat;
+  remat.policy = policy;
+  split.stages_without_replay =
+      stages_without_replay(remat, recompute, schedule::build_schedule(split.schedule));
   if (!budget_bytes.empty()) {
     split.budget_bytes =
         budgets_per_rank(budget_bytes, problem.schedule.ranks, "partition.memory_budget");
@@ -120,14 +128,17 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
     }
     ++out.parameter_split[static_cast<size_t>(s)];
     split.layers.push_back({problem.layers[l].layer, candidates.at(static_cast<size_t>(choice[l])),
-                            profiled.entry_fixed_bytes[l]});
+                            profiled.entry_fixed_bytes[l],
+                            candidates.at(static_cast<size_t>(plain[l]))});
   }
   PIPEMAT_CHECK(first_entry != nullptr && last_entry != nullptr && !split.layers.empty(),
                 ConfigError, "partition.layers_per_stage auto: the profile holds no stage entries");
   add_entry(split.layers.front().cost, *first_entry);
+  add_entry(split.layers.front().without_replay, *first_entry);
   split.layers.front().fixed_bytes += first_fixed;
   if (last_entry != first_entry) {  // 1 stage: one entry
     add_entry(split.layers.back().cost, *last_entry);
+    add_entry(split.layers.back().without_replay, *last_entry);
     split.layers.back().fixed_bytes += last_fixed;
   }
   for (int64_t n : out.parameter_split) split.reference.push_back(static_cast<int>(n));

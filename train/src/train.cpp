@@ -143,6 +143,19 @@ ResolvedSchedule resolve_schedule(const TrainConfig& config) {
   return out;
 }
 
+std::vector<int> stages_without_replay(const models::RematConfig& remat,
+                                       schedule::RecomputeMode recompute,
+                                       const schedule::Schedule& schedule) {
+  if (!remat.stages.empty() || recompute != schedule::RecomputeMode::kPretrigger ||
+      (remat.policy != models::RematPolicyKind::kSelective &&
+       remat.policy != models::RematPolicyKind::kFull)) {
+    return {};
+  }
+  std::vector<int> stages = schedule::stages_whose_replay_follows_forward(schedule);
+  if (static_cast<int>(stages.size()) == schedule.stages_count) return {};  // keep the policy
+  return stages;
+}
+
 namespace {
 
 // The schedule part of the pipeline's options: it fixes the stage count the model is built for.
@@ -171,21 +184,11 @@ void add_run_options(pp::PipelineOptions& options, const TrainConfig& config, co
   options.shard_optimizer = config.parallel.shard_optimizer;
 }
 
-// Note [Replays that cannot lower a peak] (pipemat/schedule/schedule.h): with remat.policy
-// selective or full for every stage (no remat.stages) and pre-triggered recompute, a stage whose
-// every forward is followed by its own replay runs without a checkpoint; `options.stage_remat`
-// gets an empty policy for it. The stages, ascending.
+// stages_without_replay of the run: `options.stage_remat` gets an empty policy for each.
 std::vector<int> drop_replays_without_gain(pp::PipelineOptions& options,
                                            const TrainConfig& config) {
-  const models::RematPolicyKind policy = config.remat.policy;
-  if (!config.remat.stages.empty() ||
-      config.schedule.recompute != schedule::RecomputeMode::kPretrigger ||
-      (policy != models::RematPolicyKind::kSelective && policy != models::RematPolicyKind::kFull)) {
-    return {};
-  }
-  std::vector<int> stages =
-      schedule::stages_whose_replay_follows_forward(pp::executed_schedule(options));
-  if (static_cast<int>(stages.size()) == pp::stage_count(options)) return {};  // keep the policy
+  const std::vector<int> stages = stages_without_replay(
+      config.remat, config.schedule.recompute, pp::executed_schedule(options));
   for (int s : stages) options.stage_remat[s] = remat::RematPolicy{};
   return stages;
 }

@@ -5,7 +5,9 @@
 // Note [Cost split]
 // ~~~~~~~~~~~~~~~~~
 // Cost model. Each layer has one measured Candidate (times of one micro-batch: F, I, W, B, R;
-// bytes as in Note [Plan memory]) and fixed bytes (its weights and optimizer state). A stage's
+// bytes as in Note [Plan memory]) and fixed bytes (its weights and optimizer state); on the
+// stages a run leaves without a checkpoint (SplitProblem::stages_without_replay) a layer costs
+// its second Candidate, that of no checkpoint, instead. A stage's
 // costs are the sums over its layers, added in model order (StageSums, as Note [Plan step]
 // does); a message between stages costs `message_cost`. The step of a split is
 // schedule::simulate of build_schedule(schedule) with those per-stage CostModels; a rank's peak
@@ -52,6 +54,9 @@ struct LayerCost {
   std::string layer;       // module path, e.g. "layers.3"
   Candidate cost;          // one micro-batch's times and bytes (the name is not used)
   double fixed_bytes = 0;  // weights + optimizer state, on the rank that holds the layer
+  // The layer without a checkpoint, on the stages of SplitProblem::stages_without_replay (used
+  // only there).
+  Candidate without_replay;
 };
 
 struct SplitProblem {
@@ -67,6 +72,10 @@ struct SplitProblem {
   double shared_speed = 1.0;
   // Layers per stage of a split to compare with (e.g. the parameter-balanced one); empty: none.
   std::vector<int> reference;
+  // Model stages whose layers cost their LayerCost::without_replay wherever the split puts them
+  // (a run that leaves those stages without a checkpoint, Note [Replays that cannot lower a
+  // peak] in pipemat/schedule/schedule.h); ascending, each below the schedule's stage count.
+  std::vector<int> stages_without_replay;
 };
 
 struct SplitResult {

@@ -166,10 +166,12 @@ Calibration calibrate_plan(PlanReport& report, const CalibrationOptions& options
 // 4 ranks on 2 cores compute 2 at a time). The parameter split is kept unless the chosen one is
 // predicted at least kMinGain faster: the profile's timer noise is of that order, and where the
 // ranks share cores every split's step is close to the total work over the cores. What the
-// prediction leaves out: the step tails (optimizer step, clipping), the same for every split;
-// and it counts the run's policy on every stage, where the run leaves the replays out of a stage
-// whose replays cannot lower its peak (Note [Replays that cannot lower a peak]; the last stage of
-// 1F1B and ZB-H1), so with selective or full its step is a little long there.
+// prediction leaves out the step tails (optimizer step, clipping), the same for every split.
+// The stages the run leaves without a checkpoint because their replays cannot lower a peak
+// (stages_without_replay in pipemat/train/train.h, Note [Replays that cannot lower a peak]: the
+// last stage of 1F1B and ZB-H1 with selective or full) follow from the schedule alone, so they
+// are the same on every split; there each layer costs its `none` candidate
+// (plan::SplitProblem::stages_without_replay), elsewhere the run's policy's.
 // With `partition.memory_budget` (bytes per rank) the split is the fastest whose predicted peak
 // fits on every rank, and the parameter split is kept only when it fits too. A rank's predicted
 // peak is its layers' weights, gradients and optimizer state (held the whole step; the first

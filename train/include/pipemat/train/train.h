@@ -197,6 +197,15 @@ struct ResolvedSchedule {
 };
 ResolvedSchedule resolve_schedule(const TrainConfig& config);
 
+// Note [Replays that cannot lower a peak] (pipemat/schedule/schedule.h): with `remat.policy`
+// selective or full for every stage (no remat.stages) and `recompute` pretrigger, the stages
+// (ascending) of `schedule` that the run leaves without a checkpoint: those whose every forward is
+// followed by its own replay, unless that is every stage (one rank keeps its policy). Empty
+// otherwise. The run (train_on) and the cost split (Note [Split by cost]) both take them from here.
+std::vector<int> stages_without_replay(const models::RematConfig& remat,
+                                       schedule::RecomputeMode recompute,
+                                       const schedule::Schedule& schedule);
+
 // The JSON line of one step: {"step":..,"loss":..,"step_ms":..,"bubble":..,"peak_bytes":..,...}
 // with "val_loss" after "loss" when the step was followed by an evaluation.
 std::string metrics_json(const StepMetrics& m,
