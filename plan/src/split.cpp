@@ -107,7 +107,7 @@ struct SplitSearch {
     double f = 0, i = 0, w = 0, r = 0, b = 0;
   };
   std::vector<Counts> action_counts;
-  std::vector<double> least_work;  // per layer: its smallest work on any stage
+  std::vector<double> least_work;    // per layer: its smallest work on any stage
   std::vector<bool> without_replay;  // per stage: its layers cost LayerCost::without_replay
   bool budgeted = false;
   long long simulations = 0;

@@ -187,8 +187,8 @@ void add_run_options(pp::PipelineOptions& options, const TrainConfig& config, co
 // stages_without_replay of the run: `options.stage_remat` gets an empty policy for each.
 std::vector<int> drop_replays_without_gain(pp::PipelineOptions& options,
                                            const TrainConfig& config) {
-  const std::vector<int> stages = stages_without_replay(
-      config.remat, config.schedule.recompute, pp::executed_schedule(options));
+  const std::vector<int> stages = stages_without_replay(config.remat, config.schedule.recompute,
+                                                        pp::executed_schedule(options));
   for (int s : stages) options.stage_remat[s] = remat::RematPolicy{};
   return stages;
 }
