@@ -47,7 +47,7 @@ measured() {
   python3 - "$1" "$warmup" <<'EOF'
 import json, statistics, sys
 steps = [json.loads(line)["step_ms"] for line in open(sys.argv[1]) if line.strip()]
-print(statistics.median(steps[int(sys.argv[2]):]))
+print(round(statistics.median(steps[int(sys.argv[2]):]), 1))
 EOF
 }
 for entry in "${cases[@]}"; do
