@@ -306,6 +306,46 @@ void Pipeline::Impl::exchange_metrics(StepMetrics& m) {
   build_measured(m);
   m.step_ms = makespan;
   m.bubble = makespan > 0 ? 1.0 - busy / (plan.ranks_count * makespan) : 0.0;
+  if (options.trace_replicas && options.data_group != nullptr &&
+      options.data_group->world_size() > 1) {
+    gather_replica_timelines(m);
+  }
+}
+
+// The message: [step_ms and clock_start_us of every pipeline rank] (2 x ranks doubles), then
+// each pipeline rank's timeline and spans tensors.
+void Pipeline::Impl::gather_replica_timelines(StepMetrics& m) {
+  comm::Transport& group = *options.data_group;
+  const int ranks = plan.ranks_count;
+  if (group.rank() != 0) {
+    std::vector<double> times;
+    Tensors message = {at::Tensor()};
+    for (int r = 0; r < ranks; ++r) {
+      times.push_back(m.rank_step_ms[static_cast<size_t>(r)]);
+      times.push_back(m.rank_clock_start_us[static_cast<size_t>(r)]);
+      message.push_back(timeline_tensor(m.rank_timelines[static_cast<size_t>(r)]));
+      message.push_back(spans_tensor(m.rank_spans[static_cast<size_t>(r)]));
+    }
+    message[0] = at::tensor(times, at::kDouble);
+    comm::send_tensors(group, 0, kTimelinesTag, message).wait();
+    return;
+  }
+  m.replica_timelines.assign(static_cast<size_t>(group.world_size() - 1), {});
+  for (int d = 1; d < group.world_size(); ++d) {
+    Tensors got = comm::recv_tensors(group, d, kTimelinesTag).wait();
+    PIPEMAT_CHECK(got.size() == static_cast<size_t>(1 + 2 * ranks) && got[0].defined() &&
+                      got[0].numel() == 2 * ranks && got[0].scalar_type() == at::kDouble,
+                  CommError, "replica ", d,
+                  " sent malformed timelines to replica 0 (pipeline rank ", rank, ")");
+    PipelineTimelines& out = m.replica_timelines[static_cast<size_t>(d - 1)];
+    auto v = got[0].accessor<double, 1>();
+    for (int r = 0; r < ranks; ++r) {
+      out.step_ms.push_back(v[2 * r]);
+      out.clock_start_us.push_back(v[2 * r + 1]);
+      out.timelines.push_back(timeline_of(got[static_cast<size_t>(1 + 2 * r)], r));
+      out.spans.push_back(spans_of(got[static_cast<size_t>(2 + 2 * r)], r));
+    }
+  }
 }
 
 }  // namespace pipemat::pp

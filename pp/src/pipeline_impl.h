@@ -119,9 +119,10 @@ struct Pipeline::Impl {
     kGradientsTag,
     kLossTag,
     kEvalTag,
-    kGatherTag,  // Note [Sharded optimizer]: the updated slices
-    kNormsTag,   // ... the gradient norms
-    kPiecesTag,  // ... pieces of a parameter cut by a slice boundary, to its norm's replica
+    kGatherTag,     // Note [Sharded optimizer]: the updated slices
+    kNormsTag,      // ... the gradient norms
+    kPiecesTag,     // ... pieces of a parameter cut by a slice boundary, to its norm's replica
+    kTimelinesTag,  // PipelineOptions::trace_replicas: a replica's timelines, to replica 0
   };
   // What replica `from` sent has the count, dtypes and shapes of this replica's `mine` (`what`
   // names it in the error; step -1: outside a step).
@@ -269,6 +270,9 @@ struct Pipeline::Impl {
   double share_loss(double loss);
   void build_measured(StepMetrics& m) const;
   void exchange_metrics(StepMetrics& m);
+  // PipelineOptions::trace_replicas, on the last stage's rank after exchange_metrics: replicas
+  // 1 .. D-1 send their timelines to replica 0, which fills m.replica_timelines.
+  void gather_replica_timelines(StepMetrics& m);
 
   // evaluate.cpp
   EvalResult evaluate(const DataSource& data, const EvalOptions& eo);

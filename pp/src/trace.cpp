@@ -104,7 +104,10 @@ Track track_of(StepPart part) {
 
 }  // namespace
 
-ChromeTrace::ChromeTrace(schedule::Schedule plan) : plan_(std::move(plan)) {}
+ChromeTrace::ChromeTrace(schedule::Schedule plan, int replicas)
+    : plan_(std::move(plan)), replicas_(replicas) {
+  PIPEMAT_CHECK(replicas >= 1, PipelineError, "trace: ", replicas, " replicas; at least 1");
+}
 
 std::string ChromeTrace::begin() const {
   // The first entry has no comma before it: a zero-length marker at time 0.
@@ -112,94 +115,115 @@ std::string ChromeTrace::begin() const {
       "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n{\"name\":\"trace start\",\"ph\":\"i\","
       "\"s\":\"g\",\"pid\":0,\"tid\":0,\"ts\":0}";
   const int ranks = plan_.ranks_count;
-  for (int r = 0; r < ranks; ++r) {
-    s += metadata("process_name", r, 0, "name", "\"rank " + std::to_string(r) + "\"");
-    s += metadata("process_sort_index", r, 0, "sort_index", std::to_string(r));
+  const int processes = ranks * replicas_;  // the simulation's pid
+  for (int job = 0; job < processes; ++job) {
+    std::string name = "rank " + std::to_string(job);
+    if (replicas_ > 1) {
+      name += " (replica " + std::to_string(job % replicas_) + ", pipeline rank " +
+              std::to_string(job / replicas_) + ")";
+    }
+    s += metadata("process_name", job, 0, "name", "\"" + name + "\"");
+    s += metadata("process_sort_index", job, 0, "sort_index", std::to_string(job));
     for (int t = 0; t < 4; ++t) {
-      s += metadata("thread_name", r, t, "name", std::string("\"") + kTrackNames[t] + "\"");
-      s += metadata("thread_sort_index", r, t, "sort_index", std::to_string(t));
+      s += metadata("thread_name", job, t, "name", std::string("\"") + kTrackNames[t] + "\"");
+      s += metadata("thread_sort_index", job, t, "sort_index", std::to_string(t));
     }
   }
   s += metadata(
-      "process_name", ranks, 0, "name",
+      "process_name", processes, 0, "name",
       "\"simulated (" + std::string(schedule::to_string(plan_.kind)) + ", measured mean costs)\"");
-  s += metadata("process_sort_index", ranks, 0, "sort_index", std::to_string(ranks));
+  s += metadata("process_sort_index", processes, 0, "sort_index", std::to_string(processes));
   for (int r = 0; r < ranks; ++r) {
-    s += metadata("thread_name", ranks, r, "name", "\"rank " + std::to_string(r) + "\"");
-    s += metadata("thread_sort_index", ranks, r, "sort_index", std::to_string(r));
+    s += metadata("thread_name", processes, r, "name", "\"rank " + std::to_string(r) + "\"");
+    s += metadata("thread_sort_index", processes, r, "sort_index", std::to_string(r));
   }
   return s;
 }
 
 std::string ChromeTrace::step(const StepMetrics& m) {
   const auto ranks = static_cast<size_t>(plan_.ranks_count);
-  PIPEMAT_CHECK(m.rank_timelines.size() == ranks && m.rank_spans.size() == ranks &&
-                    m.rank_step_ms.size() == ranks && m.rank_clock_start_us.size() == ranks,
-                PipelineError, "trace: step ", m.step,
+  // Replica 0's timelines are the collecting rank's own; the others' came with them.
+  const PipelineTimelines own{m.rank_timelines, m.rank_spans, m.rank_step_ms,
+                              m.rank_clock_start_us};
+  const auto holds_every_rank = [&](const PipelineTimelines& p) {
+    return p.timelines.size() == ranks && p.spans.size() == ranks && p.step_ms.size() == ranks &&
+           p.clock_start_us.size() == ranks;
+  };
+  PIPEMAT_CHECK(holds_every_rank(own), PipelineError, "trace: step ", m.step,
                 " holds no timeline of every rank (the last stage's rank has them, with "
                 "collect_timelines)");
+  PIPEMAT_CHECK(
+      m.replica_timelines.size() == static_cast<size_t>(replicas_ - 1) &&
+          std::all_of(m.replica_timelines.begin(), m.replica_timelines.end(), holds_every_rank),
+      PipelineError, "trace: step ", m.step, " holds the timelines of ",
+      m.replica_timelines.size() + 1, " replicas, not of ", replicas_,
+      " (replica 0's last stage's rank has them, with PipelineOptions::trace_replicas)");
   if (origin_us_ < 0) origin_us_ = m.clock_start_us;
   const double base = m.clock_start_us - origin_us_;
   std::string s;
-  for (size_t r = 0; r < ranks; ++r) {
-    const int pid = static_cast<int>(r);
-    // A rank on this clock (one host) starts at its own start; one on another host's clock
-    // (seconds or more apart) at the collecting rank's: the barrier that started the step.
-    const double skew = m.rank_clock_start_us[r] - m.clock_start_us;
-    const double at = base + (std::abs(skew) < kSameClockUs ? skew : 0.0);
-    // The last stage's F ends where its loss starts.
-    std::map<std::pair<int, int>, double> loss_start;
-    for (const StepSpan& x : m.rank_spans[r]) {
-      if (x.part == StepPart::kLoss) loss_start[{x.stage, x.micro_batch}] = x.start_us;
-    }
-    for (const ActionTiming& x : m.rank_timelines[r]) {
-      const Action& a = x.action;
-      Event e{schedule::format_action(a), pid,    kCompute, at + x.start_us,
-              x.end_us - x.start_us,      m.step, a.stage,  a.micro_batch};
-      if (schedule::is_comm(a.type)) {
-        e.tid = kCommunication;
-        e.bytes = x.bytes;
-      } else if (x.received) {
-        const ActionType recv =
-            a.type == ActionType::kForward ? ActionType::kRecvForward : ActionType::kRecvBackward;
-        Event w{schedule::format_action({a.stage, recv, a.micro_batch}),
-                pid,
-                kCommunication,
-                at + x.start_us - x.wait_us,
-                x.wait_us,
-                m.step,
-                a.stage,
-                a.micro_batch,
-                x.bytes};
-        s += w.text();
+  for (int d = 0; d < replicas_; ++d) {
+    const PipelineTimelines& p = d == 0 ? own : m.replica_timelines[static_cast<size_t>(d - 1)];
+    for (size_t r = 0; r < ranks; ++r) {
+      const int pid = static_cast<int>(r) * replicas_ + d;
+      // A rank on this clock (one host) starts at its own start; one on another host's clock
+      // (seconds or more apart) at the collecting rank's: the barrier that started the step.
+      const double skew = p.clock_start_us[r] - m.clock_start_us;
+      const double at = base + (std::abs(skew) < kSameClockUs ? skew : 0.0);
+      // The last stage's F ends where its loss starts.
+      std::map<std::pair<int, int>, double> loss_start;
+      for (const StepSpan& x : p.spans[r]) {
+        if (x.part == StepPart::kLoss) loss_start[{x.stage, x.micro_batch}] = x.start_us;
       }
-      if (a.type == ActionType::kForward) {  // the loss: from its start to the F's end
-        const auto l = loss_start.find({a.stage, a.micro_batch});
-        if (l != loss_start.end()) {
-          e.dur = l->second - x.start_us;
-          s += Event{step_part_name(StepPart::kLoss),
-                     pid,
-                     kCompute,
-                     at + l->second,
-                     x.end_us - l->second,
-                     m.step,
-                     a.stage,
-                     a.micro_batch}
-                   .text();
+      for (const ActionTiming& x : p.timelines[r]) {
+        const Action& a = x.action;
+        Event e{schedule::format_action(a), pid,    kCompute, at + x.start_us,
+                x.end_us - x.start_us,      m.step, a.stage,  a.micro_batch};
+        if (schedule::is_comm(a.type)) {
+          e.tid = kCommunication;
+          e.bytes = x.bytes;
+        } else if (x.received) {
+          const ActionType recv =
+              a.type == ActionType::kForward ? ActionType::kRecvForward : ActionType::kRecvBackward;
+          Event w{schedule::format_action({a.stage, recv, a.micro_batch}),
+                  pid,
+                  kCommunication,
+                  at + x.start_us - x.wait_us,
+                  x.wait_us,
+                  m.step,
+                  a.stage,
+                  a.micro_batch,
+                  x.bytes};
+          s += w.text();
         }
+        if (a.type == ActionType::kForward) {  // the loss: from its start to the F's end
+          const auto l = loss_start.find({a.stage, a.micro_batch});
+          if (l != loss_start.end()) {
+            e.dur = l->second - x.start_us;
+            s += Event{step_part_name(StepPart::kLoss),
+                       pid,
+                       kCompute,
+                       at + l->second,
+                       x.end_us - l->second,
+                       m.step,
+                       a.stage,
+                       a.micro_batch}
+                     .text();
+          }
+        }
+        s += e.text();
       }
-      s += e.text();
+      for (const StepSpan& x : p.spans[r]) {
+        if (x.part == StepPart::kLoss) continue;  // shown with its F
+        Event e{step_part_name(x.part), pid,    track_of(x.part), at + x.start_us,
+                x.end_us - x.start_us,  m.step, x.stage,          x.micro_batch};
+        if (x.part == StepPart::kGradientExchange) e.bytes = x.bytes;
+        s += e.text();
+      }
+      s +=
+          Event{
+              "step " + std::to_string(m.step), pid, kStepTrack, at, p.step_ms[r] * 1000.0, m.step}
+              .text();
     }
-    for (const StepSpan& x : m.rank_spans[r]) {
-      if (x.part == StepPart::kLoss) continue;  // shown with its F
-      Event e{step_part_name(x.part), pid,    track_of(x.part), at + x.start_us,
-              x.end_us - x.start_us,  m.step, x.stage,          x.micro_batch};
-      if (x.part == StepPart::kGradientExchange) e.bytes = x.bytes;
-      s += e.text();
-    }
-    s += Event{"step " + std::to_string(m.step), pid,   kStepTrack, at,
-               m.rank_step_ms[r] * 1000.0,       m.step}
-             .text();
   }
   // The prediction: the simulator on the measured mean costs and message delay (ms), as the
   // step's metrics hold it.
@@ -211,7 +235,7 @@ std::string ChromeTrace::step(const StepMetrics& m) {
     for (const schedule::TimedAction& ta : rt.actions) {
       if (!schedule::is_compute(ta.action.type)) continue;
       s += Event{schedule::format_action(ta.action),
-                 plan_.ranks_count,
+                 plan_.ranks_count * replicas_,
                  rt.rank,
                  predicted_at + ta.start * 1000.0,
                  (ta.end - ta.start) * 1000.0,

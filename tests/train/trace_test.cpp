@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "pipemat/core/error.h"
+#include "pipemat/pp/trace.h"
 #include "pipemat/schedule/schedule.h"
 #include "pipemat/train/train.h"
 
@@ -108,41 +109,49 @@ TEST_P(TraceGrid, EveryActionOncePerStepTracksTileTheStepAndMessagesPair) {
   const std::vector<Ev> events = complete_events(trace);
   const int ranks = plan.ranks_count;
   const int64_t steps = c.training.steps;
+  // Every rank of the job: pipeline rank r of replica d is process r x D + d.
+  const int D = p.data, job_ranks = ranks * D;
 
-  // Process and track names: one process per rank and one for the simulation.
+  // Process and track names: one process per rank of the job and one for the simulation.
   std::map<int, std::string> process_names;
   for (const auto& e : trace.at("traceEvents")) {
     if (e.at("ph") == "M" && e.at("name") == "process_name") {
       process_names[e.at("pid").get<int>()] = e.at("args").at("name").get<std::string>();
     }
   }
-  ASSERT_EQ(process_names.size(), static_cast<size_t>(ranks + 1));
-  for (int r = 0; r < ranks; ++r) EXPECT_EQ(process_names[r], "rank " + std::to_string(r));
-  EXPECT_NE(process_names[ranks].find("simulated"), std::string::npos);
+  ASSERT_EQ(process_names.size(), static_cast<size_t>(job_ranks + 1));
+  for (int j = 0; j < job_ranks; ++j) {
+    EXPECT_EQ(process_names[j], "rank " + std::to_string(j) +
+                                    (D > 1 ? " (replica " + std::to_string(j % D) +
+                                                 ", pipeline rank " + std::to_string(j / D) + ")"
+                                           : ""));
+  }
+  EXPECT_NE(process_names[job_ranks].find("simulated"), std::string::npos);
 
   for (int64_t step = 0; step < steps; ++step) {
-    for (int r = 0; r < ranks; ++r) {
+    for (int j = 0; j < job_ranks; ++j) {
+      const int r = j / D;
       // Every action of the rank's list once: compute on track 0, sends and receives on 1.
       std::multiset<std::string> want, got;
       for (const schedule::Action& a : plan.actions[r]) {
         want.insert(schedule::format_action(a) + (schedule::is_compute(a.type) ? "@0" : "@1"));
       }
       for (const Ev& e : events) {
-        if (e.pid != r || e.step != step || e.tid > 1) continue;
+        if (e.pid != j || e.step != step || e.tid > 1) continue;
         if (e.stage < 0 || e.name == "LOSS") continue;  // the step's other parts
         got.insert(e.name + "@" + std::to_string(e.tid));
       }
-      EXPECT_EQ(got, want) << "rank " << r << " step " << step;
+      EXPECT_EQ(got, want) << "rank " << j << " step " << step;
       // The last stage's F and its loss, once per micro-batch.
       int losses = 0;
-      for (const Ev& e : events) losses += e.pid == r && e.step == step && e.name == "LOSS";
+      for (const Ev& e : events) losses += e.pid == j && e.step == step && e.name == "LOSS";
       const bool holds_last = plan.rank_of(plan.stages_count - 1) == r;
-      EXPECT_EQ(losses, holds_last ? plan.micro_batches : 0) << "rank " << r;
+      EXPECT_EQ(losses, holds_last ? plan.micro_batches : 0) << "rank " << j;
       // The compute and communication tracks tile the step: their durations sum to it.
       double tiles = 0, step_dur = -1;
       int tile_events = 0, step_events = 0, optimizer = 0, clip = 0;
       for (const Ev& e : events) {
-        if (e.pid != r || e.step != step) continue;
+        if (e.pid != j || e.step != step) continue;
         if (e.tid <= 1 && e.name != "CHECKPOINT") tiles += e.dur, ++tile_events;
         if (e.tid == 3) step_dur = e.dur, ++step_events;
         optimizer += e.name == "OPTIMIZER";
@@ -153,11 +162,11 @@ TEST_P(TraceGrid, EveryActionOncePerStepTracksTileTheStepAndMessagesPair) {
       EXPECT_EQ(clip, 1);
       EXPECT_GT(step_dur, 0);
       EXPECT_NEAR(tiles, step_dur, kRounding * (tile_events + 1))
-          << "rank " << r << " step " << step;
+          << "rank " << j << " step " << step;
       // The data group's reduce: one exchange of the rank's gradient bytes, and the gather.
       int exchanges = 0, gathers = 0;
       for (const Ev& e : events) {
-        if (e.pid != r || e.step != step) continue;
+        if (e.pid != j || e.step != step) continue;
         if (e.name == "GRADIENT_EXCHANGE") {
           ++exchanges;
           EXPECT_EQ(e.tid, 2);
@@ -165,8 +174,8 @@ TEST_P(TraceGrid, EveryActionOncePerStepTracksTileTheStepAndMessagesPair) {
         }
         gathers += e.name == "GATHER";
       }
-      EXPECT_EQ(exchanges, p.data > 1 ? 1 : 0) << "rank " << r;
-      EXPECT_EQ(gathers, p.data > 1 ? 1 : 0) << "rank " << r;
+      EXPECT_EQ(exchanges, p.data > 1 ? 1 : 0) << "rank " << j;
+      EXPECT_EQ(gathers, p.data > 1 ? 1 : 0) << "rank " << j;
     }
     // The simulated process: every compute action of each rank once.
     for (int r = 0; r < ranks; ++r) {
@@ -175,7 +184,7 @@ TEST_P(TraceGrid, EveryActionOncePerStepTracksTileTheStepAndMessagesPair) {
         want.insert(schedule::format_action(a));
       }
       for (const Ev& e : events) {
-        if (e.pid == ranks && e.tid == r && e.step == step) got.insert(e.name);
+        if (e.pid == job_ranks && e.tid == r && e.step == step) got.insert(e.name);
       }
       EXPECT_EQ(got, want) << "simulated rank " << r;
     }
@@ -195,13 +204,14 @@ TEST_P(TraceGrid, EveryActionOncePerStepTracksTileTheStepAndMessagesPair) {
     }
   }
 
-  // Sends and receives pair up by (step, stage, micro-batch) with the same bytes: SEND_F(s, i)
-  // with RECV_F(s + 1, i) on the next stage's rank, SEND_B(s, i) with RECV_B(s - 1, i).
-  std::map<std::tuple<int64_t, std::string, int, int>, std::pair<int, int64_t>> sends, recvs;
+  // Sends and receives pair up by (replica, step, stage, micro-batch) with the same bytes:
+  // SEND_F(s, i) with RECV_F(s + 1, i) on the next stage's rank, SEND_B(s, i) with RECV_B(s - 1,
+  // i).
+  std::map<std::tuple<int, int64_t, std::string, int, int>, std::pair<int, int64_t>> sends, recvs;
   for (const Ev& e : events) {
-    if (e.pid >= ranks || e.tid != 1) continue;
+    if (e.pid >= job_ranks || e.tid != 1) continue;
     const auto key = [&](const char* kind, int stage) {
-      return std::make_tuple(e.step, std::string(kind), stage, e.mb);
+      return std::make_tuple(e.pid % D, e.step, std::string(kind), stage, e.mb);
     };
     const std::string code = e.name.substr(std::to_string(e.stage).size());
     const std::string type = code.substr(0, code.size() - std::to_string(e.mb).size());
@@ -212,12 +222,15 @@ TEST_P(TraceGrid, EveryActionOncePerStepTracksTileTheStepAndMessagesPair) {
   }
   EXPECT_EQ(sends.size(), recvs.size());
   EXPECT_FALSE(sends.empty());
+  std::set<int> replicas_sending;
+  for (const auto& [key, sent] : sends) replicas_sending.insert(std::get<0>(key));
+  EXPECT_EQ(replicas_sending.size(), static_cast<size_t>(D));
   for (const auto& [key, sent] : sends) {
     auto it = recvs.find(key);
-    ASSERT_NE(it, recvs.end()) << "a send with no receive: step " << std::get<0>(key);
+    ASSERT_NE(it, recvs.end()) << "a send with no receive: step " << std::get<1>(key);
     EXPECT_EQ(it->second.second, sent.second) << "bytes of one message";
     EXPECT_GT(sent.second, 0);
-    EXPECT_EQ(it->second.first, plan.rank_of(std::get<2>(key)));
+    EXPECT_EQ(it->second.first, plan.rank_of(std::get<3>(key)) * D + std::get<0>(key));
   }
   EXPECT_EQ(result.steps.size(), static_cast<size_t>(steps));
   fs::remove_all(dir);
@@ -256,6 +269,19 @@ TEST(Trace, TheCheckpointIsAnEventAndAnUnwritablePathIsRefused) {
   }
   EXPECT_EQ(at, (std::vector<int64_t>{1, 2})) << "every 2 steps and after the last";
 
+  // With 2 replicas the checkpoint is written by replica 0's last stage's rank: job rank 2.
+  TrainConfig replicas = trace_config({"1f1b", 2, 2}, dir / "replicas");
+  replicas.checkpoint.dir = (dir / "replicas" / "ck").string();
+  replicas.checkpoint.every = 2;
+  train_in_process(replicas, nullptr);
+  int checkpoints = 0;
+  for (const Ev& e : complete_events(read_trace(replicas.output.trace))) {
+    if (e.name != "CHECKPOINT") continue;
+    ++checkpoints;
+    EXPECT_EQ(e.pid, 2);
+  }
+  EXPECT_EQ(checkpoints, 2);
+
   TrainConfig off = trace_config({"1f1b", 2}, dir / "off");
   off.output.trace.clear();
   train_in_process(off, nullptr);
@@ -270,6 +296,40 @@ TEST(Trace, TheCheckpointIsAnEventAndAnUnwritablePathIsRefused) {
     EXPECT_NE(std::string(e.what()).find("output.trace"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
+}
+
+// ChromeTrace with replicas: a step without every replica's timelines, and no replica at all, are
+// errors that say what is missing.
+TEST(Trace, AStepWithoutEveryReplicasTimelinesIsAnError) {
+  schedule::ScheduleOptions o;
+  o.kind = schedule::ScheduleKind::kOneFOneB;
+  o.ranks = 2;
+  o.micro_batches = 4;
+  pp::StepMetrics m;
+  m.step = 3;
+  m.rank_timelines.assign(2, {});
+  m.rank_spans.assign(2, {});
+  m.rank_step_ms.assign(2, 1.0);
+  m.rank_clock_start_us.assign(2, 0.0);
+  pp::ChromeTrace one(schedule::build_schedule(o), 1);
+  EXPECT_NE(one.step(m).find("\"step 3\""), std::string::npos);
+  pp::ChromeTrace two(schedule::build_schedule(o), 2);
+  try {
+    two.step(m);
+    ADD_FAILURE() << "a step of one replica was traced as two";
+  } catch (const PipelineError& e) {
+    EXPECT_STREQ(e.what(),
+                 "trace: step 3 holds the timelines of 1 replicas, not of 2 (replica 0's last "
+                 "stage's rank has them, with PipelineOptions::trace_replicas)");
+  }
+  m.replica_timelines.push_back({m.rank_timelines, m.rank_spans, {1.0}, {0.0}});
+  EXPECT_THROW(two.step(m), PipelineError) << "replica 1 holds one rank's step time of 2";
+  m.replica_timelines.back().step_ms.push_back(2.0);
+  m.replica_timelines.back().clock_start_us.push_back(0.0);
+  const std::string text = two.step(m);
+  EXPECT_NE(text.find("\"pid\":3,\"tid\":3"), std::string::npos)
+      << "replica 1's rank 1: job rank 3";
+  EXPECT_THROW(pp::ChromeTrace(schedule::build_schedule(o), 0), PipelineError);
 }
 
 }  // namespace

@@ -399,7 +399,8 @@ std::vector<ConfigField> output_fields() {
        "simulator's timeline with the measured mean action costs; empty: none"},
       {"output", "trace", text(PIPEMAT_MEMBER(output.trace), "a file path (empty: no trace)"),
        "a path",
-       "every step of every rank of the pipeline (replica 0's) as Chrome trace-event JSON, which "
+       "every step of every rank of the job (every replica's with parallel.data) as Chrome "
+       "trace-event JSON, which "
        "Perfetto and chrome://tracing open: per rank a compute, a communication, a data-parallel "
        "and a step track, each action with its stage, micro-batch and bytes, and the simulated "
        "timeline as one more process; empty: none (docs/performance.md)"},

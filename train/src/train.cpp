@@ -54,6 +54,7 @@ void keep_step(TrainResult& result, StepMetrics m) {
   m.spans = {};
   m.rank_timelines = {};
   m.rank_spans = {};
+  m.replica_timelines = {};
   m.simulated = {};
   const double schedule_bubble = m.measured.bubble_ratio;
   m.measured = schedule::SimulationResult{};
@@ -179,6 +180,7 @@ void add_run_options(pp::PipelineOptions& options, const TrainConfig& config, co
   options.clip_grad_norm = config.training.clip_grad_norm;
   if (run.random) options.seed = config.training.seed;
   options.data_group = layout.data.get();
+  options.trace_replicas = !config.output.trace.empty();  // Note [Step trace]: every replica
   options.gradient_bucket_bytes = config.parallel.bucket_bytes;
   options.weight_tail = config.parallel.weight_tail;
   options.shard_optimizer = config.parallel.shard_optimizer;
@@ -535,7 +537,8 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
   }
   MetricsFile metrics(result.last_stage_rank ? config.output.metrics : "",
                       !config.checkpoint.resume.empty());
-  TraceFile trace(result.last_stage_rank ? config.output.trace : "", pipeline.schedule());
+  TraceFile trace(result.last_stage_rank ? config.output.trace : "", pipeline.schedule(),
+                  static_cast<int>(config.parallel.data));
   if (r.talk) {
     print_compute(*r.talk, job.world_size(),
                   {comm::transport_name(job),
@@ -589,7 +592,7 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
     keep_step(result, std::move(m));
     const double saving = pp::steady_clock_us();
     if (save_after_step(r, checkpoints, step, end, metadata) && result.last_stage_rank) {
-      trace.span("CHECKPOINT", pipeline.rank(), saving, pp::steady_clock_us(), step);
+      trace.span("CHECKPOINT", job.rank(), saving, pp::steady_clock_us(), step);
     }
     if (after_step) after_step(step, transport);
   }

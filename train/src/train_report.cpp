@@ -236,8 +236,8 @@ void MetricsFile::write(const StepMetrics& m, std::optional<double> validation) 
                 "': ", std::strerror(errno));
 }
 
-TraceFile::TraceFile(const std::string& path, const schedule::Schedule& plan)
-    : path_(path), trace_(plan) {
+TraceFile::TraceFile(const std::string& path, const schedule::Schedule& plan, int replicas)
+    : path_(path), trace_(plan, replicas) {
   if (path.empty()) return;
   open_output(file_, "output.trace", path, std::ios::trunc);
   put(trace_.begin());

@@ -87,13 +87,13 @@ class MetricsFile {
 // writes nothing. ConfigError naming output.trace when the file cannot be opened or written.
 class TraceFile {
  public:
-  TraceFile(const std::string& path, const schedule::Schedule& plan);
+  TraceFile(const std::string& path, const schedule::Schedule& plan, int replicas);
   ~TraceFile();
   TraceFile(const TraceFile&) = delete;
   TraceFile& operator=(const TraceFile&) = delete;
   bool on() const { return file_.is_open(); }
   void step(const pp::StepMetrics& m);
-  // A span of rank `rank`'s communication track on the steady clock (pp::steady_clock_us).
+  // A span of job rank `rank`'s communication track on the steady clock (pp::steady_clock_us).
   void span(const std::string& name, int rank, double start_us, double end_us, int64_t step);
 
  private:

@@ -210,6 +210,10 @@ struct PipelineOptions {
   // Every rank sends its step time, busy time, remat counters and action timeline to the last
   // stage's rank, which fills the bubble and timeline fields of StepMetrics.
   bool collect_timelines = true;
+  // With collect_timelines and a data group of D > 1: the last stage's rank of every replica sends
+  // its pipeline's timelines to replica 0's, whose StepMetrics::replica_timelines then hold them
+  // (Note [Step trace]: a trace of every rank of the job). One message per replica and step.
+  bool trace_replicas = false;
   // Note [Data x pipeline]: this pipeline is replica `data_group->rank()` of
   // `data_group->world_size()` identical pipelines, and `data_group` connects this rank with the
   // ranks that hold its stages in the other replicas (comm::make_group). Null: one pipeline.
@@ -429,6 +433,15 @@ struct StepSpan {
   int64_t bytes = 0;                 // kGradientExchange: the gradient bytes the rank posted
 };
 
+// One pipeline's timelines as its last stage's rank gathers them (StepMetrics::rank_timelines,
+// rank_spans, rank_step_ms and rank_clock_start_us), by pipeline rank.
+struct PipelineTimelines {
+  std::vector<std::vector<ActionTiming>> timelines;
+  std::vector<std::vector<StepSpan>> spans;
+  std::vector<double> step_ms;
+  std::vector<double> clock_start_us;
+};
+
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0;       // mean micro-batch loss; the same on every rank
@@ -462,6 +475,9 @@ struct StepMetrics {
   std::vector<std::vector<StepSpan>> rank_spans;
   std::vector<double> rank_step_ms;
   std::vector<double> rank_clock_start_us;  // each rank's clock_start_us
+  // On replica 0's last stage's rank with PipelineOptions::trace_replicas: those of replicas
+  // 1 .. D-1 (replica d at d - 1). Empty elsewhere.
+  std::vector<PipelineTimelines> replica_timelines;
   // On the last stage's rank (with collect_timelines): every rank's measured timeline (ms) as a
   // simulation result, and the simulator's prediction for the same schedule with the measured
   // mean cost of each action type (F, B, I, W, R; zero comm latency).

@@ -8,8 +8,12 @@
 // What a step's trace holds. Every rank records, from its step's start (the barrier that starts
 // a step when timelines are collected, so the ranks' clocks meet there), each action of its
 // schedule and the other parts of its step (StepMetrics::timeline and ::spans); the last stage's
-// rank gathers them (rank_timelines, rank_spans). The trace is one process per rank with four
-// tracks, since Perfetto cannot draw overlapping events on one track:
+// rank gathers them (rank_timelines, rank_spans). With D > 1 replicas (Note [Data x pipeline],
+// PipelineOptions::trace_replicas) the last stage's rank of each replica sends its pipeline's to
+// replica 0's (replica_timelines), so the trace holds every rank of the job: pipeline rank r of
+// replica d is process r x D + d, its rank in the job as pipemat train lays it out (Note [Rank
+// layout] in train/src/train.cpp). The trace is one process per rank with four tracks, since
+// Perfetto cannot draw overlapping events on one track:
 //   compute        F, B, I, W, R as "<stage><type><micro-batch>" (schedule::format_action),
 //                  LOSS (on the last stage the F ends where its loss starts), CLIP, OPTIMIZER;
 //   communication  SEND_F / SEND_B (the call that issues the send, with its bytes), RECV_F /
@@ -24,8 +28,9 @@
 // the step. Every event carries its step, and the actions their stage and micro-batch. The
 // simulated timeline of the same schedule (schedule::simulate with the step's measured mean
 // cost per action type and its measured message delay: StepMetrics::simulated) is one more
-// process, a track per rank, at the same step start: predicted below measured (where the
-// previous step's prediction ran longer than its step, after that prediction's end).
+// process (replica 0's costs), a track per pipeline rank, at the same step start: predicted
+// below measured (where the previous step's prediction ran longer than its step, after that
+// prediction's end).
 // Times are microseconds from the first traced step's start on the collecting rank's steady
 // clock. Every rank sends its step's start on its own steady clock (StepMetrics::
 // rank_clock_start_us): ranks of one host (threads, or processes of one machine) share that clock
@@ -43,13 +48,15 @@ namespace pipemat::pp {
 
 class ChromeTrace {
  public:
-  explicit ChromeTrace(schedule::Schedule plan);
+  // `replicas`: the job's pipelines (parallel.data), >= 1; PipelineError otherwise.
+  explicit ChromeTrace(schedule::Schedule plan, int replicas = 1);
 
   // The file's start: `{"traceEvents":[` and the names of the processes and tracks.
   std::string begin() const;
   // The events of step `m` as the last stage's rank returns it (collect_timelines: its
-  // rank_timelines and rank_spans), then its simulated timeline; each event preceded by ",\n".
-  // PipelineError when `m` holds no rank timelines.
+  // rank_timelines and rank_spans; with replicas, replica 0's with replica_timelines), then its
+  // simulated timeline; each event preceded by ",\n". PipelineError when `m` holds no timeline
+  // of every rank of every replica.
   std::string step(const StepMetrics& m);
   // An event on rank `rank`'s communication track outside the steps (e.g. "CHECKPOINT"), its
   // start and end on the steady clock (steady_clock_us), after step `step`.
@@ -60,6 +67,7 @@ class ChromeTrace {
 
  private:
   schedule::Schedule plan_;
+  int replicas_ = 1;
   double origin_us_ = -1;     // the first step's clock start: time 0 of the trace
   double predicted_end_ = 0;  // where the last step's simulated timeline ends
 };
