@@ -233,6 +233,12 @@ TEST_P(TraceGrid, EveryActionOncePerStepTracksTileTheStepAndMessagesPair) {
     EXPECT_EQ(it->second.first, plan.rank_of(std::get<3>(key)) * D + std::get<0>(key));
   }
   EXPECT_EQ(result.steps.size(), static_cast<size_t>(steps));
+  // What making and writing each step's events took, for the run's summary.
+  ASSERT_EQ(result.totals.trace_ms.size(), static_cast<size_t>(steps));
+  for (double ms : result.totals.trace_ms) {
+    EXPECT_GT(ms, 0);
+    EXPECT_LT(ms, 1000);
+  }
   fs::remove_all(dir);
 }
 
@@ -284,7 +290,7 @@ TEST(Trace, TheCheckpointIsAnEventAndAnUnwritablePathIsRefused) {
 
   TrainConfig off = trace_config({"1f1b", 2}, dir / "off");
   off.output.trace.clear();
-  train_in_process(off, nullptr);
+  EXPECT_TRUE(train_in_process(off, nullptr).totals.trace_ms.empty());
   EXPECT_FALSE(fs::exists(dir / "off"));
 
   TrainConfig bad = trace_config({"1f1b", 2}, dir);

@@ -588,7 +588,11 @@ TrainResult train_on(const TrainConfig& given, comm::Transport& job, std::ostrea
       }
     }
     if (!config.training.allow_non_finite) stop_if_diverged(config, m, step, result);
-    if (result.last_stage_rank) trace.step(m);
+    if (result.last_stage_rank && trace.on()) {
+      const double writing = pp::steady_clock_us();
+      trace.step(m);
+      result.totals.trace_ms.push_back((pp::steady_clock_us() - writing) / 1000.0);
+    }
     keep_step(result, std::move(m));
     const double saving = pp::steady_clock_us();
     if (save_after_step(r, checkpoints, step, end, metadata) && result.last_stage_rank) {

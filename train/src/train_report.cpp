@@ -159,6 +159,12 @@ void print_run_summary(std::ostream& out, const TrainConfig& c, const RunTotals&
         "data: ", format_fixed(data, 3), " ms per step in the data source (median), ",
         format_fixed(100.0 * data / median_ms, 3), " % of the median step\n");
   }
+  if (!totals.trace_ms.empty() && median_ms > 0) {  // what output.trace costs
+    const double trace = median(totals.trace_ms);
+    line += ::pipemat::detail::concat(
+        "trace: ", format_fixed(trace, 3), " ms per step to make and write its events (median), ",
+        format_fixed(100.0 * trace / median_ms, 3), " % of the median step\n");
+  }
   if (reference) {
     const ReferenceFigures& r = *reference;
     const double ref_tokens_per_s = static_cast<double>(tokens_per_step) * 1000.0 / r.step_ms;

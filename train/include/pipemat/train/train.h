@@ -90,6 +90,9 @@ inline constexpr int kInterrupted = 2;
 struct RunTotals {
   std::vector<double> step_ms;  // every step's time
   std::vector<double> data_ms;  // every step's time in the data source (StepMetrics::data_ms)
+  // With output.trace: every step's time to make and write its trace events (replica 0's last
+  // stage's rank, after the step).
+  std::vector<double> trace_ms;
   // Per rank: the most tensor bytes it held during any step (StepMetrics::rank_start_bytes +
   // rank_peak_bytes: weights, gradients, optimizer state and activations).
   std::vector<int64_t> rank_peak_bytes;
