@@ -102,6 +102,72 @@ Track track_of(StepPart part) {
   }
 }
 
+// The events of one rank's step (Note [Step trace]): process `pid`, its timeline, spans, step
+// time and step start on its clock; `m` is the collecting rank's step, whose start is `base`
+// in the trace.
+std::string rank_events(int pid, const std::vector<ActionTiming>& timeline,
+                        const std::vector<StepSpan>& spans, double step_ms, double clock_start_us,
+                        const StepMetrics& m, double base) {
+  std::string s;
+  // A rank on this clock (one host) starts at its own start; one on another host's clock
+  // (seconds or more apart) at the collecting rank's: the barrier that started the step.
+  const double skew = clock_start_us - m.clock_start_us;
+  const double at = base + (std::abs(skew) < kSameClockUs ? skew : 0.0);
+  // The last stage's F ends where its loss starts.
+  std::map<std::pair<int, int>, double> loss_start;
+  for (const StepSpan& x : spans) {
+    if (x.part == StepPart::kLoss) loss_start[{x.stage, x.micro_batch}] = x.start_us;
+  }
+  for (const ActionTiming& x : timeline) {
+    const Action& a = x.action;
+    Event e{schedule::format_action(a), pid,    kCompute, at + x.start_us,
+            x.end_us - x.start_us,      m.step, a.stage,  a.micro_batch};
+    if (schedule::is_comm(a.type)) {
+      e.tid = kCommunication;
+      e.bytes = x.bytes;
+    } else if (x.received) {
+      const ActionType recv =
+          a.type == ActionType::kForward ? ActionType::kRecvForward : ActionType::kRecvBackward;
+      Event w{schedule::format_action({a.stage, recv, a.micro_batch}),
+              pid,
+              kCommunication,
+              at + x.start_us - x.wait_us,
+              x.wait_us,
+              m.step,
+              a.stage,
+              a.micro_batch,
+              x.bytes};
+      s += w.text();
+    }
+    if (a.type == ActionType::kForward) {  // the loss: from its start to the F's end
+      const auto l = loss_start.find({a.stage, a.micro_batch});
+      if (l != loss_start.end()) {
+        e.dur = l->second - x.start_us;
+        s += Event{step_part_name(StepPart::kLoss),
+                   pid,
+                   kCompute,
+                   at + l->second,
+                   x.end_us - l->second,
+                   m.step,
+                   a.stage,
+                   a.micro_batch}
+                 .text();
+      }
+    }
+    s += e.text();
+  }
+  for (const StepSpan& x : spans) {
+    if (x.part == StepPart::kLoss) continue;  // shown with its F
+    Event e{step_part_name(x.part), pid,    track_of(x.part), at + x.start_us,
+            x.end_us - x.start_us,  m.step, x.stage,          x.micro_batch};
+    if (x.part == StepPart::kGradientExchange) e.bytes = x.bytes;
+    s += e.text();
+  }
+  s +=
+      Event{"step " + std::to_string(m.step), pid, kStepTrack, at, step_ms * 1000.0, m.step}.text();
+  return s;
+}
+
 }  // namespace
 
 ChromeTrace::ChromeTrace(schedule::Schedule plan, int replicas)
@@ -142,87 +208,32 @@ std::string ChromeTrace::begin() const {
 
 std::string ChromeTrace::step(const StepMetrics& m) {
   const auto ranks = static_cast<size_t>(plan_.ranks_count);
-  // Replica 0's timelines are the collecting rank's own; the others' came with them.
-  const PipelineTimelines own{m.rank_timelines, m.rank_spans, m.rank_step_ms,
-                              m.rank_clock_start_us};
-  const auto holds_every_rank = [&](const PipelineTimelines& p) {
-    return p.timelines.size() == ranks && p.spans.size() == ranks && p.step_ms.size() == ranks &&
-           p.clock_start_us.size() == ranks;
-  };
-  PIPEMAT_CHECK(holds_every_rank(own), PipelineError, "trace: step ", m.step,
+  PIPEMAT_CHECK(m.rank_timelines.size() == ranks && m.rank_spans.size() == ranks &&
+                    m.rank_step_ms.size() == ranks && m.rank_clock_start_us.size() == ranks,
+                PipelineError, "trace: step ", m.step,
                 " holds no timeline of every rank (the last stage's rank has them, with "
                 "collect_timelines)");
-  PIPEMAT_CHECK(
-      m.replica_timelines.size() == static_cast<size_t>(replicas_ - 1) &&
-          std::all_of(m.replica_timelines.begin(), m.replica_timelines.end(), holds_every_rank),
-      PipelineError, "trace: step ", m.step, " holds the timelines of ",
-      m.replica_timelines.size() + 1, " replicas, not of ", replicas_,
-      " (replica 0's last stage's rank has them, with PipelineOptions::trace_replicas)");
+  PIPEMAT_CHECK(m.replica_timelines.size() == static_cast<size_t>(replicas_ - 1) &&
+                    std::all_of(m.replica_timelines.begin(), m.replica_timelines.end(),
+                                [&](const PipelineTimelines& p) {
+                                  return p.timelines.size() == ranks && p.spans.size() == ranks &&
+                                         p.step_ms.size() == ranks &&
+                                         p.clock_start_us.size() == ranks;
+                                }),
+                PipelineError, "trace: step ", m.step, " holds the timelines of ",
+                m.replica_timelines.size() + 1, " replicas, not of ", replicas_,
+                " (replica 0's last stage's rank has them, with PipelineOptions::trace_replicas)");
   if (origin_us_ < 0) origin_us_ = m.clock_start_us;
   const double base = m.clock_start_us - origin_us_;
   std::string s;
-  for (int d = 0; d < replicas_; ++d) {
-    const PipelineTimelines& p = d == 0 ? own : m.replica_timelines[static_cast<size_t>(d - 1)];
-    for (size_t r = 0; r < ranks; ++r) {
-      const int pid = static_cast<int>(r) * replicas_ + d;
-      // A rank on this clock (one host) starts at its own start; one on another host's clock
-      // (seconds or more apart) at the collecting rank's: the barrier that started the step.
-      const double skew = p.clock_start_us[r] - m.clock_start_us;
-      const double at = base + (std::abs(skew) < kSameClockUs ? skew : 0.0);
-      // The last stage's F ends where its loss starts.
-      std::map<std::pair<int, int>, double> loss_start;
-      for (const StepSpan& x : p.spans[r]) {
-        if (x.part == StepPart::kLoss) loss_start[{x.stage, x.micro_batch}] = x.start_us;
-      }
-      for (const ActionTiming& x : p.timelines[r]) {
-        const Action& a = x.action;
-        Event e{schedule::format_action(a), pid,    kCompute, at + x.start_us,
-                x.end_us - x.start_us,      m.step, a.stage,  a.micro_batch};
-        if (schedule::is_comm(a.type)) {
-          e.tid = kCommunication;
-          e.bytes = x.bytes;
-        } else if (x.received) {
-          const ActionType recv =
-              a.type == ActionType::kForward ? ActionType::kRecvForward : ActionType::kRecvBackward;
-          Event w{schedule::format_action({a.stage, recv, a.micro_batch}),
-                  pid,
-                  kCommunication,
-                  at + x.start_us - x.wait_us,
-                  x.wait_us,
-                  m.step,
-                  a.stage,
-                  a.micro_batch,
-                  x.bytes};
-          s += w.text();
-        }
-        if (a.type == ActionType::kForward) {  // the loss: from its start to the F's end
-          const auto l = loss_start.find({a.stage, a.micro_batch});
-          if (l != loss_start.end()) {
-            e.dur = l->second - x.start_us;
-            s += Event{step_part_name(StepPart::kLoss),
-                       pid,
-                       kCompute,
-                       at + l->second,
-                       x.end_us - l->second,
-                       m.step,
-                       a.stage,
-                       a.micro_batch}
-                     .text();
-          }
-        }
-        s += e.text();
-      }
-      for (const StepSpan& x : p.spans[r]) {
-        if (x.part == StepPart::kLoss) continue;  // shown with its F
-        Event e{step_part_name(x.part), pid,    track_of(x.part), at + x.start_us,
-                x.end_us - x.start_us,  m.step, x.stage,          x.micro_batch};
-        if (x.part == StepPart::kGradientExchange) e.bytes = x.bytes;
-        s += e.text();
-      }
-      s +=
-          Event{
-              "step " + std::to_string(m.step), pid, kStepTrack, at, p.step_ms[r] * 1000.0, m.step}
-              .text();
+  for (size_t r = 0; r < ranks; ++r) {
+    const int pid = static_cast<int>(r) * replicas_;  // replica 0's: the collecting rank's own
+    s += rank_events(pid, m.rank_timelines[r], m.rank_spans[r], m.rank_step_ms[r],
+                     m.rank_clock_start_us[r], m, base);
+    for (int d = 1; d < replicas_; ++d) {
+      const PipelineTimelines& p = m.replica_timelines[static_cast<size_t>(d - 1)];
+      s += rank_events(pid + d, p.timelines[r], p.spans[r], p.step_ms[r], p.clock_start_us[r], m,
+                       base);
     }
   }
   // The prediction: the simulator on the measured mean costs and message delay (ms), as the

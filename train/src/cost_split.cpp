@@ -141,7 +141,9 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
     add_entry(split.layers.back().without_replay, *last_entry);
     split.layers.back().fixed_bytes += last_fixed;
   }
-  for (int64_t n : out.parameter_split) split.reference.push_back(static_cast<int>(n));
+  // The parameter split is evaluated on its own below (no SplitProblem::reference: the search
+  // would simulate it once more).
+  const std::vector<int> parameter_counts(out.parameter_split.begin(), out.parameter_split.end());
   plan::SplitResult chosen;
   try {
     chosen = plan::choose_split(split);
@@ -149,7 +151,7 @@ CostSplit cost_split_of(const PlanReport& profiled, models::RematPolicyKind poli
     if (split.budget_bytes.empty()) throw;
     PIPEMAT_THROW(ConfigError, "partition.memory_budget: ", e.what());
   }
-  const plan::SplitResult parameter = plan::evaluate_split(split, split.reference);
+  const plan::SplitResult parameter = plan::evaluate_split(split, parameter_counts);
   out.parameter_step_ms = parameter.step;
   out.simulations = chosen.simulations;
   out.parameter_peak_bytes = parameter.peak_bytes;
