@@ -132,10 +132,11 @@ double Pipeline::Impl::share_loss(double loss) {
   return got[0].item<double>();
 }
 
-// The measured timeline as a SimulationResult, and the simulator's prediction with the
-// measured mean cost per action type.
+// The measured timeline as a SimulationResult, and the simulator's predictions: with the
+// measured mean cost per action type (the bubbles), and with each stage's (the trace's).
 void Pipeline::Impl::build_measured(StepMetrics& m) const {
   std::map<ActionType, std::pair<double, int>> cost;
+  std::map<std::pair<int, ActionType>, std::pair<double, int>> stage_cost;  // (stage, type)
   struct Waited {
     int rank;
     Action action;
@@ -164,9 +165,10 @@ void Pipeline::Impl::build_measured(StepMetrics& m) const {
       out.busy += ta.end - ta.start;
       if (out.actions.empty()) out.first_start = ta.start;
       out.last_end = ta.end;
-      auto& c = cost[ta.action.type];
-      c.first += ta.end - ta.start;
-      c.second += 1;
+      for (auto* c : {&cost[ta.action.type], &stage_cost[{ta.action.stage, ta.action.type}]}) {
+        c->first += ta.end - ta.start;
+        c->second += 1;
+      }
       out.actions.push_back(ta);
     }
     makespan = std::max(makespan, out.last_end);
@@ -174,18 +176,40 @@ void Pipeline::Impl::build_measured(StepMetrics& m) const {
   }
   m.measured.makespan = makespan;
   m.measured.bubble_ratio = makespan > 0 ? 1.0 - busy / (plan.ranks_count * makespan) : 0.0;
-  auto mean = [&](ActionType t, double fallback) {
-    auto it = cost.find(t);
-    return it == cost.end() || it->second.second == 0 ? fallback
+  // The mean of one action type's durations (`sums`' entry for `key`), or `fallback` where
+  // none ran.
+  auto mean = [](const auto& sums, const auto& key, double fallback) {
+    auto it = sums.find(key);
+    return it == sums.end() || it->second.second == 0 ? fallback
                                                       : it->second.first / it->second.second;
   };
   schedule::CostModel model;
-  model.forward = mean(ActionType::kForward, 1.0);
-  model.backward_input = mean(ActionType::kBackwardInput, model.forward);
-  model.backward_weight = mean(ActionType::kBackwardWeight, model.forward);
-  if (cost.count(ActionType::kBackward)) model.backward = mean(ActionType::kBackward, 2.0);
-  if (cost.count(ActionType::kRecompute)) model.recompute = mean(ActionType::kRecompute, 0.0);
+  model.forward = mean(cost, ActionType::kForward, 1.0);
+  model.backward_input = mean(cost, ActionType::kBackwardInput, model.forward);
+  model.backward_weight = mean(cost, ActionType::kBackwardWeight, model.forward);
+  if (cost.count(ActionType::kBackward)) model.backward = mean(cost, ActionType::kBackward, 2.0);
+  if (cost.count(ActionType::kRecompute)) {
+    model.recompute = mean(cost, ActionType::kRecompute, 0.0);
+  }
   m.measured_costs = model;
+  // Each stage's own means, the job's where a stage ran no action of a type (Note [Step trace]:
+  // the first stage's I, whose input needs no gradient, and a stage without replays are far
+  // from the job's mean).
+  m.measured_stage_costs.assign(static_cast<size_t>(plan.stages_count), model);
+  for (int s = 0; s < plan.stages_count; ++s) {
+    schedule::CostModel& own = m.measured_stage_costs[static_cast<size_t>(s)];
+    own.forward = mean(stage_cost, std::pair{s, ActionType::kForward}, model.forward);
+    own.backward_input =
+        mean(stage_cost, std::pair{s, ActionType::kBackwardInput}, model.backward_input);
+    own.backward_weight =
+        mean(stage_cost, std::pair{s, ActionType::kBackwardWeight}, model.backward_weight);
+    if (model.backward) {
+      own.backward = mean(stage_cost, std::pair{s, ActionType::kBackward}, *model.backward);
+    }
+    if (model.recompute) {
+      own.recompute = mean(stage_cost, std::pair{s, ActionType::kRecompute}, *model.recompute);
+    }
+  }
   m.simulated_bubble = schedule::simulate(plan, model).bubble_ratio;
   // Note [Measured message delay]: the input of F(s, i) is sent by SEND_F(s-1, i), that of
   // B / I (s, i) by SEND_B(s+1, i); the simulator already delays a message until its send is
@@ -207,8 +231,10 @@ void Pipeline::Impl::build_measured(StepMetrics& m) const {
   }
   schedule::CostModel with_comm = model;
   with_comm.comm = m.message_delay_ms;
-  m.simulated = schedule::simulate(plan, with_comm);
-  m.simulated_bubble_comm = m.simulated.bubble_ratio;
+  m.simulated_bubble_comm = schedule::simulate(plan, with_comm).bubble_ratio;
+  std::vector<schedule::CostModel> stage_with_comm = m.measured_stage_costs;
+  for (schedule::CostModel& c : stage_with_comm) c.comm = m.message_delay_ms;
+  m.simulated = schedule::simulate(plan, stage_with_comm);
 }
 
 // Every rank sends (busy_ms, step_ms, all nine remat counters, recv_wait_ms, peak_bytes,

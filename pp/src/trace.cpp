@@ -195,9 +195,9 @@ std::string ChromeTrace::begin() const {
       s += metadata("thread_sort_index", job, t, "sort_index", std::to_string(t));
     }
   }
-  s += metadata(
-      "process_name", processes, 0, "name",
-      "\"simulated (" + std::string(schedule::to_string(plan_.kind)) + ", measured mean costs)\"");
+  s += metadata("process_name", processes, 0, "name",
+                "\"simulated (" + std::string(schedule::to_string(plan_.kind)) +
+                    ", each stage's measured mean costs)\"");
   s += metadata("process_sort_index", processes, 0, "sort_index", std::to_string(processes));
   for (int r = 0; r < ranks; ++r) {
     s += metadata("thread_name", processes, r, "name", "\"rank " + std::to_string(r) + "\"");
@@ -236,8 +236,8 @@ std::string ChromeTrace::step(const StepMetrics& m) {
                        base);
     }
   }
-  // The prediction: the simulator on the measured mean costs and message delay (ms), as the
-  // step's metrics hold it.
+  // The prediction: the simulator on each stage's measured mean costs and the message delay
+  // (ms), as the step's metrics hold it.
   const schedule::SimulationResult& predicted = m.simulated;
   // At the step's start, or after the previous prediction where that ran longer than its step.
   const double predicted_at = std::max(base, predicted_end_);

@@ -14,7 +14,9 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "pipemat/comm/transport.h"
@@ -304,6 +306,63 @@ TEST(Pipeline, StepMetricsCarrySendsWaitsAndTheCommAwareSimulation) {
   with_comm.comm = m.message_delay_ms;
   EXPECT_EQ(m.simulated_bubble_comm, schedule::simulate(plan, with_comm).bubble_ratio);
   EXPECT_EQ(m.simulated_bubble, schedule::simulate(plan, m.measured_costs).bubble_ratio);
+  // The trace's prediction: each stage's own mean duration per action type, recomputed here
+  // from the measured timeline, with the measured message delay.
+  ASSERT_EQ(m.measured_stage_costs.size(), static_cast<size_t>(plan.stages_count));
+  auto cost_of = [](const schedule::CostModel& costs, schedule::ActionType type) {
+    switch (type) {
+      case schedule::ActionType::kForward:
+        return costs.forward;
+      case schedule::ActionType::kBackward:
+        return costs.backward_cost();
+      case schedule::ActionType::kBackwardInput:
+        return costs.backward_input;
+      case schedule::ActionType::kBackwardWeight:
+        return costs.backward_weight;
+      default:
+        return costs.recompute.value_or(0.0);
+    }
+  };
+  std::map<std::pair<int, schedule::ActionType>, std::pair<double, int>> sums;
+  for (const auto& rt : m.measured.ranks) {
+    for (const auto& ta : rt.actions) {
+      auto& sum = sums[{ta.action.stage, ta.action.type}];
+      sum.first += ta.end - ta.start;
+      sum.second += 1;
+    }
+  }
+  std::set<std::pair<int, schedule::ActionType>> planned;  // (stage, type) of every compute
+  int plan_computes = 0;
+  for (const auto& list : plan.actions) {
+    for (const auto& a : list) {
+      if (!schedule::is_compute(a.type)) continue;
+      planned.insert({a.stage, a.type});
+      ++plan_computes;
+    }
+  }
+  EXPECT_EQ(planned.size(), 6u) << "F, R and B on each of the 2 stages";
+  EXPECT_EQ(sums.size(), planned.size());
+  for (const auto& [key, sum] : sums) {
+    EXPECT_NEAR(cost_of(m.measured_stage_costs[static_cast<size_t>(key.first)], key.second),
+                sum.first / sum.second, 1e-9)
+        << "stage " << key.first << " " << schedule::action_type_code(key.second);
+  }
+  EXPECT_NE(m.measured_stage_costs[0].forward, m.measured_stage_costs[1].forward);
+  std::vector<schedule::CostModel> stage_with_comm = m.measured_stage_costs;
+  for (schedule::CostModel& costs : stage_with_comm) costs.comm = m.message_delay_ms;
+  EXPECT_EQ(m.simulated.makespan, schedule::simulate(plan, stage_with_comm).makespan);
+  int predicted = 0;
+  for (const auto& rt : m.simulated.ranks) {
+    for (const auto& ta : rt.actions) {
+      if (!schedule::is_compute(ta.action.type)) continue;
+      ++predicted;
+      EXPECT_NEAR(
+          ta.end - ta.start,
+          cost_of(m.measured_stage_costs[static_cast<size_t>(ta.action.stage)], ta.action.type),
+          1e-9);
+    }
+  }
+  EXPECT_EQ(predicted, plan_computes);
   EXPECT_GE(m.max_rank_peak_bytes, m.peak_bytes);
   EXPECT_GT(m.max_rank_peak_bytes, 0);
   // Each rank's start, peak and resident peak bytes, by rank, on the last stage's rank only.

@@ -483,6 +483,9 @@ struct StepMetrics {
   // mean cost of each action type (F, B, I, W, R; zero comm latency).
   schedule::SimulationResult measured;
   schedule::CostModel measured_costs;
+  // The same means per model stage (size stages_count; a stage that ran no action of a type
+  // has measured_costs' value for it).
+  std::vector<schedule::CostModel> measured_stage_costs;
   double simulated_bubble = 0;
   // Note [Measured message delay]
   // The median, over compute actions that waited (50 us or more) for a cross-rank input, of
@@ -491,8 +494,9 @@ struct StepMetrics {
   // the per-message comm cost.
   double message_delay_ms = 0;
   double simulated_bubble_comm = 0;
-  // That simulation's timeline (measured_costs with message_delay_ms as the comm cost; ms from
-  // the step's start), on the last stage's rank: what the trace draws beside the measurement.
+  // The simulator's timeline with each stage's own means (measured_stage_costs, with
+  // message_delay_ms as the comm cost; ms from the step's start), on the last stage's rank: what
+  // the trace draws beside the measurement.
   schedule::SimulationResult simulated;
   int64_t max_rank_peak_bytes = 0;  // max of peak_bytes over ranks (local: one process)
   // The tracking allocator's bytes when the step started (weights, optimizer state and what else

@@ -26,8 +26,9 @@
 // One rank runs its step on one thread, so the compute and communication tracks never overlap
 // each other and their events and the gaps between them (bookkeeping between actions) make up
 // the step. Every event carries its step, and the actions their stage and micro-batch. The
-// simulated timeline of the same schedule (schedule::simulate with the step's measured mean
-// cost per action type and its measured message delay: StepMetrics::simulated) is one more
+// simulated timeline of the same schedule (schedule::simulate with each stage's measured mean
+// cost per action type and the step's measured message delay: StepMetrics::simulated; a job-wide
+// mean would give the first stage's empty I the last stage's cost) is one more
 // process (replica 0's costs), a track per pipeline rank, at the same step start: predicted
 // below measured (where the previous step's prediction ran longer than its step, after that
 // prediction's end).
