@@ -436,7 +436,8 @@ Models (--model; every row of a run trains the same one):
   fortunes (byte ids 0-255; smollm-135m's ids 256-49151 are embedding rows no byte uses).
 
 What runs, in this order (one row each; a variant that fails is a row with the first line of
-its error, and the command goes on):
+its error, and the command goes on; with --rounds N all of it N times, the even rounds with the
+peer's variants first, and each row the median over the rounds):
   pipemat  ref-1t, ref-2t      the single-process references of `pipemat bench pipeline` (no
                                pipeline, no remat; LibTorch with 1 and with 2 threads)
   pipemat  KIND/selective      the bench's KIND (each pipemat kind of --schedules) over MPI,
@@ -1729,10 +1730,17 @@ def parse_args(argv):
                         "model's forward GEMM shapes with scripts/bench-gemm.py's timing; "
                         "FP32[,BF16] takes numbers (e.g. from scripts/bench-gemm.py); off: no "
                         "MFU")
+    p.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="run every selected variant N times, the sides alternating which goes "
+                        "first (round 2 starts with the peer), so that a machine slowing down "
+                        "during the run slows both; the table gives each variant's median step "
+                        "over the rounds and a line under it every round's (default 1)")
     p.add_argument("--worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return args
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds} must be at least 1")
     if args.warmup < 0 or args.steps <= args.warmup:
         p.error(f"--steps {args.steps} must be more than --warmup {args.warmup} (>= 0)")
     args.precisions = [v.strip() for v in args.precision.split(",") if v.strip()]
@@ -1772,6 +1780,30 @@ def all_variants():
     names |= {"pipemat/ref-1t", "pipemat/ref-2t"}
     names |= {f"pipemat/{k}/{p}" for k in PIPEMAT_KINDS for p in ("selective", "none")}
     return names
+
+
+def merge_rounds(rounds):
+    """One row per variant from the rows of every round (--rounds): the median step over the
+    rounds that ran it, the other columns from the round nearest that median; with more than one
+    round, `round_steps` lists each round's step (None where it failed). A variant that failed
+    in every round keeps its first error."""
+    if len(rounds) == 1:
+        return rounds[0]
+    merged = []
+    for first in rounds[0]:
+        key = (first["side"], first["variant"], first["precision"])
+        runs = [next(r for r in rows if (r["side"], r["variant"], r["precision"]) == key)
+                for rows in rounds]
+        good = [r for r in runs if not r["error"]]
+        if not good:
+            merged.append(first)
+            continue
+        median = statistics.median(r["step_ms"] for r in good)
+        row = dict(min(good, key=lambda r: abs(r["step_ms"] - median)))
+        row["step_ms"] = median
+        row["round_steps"] = [None if r["error"] else r["step_ms"] for r in runs]
+        merged.append(row)
+    return merged
 
 
 def main(argv):
@@ -1828,12 +1860,16 @@ def main(argv):
         log(note)
     check_config(args.config, config_expected(model), preset_sets(args.model))
 
-    rows = []
-    if run_pipemat_side:
+    torch_versions, import_rss = set(), []
+
+    def pipemat_rows():
+        rows = []
         for precision in args.precisions:
             rows += run_pipemat(args, binary, selected, precision)
-    torch_versions, import_rss = set(), []
-    if run_peer_side:
+        return rows
+
+    def peer_rows():
+        rows = []
         with tempfile.TemporaryDirectory(prefix="compare-peer-") as workdir:
             for precision, (name, spec) in ((p, v) for p in args.precisions
                                             for v in peer_variants(args.schedule_list)):
@@ -1850,11 +1886,24 @@ def main(argv):
                             log(f"peer:   | {line}")
                 else:
                     torch_versions.add(row.pop("torch", ""))
-                    import_rss += row.pop("import_rss", [])
+                    import_rss.extend(row.pop("import_rss", []))
                     low, high = row.pop("step_range")
                     log(f"peer: {name}: {row['step_ms']:.1f} ms/step (after warm-up: "
                         f"{low:.0f}-{high:.0f}), loss {row['loss']:.4f} ({seconds:.0f} s)")
                 rows.append(row)
+        return rows
+
+    # --rounds: every round runs both sides, the second and every even round the peer first, so
+    # a machine that slows down during the run slows both sides alike.
+    sides = [f for f, on in ((pipemat_rows, run_pipemat_side), (peer_rows, run_peer_side)) if on]
+    rounds = []
+    for k in range(args.rounds):
+        if args.rounds > 1:
+            log(f"round {k + 1} of {args.rounds}: "
+                f"{' then '.join('pipemat' if f is pipemat_rows else 'peer' for f in sides)}")
+        rounds.append([row for f in sides for row in f()])
+        sides.reverse()
+    rows = merge_rounds(rounds)
 
     # x-eager1: against the peer's 1-thread eager run of the same precision, or pipemat's
     # 1-thread reference.
@@ -1904,6 +1953,14 @@ def main(argv):
         print("  GEMMs: " + "; ".join(f"{p} {shape} {g:.0f}" for p, shape, g in gemm_detail))
     for note in notes:
         print(f"schedule {note}.")
+    if args.rounds > 1:
+        print(f"rounds: {args.rounds}, the sides alternating which ran first (round 1: "
+              f"{'pipemat' if run_pipemat_side else 'peer'}); step ms is the median over them, "
+              "the other columns the round nearest it. Each round's step:")
+        for r in rows:
+            if "round_steps" in r:
+                print(f"  {r['side']}/{r['variant']} ({r['precision']}): " + " / ".join(
+                    "failed" if v is None else f"{v:.1f}" for v in r["round_steps"]))
     if any(r["side"] == "peer" for r in rows):
         print(f"peer: torch {', '.join(sorted(v for v in torch_versions if v)) or '?'}, CPU, gloo; "
               "every rank/process starts with OMP_NUM_THREADS=1 (eager-2t: OMP_NUM_THREADS=2 "
