@@ -702,15 +702,18 @@ def run_pipemat(args, binary, selected, precision):
     config = shown_path(args.config)  # the bench runs in the repository root
     base_sets = preset_sets(args.model)
     kinds = [k for k in args.schedule_list if SCHEDULE_KINDS[k]["pipemat"]]
-    for policy in ("selective", "none"):
-        runs = pipemat_bench_runs([k for k in kinds if selected(f"pipemat/{k}/{policy}")])
-        if not runs:
-            runs = [([], [])]  # the references alone, when they are wanted
+    policy_runs = [(policy, pipemat_bench_runs([k for k in kinds
+                                                if selected(f"pipemat/{k}/{policy}")]))
+                   for policy in ("selective", "none")]
+    # Every bench run measures the references too: a run of their own only when no schedule
+    # of either policy runs.
+    if not any(runs for _, runs in policy_runs) and (
+            selected("pipemat/ref-1t") or selected("pipemat/ref-2t")):
+        policy_runs = [("none", [([], [])])]
+    for policy, runs in policy_runs:
         for run_kinds, run_sets in runs:
             want_refs = not references_done and (
                 selected("pipemat/ref-1t") or selected("pipemat/ref-2t"))
-            if not run_kinds and not want_refs:
-                continue
             # The bench needs a schedule; with none selected its row is dropped below.
             schedules = run_kinds or ["1f1b"]
             keep_schedules = set(run_kinds)
